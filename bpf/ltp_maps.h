@@ -1,0 +1,130 @@
+/* LTP map layout: value structs, counter indices and the maps themselves.
+ *
+ * Geometry comes from the loader as -D defines (dataplane/loader.py, class
+ * Geometry): LTP_SLOTS peers, LTP_MAX_CHUNKS chunks of LTP_CHUNK_BYTES each,
+ * LTP_BANKS round banks. dataplane/maps.py reads these maps; the names below
+ * are the pin names under /sys/fs/bpf.
+ */
+#ifndef LTP_MAPS_H
+#define LTP_MAPS_H
+
+#ifndef LTP_SLOTS
+#define LTP_SLOTS        16
+#endif
+#ifndef LTP_MAX_CHUNKS
+#define LTP_MAX_CHUNKS   256     /* multiple of 64 */
+#endif
+#ifndef LTP_CHUNK_BYTES
+#define LTP_CHUNK_BYTES  1424    /* multiple of 8; fits a 1500-byte MTU */
+#endif
+#ifndef LTP_BANKS
+#define LTP_BANKS        2       /* round r uses bank r % LTP_BANKS */
+#endif
+#define LTP_BM_WORDS     (LTP_MAX_CHUNKS / 64)
+#define LTP_MAX_WORKER_ID 65536  /* worker ids are u16 */
+
+/* bank state (struct ltp_bank.state) */
+#define LTP_BANK_FREE    0
+#define LTP_BANK_OPEN    1
+#define LTP_BANK_CLOSED  2
+
+/* global counters (ltp_counters index); names mirrored in dataplane/maps.py */
+enum ltp_counter {
+	LTP_C_PASS = 0,        /* not LTP: passed up untouched */
+	LTP_C_DATA,            /* DATA chunks accepted and written */
+	LTP_C_ACK_TX,          /* ACKs sent (XDP_TX) */
+	LTP_C_ACK_RX,          /* ACKs recorded by a sender */
+	LTP_C_CTRL,            /* control packets passed to user space */
+	LTP_C_MALFORMED,       /* too short, IP options/fragments, bad length */
+	LTP_C_BAD_MAGIC,
+	LTP_C_BAD_VERSION,
+	LTP_C_FOREIGN_JOB,
+	LTP_C_UNKNOWN_WORKER,
+	LTP_C_STALE,           /* round older than the bank's round */
+	LTP_C_FUTURE,          /* round not opened yet */
+	LTP_C_LATE,            /* round already closed: not written, ACKed CLOSED */
+	LTP_C_OUT_OF_RANGE,    /* chunk index or chunk count disagree with the bank */
+	LTP_C_DUP,             /* chunk already delivered: not rewritten, re-ACKed */
+	LTP_C_ACK_STALE,       /* ACK for a round this sender is not sending */
+	LTP_C_ACK_FAIL,        /* could not build the ACK (tail adjust failed) */
+	LTP_C_MAX,
+};
+
+/* receiver config, written by the control plane at load */
+struct ltp_cfg {
+	__u32 job;             /* job cookie in host order; 0 accepts any job */
+	__u32 flags;           /* reserved */
+};
+
+struct ltp_bank {
+	__u32 round;           /* round this bank holds */
+	__u32 state;           /* LTP_BANK_* */
+	__u32 nchunks;         /* chunk count of the buffer */
+	__u32 last_len;        /* payload bytes of the last chunk */
+};
+
+struct ltp_bitmap {
+	__u64 w[LTP_BM_WORDS]; /* bit c set: chunk c */
+};
+
+struct ltp_chunk {
+	__u8 b[LTP_CHUNK_BYTES];
+};
+
+struct ltp_progress {
+	__u32 chunks;          /* distinct chunks delivered in this bank */
+	__u32 pad;
+	__u64 bytes;           /* payload bytes delivered */
+	__u64 first_ns;        /* bpf_ktime_get_ns of the first delivered chunk (approx.) */
+	__u64 last_ns;         /* ... of the latest */
+};
+
+struct ltp_slot_stats {
+	__u64 rx_packets;      /* DATA packets for this slot that passed validation */
+	__u64 rx_bytes;        /* their payload bytes */
+	__u64 delivered;       /* distinct chunks written */
+	__u64 acks_tx;
+	__u64 dup;
+	__u64 late;
+	__u64 stale;
+	__u64 future;
+	__u64 out_of_range;
+	__u64 acks_rx;         /* sender side: ACKs recorded */
+	__u64 acks_stale;
+};
+
+struct ltp_tx {
+	__u32 round;           /* round this sender bank is sending */
+	__u32 closed;          /* 1 once an ACK said the receiver closed the round */
+	__u32 rate_kbps;       /* latest advertised rate */
+	__u32 acked;           /* distinct chunks acked */
+};
+
+/* ltp_cfg: control plane writes at load; XDP reads every packet */
+BPF_ARRAY(ltp_cfg, struct ltp_cfg, 1);
+/* ltp_peers: control plane writes worker id -> slot + 1 (0 = unknown); XDP reads */
+BPF_ARRAY(ltp_peers, __u32, LTP_MAX_WORKER_ID);
+/* ltp_banks: control plane opens/closes rounds; XDP reads to validate DATA */
+BPF_ARRAY(ltp_banks, struct ltp_bank, LTP_BANKS);
+/* ltp_mem: XDP writes payloads at [bank][slot][chunk]; control plane maps it with numpy */
+BPF_F_TABLE("array", u32, struct ltp_chunk, ltp_mem, LTP_BANKS * LTP_SLOTS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
+/* ltp_claim: XDP sets a chunk's bit before copying (dedupe); control plane clears on open */
+BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_claim, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+/* ltp_done: XDP sets a chunk's bit after its copy finished; control plane reads as the delivery mask */
+BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_done, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+/* ltp_progress: XDP adds per [bank][slot]; control plane polls it for Early Close */
+BPF_F_TABLE("array", u32, struct ltp_progress, ltp_progress, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+/* ltp_rate: control plane writes the rate (kbit/s) advertised to each slot; XDP copies it into ACKs */
+BPF_ARRAY(ltp_rate, __u32, LTP_SLOTS);
+/* ltp_counters: XDP counts by class (enum ltp_counter); CLI and tests read */
+BPF_PERCPU_ARRAY(ltp_counters, __u64, LTP_C_MAX);
+/* ltp_stats: XDP counts per slot; `ltp flows` reads */
+BPF_PERCPU_ARRAY(ltp_stats, struct ltp_slot_stats, LTP_SLOTS);
+/* ltp_tx: sender control plane sets round per [bank][slot]; XDP records ACK state */
+BPF_ARRAY(ltp_tx, struct ltp_tx, LTP_BANKS * LTP_SLOTS);
+/* ltp_acked: XDP sets a chunk's bit when its ACK arrives; sender control plane reads */
+BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_acked, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+/* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why); CLI reads */
+BPF_ARRAY(ltp_lasthdr, struct ltp_hdr, LTP_C_MAX);
+
+#endif /* LTP_MAPS_H */

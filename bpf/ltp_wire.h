@@ -1,0 +1,55 @@
+/* LTP wire format: the one definition of the packet layout and its constants.
+ *
+ * Shared by every BPF program in this folder; dataplane/wire.py mirrors it for
+ * user space and tests/test_wire.py proves the two agree (sizes and offsets of
+ * the structs bcc generates from these definitions).
+ *
+ * On the wire: [eth | ipv4 (no options) | udp | struct ltp_hdr | payload].
+ * All multi-byte header fields are big-endian (network order). The payload of
+ * a DATA packet is a run of whole float32 elements, little-endian as the
+ * sender's memory holds them; its length is a multiple of 4.
+ */
+#ifndef LTP_WIRE_H
+#define LTP_WIRE_H
+
+#define LTP_MAGIC        0x4C54 /* "LT" */
+#define LTP_VERSION      1
+#ifndef LTP_PORT
+#define LTP_PORT         7410   /* UDP port a receiver listens on */
+#endif
+
+/* packet types (ltp_hdr.type); 3..15 are control types, passed to user space */
+#define LTP_T_DATA       1
+#define LTP_T_ACK        2
+#define LTP_T_CTRL_MIN   3
+#define LTP_T_CTRL_MAX   15
+
+/* flags (ltp_hdr.flags, big-endian u16) */
+#define LTP_F_CRITICAL   0x0001 /* must arrive: the sender re-sends until acked */
+#define LTP_F_LAST       0x0002 /* last chunk of the buffer */
+#define LTP_F_RELIABLE   0x0004 /* the whole round is critical (parameter downlink) */
+#define LTP_F_DUP        0x0100 /* ACK: the receiver already had this chunk */
+
+/* receiver round state carried in an ACK (ltp_hdr.state) */
+#define LTP_RS_OPEN      1
+#define LTP_RS_CLOSED    2
+
+struct ltp_hdr {
+	__be16 magic;    /* LTP_MAGIC */
+	__u8   version;  /* LTP_VERSION */
+	__u8   type;     /* LTP_T_* */
+	__be16 flags;    /* LTP_F_* */
+	__be16 worker;   /* flow owner: uplink = sending worker, downlink = receiving worker */
+	__be32 job;      /* job cookie; a receiver drops other jobs' packets */
+	__be32 round;    /* round number (monotonic per job) */
+	__be32 chunk;    /* chunk index within the round's buffer */
+	__be32 nchunks;  /* chunk count of the round's buffer */
+	__be16 len;      /* payload bytes following the header (0 in an ACK) */
+	__u8   state;    /* ACK: receiver's round state LTP_RS_*; DATA: 0 */
+	__u8   pad;      /* zero */
+	__be32 rate;     /* ACK: advertised send rate for this worker, kbit/s (0 = none) */
+} __attribute__((packed));
+
+#define LTP_HDR_LEN      32
+
+#endif /* LTP_WIRE_H */

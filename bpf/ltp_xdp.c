@@ -1,0 +1,299 @@
+/* ltp_xdp: the LTP receive path at the NIC, for both roles.
+ *
+ * DATA  -> validate, drop-and-count bad classes, copy the payload into the
+ *          round bank's reassembly memory (ltp_mem), mark the chunk in the
+ *          delivery bitmaps, rewrite the packet into its ACK and XDP_TX it.
+ * ACK   -> record the chunk as acknowledged for the sender (ltp_acked,
+ *          ltp_tx) and XDP_DROP.
+ * other -> XDP_PASS untouched (LTP control types are passed up too).
+ *
+ * Every host loads this one program: a parameter server receives DATA and
+ * sends ACKs; a worker receives the ACKs of its pushes and the DATA of the
+ * parameter downlink. Compiled by bcc (dataplane/loader.py) with geometry
+ * passed as -D defines.
+ */
+#include <uapi/linux/bpf.h>
+#include <linux/in.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/udp.h>
+
+#include "ltp_wire.h"
+#include "ltp_maps.h"
+
+#define L3_OFF   (sizeof(struct ethhdr))
+#define L4_OFF   (L3_OFF + sizeof(struct iphdr))
+#define LTP_OFF  (L4_OFF + sizeof(struct udphdr))
+#define PAY_OFF  (LTP_OFF + sizeof(struct ltp_hdr))
+
+static __always_inline void count(u32 idx)
+{
+	u64 *v = ltp_counters.lookup(&idx);
+	if (v)
+		*v += 1;
+}
+
+/* Count a drop class and keep the offending header for `ltp flows`. */
+static __always_inline int drop(u32 idx, struct ltp_hdr *h)
+{
+	count(idx);
+	struct ltp_hdr *last = ltp_lasthdr.lookup(&idx);
+	if (last && h)
+		__builtin_memcpy(last, h, sizeof(*last));
+	return XDP_DROP;
+}
+
+static __always_inline __u16 ltp_csum_fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+struct pseudo_hdr {
+	__be32 saddr;
+	__be32 daddr;
+	__u8 zero;
+	__u8 proto;
+	__be16 len;
+};
+
+/* Turn the DATA packet at ctx into its ACK in place and return XDP_TX:
+ * addresses and ports swapped, payload cut off, IP and UDP checksums right. */
+static __always_inline int send_ack(struct xdp_md *ctx, struct ethhdr *eth,
+				    struct iphdr *iph, struct udphdr *udp,
+				    struct ltp_hdr *h, u8 rstate, u16 extra_flags,
+				    u32 slot)
+{
+	unsigned char mac[ETH_ALEN];
+	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+
+	__be32 a = iph->saddr;
+	iph->saddr = iph->daddr;
+	iph->daddr = a;
+	iph->tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct udphdr) + sizeof(struct ltp_hdr));
+	iph->ttl = 64;
+	iph->check = 0;
+	iph->check = ltp_csum_fold(bpf_csum_diff(0, 0, (__be32 *)iph, sizeof(*iph), 0));
+
+	__be16 p = udp->source;
+	udp->source = udp->dest;
+	udp->dest = p;
+	udp->len = bpf_htons(sizeof(struct udphdr) + sizeof(struct ltp_hdr));
+
+	u32 *rate = ltp_rate.lookup(&slot);
+	h->type = LTP_T_ACK;
+	h->flags = h->flags | bpf_htons(extra_flags);
+	h->len = 0;
+	h->state = rstate;
+	h->pad = 0;
+	h->rate = bpf_htonl(rate ? *rate : 0);
+
+	struct pseudo_hdr ph = {
+		.saddr = iph->saddr,
+		.daddr = iph->daddr,
+		.zero = 0,
+		.proto = IPPROTO_UDP,
+		.len = udp->len,
+	};
+	udp->check = 0;
+	u32 sum = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
+	sum = bpf_csum_diff(0, 0, (__be32 *)udp, sizeof(*udp) + sizeof(struct ltp_hdr), sum);
+	__u16 c = ltp_csum_fold(sum);
+	udp->check = c ? c : 0xffff;
+
+	int delta = (int)(PAY_OFF) - (int)(ctx->data_end - ctx->data);
+	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta)) {
+		count(LTP_C_ACK_FAIL);
+		return XDP_DROP;
+	}
+	count(LTP_C_ACK_TX);
+	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
+	if (st)
+		st->acks_tx += 1;
+	return XDP_TX;
+}
+
+static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
+				   struct iphdr *iph, struct udphdr *udp,
+				   struct ltp_hdr *h)
+{
+	u32 worker = bpf_ntohs(h->worker);
+	u32 *slotp = ltp_peers.lookup(&worker);
+	if (!slotp || *slotp == 0 || *slotp > LTP_SLOTS)
+		return drop(LTP_C_UNKNOWN_WORKER, h);
+	u32 slot = *slotp - 1;
+	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
+	if (!st)
+		return XDP_DROP;
+
+	u32 len = bpf_ntohs(h->len);
+	u32 pkt_len = ctx->data_end - ctx->data;
+	if (len == 0 || len > LTP_CHUNK_BYTES || (len & 3) ||
+	    bpf_ntohs(udp->len) != sizeof(*udp) + sizeof(*h) + len ||
+	    bpf_ntohs(iph->tot_len) != sizeof(*iph) + sizeof(*udp) + sizeof(*h) + len ||
+	    pkt_len < PAY_OFF + len)
+		return drop(LTP_C_MALFORMED, h);
+
+	u32 round = bpf_ntohl(h->round);
+	u32 bank = round % LTP_BANKS;
+	struct ltp_bank *b = ltp_banks.lookup(&bank);
+	if (!b)
+		return XDP_DROP;
+	if (b->state == LTP_BANK_FREE || (s32)(round - b->round) > 0) {
+		st->future += 1;
+		return drop(LTP_C_FUTURE, h);
+	}
+	if (round != b->round) {
+		st->stale += 1;
+		return drop(LTP_C_STALE, h);
+	}
+	if (b->state != LTP_BANK_OPEN) {
+		/* Late for a closed round: never written, but ACKed CLOSED so the
+		 * sender stops at once. */
+		st->late += 1;
+		count(LTP_C_LATE);
+		return send_ack(ctx, eth, iph, udp, h, LTP_RS_CLOSED, 0, slot);
+	}
+
+	u32 chunk = bpf_ntohl(h->chunk);
+	u32 nchunks = b->nchunks;
+	if (chunk >= LTP_MAX_CHUNKS || chunk >= nchunks ||
+	    bpf_ntohl(h->nchunks) != nchunks ||
+	    (chunk + 1 == nchunks ? len != b->last_len : len != LTP_CHUNK_BYTES)) {
+		st->out_of_range += 1;
+		return drop(LTP_C_OUT_OF_RANGE, h);
+	}
+
+	st->rx_packets += 1;
+	st->rx_bytes += len;
+
+	u32 bidx = bank * LTP_SLOTS + slot;
+	struct ltp_bitmap *claim = ltp_claim.lookup(&bidx);
+	struct ltp_bitmap *done = ltp_done.lookup(&bidx);
+	struct ltp_progress *pr = ltp_progress.lookup(&bidx);
+	if (!claim || !done || !pr)
+		return XDP_DROP;
+	u32 word = (chunk >> 6) & (LTP_BM_WORDS - 1);
+	u64 bit = 1ULL << (chunk & 63);
+
+	/* Claim first: of two copies racing on two CPUs exactly one writes. */
+	if (__sync_fetch_and_or(&claim->w[word], bit) & bit) {
+		st->dup += 1;
+		count(LTP_C_DUP);
+		return send_ack(ctx, eth, iph, udp, h, LTP_RS_OPEN, LTP_F_DUP, slot);
+	}
+
+	u32 midx = bidx * LTP_MAX_CHUNKS + chunk;
+	struct ltp_chunk *dst = ltp_mem.lookup(&midx);
+	if (!dst)
+		return XDP_DROP;
+	/* Re-bound the length in a register the verifier can see. */
+	u64 n = len;
+	asm volatile("" : "+r"(n));
+	if (n > LTP_CHUNK_BYTES)
+		return XDP_DROP;
+	asm volatile("" : "+r"(n));  /* keeps clang from merging the two tests */
+	if (n < 4)
+		return XDP_DROP;
+	if (bpf_xdp_load_bytes(ctx, PAY_OFF, dst, n))
+		return drop(LTP_C_MALFORMED, 0);
+
+	/* The done bit is what user space trusts: set only after the copy. */
+	__sync_fetch_and_or(&done->w[word], bit);
+	__sync_fetch_and_add(&pr->chunks, 1);
+	__sync_fetch_and_add(&pr->bytes, len);
+	u64 now = bpf_ktime_get_ns();
+	if (!pr->first_ns)
+		pr->first_ns = now;
+	pr->last_ns = now;
+	st->delivered += 1;
+	count(LTP_C_DATA);
+	return send_ack(ctx, eth, iph, udp, h, LTP_RS_OPEN, 0, slot);
+}
+
+static __always_inline int on_ack(struct ltp_hdr *h)
+{
+	u32 worker = bpf_ntohs(h->worker);
+	u32 *slotp = ltp_peers.lookup(&worker);
+	if (!slotp || *slotp == 0 || *slotp > LTP_SLOTS)
+		return drop(LTP_C_UNKNOWN_WORKER, h);
+	u32 slot = *slotp - 1;
+	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
+	u32 round = bpf_ntohl(h->round);
+	u32 bidx = (round % LTP_BANKS) * LTP_SLOTS + slot;
+	struct ltp_tx *tx = ltp_tx.lookup(&bidx);
+	struct ltp_bitmap *acked = ltp_acked.lookup(&bidx);
+	if (!tx || !acked || !st)
+		return XDP_DROP;
+	if (tx->round != round) {
+		st->acks_stale += 1;
+		return drop(LTP_C_ACK_STALE, h);
+	}
+	if (h->state == LTP_RS_CLOSED)
+		tx->closed = 1;
+	tx->rate_kbps = bpf_ntohl(h->rate);
+	st->acks_rx += 1;
+	count(LTP_C_ACK_RX);
+	u32 chunk = bpf_ntohl(h->chunk);
+	if (chunk < LTP_MAX_CHUNKS) {
+		u32 word = (chunk >> 6) & (LTP_BM_WORDS - 1);
+		u64 bit = 1ULL << (chunk & 63);
+		/* A CLOSED ACK for a late chunk does not mean it was delivered. */
+		if (h->state != LTP_RS_CLOSED &&
+		    !(__sync_fetch_and_or(&acked->w[word], bit) & bit))
+			__sync_fetch_and_add(&tx->acked, 1);
+	}
+	return XDP_DROP;
+}
+
+int ltp_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		goto pass;
+	struct iphdr *iph = (void *)(eth + 1);
+	if ((void *)(iph + 1) > data_end || iph->protocol != IPPROTO_UDP)
+		goto pass;
+	struct udphdr *udp = (void *)iph + sizeof(*iph);
+	if (iph->ihl != 5)  /* LTP never sends IP options */
+		goto pass;
+	if ((void *)(udp + 1) > data_end)
+		goto pass;
+	if (udp->dest != bpf_htons(LTP_PORT) && udp->source != bpf_htons(LTP_PORT))
+		goto pass;
+	/* From here on the packet is addressed to or from our port. */
+	if (iph->frag_off & bpf_htons(0x3fff))
+		return drop(LTP_C_MALFORMED, 0);
+	struct ltp_hdr *h = (void *)(udp + 1);
+	if ((void *)(h + 1) > data_end)
+		return drop(LTP_C_MALFORMED, 0);
+	if (h->magic != bpf_htons(LTP_MAGIC))
+		return drop(LTP_C_BAD_MAGIC, h);
+	if (h->version != LTP_VERSION)
+		return drop(LTP_C_BAD_VERSION, h);
+	u32 zero = 0;
+	struct ltp_cfg *cfg = ltp_cfg.lookup(&zero);
+	if (!cfg)
+		return XDP_DROP;
+	if (cfg->job && bpf_ntohl(h->job) != cfg->job)
+		return drop(LTP_C_FOREIGN_JOB, h);
+
+	if (h->type == LTP_T_DATA && udp->dest == bpf_htons(LTP_PORT))
+		return on_data(ctx, eth, iph, udp, h);
+	if (h->type == LTP_T_ACK && udp->source == bpf_htons(LTP_PORT))
+		return on_ack(h);
+	if (h->type >= LTP_T_CTRL_MIN && h->type <= LTP_T_CTRL_MAX) {
+		count(LTP_C_CTRL);
+		return XDP_PASS;
+	}
+	return drop(LTP_C_MALFORMED, h);
+pass:
+	count(LTP_C_PASS);
+	return XDP_PASS;
+}

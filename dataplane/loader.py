@@ -1,0 +1,242 @@
+"""Compile, attach, detach and pin the LTP XDP program (and its helpers).
+
+`Dataplane` owns one compiled ltp_xdp program and its maps; geometry (slots,
+chunks, chunk size, banks, port) is compiled in as -D defines. Attaching works
+in native or skb mode on a device inside a named network namespace. An
+attached program outlives this process, so callers detach (or delete the
+namespace) when done; `Dataplane` as a context manager does that.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .. import BPF_DIR
+from . import netns
+
+XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
+XDP_FLAGS_SKB_MODE = 1 << 1
+XDP_FLAGS_DRV_MODE = 1 << 2
+MODES = {"native": XDP_FLAGS_DRV_MODE, "skb": XDP_FLAGS_SKB_MODE}
+
+BPFFS = "/sys/fs/bpf"
+
+
+class DataplaneError(RuntimeError):
+    """A load, attach or pin step failed; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Size of the reassembly memory; compiled into the program.
+
+    slots: peers this host receives from (workers on a PS, 1 on a worker).
+    max_chunks: most chunks one round's buffer may have (rounded up to 64).
+    chunk_bytes: payload bytes per chunk; 1424 fits a 1500-byte MTU and is a
+    multiple of 8, so the mapped memory of one slot is one contiguous run of
+    float32 elements.
+    """
+
+    slots: int = 16
+    max_chunks: int = 256
+    chunk_bytes: int = 1424
+    banks: int = 2
+    port: int = 7410
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.slots <= 1024:
+            raise ValueError(f"slots must be in 1..1024, got {self.slots}")
+        if self.max_chunks < 1 or self.max_chunks > 1 << 20:
+            raise ValueError(f"max_chunks must be in 1..{1 << 20}, got {self.max_chunks}")
+        if self.chunk_bytes % 8 or not 8 <= self.chunk_bytes <= 8192:
+            raise ValueError(f"chunk_bytes must be a multiple of 8 in 8..8192, got {self.chunk_bytes}")
+        if self.banks not in (2, 4, 8):
+            raise ValueError(f"banks must be 2, 4 or 8, got {self.banks}")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.max_chunks % 64:
+            object.__setattr__(self, "max_chunks", (self.max_chunks + 63) // 64 * 64)
+
+    @property
+    def mem_bytes(self) -> int:
+        return self.banks * self.slots * self.max_chunks * self.chunk_bytes
+
+    def cflags(self) -> list[str]:
+        return [f"-I{BPF_DIR}", f"-DLTP_SLOTS={self.slots}",
+                f"-DLTP_MAX_CHUNKS={self.max_chunks}", f"-DLTP_CHUNK_BYTES={self.chunk_bytes}",
+                f"-DLTP_BANKS={self.banks}", f"-DLTP_PORT={self.port}",
+                "-Wno-ignored-attributes"]
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _bcc():
+    try:
+        import bcc
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise DataplaneError("bcc is not importable: install Debian's python3-bpfcc and use a "
+                             "venv made with --system-site-packages (see `ltp doctor`)") from e
+    return bcc
+
+
+def compile_program(source: str, func: str, cflags: list[str] | None = None):
+    """Compile bpf/<source> with bcc and load `func` as an XDP program.
+
+    Returns (bpf, function)."""
+    bcc = _bcc()
+    if os.geteuid() != 0:
+        raise DataplaneError("loading BPF programs needs root: run with sudo")
+    path = BPF_DIR / source
+    try:
+        b = bcc.BPF(src_file=str(path).encode(), cflags=cflags or [f"-I{BPF_DIR}"])
+        fn = b.load_func(func.encode(), bcc.BPF.XDP)
+    except Exception as e:
+        hint = ""
+        if not os.path.exists(f"/lib/modules/{os.uname().release}/build"):
+            hint = " (kernel headers missing: run `ltp doctor --fix`)"
+        raise DataplaneError(f"compiling {path.name} failed: {e}{hint}") from e
+    return b, fn
+
+
+def attach_fd(fd: int, dev: str, ns: str | None = None, mode: str = "native",
+              replace: bool = True) -> None:
+    """Attach the XDP program `fd` to `dev` in namespace `ns`."""
+    bcc = _bcc()
+    if mode not in MODES:
+        raise ValueError(f"mode must be native or skb, got {mode!r}")
+    flags = MODES[mode] | (0 if replace else XDP_FLAGS_UPDATE_IF_NOEXIST)
+    with netns.inside(ns):
+        if not os.path.exists(f"/sys/class/net/{dev}"):
+            raise DataplaneError(f"no device {dev!r} in namespace {ns or '(host)'}")
+        res = bcc.lib.bpf_attach_xdp(dev.encode(), fd, flags)
+        if res < 0:
+            err = ctypes.get_errno() or -res
+            if err == errno.EBUSY:
+                raise DataplaneError(f"{dev}: an XDP program is already attached")
+            raise DataplaneError(f"attaching XDP ({mode}) to {dev} failed: {os.strerror(err)}"
+                                 + (" (native mode needs MTU <= ~3500 on veth)"
+                                    if mode == "native" else ""))
+
+
+def detach(dev: str, ns: str | None = None, mode: str = "native") -> None:
+    """Detach whatever XDP program `dev` carries in `mode`; quiet if the
+    device or namespace is gone already."""
+    bcc = _bcc()
+    if ns and not netns.exists(ns):
+        return
+    with netns.inside(ns):
+        if not os.path.exists(f"/sys/class/net/{dev}"):
+            return
+        bcc.lib.bpf_attach_xdp(dev.encode(), -1, MODES[mode])
+
+
+_pass_prog: Any = None
+
+
+def attach_pass(dev: str, ns: str | None = None, mode: str = "native") -> None:
+    """Attach the XDP_PASS program (bpf/xdp_pass.c) to `dev`: the peer of a
+    native-mode LTP veth needs one so XDP_TX frames are delivered."""
+    global _pass_prog
+    if _pass_prog is None:
+        _pass_prog = compile_program("xdp_pass.c", "xdp_pass")
+    attach_fd(_pass_prog[1].fd, dev, ns, mode)
+
+
+def _libbpf():
+    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+    lib.bpf_obj_pin.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    lib.bpf_obj_get.argtypes = [ctypes.c_char_p]
+    return lib
+
+
+def pin_fd(fd: int, path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.exists(path):
+        os.unlink(path)
+    if _libbpf().bpf_obj_pin(fd, path.encode()) != 0:
+        err = ctypes.get_errno()
+        raise DataplaneError(f"pinning {path} failed: {os.strerror(err)}"
+                             + (" (mount bpffs: `ltp doctor --fix`)" if err in (errno.EPERM, errno.EINVAL) else ""))
+
+
+def open_pinned(path: str) -> int:
+    """fd of a pinned map or program; raises FileNotFoundError if absent."""
+    fd = _libbpf().bpf_obj_get(path.encode())
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise FileNotFoundError(err, f"{path}: {os.strerror(err)}")
+    return fd
+
+
+MAP_NAMES = ["ltp_cfg", "ltp_peers", "ltp_banks", "ltp_mem", "ltp_claim", "ltp_done",
+             "ltp_progress", "ltp_rate", "ltp_counters", "ltp_stats", "ltp_tx", "ltp_acked",
+             "ltp_lasthdr"]
+
+
+class Dataplane:
+    """One compiled ltp_xdp program with its maps, attachable to one device.
+
+    >>> with Dataplane(Geometry(slots=4)) as dp:      # doctest: +SKIP
+    ...     dp.attach("veth0", ns="ltp-a")
+    ...     maps = dp.maps()
+    """
+
+    def __init__(self, geometry: Geometry | None = None, job: int = 0):
+        self.geometry = geometry or Geometry()
+        self.bpf, self.fn = compile_program("ltp_xdp.c", "ltp_xdp", self.geometry.cflags())
+        self.attached: tuple[str, str | None, str] | None = None
+        self._maps = None
+        self.maps().set_job(job)
+
+    @property
+    def prog_fd(self) -> int:
+        return self.fn.fd
+
+    def table(self, name: str):
+        return self.bpf[name.encode()]
+
+    def maps(self):
+        """Typed views of this program's maps (dataplane.maps.LtpMaps)."""
+        if self._maps is None:
+            from .maps import LtpMaps
+            self._maps = LtpMaps.from_bpf(self.bpf, self.geometry)
+        return self._maps
+
+    def attach(self, dev: str, ns: str | None = None, mode: str = "native",
+               replace: bool = True) -> None:
+        attach_fd(self.prog_fd, dev, ns, mode, replace)
+        self.attached = (dev, ns, mode)
+
+    def detach(self) -> None:
+        if self.attached:
+            detach(*self.attached)
+            self.attached = None
+
+    def pin(self, directory: str) -> dict[str, str]:
+        """Pin the program and every map under `directory` (on bpffs)."""
+        paths = {}
+        pin_fd(self.prog_fd, os.path.join(directory, "prog"))
+        for name in MAP_NAMES:
+            path = os.path.join(directory, name)
+            pin_fd(self.table(name).get_fd(), path)
+            paths[name] = path
+        return paths
+
+    def close(self) -> None:
+        self.detach()
+        if self._maps is not None:
+            self._maps.close()
+            self._maps = None
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+
+    def __enter__(self) -> "Dataplane":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

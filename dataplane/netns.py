@@ -1,0 +1,80 @@
+"""Network namespaces: create, remove, and run code inside one.
+
+Setting a namespace is per thread (setns(2)), so `inside(name)` switches the
+calling thread and always switches back. Library code uses pyroute2 for links
+and this module for the namespace switch; nothing here touches the machine's
+own namespace beyond creating and removing named namespaces in /run/netns.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from typing import Iterator
+
+from pyroute2 import netns as _netns
+
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = "/run/netns"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def exists(name: str) -> bool:
+    return os.path.exists(os.path.join(NETNS_DIR, name))
+
+
+def listnetns() -> list[str]:
+    return sorted(_netns.listnetns())
+
+
+def create(name: str) -> None:
+    """Create a named namespace with its loopback up (idempotent)."""
+    if not exists(name):
+        _netns.create(name)
+    from pyroute2 import IPRoute
+    with IPRoute(netns=name) as ipr:
+        lo = ipr.link_lookup(ifname="lo")
+        if lo:
+            ipr.link("set", index=lo[0], state="up")
+
+
+def remove(name: str) -> None:
+    """Remove a named namespace; its veths and attached XDP programs go with it."""
+    if exists(name):
+        _netns.remove(name)
+
+
+@contextlib.contextmanager
+def inside(name: str | None) -> Iterator[None]:
+    """Run the body with this thread in namespace `name` (None: stay put)."""
+    if not name:
+        yield
+        return
+    path = os.path.join(NETNS_DIR, name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"network namespace {name!r} does not exist ({path})")
+    here = os.open(f"/proc/self/task/{_gettid()}/ns/net", os.O_RDONLY)
+    try:
+        there = os.open(path, os.O_RDONLY)
+        try:
+            _setns(there)
+        finally:
+            os.close(there)
+        try:
+            yield
+        finally:
+            _setns(here)
+    finally:
+        os.close(here)
+
+
+def _gettid() -> int:
+    import threading
+    return threading.get_native_id()

@@ -1,0 +1,128 @@
+"""Shared plumbing for `ltp` subcommands: errors, exit codes, JSON output.
+
+Exit codes: 0 ok, 1 runtime error, 2 usage error (bad flag or value).
+With -j/--json every result and every error is a JSON object on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    """A failure to report in one line; `code` is the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.code = code
+
+
+class UsageError(CliError):
+    def __init__(self, message: str):
+        super().__init__(message, EXIT_USAGE)
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-j", "--json", action="store_true", help="print JSON")
+    p.add_argument("-p", "--pretty", action="store_true",
+                   help="pretty-printed JSON (implies -j)")
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False) or getattr(args, "pretty", False))
+
+
+def emit(args: argparse.Namespace, obj: Any, text: Callable[[Any], str] | str | None = None) -> None:
+    """Print `obj` as JSON under -j, else `text(obj)` (or `text`)."""
+    if wants_json(args):
+        print(json.dumps(obj, indent=2 if getattr(args, "pretty", False) else None,
+                         default=_json_default))
+    elif text is not None:
+        out = text(obj) if callable(text) else text
+        if out:
+            print(out)
+
+
+def _json_default(o: Any) -> Any:
+    try:
+        import numpy as np
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def need_root(what: str) -> None:
+    """Raise a one-line error naming the fix when not running as root."""
+    if os.geteuid() != 0:
+        raise CliError(f"{what} needs root (CAP_BPF, CAP_NET_ADMIN): run it with sudo; "
+                       "`ltp doctor --fix` checks the rest of the set-up")
+
+
+def need_bcc() -> None:
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        raise CliError("bcc is not importable: install Debian's python3-bpfcc and use a venv "
+                       "made with --system-site-packages (`ltp doctor --fix` names the steps)")
+
+
+def parse_size(text: str, what: str) -> int:
+    """'256KiB', '30kb', '1M', '1500' -> bytes. kb/KB = 1000, KiB = 1024."""
+    units = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6,
+             "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}
+    return _parse_unit(text, units, what)
+
+
+def parse_rate(text: str, what: str = "--rate") -> int:
+    """'1gbit', '100mbit', '500kbit', '1e9' -> bits per second."""
+    units = {"": 1, "bit": 1, "bps": 1, "kbit": 1000, "k": 1000, "mbit": 10**6, "m": 10**6,
+             "gbit": 10**9, "g": 10**9}
+    return _parse_unit(text, units, what)
+
+
+def _parse_unit(text: str, units: dict[str, int], what: str) -> int:
+    s = text.strip().lower()
+    i = len(s)
+    while i > 0 and s[i - 1].isalpha():
+        i -= 1
+    num, unit = s[:i], s[i:]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise UsageError(f"{what}: cannot read {text!r} (examples: "
+                         f"{', '.join(k for k in units if k)[:60]})")
+    return int(round(value * units[unit]))
+
+
+def run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
+    """Run a subcommand, turning errors into one line (or JSON) and an exit code."""
+    try:
+        rc = func(args)
+        return EXIT_OK if rc is None else rc
+    except CliError as e:
+        _report(args, str(e), e.code)
+        return e.code
+    except KeyboardInterrupt:
+        _report(args, "interrupted", EXIT_ERROR)
+        return 130
+    except PermissionError as e:
+        _report(args, f"permission denied: {e}; run as root (sudo) and see `ltp doctor`", EXIT_ERROR)
+        return EXIT_ERROR
+
+
+def _report(args: argparse.Namespace, message: str, code: int) -> None:
+    if wants_json(args):
+        print(json.dumps({"error": message, "exit_code": code}))
+    else:
+        print(f"ltp: error: {message}", file=sys.stderr)
