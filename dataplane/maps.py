@@ -1,0 +1,293 @@
+"""Typed views of the LTP maps (bpf/ltp_maps.h), from bcc or from pins.
+
+The value structs here must agree with bpf/ltp_maps.h; tests/test_wire.py
+checks them against the ctypes types bcc generates from the C. Mmapable maps
+(reassembly memory, bitmaps, progress) are numpy views with no copy; the rest
+go through libbpf's bpf_map_lookup_elem/bpf_map_update_elem by fd, so the same
+code serves the process that loaded the program and one that opened its pins.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+import time
+from typing import Iterable
+
+import numpy as np
+
+from .. import BPF_DIR
+from .wire import LtpHdr
+
+# enum ltp_counter, in order, read from the header so there is one definition.
+_enum = re.search(r"enum ltp_counter \{(.*?)\};", (BPF_DIR / "ltp_maps.h").read_text(), re.S)
+COUNTERS = [m.lower() for m in re.findall(r"LTP_C_(\w+)", _enum.group(1)) if m != "MAX"]
+
+BANK_FREE, BANK_OPEN, BANK_CLOSED = 0, 1, 2
+BANK_STATES = {BANK_FREE: "free", BANK_OPEN: "open", BANK_CLOSED: "closed"}
+
+
+class Cfg(ctypes.Structure):
+    _fields_ = [("job", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+
+class Bank(ctypes.Structure):
+    _fields_ = [("round", ctypes.c_uint32), ("state", ctypes.c_uint32),
+                ("nchunks", ctypes.c_uint32), ("last_len", ctypes.c_uint32)]
+
+
+class Progress(ctypes.Structure):
+    _fields_ = [("chunks", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("bytes", ctypes.c_uint64), ("first_ns", ctypes.c_uint64),
+                ("last_ns", ctypes.c_uint64)]
+
+
+SLOT_STATS = ["rx_packets", "rx_bytes", "delivered", "acks_tx", "dup", "late", "stale",
+              "future", "out_of_range", "acks_rx", "acks_stale"]
+
+
+class SlotStats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in SLOT_STATS]
+
+
+class Tx(ctypes.Structure):
+    _fields_ = [("round", ctypes.c_uint32), ("closed", ctypes.c_uint32),
+                ("rate_kbps", ctypes.c_uint32), ("acked", ctypes.c_uint32)]
+
+
+PROGRESS_DTYPE = np.dtype([("chunks", "<u4"), ("pad", "<u4"), ("bytes", "<u8"),
+                           ("first_ns", "<u8"), ("last_ns", "<u8")])
+
+_lib = None
+
+
+def _libbpf():
+    global _lib
+    if _lib is None:
+        _lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+        for f in (_lib.bpf_map_lookup_elem, _lib.bpf_map_update_elem):
+            f.restype = ctypes.c_int
+        _lib.bpf_map_lookup_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        _lib.bpf_map_update_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_uint64]
+    return _lib
+
+
+def possible_cpus() -> int:
+    """Number of possible CPUs (the stride of per-CPU map values)."""
+    text = open("/sys/devices/system/cpu/possible").read().strip()
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n += (int(hi) if hi else int(lo)) - int(lo) + 1
+    return n
+
+
+class FdMap:
+    """An array map by fd: lookup/update of ctypes values, per-CPU aware."""
+
+    def __init__(self, fd: int, value_type, percpu: bool = False):
+        self.fd, self.value_type, self.percpu = fd, value_type, percpu
+        self.ncpu = possible_cpus() if percpu else 1
+        self.stride = (ctypes.sizeof(value_type) + 7) // 8 * 8
+
+    def get(self, index: int):
+        key = ctypes.c_uint32(index)
+        buf = ctypes.create_string_buffer(self.stride * self.ncpu)
+        if _libbpf().bpf_map_lookup_elem(self.fd, ctypes.byref(key), buf) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"map lookup [{index}]: {os.strerror(err)}")
+        vals = [self.value_type.from_buffer_copy(buf.raw[i * self.stride:
+                                                         i * self.stride + ctypes.sizeof(self.value_type)])
+                for i in range(self.ncpu)]
+        return vals if self.percpu else vals[0]
+
+    def set(self, index: int, value) -> None:
+        if self.percpu:
+            raise TypeError("per-CPU maps are written by the kernel only here")
+        key = ctypes.c_uint32(index)
+        if _libbpf().bpf_map_update_elem(self.fd, ctypes.byref(key), ctypes.byref(value), 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"map update [{index}]: {os.strerror(err)}")
+
+
+def _mmap(fd: int, nbytes: int) -> mmap.mmap:
+    page = mmap.PAGESIZE
+    return mmap.mmap(fd, (nbytes + page - 1) // page * page, mmap.MAP_SHARED,
+                     mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+class LtpMaps:
+    """All maps of one ltp_xdp program, with the operations the control plane needs."""
+
+    def __init__(self, fds: dict[str, int], geometry, owns_fds: bool = False):
+        from .loader import Geometry  # noqa: F401  (type only)
+        g = self.geometry = geometry
+        self._fds, self._owns = fds, owns_fds
+        self.cfg = FdMap(fds["ltp_cfg"], Cfg)
+        self.peers = FdMap(fds["ltp_peers"], ctypes.c_uint32)
+        self.banks = FdMap(fds["ltp_banks"], Bank)
+        self.rate = FdMap(fds["ltp_rate"], ctypes.c_uint32)
+        self.counter_map = FdMap(fds["ltp_counters"], ctypes.c_uint64, percpu=True)
+        self.stats = FdMap(fds["ltp_stats"], SlotStats, percpu=True)
+        self.tx = FdMap(fds["ltp_tx"], Tx)
+        self.lasthdr = FdMap(fds["ltp_lasthdr"], LtpHdr)
+        words = g.max_chunks // 64
+        self._mm = {}
+
+        def view(name, nbytes, dtype, shape):
+            mm = self._mm[name] = _mmap(fds[name], nbytes)
+            return np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+        self.mem_bytes = view("ltp_mem", g.mem_bytes, np.uint8,
+                              (g.banks, g.slots, g.max_chunks * g.chunk_bytes))
+        #: float32 view [bank, slot, element]: one slot's chunks are contiguous
+        self.mem = self.mem_bytes.view(np.float32)
+        bm_shape = (g.banks, g.slots, words)
+        self.claim = view("ltp_claim", 8 * words * g.banks * g.slots, np.uint64, bm_shape)
+        self.done = view("ltp_done", 8 * words * g.banks * g.slots, np.uint64, bm_shape)
+        self.acked = view("ltp_acked", 8 * words * g.banks * g.slots, np.uint64, bm_shape)
+        self.progress = view("ltp_progress", PROGRESS_DTYPE.itemsize * g.banks * g.slots,
+                             PROGRESS_DTYPE, (g.banks, g.slots))
+
+    @classmethod
+    def from_bpf(cls, bpf, geometry) -> "LtpMaps":
+        from .loader import MAP_NAMES
+        return cls({n: bpf[n.encode()].get_fd() for n in MAP_NAMES}, geometry)
+
+    @classmethod
+    def from_pins(cls, directory: str, geometry) -> "LtpMaps":
+        from .loader import MAP_NAMES, open_pinned
+        fds = {}
+        try:
+            for n in MAP_NAMES:
+                fds[n] = open_pinned(os.path.join(directory, n))
+        except Exception:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        return cls(fds, geometry, owns_fds=True)
+
+    def close(self) -> None:
+        # Views must go before their mmaps can close.
+        for attr in ("mem", "mem_bytes", "claim", "done", "acked", "progress"):
+            self.__dict__.pop(attr, None)
+        for mm in self._mm.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass  # a caller still holds a view; the mapping dies with it
+        self._mm = {}
+        if self._owns:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._owns = False
+
+    # --- configuration -------------------------------------------------
+    def set_job(self, job: int) -> None:
+        if not 0 <= job < 2**32:
+            raise ValueError(f"job cookie must fit 32 bits, got {job}")
+        self.cfg.set(0, Cfg(job=job, flags=0))
+
+    def set_peers(self, peers: dict[int, int]) -> None:
+        """worker id -> slot (0-based). Workers not named stay unknown."""
+        for worker, slot in peers.items():
+            if not 0 <= worker < 65536:
+                raise ValueError(f"worker id must be in 0..65535, got {worker}")
+            if not 0 <= slot < self.geometry.slots:
+                raise ValueError(f"slot must be in 0..{self.geometry.slots - 1}, got {slot}")
+            self.peers.set(worker, ctypes.c_uint32(slot + 1))
+
+    def remove_peer(self, worker: int) -> None:
+        self.peers.set(worker, ctypes.c_uint32(0))
+
+    def set_rate(self, slot: int, kbps: int) -> None:
+        self.rate.set(slot, ctypes.c_uint32(max(0, min(int(kbps), 2**32 - 1))))
+
+    # --- receiver rounds ----------------------------------------------
+    def bank_index(self, round_: int) -> int:
+        return round_ % self.geometry.banks
+
+    def open_bank(self, round_: int, nchunks: int, last_len: int) -> int:
+        """Make round `round_` writable in its bank; returns the bank index.
+
+        The bank is marked FREE while its bitmaps are cleared, so no packet
+        of the old or new round lands in between."""
+        g = self.geometry
+        if not 1 <= nchunks <= g.max_chunks:
+            raise ValueError(f"nchunks must be in 1..{g.max_chunks}, got {nchunks}")
+        if not 0 < last_len <= g.chunk_bytes or last_len % 4:
+            raise ValueError(f"last chunk length must be a multiple of 4 in 4..{g.chunk_bytes}")
+        b = self.bank_index(round_)
+        self.banks.set(b, Bank(round=round_, state=BANK_FREE, nchunks=nchunks, last_len=last_len))
+        self.claim[b] = 0
+        self.done[b] = 0
+        self.progress[b] = 0
+        self.banks.set(b, Bank(round=round_, state=BANK_OPEN, nchunks=nchunks, last_len=last_len))
+        return b
+
+    def close_bank(self, round_: int, settle_s: float = 0.01) -> None:
+        """Retire round `round_`: later packets are counted late, never written.
+
+        Waits (at most settle_s) for copies that began before the close to
+        finish, so the done bitmaps are final when this returns."""
+        b = self.bank_index(round_)
+        bank = self.banks.get(b)
+        if bank.round != round_:
+            raise ValueError(f"round {round_} is not in bank {b} (holds {bank.round})")
+        bank.state = BANK_CLOSED
+        self.banks.set(b, bank)
+        deadline = time.monotonic() + settle_s
+        while not np.array_equal(self.claim[b], self.done[b]) and time.monotonic() < deadline:
+            time.sleep(0.0002)
+
+    def bank(self, round_: int) -> Bank:
+        return self.banks.get(self.bank_index(round_))
+
+    def done_mask(self, round_: int, slot: int, nchunks: int) -> np.ndarray:
+        """bool[nchunks]: which chunks of `slot` arrived in round_'s bank."""
+        return _bits(self.done[self.bank_index(round_), slot], nchunks)
+
+    def slot_values(self, round_: int, slot: int, nelems: int) -> np.ndarray:
+        """float32 view (no copy) of the first nelems elements `slot` sent."""
+        return self.mem[self.bank_index(round_), slot, :nelems]
+
+    # --- sender state -------------------------------------------------
+    def tx_start(self, round_: int, slot: int) -> None:
+        b = self.bank_index(round_)
+        self.tx.set(b * self.geometry.slots + slot, Tx(round=2**32 - 1))
+        self.acked[b, slot] = 0
+        self.tx.set(b * self.geometry.slots + slot, Tx(round=round_))
+
+    def tx_state(self, round_: int, slot: int) -> Tx:
+        return self.tx.get(self.bank_index(round_) * self.geometry.slots + slot)
+
+    def acked_mask(self, round_: int, slot: int, nchunks: int) -> np.ndarray:
+        return _bits(self.acked[self.bank_index(round_), slot], nchunks)
+
+    # --- counters -----------------------------------------------------
+    def counters(self) -> dict[str, int]:
+        out = {}
+        for i, name in enumerate(COUNTERS):
+            out[name] = int(sum(v.value for v in self.counter_map.get(i)))
+        return out
+
+    def slot_stats(self, slot: int) -> dict[str, int]:
+        per_cpu = self.stats.get(slot)
+        return {n: int(sum(getattr(v, n) for v in per_cpu)) for n in SLOT_STATS}
+
+    def last_header(self, counter: str) -> LtpHdr:
+        return self.lasthdr.get(COUNTERS.index(counter))
+
+    def peers_of(self, workers: Iterable[int]) -> dict[int, int]:
+        out = {}
+        for w in workers:
+            v = self.peers.get(w).value
+            if v:
+                out[w] = v - 1
+        return out
+
+
+def _bits(words: np.ndarray, n: int) -> np.ndarray:
+    return np.unpackbits(words.view(np.uint8), bitorder="little")[:n].astype(bool)

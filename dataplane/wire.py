@@ -1,0 +1,126 @@
+"""Python mirror of bpf/ltp_wire.h: the LTP header as ctypes and as a scapy layer.
+
+This file must agree with bpf/ltp_wire.h; tests/test_wire.py compares the
+ctypes struct here with the one bcc generates from the C definition (sizes and
+offsets) and checks that the scapy layer builds the same bytes.
+All header fields are big-endian on the wire.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+
+from scapy.fields import (ByteEnumField, ByteField, FlagsField, IntField, ShortField,
+                          XShortField)
+from scapy.layers.inet import UDP
+from scapy.packet import Packet, bind_layers
+
+from .. import BPF_DIR
+
+
+def _defines(path) -> dict[str, int]:
+    """#define NAME <int> lines of a header, so constants have one definition."""
+    out = {}
+    for m in re.finditer(r"^#define\s+(LTP_\w+)\s+(0x[0-9a-fA-F]+|\d+)\b", path.read_text(), re.M):
+        out[m.group(1)] = int(m.group(2), 0)
+    return out
+
+
+_C = _defines(BPF_DIR / "ltp_wire.h")
+
+MAGIC = _C["LTP_MAGIC"]
+VERSION = _C["LTP_VERSION"]
+PORT = _C["LTP_PORT"]
+HDR_LEN = _C["LTP_HDR_LEN"]
+
+T_DATA = _C["LTP_T_DATA"]
+T_ACK = _C["LTP_T_ACK"]
+T_CTRL_MIN = _C["LTP_T_CTRL_MIN"]
+
+F_CRITICAL = _C["LTP_F_CRITICAL"]
+F_LAST = _C["LTP_F_LAST"]
+F_RELIABLE = _C["LTP_F_RELIABLE"]
+F_DUP = _C["LTP_F_DUP"]
+
+RS_OPEN = _C["LTP_RS_OPEN"]
+RS_CLOSED = _C["LTP_RS_CLOSED"]
+
+TYPE_NAMES = {T_DATA: "DATA", T_ACK: "ACK"}
+FLAG_NAMES = {F_CRITICAL: "critical", F_LAST: "last", F_RELIABLE: "reliable", F_DUP: "dup"}
+
+
+class LtpHdr(ctypes.BigEndianStructure):
+    """struct ltp_hdr (bpf/ltp_wire.h), big-endian, packed."""
+
+    _pack_ = 1
+    _fields_ = [
+        ("magic", ctypes.c_uint16),
+        ("version", ctypes.c_uint8),
+        ("type", ctypes.c_uint8),
+        ("flags", ctypes.c_uint16),
+        ("worker", ctypes.c_uint16),
+        ("job", ctypes.c_uint32),
+        ("round", ctypes.c_uint32),
+        ("chunk", ctypes.c_uint32),
+        ("nchunks", ctypes.c_uint32),
+        ("len", ctypes.c_uint16),
+        ("state", ctypes.c_uint8),
+        ("pad", ctypes.c_uint8),
+        ("rate", ctypes.c_uint32),
+    ]
+
+
+assert ctypes.sizeof(LtpHdr) == HDR_LEN
+
+
+def pack_header(*, type: int = T_DATA, flags: int = 0, worker: int = 0, job: int = 0,
+                round: int = 0, chunk: int = 0, nchunks: int = 1, length: int = 0,
+                state: int = 0, rate: int = 0, magic: int = MAGIC,
+                version: int = VERSION) -> bytes:
+    """The 32 header bytes; the sender's hot path uses this (no scapy)."""
+    h = LtpHdr(magic=magic, version=version, type=type, flags=flags, worker=worker, job=job,
+               round=round, chunk=chunk, nchunks=nchunks, len=length, state=state, pad=0,
+               rate=rate)
+    return bytes(h)
+
+
+def unpack_header(data: bytes | memoryview) -> LtpHdr:
+    if len(data) < HDR_LEN:
+        raise ValueError(f"LTP header needs {HDR_LEN} bytes, got {len(data)}")
+    return LtpHdr.from_buffer_copy(bytes(data[:HDR_LEN]))
+
+
+class LTP(Packet):
+    """scapy layer for the LTP header; the payload (chunk bytes) follows as Raw."""
+
+    name = "LTP"
+    fields_desc = [
+        XShortField("magic", MAGIC),
+        ByteField("version", VERSION),
+        ByteEnumField("type", T_DATA, {T_DATA: "DATA", T_ACK: "ACK"}),
+        FlagsField("flags", 0, 16, ["critical", "last", "reliable", "b3", "b4", "b5", "b6",
+                                    "b7", "dup"]),
+        ShortField("worker", 0),
+        IntField("job", 0),
+        IntField("round", 0),
+        IntField("chunk", 0),
+        IntField("nchunks", 1),
+        ShortField("len", None),
+        ByteEnumField("state", 0, {0: "-", RS_OPEN: "open", RS_CLOSED: "closed"}),
+        ByteField("pad", 0),
+        IntField("rate", 0),
+    ]
+
+    def post_build(self, pkt: bytes, pay: bytes) -> bytes:
+        if self.len is None:
+            n = len(pay)
+            pkt = pkt[:24] + n.to_bytes(2, "big") + pkt[26:]
+        return pkt + pay
+
+    def mysummary(self) -> str:
+        return self.sprintf("LTP %type% w=%worker% r=%round% c=%chunk%/%nchunks% "
+                            "len=%len% flags=%flags%")
+
+
+bind_layers(UDP, LTP, dport=PORT)
+bind_layers(UDP, LTP, sport=PORT)

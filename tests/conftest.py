@@ -1,0 +1,30 @@
+"""Shared fixtures. Privileged tests skip with a reason when the machine
+cannot run them; on the project's machines and in CI they run."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _why_not_bpf() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (BPF and network namespaces): run the suite with sudo"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "needs bcc (Debian python3-bpfcc) in a --system-site-packages venv"
+    if not os.path.exists(f"/lib/modules/{os.uname().release}/build"):
+        return "needs kernel headers: run `ltp doctor --fix`"
+    return None
+
+
+WHY_NOT_BPF = _why_not_bpf()
+requires_bpf = pytest.mark.skipif(WHY_NOT_BPF is not None, reason=WHY_NOT_BPF or "")
+
+
+@pytest.fixture(scope="session")
+def small_geometry():
+    """Geometry for packet tests: 4 slots, 64 chunks of 1424 bytes, 2 banks."""
+    from ltpx.dataplane.loader import Geometry
+    return Geometry(slots=4, max_chunks=64)

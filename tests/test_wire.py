@@ -1,0 +1,71 @@
+"""The wire format and map structs agree between bpf/ and dataplane/."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from ltpx.dataplane import maps as M
+from ltpx.dataplane import wire as W
+from conftest import requires_bpf
+
+
+def _layout(t):
+    return ctypes.sizeof(t), [(name, getattr(t, name).offset) for name, *_ in t._fields_]
+
+
+@pytest.fixture(scope="module")
+def dp(small_geometry):
+    from ltpx.dataplane.loader import Dataplane
+    with Dataplane(small_geometry) as d:
+        yield d
+
+
+@requires_bpf
+@pytest.mark.parametrize("table,mirror", [
+    ("ltp_lasthdr", W.LtpHdr), ("ltp_cfg", M.Cfg), ("ltp_banks", M.Bank),
+    ("ltp_progress", M.Progress), ("ltp_stats", M.SlotStats), ("ltp_tx", M.Tx),
+])
+def test_c_and_python_structs_agree(dp, table, mirror):
+    tbl = dp.table(table)
+    leaf = getattr(tbl, "sLeaf", tbl.Leaf)  # ctypes bcc generated from the C definition
+    assert _layout(leaf) == _layout(mirror)
+
+
+@requires_bpf
+def test_progress_dtype_matches_struct(dp):
+    assert M.PROGRESS_DTYPE.itemsize == ctypes.sizeof(dp.table("ltp_progress").Leaf)
+    assert [M.PROGRESS_DTYPE.fields[n][1] for n, *_ in M.Progress._fields_] == \
+        [getattr(M.Progress, n).offset for n, *_ in M.Progress._fields_]
+
+
+def test_counter_names_come_from_the_header():
+    assert M.COUNTERS[0] == "pass"
+    assert {"malformed", "bad_magic", "bad_version", "foreign_job", "unknown_worker",
+            "stale", "future", "late", "out_of_range", "dup"} <= set(M.COUNTERS)
+
+
+def test_scapy_layer_and_packer_build_the_same_bytes():
+    fields = dict(type=W.T_DATA, flags=W.F_CRITICAL | W.F_LAST, worker=513, job=0xDEADBEEF,
+                  round=70000, chunk=3, nchunks=9, state=0, rate=123456)
+    layer = W.LTP(**{k: v for k, v in fields.items()}, len=8) / (b"\x01" * 8)
+    packed = W.pack_header(**fields, length=8) + b"\x01" * 8
+    assert bytes(layer) == packed
+    hdr = W.unpack_header(packed)
+    assert (hdr.magic, hdr.version, hdr.worker, hdr.job, hdr.round, hdr.rate) == \
+        (W.MAGIC, W.VERSION, 513, 0xDEADBEEF, 70000, 123456)
+    # big-endian on the wire
+    assert packed[:2] == W.MAGIC.to_bytes(2, "big")
+    assert packed[8:12] == (0xDEADBEEF).to_bytes(4, "big")
+
+
+def test_scapy_fills_length_and_dissects():
+    from scapy.layers.inet import IP, UDP
+    pkt = IP(bytes(IP(dst="198.18.0.1") / UDP(sport=1234, dport=W.PORT) /
+                   W.LTP(worker=2, chunk=5) / (b"\0" * 12)))
+    assert pkt[W.LTP].len == 12 and pkt[W.LTP].chunk == 5
+
+
+def test_unpack_rejects_short_input():
+    with pytest.raises(ValueError, match="32 bytes"):
+        W.unpack_header(b"\0" * 10)

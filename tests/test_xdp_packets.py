@@ -1,0 +1,299 @@
+"""Packet-level tests of bpf/ltp_xdp.c through BPF_PROG_TEST_RUN.
+
+A table of (description, input packet, expected verdict, expected counter
+changes, extra check) run on the real program. Before each case the receiver
+holds round 4 in bank 0 and round 5 in bank 1, both open, 4 chunks each, with
+workers 3 -> slot 1 and 9 -> slot 2 known; job cookie 7.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pytest
+from scapy.layers.inet import IP, TCP, UDP, Ether
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import ARP
+from scapy.packet import Raw
+
+from conftest import requires_bpf
+from ltpx.dataplane import wire as W
+from ltpx.dataplane.testrun import XDP_DROP, XDP_PASS, XDP_TX, run_xdp
+
+pytestmark = requires_bpf
+
+JOB = 7
+CHUNK = 1424
+LAST = 8  # bytes in the last chunk (chunk 3)
+NCHUNKS = 4
+WORKER_MAC, PS_MAC = "02:00:00:00:00:0a", "02:00:00:00:00:01"
+WORKER_IP, PS_IP = "198.18.0.10", "198.18.0.1"
+
+
+def payload(n: int, seed: float = 0.0) -> bytes:
+    return (np.arange(n // 4, dtype=np.float32) + seed).tobytes()
+
+
+def data(worker=3, round_=5, chunk=1, nchunks=NCHUNKS, job=JOB, body=None, seed=0.0,
+         sport=40000, dport=W.PORT, **ltp) -> Ether:
+    if body is None:
+        body = payload(LAST if chunk == nchunks - 1 else CHUNK, seed)
+    return (Ether(src=WORKER_MAC, dst=PS_MAC) / IP(src=WORKER_IP, dst=PS_IP, id=99) /
+            UDP(sport=sport, dport=dport) /
+            W.LTP(worker=worker, job=job, round=round_, chunk=chunk, nchunks=nchunks, **ltp) /
+            Raw(body))
+
+
+def ack(worker=3, round_=9, chunk=2, state=W.RS_OPEN, rate=0, flags=0) -> Ether:
+    return (Ether(src=PS_MAC, dst=WORKER_MAC) / IP(src=PS_IP, dst=WORKER_IP) /
+            UDP(sport=W.PORT, dport=40000) /
+            W.LTP(type=W.T_ACK, worker=worker, job=JOB, round=round_, chunk=chunk,
+                  nchunks=NCHUNKS, state=state, rate=rate, flags=flags, len=0))
+
+
+def expected_ack(pkt: Ether, state=W.RS_OPEN, flags=0, rate=0) -> Ether:
+    """What the program must turn `pkt` into, with checksums scapy computes."""
+    ip, udp, ltp = pkt[IP], pkt[UDP], pkt[W.LTP]
+    return (Ether(src=pkt.dst, dst=pkt.src) /
+            IP(src=ip.dst, dst=ip.src, id=ip.id, ttl=64, flags=ip.flags) /
+            UDP(sport=udp.dport, dport=udp.sport) /
+            W.LTP(type=W.T_ACK, flags=int(ltp.flags) | flags, worker=ltp.worker, job=ltp.job,
+                  round=ltp.round, chunk=ltp.chunk, nchunks=ltp.nchunks, len=0, state=state,
+                  rate=rate))
+
+
+@dataclass
+class Case:
+    desc: str
+    packet: object  # Ether or raw bytes
+    verdict: int
+    counters: dict[str, int]
+    check: Callable | None = None
+    before: Callable | None = None  # runs after the standard set-up
+    extra: dict = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def dp(small_geometry):
+    from ltpx.dataplane.loader import Dataplane
+    with Dataplane(small_geometry, job=JOB) as d:
+        d.maps().set_peers({3: 1, 9: 2})
+        yield d
+
+
+@pytest.fixture
+def maps(dp):
+    m = dp.maps()
+    m.mem_bytes[:] = 0
+    m.open_bank(4, NCHUNKS, LAST)
+    m.open_bank(5, NCHUNKS, LAST)
+    m.set_rate(1, 0)
+    return m
+
+
+def run(dp, pkt):
+    return run_xdp(dp.prog_fd, bytes(pkt))
+
+
+# --- extra checks ------------------------------------------------------------
+
+def lands_in_memory(m, res, pkt):
+    mask = m.done_mask(5, 1, NCHUNKS)
+    assert mask.tolist() == [False, True, False, False]
+    got = m.mem_bytes[1, 1, CHUNK:2 * CHUNK].tobytes()
+    assert got == payload(CHUNK)
+    assert m.slot_stats(1)["delivered"] == 1
+    p = m.progress[1, 1]
+    assert p["chunks"] == 1 and p["bytes"] == CHUNK
+
+
+def is_ack_of(state=W.RS_OPEN, flags=0, rate=0, src=None):
+    def check(m, res, pkt):
+        exp = expected_ack(src or pkt, state=state, flags=flags, rate=rate)
+        assert res.data == bytes(exp), (Ether(res.data).show2(dump=True), exp.show2(dump=True))
+        # scapy recomputes both checksums from scratch and they agree
+        got = Ether(res.data)
+        del got[IP].chksum, got[UDP].chksum
+        assert bytes(Ether(bytes(got))) == res.data
+    return check
+
+
+def last_chunk_lands(m, res, pkt):
+    assert m.done_mask(5, 1, NCHUNKS).tolist() == [False, False, False, True]
+    assert m.mem_bytes[1, 1, 3 * CHUNK:3 * CHUNK + LAST].tobytes() == payload(LAST)
+
+
+def unchanged_memory(m, res, pkt):
+    assert not m.mem_bytes.any()
+    assert not m.done.any() and not m.claim.any()
+
+
+def dropped_header_kept(counter):
+    def check(m, res, pkt):
+        unchanged_memory(m, res, pkt)
+        h = m.last_header(counter)
+        assert h.worker == pkt[W.LTP].worker and h.round == pkt[W.LTP].round
+    return check
+
+
+def ack_recorded(closed=False, rate=0):
+    def check(m, res, pkt):
+        tx = m.tx_state(9, 1)
+        assert tx.closed == int(closed)
+        assert tx.rate_kbps == rate
+        assert m.acked_mask(9, 1, NCHUNKS).tolist() == ([False] * 4 if closed
+                                                          else [False, False, True, False])
+        assert tx.acked == (0 if closed else 1)
+    return check
+
+
+def untouched(m, res, pkt):
+    assert res.data == bytes(pkt)
+
+
+def start_tx(m):
+    m.tx_start(9, 1)
+
+
+def close_round_4(m):
+    m.close_bank(4)
+
+
+def frag(p):
+    p[IP].flags = "MF"
+    return p
+
+
+CASES = [
+    Case("valid DATA is written and turned into its ACK", data(), XDP_TX,
+         {"data": 1, "ack_tx": 1}, lambda m, r, p: (lands_in_memory(m, r, p),
+                                                    is_ack_of()(m, r, p))),
+    Case("last chunk with its short length", data(chunk=3), XDP_TX, {"data": 1, "ack_tx": 1},
+         last_chunk_lands),
+    Case("ACK carries the advertised rate", data(chunk=0), XDP_TX, {"data": 1, "ack_tx": 1},
+         is_ack_of(rate=250_000), before=lambda m: m.set_rate(1, 250_000)),
+    Case("flags are echoed in the ACK", data(chunk=0, flags="critical+last"), XDP_TX,
+         {"data": 1, "ack_tx": 1}, is_ack_of()),
+    Case("too short for an LTP header",
+         Ether(src=WORKER_MAC, dst=PS_MAC) / IP(src=WORKER_IP, dst=PS_IP) /
+         UDP(sport=1, dport=W.PORT) / Raw(b"LT\x01\x01"), XDP_DROP, {"malformed": 1},
+         unchanged_memory),
+    Case("bad magic", data(magic=0x1234), XDP_DROP, {"bad_magic": 1},
+         dropped_header_kept("bad_magic")),
+    Case("bad version", data(version=9), XDP_DROP, {"bad_version": 1},
+         dropped_header_kept("bad_version")),
+    Case("foreign job cookie", data(job=8), XDP_DROP, {"foreign_job": 1},
+         dropped_header_kept("foreign_job")),
+    Case("unknown worker", data(worker=4), XDP_DROP, {"unknown_worker": 1},
+         dropped_header_kept("unknown_worker")),
+    Case("stale round (older than the bank holds)", data(round_=3), XDP_DROP, {"stale": 1},
+         dropped_header_kept("stale")),
+    Case("future round (not opened)", data(round_=7), XDP_DROP, {"future": 1},
+         dropped_header_kept("future")),
+    Case("chunk index out of range", data(chunk=4, body=payload(CHUNK)), XDP_DROP,
+         {"out_of_range": 1}, dropped_header_kept("out_of_range")),
+    Case("chunk count disagrees with the round", data(nchunks=5), XDP_DROP,
+         {"out_of_range": 1}, unchanged_memory),
+    Case("short payload on a middle chunk", data(body=payload(LAST)), XDP_DROP,
+         {"out_of_range": 1}, unchanged_memory),
+    Case("payload not whole float32 elements", data(chunk=3, body=b"\0" * 6), XDP_DROP,
+         {"malformed": 1}, unchanged_memory),
+    Case("length field longer than the packet",
+         data(len=CHUNK + 4), XDP_DROP, {"malformed": 1}, unchanged_memory),
+    Case("payload longer than a chunk", data(chunk=0, body=b"\0" * (CHUNK + 8)), XDP_DROP,
+         {"malformed": 1}, unchanged_memory),
+    Case("IP fragment to the LTP port", frag(data()), XDP_DROP, {"malformed": 1},
+         unchanged_memory),
+    Case("unknown packet type", data(type=0), XDP_DROP, {"malformed": 1}, unchanged_memory),
+    Case("control type is passed up", data(type=W.T_CTRL_MIN), XDP_PASS, {"ctrl": 1},
+         untouched),
+    Case("late packet of a closed round: ACKed CLOSED, memory untouched",
+         data(round_=4, chunk=1), XDP_TX, {"late": 1, "ack_tx": 1},
+         lambda m, r, p: (unchanged_memory(m, r, p), is_ack_of(state=W.RS_CLOSED)(m, r, p)),
+         before=close_round_4),
+    Case("ACK is recorded for the sender", ack(rate=5000), XDP_DROP, {"ack_rx": 1},
+         ack_recorded(rate=5000), before=start_tx),
+    Case("ACK saying CLOSED stops the sender", ack(state=W.RS_CLOSED), XDP_DROP,
+         {"ack_rx": 1}, ack_recorded(closed=True), before=start_tx),
+    Case("ACK of a round not being sent", ack(round_=7), XDP_DROP, {"ack_stale": 1},
+         before=start_tx),
+    Case("ACK from an unknown worker", ack(worker=4), XDP_DROP, {"unknown_worker": 1},
+         before=start_tx),
+    Case("ARP passes", Ether(src=WORKER_MAC, dst="ff:ff:ff:ff:ff:ff") /
+         ARP(psrc=WORKER_IP, pdst=PS_IP), XDP_PASS, {"pass": 1}, untouched),
+    Case("TCP passes", Ether() / IP(src=WORKER_IP, dst=PS_IP) / TCP(dport=W.PORT) / Raw(b"x" * 40),
+         XDP_PASS, {"pass": 1}, untouched),
+    Case("UDP to another port passes",
+         Ether() / IP(src=WORKER_IP, dst=PS_IP) / UDP(sport=5000, dport=53) / Raw(b"q" * 40),
+         XDP_PASS, {"pass": 1}, untouched),
+    Case("IPv6 passes", Ether() / IPv6() / UDP(dport=W.PORT) / Raw(b"z" * 40), XDP_PASS,
+         {"pass": 1}, untouched),
+    Case("IPv4 with options passes (LTP never sends options)",
+         Ether() / IP(src=WORKER_IP, dst=PS_IP, options=b"\x01\x01\x01\x01") /
+         UDP(dport=W.PORT) / Raw(b"z" * 40), XDP_PASS, {"pass": 1}, untouched),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.desc for c in CASES])
+def test_packet_table(dp, maps, case):
+    if case.before:
+        case.before(maps)
+    before = maps.counters()
+    res = run(dp, case.packet)
+    after = maps.counters()
+    assert res.verdict_name == {XDP_DROP: "XDP_DROP", XDP_PASS: "XDP_PASS",
+                                XDP_TX: "XDP_TX"}[case.verdict]
+    delta = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    assert delta == case.counters
+    if case.check:
+        case.check(maps, res, case.packet)
+
+
+def test_duplicate_is_counted_once_and_not_rewritten(dp, maps):
+    first = run(dp, data(chunk=2, seed=1.0))
+    before = maps.counters()
+    second = run(dp, data(chunk=2, seed=100.0))
+    third = run(dp, data(chunk=2, seed=200.0))
+    after = maps.counters()
+    assert first.verdict == second.verdict == third.verdict == XDP_TX
+    assert after["dup"] - before["dup"] == 2 and after["data"] == before["data"]
+    assert Ether(second.data)[W.LTP].flags.dup  # re-ACKed: the first ACK may have been lost
+    # memory keeps the first copy
+    assert maps.mem_bytes[1, 1, 2 * CHUNK:3 * CHUNK].tobytes() == payload(CHUNK, 1.0)
+    assert maps.progress[1, 1]["chunks"] == 1
+    assert maps.slot_stats(1)["dup"] >= 2
+
+
+def test_late_packet_of_old_bank_leaves_new_round_intact(dp, maps):
+    """Round 5 lives in bank 1; after it closes, round 7 reuses bank 1. A late
+    packet of round 5 must not touch round 7's memory."""
+    run(dp, data(round_=5, chunk=0, seed=1.0))
+    maps.close_bank(5)
+    maps.open_bank(7, NCHUNKS, LAST)
+    run(dp, data(round_=7, chunk=0, seed=7.0))
+    snapshot = maps.mem_bytes[1].copy()
+    before = maps.counters()
+    res = run(dp, data(round_=5, chunk=0, seed=5.0))
+    res2 = run(dp, data(round_=5, chunk=1, seed=5.0))
+    after = maps.counters()
+    assert res.verdict == res2.verdict == XDP_DROP
+    assert after["stale"] - before["stale"] == 2
+    assert np.array_equal(maps.mem_bytes[1], snapshot)
+    assert maps.done_mask(7, 1, NCHUNKS).tolist() == [True, False, False, False]
+
+
+def test_workers_land_in_their_own_slots(dp, maps):
+    run(dp, data(worker=3, chunk=0, seed=3.0))
+    run(dp, data(worker=9, chunk=0, seed=9.0))
+    assert maps.slot_values(5, 1, 2)[:2].tolist() == [3.0, 4.0]
+    assert maps.slot_values(5, 2, 2)[:2].tolist() == [9.0, 10.0]
+    assert maps.slot_stats(2)["rx_bytes"] == CHUNK
+
+
+def test_malformed_input_leaves_receiver_usable(dp, maps):
+    for junk in (b"", b"\x00" * 13, bytes(data())[:40], bytes(data())[:60]):
+        if len(junk) >= 14:
+            run(dp, junk)
+    assert run(dp, data(chunk=0)).verdict == XDP_TX
+    assert maps.done_mask(5, 1, NCHUNKS)[0]
