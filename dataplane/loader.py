@@ -102,6 +102,17 @@ def compile_program(source: str, func: str, cflags: list[str] | None = None):
     return b, fn
 
 
+def _has_dev(dev: str) -> bool:
+    """Is `dev` a device in this thread's namespace? (/sys/class/net shows
+    the namespace sysfs was mounted in, so ask the kernel by name.)"""
+    import socket
+    try:
+        socket.if_nametoindex(dev)
+        return True
+    except OSError:
+        return False
+
+
 def attach_fd(fd: int, dev: str, ns: str | None = None, mode: str = "native",
               replace: bool = True) -> None:
     """Attach the XDP program `fd` to `dev` in namespace `ns`."""
@@ -110,7 +121,7 @@ def attach_fd(fd: int, dev: str, ns: str | None = None, mode: str = "native",
         raise ValueError(f"mode must be native or skb, got {mode!r}")
     flags = MODES[mode] | (0 if replace else XDP_FLAGS_UPDATE_IF_NOEXIST)
     with netns.inside(ns):
-        if not os.path.exists(f"/sys/class/net/{dev}"):
+        if not _has_dev(dev):
             raise DataplaneError(f"no device {dev!r} in namespace {ns or '(host)'}")
         res = bcc.lib.bpf_attach_xdp(dev.encode(), fd, flags)
         if res < 0:
@@ -129,7 +140,7 @@ def detach(dev: str, ns: str | None = None, mode: str = "native") -> None:
     if ns and not netns.exists(ns):
         return
     with netns.inside(ns):
-        if not os.path.exists(f"/sys/class/net/{dev}"):
+        if not _has_dev(dev):
             return
         bcc.lib.bpf_attach_xdp(dev.encode(), -1, MODES[mode])
 
