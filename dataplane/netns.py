@@ -78,3 +78,18 @@ def inside(name: str | None) -> Iterator[None]:
 def _gettid() -> int:
     import threading
     return threading.get_native_id()
+
+
+def popen(name: str, argv: list[str], **kwargs):
+    """Start a process inside namespace `name` (setns in the child before exec)."""
+    import subprocess
+    path = os.path.join(NETNS_DIR, name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"network namespace {name!r} does not exist ({path})")
+
+    def enter() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        _setns(fd)
+        os.close(fd)
+
+    return subprocess.Popen(argv, preexec_fn=enter, **kwargs)

@@ -297,3 +297,21 @@ def test_malformed_input_leaves_receiver_usable(dp, maps):
             run(dp, junk)
     assert run(dp, data(chunk=0)).verdict == XDP_TX
     assert maps.done_mask(5, 1, NCHUNKS)[0]
+
+
+def test_bitmaps_of_a_geometry_with_odd_word_count():
+    """192 chunks = 3 bitmap words (not a power of two): every chunk gets its
+    own bit and its own memory."""
+    from ltpx.dataplane.loader import Dataplane, Geometry
+    n = 192
+    with Dataplane(Geometry(slots=1, max_chunks=n), job=JOB) as d:
+        m = d.maps()
+        m.set_peers({3: 0})
+        m.open_bank(5, n, CHUNK)
+        for c in range(n):
+            pkt = data(chunk=c, nchunks=n, body=payload(CHUNK, float(c)))
+            assert run(d, pkt).verdict == XDP_TX
+        assert m.done_mask(5, 0, n).all()
+        assert m.counters()["dup"] == 0
+        firsts = m.slot_values(5, 0, n * CHUNK // 4)[::CHUNK // 4]
+        assert firsts.tolist() == [float(c) for c in range(n)]

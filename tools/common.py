@@ -116,6 +116,12 @@ def run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
     except KeyboardInterrupt:
         _report(args, "interrupted", EXIT_ERROR)
         return 130
+    except RuntimeError as e:
+        from ..dataplane.loader import DataplaneError
+        if not isinstance(e, DataplaneError):
+            raise
+        _report(args, str(e).splitlines()[0][:400], EXIT_ERROR)
+        return EXIT_ERROR
     except PermissionError as e:
         _report(args, f"permission denied: {e}; run as root (sudo) and see `ltp doctor`", EXIT_ERROR)
         return EXIT_ERROR

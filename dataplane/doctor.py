@@ -1,0 +1,125 @@
+"""Checks that this machine can run LTP's dataplane, and the fixes for what is missing.
+
+Each check returns (ok, detail, fix). `fix()` applies the repairs a program
+may make on its own: the kernel-headers link and the bpffs mount. Package
+installation is left to scripts/setup.sh, which names the packages.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+
+BPFFS = "/sys/fs/bpf"
+MIN_KERNEL = (5, 18)  # bpf_xdp_load_bytes
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail, "fix": self.fix}
+
+
+def _kernel_version() -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def headers_dir() -> str:
+    return f"/lib/modules/{os.uname().release}/build"
+
+
+def fallback_headers() -> tuple[str, str] | None:
+    """Debian's linux-headers-*-amd64 (build) and -common (source) dirs, newest first."""
+    for build in sorted(glob.glob("/usr/src/linux-headers-*-amd64"), reverse=True):
+        common = build[: -len("-amd64")] + "-common"
+        if os.path.isdir(common):
+            return build, common
+    return None
+
+
+def bpffs_mounted() -> bool:
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(line.split()[1] == BPFFS and line.split()[2] == "bpf" for line in f)
+    except OSError:
+        return False
+
+
+def run_checks(compile_test: bool = True) -> list[Check]:
+    checks = []
+    root = os.geteuid() == 0
+    checks.append(Check("root", root, "running as root" if root else f"euid {os.geteuid()}",
+                        "" if root else "run with sudo (BPF and namespaces need CAP_BPF, "
+                        "CAP_NET_ADMIN, CAP_SYS_ADMIN)"))
+    try:
+        import bcc
+        checks.append(Check("bcc", True, f"bcc at {os.path.dirname(bcc.__file__)}"))
+        have_bcc = True
+    except ImportError:
+        have_bcc = False
+        checks.append(Check("bcc", False, "python module bcc not importable",
+                            "apt-get install python3-bpfcc and use a venv made with "
+                            "/usr/bin/python3 -m venv --system-site-packages"))
+    kv = _kernel_version()
+    checks.append(Check("kernel", kv >= MIN_KERNEL, f"{os.uname().release}",
+                        "" if kv >= MIN_KERNEL else f"needs Linux >= {MIN_KERNEL[0]}.{MIN_KERNEL[1]}"))
+    btf = os.path.exists("/sys/kernel/btf/vmlinux")
+    checks.append(Check("btf", btf, "/sys/kernel/btf/vmlinux" + (" present" if btf else " missing"),
+                        "" if btf else "use a kernel built with CONFIG_DEBUG_INFO_BTF=y"))
+    hd = headers_dir()
+    has_headers = os.path.isdir(hd)
+    fb = fallback_headers()
+    checks.append(Check("kernel-headers", has_headers,
+                        f"{hd} -> {os.path.realpath(hd)}" if has_headers else f"{hd} missing",
+                        "" if has_headers else
+                        (f"`ltp doctor --fix` links {fb[0]} as build and {fb[1]} as source"
+                         if fb else "apt-get install linux-headers-amd64, then `ltp doctor --fix`")))
+    mounted = bpffs_mounted()
+    checks.append(Check("bpffs", mounted, f"{BPFFS} " + ("mounted" if mounted else "not mounted"),
+                        "" if mounted else f"`ltp doctor --fix` mounts it (mount -t bpf bpf {BPFFS})"))
+    try:
+        import ctypes
+        ctypes.CDLL("libbpf.so.1").bpf_prog_test_run_opts  # noqa: B018
+        checks.append(Check("libbpf", True, "libbpf.so.1 with bpf_prog_test_run_opts"))
+    except (OSError, AttributeError):
+        checks.append(Check("libbpf", False, "libbpf.so.1 not loadable", "apt-get install libbpf1"))
+    if compile_test and root and have_bcc and has_headers:
+        try:
+            from .loader import Dataplane, Geometry
+            with Dataplane(Geometry(slots=1, max_chunks=64)):
+                pass
+            checks.append(Check("load", True, "ltp_xdp compiles and passes the verifier"))
+        except Exception as e:  # report, do not crash the doctor
+            checks.append(Check("load", False, f"ltp_xdp failed to load: {e}",
+                                "see the message; `ltp doctor` checks above name missing pieces"))
+    return checks
+
+
+def fix() -> list[str]:
+    """Apply the repairs that need no package manager; returns what was done."""
+    done = []
+    hd = headers_dir()
+    if not os.path.isdir(hd):
+        fb = fallback_headers()
+        if fb:
+            mod = os.path.dirname(hd)
+            os.makedirs(mod, exist_ok=True)
+            for name, target in (("build", fb[0]), ("source", fb[1])):
+                link = os.path.join(mod, name)
+                if os.path.islink(link):
+                    os.unlink(link)
+                os.symlink(target, link)
+            done.append(f"linked {fb[0]} as {hd}")
+    if not bpffs_mounted():
+        import subprocess
+        os.makedirs(BPFFS, exist_ok=True)
+        subprocess.run(["mount", "-t", "bpf", "bpf", BPFFS], check=True)
+        done.append(f"mounted bpffs on {BPFFS}")
+    return done

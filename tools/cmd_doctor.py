@@ -1,0 +1,43 @@
+"""`ltp doctor`: is this machine ready for LTP's dataplane? `--fix` repairs what it can."""
+from __future__ import annotations
+
+import argparse
+
+from .common import EXIT_ERROR, CliError, add_json, emit
+
+
+def register(sub) -> None:
+    p = sub.add_parser("doctor", help="check root, bcc, kernel headers, bpffs, kernel and BTF",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  ltp doctor\n  sudo ltp doctor --fix\n  ltp doctor -j\n\n"
+                              "Exits 0 only when everything needed is there.\n")
+    p.add_argument("--fix", action="store_true",
+                   help="link Debian's kernel headers when missing and mount bpffs")
+    p.add_argument("--no-load", action="store_true", help="skip the compile-and-load check")
+    add_json(p)
+    p.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args) -> int:
+    import os
+    from ..dataplane import doctor
+    fixed = []
+    if args.fix:
+        if os.geteuid() != 0:
+            raise CliError("`ltp doctor --fix` needs root: run it with sudo")
+        fixed = doctor.fix()
+    checks = doctor.run_checks(compile_test=not args.no_load)
+    ok = all(c.ok for c in checks)
+    out = {"ok": ok, "fixed": fixed, "checks": [c.to_dict() for c in checks]}
+
+    def text(o) -> str:
+        lines = [f"fixed: {f}" for f in o["fixed"]]
+        for c in o["checks"]:
+            lines.append(f"{'ok ' if c['ok'] else 'BAD'} {c['name']:<15} {c['detail']}"[:200])
+            if not c["ok"] and c["fix"]:
+                lines.append(f"    fix: {c['fix']}")
+        lines.append("ready" if o["ok"] else "not ready: apply the fixes above")
+        return "\n".join(lines)
+
+    emit(args, out, text)
+    return 0 if ok else EXIT_ERROR
