@@ -73,7 +73,7 @@ struct ltp_chunk {
 
 struct ltp_progress {
 	__u32 chunks;          /* distinct chunks delivered in this bank */
-	__u32 pad;
+	__u32 retx;            /* ... of which arrived as a re-send (LTP_F_RETX): loss seen */
 	__u64 bytes;           /* payload bytes delivered */
 	__u64 first_ns;        /* bpf_ktime_get_ns of the first delivered chunk (approx.) */
 	__u64 last_ns;         /* ... of the latest */
@@ -121,7 +121,7 @@ BPF_PERCPU_ARRAY(ltp_counters, __u64, LTP_C_MAX);
 /* ltp_stats: XDP counts per slot; `ltp flows` reads */
 BPF_PERCPU_ARRAY(ltp_stats, struct ltp_slot_stats, LTP_SLOTS);
 /* ltp_tx: sender control plane sets round per [bank][slot]; XDP records ACK state */
-BPF_ARRAY(ltp_tx, struct ltp_tx, LTP_BANKS * LTP_SLOTS);
+BPF_F_TABLE("array", u32, struct ltp_tx, ltp_tx, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_acked: XDP sets a chunk's bit when its ACK arrives; sender control plane reads */
 BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_acked, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why); CLI reads */

@@ -222,6 +222,8 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 	/* The done bit is what user space trusts: set only after the copy. */
 	__sync_fetch_and_or(&done->w[word], bit);
 	__sync_fetch_and_add(&pr->chunks, 1);
+	if (h->flags & bpf_htons(LTP_F_RETX))
+		__sync_fetch_and_add(&pr->retx, 1);
 	__sync_fetch_and_add(&pr->bytes, len);
 	u64 now = bpf_ktime_get_ns();
 	if (!pr->first_ns)

@@ -38,7 +38,7 @@ class Bank(ctypes.Structure):
 
 
 class Progress(ctypes.Structure):
-    _fields_ = [("chunks", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+    _fields_ = [("chunks", ctypes.c_uint32), ("retx", ctypes.c_uint32),
                 ("bytes", ctypes.c_uint64), ("first_ns", ctypes.c_uint64),
                 ("last_ns", ctypes.c_uint64)]
 
@@ -56,7 +56,9 @@ class Tx(ctypes.Structure):
                 ("rate_kbps", ctypes.c_uint32), ("acked", ctypes.c_uint32)]
 
 
-PROGRESS_DTYPE = np.dtype([("chunks", "<u4"), ("pad", "<u4"), ("bytes", "<u8"),
+TX_DTYPE = np.dtype([("round", "<u4"), ("closed", "<u4"), ("rate_kbps", "<u4"),
+                     ("acked", "<u4")])
+PROGRESS_DTYPE = np.dtype([("chunks", "<u4"), ("retx", "<u4"), ("bytes", "<u8"),
                            ("first_ns", "<u8"), ("last_ns", "<u8")])
 
 _lib = None
@@ -131,7 +133,6 @@ class LtpMaps:
         self.rate = FdMap(fds["ltp_rate"], ctypes.c_uint32)
         self.counter_map = FdMap(fds["ltp_counters"], ctypes.c_uint64, percpu=True)
         self.stats = FdMap(fds["ltp_stats"], SlotStats, percpu=True)
-        self.tx = FdMap(fds["ltp_tx"], Tx)
         self.lasthdr = FdMap(fds["ltp_lasthdr"], LtpHdr)
         words = g.max_chunks // 64
         self._mm = {}
@@ -148,6 +149,9 @@ class LtpMaps:
         self.claim = view("ltp_claim", 8 * words * g.banks * g.slots, np.uint64, bm_shape)
         self.done = view("ltp_done", 8 * words * g.banks * g.slots, np.uint64, bm_shape)
         self.acked = view("ltp_acked", 8 * words * g.banks * g.slots, np.uint64, bm_shape)
+        #: sender state [bank, slot] (round, closed, rate_kbps, acked), read with no syscall
+        self.tx = view("ltp_tx", TX_DTYPE.itemsize * g.banks * g.slots, TX_DTYPE,
+                       (g.banks, g.slots))
         self.progress = view("ltp_progress", PROGRESS_DTYPE.itemsize * g.banks * g.slots,
                              PROGRESS_DTYPE, (g.banks, g.slots))
 
@@ -171,7 +175,7 @@ class LtpMaps:
 
     def close(self) -> None:
         # Views must go before their mmaps can close.
-        for attr in ("mem", "mem_bytes", "claim", "done", "acked", "progress"):
+        for attr in ("mem", "mem_bytes", "claim", "done", "acked", "progress", "tx"):
             self.__dict__.pop(attr, None)
         for mm in self._mm.values():
             try:
@@ -255,13 +259,18 @@ class LtpMaps:
 
     # --- sender state -------------------------------------------------
     def tx_start(self, round_: int, slot: int) -> None:
+        """Start sending round_ to `slot`: ACKs of other rounds are ignored."""
         b = self.bank_index(round_)
-        self.tx.set(b * self.geometry.slots + slot, Tx(round=2**32 - 1))
+        t = self.tx[b, slot]
+        t["round"] = (round_ + 1) % 2**32  # park: no ACK matches while resetting
         self.acked[b, slot] = 0
-        self.tx.set(b * self.geometry.slots + slot, Tx(round=round_))
+        t["closed"] = 0
+        t["acked"] = 0
+        t["round"] = round_
 
-    def tx_state(self, round_: int, slot: int) -> Tx:
-        return self.tx.get(self.bank_index(round_) * self.geometry.slots + slot)
+    def tx_state(self, round_: int, slot: int) -> np.void:
+        """(round, closed, rate_kbps, acked) of round_ toward `slot`; a live view."""
+        return self.tx[self.bank_index(round_), slot]
 
     def acked_mask(self, round_: int, slot: int, nchunks: int) -> np.ndarray:
         return _bits(self.acked[self.bank_index(round_), slot], nchunks)

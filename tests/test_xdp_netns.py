@@ -93,15 +93,15 @@ def test_worker_role_records_acks_in_its_map(pair, small_geometry):
         for i in (0, 3, 4):
             body = b"\x11" * (8 if i == NCHUNKS - 1 else CHUNK)
             sock.sendto(datagram(5, 2, i, body), (pair.b.ip, W.PORT))
-        assert wait_for(lambda: wm.tx_state(2, 0).acked == 3)
+        assert wait_for(lambda: wm.tx_state(2, 0)["acked"] == 3)
         assert wm.acked_mask(2, 0, NCHUNKS).tolist() == [True, False, False, True, True]
-        assert wm.tx_state(2, 0).rate_kbps == 123_000
+        assert wm.tx_state(2, 0)["rate_kbps"] == 123_000
         with pytest.raises(BlockingIOError):
             sock.recv(2048)  # ACKs were consumed at the worker's NIC
         # close the round: a late chunk is answered CLOSED, which stops the sender
         pm.close_bank(2)
         sock.sendto(datagram(5, 2, 1, b"\x22" * CHUNK), (pair.b.ip, W.PORT))
-        assert wait_for(lambda: wm.tx_state(2, 0).closed == 1)
+        assert wait_for(lambda: wm.tx_state(2, 0)["closed"] == 1)
         assert not pm.done_mask(2, 3, NCHUNKS)[1]
         assert pm.counters()["late"] == 1
         # foreign job never reaches memory

@@ -124,6 +124,10 @@ def last_chunk_lands(m, res, pkt):
     assert m.mem_bytes[1, 1, 3 * CHUNK:3 * CHUNK + LAST].tobytes() == payload(LAST)
 
 
+def _eq(a, b):
+    assert a == b
+
+
 def unchanged_memory(m, res, pkt):
     assert not m.mem_bytes.any()
     assert not m.done.any() and not m.claim.any()
@@ -140,11 +144,11 @@ def dropped_header_kept(counter):
 def ack_recorded(closed=False, rate=0):
     def check(m, res, pkt):
         tx = m.tx_state(9, 1)
-        assert tx.closed == int(closed)
-        assert tx.rate_kbps == rate
+        assert tx["closed"] == int(closed)
+        assert tx["rate_kbps"] == rate
         assert m.acked_mask(9, 1, NCHUNKS).tolist() == ([False] * 4 if closed
                                                           else [False, False, True, False])
-        assert tx.acked == (0 if closed else 1)
+        assert tx["acked"] == (0 if closed else 1)
     return check
 
 
@@ -175,6 +179,10 @@ CASES = [
          is_ack_of(rate=250_000), before=lambda m: m.set_rate(1, 250_000)),
     Case("flags are echoed in the ACK", data(chunk=0, flags="critical+last"), XDP_TX,
          {"data": 1, "ack_tx": 1}, is_ack_of()),
+    Case("a re-sent chunk is counted as loss seen", data(chunk=0, flags="retx"), XDP_TX,
+         {"data": 1, "ack_tx": 1},
+         lambda m, r, p: (is_ack_of()(m, r, p),
+                          _eq(m.progress[1, 1]["retx"], 1), _eq(m.progress[1, 1]["chunks"], 1))),
     Case("too short for an LTP header",
          Ether(src=WORKER_MAC, dst=PS_MAC) / IP(src=WORKER_IP, dst=PS_IP) /
          UDP(sport=1, dport=W.PORT) / Raw(b"LT\x01\x01"), XDP_DROP, {"malformed": 1},

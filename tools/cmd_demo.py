@@ -76,7 +76,7 @@ def cmd_demo(args) -> None:
                 except BlockingIOError:
                     time.sleep(0.0005)
             deadline = time.perf_counter() + 0.05
-            while time.perf_counter() < deadline and wm.tx_state(round_, 0).acked < nchunks:
+            while time.perf_counter() < deadline and wm.tx_state(round_, 0)["acked"] < nchunks:
                 time.sleep(0.001)
         elapsed = time.perf_counter() - t0
         pm.close_bank(round_)
@@ -85,7 +85,7 @@ def cmd_demo(args) -> None:
         out = {
             "elements": args.elements, "bytes": len(raw), "chunks": nchunks,
             "datagrams_sent": sent, "send_passes": passes,
-            "acked": int(wm.tx_state(round_, 0).acked), "delivered": int(delivered.sum()),
+            "acked": int(wm.tx_state(round_, 0)["acked"]), "delivered": int(delivered.sum()),
             "bit_exact": bool(np.array_equal(got, tensor)), "seconds": round(elapsed, 4),
             "goodput_mbit_s": round(len(raw) * 8 / elapsed / 1e6, 1),
             "first_elements": [round(float(x), 6) for x in got[:4]],

@@ -1,0 +1,308 @@
+"""TCP incast on the rig: barrier-synchronised rounds in which every worker
+sends SIZE bytes over TCP to the parameter server.
+
+`run_tcp_incast(rig, size, rounds, cc)` is the measurement (`ltp rig
+incast-tcp`, and the TCP side of `ltp bench incast`). It starts two kinds of
+agent, each `python -m ltpx.dataplane.incast ...` inside a rig namespace:
+
+- the PS agent listens, accepts one persistent connection per worker (the
+  worker says its index first), then per round writes one "go" byte on every
+  connection and reads until each connection has delivered SIZE bytes. The
+  round time is from just before the first "go" to the arrival of the last
+  byte, measured at the PS (one clock). It prints one JSON line per round.
+- a worker agent connects (with the requested TCP congestion control, set
+  per socket with TCP_CONGESTION), then waits for "go" and sends SIZE bytes,
+  until it reads "q" or EOF.
+
+The "go" byte travels PS -> worker, the data worker -> PS, so the barrier
+costs one one-way trip on the unshaped direction. Round 0.. `warmup`-1 are
+run but not counted (connection start-up and slow start from the initial
+window).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+DEFAULT_PORT = 5201
+AVAILABLE_CC = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
+
+
+class IncastError(RuntimeError):
+    """The incast run could not be set up or did not finish."""
+
+
+def available_cc() -> list[str]:
+    try:
+        with open(AVAILABLE_CC) as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def ensure_cc(cc: str) -> None:
+    """Make sure congestion control `cc` can be set on a socket: load
+    tcp_<cc> with modprobe when it is not registered yet."""
+    if cc in available_cc():
+        return
+    try:
+        subprocess.run(["modprobe", f"tcp_{cc}"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    if cc not in available_cc():
+        raise IncastError(f"TCP congestion control {cc!r} is not available (the kernel offers: "
+                          f"{' '.join(available_cc()) or 'nothing readable'}); `modprobe tcp_{cc}` "
+                          f"failed or the module is not built for this kernel")
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), without numpy."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(times: list[float], *, workers: int, size: int, rate_bps: int,
+              cc: str) -> dict[str, Any]:
+    """The result dict of an incast run from its round times."""
+    limit = workers * size * 8 / rate_bps
+    med = statistics.median(times)
+    p99 = _percentile(times, 99)
+    return {"median_s": med, "p99_s": p99, "max_s": max(times), "min_s": min(times),
+            "mean_s": statistics.fmean(times), "limit_s": limit,
+            "median_over_limit": med / limit, "p99_over_limit": p99 / limit,
+            "cc": cc, "workers": workers, "size_bytes": size, "rounds": len(times),
+            "rate_bps": rate_bps, "round_s": times}
+
+
+def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cubic", *,
+                   warmup: int = 1, port: int = DEFAULT_PORT,
+                   progress: Callable[[int, int, float], None] | None = None,
+                   round_timeout: float = 60.0) -> dict[str, Any]:
+    """Run `rounds` incast rounds on `rig` (a dataplane.rig.Rig) and return
+    median/p99/max round time, the line-rate limit (N * size * 8 / rate) and
+    the ratios. `progress(done, total, seconds)` is called after each counted
+    round. Every process started here is gone when this returns or raises."""
+    if size < 1:
+        raise ValueError(f"size: must be positive, got {size}")
+    if rounds < 1:
+        raise ValueError(f"rounds: must be positive, got {rounds}")
+    ensure_cc(cc)
+    workers = rig.workers
+    py = sys.executable
+    common = ["--port", str(port), "--size", str(size), "--cc", cc]
+    procs: list[subprocess.Popen] = []
+    try:
+        ps = rig.spawn(rig.ps, [py, "-m", "ltpx.dataplane.incast", "ps", "--bind", rig.ps.ip,
+                                "--workers", str(len(workers)), "--rounds", str(rounds + warmup),
+                                "--round-timeout", str(round_timeout), *common],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        procs.append(ps)
+        line = _readline(ps, 20.0)
+        if line.strip() != "ready":
+            raise IncastError(f"PS agent did not start: {line.strip()} {_stderr(ps)}")
+        for w in workers:
+            procs.append(rig.spawn(w, [py, "-m", "ltpx.dataplane.incast", "worker", "--ps",
+                                       rig.ps.ip, "--id", str(w.index), *common],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        times: list[float] = []
+        while True:
+            line = _readline(ps, round_timeout + 30.0)
+            if not line:
+                bad = [p for p in procs[1:] if p.poll() not in (None, 0)]
+                why = _stderr(bad[0]) if bad else _stderr(ps)
+                raise IncastError(f"PS agent stopped early: {why}")
+            msg = json.loads(line)
+            if "error" in msg:
+                raise IncastError(f"PS agent: {msg['error']}")
+            if "round" in msg:
+                if msg["round"] >= warmup:
+                    times.append(msg["t"])
+                    if progress:
+                        progress(len(times), rounds, msg["t"])
+            if msg.get("done"):
+                break
+        ps.wait(timeout=10)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            for f in (p.stdout, p.stderr):
+                if f:
+                    f.close()
+    res = summarize(times, workers=len(workers), size=size, rate_bps=rig.config.rate_bps, cc=cc)
+    res.update({"warmup_rounds": warmup, "buffer_bytes": rig.config.buffer_bytes,
+                "loss": rig.config.loss})
+    return res
+
+
+def _readline(p: subprocess.Popen, timeout: float) -> str:
+    r, _, _ = select.select([p.stdout], [], [], timeout)
+    if not r:
+        raise IncastError(f"no word from the PS agent in {timeout:.0f} s")
+    return p.stdout.readline()
+
+
+def _stderr(p: subprocess.Popen) -> str:
+    if p.poll() is None:
+        return "(still running)"
+    try:
+        return (p.stderr.read() or "").strip()[-500:] if p.stderr else ""
+    except (OSError, ValueError):
+        return ""
+
+
+# --------------------------------------------------------------------------- agents
+
+def _set_cc(s: socket.socket, cc: str) -> None:
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cc.encode())
+    except OSError as e:
+        raise SystemExit(f"setsockopt(TCP_CONGESTION, {cc}): {e.strerror}")
+
+
+def _emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _ps_agent(a: argparse.Namespace) -> int:
+    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _set_cc(ls, a.cc)
+    ls.bind((a.bind, a.port))
+    ls.listen(a.workers + 8)
+    print("ready", flush=True)
+    ls.settimeout(30.0)
+    conns: dict[int, socket.socket] = {}
+    try:
+        while len(conns) < a.workers:
+            c, _ = ls.accept()
+            c.settimeout(10.0)
+            hello = b""
+            while len(hello) < 4:
+                chunk = c.recv(4 - len(hello))
+                if not chunk:
+                    break
+                hello += chunk
+            c.settimeout(None)
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conns[int.from_bytes(hello, "big")] = c
+    except socket.timeout:
+        _emit({"error": f"only {len(conns)} of {a.workers} workers connected in 30 s"})
+        return 1
+    socks = list(conns.values())
+    fdmap = {s.fileno(): s for s in socks}
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    ep = select.epoll()
+    for s in socks:
+        ep.register(s.fileno(), select.EPOLLIN)
+    for r in range(a.rounds):
+        got = dict.fromkeys(fdmap, 0)
+        pending = len(socks)
+        t0 = time.perf_counter()
+        for s in socks:
+            s.sendall(b"g")
+        deadline = time.monotonic() + a.round_timeout
+        while pending:
+            events = ep.poll(1.0)
+            if not events and time.monotonic() > deadline:
+                _emit({"error": f"round {r} took more than {a.round_timeout} s "
+                                f"({pending} workers unfinished)"})
+                return 1
+            for fd, _ in events:
+                n = fdmap[fd].recv_into(view)
+                if n == 0:
+                    _emit({"error": f"a worker closed its connection in round {r}"})
+                    return 1
+                got[fd] += n
+                if got[fd] == a.size:
+                    pending -= 1
+                elif got[fd] > a.size:
+                    _emit({"error": "a worker sent more than SIZE bytes"})
+                    return 1
+        _emit({"round": r, "t": time.perf_counter() - t0})
+    for s in socks:
+        try:
+            s.sendall(b"q")
+        except OSError:
+            pass
+    _emit({"done": True})
+    for s in socks:
+        s.close()
+    return 0
+
+
+def _worker_agent(a: argparse.Namespace) -> int:
+    deadline = time.monotonic() + 20.0
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        _set_cc(s, a.cc)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            s.connect((a.ps, a.port))
+            break
+        except OSError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    s.sendall(a.id.to_bytes(4, "big"))
+    payload = b"\x5a" * a.size
+    while True:
+        c = s.recv(1)
+        if c != b"g":
+            break
+        s.sendall(payload)
+    s.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ltpx.dataplane.incast",
+                                description="TCP incast agents (started by run_tcp_incast)")
+    sub = p.add_subparsers(dest="role", required=True)
+    for role in ("ps", "worker"):
+        q = sub.add_parser(role)
+        q.add_argument("--port", type=int, default=DEFAULT_PORT)
+        q.add_argument("--size", type=int, required=True)
+        q.add_argument("--cc", default="cubic")
+        if role == "ps":
+            q.add_argument("--bind", required=True)
+            q.add_argument("--workers", type=int, required=True)
+            q.add_argument("--rounds", type=int, required=True)
+            q.add_argument("--round-timeout", type=float, default=60.0)
+        else:
+            q.add_argument("--ps", required=True)
+            q.add_argument("--id", type=int, required=True)
+    a = p.parse_args(argv)
+    try:
+        return _ps_agent(a) if a.role == "ps" else _worker_agent(a)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
