@@ -1,0 +1,61 @@
+"""Bubble Filling: give every missing chunk a value so the aggregate stays sound.
+
+Strategies (per chunk c of worker w that did not arrive):
+  mean   the mean of chunk c over the workers that delivered it. The average
+         gradient over all workers then equals the average over those that
+         delivered, an unbiased estimate of it. (The default.)
+  zero   zeros (what MLT and OptiReduce do).
+  stale  worker w's chunk c from the last round in which it arrived (zeros if
+         it never did).
+A chunk that no worker delivered is zero under `mean`.
+
+Values are [workers, nchunks, chunk_elems] views; filling writes in place.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+STRATEGIES = ("mean", "zero", "stale")
+
+
+def fill(values: np.ndarray, masks: np.ndarray, strategy: str = "mean",
+         stale: np.ndarray | None = None, stale_valid: np.ndarray | None = None) -> np.ndarray:
+    """Fill chunks where masks is False; returns the per-worker count filled.
+
+    values: float32 [W, C, E] (written in place)
+    masks:  bool [W, C], True where the chunk arrived
+    stale, stale_valid: [W, C, E] and [W, C] for strategy 'stale'
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown bubble strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    W, C, _ = values.shape
+    if masks.shape != (W, C):
+        raise ValueError(f"masks shape {masks.shape} does not match values {values.shape[:2]}")
+    missing = ~masks
+    if not missing.any():
+        return np.zeros(W, dtype=np.int64)
+    if strategy == "zero":
+        values[missing] = 0.0
+    elif strategy == "mean":
+        m = masks[..., None].astype(np.float32)
+        count = m.sum(axis=0)  # [C, 1]
+        total = (np.where(masks[..., None], values, 0.0)).sum(axis=0, dtype=np.float64)
+        mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0).astype(np.float32)
+        w_idx, c_idx = np.nonzero(missing)
+        values[w_idx, c_idx] = mean[c_idx]
+    else:  # stale
+        if stale is None or stale_valid is None:
+            raise ValueError("strategy 'stale' needs the previous rounds' values")
+        w_idx, c_idx = np.nonzero(missing)
+        ok = stale_valid[w_idx, c_idx]
+        values[w_idx[ok], c_idx[ok]] = stale[w_idx[ok], c_idx[ok]]
+        values[w_idx[~ok], c_idx[~ok]] = 0.0
+    return missing.sum(axis=1)
+
+
+def remember(stale: np.ndarray, stale_valid: np.ndarray, values: np.ndarray,
+             masks: np.ndarray) -> None:
+    """Keep the chunks that arrived this round for the 'stale' strategy."""
+    w_idx, c_idx = np.nonzero(masks)
+    stale[w_idx, c_idx] = values[w_idx, c_idx]
+    stale_valid[w_idx, c_idx] = True

@@ -1,0 +1,160 @@
+"""LTP rounds on a rig: the PS in this process, one process per worker.
+
+Each worker process (control/worker_proc.py) runs inside its host's network
+namespace with its own Endpoint (XDP program on its veth). This process talks
+to them over pipes (JSON lines), so coordination never crosses the network
+being measured: a "push" command is the round's barrier, and the PS times a
+round from the moment it is opened (just before the commands go out) to the
+moment Early Close shuts it.
+
+Worker tensors are generated from (seed, worker, round) on both sides, so a
+test can check what arrived bit for bit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from typing import Iterable
+
+import numpy as np
+
+from ..dataplane import netns
+from .early_close import EarlyCloseConfig
+from .transport import Endpoint, Peer, PushReport, RoundResult
+
+
+def worker_tensor(seed: int, worker: int, round_: int, nelems: int) -> np.ndarray:
+    """The gradient a worker pushes in a cluster round (deterministic)."""
+    return np.random.default_rng([seed, worker, round_]).standard_normal(nelems).astype(np.float32)
+
+
+class WorkerProc:
+    """A worker process and its pipe."""
+
+    def __init__(self, host, worker_id: int, args: list[str]):
+        self.host, self.worker = host, worker_id
+        self.proc = netns.popen(host.netns, [sys.executable, "-m", "ltpx.control.worker_proc",
+                                             *args], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def send(self, msg: dict) -> None:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float = 60.0) -> dict:
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not r:
+            raise TimeoutError(f"worker {self.worker} did not answer within {timeout:g}s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.worker} exited (code {self.proc.poll()})")
+        msg = json.loads(line)
+        if "error" in msg:
+            raise RuntimeError(f"worker {self.worker}: {msg['error']}")
+        return msg
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send({"cmd": "quit"})
+                self.proc.wait(timeout=10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class LtpCluster:
+    """PS endpoint + worker processes on a rig (dataplane.rig.Rig)."""
+
+    def __init__(self, rig, max_elems: int, *, job: int = 0x17, capacity_bps: float | None = None,
+                 bubble: str = "mean", early_close: EarlyCloseConfig | None = None,
+                 workers: Iterable[int] | None = None, mode: str | None = None,
+                 chunk_bytes: int | None = None):
+        self.rig = rig
+        cfg = rig.config
+        self.mode = mode or cfg.mode
+        self.capacity = capacity_bps or cfg.rate_bps
+        hosts = rig.workers if workers is None else [rig.workers[i] for i in workers]
+        self.hosts = hosts
+        self.ids = [h.index for h in hosts]
+        self.max_elems = max_elems
+        # The largest chunk a frame of the rig's MTU carries (whole float64 pairs).
+        self.chunk_bytes = chunk_bytes or (cfg.mtu - 20 - 8 - 32) // 8 * 8
+        self.ps = Endpoint(rig.ps.ifname, rig.ps.ip, {w: i for i, w in enumerate(self.ids)},
+                           max_elems, ns=rig.ps.netns, mode=self.mode, job=job,
+                           capacity_bps=self.capacity, bubble_strategy=bubble,
+                           early_close=early_close, chunk_bytes=self.chunk_bytes)
+        self.procs: list[WorkerProc] = []
+        try:
+            for h in hosts:
+                self.procs.append(WorkerProc(h, h.index, [
+                    "--dev", h.ifname, "--ip", h.ip, "--id", str(h.index), "--job", str(job),
+                    "--max-elems", str(max_elems), "--mode", self.mode,
+                    "--capacity", str(self.capacity), "--ps-ip", rig.ps.ip,
+                    "--workers", str(len(hosts)), "--chunk-bytes", str(self.chunk_bytes)]))
+            for p in self.procs:
+                p.recv(timeout=120)  # "ready": program compiled and attached
+        except BaseException:
+            self.close()
+            raise
+
+    def run_round(self, round_: int, nelems: int, seed: int = 0, *, critical=None,
+                  silent: Iterable[int] = (), reliable_ok: bool = False
+                  ) -> tuple[RoundResult, dict[int, PushReport | None]]:
+        """One barrier-synchronised push round. Workers in `silent` send nothing."""
+        silent = set(silent)
+        crit = None if critical is None else np.asarray(critical, dtype=bool).tolist()
+        pushing = [p for p in self.procs if p.worker not in silent]
+        for p in pushing:  # gradients ready before the barrier, as after backward()
+            p.send({"cmd": "prepare", "round": round_, "nelems": nelems, "seed": seed,
+                    "critical": crit})
+        for p in pushing:
+            p.recv()
+        self.ps.open_round(round_, nelems, self.ids, critical=critical)
+        for p in pushing:
+            p.send({"cmd": "push", "round": round_})
+        res = self.ps.wait_round(round_)
+        reports: dict[int, PushReport | None] = {}
+        for p in self.procs:
+            if p.worker in silent:
+                reports[p.worker] = None
+                continue
+            reports[p.worker] = PushReport(**p.recv()["report"])
+        return res, reports
+
+    def downlink(self, round_: int, params: np.ndarray, timeout_s: float = 20.0
+                 ) -> tuple[PushReport, dict[int, str]]:
+        """Reliable PS -> all workers; returns the push report and each
+        worker's sha256 of what it received."""
+        import hashlib  # noqa: F401  (the workers hash; imported for symmetry in docs)
+        for p in self.procs:
+            p.send({"cmd": "expect", "round": round_, "nelems": int(params.size),
+                    "timeout": timeout_s})
+        for p in self.procs:
+            p.recv()
+        rep = self.ps.push_reliable(round_, params, [Peer(h.index, h.ip) for h in self.hosts],
+                                    timeout_s=timeout_s)
+        digests = {p.worker: p.recv(timeout=timeout_s + 5)["sha256"] for p in self.procs}
+        return rep, digests
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.stop()
+        self.procs = []
+        if self.ps is not None:
+            self.ps.close()
+            self.ps = None
+
+    def __enter__(self) -> "LtpCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _pid() -> int:
+    return os.getpid()

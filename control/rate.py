@@ -1,0 +1,82 @@
+"""Rate control: the receiver advertises each active sender's share.
+
+Scheme (docs/transport.md): the parameter server knows the capacity C of its
+bottleneck (configured, e.g. the rig's TBF rate or the NIC speed). While a
+round is open it writes share = u * C / n_active into ltp_rate for every
+worker still sending, where n_active counts workers whose chunks are not all
+in, and u (0.95) leaves headroom so the queue drains. The XDP program copies
+the share into every ACK, so a sender learns its rate one round-trip after it
+starts and again on every ACK; when a worker finishes, the others' shares grow
+at once. Senders pace to the advertised rate without catching up after a
+stall, so bursts never exceed one packet per sender beyond the schedule and
+the aggregate stays under C however many workers push at once.
+"""
+from __future__ import annotations
+
+import time
+
+
+class SharePolicy:
+    """Receiver side: per-worker share of a known capacity."""
+
+    def __init__(self, capacity_bps: float, utilization: float = 0.95, min_bps: float = 1e6):
+        if capacity_bps <= 0:
+            raise ValueError("capacity must be positive (bits per second)")
+        if not 0 < utilization <= 1:
+            raise ValueError("utilization must be in (0, 1]")
+        self.capacity_bps = capacity_bps
+        self.utilization = utilization
+        self.min_bps = min_bps
+
+    def share_bps(self, n_active: int) -> float:
+        return max(self.min_bps, self.utilization * self.capacity_bps / max(1, n_active))
+
+    def share_kbps(self, n_active: int) -> int:
+        return int(self.share_bps(n_active) / 1000)
+
+
+class Pacer:
+    """Sender side: a token bucket at `rate_bps`, measured in packets.
+
+    Sleeping costs less CPU than spinning (one machine hosts many senders), so
+    the pacer waits until `burst` packets are due (the fewest whose spacing
+    covers `min_sleep_s`) and releases them together. A sleep that overshoots
+    is made up from the bucket, which holds at most burst + 2 packets: the
+    average rate holds, and no sender ever bursts more than that.
+    """
+
+    def __init__(self, rate_bps: float, pkt_bytes: int = 1500, min_sleep_s: float = 0.0005,
+                 max_burst: int = 4):
+        self.pkt_bytes, self.min_sleep_s, self.max_burst = pkt_bytes, min_sleep_s, max_burst
+        self.rate_bps = 0.0
+        self.set_rate(rate_bps)
+        self.tokens = 1.0
+        self.t_last = time.perf_counter()
+
+    def set_rate(self, rate_bps: float) -> None:
+        if rate_bps > 0 and rate_bps != self.rate_bps:
+            self.rate_bps = float(rate_bps)
+            self.gap = self.pkt_bytes * 8 / self.rate_bps
+            self.burst = max(1, min(self.max_burst, int(self.min_sleep_s / self.gap + 0.5)))
+            self.cap = self.burst + 2
+
+    def take(self) -> int:
+        """Block until packets may go; returns how many (1..burst + 2)."""
+        while True:
+            now = time.perf_counter()
+            self.tokens = min(self.cap, self.tokens + (now - self.t_last) / self.gap)
+            self.t_last = now
+            if self.tokens >= self.burst:
+                n = int(self.tokens)
+                self.tokens -= n
+                return n
+            time.sleep((self.burst - self.tokens) * self.gap)
+
+
+def fine_timer_slack() -> None:
+    """Ask for 1 ns timer slack (default 50 us) so short sleeps end on time."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
+    except (OSError, AttributeError):
+        pass

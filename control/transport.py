@@ -1,0 +1,463 @@
+"""The LTP transport: an endpoint per host, pushing and receiving rounds.
+
+An `Endpoint` owns one ltp_xdp program attached to the host's device (in its
+network namespace) and one UDP socket. The same endpoint sends (its XDP program
+records the ACKs its peers' programs build) and receives (its XDP program
+writes DATA into mapped memory and answers with ACKs).
+
+Parameter server: `ps.open_round(r, nelems)`, then `ps.wait_round(r)` returns a
+`RoundResult` with per-worker arrays (views of the mapped memory), delivery
+masks, Bubble-Filled values and the aggregate.
+Worker: `wk.push(r, grads, ps_addr)` sends tolerable chunks until the PS closes
+the round; `wk.expect(r, nelems)` + `wk.receive(r)` take the reliable
+parameter downlink that the PS sends with `ps.push_reliable(r, params, peers)`.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..dataplane import netns
+from ..dataplane import wire as W
+from ..dataplane.loader import Dataplane, Geometry
+from . import bubble
+from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
+from .layout import ChunkLayout, as_f32
+from .rate import Pacer, SharePolicy, fine_timer_slack
+
+_HDR = struct.Struct(">HBBHHIIIIHBBI")
+UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
+assert _HDR.size == W.HDR_LEN
+
+
+class TransportError(RuntimeError):
+    """A round could not be completed as asked (e.g. reliable data timed out)."""
+
+
+@dataclass
+class Peer:
+    """A host this endpoint talks to: its worker id (the flow owner) and address."""
+
+    worker: int
+    ip: str
+    port: int = W.PORT
+
+
+@dataclass
+class PushReport:
+    round: int
+    chunks: int
+    sent: int
+    resent: int
+    acked: int
+    closed_by_receiver: bool
+    duration_s: float
+    passes: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RoundResult:
+    """What a parameter server gets when a round closes."""
+
+    round: int
+    reason: str                      # complete | early | deadline | timeout
+    duration_s: float                # open -> close
+    active_s: float                  # first chunk -> close
+    workers: list[int]
+    layout: ChunkLayout
+    values: np.ndarray               # float32 [W, nelems]: per-worker, filled (mapped memory)
+    masks: np.ndarray                # bool [W, nchunks]: what arrived
+    filled: np.ndarray               # int [W]: chunks filled per worker
+    threshold: float
+    deadline_s: float
+    late: int = 0                    # packets of closed rounds seen since the last report
+    duplicates: int = 0
+    retx_chunks: int = 0             # chunks that arrived only as a re-send
+    critical_missing: dict = field(default_factory=dict)
+
+    @functools.cached_property
+    def aggregate(self) -> np.ndarray:
+        """float32 [nelems]: mean over workers after filling (accumulated in float64)."""
+        return self.values.mean(axis=0, dtype=np.float64).astype(np.float32)
+
+    @property
+    def delivered_fraction(self) -> float:
+        return float(self.masks.mean()) if self.masks.size else 1.0
+
+    def delivered_per_worker(self) -> dict[int, float]:
+        return {w: float(self.masks[i].mean()) for i, w in enumerate(self.workers)}
+
+    @property
+    def missing_workers(self) -> list[int]:
+        return [w for i, w in enumerate(self.workers) if not self.masks[i].any()]
+
+    def report(self) -> dict:
+        return {"round": self.round, "reason": self.reason,
+                "duration_s": round(self.duration_s, 6), "active_s": round(self.active_s, 6),
+                "delivered_fraction": round(self.delivered_fraction, 6),
+                "delivered_per_worker": {str(k): round(v, 6)
+                                         for k, v in self.delivered_per_worker().items()},
+                "filled_chunks": {str(w): int(self.filled[i]) for i, w in enumerate(self.workers)},
+                "missing_workers": self.missing_workers, "late": self.late,
+                "duplicates": self.duplicates, "retx_chunks": self.retx_chunks,
+                "threshold": round(self.threshold, 6), "deadline_s": round(self.deadline_s, 6),
+                "critical_missing": {str(k): v for k, v in self.critical_missing.items()}}
+
+
+class Endpoint:
+    """One host's LTP endpoint: XDP program on `dev` plus a UDP socket.
+
+    peers: worker id -> slot. A PS lists every worker; a worker lists itself
+    (its uplink ACKs and its downlink DATA both carry its own id).
+    """
+
+    def __init__(self, dev: str, ip: str, peers: dict[int, int], max_elems: int, *,
+                 ns: str | None = None, mode: str = "native", job: int = 0,
+                 capacity_bps: float = 1e9, chunk_bytes: int = 1424, port: int = W.PORT,
+                 early_close: EarlyCloseConfig | None = None, bubble_strategy: str = "mean",
+                 initial_rate_bps: float | None = None):
+        if bubble_strategy not in bubble.STRATEGIES:
+            raise ValueError(f"unknown bubble strategy {bubble_strategy!r}")
+        if not peers:
+            raise ValueError("an endpoint needs at least one peer")
+        self.ip, self.ns, self.job, self.port = ip, ns, job, port
+        self.peers = dict(peers)
+        self.slots = max(peers.values()) + 1
+        self.max_elems = max_elems
+        self.chunk_bytes = chunk_bytes
+        max_chunks = ChunkLayout(max_elems, chunk_bytes).nchunks
+        self.dp = Dataplane(Geometry(slots=self.slots, max_chunks=max_chunks,
+                                     chunk_bytes=chunk_bytes, port=port), job=job)
+        try:
+            self.maps = self.dp.maps()
+            self.maps.set_peers(self.peers)
+            self.dp.attach(dev, ns, mode)
+            with netns.inside(ns):
+                self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.sock.bind((ip, 0))
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
+        except BaseException:
+            self.dp.close()
+            raise
+        self.capacity_bps = capacity_bps
+        self.share = SharePolicy(capacity_bps)
+        self.early = EarlyClose(capacity_bps, early_close)
+        self.bubble_strategy = bubble_strategy
+        self.initial_rate_bps = initial_rate_bps or capacity_bps / max(1, len(peers))
+        self._rate_hint: dict[int, float] = {}
+        self._open: dict[int, dict] = {}
+        self._stale = None
+        self._last_counters = self.maps.counters()
+        fine_timer_slack()
+        self._gso_size = struct.pack("=H", W.HDR_LEN + chunk_bytes)
+
+    # ------------------------------------------------------------------ receive
+    def open_round(self, round_: int, nelems: int, workers: list[int] | None = None,
+                   critical: np.ndarray | None = None, reliable: bool = False) -> None:
+        """Make round_ receivable for `workers` (default: all peers).
+
+        critical: bool per chunk that must arrive from every worker before the
+        round may close. reliable: every chunk is critical and only
+        completeness (or the hard timeout, an error) closes the round."""
+        if nelems > self.max_elems:
+            raise ValueError(f"round of {nelems} elements exceeds this endpoint's "
+                             f"max_elems={self.max_elems}")
+        workers = list(self.peers) if workers is None else list(workers)
+        unknown = [w for w in workers if w not in self.peers]
+        if unknown:
+            raise ValueError(f"unknown worker id(s) {unknown}; known: {sorted(self.peers)}")
+        layout = ChunkLayout(nelems, self.chunk_bytes)
+        if critical is not None:
+            critical = np.asarray(critical, dtype=bool)
+            if critical.shape != (layout.nchunks,):
+                raise ValueError(f"critical mask needs {layout.nchunks} entries, got {critical.shape}")
+        self.maps.open_bank(round_, layout.nchunks, layout.last_len)
+        for w in workers:
+            self.maps.set_rate(self.peers[w], self.share.share_kbps(len(workers)))
+        self.early.start_round(layout.nbytes * len(workers))
+        self._open[round_] = {"layout": layout, "workers": workers, "critical": critical,
+                              "reliable": reliable, "t_open": time.perf_counter()}
+
+    def wait_round(self, round_: int, poll_s: float = 0.0003) -> RoundResult:
+        """Block until round_ closes (Early Close rules); return the filled result."""
+        st = self._open.get(round_)
+        if st is None:
+            raise ValueError(f"round {round_} is not open on this endpoint")
+        layout, workers = st["layout"], st["workers"]
+        slots = [self.peers[w] for w in workers]
+        bank = self.maps.bank_index(round_)
+        prog = self.maps.progress[bank]
+        nch = layout.nchunks
+        total = nch * len(workers)
+        n_active = len(workers)
+        t_open = st["t_open"]
+        first = np.full(len(workers), np.nan)
+        reason = None
+        while reason is None:
+            chunks = prog["chunks"][slots]
+            now = time.perf_counter() - t_open
+            first[np.isnan(first) & (chunks > 0)] = now
+            active = int((chunks < nch).sum())
+            if active != n_active and active > 0:
+                n_active = active
+                kbps = self.share.share_kbps(n_active)
+                for s, c in zip(slots, chunks):
+                    if c < nch:
+                        self.maps.set_rate(s, kbps)
+            crit_ok = True
+            if st["critical"] is not None or st["reliable"]:
+                crit_ok = self._critical_ok(round_, st, slots)
+            if st["reliable"]:
+                limit = st.get("timeout_s") or self.early.cfg.hard_timeout_s
+                reason = COMPLETE if int(chunks.sum()) == total else (
+                    TIMEOUT if now >= limit else None)
+            else:
+                reason = self.early.decide(now, first, chunks / nch, crit_ok)
+            if reason is None:
+                time.sleep(poll_s)
+        t_first = t_open + float(np.nanmin(first)) if (~np.isnan(first)).any() else None
+        t_close = time.perf_counter()
+        self.maps.close_bank(round_)
+        return self._collect(round_, st, reason, t_open, t_first, t_close)
+
+    def _critical_ok(self, round_: int, st: dict, slots: list[int]) -> bool:
+        nch = st["layout"].nchunks
+        crit = st["critical"] if st["critical"] is not None else np.ones(nch, dtype=bool)
+        return all(self.maps.done_mask(round_, s, nch)[crit].all() for s in slots)
+
+    def _collect(self, round_, st, reason, t_open, t_first, t_close) -> RoundResult:
+        layout, workers = st["layout"], st["workers"]
+        slots = [self.peers[w] for w in workers]
+        bank = self.maps.bank_index(round_)
+        nch, ce = layout.nchunks, layout.chunk_elems
+        masks = np.stack([self.maps.done_mask(round_, s, nch) for s in slots])
+        mem = self.maps.mem[bank]  # [slots, max_elems_padded]
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            chunked = mem[slots[0]:slots[0] + len(slots), :nch * ce].reshape(len(slots), nch, ce)
+        else:  # non-contiguous slot set: work on a copy
+            chunked = mem[slots, :nch * ce].reshape(len(slots), nch, ce)
+        strategy = self.bubble_strategy
+        if strategy == "stale":
+            stale, valid = self._stale_state(len(self.peers), nch, ce)
+            filled = bubble.fill(chunked, masks, "stale", stale[slots], valid[slots])
+        else:
+            filled = bubble.fill(chunked, masks, strategy)
+        if strategy == "stale" and not st["reliable"]:
+            stale, valid = self._stale_state(len(self.peers), nch, ce)
+            idx = np.asarray(slots)
+            s_view, v_view = stale[idx], valid[idx]
+            bubble.remember(s_view, v_view, chunked, masks)
+            stale[idx], valid[idx] = s_view, v_view
+        values = chunked.reshape(len(slots), nch * ce)[:, :layout.nelems]
+        prog = self.maps.progress[bank][slots]
+        counters = self.maps.counters()
+        late = counters["late"] + counters["stale"] - self._last_counters["late"] - \
+            self._last_counters["stale"]
+        dups = counters["dup"] - self._last_counters["dup"]
+        self._last_counters = counters
+        delivered_bytes = int(prog["bytes"].sum())
+        retx = int(prog["retx"].sum())
+        missing = int((~masks).sum())
+        active_s = (t_close - t_first) if t_first else 0.0
+        crit_missing = {}
+        if st["critical"] is not None or st["reliable"]:
+            crit = st["critical"] if st["critical"] is not None else np.ones(nch, dtype=bool)
+            for i, w in enumerate(workers):
+                miss = np.nonzero(crit & ~masks[i])[0]
+                if miss.size:
+                    crit_missing[w] = miss.tolist()
+        res = RoundResult(round=round_, reason=reason, duration_s=t_close - t_open,
+                          active_s=active_s, workers=workers, layout=layout, values=values,
+                          masks=masks, filled=filled,
+                          threshold=self.early.threshold, deadline_s=self.early.deadline_s,
+                          late=late, duplicates=dups, retx_chunks=retx,
+                          critical_missing=crit_missing)
+        if not st["reliable"]:
+            self.early.end_round(total_bytes=layout.nbytes * len(workers),
+                                 delivered_bytes=delivered_bytes, active_s=active_s,
+                                 lost_fraction=(retx + missing) / max(1, masks.size))
+        del self._open[round_]
+        return res
+
+    def _stale_state(self, nworkers: int, nch: int, ce: int):
+        shape = (self.slots, nch, ce)
+        if self._stale is None or self._stale[0].shape != shape:
+            self._stale = (np.zeros(shape, dtype=np.float32), np.zeros(shape[:2], dtype=bool))
+        return self._stale
+
+    # --------------------------------------------------------------------- send
+    def push(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
+             reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None) -> PushReport:
+        """Send buf (float32) as round_ to one or more peers.
+
+        Chunks go in a per-round random order, paced to the rate the receiver
+        advertises. Tolerable chunks are re-sent only while the receiver keeps
+        the round open; critical ones (all of them with reliable=True) until
+        acknowledged. Returns when every target closed the round or acked
+        everything that had to be acked."""
+        targets = [to] if isinstance(to, Peer) else list(to)
+        if not targets:
+            raise ValueError("push needs at least one target peer")
+        for t in targets:
+            if t.worker not in self.peers:
+                raise ValueError(f"peer worker id {t.worker} is not configured on this endpoint")
+        arr = as_f32(buf)
+        if arr.size > self.max_elems:
+            raise ValueError(f"buffer of {arr.size} elements exceeds max_elems={self.max_elems}")
+        layout = ChunkLayout(arr.size, self.chunk_bytes)
+        nch = layout.nchunks
+        crit = np.ones(nch, dtype=bool) if reliable else (
+            np.zeros(nch, dtype=bool) if critical is None else np.asarray(critical, dtype=bool))
+        if crit.shape != (nch,):
+            raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
+        payload = memoryview(arr).cast("B")
+        slots = [self.peers[t.worker] for t in targets]
+        for s in slots:
+            self.maps.tx_start(round_, s)
+        bank = self.maps.bank_index(round_)
+        txv = self.maps.tx[bank]
+        rng = np.random.default_rng(seed if seed is not None else
+                                    (round_ * 1_000_003 + targets[0].worker) % 2**32)
+        order = rng.permutation(nch).tolist()
+        base_flags = W.F_RELIABLE if reliable else 0
+        flags = [base_flags | (W.F_CRITICAL if crit[c] else 0) |
+                 (W.F_LAST if c == nch - 1 else 0) for c in range(nch)]
+        addrs = [(t.ip, t.port) for t in targets]
+        rate0 = sum(self._rate_hint.get(t.worker, self.initial_rate_bps) for t in targets)
+        pacer = Pacer(rate0, pkt_bytes=self.chunk_bytes + W.HDR_LEN + 42)
+        t0 = time.perf_counter()
+        sent = resent = passes = 0
+        done_t = [False] * len(targets)
+
+        def refresh():
+            acked = [self.maps.acked_mask(round_, s, nch) for s in slots]
+            closed = [bool(txv[s]["closed"]) for s in slots]
+            rate = sum(int(txv[s]["rate_kbps"]) for s in slots) * 1000
+            if rate:
+                pacer.set_rate(rate)
+            return acked, closed
+
+        while True:
+            acked, closed = refresh()
+            for i in range(len(targets)):
+                if not done_t[i]:
+                    done_t[i] = (closed[i] and bool(acked[i][crit].all())) or bool(acked[i].all())
+            if all(done_t):
+                break
+            if time.perf_counter() - t0 > timeout_s:
+                if reliable or any(not acked[i][crit].all() for i in range(len(targets))):
+                    raise TransportError(
+                        f"round {round_}: critical chunks unacknowledged after {timeout_s:g}s "
+                        f"(targets {[t.ip for t in targets]})")
+                break
+            retx = W.F_RETX if passes else 0
+            passes += 1
+            todo = [(i, c) for c in order for i in range(len(targets))
+                    if not done_t[i] and not acked[i][c] and not (closed[i] and not crit[c])]
+            k = 0
+            refresh_at = 0.0
+            while k < len(todo):
+                burst = pacer.take()
+                now = time.perf_counter()
+                if now >= refresh_at:  # what the ACKs say, about once a millisecond
+                    acked, closed = refresh()
+                    refresh_at = now + 0.001
+                    if all(closed) and not crit.any():
+                        break
+                # Up to `burst` chunks to one target go in one system call (UDP GSO).
+                batch: list[int] = []
+                tgt = None
+                while k < len(todo) and len(batch) < burst:
+                    i, c = todo[k]
+                    if acked[i][c] or (closed[i] and not crit[c]):
+                        k += 1
+                        continue
+                    if tgt is not None and (i != tgt or layout.chunk_len(batch[-1]) != self.chunk_bytes):
+                        break  # GSO segments share a target and all but the last a size
+                    tgt = i
+                    batch.append(c)
+                    k += 1
+                if not batch:
+                    continue
+                iov = []
+                for c in batch:
+                    lo = c * self.chunk_bytes
+                    body = payload[lo:lo + layout.chunk_len(c)]
+                    iov.append(_HDR.pack(W.MAGIC, W.VERSION, W.T_DATA, flags[c] | retx,
+                                         targets[tgt].worker, self.job, round_, c, nch,
+                                         len(body), 0, 0, 0))
+                    iov.append(body)
+                cmsg = [] if len(batch) == 1 else [(socket.SOL_UDP, UDP_SEGMENT, self._gso_size)]
+                try:
+                    self.sock.sendmsg(iov, cmsg, 0, addrs[tgt])
+                except OSError as e:
+                    if e.errno not in (errno.ENOBUFS, errno.EAGAIN):
+                        raise
+                    time.sleep(0.0002)  # local queue full: back off, retry these
+                    k -= len(batch)
+                    continue
+                sent += len(batch)
+                resent += len(batch) if retx else 0
+            # Give the last ACKs a round-trip (plus queueing) to come back.
+            wait_until = time.perf_counter() + 0.002
+            while time.perf_counter() < wait_until:
+                if all(bool(txv[s]["closed"]) or self.maps.acked_mask(round_, s, nch).all()
+                       for s in slots):
+                    break
+                time.sleep(0.0002)
+        for t, s in zip(targets, slots):
+            if txv[s]["rate_kbps"]:
+                self._rate_hint[t.worker] = float(txv[s]["rate_kbps"]) * 1000
+        acked_total = int(sum(int(self.maps.acked_mask(round_, s, nch).sum()) for s in slots))
+        return PushReport(round=round_, chunks=nch, sent=sent, resent=resent, acked=acked_total,
+                          closed_by_receiver=all(bool(txv[s]["closed"]) for s in slots),
+                          duration_s=time.perf_counter() - t0, passes=passes)
+
+    # ------------------------------------------------------- reliable downlink
+    def push_reliable(self, round_: int, buf, to: list[Peer], timeout_s: float = 10.0) -> PushReport:
+        """Send buf to every peer in `to`, every chunk critical, until all acked."""
+        return self.push(round_, buf, to, reliable=True, timeout_s=timeout_s)
+
+    def expect(self, round_: int, nelems: int, source_worker: int) -> None:
+        """Open round_ to receive a reliable buffer (e.g. parameters) for
+        `source_worker`'s slot (a worker uses its own id)."""
+        self.open_round(round_, nelems, workers=[source_worker], reliable=True)
+
+    def receive(self, round_: int, timeout_s: float | None = None) -> np.ndarray:
+        """Wait for a reliable round to complete; returns a copy of the buffer."""
+        if round_ in self._open and timeout_s is not None:
+            self._open[round_]["timeout_s"] = timeout_s
+        res = self.wait_round(round_)
+        if res.reason != COMPLETE:
+            raise TransportError(f"reliable round {round_} incomplete after "
+                                 f"{res.duration_s:.2f}s: {res.masks.sum()}/{res.masks.size} chunks")
+        return res.values[0].copy()
+
+    # ------------------------------------------------------------------- misc
+    def counters(self) -> dict[str, int]:
+        return self.maps.counters()
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            self.dp.close()
+
+    def __enter__(self) -> "Endpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["Endpoint", "Peer", "PushReport", "RoundResult", "TransportError", "EarlyCloseConfig",
+           "COMPLETE", "DEADLINE", "TIMEOUT"]

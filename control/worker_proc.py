@@ -1,0 +1,81 @@
+"""A cluster worker: an LTP endpoint in its namespace, driven over stdin/stdout.
+
+Started by control/cluster.py inside the worker's network namespace. Reads one
+JSON command per line and answers one JSON line:
+  prepare {"round", "nelems", "seed", "critical"} -> {"ready": true}
+  push    {"round"}                                -> {"report": PushReport}
+  expect  {"round", "nelems", "timeout"}          -> {"ready": true}, then after
+          the reliable round completes             -> {"sha256": hex}
+  quit
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ltpx.control.worker_proc")
+    ap.add_argument("--dev", required=True)
+    ap.add_argument("--ip", required=True)
+    ap.add_argument("--id", type=int, required=True)
+    ap.add_argument("--job", type=int, default=0)
+    ap.add_argument("--max-elems", type=int, required=True)
+    ap.add_argument("--mode", default="native")
+    ap.add_argument("--capacity", type=float, default=1e9)
+    ap.add_argument("--ps-ip", required=True)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--chunk-bytes", type=int, default=1424)
+    a = ap.parse_args(argv)
+
+    out = sys.stdout
+
+    def reply(obj) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    from .cluster import worker_tensor
+    from .transport import Endpoint, Peer
+    try:
+        ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, mode=a.mode, job=a.job,
+                      capacity_bps=a.capacity, initial_rate_bps=a.capacity / a.workers,
+                      chunk_bytes=a.chunk_bytes)
+    except Exception as e:  # report, then exit
+        reply({"error": f"endpoint: {e}"})
+        return 1
+    ps = Peer(a.id, a.ps_ip)
+    prepared: dict[int, tuple] = {}
+    reply({"ready": True})
+    try:
+        for line in sys.stdin:
+            msg = json.loads(line)
+            cmd = msg.get("cmd")
+            try:
+                if cmd == "quit":
+                    break
+                if cmd == "prepare":
+                    prepared[msg["round"]] = (worker_tensor(msg["seed"], a.id, msg["round"],
+                                                            msg["nelems"]), msg.get("critical"))
+                    reply({"ready": True})
+                elif cmd == "push":
+                    g, crit = prepared.pop(msg["round"])
+                    rep = ep.push(msg["round"], g, ps, critical=crit)
+                    reply({"report": rep.to_dict()})
+                elif cmd == "expect":
+                    ep.expect(msg["round"], msg["nelems"], a.id)
+                    reply({"ready": True})
+                    data = ep.receive(msg["round"], timeout_s=msg.get("timeout", 20.0))
+                    reply({"sha256": hashlib.sha256(data.tobytes()).hexdigest()})
+                else:
+                    reply({"error": f"unknown command {cmd!r}"})
+            except Exception as e:
+                reply({"error": f"{type(e).__name__}: {e}"})
+    finally:
+        ep.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
