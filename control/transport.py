@@ -201,33 +201,47 @@ class Endpoint:
         n_active = len(workers)
         t_open = st["t_open"]
         first = np.full(len(workers), np.nan)
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        sl = slice(slots[0], slots[0] + len(slots)) if contiguous else slots
+        limit = st.get("timeout_s") or self.early.cfg.hard_timeout_s
+        next_decide = 0.0
         reason = None
         while reason is None:
-            chunks = prog["chunks"][slots]
+            chunks = prog["chunks"][sl]
+            done = int(chunks.sum())
             now = time.perf_counter() - t_open
-            first[np.isnan(first) & (chunks > 0)] = now
-            active = int((chunks < nch).sum())
-            if active != n_active and active > 0:
-                n_active = active
-                kbps = self.share.share_kbps(n_active)
-                for s, c in zip(slots, chunks):
-                    if c < nch:
-                        self.maps.set_rate(s, kbps)
-            crit_ok = True
-            if st["critical"] is not None or st["reliable"]:
-                crit_ok = self._critical_ok(round_, st, slots)
-            if st["reliable"]:
-                limit = st.get("timeout_s") or self.early.cfg.hard_timeout_s
-                reason = COMPLETE if int(chunks.sum()) == total else (
-                    TIMEOUT if now >= limit else None)
-            else:
-                reason = self.early.decide(now, first, chunks / nch, crit_ok)
+            if done == total:
+                reason = COMPLETE
+                break
+            if now >= next_decide:  # the full rule about once a millisecond
+                next_decide = now + 0.001
+                first[np.isnan(first) & (chunks > 0)] = now
+                active = int((chunks < nch).sum())
+                if active != n_active and active > 0:
+                    n_active = active
+                    kbps = self.share.share_kbps(n_active)
+                    for s, c in zip(slots, chunks):
+                        if c < nch:
+                            self.maps.set_rate(s, kbps)
+                crit_ok = True
+                if st["critical"] is not None or st["reliable"]:
+                    crit_ok = self._critical_ok(round_, st, slots)
+                if st["reliable"]:
+                    reason = TIMEOUT if now >= limit else None
+                else:
+                    reason = self.early.decide(now, first, chunks / nch, crit_ok)
             if reason is None:
                 time.sleep(poll_s)
         t_first = t_open + float(np.nanmin(first)) if (~np.isnan(first)).any() else None
         t_close = time.perf_counter()
         self.maps.close_bank(round_)
         return self._collect(round_, st, reason, t_open, t_first, t_close)
+
+    def cancel_round(self, round_: int) -> None:
+        """Retire an open round without collecting it (its bank is closed)."""
+        if self._open.pop(round_, None) is None:
+            raise ValueError(f"round {round_} is not open on this endpoint")
+        self.maps.close_bank(round_)
 
     def _critical_ok(self, round_: int, st: dict, slots: list[int]) -> bool:
         nch = st["layout"].nchunks
@@ -300,10 +314,11 @@ class Endpoint:
         """Send buf (float32) as round_ to one or more peers.
 
         Chunks go in a per-round random order, paced to the rate the receiver
-        advertises. Tolerable chunks are re-sent only while the receiver keeps
-        the round open; critical ones (all of them with reliable=True) until
-        acknowledged. Returns when every target closed the round or acked
-        everything that had to be acked."""
+        advertises. Unacknowledged chunks are re-sent (flagged RETX) while the
+        receiver keeps the round open; a receiver closes a round only once its
+        critical chunks (all of them with reliable=True) are in, so critical
+        data is re-sent until it arrives. Returns when every target closed the
+        round or acknowledged every chunk."""
         targets = [to] if isinstance(to, Peer) else list(to)
         if not targets:
             raise ValueError("push needs at least one target peer")
@@ -349,8 +364,10 @@ class Endpoint:
         while True:
             acked, closed = refresh()
             for i in range(len(targets)):
+                # CLOSED means the receiver is done: it closes a round only once
+                # its critical data is in (all of it, for a reliable round).
                 if not done_t[i]:
-                    done_t[i] = (closed[i] and bool(acked[i][crit].all())) or bool(acked[i].all())
+                    done_t[i] = closed[i] or bool(acked[i].all())
             if all(done_t):
                 break
             if time.perf_counter() - t0 > timeout_s:
@@ -362,7 +379,7 @@ class Endpoint:
             retx = W.F_RETX if passes else 0
             passes += 1
             todo = [(i, c) for c in order for i in range(len(targets))
-                    if not done_t[i] and not acked[i][c] and not (closed[i] and not crit[c])]
+                    if not done_t[i] and not acked[i][c]]
             k = 0
             refresh_at = 0.0
             while k < len(todo):
@@ -371,14 +388,14 @@ class Endpoint:
                 if now >= refresh_at:  # what the ACKs say, about once a millisecond
                     acked, closed = refresh()
                     refresh_at = now + 0.001
-                    if all(closed) and not crit.any():
+                    if all(closed):
                         break
                 # Up to `burst` chunks to one target go in one system call (UDP GSO).
                 batch: list[int] = []
                 tgt = None
                 while k < len(todo) and len(batch) < burst:
                     i, c = todo[k]
-                    if acked[i][c] or (closed[i] and not crit[c]):
+                    if acked[i][c] or closed[i]:
                         k += 1
                         continue
                     if tgt is not None and (i != tgt or layout.chunk_len(batch[-1]) != self.chunk_bytes):

@@ -1,0 +1,221 @@
+"""The LTP transport on the rig: real XDP programs, real packets, real loss.
+
+One rig of 8 workers (loss injector on every port, off until a test turns it
+on) and one cluster (PS endpoint here, a process per worker) serve the module.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from conftest import requires_bpf
+from ltpx.control.early_close import EarlyCloseConfig
+from ltpx.control.transport import Peer
+from ltpx.dataplane import wire as W
+
+pytestmark = requires_bpf
+
+NEL = 20_000  # 57 chunks of 1424 bytes
+WORKERS = 8
+
+
+@pytest.fixture(scope="module")
+def rig():
+    from ltpx.dataplane.rig import Rig, RigConfig
+    with Rig(RigConfig(name="ttr", workers=WORKERS, rate_bps=10**9, buffer_bytes=30_000,
+                       loss=0.0, loss_on="all")) as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def cluster(rig):
+    from ltpx.control.cluster import LtpCluster
+    cfg = EarlyCloseConfig(min_deadline_s=0.05, hard_timeout_s=5.0)
+    with LtpCluster(rig, NEL, early_close=cfg) as cl:
+        yield cl
+
+
+@pytest.fixture
+def lossless(rig, cluster):
+    rig.set_loss(0.0)
+    cluster.ps.bubble_strategy = "mean"
+    cluster.ps.early.cfg = EarlyCloseConfig(min_deadline_s=0.05, hard_timeout_s=5.0)
+    yield cluster
+    rig.set_loss(0.0)
+
+
+_round = iter(range(1, 10_000))
+
+
+def next_round() -> int:
+    return next(_round)
+
+
+def expected(cluster, r, seed=7):
+    from ltpx.control.cluster import worker_tensor
+    return np.stack([worker_tensor(seed, w, r, NEL) for w in cluster.ids])
+
+
+def test_lossless_rounds_are_bit_exact(lossless):
+    cl = lossless
+    for _ in range(2):
+        r = next_round()
+        res, reports = cl.run_round(r, NEL, seed=7)
+        exp = expected(cl, r)
+        assert res.reason == "complete"
+        assert res.masks.all() and not res.filled.any()
+        assert np.array_equal(res.values, exp)  # per-worker views of mapped memory
+        assert np.array_equal(res.aggregate,
+                              exp.mean(axis=0, dtype=np.float64).astype(np.float32))
+        assert all(p.acked == p.chunks for p in reports.values())
+        assert res.report()["delivered_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("strategy", ["mean", "zero", "stale"])
+def test_loss_closes_early_and_fills_by_strategy(rig, lossless, strategy):
+    cl = lossless
+    cl.ps.bubble_strategy = strategy
+    prev = prev_masks = None
+    if strategy == "stale":  # a round first, to have something stale
+        r0 = next_round()
+        res0, _ = cl.run_round(r0, NEL, seed=7)
+        prev, prev_masks = expected(cl, r0), res0.masks.copy()
+    # A low threshold and no grace: the PS closes as soon as every worker has
+    # 70%, long before re-sends of the 20% lost could arrive, so holes remain
+    # for Bubble Filling to fill.
+    cl.ps.early.cfg = EarlyCloseConfig(threshold_max=0.7, threshold_min=0.7, grace_factor=0.0,
+                                       min_deadline_s=0.05, hard_timeout_s=5.0)
+    rig.set_loss(0.2)
+    r = next_round()
+    res, _ = cl.run_round(r, NEL, seed=7)
+    rig.set_loss(0.0)
+    exp = expected(cl, r)
+    assert res.reason == "early"
+    assert 0.7 <= res.delivered_fraction < 1.0
+    lay = res.layout
+    ce = lay.chunk_elems
+    for i in range(len(cl.ids)):
+        for c in range(lay.nchunks):
+            lo, hi = lay.elem_range(c)
+            got = res.values[i, lo:hi]
+            if res.masks[i, c]:
+                assert np.array_equal(got, exp[i, lo:hi])  # delivered: bit-exact
+                continue
+            if strategy == "zero":
+                want = np.zeros(hi - lo, dtype=np.float32)
+            elif strategy == "stale":  # that worker's chunk from the last round it arrived
+                want = prev[i, lo:hi] if prev_masks[i, c] else np.zeros(hi - lo, np.float32)
+            else:
+                have = res.masks[:, c]
+                want = (exp[have, lo:hi].sum(axis=0, dtype=np.float64) / have.sum()
+                        ).astype(np.float32) if have.any() else np.zeros(hi - lo, np.float32)
+            assert np.array_equal(got, want), (strategy, i, c)
+    assert res.filled.sum() == (~res.masks).sum() > 0
+    assert ce * lay.nchunks >= NEL
+
+
+def test_reliable_downlink_survives_ten_percent_loss(rig, lossless):
+    cl = lossless
+    params = np.random.default_rng(3).standard_normal(NEL).astype(np.float32)
+    rig.reset_loss_counters()
+    rig.set_loss(0.10)
+    rep, digests = cl.downlink(next_round(), params)
+    rig.set_loss(0.0)
+    want = hashlib.sha256(params.tobytes()).hexdigest()
+    assert digests == {w: want for w in cl.ids}
+    assert rep.resent > 0 and rig.loss_counters()["dropped"] > 0
+
+
+def test_late_packets_never_touch_the_next_round(rig, lossless):
+    cl = lossless
+    r = next_round()
+    res, _ = cl.run_round(r, NEL, seed=7)
+    assert res.reason == "complete"
+    host = rig.workers[0]
+    sock = rig.socket(host)
+    try:
+        sock.bind((host.ip, 0))
+        late = W.pack_header(worker=host.index, job=cl.ps.job, round=r, chunk=0,
+                             nchunks=res.layout.nchunks, length=cl.chunk_bytes)
+        late += b"\xff" * cl.chunk_bytes
+        before = cl.ps.counters()
+        sock.sendto(late, (rig.ps.ip, W.PORT))  # round r closed, bank still holds it
+        _wait(lambda: cl.ps.counters()["late"] > before["late"])
+        # Round r + 2 reuses r's bank: a packet of round r is now stale.
+        r2 = next_round()
+        r2 = next_round()
+        assert r2 % 2 == r % 2
+        cl.ps.open_round(r2, NEL)
+        sock.sendto(late, (rig.ps.ip, W.PORT))
+        _wait(lambda: cl.ps.counters()["stale"] > before["stale"])
+        assert not cl.ps.maps.done[cl.ps.maps.bank_index(r2)].any()
+        cl.ps.cancel_round(r2)
+        res2, _ = cl.run_round(r2, NEL, seed=7)
+        assert np.array_equal(res2.values, expected(cl, r2))
+        assert res2.late >= 1  # the report counts what came late since the last one
+    finally:
+        sock.close()
+
+
+def test_silent_worker_closes_by_deadline_and_is_named(lossless):
+    cl = lossless
+    silent = cl.ids[3]
+    r = next_round()
+    res, reports = cl.run_round(r, NEL, seed=7, silent={silent})
+    assert res.reason == "deadline"
+    assert res.missing_workers == [silent]
+    assert res.report()["missing_workers"] == [silent]
+    assert reports[silent] is None
+    others = [i for i, w in enumerate(cl.ids) if w != silent]
+    assert res.masks[others].all()
+    # mean filling: the silent worker's values are the others' mean
+    exp = expected(cl, r)[others].sum(axis=0, dtype=np.float64) / len(others)
+    assert np.array_equal(res.values[3], exp.astype(np.float32))
+
+
+def test_critical_chunks_hold_the_round_until_they_arrive(rig, lossless):
+    cl = lossless
+    cl.ps.early.cfg = EarlyCloseConfig(threshold_max=0.5, threshold_min=0.5, grace_factor=0.0,
+                                       min_deadline_s=0.05, hard_timeout_s=5.0)
+    r = next_round()
+    from ltpx.control.layout import ChunkLayout
+    nch = ChunkLayout(NEL, cl.chunk_bytes).nchunks
+    crit = np.zeros(nch, dtype=bool)
+    crit[:5] = True
+    rig.set_loss(0.2)
+    res, _ = cl.run_round(r, NEL, seed=7, critical=crit)
+    rig.set_loss(0.0)
+    assert res.reason in ("early", "complete")
+    assert res.masks[:, :5].all() and not res.critical_missing
+
+
+def test_bad_input_is_refused_and_the_receiver_stays_usable(lossless):
+    cl = lossless
+    ps = cl.ps
+    with pytest.raises(ValueError, match="unknown worker"):
+        ps.open_round(next_round(), NEL, workers=[999])
+    with pytest.raises(ValueError, match="max_elems"):
+        ps.open_round(next_round(), NEL * 100)
+    with pytest.raises(TypeError, match="float32"):
+        ps.push(next_round(), np.zeros(10, dtype=np.float64), Peer(cl.ids[0], "198.18.0.10"))
+    with pytest.raises(ValueError, match="exceeds"):
+        ps.push(next_round(), np.zeros(NEL * 100, dtype=np.float32), Peer(cl.ids[0], "198.18.0.10"))
+    with pytest.raises(ValueError, match="not configured"):
+        ps.push(next_round(), np.zeros(10, dtype=np.float32), Peer(4242, "198.18.0.10"))
+    with pytest.raises(ValueError, match="not open"):
+        ps.wait_round(123456)
+    r = next_round()
+    res, _ = cl.run_round(r, NEL, seed=7)
+    assert res.reason == "complete" and np.array_equal(res.values, expected(cl, r))
+
+
+def _wait(pred, timeout=3.0):
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.01)
+    assert pred()
