@@ -1,0 +1,142 @@
+"""Control-plane policy without the kernel: layout, Bubble Filling, Early Close, rates."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ltpx.control import bubble
+from ltpx.control.early_close import EarlyClose, EarlyCloseConfig
+from ltpx.control.layout import ChunkLayout, as_f32
+from ltpx.control.rate import Pacer, SharePolicy
+
+
+def test_layout_never_splits_a_float():
+    lay = ChunkLayout(1000, 1424)
+    assert lay.chunk_elems == 356 and lay.nchunks == 3
+    assert lay.last_len == (1000 - 712) * 4
+    assert [lay.chunk_len(c) for c in range(3)] == [1424, 1424, 1152]
+    assert lay.elem_range(2) == (712, 1000)
+    assert lay.elem_mask([True, False, True]).sum() == 356 + 288
+    with pytest.raises(ValueError):
+        ChunkLayout(10, 1422)
+    with pytest.raises(ValueError):
+        ChunkLayout(0)
+
+
+def test_as_f32_names_what_is_wrong():
+    with pytest.raises(TypeError, match="float32"):
+        as_f32(np.zeros(3))
+    with pytest.raises(TypeError, match="numpy"):
+        as_f32([1.0, 2.0])
+    with pytest.raises(ValueError, match="expected 4 elements"):
+        as_f32(np.zeros(3, np.float32), 4)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert as_f32(a).shape == (6,)
+
+
+def _values():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((3, 4, 5)).astype(np.float32)
+
+
+def test_mean_fill_is_the_mean_of_those_that_delivered():
+    v = _values()
+    orig = v.copy()
+    masks = np.array([[1, 1, 0, 0], [1, 0, 1, 0], [0, 1, 1, 0]], dtype=bool)
+    filled = bubble.fill(v, masks, "mean")
+    assert filled.tolist() == [2, 2, 2]
+    assert np.array_equal(v[masks], orig[masks])  # delivered untouched
+    assert np.array_equal(v[0, 2], ((orig[1, 2].astype(np.float64) + orig[2, 2]) / 2).astype(np.float32))
+    assert np.array_equal(v[1, 1], ((orig[0, 1].astype(np.float64) + orig[2, 1]) / 2).astype(np.float32))
+    assert not v[:, 3].any()  # nobody delivered chunk 3: zeros
+    # the average over workers equals the average over those that delivered
+    assert np.allclose(v[:, 0].mean(0), orig[:2, 0].mean(0), atol=1e-6)
+
+
+def test_zero_and_stale_fill():
+    v = _values()
+    orig = v.copy()
+    masks = np.ones((3, 4), dtype=bool)
+    masks[1, 2] = masks[2, 0] = False
+    bubble.fill(v, masks, "zero")
+    assert not v[1, 2].any() and not v[2, 0].any()
+    assert np.array_equal(v[masks], orig[masks])
+
+    stale = np.full((3, 4, 5), 7.0, np.float32)
+    valid = np.ones((3, 4), dtype=bool)
+    valid[2, 0] = False
+    v = orig.copy()
+    bubble.fill(v, masks, "stale", stale, valid)
+    assert (v[1, 2] == 7.0).all() and not v[2, 0].any()
+    bubble.remember(stale, valid, v, masks)
+    assert np.array_equal(stale[0], v[0]) and (stale[1, 2] == 7.0).all()
+
+
+def test_fill_rejects_unknown_strategy_and_bad_masks():
+    with pytest.raises(ValueError, match="unknown bubble strategy"):
+        bubble.fill(_values(), np.ones((3, 4), bool), "median")
+    with pytest.raises(ValueError, match="masks shape"):
+        bubble.fill(_values(), np.ones((3, 5), bool))
+    with pytest.raises(ValueError, match="previous rounds"):
+        bubble.fill(_values(), np.zeros((3, 4), bool), "stale")
+
+
+def _ec(**kw):
+    cfg = EarlyCloseConfig(min_deadline_s=0.01, **kw)
+    ec = EarlyClose(1e9, cfg)
+    ec.start_round(1_000_000)  # 8 ms at line rate -> deadline 16 ms
+    return ec
+
+
+def test_early_close_rules():
+    ec = _ec()
+    assert ec.deadline_s == pytest.approx(0.016)
+    nan = np.nan
+    assert ec.decide(0.001, np.array([nan, nan]), np.zeros(2), True) is None
+    assert ec.decide(0.002, np.array([0.0, 0.0]), np.array([1.0, 1.0]), True) == "complete"
+    # both past the threshold: close once the grace (10% of time-to-threshold) has passed
+    first = np.array([0.0, 0.001])
+    assert ec.decide(0.010, first, np.array([0.9995, 1.0]), True) is None
+    assert ec.decide(0.0115, first, np.array([0.9995, 1.0]), True) == "early"
+    # critical data missing: only the hard timeout closes
+    ec = _ec(hard_timeout_s=1.0)
+    assert ec.decide(0.5, first, np.array([0.5, 1.0]), False) is None
+    assert ec.decide(1.0, first, np.array([0.5, 1.0]), False) == "timeout"
+
+
+def test_deadline_and_absent_worker():
+    ec = _ec()
+    nan = np.nan
+    # worker 1 sent nothing; worker 0 is done: wait absent_factor x deadline
+    assert ec.decide(0.020, np.array([0.0, nan]), np.array([1.0, 0.0]), True) is None
+    assert ec.decide(0.033, np.array([0.0, nan]), np.array([1.0, 0.0]), True) == "deadline"
+    # a worker stuck below the threshold past its own deadline
+    ec = _ec()
+    assert ec.decide(0.017, np.array([0.0, 0.0]), np.array([1.0, 0.5]), True) == "deadline"
+
+
+def test_early_close_adapts_threshold_and_deadline():
+    ec = _ec()
+    ec.end_round(total_bytes=1_000_000, delivered_bytes=1_000_000, active_s=0.016,
+                 lost_fraction=0.02)
+    ec.start_round(1_000_000)
+    assert ec.loss_hat == pytest.approx(0.006)
+    assert ec.threshold == pytest.approx(1 - 2 * 0.006)
+    assert ec.rate_hat < 1e9  # measured 0.5 Gbit/s pulls the estimate down
+    assert ec.deadline_s > 0.016  # ... and stretches the deadline
+    for _ in range(20):
+        ec.end_round(total_bytes=1, delivered_bytes=1, active_s=1, lost_fraction=0.5)
+    ec.start_round(1_000_000)
+    assert ec.threshold == ec.cfg.threshold_min  # clamped
+
+
+def test_share_policy_and_pacer_bucket():
+    sp = SharePolicy(1e9, utilization=0.95)
+    assert sp.share_bps(16) == pytest.approx(0.95e9 / 16)
+    assert sp.share_kbps(1) == 950_000
+    with pytest.raises(ValueError):
+        SharePolicy(0)
+    p = Pacer(62.5e6, pkt_bytes=1500, min_sleep_s=0.0005, max_burst=4)
+    assert p.burst == 3 and p.cap == 5  # 192 us per packet: 3 per wake-up
+    p.set_rate(1e9)
+    assert p.burst == 4  # capped
