@@ -1,6 +1,7 @@
 """`ltp bench`: benchmarks that print numbers (and JSON with -j).
 
   ltp bench xdp [-j] [--packets N]   ns per packet: XDP DATA path vs a socket loop
+  ltp bench incast [...]             LTP vs TCP cubic/BBR vs the line-rate limit
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from .common import UsageError, add_json, emit, need_bcc, need_root, wants_json
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks (print numbers; -j for JSON)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n  ltp bench xdp\n  ltp bench xdp -j --packets 50000\n")
+                       epilog="examples:\n  ltp bench xdp\n  ltp bench xdp -j --packets 50000\n"
+                              "  ltp bench incast --workers 16 --rounds 30\n")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     x = bsub.add_parser("xdp", help="ns per packet of the XDP DATA path vs a Python socket loop",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -22,6 +24,30 @@ def register(sub) -> None:
     x.add_argument("--packets", type=int, default=20000, help="DATA packets to time (default 20000)")
     add_json(x)
     x.set_defaults(func=cmd_xdp)
+    i = bsub.add_parser(
+        "incast", help="LTP vs TCP cubic and BBR vs the line-rate limit under incast",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  ltp bench incast\n"
+               "  ltp bench incast --workers 8 --rounds 20 --loss 0.01 -j\n"
+               "  ltp bench incast --sweep-workers 4,8,16,32 --plot incast.png\n"
+               "  ltp bench incast --transports ltp,tcp-cubic --size 1MiB\n\n"
+               "Builds one fresh rig per configuration (every worker pushes SIZE bytes to the PS\n"
+               "through a TBF bottleneck toward the PS); transports take turns in blocks of\n"
+               "rounds, each block after warm-up rounds that are not counted.\n")
+    i.add_argument("--workers", type=int, default=16, help="workers (default 16)")
+    i.add_argument("--rate", default="1gbit", help="bottleneck rate (default 1gbit)")
+    i.add_argument("--buffer", default="30kb", help="bottleneck buffer (default 30kb)")
+    i.add_argument("--size", default="256KiB", help="bytes per worker per round (default 256KiB)")
+    i.add_argument("--rounds", type=int, default=30, help="counted rounds per transport (30)")
+    i.add_argument("--loss", type=float, default=0.0, help="injected drop probability (0)")
+    i.add_argument("--transports", default="ltp,tcp-cubic,tcp-bbr",
+                   help="comma list of ltp, tcp-cubic, tcp-bbr")
+    i.add_argument("--sweep-workers", default="", metavar="N,N,...",
+                   help="repeat over these worker counts and report the scaling")
+    i.add_argument("--mtu", type=int, default=1500, help="rig MTU (1280..3500, default 1500)")
+    i.add_argument("--plot", metavar="FILE.png", help="write a CDF (and scaling) plot")
+    add_json(i)
+    i.set_defaults(func=cmd_incast)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
@@ -40,3 +66,54 @@ def cmd_xdp(args) -> None:
         f"socket loop     {r['socket_ns_per_packet']:10.1f} ns/packet  "
         f"({r['socket_packets']} packets)\n"
         f"speed-up        {r['speedup']:10.1f} x"))
+
+
+def cmd_incast(args) -> None:
+    from .common import parse_rate, parse_size
+    from ..control.bench_incast import TRANSPORTS
+    rate = parse_rate(args.rate)
+    buf = parse_size(args.buffer, "--buffer")
+    size = parse_size(args.size, "--size")
+    if size % 4:
+        raise UsageError("--size must be a multiple of 4 bytes (whole float32 elements)")
+    if not 0 <= args.loss < 1:
+        raise UsageError(f"--loss must be in [0, 1), got {args.loss}")
+    if args.rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    bad = [t for t in transports if t not in TRANSPORTS]
+    if bad or not transports:
+        raise UsageError(f"--transports: unknown {bad}; choose from {', '.join(TRANSPORTS)}")
+    try:
+        counts = [int(x) for x in args.sweep_workers.split(",") if x.strip()] or [args.workers]
+    except ValueError:
+        raise UsageError(f"--sweep-workers: expected numbers like 4,8,16, got {args.sweep_workers!r}")
+    if any(not 1 <= n <= 64 for n in counts):
+        raise UsageError("--workers/--sweep-workers: each count must be in 1..64")
+    if not 1280 <= args.mtu <= 3500:
+        raise UsageError("--mtu must be in 1280..3500")
+    need_root("ltp bench incast")
+    need_bcc()
+    from ..control import bench_incast
+    from rich.progress import Progress
+    results = []
+    with Progress(transient=True, disable=False, console=_stderr_console()) as prog:
+        for n in counts:
+            task = prog.add_task(f"{n} workers", total=args.rounds * len(transports))
+
+            def tick(t, done, total, task=task, n=n):
+                prog.update(task, completed=done, description=f"{n} workers: {t}")
+
+            results.append(bench_incast.run_config(
+                workers=n, rate_bps=rate, buffer_bytes=buf, size=size, rounds=args.rounds,
+                loss=args.loss, transports=transports, mtu=args.mtu, progress=tick))
+    if args.plot:
+        bench_incast.plot(results, args.plot)
+    out = results[0] if len(results) == 1 else {"sweep": results}
+    emit(args, out, lambda o: "\n\n".join(bench_incast.table(r) for r in results) +
+         (f"\nplot: {args.plot}" if args.plot else ""))
+
+
+def _stderr_console():
+    from rich.console import Console
+    return Console(stderr=True)
