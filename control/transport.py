@@ -36,6 +36,26 @@ UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
 assert _HDR.size == W.HDR_LEN
 
 
+_HDR_DTYPE = np.dtype([("magic", ">u2"), ("version", "u1"), ("type", "u1"), ("flags", ">u2"),
+                       ("worker", ">u2"), ("job", ">u4"), ("round", ">u4"), ("chunk", ">u4"),
+                       ("nchunks", ">u4"), ("len", ">u2"), ("state", "u1"), ("pad", "u1"),
+                       ("rate", ">u4")])
+assert _HDR_DTYPE.itemsize == W.HDR_LEN
+
+
+def _headers(job: int, round_: int, worker: int, nch: int, flags: np.ndarray,
+             layout: ChunkLayout) -> np.ndarray:
+    """The DATA headers of a round for one target, as one byte array."""
+    h = np.zeros(nch, dtype=_HDR_DTYPE)
+    h["magic"], h["version"], h["type"] = W.MAGIC, W.VERSION, W.T_DATA
+    h["flags"], h["worker"], h["job"], h["round"] = flags, worker, job, round_
+    h["chunk"] = np.arange(nch)
+    h["nchunks"] = nch
+    h["len"] = layout.chunk_bytes
+    h["len"][-1] = layout.last_len
+    return h.view(np.uint8)
+
+
 class TransportError(RuntimeError):
     """A round could not be completed as asked (e.g. reliable data timed out)."""
 
@@ -344,8 +364,14 @@ class Endpoint:
                                     (round_ * 1_000_003 + targets[0].worker) % 2**32)
         order = rng.permutation(nch).tolist()
         base_flags = W.F_RELIABLE if reliable else 0
-        flags = [base_flags | (W.F_CRITICAL if crit[c] else 0) |
-                 (W.F_LAST if c == nch - 1 else 0) for c in range(nch)]
+        flags = np.full(nch, base_flags, dtype=np.uint16)
+        flags[crit] |= W.F_CRITICAL
+        flags[-1] |= W.F_LAST
+        # Every header of the round, per target, built at once: [target][chunk] -> 32 bytes.
+        hdrs = [memoryview(_headers(self.job, round_, t.worker, nch, flags, layout))
+                for t in targets]
+        bodies = [payload[c * self.chunk_bytes:c * self.chunk_bytes + layout.chunk_len(c)]
+                  for c in range(nch)]
         addrs = [(t.ip, t.port) for t in targets]
         rate0 = sum(self._rate_hint.get(t.worker, self.initial_rate_bps) for t in targets)
         pacer = Pacer(rate0, pkt_bytes=self.chunk_bytes + W.HDR_LEN + 42)
@@ -377,6 +403,9 @@ class Endpoint:
                         f"(targets {[t.ip for t in targets]})")
                 break
             retx = W.F_RETX if passes else 0
+            if passes == 1:  # from the second pass on, every chunk is a re-send
+                for h in hdrs:
+                    np.frombuffer(h, dtype=np.uint8).reshape(nch, W.HDR_LEN)[:, 5] |= W.F_RETX
             passes += 1
             todo = [(i, c) for c in order for i in range(len(targets))
                     if not done_t[i] and not acked[i][c]]
@@ -406,13 +435,10 @@ class Endpoint:
                 if not batch:
                     continue
                 iov = []
+                h = hdrs[tgt]
                 for c in batch:
-                    lo = c * self.chunk_bytes
-                    body = payload[lo:lo + layout.chunk_len(c)]
-                    iov.append(_HDR.pack(W.MAGIC, W.VERSION, W.T_DATA, flags[c] | retx,
-                                         targets[tgt].worker, self.job, round_, c, nch,
-                                         len(body), 0, 0, 0))
-                    iov.append(body)
+                    iov.append(h[c * W.HDR_LEN:(c + 1) * W.HDR_LEN])
+                    iov.append(bodies[c])
                 cmsg = [] if len(batch) == 1 else [(socket.SOL_UDP, UDP_SEGMENT, self._gso_size)]
                 try:
                     self.sock.sendmsg(iov, cmsg, 0, addrs[tgt])

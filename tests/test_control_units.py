@@ -140,3 +140,15 @@ def test_share_policy_and_pacer_bucket():
     assert p.burst == 3 and p.cap == 5  # 192 us per packet: 3 per wake-up
     p.set_rate(1e9)
     assert p.burst == 4  # capped
+
+
+def test_vectorised_headers_match_the_wire_packer():
+    from ltpx.control.transport import _headers
+    from ltpx.dataplane import wire as W
+    lay = ChunkLayout(1000, 1424)
+    flags = np.array([W.F_CRITICAL, 0, W.F_LAST], dtype=np.uint16)
+    h = _headers(7, 70000, 513, 3, flags, lay)
+    for c in range(3):
+        assert bytes(h[c * 32:(c + 1) * 32]) == W.pack_header(
+            worker=513, job=7, round=70000, chunk=c, nchunks=3, length=lay.chunk_len(c),
+            flags=int(flags[c]))
