@@ -17,9 +17,17 @@ import time
 
 
 class SharePolicy:
-    """Receiver side: per-worker share of a known capacity."""
+    """Receiver side: per-worker share of a known capacity.
 
-    def __init__(self, capacity_bps: float, utilization: float = 0.95, min_bps: float = 1e6):
+    share = boost * utilization * C / n_active. `boost` (1 .. max_boost) is a
+    slow feedback loop on the measured delivery rate: when the active senders
+    together deliver less than the target (some cannot reach their share, for
+    instance because they are short of CPU), every share is raised by 10% per
+    millisecond; when delivery exceeds the target, shares fall back by 5%.
+    """
+
+    def __init__(self, capacity_bps: float, utilization: float = 0.98, min_bps: float = 1e6,
+                 max_boost: float = 2.0):
         if capacity_bps <= 0:
             raise ValueError("capacity must be positive (bits per second)")
         if not 0 < utilization <= 1:
@@ -27,9 +35,22 @@ class SharePolicy:
         self.capacity_bps = capacity_bps
         self.utilization = utilization
         self.min_bps = min_bps
+        self.max_boost = max_boost
+        self.boost = 1.0
 
     def share_bps(self, n_active: int) -> float:
-        return max(self.min_bps, self.utilization * self.capacity_bps / max(1, n_active))
+        return max(self.min_bps,
+                   self.boost * self.utilization * self.capacity_bps / max(1, n_active))
+
+    def observe(self, delivered_bps: float) -> bool:
+        """Feed the delivery rate of the last interval; True if shares changed."""
+        target = self.utilization * self.capacity_bps
+        old = self.boost
+        if delivered_bps < 0.9 * target:
+            self.boost = min(self.max_boost, self.boost * 1.1)
+        elif delivered_bps > target:
+            self.boost = max(1.0, self.boost * 0.95)
+        return abs(self.boost - old) > 0.01 * old
 
     def share_kbps(self, n_active: int) -> int:
         return int(self.share_bps(n_active) / 1000)
@@ -58,7 +79,7 @@ class Pacer:
             self.rate_bps = float(rate_bps)
             self.gap = self.pkt_bytes * 8 / self.rate_bps
             self.burst = max(1, min(self.max_burst, int(self.min_sleep_s / self.gap + 0.5)))
-            self.cap = self.burst + 2
+            self.cap = 2 * self.burst + 1
 
     def take(self) -> int:
         """Block until packets may go; returns how many (1..burst + 2)."""

@@ -225,6 +225,7 @@ class Endpoint:
         sl = slice(slots[0], slots[0] + len(slots)) if contiguous else slots
         limit = st.get("timeout_s") or self.early.cfg.hard_timeout_s
         next_decide = 0.0
+        last_bytes, last_t = None, 0.0
         reason = None
         while reason is None:
             chunks = prog["chunks"][sl]
@@ -234,10 +235,15 @@ class Endpoint:
                 reason = COMPLETE
                 break
             if now >= next_decide:  # the full rule about once a millisecond
-                next_decide = now + 0.001
                 first[np.isnan(first) & (chunks > 0)] = now
                 active = int((chunks < nch).sum())
-                if active != n_active and active > 0:
+                nbytes = int(prog["bytes"][sl].sum())
+                boosted = False
+                if done and active and last_bytes is not None and now > last_t:
+                    boosted = self.share.observe((nbytes - last_bytes) * 8 / (now - last_t))
+                last_bytes, last_t = nbytes, now
+                next_decide = now + 0.001
+                if (active != n_active or boosted) and active > 0:
                     n_active = active
                     kbps = self.share.share_kbps(n_active)
                     for s, c in zip(slots, chunks):

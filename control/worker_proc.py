@@ -78,4 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import os
+    if os.environ.get("LTP_PROFILE"):  # developer aid: cProfile of one worker to a file
+        import cProfile
+        cProfile.run("rc = main()", os.environ["LTP_PROFILE"] + f".{os.getpid()}")
+        sys.exit(0)
     sys.exit(main())
