@@ -93,6 +93,23 @@ struct ltp_slot_stats {
 	__u64 acks_stale;
 };
 
+/* Round outcomes per slot, decided in user space (control/transport.py
+ * Endpoint._collect) and recorded with LtpMaps.record_round. Counts are in
+ * rounds, chunk sums in chunks; "filled" = chunks that did not arrive and
+ * were Bubble-Filled (every strategy fills every hole). */
+struct ltp_round_stats {
+	__u64 complete;        /* rounds closed with every chunk in */
+	__u64 early;           /* ... closed by Early Close */
+	__u64 deadline;        /* ... closed by the deadline */
+	__u64 timeout;         /* ... closed by the hard timeout */
+	__u64 delivered;       /* chunks delivered, summed over recorded rounds */
+	__u64 filled;          /* chunks filled (missing), summed over recorded rounds */
+	__u32 last_round;      /* round number of the latest record */
+	__u32 last_delivered;  /* chunks delivered in that round */
+	__u32 last_filled;     /* chunks filled in that round */
+	__u32 pad;
+};
+
 struct ltp_tx {
 	__u32 round;           /* round this sender bank is sending */
 	__u32 closed;          /* 1 once an ACK said the receiver closed the round */
@@ -124,6 +141,8 @@ BPF_PERCPU_ARRAY(ltp_stats, struct ltp_slot_stats, LTP_SLOTS);
 BPF_F_TABLE("array", u32, struct ltp_tx, ltp_tx, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_acked: XDP sets a chunk's bit when its ACK arrives; sender control plane reads */
 BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_acked, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+/* ltp_rounds: control plane writes per slot as it closes a round (LtpMaps.record_round); `ltp flows` reads; XDP never touches it */
+BPF_ARRAY(ltp_rounds, struct ltp_round_stats, LTP_SLOTS);
 /* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why); CLI reads */
 BPF_ARRAY(ltp_lasthdr, struct ltp_hdr, LTP_C_MAX);
 

@@ -56,6 +56,19 @@ class Tx(ctypes.Structure):
                 ("rate_kbps", ctypes.c_uint32), ("acked", ctypes.c_uint32)]
 
 
+#: Round outcomes, as Endpoint._collect decides them; field names of RoundStats.
+ROUND_REASONS = ("complete", "early", "deadline", "timeout")
+
+
+class RoundStats(ctypes.Structure):
+    """struct ltp_round_stats: one slot's round outcomes (written by user space)."""
+
+    _fields_ = [*((n, ctypes.c_uint64) for n in ROUND_REASONS),
+                ("delivered", ctypes.c_uint64), ("filled", ctypes.c_uint64),
+                ("last_round", ctypes.c_uint32), ("last_delivered", ctypes.c_uint32),
+                ("last_filled", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
 TX_DTYPE = np.dtype([("round", "<u4"), ("closed", "<u4"), ("rate_kbps", "<u4"),
                      ("acked", "<u4")])
 PROGRESS_DTYPE = np.dtype([("chunks", "<u4"), ("retx", "<u4"), ("bytes", "<u8"),
@@ -134,6 +147,8 @@ class LtpMaps:
         self.counter_map = FdMap(fds["ltp_counters"], ctypes.c_uint64, percpu=True)
         self.stats = FdMap(fds["ltp_stats"], SlotStats, percpu=True)
         self.lasthdr = FdMap(fds["ltp_lasthdr"], LtpHdr)
+        # absent in fd sets made before the map existed; record_round says so
+        self.rounds = FdMap(fds["ltp_rounds"], RoundStats) if "ltp_rounds" in fds else None
         words = g.max_chunks // 64
         self._mm = {}
 
@@ -285,6 +300,41 @@ class LtpMaps:
     def slot_stats(self, slot: int) -> dict[str, int]:
         per_cpu = self.stats.get(slot)
         return {n: int(sum(getattr(v, n) for v in per_cpu)) for n in SLOT_STATS}
+
+    # --- round outcomes (decided in user space, kept in ltp_rounds) -----
+    def record_round(self, slot: int, reason: str, delivered_chunks: int, filled_chunks: int,
+                     *, round_: int | None = None) -> None:
+        """Count one closed round of `slot`: why it closed (one of
+        ROUND_REASONS) and how many of its chunks arrived and were filled.
+
+        One writer per program (the receiving endpoint): this is a read,
+        modify, write of the slot's entry, not atomic across processes."""
+        if self.rounds is None:
+            raise RuntimeError("this program has no ltp_rounds map (loaded by an older build)")
+        if reason not in ROUND_REASONS:
+            raise ValueError(f"reason must be one of {', '.join(ROUND_REASONS)}, got {reason!r}")
+        if not 0 <= slot < self.geometry.slots:
+            raise ValueError(f"slot must be in 0..{self.geometry.slots - 1}, got {slot}")
+        if delivered_chunks < 0 or filled_chunks < 0:
+            raise ValueError("chunk counts must not be negative")
+        st = self.rounds.get(slot)
+        setattr(st, reason, getattr(st, reason) + 1)
+        st.delivered += int(delivered_chunks)
+        st.filled += int(filled_chunks)
+        if round_ is not None:
+            st.last_round = int(round_) % 2**32
+        st.last_delivered = min(int(delivered_chunks), 2**32 - 1)
+        st.last_filled = min(int(filled_chunks), 2**32 - 1)
+        self.rounds.set(slot, st)
+
+    def round_stats(self, slot: int) -> dict[str, int]:
+        """Round outcomes of `slot`: complete, early, deadline, timeout (rounds),
+        delivered, filled (chunks over all recorded rounds), last_round,
+        last_delivered, last_filled; all zero if nothing was recorded."""
+        if self.rounds is None:
+            return {n: 0 for n, *_ in RoundStats._fields_ if n != "pad"}
+        st = self.rounds.get(slot)
+        return {n: int(getattr(st, n)) for n, *_ in RoundStats._fields_ if n != "pad"}
 
     def last_header(self, counter: str) -> LtpHdr:
         return self.lasthdr.get(COUNTERS.index(counter))

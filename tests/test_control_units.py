@@ -136,8 +136,16 @@ def test_share_policy_and_pacer_bucket():
     assert sp.share_kbps(1) == 950_000
     with pytest.raises(ValueError):
         SharePolicy(0)
+    # senders under-delivering: shares grow, capped; over-delivering: back to 1
+    for _ in range(50):
+        assert sp.observe(0.5e9) or sp.boost == sp.max_boost
+    assert sp.boost == sp.max_boost == 2.0
+    assert sp.share_bps(16) == pytest.approx(2 * 0.95e9 / 16)
+    while sp.boost > 1.0:
+        sp.observe(0.99e9)
+    assert sp.boost == 1.0 and not sp.observe(0.93e9)  # near the target: hold
     p = Pacer(62.5e6, pkt_bytes=1500, min_sleep_s=0.0005, max_burst=4)
-    assert p.burst == 3 and p.cap == 5  # 192 us per packet: 3 per wake-up
+    assert p.burst == 3 and p.cap == 7  # 192 us per packet: 3 per wake-up
     p.set_rate(1e9)
     assert p.burst == 4  # capped
 
