@@ -130,15 +130,24 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ethhdr *eth,
 	return XDP_TX;
 }
 
-static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
-				   struct iphdr *iph, struct udphdr *udp,
-				   struct ltp_hdr *h)
+/* The slot of the packet's worker id; nonzero if the worker is unknown. */
+static __always_inline int peer_slot(struct ltp_hdr *h, u32 *slot)
 {
 	u32 worker = bpf_ntohs(h->worker);
 	u32 *slotp = ltp_peers.lookup(&worker);
 	if (!slotp || *slotp == 0 || *slotp > LTP_SLOTS)
+		return -1;
+	*slot = *slotp - 1;
+	return 0;
+}
+
+static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
+				   struct iphdr *iph, struct udphdr *udp,
+				   struct ltp_hdr *h)
+{
+	u32 slot;
+	if (peer_slot(h, &slot))
 		return drop(LTP_C_UNKNOWN_WORKER, h);
-	u32 slot = *slotp - 1;
 	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
 	if (!st)
 		return XDP_DROP;
@@ -236,11 +245,9 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 
 static __always_inline int on_ack(struct ltp_hdr *h)
 {
-	u32 worker = bpf_ntohs(h->worker);
-	u32 *slotp = ltp_peers.lookup(&worker);
-	if (!slotp || *slotp == 0 || *slotp > LTP_SLOTS)
+	u32 slot;
+	if (peer_slot(h, &slot))
 		return drop(LTP_C_UNKNOWN_WORKER, h);
-	u32 slot = *slotp - 1;
 	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
 	u32 round = bpf_ntohl(h->round);
 	u32 bidx = (round % LTP_BANKS) * LTP_SLOTS + slot;

@@ -17,7 +17,6 @@ import os
 import select
 import subprocess
 import sys
-import time
 from typing import Iterable
 
 import numpy as np
@@ -130,7 +129,6 @@ class LtpCluster:
                  ) -> tuple[PushReport, dict[int, str]]:
         """Reliable PS -> all workers; returns the push report and each
         worker's sha256 of what it received."""
-        import hashlib  # noqa: F401  (the workers hash; imported for symmetry in docs)
         for p in self.procs:
             p.send({"cmd": "expect", "round": round_, "nelems": int(params.size),
                     "timeout": timeout_s})
@@ -154,7 +152,3 @@ class LtpCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _pid() -> int:
-    return os.getpid()

@@ -31,9 +31,7 @@ from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConf
 from .layout import ChunkLayout, as_f32
 from .rate import Pacer, SharePolicy, fine_timer_slack
 
-_HDR = struct.Struct(">HBBHHIIIIHBBI")
 UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
-assert _HDR.size == W.HDR_LEN
 
 
 _HDR_DTYPE = np.dtype([("magic", ">u2"), ("version", "u1"), ("type", "u1"), ("flags", ">u2"),

@@ -83,8 +83,10 @@ def _bcc():
     return bcc
 
 
-def compile_program(source: str, func: str, cflags: list[str] | None = None):
-    """Compile bpf/<source> with bcc and load `func` as an XDP program.
+def compile_program(source: str, func: str, cflags: list[str] | None = None,
+                    prog_type: str = "XDP"):
+    """Compile bpf/<source> with bcc and load `func` as a program of
+    `prog_type` (a bcc.BPF attribute: "XDP", "SCHED_CLS", ...).
 
     Returns (bpf, function)."""
     bcc = _bcc()
@@ -92,8 +94,9 @@ def compile_program(source: str, func: str, cflags: list[str] | None = None):
         raise DataplaneError("loading BPF programs needs root: run with sudo")
     path = BPF_DIR / source
     try:
-        b = bcc.BPF(src_file=str(path).encode(), cflags=cflags or [f"-I{BPF_DIR}"])
-        fn = b.load_func(func.encode(), bcc.BPF.XDP)
+        b = bcc.BPF(src_file=str(path).encode(),
+                    cflags=cflags or [f"-I{BPF_DIR}", "-Wno-ignored-attributes"])
+        fn = b.load_func(func.encode(), getattr(bcc.BPF, prog_type))
     except Exception as e:
         hint = ""
         if not os.path.exists(f"/lib/modules/{os.uname().release}/build"):

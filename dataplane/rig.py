@@ -39,7 +39,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Sequence
 
-from .. import BPF_DIR
 from . import netns
 
 STATE_DIR = "/run/ltp/rigs"
@@ -255,24 +254,12 @@ def _loss_threshold(p: float) -> int:
 
 
 def _compile_loss_prog():
-    """Compile bpf/loss_tc.c with bcc as a SCHED_CLS program: (bpf, fn).
-
-    (loader.compile_program loads XDP programs only, so this mirrors it for tc.)"""
-    from .loader import DataplaneError, _bcc
+    """Compile bpf/loss_tc.c with bcc as a SCHED_CLS program: (bpf, fn)."""
+    from .loader import DataplaneError, compile_program
     try:
-        bcc = _bcc()
+        return compile_program("loss_tc.c", "loss_tc", prog_type="SCHED_CLS")
     except DataplaneError as e:
         raise RigError(str(e)) from e
-    path = BPF_DIR / "loss_tc.c"
-    try:
-        b = bcc.BPF(src_file=str(path).encode(), cflags=[f"-I{BPF_DIR}", "-Wno-ignored-attributes"])
-        fn = b.load_func(b"loss_tc", bcc.BPF.SCHED_CLS)
-    except Exception as e:
-        hint = ""
-        if not os.path.exists(f"/lib/modules/{os.uname().release}/build"):
-            hint = " (kernel headers missing: run `ltp doctor --fix`)"
-        raise RigError(f"compiling {path.name} failed: {e}{hint}") from e
-    return b, fn
 
 
 # --------------------------------------------------------------------------- signals

@@ -107,7 +107,7 @@ def _links_in_nsfd(fd: int) -> list[str]:
     """Interface names in the namespace behind `fd` (kept alive by the fd
     even after its /run/netns name is gone)."""
     from pyroute2 import IPRoute
-    here = os.open(f"/proc/thread-self/ns/net", os.O_RDONLY)
+    here = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
         assert _libc.setns(fd, 0x40000000) == 0
         try:
