@@ -13,7 +13,6 @@ test can check what arrived bit for bit.
 from __future__ import annotations
 
 import json
-import os
 import select
 import subprocess
 import sys
