@@ -267,8 +267,8 @@ static __always_inline int on_ack(struct ltp_hdr *h)
 	u32 chunk = bpf_ntohl(h->chunk);
 	if (chunk < LTP_MAX_CHUNKS) {
 		u64 word = bitmap_word(chunk);
-	if (word >= LTP_BM_WORDS)
-		return XDP_DROP;
+		if (word >= LTP_BM_WORDS)
+			return XDP_DROP;
 		u64 bit = 1ULL << (chunk & 63);
 		/* A CLOSED ACK for a late chunk does not mean it was delivered. */
 		if (h->state != LTP_RS_CLOSED &&

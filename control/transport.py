@@ -295,6 +295,8 @@ class Endpoint:
             s_view, v_view = stale[idx], valid[idx]
             bubble.remember(s_view, v_view, chunked, masks)
             stale[idx], valid[idx] = s_view, v_view
+        for i, s in enumerate(slots):  # round outcomes, for `ltp flows` from any process
+            self.maps.record_round(s, reason, int(masks[i].sum()), int(filled[i]), round_=round_)
         values = chunked.reshape(len(slots), nch * ce)[:, :layout.nelems]
         prog = self.maps.progress[bank][slots]
         counters = self.maps.counters()

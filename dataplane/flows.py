@@ -1,0 +1,95 @@
+"""Per-flow counters of a loaded ltp_xdp program, read from its pinned maps.
+
+One row per peer slot (a worker on a PS; the host's own id on a worker):
+what XDP counted (ltp_stats), what the control plane recorded about closed
+rounds (ltp_rounds), and the progress of the newest bank. Drop classes that
+have no slot (malformed, foreign job, bad magic...) are program-wide
+(ltp_counters) and go in `totals`. `rates` turns two snapshots into per-second
+rates for `ltp top`.
+
+Loss estimate of a slot: filled / (delivered + filled) over the rounds the
+control plane recorded, i.e. 1 - delivered / (delivered + missing), since
+Bubble Filling fills every chunk that did not arrive. `loss_last` is the same
+for the latest recorded round. Both are None until a round is recorded.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .maps import BANK_STATES, ROUND_REASONS
+
+#: ltp_stats fields a row shows, under the row's names
+_STATS = {"packets": "rx_packets", "bytes": "rx_bytes", "acks": "acks_tx", "dup": "dup",
+          "late": "late", "stale": "stale", "future": "future", "out_of_range": "out_of_range",
+          "delivered": "delivered", "acks_rx": "acks_rx", "acks_stale": "acks_stale"}
+#: program-wide drop classes shown in the totals line
+PROGRAM_DROPS = ("malformed", "foreign_job", "bad_magic", "bad_version", "unknown_worker",
+                 "ack_fail")
+#: row fields that `rates` turns into per-second values
+RATE_FIELDS = ("packets", "bytes", "acks", "dup", "late", "out_of_range", "delivered", "acks_rx")
+
+
+def _frac(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def snapshot(rec, maps) -> dict[str, Any]:
+    """Everything `ltp flows` shows for one program (rec: registry.Record,
+    maps: LtpMaps over its pins)."""
+    g = rec.geometry
+    banks = [maps.banks.get(b) for b in range(g.banks)]
+    live = None
+    if any(b.state for b in banks):
+        # the bank holding the newest round
+        bi = max((i for i, b in enumerate(banks) if b.state), key=lambda i: banks[i].round)
+        b = banks[bi]
+        live = {"bank": bi, "round": int(b.round), "state": BANK_STATES.get(b.state, "?"),
+                "nchunks": int(b.nchunks)}
+    rows = []
+    for worker, slot in sorted(rec.peers.items(), key=lambda kv: (kv[1], kv[0])):
+        st = maps.slot_stats(slot)
+        rs = maps.round_stats(slot)
+        row: dict[str, Any] = {"worker": worker, "slot": slot}
+        row.update({k: st[v] for k, v in _STATS.items()})
+        row["rounds"] = {r: rs[r] for r in ROUND_REASONS}
+        row["chunks_delivered"] = rs["delivered"]     # over recorded rounds
+        row["chunks_filled"] = rs["filled"]
+        row["last_round"] = rs["last_round"] if any(rs[r] for r in ROUND_REASONS) else None
+        row["last_delivered"] = rs["last_delivered"]
+        row["last_filled"] = rs["last_filled"]
+        row["loss"] = _frac(rs["filled"], rs["delivered"] + rs["filled"])
+        row["loss_last"] = _frac(rs["last_filled"], rs["last_delivered"] + rs["last_filled"])
+        if live is not None:
+            p = maps.progress[live["bank"], slot]
+            row["round_chunks"] = int(p["chunks"])     # newest bank, live
+            row["round_retx"] = int(p["retx"])
+        else:
+            row["round_chunks"] = row["round_retx"] = None
+        rows.append(row)
+    counters = maps.counters()
+    totals: dict[str, Any] = {k: sum(r[k] for r in rows) for k in _STATS}
+    totals["rounds"] = {r: sum(row["rounds"][r] for row in rows) for r in ROUND_REASONS}
+    totals.update({k: counters[k] for k in PROGRAM_DROPS})
+    return {"netns": rec.to_dict()["netns"], "dev": rec.dev, "role": rec.role, "job": rec.job,
+            "mode": rec.mode, "prog_id": rec.prog_id, "slots": g.slots, "round_now": live,
+            "time": time.time(), "monotonic": time.monotonic(), "flows": rows,
+            "totals": totals, "counters": counters}
+
+
+def rates(prev: dict[str, Any] | None, cur: dict[str, Any]) -> dict[tuple[int, int], dict]:
+    """Per-second rates of RATE_FIELDS per (worker, slot) between two
+    snapshots of the same program; empty when there is no earlier one."""
+    if prev is None:
+        return {}
+    dt = cur["monotonic"] - prev["monotonic"]
+    if dt <= 0:
+        return {}
+    before = {(r["worker"], r["slot"]): r for r in prev["flows"]}
+    out = {}
+    for r in cur["flows"]:
+        p = before.get((r["worker"], r["slot"]))
+        if p is None:
+            continue
+        out[(r["worker"], r["slot"])] = {k: max(0, r[k] - p[k]) / dt for k in RATE_FIELDS}
+    return out
