@@ -71,7 +71,7 @@ class LtpCluster:
     def __init__(self, rig, max_elems: int, *, job: int = 0x17, capacity_bps: float | None = None,
                  bubble: str = "mean", early_close: EarlyCloseConfig | None = None,
                  workers: Iterable[int] | None = None, mode: str | None = None,
-                 chunk_bytes: int | None = None):
+                 chunk_bytes: int | None = None, warmup: bool = True):
         self.rig = rig
         cfg = rig.config
         self.mode = mode or cfg.mode
@@ -90,12 +90,14 @@ class LtpCluster:
         try:
             for h in hosts:
                 self.procs.append(WorkerProc(h, h.index, [
-                    "--dev", h.ifname, "--ip", h.ip, "--id", str(h.index), "--job", str(job),
+                    "--dev", h.ifname, "--netns", h.netns, "--ip", h.ip, "--id", str(h.index), "--job", str(job),
                     "--max-elems", str(max_elems), "--mode", self.mode,
                     "--capacity", str(self.capacity), "--ps-ip", rig.ps.ip,
                     "--workers", str(len(hosts)), "--chunk-bytes", str(self.chunk_bytes)]))
             for p in self.procs:
                 p.recv(timeout=120)  # "ready": program compiled and attached
+            if warmup:  # round 0, not reported: first-touch and first-call costs
+                self.run_round(0, max_elems)
         except BaseException:
             self.close()
             raise

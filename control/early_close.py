@@ -48,7 +48,7 @@ class EarlyCloseConfig:
     absent_factor: float = 2.0
     history_factor: float = 1.5
     history: int = 8
-    min_deadline_s: float = 0.005
+    min_deadline_s: float = 0.02
     hard_timeout_s: float = 10.0
     ewma: float = 0.3
 

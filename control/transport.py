@@ -142,7 +142,7 @@ class Endpoint:
                  ns: str | None = None, mode: str = "native", job: int = 0,
                  capacity_bps: float = 1e9, chunk_bytes: int = 1424, port: int = W.PORT,
                  early_close: EarlyCloseConfig | None = None, bubble_strategy: str = "mean",
-                 initial_rate_bps: float | None = None):
+                 initial_rate_bps: float | None = None, publish: bool = True):
         if bubble_strategy not in bubble.STRATEGIES:
             raise ValueError(f"unknown bubble strategy {bubble_strategy!r}")
         if not peers:
@@ -159,11 +159,20 @@ class Endpoint:
             self.maps = self.dp.maps()
             self.maps.set_peers(self.peers)
             self.dp.attach(dev, ns, mode)
+            self._published = None
+            if publish:  # pins + record: `ltp status/flows/top` see this endpoint
+                from ..dataplane import registry
+                registry.publish(self.dp, dev, ns, role="ps" if len(peers) > 1 else "worker",
+                                 job=job, mode=mode, peers=self.peers)
+                self._published = (dev, ns)
             with netns.inside(ns):
                 self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self.sock.bind((ip, 0))
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
         except BaseException:
+            if getattr(self, "_published", None):
+                from ..dataplane import registry
+                registry.withdraw(*self._published)
             self.dp.close()
             raise
         self.capacity_bps = capacity_bps
@@ -499,6 +508,10 @@ class Endpoint:
         try:
             self.sock.close()
         finally:
+            if self._published:
+                from ..dataplane import registry
+                registry.withdraw(*self._published)
+                self._published = None
             self.dp.close()
 
     def __enter__(self) -> "Endpoint":

@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ltpx.control.worker_proc")
     ap.add_argument("--dev", required=True)
     ap.add_argument("--ip", required=True)
+    ap.add_argument("--netns", default=None, help="the namespace this process runs in")
     ap.add_argument("--id", type=int, required=True)
     ap.add_argument("--job", type=int, default=0)
     ap.add_argument("--max-elems", type=int, required=True)
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cluster import worker_tensor
     from .transport import Endpoint, Peer
     try:
-        ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, mode=a.mode, job=a.job,
+        ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, ns=a.netns, mode=a.mode, job=a.job,
                       capacity_bps=a.capacity, initial_rate_bps=a.capacity / a.workers,
                       chunk_bytes=a.chunk_bytes)
     except Exception as e:  # report, then exit

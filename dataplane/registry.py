@@ -319,6 +319,27 @@ def load(dev: str, ns: str | None, *, role: str, geometry: Geometry, peers: dict
     return rec
 
 
+def publish(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
+            peers: dict[int, int]) -> Record:
+    """Pin a running endpoint's program and maps and write its record, so
+    `ltp status/flows/top` see it from any process while it runs. The
+    endpoint stays the owner: `withdraw` removes both when it closes."""
+    pdir = pin_dir(dev, ns)
+    _unpin(pdir)
+    dp.pin(pdir)
+    rec = Record(dev=dev, netns=ns, role=role, job=job, geometry=dp.geometry, mode=mode,
+                 prog_id=prog_id(dp.prog_fd), peers=dict(peers), loaded_at=time.time(),
+                 pid=os.getpid())
+    write_record(rec)
+    return rec
+
+
+def withdraw(dev: str, ns: str | None) -> None:
+    """Remove the pins and record `publish` made (the program detaches with its owner)."""
+    _unpin(pin_dir(dev, ns))
+    _remove_record(dev, ns)
+
+
 def unload(dev: str, ns: str | None) -> dict[str, Any]:
     """Detach (if the device still carries our program), unpin and remove
     the record of `dev` in `ns`. Works when the namespace is gone too."""

@@ -219,3 +219,39 @@ def _wait(pred, timeout=3.0):
             return
         time.sleep(0.01)
     assert pred()
+
+
+def test_ltp_flows_sees_the_running_endpoint(rig, lossless):
+    """The PS endpoint publishes its pins, so `ltp flows -j` in another process
+    reads the same counts the transport reported."""
+    import json
+    import subprocess
+    import sys
+    cl = lossless
+    rig.set_loss(0.03)
+    before = _flows(rig)
+    res, reports = cl.run_round(next_round(), NEL, seed=7)
+    rig.set_loss(0.0)
+    after = _flows(rig)
+    for i, w in enumerate(cl.ids):
+        a, b = after[w], before[w]
+        assert a["delivered"] - b["delivered"] == int(res.masks[i].sum())
+        assert a["last_delivered"] == int(res.masks[i].sum())
+        assert a["last_filled"] == int(res.filled[i])
+        assert sum(a["rounds"].values()) - sum(b["rounds"].values()) == 1
+        assert a["rounds"][res.reason] == b["rounds"][res.reason] + 1
+    status = json.loads(subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "status", "-j"],
+                                       capture_output=True, text=True, check=True).stdout)
+    mine = {(s["netns"], s["dev"]) for s in status}
+    assert (rig.ps.netns, rig.ps.ifname) in mine
+    assert {(h.netns, h.ifname) for h in rig.workers} <= mine
+
+
+def _flows(rig):
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "flows", rig.ps.ifname,
+                          "--netns", rig.ps.netns, "-j"], capture_output=True, text=True,
+                         check=True).stdout
+    return {f["worker"]: f for f in json.loads(out)[0]["flows"]}
