@@ -2,6 +2,7 @@
 
   ltp bench xdp [-j] [--packets N]   ns per packet: XDP DATA path vs a socket loop
   ltp bench incast [...]             LTP vs TCP cubic/BBR vs the line-rate limit
+  ltp bench paths [-j] [--trials 10] two jobs over a leaf-spine: ECMP vs pinned paths
 """
 from __future__ import annotations
 
@@ -48,7 +49,42 @@ def register(sub) -> None:
     i.add_argument("--plot", metavar="FILE.png", help="write a CDF (and scaling) plot")
     add_json(i)
     i.set_defaults(func=cmd_incast)
+    pa = bsub.add_parser(
+        "paths", help="two jobs over 2 spines: plain ECMP vs pinned paths vs one job alone",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  ltp bench paths\n  ltp bench paths -j --trials 10 --rounds 5\n\n"
+               "JSON keys: ecmp and pinned, each with job_round_median_s (per job),\n"
+               "shared_link_fraction, collision_trial_fraction, link_bytes, trials; plus\n"
+               "isolated_round_median_s (job 0 alone). See docs/paths.md.\n")
+    pa.add_argument("--trials", type=int, default=10, help="trials per policy (default 10; "
+                    "ECMP draws new source ports each trial)")
+    pa.add_argument("--rounds", type=int, default=5, help="rounds per job per trial (default 5)")
+    pa.add_argument("--size", default="512KiB", help="bytes per worker per round (512KiB)")
+    pa.add_argument("--workers", type=int, default=2, help="workers per job (default 2)")
+    pa.add_argument("--rate", default="100mbit", help="rate of every leaf-spine link (100mbit: low "
+                    "enough that the shared CPU is not the bottleneck)")
+    pa.add_argument("--buffer", default="60kb", help="TBF limit per link (default 60kb)")
+    add_json(pa)
+    pa.set_defaults(func=cmd_paths)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def cmd_paths(args) -> None:
+    from .common import parse_rate, parse_size
+    size = parse_size(args.size, "--size")
+    if size % 4 or size < 4:
+        raise UsageError("--size must be a positive multiple of 4 bytes (float32 elements)")
+    if args.trials < 1 or args.rounds < 1 or not 1 <= args.workers <= 16:
+        raise UsageError("--trials and --rounds must be >= 1, --workers in 1..16")
+    rate, buf = parse_rate(args.rate), parse_size(args.buffer, "--buffer")
+    need_root("ltp bench paths")
+    need_bcc()
+    from ..control import bench_paths
+    quiet = wants_json(args)
+    res = bench_paths.run(trials=args.trials, rounds=args.rounds, nelems=size // 4,
+                          rate_bps=rate, buffer_bytes=buf, workers=args.workers,
+                          progress=None if quiet else (lambda m: print(f"... {m}", file=sys.stderr)))
+    emit(args, res, bench_paths.table)
 
 
 def cmd_xdp(args) -> None:

@@ -13,6 +13,7 @@ bottleneck, loss injector). See docs/rig.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +59,14 @@ def register(sub) -> None:
     up.add_argument("--name", default=DEFAULT_NAME,
                     help=f"rig name, a-z 0-9 _ up to 12 characters (default {DEFAULT_NAME})")
     _shape_args(up, workers=4)
+    up.add_argument("--topology", choices=("star", "leaf-spine"), default="star",
+                    help="star: one switch (default); leaf-spine: leaf and spine routers, "
+                    "jobs' hosts on the leaves, every leaf-spine link shaped to --rate "
+                    "(--workers is then per job; see docs/paths.md and `ltp paths`)")
+    up.add_argument("--leaves", type=int, default=2, help="leaf-spine: leaves (default 2)")
+    up.add_argument("--spines", type=int, default=2, help="leaf-spine: spines (default 2)")
+    up.add_argument("--jobs", type=int, default=2, help="leaf-spine: jobs, each a PS on leaf 0 "
+                    "and workers on the other leaves (default 2)")
     up.add_argument("--loss", default="0", help="drop probability for IPv4 UDP/TCP toward the "
                     "PS, in [0, 1) (default 0)")
     up.add_argument("--loss-on", choices=("ps", "all"), default="ps",
@@ -238,6 +247,9 @@ def _attach(name: str):
 # --------------------------------------------------------------------------- commands
 
 def cmd_up(args) -> int | None:
+    if getattr(args, "topology", "star") == "leaf-spine":
+        from .cmd_paths import rig_up
+        return rig_up(args)
     cfg = _config(name=_check_name(args.name), workers=_workers(args.workers),
                   rate_bps=_rate(args.rate), buffer_bytes=_bytes(args.buffer, "--buffer"),
                   burst_bytes=_bytes(args.burst, "--burst"), loss=_loss(args.loss),
@@ -271,6 +283,14 @@ def _up_text(s: dict) -> str:
 def cmd_status(args) -> int | None:
     name = _check_name(args.name)
     need_root("ltp rig status")
+    from ..dataplane.leafspine import LeafSpine
+    if name and LeafSpine.exists(name):  # a leaf-spine rig of that name
+        ls = LeafSpine.attach(name)
+        try:
+            emit(args, ls.status(), lambda st: json.dumps(st, indent=2, default=str))
+        finally:
+            ls.close()
+        return None
     rig = _attach(_resolve(name))
     try:
         st = rig.status()
@@ -350,6 +370,11 @@ def cmd_down(args) -> int | None:
             removed = Rig.down_all(force=args.force)
             skipped = [{"name": n, "owner_pid": Rig.owner(n)} for n in before if n not in removed]
         else:
+            from ..dataplane.leafspine import LeafSpine
+            if name and LeafSpine.exists(name):
+                LeafSpine.destroy(name)
+                emit(args, {"removed": [name], "skipped": []}, f"removed {name}")
+                return None
             target = _resolve(name)
             if not Rig.destroy(target):
                 raise CliError(f"no rig named {target!r} (rigs: {', '.join(Rig.names()) or 'none'})")
