@@ -179,6 +179,24 @@ def plan_hosts(name: str, workers: int) -> list[Host]:
     return hosts
 
 
+def _owner_died(name: str) -> bool:
+    """Was rig `name` made by a `with Rig(...)` whose process is gone?"""
+    try:
+        with open(state_path(name)) as f:
+            pid = json.load(f).get("owner_pid")
+    except (OSError, ValueError):
+        return False
+    if not pid or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
 def switch_ns(name: str) -> str:
     return f"ltp-{name}-sw"
 
@@ -447,6 +465,8 @@ class Rig:
     def up(self) -> "Rig":
         """Build the rig; on any failure (or Ctrl-C) remove what was built."""
         _check_root("building a rig")
+        if Rig.exists(self.name) and _owner_died(self.name):
+            Rig.destroy(self.name)  # left by a `with Rig(...)` whose process was killed
         if Rig.exists(self.name):
             raise RigError(f"a rig named {self.name!r} exists already: use it "
                            f"(--name {self.name}), pick another name, or `ltp rig down "
