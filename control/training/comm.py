@@ -78,13 +78,14 @@ class LtpPs:
     name = "ltp"
 
     def __init__(self, dev: str, ip: str, workers: list[int], nelems: int, *,
-                 mode: str = "native", capacity_bps: float = 1e9, mtu: int = 1500,
+                 ns: str | None = None, mode: str = "native", capacity_bps: float = 1e9, mtu: int = 1500,
                  job: int = 0, bubble: str = "mean",
                  early_close: EarlyCloseConfig | None = None, timeout_s: float = 30.0):
         self.ids = list(workers)
         self.nelems = nelems
         self.timeout_s = timeout_s
-        self.ep = Endpoint(dev, ip, {w: i for i, w in enumerate(self.ids)}, nelems, mode=mode,
+        self.ep = Endpoint(dev, ip, {w: i for i, w in enumerate(self.ids)}, nelems, ns=ns,
+                           mode=mode,
                            job=job, capacity_bps=capacity_bps, chunk_bytes=chunk_bytes_for(mtu),
                            early_close=early_close, bubble_strategy=bubble)
         self.ip = ip
@@ -122,13 +123,13 @@ class LtpWorker:
     name = "ltp"
 
     def __init__(self, dev: str, ip: str, worker: int, nelems: int, *, workers: int,
-                 mode: str = "native", capacity_bps: float = 1e9, mtu: int = 1500,
+                 ns: str | None = None, mode: str = "native", capacity_bps: float = 1e9, mtu: int = 1500,
                  job: int = 0, timeout_s: float = 30.0, poll_s: float = 0.0005):
         self.id, self.nelems = worker, nelems
         self.timeout_s, self.poll_s = timeout_s, poll_s
         # The downlink is reliable: only completeness closes it, or this timeout.
         cfg = EarlyCloseConfig(hard_timeout_s=timeout_s)
-        self.ep = Endpoint(dev, ip, {worker: 0}, nelems, mode=mode, job=job,
+        self.ep = Endpoint(dev, ip, {worker: 0}, nelems, ns=ns, mode=mode, job=job,
                            capacity_bps=capacity_bps, chunk_bytes=chunk_bytes_for(mtu),
                            early_close=cfg, initial_rate_bps=capacity_bps / max(1, workers))
         self.ip = ip
@@ -208,7 +209,7 @@ class TcpPs:
                 c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 c.setblocking(False)
                 by_id[wid] = c
-        except socket.timeout:
+        except TimeoutError:
             raise CommError(f"only {len(by_id)} of {len(self.ids)} workers connected within "
                             f"{self.timeout_s:g}s") from None
         self.conns = [by_id[w] for w in self.ids]

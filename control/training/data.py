@@ -28,7 +28,7 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     raw = None
     spec = importlib.util.find_spec("sklearn")
     if spec and spec.submodule_search_locations:
-        path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data",
+        path = os.path.join(next(iter(spec.submodule_search_locations)), "datasets", "data",
                             "digits.csv.gz")
         if os.path.exists(path):
             raw = np.loadtxt(path, delimiter=",")
@@ -53,7 +53,7 @@ def split(seed: int, test_fraction: float = TEST_FRACTION) -> Split:
     """A held-out test split fixed by the seed."""
     X, y = load_digits_arrays()
     perm = np.random.default_rng([seed, 0xD161]).permutation(len(X))
-    nt = int(round(len(X) * test_fraction))
+    nt = round(len(X) * test_fraction)
     te, tr = perm[:nt], perm[nt:]
     return Split(X[tr], y[tr], X[te], y[te])
 

@@ -1,0 +1,192 @@
+"""Start every rank of a training job inside a rig's namespaces and collect the result.
+
+What torchrun does on real hosts, done on the rig: this process hosts the
+rendezvous store (a TCPStore on the PS namespace's loopback, so coordination
+never crosses the measured network), then starts one
+`python -m ltpx.control.training` per rank with the env:// variables set
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True)
+and --dev/--ip of the rank's host. Rank 0 (the PS, or gloo's first worker)
+reports on stdout; the others' output goes to log files that are kept and
+named when something fails.
+
+Rigs for comparisons: every switch port is shaped and lossy alike
+(shape="all", loss_on="all"); LTP runs on a native-mode rig (XDP_TX needs
+XDP on the switch-side veths), TCP and gloo on an skb-mode rig, because the
+switch-side XDP_PASS programs turn TSO off on the host veths and make TCP
+look better than it would on a NIC (docs/rig.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from typing import Callable
+
+from ...dataplane import netns
+from .runtime import TrainConfig
+
+
+class LaunchError(RuntimeError):
+    """A rank failed or the job timed out; the message names the rank and its log."""
+
+
+def rig_mode_for(transport: str) -> str:
+    return "native" if transport == "ltp" else "skb"
+
+
+def rig_config(name: str, transport: str, *, workers: int, rate_bps: int, buffer_bytes: int,
+               loss: float):
+    """The RigConfig a run of `transport` should build (see the module docstring)."""
+    from ...dataplane.rig import RigConfig
+    return RigConfig(name=name, workers=workers, rate_bps=rate_bps, buffer_bytes=buffer_bytes,
+                     loss=loss, shape="all", loss_on="all", mode=rig_mode_for(transport))
+
+
+def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
+                 progress: Callable[[dict], None] | None = None, timeout_s: float = 900.0,
+                 rank_timeout_s: float = 120.0, deadline_min_s: float | None = None,
+                 early_close: dict | None = None) -> dict:
+    """Run one training job on `rig` (a dataplane.rig.Rig); returns rank 0's
+    result dict (see runtime.run_ps). `progress(event)` sees every event rank 0
+    prints (start, iter, eval). `early_close`: EarlyCloseConfig fields for the
+    LTP PS (e.g. threshold 1.0: rounds close only complete). Every process started here is gone when this
+    returns or raises."""
+    import torch.distributed as dist
+    cfg.validate()
+    W = workers or len(rig.workers)
+    if not 1 <= W <= len(rig.workers):
+        raise ValueError(f"workers: rig {rig.name} has {len(rig.workers)} workers, asked for {W}")
+    bad = [w for w in cfg.straggler if w >= W]
+    if bad:
+        raise ValueError(f"straggler: worker {bad[0]} does not exist (workers 0..{W - 1})")
+    if cfg.transport == "tcp":
+        from ...dataplane.incast import ensure_cc
+        ensure_cc(cfg.cc)
+    hosts = ([] if cfg.transport == "gloo" else [rig.ps]) + list(rig.workers[:W])
+    world = len(hosts)
+    with netns.inside(rig.ps.netns):
+        store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=rank_timeout_s),
+                              wait_for_workers=False)
+    logdir = tempfile.mkdtemp(prefix=f"ltp-train-{rig.name}-")
+    procs: list[subprocess.Popen] = []
+    files = []
+    ok = False
+    try:
+        for r, h in enumerate(hosts):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                       RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                       TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1",
+                       TORCH_CPP_LOG_LEVEL="ERROR", PYTHONUNBUFFERED="1")
+            argv = [sys.executable, "-m", "ltpx.control.training", "--config", cfg.to_json(),
+                    "--dev", h.ifname, "--ip", h.ip, "--xdp-mode", rig.config.mode,
+                    "--capacity", str(rig.config.rate_bps), "--mtu", str(rig.config.mtu),
+                    "--store-netns", rig.ps.netns, "--netns", h.netns,
+                    "--timeout", str(rank_timeout_s)]
+            if deadline_min_s is not None:
+                argv += ["--deadline-min", str(deadline_min_s)]
+            if early_close:
+                argv += ["--early-close", json.dumps(early_close)]
+            err = open(os.path.join(logdir, f"rank{r}.err"), "w")
+            files.append(err)
+            if r == 0:
+                out = subprocess.PIPE
+            else:
+                out = open(os.path.join(logdir, f"rank{r}.out"), "w")
+                files.append(out)
+            procs.append(netns.popen(h.netns, argv, env=env, stdout=out, stderr=err, text=True,
+                                     bufsize=1))
+        result = _follow(procs, hosts, logdir, progress, timeout_s)
+        end = time.monotonic() + 60
+        for r, p in enumerate(procs):
+            try:
+                rc = p.wait(timeout=max(1.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise LaunchError(f"rank {r} ({hosts[r].name}) did not exit after training; "
+                                  f"logs in {logdir}") from None
+            if rc != 0:
+                raise LaunchError(_describe(r, hosts[r], p, logdir))
+        ok = True
+        return result
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.stdout:
+                p.stdout.close()
+        for f in files:
+            f.close()
+        del store
+        if ok:
+            shutil.rmtree(logdir, ignore_errors=True)
+
+
+def _follow(procs, hosts, logdir, progress, timeout_s) -> dict:
+    lead = procs[0]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for r, p in enumerate(procs[1:], start=1):
+            rc = p.poll()
+            if rc not in (None, 0):
+                raise LaunchError(_describe(r, hosts[r], p, logdir))
+        if time.monotonic() > deadline:
+            raise LaunchError(f"training took longer than {timeout_s:g}s; logs in {logdir}")
+        ready, _, _ = select.select([lead.stdout], [], [], 0.5)
+        if not ready:
+            continue
+        line = lead.stdout.readline()
+        if not line:
+            lead.wait(timeout=10)
+            raise LaunchError(_describe(0, hosts[0], lead, logdir))
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        ev = msg.get("event")
+        if ev == "error":
+            lead.wait(timeout=10)
+            raise LaunchError(_describe(0, hosts[0], lead, logdir, msg.get("error")))
+        if ev == "result":
+            return msg
+        if progress:
+            progress(msg)
+
+
+def _describe(r: int, host, p, logdir: str, error: str | None = None) -> str:
+    if error is None:
+        error = _last_error(os.path.join(logdir, f"rank{r}.out")) or \
+            _tail(os.path.join(logdir, f"rank{r}.err"))
+    where = f"{host.name} in {host.netns}"
+    return f"rank {r} ({where}) exited with code {p.poll()}: {error or 'no message'}; " \
+           f"logs in {logdir}"
+
+
+def _last_error(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            for line in reversed(f.read().splitlines()):
+                if '"error"' in line:
+                    return json.loads(line).get("error")
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _tail(path: str, n: int = 1) -> str:
+    try:
+        with open(path) as f:
+            lines = [ln for ln in f.read().splitlines() if ln.strip()]
+        return " | ".join(lines[-n:])[-400:]
+    except OSError:
+        return ""

@@ -1,0 +1,326 @@
+"""`ltp train`: parameter-server training on a netns rig, over LTP or a baseline.
+
+Builds a rig (every port shaped and lossy alike; native mode for LTP, skb
+mode for TCP and gloo) or uses a named one, starts one rank per host inside
+the namespaces (the PS and N workers; gloo: N workers), trains the built-in
+MLP on scikit-learn's digits, shows progress on stderr and prints a summary.
+`--compare tcp` runs a baseline after the main run, on its own rig, with the
+same seed, data and model, and prints them side by side. See docs/training.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .common import (CliError, UsageError, add_json, emit, need_bcc, need_root, parse_rate,
+                     parse_size)
+
+MAX_WORKERS = 64   # mirrors dataplane.rig.MAX_WORKERS (kept import-free for --help)
+CCS = ("cubic", "bbr", "reno")
+
+EPILOG = """examples:
+  sudo ltp train                                  LTP, 4 workers, 3 epochs, bsp
+  sudo ltp train --compare tcp                    LTP, then TCP cubic, side by side
+  sudo ltp train --workers 8 --loss 0.01 --compare tcp:cubic,tcp:bbr,gloo -j
+  sudo ltp train --sync wbsp --straggler 1:3      fast workers keep computing
+  sudo ltp train --transport tcp --cc bbr --epochs 5
+  sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
+
+Ranks start as `python -m ltpx.control.training` with torch.distributed env://
+variables, so the same entry point runs under torchrun on real hosts (rank 0 = PS;
+docs/training.md). Rigs: shape and loss on every port; LTP on a native-mode rig,
+TCP and gloo on an skb-mode rig (docs/rig.md explains why).
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a model over LTP (or TCP / gloo) on a netns rig",
+                       description="Parameter-server training of an MLP on scikit-learn's digits "
+                       "over LTP, TCP or gloo all-reduce, on a network-namespace rig.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p.add_argument("--workers", type=int, default=4, help="workers (default 4; 1..64)")
+    p.add_argument("--transport", choices=("ltp", "tcp", "gloo"), default="ltp",
+                   help="gradient transport (default ltp)")
+    p.add_argument("--sync", choices=("bsp", "wbsp"), default="bsp",
+                   help="bsp: wait for every worker; wbsp: fast workers keep computing "
+                   "while the slowest finishes (default bsp)")
+    p.add_argument("--loss", default="0", help="drop probability on every rig port, in [0, 1) "
+                   "(default 0)")
+    p.add_argument("--epochs", type=int, default=3, help="passes over the training set "
+                   "(default 3)")
+    p.add_argument("--iterations", type=int, default=None,
+                   help="train exactly this many iterations instead")
+    p.add_argument("--rate", default="1gbit", help="rate of every rig port (default 1gbit)")
+    p.add_argument("--buffer", default="30kb", help="queue of every rig port (default 30kb)")
+    p.add_argument("--bubble", choices=("mean", "zero", "stale"), default="mean",
+                   help="LTP Bubble Filling of lost chunks (default mean)")
+    p.add_argument("--seed", type=int, default=0, help="seed of data split, model, batches")
+    p.add_argument("--name", default=None, help="use rig NAME (built if it does not exist, "
+                   "kept if it did)")
+    p.add_argument("--batch", type=int, default=32, help="examples per worker and step (32)")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (0.1)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (0.9)")
+    p.add_argument("--hidden", default="512,384",
+                   help="MLP hidden widths (default 512,384: 234k parameters, a 0.94 MB "
+                   "gradient; e.g. 2048,2048 for 4.3M)")
+    p.add_argument("--straggler", action="append", metavar="WORKER:FACTOR",
+                   help="slow WORKER's compute by FACTOR, e.g. 1:3 (repeatable)")
+    p.add_argument("--cc", choices=CCS, default="cubic", help="TCP congestion control (cubic)")
+    p.add_argument("--compare", default="none", metavar="LIST",
+                   help="baselines to run after the main run, comma-separated: ltp, tcp, "
+                   "tcp:CC, gloo (default none)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="evaluate every N iterations (default: each epoch)")
+    p.add_argument("--target-accuracy", type=float, default=None,
+                   help="report the training time until test accuracy reaches this")
+    p.add_argument("--deadline-min", type=float, default=None,
+                   help="LTP Early Close minimum deadline, seconds (default: the transport's)")
+    p.add_argument("--verify-versions", action="store_true",
+                   help="hash every parameter version on every rank and compare")
+    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many "
+                   "seconds per run (default 900)")
+    add_json(p)
+    p.set_defaults(func=cmd_train)
+
+
+# --------------------------------------------------------------------------- validation
+
+def _runs(args) -> list[dict]:
+    """The runs to make: the main one, then each --compare item."""
+    main = {"transport": args.transport, "cc": args.cc}
+    runs = [main]
+    if args.compare.strip().lower() in ("", "none"):
+        return runs
+    for item in args.compare.split(","):
+        item = item.strip().lower()
+        tr, _, cc = item.partition(":")
+        if tr not in ("ltp", "tcp", "gloo") or (cc and (tr != "tcp" or cc not in CCS)):
+            raise UsageError(f"--compare: cannot read {item!r} (items: ltp, tcp, "
+                             f"tcp:{'|'.join(CCS)}, gloo)")
+        run = {"transport": tr, "cc": cc or args.cc}
+        key = (run["transport"], run["cc"] if tr == "tcp" else None)
+        if key in [(r["transport"], r["cc"] if r["transport"] == "tcp" else None) for r in runs]:
+            raise UsageError(f"--compare: {item!r} is already in the runs")
+        runs.append(run)
+    return runs
+
+
+def _validate(args) -> tuple:
+    from ..control.training.rank import parse_straggler
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
+    try:
+        loss = float(args.loss)
+    except ValueError:
+        raise UsageError(f"--loss: cannot read {args.loss!r} (a probability, e.g. 0.01)") from None
+    if not 0.0 <= loss < 1.0:
+        raise UsageError(f"--loss: must be in [0, 1), got {args.loss}")
+    rate = parse_rate(args.rate, "--rate")
+    buffer = parse_size(args.buffer, "--buffer")
+    if args.epochs < 1:
+        raise UsageError(f"--epochs: must be at least 1, got {args.epochs}")
+    if args.iterations is not None and args.iterations < 1:
+        raise UsageError(f"--iterations: must be at least 1, got {args.iterations}")
+    if args.batch < 1:
+        raise UsageError(f"--batch: must be at least 1, got {args.batch}")
+    if not args.lr > 0:
+        raise UsageError(f"--lr: must be positive, got {args.lr}")
+    if args.eval_every < 0:
+        raise UsageError(f"--eval-every: must be >= 0, got {args.eval_every}")
+    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        raise UsageError(f"--target-accuracy: must be in (0, 1], got {args.target_accuracy}")
+    if args.deadline_min is not None and not args.deadline_min > 0:
+        raise UsageError(f"--deadline-min: must be positive seconds, got {args.deadline_min}")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout: must be positive seconds, got {args.timeout}")
+    try:
+        hidden = tuple(int(x) for x in args.hidden.split(","))
+        if not hidden or min(hidden) < 1 or max(hidden) > 65536:
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--hidden: {args.hidden!r} must be comma-separated widths in "
+                         "1..65536, e.g. 512,384") from None
+    try:
+        straggler = parse_straggler(args.straggler)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    bad = [w for w in straggler if w >= args.workers]
+    if bad:
+        raise UsageError(f"--straggler: worker {bad[0]} does not exist (--workers "
+                         f"{args.workers}: 0..{args.workers - 1})")
+    runs = _runs(args)
+    if args.sync == "wbsp" and any(r["transport"] == "gloo" for r in runs):
+        raise UsageError("--sync wbsp needs a parameter server: gloo all-reduce (--transport/"
+                         "--compare gloo) is bsp only")
+    from ..dataplane.rig import RigConfig
+    try:   # the rig's own range checks; its messages start with the field's name
+        RigConfig(name=args.name or "check", workers=args.workers, rate_bps=rate,
+                  buffer_bytes=buffer, loss=loss)
+    except ValueError as e:
+        raise UsageError(f"--{e}") from None
+    return loss, rate, buffer, hidden, straggler, runs
+
+
+# --------------------------------------------------------------------------- running
+
+def cmd_train(args) -> int:
+    loss, rate, buffer, hidden, straggler, runs = _validate(args)
+    need_root("ltp train")
+    if any(r["transport"] == "ltp" for r in runs):
+        need_bcc()
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
+    from ..control.training.launch import LaunchError, rig_config, rig_mode_for, train_on_rig
+    from ..control.training.runtime import TrainConfig
+    from ..dataplane.incast import IncastError
+    from ..dataplane.rig import Rig, RigError
+
+    results = []
+    progress = _Progress(quiet=False)
+    try:
+        for run in runs:
+            cfg = TrainConfig(transport=run["transport"], sync=args.sync, epochs=args.epochs,
+                              iterations=args.iterations, batch=args.batch, lr=args.lr,
+                              momentum=args.momentum, hidden=hidden, seed=args.seed,
+                              bubble=args.bubble, straggler=straggler,
+                              eval_every=args.eval_every, target_accuracy=args.target_accuracy,
+                              cc=run["cc"], verify_versions=args.verify_versions)
+            label = _label(cfg.transport, cfg.cc)
+            name = args.name or f"tr{os.getpid() % 1000000}"
+            if args.name and Rig.exists(args.name):
+                rig = Rig.attach(args.name)
+                if len(rig.workers) < args.workers:
+                    raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "
+                                     f"workers, asked for {args.workers}")
+                if rig.config.mode != rig_mode_for(cfg.transport) or rig.config.shape != "all":
+                    progress.note(f"note: rig {args.name} is {rig.config.mode} mode, shape "
+                                  f"{rig.config.shape}; {label} compares fairly on a "
+                                  f"{rig_mode_for(cfg.transport)}-mode rig with shape all "
+                                  "(docs/rig.md, docs/training.md)")
+            else:
+                rig = Rig(rig_config(name, cfg.transport, workers=args.workers, rate_bps=rate,
+                                     buffer_bytes=buffer, loss=loss))
+            progress.begin(label)
+            with rig:
+                res = train_on_rig(rig, cfg, workers=args.workers, progress=progress.event,
+                                   timeout_s=args.timeout, deadline_min_s=args.deadline_min)
+                res["rig"] = {"name": rig.name, "mode": rig.config.mode,
+                              "rate_bps": rig.config.rate_bps,
+                              "buffer_bytes": rig.config.buffer_bytes, "loss": rig.config.loss,
+                              "shape": rig.config.shape, "loss_on": rig.config.loss_on}
+            progress.end(res)
+            results.append(res)
+    except (LaunchError, RigError, IncastError) as e:
+        raise CliError(str(e)) from None
+    finally:
+        progress.close()
+    out = {k: v for k, v in results[0].items() if k != "event"}
+    if len(results) > 1:
+        out["compare"] = results[1:]
+        out["speedup"] = {_label(r["transport"], r.get("cc")): _ratio(results[0], r)
+                          for r in results[1:]}
+    emit(args, out, lambda o: _text(results, args, loss, rate, buffer))
+    broken = [r for r in results if not r.get("replicas_identical")]
+    if broken:
+        raise CliError(f"{_label(broken[0]['transport'], broken[0].get('cc'))}: the PS and the "
+                       f"workers ended with different parameters ({broken[0]['worker_digests']})")
+    return 0
+
+
+def _label(transport: str, cc: str | None) -> str:
+    return f"tcp ({cc})" if transport == "tcp" else transport
+
+
+def _ratio(a: dict, b: dict) -> float | None:
+    if a.get("iterations_per_s") and b.get("iterations_per_s"):
+        return round(a["iterations_per_s"] / b["iterations_per_s"], 3)
+    return None
+
+
+class _Progress:
+    """A rich progress bar per run on stderr: iterations, accuracy, rounds/s."""
+
+    def __init__(self, quiet: bool = False):
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+        self.console = Console(stderr=True)
+        self.bar = Progress(TextColumn("{task.description:<12}"), BarColumn(bar_width=24),
+                            MofNCompleteColumn(), TextColumn("acc {task.fields[acc]}"),
+                            TextColumn("{task.fields[rps]} rounds/s"), TimeElapsedColumn(),
+                            console=self.console, disable=quiet)
+        self.bar.start()
+        self.task = None
+
+    def note(self, text: str) -> None:
+        self.console.print(text)
+
+    def begin(self, label: str) -> None:
+        self.task = self.bar.add_task(label, total=None, acc="-    ", rps="-   ")
+
+    def event(self, ev: dict) -> None:
+        kind = ev.get("event")
+        if kind == "start":
+            self.bar.update(self.task, total=ev["iterations"])
+        elif kind == "iter":
+            rps = ev["t"] / ev["wall_s"] if ev.get("wall_s") else 0.0
+            self.bar.update(self.task, completed=ev["t"], rps=f"{rps:5.1f}")
+        elif kind == "eval":
+            self.bar.update(self.task, acc=f"{ev['accuracy']:.3f}")
+
+    def end(self, res: dict) -> None:
+        self.bar.update(self.task, completed=res["iterations"],
+                        acc=f"{res['final_accuracy']:.3f}",
+                        rps=f"{res['iterations_per_s']:5.1f}")
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str:
+    r0 = results[0]
+    rc = r0.get("rig", {})
+    head = (f"ltp train: {r0['workers']} workers, {r0['sync']}, {r0['epochs']:g} epochs "
+            f"({r0['iterations']} iterations), seed {args.seed}\n"
+            f"model: MLP, {r0['params']} parameters")
+    if r0.get("straggler"):
+        head += "; straggler " + ", ".join(f"w{k} x{v:g}" for k, v in r0["straggler"].items())
+    head += (f"\nrig: {rc.get('rate_bps', rate) / 1e9:g} Gbit/s, "
+             f"{rc.get('buffer_bytes', buffer) / 1000:g} KB queue, loss "
+             f"{rc.get('loss', loss):g} on {'every port' if rc.get('loss_on') == 'all' else 'the PS port'}")
+    cols = [_label(r["transport"], r.get("cc")) for r in results]
+
+    def early(r):
+        return f"{r['rounds_early_closed']}/{r['iterations']}" if r["transport"] == "ltp" else "-"
+
+    def ttt(r):
+        t = r.get("time_to_target")
+        return f"{t['wall_s']:.2f}" if t else ("never" if r.get("target_accuracy") else "-")
+
+    rows = [("final accuracy", [f"{r['final_accuracy']:.4f}" for r in results]),
+            ("train loss", [f"{r['initial_train_loss']:.3f}->{r['final_train_loss']:.3f}"
+                            for r in results]),
+            ("rounds/s", [f"{r['iterations_per_s']:.2f}" for r in results]),
+            ("wall s", [f"{r['wall_s']:.2f}" for r in results]),
+            ("delivered", [f"{r['delivered_fraction']:.5f}" for r in results]),
+            ("early-closed", [early(r) for r in results]),
+            ("replicas equal", ["yes" if r.get("replicas_identical") else "NO" for r in results])]
+    if args.target_accuracy is not None:
+        rows.insert(4, (f"s to acc {args.target_accuracy:g}", [ttt(r) for r in results]))
+    w = max(*(len(c) for c in cols), *(len(v) for _, vals in rows for v in vals)) + 2
+    lines = [head, "", " " * 18 + "".join(f"{c:>{w}}" for c in cols)]
+    lines += [f"{name:<18}" + "".join(f"{v:>{w}}" for v in vals) for name, vals in rows]
+    if args.sync == "wbsp":
+        lines += ["", "local steps per worker (gradients computed):"]
+        lines += [f"  {c:<16}" + " ".join(str(v) for v in r["local_steps"].values())
+                  for c, r in zip(cols, results)]
+    ratios = [(c, _ratio(r0, r)) for c, r in zip(cols[1:], results[1:])]
+    if any(x for _, x in ratios):
+        lines.append("")
+    lines += [f"{cols[0]}: {x:.2f}x the rounds/s of {c}" for c, x in ratios if x]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from .cli import main
+    sys.exit(main(["train", *sys.argv[1:]]))
