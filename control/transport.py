@@ -162,6 +162,7 @@ class Endpoint:
             self._published = None
             if publish:  # pins + record: `ltp status/flows/top` see this endpoint
                 from ..dataplane import registry
+                ns = ns or netns.current()  # a process started inside a namespace
                 registry.publish(self.dp, dev, ns, role="ps" if len(peers) > 1 else "worker",
                                  job=job, mode=mode, peers=self.peers)
                 self._published = (dev, ns)
@@ -422,8 +423,11 @@ class Endpoint:
                 for h in hdrs:
                     np.frombuffer(h, dtype=np.uint8).reshape(nch, W.HDR_LEN)[:, 5] |= W.F_RETX
             passes += 1
-            todo = [(i, c) for c in order for i in range(len(targets))
-                    if not done_t[i] and not acked[i][c]]
+            # Targets take turns in runs of a few chunks, so a GSO batch (one
+            # target per system call) can form when there are several.
+            run = 1 if len(targets) == 1 else 8
+            todo = [(i, c) for b in range(0, nch, run) for i in range(len(targets))
+                    for c in order[b:b + run] if not done_t[i] and not acked[i][c]]
             k = 0
             refresh_at = 0.0
             while k < len(todo):
@@ -490,14 +494,19 @@ class Endpoint:
         `source_worker`'s slot (a worker uses its own id)."""
         self.open_round(round_, nelems, workers=[source_worker], reliable=True)
 
-    def receive(self, round_: int, timeout_s: float | None = None) -> np.ndarray:
-        """Wait for a reliable round to complete; returns a copy of the buffer."""
+    def receive(self, round_: int, timeout_s: float | None = None,
+                out: np.ndarray | None = None) -> np.ndarray:
+        """Wait for a reliable round to complete; returns a copy of the buffer
+        (written into `out`, a float32 array of the round's size, if given)."""
         if round_ in self._open and timeout_s is not None:
             self._open[round_]["timeout_s"] = timeout_s
         res = self.wait_round(round_)
         if res.reason != COMPLETE:
             raise TransportError(f"reliable round {round_} incomplete after "
                                  f"{res.duration_s:.2f}s: {res.masks.sum()}/{res.masks.size} chunks")
+        if out is not None:
+            np.copyto(out, res.values[0])
+            return out
         return res.values[0].copy()
 
     # ------------------------------------------------------------------- misc

@@ -30,6 +30,24 @@ def exists(name: str) -> bool:
     return os.path.exists(os.path.join(NETNS_DIR, name))
 
 
+def current() -> str | None:
+    """The name (in /run/netns) of this thread's network namespace, or None
+    for the machine's own or an unnamed one."""
+    try:
+        here = os.stat(f"/proc/self/task/{_gettid()}/ns/net")
+        names = os.listdir(NETNS_DIR)
+    except OSError:
+        return None
+    for name in names:
+        try:
+            st = os.stat(os.path.join(NETNS_DIR, name))
+        except OSError:
+            continue
+        if (st.st_ino, st.st_dev) == (here.st_ino, here.st_dev):
+            return name
+    return None
+
+
 def listnetns() -> list[str]:
     return sorted(_netns.listnetns())
 

@@ -129,3 +129,11 @@ def test_sockets_in_the_pair_cannot_leave_it(pair):
     with pytest.raises(OSError):
         s.connect(("192.0.2.1", 9))
     s.close()
+
+
+def test_current_namespace_is_named(pair):
+    assert netns.current() != pair.a.ns
+    with netns.inside(pair.a.ns):
+        assert netns.current() == pair.a.ns
+    with netns.inside(pair.b.ns):
+        assert netns.current() == pair.b.ns
