@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job on the built-in default: set up, then push a 1 MiB tensor through
-# the XDP dataplane on a veth pair in two namespaces and show what arrived.
+# The main job on the built-in default: set up, then train the built-in MLP on
+# scikit-learn's digits over LTP (XDP receive path, 1% injected loss) on a
+# network-namespace rig, and the same parameter server over TCP beside it, and
+# print the comparison. Extra arguments go to `ltp train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/ltp demo "$@"
+exec .venv/bin/ltp train --compare tcp --loss 0.01 "$@"
