@@ -668,23 +668,8 @@ def _namespaces(name: str) -> list[str]:
 def _teardown(name: str) -> None:
     """Remove rig `name`: namespaces (their veths, qdiscs, tc and XDP programs
     go with them), pins and state file. Goes on past errors, reports all."""
-    errors: list[str] = []
-    for ns in _namespaces(name):
-        try:
-            netns.remove(ns)
-        except Exception as e:  # noqa: BLE001
-            errors.append(f"namespace {ns}: {e}")
-    d = pin_dir(name)
-    if os.path.isdir(d):
-        for f in os.listdir(d):
-            try:
-                os.unlink(os.path.join(d, f))
-            except OSError as e:
-                errors.append(f"unpin {d}/{f}: {e}")
-        with contextlib.suppress(OSError):
-            os.rmdir(d)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(state_path(name))
+    from .rig import remove_all
+    errors = remove_all(_namespaces(name), pin_dir(name), state_path(name))
     if errors:
         raise RigError(f"tearing down leaf-spine rig {name!r}: " + "; ".join(errors))
 

@@ -179,22 +179,29 @@ def plan_hosts(name: str, workers: int) -> list[Host]:
     return hosts
 
 
-def _owner_died(name: str) -> bool:
-    """Was rig `name` made by a `with Rig(...)` whose process is gone?"""
+def _owner_of(name: str) -> tuple[int | None, bool]:
+    """(owner pid from rig `name`'s state, whether that process is alive);
+    this process never counts as another owner."""
     try:
         with open(state_path(name)) as f:
             pid = json.load(f).get("owner_pid")
     except (OSError, ValueError):
-        return False
+        return None, False
     if not pid or pid == os.getpid():
-        return False
+        return None, False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
+        return pid, False
     except PermissionError:
         pass
-    return False
+    return pid, True
+
+
+def _owner_died(name: str) -> bool:
+    """Was rig `name` made by a `with Rig(...)` whose process is gone?"""
+    pid, alive = _owner_of(name)
+    return pid is not None and not alive
 
 
 def switch_ns(name: str) -> str:
@@ -620,20 +627,8 @@ class Rig:
         """The pid of the live process that owns rig `name` (one being built,
         or one made by `with Rig(...)`), or None (a persistent rig from
         `ltp rig up`, a leftover, or an owner that is gone)."""
-        try:
-            with open(state_path(name)) as f:
-                pid = json.load(f).get("owner_pid")
-        except (OSError, ValueError):
-            return None
-        if not pid or pid == os.getpid():
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return pid
+        pid, alive = _owner_of(name)
+        return pid if alive else None
 
     @staticmethod
     def destroy(name: str) -> bool:
@@ -842,24 +837,32 @@ def _teardown(name: str, known_ns: Sequence[str] = ()) -> None:
     if sw in known_ns or os.path.exists(state_path(name)):
         spaces |= {ns for ns in netns.listnetns()
                    if (m := _NS_RE.match(ns)) and m.group(1) == name}
-    for ns in sorted(spaces, key=lambda s: s != sw):
+    errors += remove_all(sorted(spaces, key=lambda s: s != sw), pin_dir(name), state_path(name))
+    if errors:
+        raise RigError(f"tearing down rig {name!r}: " + "; ".join(errors))
+
+
+def remove_all(namespaces: list[str], pins: str, state: str) -> list[str]:
+    """Remove namespaces (their veths, qdiscs, tc and XDP programs go with
+    them), every pin in the folder `pins`, and the state file; go on past
+    errors and return them."""
+    errors: list[str] = []
+    for ns in namespaces:
         try:
             netns.remove(ns)
         except Exception as e:  # noqa: BLE001
             errors.append(f"namespace {ns}: {e}")
-    d = pin_dir(name)
-    if os.path.isdir(d):
-        for f in os.listdir(d):
+    if os.path.isdir(pins):
+        for f in os.listdir(pins):
             try:
-                os.unlink(os.path.join(d, f))
+                os.unlink(os.path.join(pins, f))
             except OSError as e:
-                errors.append(f"unpin {d}/{f}: {e}")
+                errors.append(f"unpin {pins}/{f}: {e}")
         with contextlib.suppress(OSError):
-            os.rmdir(d)
+            os.rmdir(pins)
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(state_path(name))
-    if errors:
-        raise RigError(f"tearing down rig {name!r}: " + "; ".join(errors))
+        os.unlink(state)
+    return errors
 
 
 # --------------------------------------------------------------------------- rate check
