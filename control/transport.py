@@ -68,6 +68,24 @@ class Peer:
 
 
 @dataclass
+class PushPlan:
+    """A push made ready to send (Endpoint.prepare_push)."""
+
+    round_: int
+    targets: list
+    layout: ChunkLayout
+    crit: np.ndarray
+    slots: list[int]
+    order: list[int]
+    hdrs: list
+    bodies: list
+    addrs: list
+    reliable: bool
+    timeout_s: float
+    buf: np.ndarray  # keeps the payload's memory alive
+
+
+@dataclass
 class PushReport:
     round: int
     chunks: int
@@ -355,6 +373,16 @@ class Endpoint:
         critical chunks (all of them with reliable=True) are in, so critical
         data is re-sent until it arrives. Returns when every target closed the
         round or acknowledged every chunk."""
+        return self.send(self.prepare_push(round_, buf, to, critical=critical, reliable=reliable,
+                                           timeout_s=timeout_s, seed=seed))
+
+    def prepare_push(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
+                     reliable: bool = False, timeout_s: float = 10.0,
+                     seed: int | None = None) -> "PushPlan":
+        """Everything `push` does before its first packet (checks, chunk order,
+        headers, sender state), so a caller can do it ahead of a barrier and
+        `send` the plan the moment the round starts. `buf` must not change
+        until `send` returns."""
         targets = [to] if isinstance(to, Peer) else list(to)
         if not targets:
             raise ValueError("push needs at least one target peer")
@@ -374,8 +402,6 @@ class Endpoint:
         slots = [self.peers[t.worker] for t in targets]
         for s in slots:
             self.maps.tx_start(round_, s)
-        bank = self.maps.bank_index(round_)
-        txv = self.maps.tx[bank]
         rng = np.random.default_rng(seed if seed is not None else
                                     (round_ * 1_000_003 + targets[0].worker) % 2**32)
         order = rng.permutation(nch).tolist()
@@ -389,6 +415,17 @@ class Endpoint:
         bodies = [payload[c * self.chunk_bytes:c * self.chunk_bytes + layout.chunk_len(c)]
                   for c in range(nch)]
         addrs = [(t.ip, t.port) for t in targets]
+        return PushPlan(round_=round_, targets=targets, layout=layout, crit=crit, slots=slots,
+                        order=order, hdrs=hdrs, bodies=bodies, addrs=addrs, reliable=reliable,
+                        timeout_s=timeout_s, buf=arr)
+
+    def send(self, plan: "PushPlan") -> PushReport:
+        """Send a prepared push (see `push`)."""
+        round_, targets, layout, crit = plan.round_, plan.targets, plan.layout, plan.crit
+        slots, order, hdrs, bodies, addrs = plan.slots, plan.order, plan.hdrs, plan.bodies, plan.addrs
+        reliable, timeout_s = plan.reliable, plan.timeout_s
+        nch = layout.nchunks
+        txv = self.maps.tx[self.maps.bank_index(round_)]
         rate0 = sum(self._rate_hint.get(t.worker, self.initial_rate_bps) for t in targets)
         pacer = Pacer(rate0, pkt_bytes=self.chunk_bytes + W.HDR_LEN + 42)
         t0 = time.perf_counter()

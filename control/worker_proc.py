@@ -56,13 +56,13 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if cmd == "quit":
                     break
-                if cmd == "prepare":
-                    prepared[msg["round"]] = (worker_tensor(msg["seed"], a.id, msg["round"],
-                                                            msg["nelems"]), msg.get("critical"))
+                if cmd == "prepare":  # the gradient and the push, ready before the barrier
+                    g = worker_tensor(msg["seed"], a.id, msg["round"], msg["nelems"])
+                    prepared[msg["round"]] = ep.prepare_push(msg["round"], g, ps,
+                                                             critical=msg.get("critical"))
                     reply({"ready": True})
                 elif cmd == "push":
-                    g, crit = prepared.pop(msg["round"])
-                    rep = ep.push(msg["round"], g, ps, critical=crit)
+                    rep = ep.send(prepared.pop(msg["round"]))
                     reply({"report": rep.to_dict()})
                 elif cmd == "expect":
                     ep.expect(msg["round"], msg["nelems"], a.id)
