@@ -678,18 +678,23 @@ def cmd_capture(args) -> int | None:
         else:
             print(C.line(d), flush=True)
 
+    def take(pkt, direction=None) -> bool:
+        """Decode, show and keep one packet; True once -c packets were seen."""
+        nonlocal seen, other
+        d = C.decode(pkt, args.port, direction)
+        if d is None:
+            other += 1
+            return False
+        seen += 1
+        show(d)
+        if writer:
+            writer.write(pkt)
+        return bool(args.count and seen >= args.count)
+
     try:
         if args.read:
             for pkt in C.read_pcap(args.read):
-                d = C.decode(pkt, args.port)
-                if d is None:
-                    other += 1
-                    continue
-                seen += 1
-                show(d)
-                if writer:
-                    writer.write(pkt)
-                if args.count and seen >= args.count:
+                if take(pkt):
                     break
             dropped = 0
         else:
@@ -699,16 +704,7 @@ def cmd_capture(args) -> int | None:
                     f"{args.port}); Ctrl-C stops")
                 try:
                     for ts, frame, direction in cap.frames(args.timeout):
-                        pkt = C.frame_packet(frame, ts)
-                        d = C.decode(pkt, args.port, direction)
-                        if d is None:
-                            other += 1
-                            continue
-                        seen += 1
-                        show(d)
-                        if writer:
-                            writer.write(pkt)
-                        if args.count and seen >= args.count:
+                        if take(C.frame_packet(frame, ts), direction):
                             break
                 except KeyboardInterrupt:
                     pass
