@@ -77,7 +77,12 @@ struct ltp_progress {
 	__u64 bytes;           /* payload bytes delivered */
 	__u64 first_ns;        /* bpf_ktime_get_ns of the first delivered chunk (approx.) */
 	__u64 last_ns;         /* ... of the latest */
+	__u64 flow;            /* LTP_FLOW_*: counted in ltp_share.active (set once each;
+	                          64 bits: bcc's target has 64-bit fetch-or only) */
 };
+
+#define LTP_FLOW_STARTED 1ULL    /* first chunk delivered */
+#define LTP_FLOW_DONE    2ULL    /* every chunk delivered */
 
 struct ltp_slot_stats {
 	__u64 rx_packets;      /* DATA packets for this slot that passed validation */
@@ -110,6 +115,17 @@ struct ltp_round_stats {
 	__u32 pad;
 };
 
+/* Per-bank rate sharing. The receiver's XDP program keeps `active`, the
+ * number of slots that have delivered their first chunk but not their last,
+ * and advertises share_kbps / active in every ACK: a flow's rate changes on
+ * the very next ACK after another flow starts or finishes, with no control
+ * plane in the loop. share_kbps (the capacity to divide, in kbit/s) is set by
+ * the control plane; 0 falls back to the per-slot ltp_rate. */
+struct ltp_share {
+	__u32 active;          /* XDP: slots with 0 < chunks < nchunks */
+	__u32 share_kbps;      /* control plane: capacity divided among active slots */
+};
+
 struct ltp_tx {
 	__u32 round;           /* round this sender bank is sending */
 	__u32 closed;          /* 1 once an ACK said the receiver closed the round */
@@ -131,6 +147,8 @@ BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_claim, LTP_BANKS * LTP_SLOTS, B
 BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_done, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_progress: XDP adds per [bank][slot]; control plane polls it for Early Close */
 BPF_F_TABLE("array", u32, struct ltp_progress, ltp_progress, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+/* ltp_share: XDP counts active slots per bank; control plane sets the capacity to divide (mmapped) */
+BPF_F_TABLE("array", u32, struct ltp_share, ltp_share, LTP_BANKS, BPF_F_MMAPABLE);
 /* ltp_rate: control plane writes the rate (kbit/s) advertised to each slot; XDP copies it into ACKs */
 BPF_ARRAY(ltp_rate, __u32, LTP_SLOTS);
 /* ltp_counters: XDP counts by class (enum ltp_counter); CLI and tests read */

@@ -77,7 +77,7 @@ struct pseudo_hdr {
 static __always_inline int send_ack(struct xdp_md *ctx, struct ethhdr *eth,
 				    struct iphdr *iph, struct udphdr *udp,
 				    struct ltp_hdr *h, u8 rstate, u16 extra_flags,
-				    u32 slot)
+				    u32 slot, u32 bank)
 {
 	unsigned char mac[ETH_ALEN];
 	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
@@ -97,13 +97,23 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ethhdr *eth,
 	udp->dest = p;
 	udp->len = bpf_htons(sizeof(struct udphdr) + sizeof(struct ltp_hdr));
 
-	u32 *rate = ltp_rate.lookup(&slot);
+	/* The rate this sender may use: its share of the bank's capacity among
+	 * the flows active right now, or the per-slot rate if none is set. */
+	u32 rate = 0;
+	struct ltp_share *sh = ltp_share.lookup(&bank);
+	if (sh && sh->share_kbps) {
+		u32 active = sh->active;
+		rate = sh->share_kbps / (active ? active : 1);
+	} else {
+		u32 *r = ltp_rate.lookup(&slot);
+		rate = r ? *r : 0;
+	}
 	h->type = LTP_T_ACK;
 	h->flags = h->flags | bpf_htons(extra_flags);
 	h->len = 0;
 	h->state = rstate;
 	h->pad = 0;
-	h->rate = bpf_htonl(rate ? *rate : 0);
+	h->rate = bpf_htonl(rate);
 
 	struct pseudo_hdr ph = {
 		.saddr = iph->saddr,
@@ -178,7 +188,7 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 		 * sender stops at once. */
 		st->late += 1;
 		count(LTP_C_LATE);
-		return send_ack(ctx, eth, iph, udp, h, LTP_RS_CLOSED, 0, slot);
+		return send_ack(ctx, eth, iph, udp, h, LTP_RS_CLOSED, 0, slot, bank);
 	}
 
 	u32 chunk = bpf_ntohl(h->chunk);
@@ -210,7 +220,7 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 	if ((__sync_fetch_and_or(&claim->w[word], bit) & bit) && !LTP_BENCH_ALWAYS_COPY) {
 		st->dup += 1;
 		count(LTP_C_DUP);
-		return send_ack(ctx, eth, iph, udp, h, LTP_RS_OPEN, LTP_F_DUP, slot);
+		return send_ack(ctx, eth, iph, udp, h, LTP_RS_OPEN, LTP_F_DUP, slot, bank);
 	}
 
 	u32 midx = bidx * LTP_MAX_CHUNKS + chunk;
@@ -231,6 +241,17 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 	/* The done bit is what user space trusts: set only after the copy. */
 	__sync_fetch_and_or(&done->w[word], bit);
 	__sync_fetch_and_add(&pr->chunks, 1);
+	/* This slot's first chunk starts its flow, its last ends it. The fetch-or
+	 * on a flag makes each transition count once across CPUs (bcc's target
+	 * has no fetch-add with a result). */
+	struct ltp_share *sh = ltp_share.lookup(&bank);
+	if (sh) {
+		if (!(__sync_fetch_and_or(&pr->flow, LTP_FLOW_STARTED) & LTP_FLOW_STARTED))
+			__sync_fetch_and_add(&sh->active, 1);
+		if (pr->chunks >= nchunks &&
+		    !(__sync_fetch_and_or(&pr->flow, LTP_FLOW_DONE) & LTP_FLOW_DONE))
+			__sync_fetch_and_add(&sh->active, (u32)-1);  /* no atomic sub in BPF */
+	}
 	if (h->flags & bpf_htons(LTP_F_RETX))
 		__sync_fetch_and_add(&pr->retx, 1);
 	__sync_fetch_and_add(&pr->bytes, len);
@@ -240,7 +261,7 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 	pr->last_ns = now;
 	st->delivered += 1;
 	count(LTP_C_DATA);
-	return send_ack(ctx, eth, iph, udp, h, LTP_RS_OPEN, 0, slot);
+	return send_ack(ctx, eth, iph, udp, h, LTP_RS_OPEN, 0, slot, bank);
 }
 
 static __always_inline int on_ack(struct ltp_hdr *h)

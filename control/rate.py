@@ -1,15 +1,15 @@
 """Rate control: the receiver advertises each active sender's share.
 
 Scheme (docs/transport.md): the parameter server knows the capacity C of its
-bottleneck (configured, e.g. the rig's TBF rate or the NIC speed). While a
-round is open it writes share = u * C / n_active into ltp_rate for every
-worker still sending, where n_active counts workers whose chunks are not all
-in, and u (0.95) leaves headroom so the queue drains. The XDP program copies
-the share into every ACK, so a sender learns its rate one round-trip after it
-starts and again on every ACK; when a worker finishes, the others' shares grow
-at once. Senders pace to the advertised rate without catching up after a
-stall, so bursts never exceed one packet per sender beyond the schedule and
-the aggregate stays under C however many workers push at once.
+bottleneck (configured, e.g. the rig's TBF rate or the NIC speed). When it
+opens a round it writes the capacity to divide, u * C * boost (u = 0.98 leaves
+headroom so the queue drains), into the round's bank; the XDP program divides
+it among the flows active at that moment (started, not finished) and puts the
+result in every ACK. So a sender learns its rate one round-trip after it
+starts and again on every ACK; when a flow starts or finishes, the others'
+shares change on their next ACK. Senders pace to the advertised rate with a
+token bucket that holds at most a few packets, so the aggregate stays near C
+however many workers push at once.
 """
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ import time
 class SharePolicy:
     """Receiver side: per-worker share of a known capacity.
 
-    share = boost * utilization * C / n_active. `boost` (1 .. max_boost) is a
-    slow feedback loop on the measured delivery rate: when the active senders
-    together deliver less than the target (some cannot reach their share, for
-    instance because they are short of CPU), every share is raised by 10% per
+    share = boost * utilization * C / n_active (share_kbps(1) is what the XDP
+    program divides). `boost` (1 .. max_boost) is a slow feedback loop on the
+    measured delivery rate, in wire bytes: when the active senders together
+    deliver less than the target (some cannot reach their share, for instance
+    because they are short of CPU), every share is raised by 10% per
     millisecond; when delivery exceeds the target, shares fall back by 5%.
     """
 

@@ -31,6 +31,7 @@ from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConf
 from .layout import ChunkLayout, as_f32
 from .rate import Pacer, SharePolicy, fine_timer_slack
 
+FRAME_OVERHEAD = 14 + 20 + 8 + W.HDR_LEN  # Ethernet + IPv4 + UDP + LTP bytes per chunk
 UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
 
 
@@ -226,9 +227,10 @@ class Endpoint:
             critical = np.asarray(critical, dtype=bool)
             if critical.shape != (layout.nchunks,):
                 raise ValueError(f"critical mask needs {layout.nchunks} entries, got {critical.shape}")
-        self.maps.open_bank(round_, layout.nchunks, layout.last_len)
-        for w in workers:
-            self.maps.set_rate(self.peers[w], self.share.share_kbps(len(workers)))
+        # ACKs divide the capacity among the flows active at that moment (the
+        # XDP program counts them); share_kbps(1) is the whole of it.
+        self.maps.open_bank(round_, layout.nchunks, layout.last_len,
+                            share_kbps=self.share.share_kbps(1))
         self.early.start_round(layout.nbytes * len(workers))
         self._open[round_] = {"layout": layout, "workers": workers, "critical": critical,
                               "reliable": reliable, "t_open": time.perf_counter()}
@@ -244,7 +246,6 @@ class Endpoint:
         prog = self.maps.progress[bank]
         nch = layout.nchunks
         total = nch * len(workers)
-        n_active = len(workers)
         t_open = st["t_open"]
         first = np.full(len(workers), np.nan)
         contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
@@ -263,18 +264,16 @@ class Endpoint:
             if now >= next_decide:  # the full rule about once a millisecond
                 first[np.isnan(first) & (chunks > 0)] = now
                 active = int((chunks < nch).sum())
-                nbytes = int(prog["bytes"][sl].sum())
+                # on the wire: payload plus each chunk's Ethernet, IP, UDP and LTP headers,
+                # the bytes the capacity C is counted in
+                nbytes = int(prog["bytes"][sl].sum()) + done * FRAME_OVERHEAD
                 boosted = False
                 if done and active and last_bytes is not None and now > last_t:
                     boosted = self.share.observe((nbytes - last_bytes) * 8 / (now - last_t))
                 last_bytes, last_t = nbytes, now
                 next_decide = now + 0.001
-                if (active != n_active or boosted) and active > 0:
-                    n_active = active
-                    kbps = self.share.share_kbps(n_active)
-                    for s, c in zip(slots, chunks):
-                        if c < nch:
-                            self.maps.set_rate(s, kbps)
+                if boosted:
+                    self.maps.set_share(round_, self.share.share_kbps(1))
                 crit_ok = True
                 if st["critical"] is not None or st["reliable"]:
                     crit_ok = self._critical_ok(round_, st, slots)
@@ -427,17 +426,23 @@ class Endpoint:
         nch = layout.nchunks
         txv = self.maps.tx[self.maps.bank_index(round_)]
         rate0 = sum(self._rate_hint.get(t.worker, self.initial_rate_bps) for t in targets)
-        pacer = Pacer(rate0, pkt_bytes=self.chunk_bytes + W.HDR_LEN + 42)
+        pacer = Pacer(rate0, pkt_bytes=self.chunk_bytes + FRAME_OVERHEAD)
         t0 = time.perf_counter()
         sent = resent = passes = 0
         done_t = [False] * len(targets)
+        # The lowest rate a target advertised: its share with every flow active,
+        # the rate to start the next round at (shares grow as flows finish).
+        low = [0.0] * len(targets)
 
         def refresh():
             acked = [self.maps.acked_mask(round_, s, nch) for s in slots]
             closed = [bool(txv[s]["closed"]) for s in slots]
-            rate = sum(int(txv[s]["rate_kbps"]) for s in slots) * 1000
-            if rate:
-                pacer.set_rate(rate)
+            rates = [int(txv[s]["rate_kbps"]) * 1000 for s in slots]
+            for i, r in enumerate(rates):
+                if r and (not low[i] or r < low[i]):
+                    low[i] = r
+            if all(rates):
+                pacer.set_rate(sum(rates))
             return acked, closed
 
         while True:
@@ -513,9 +518,9 @@ class Endpoint:
                        for s in slots):
                     break
                 time.sleep(0.0002)
-        for t, s in zip(targets, slots):
-            if txv[s]["rate_kbps"]:
-                self._rate_hint[t.worker] = float(txv[s]["rate_kbps"]) * 1000
+        for t, r in zip(targets, low):
+            if r:
+                self._rate_hint[t.worker] = r
         acked_total = int(sum(int(self.maps.acked_mask(round_, s, nch).sum()) for s in slots))
         return PushReport(round=round_, chunks=nch, sent=sent, resent=resent, acked=acked_total,
                           closed_by_receiver=all(bool(txv[s]["closed"]) for s in slots),

@@ -188,7 +188,7 @@ def open_pinned(path: str) -> int:
 
 MAP_NAMES = ["ltp_cfg", "ltp_peers", "ltp_banks", "ltp_mem", "ltp_claim", "ltp_done",
              "ltp_progress", "ltp_rate", "ltp_counters", "ltp_stats", "ltp_tx", "ltp_acked",
-             "ltp_lasthdr", "ltp_rounds"]
+             "ltp_lasthdr", "ltp_rounds", "ltp_share"]
 
 
 class Dataplane:

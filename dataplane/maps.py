@@ -40,7 +40,7 @@ class Bank(ctypes.Structure):
 class Progress(ctypes.Structure):
     _fields_ = [("chunks", ctypes.c_uint32), ("retx", ctypes.c_uint32),
                 ("bytes", ctypes.c_uint64), ("first_ns", ctypes.c_uint64),
-                ("last_ns", ctypes.c_uint64)]
+                ("last_ns", ctypes.c_uint64), ("flow", ctypes.c_uint64)]
 
 
 SLOT_STATS = ["rx_packets", "rx_bytes", "delivered", "acks_tx", "dup", "late", "stale",
@@ -69,10 +69,15 @@ class RoundStats(ctypes.Structure):
                 ("last_filled", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
+class Share(ctypes.Structure):
+    _fields_ = [("active", ctypes.c_uint32), ("share_kbps", ctypes.c_uint32)]
+
+
+SHARE_DTYPE = np.dtype([("active", "<u4"), ("share_kbps", "<u4")])
 TX_DTYPE = np.dtype([("round", "<u4"), ("closed", "<u4"), ("rate_kbps", "<u4"),
                      ("acked", "<u4")])
 PROGRESS_DTYPE = np.dtype([("chunks", "<u4"), ("retx", "<u4"), ("bytes", "<u8"),
-                           ("first_ns", "<u8"), ("last_ns", "<u8")])
+                           ("first_ns", "<u8"), ("last_ns", "<u8"), ("flow", "<u8")])
 
 _lib = None
 
@@ -169,6 +174,10 @@ class LtpMaps:
                        (g.banks, g.slots))
         self.progress = view("ltp_progress", PROGRESS_DTYPE.itemsize * g.banks * g.slots,
                              PROGRESS_DTYPE, (g.banks, g.slots))
+        #: per bank (active flows, capacity to share in kbit/s); None in fd sets
+        #: pinned before the map existed
+        self.share = (view("ltp_share", SHARE_DTYPE.itemsize * g.banks, SHARE_DTYPE, (g.banks,))
+                      if "ltp_share" in fds else None)
 
     @classmethod
     def from_bpf(cls, bpf, geometry) -> "LtpMaps":
@@ -190,7 +199,7 @@ class LtpMaps:
 
     def close(self) -> None:
         # Views must go before their mmaps can close.
-        for attr in ("mem", "mem_bytes", "claim", "done", "acked", "progress", "tx"):
+        for attr in ("mem", "mem_bytes", "claim", "done", "acked", "progress", "tx", "share"):
             self.__dict__.pop(attr, None)
         for mm in self._mm.values():
             try:
@@ -224,15 +233,27 @@ class LtpMaps:
     def set_rate(self, slot: int, kbps: int) -> None:
         self.rate.set(slot, ctypes.c_uint32(max(0, min(int(kbps), 2**32 - 1))))
 
+    def set_share(self, round_: int, kbps: int) -> None:
+        """Capacity (kbit/s) that round_'s ACKs divide among its active flows;
+        0 falls back to the per-slot rates (set_rate)."""
+        if self.share is None:
+            raise ValueError("these maps have no ltp_share (pinned by an older version)")
+        self.share[self.bank_index(round_)]["share_kbps"] = max(0, min(int(kbps), 2**32 - 1))
+
+    def active_flows(self, round_: int) -> int:
+        """Flows of round_ that started and have not finished (kept by XDP)."""
+        return 0 if self.share is None else int(self.share[self.bank_index(round_)]["active"])
+
     # --- receiver rounds ----------------------------------------------
     def bank_index(self, round_: int) -> int:
         return round_ % self.geometry.banks
 
-    def open_bank(self, round_: int, nchunks: int, last_len: int) -> int:
+    def open_bank(self, round_: int, nchunks: int, last_len: int, share_kbps: int = 0) -> int:
         """Make round `round_` writable in its bank; returns the bank index.
 
         The bank is marked FREE while its bitmaps are cleared, so no packet
-        of the old or new round lands in between."""
+        of the old or new round lands in between. share_kbps: the capacity its
+        ACKs divide among active flows (see set_share)."""
         g = self.geometry
         if not 1 <= nchunks <= g.max_chunks:
             raise ValueError(f"nchunks must be in 1..{g.max_chunks}, got {nchunks}")
@@ -243,6 +264,9 @@ class LtpMaps:
         self.claim[b] = 0
         self.done[b] = 0
         self.progress[b] = 0
+        if self.share is not None:
+            self.share[b] = 0
+            self.share[b]["share_kbps"] = max(0, min(int(share_kbps), 2**32 - 1))
         self.banks.set(b, Bank(round=round_, state=BANK_OPEN, nchunks=nchunks, last_len=last_len))
         return b
 
