@@ -77,12 +77,11 @@ struct ltp_progress {
 	__u64 bytes;           /* payload bytes delivered */
 	__u64 first_ns;        /* bpf_ktime_get_ns of the first delivered chunk (approx.) */
 	__u64 last_ns;         /* ... of the latest */
-	__u64 flow;            /* LTP_FLOW_*: counted in ltp_share.active (set once each;
-	                          64 bits: bcc's target has 64-bit fetch-or only) */
+	__u64 flow;            /* LTP_FLOW_*: set once each (64 bits: bcc's target
+	                          has a 64-bit fetch-or only) */
 };
 
-#define LTP_FLOW_STARTED 1ULL    /* first chunk delivered */
-#define LTP_FLOW_DONE    2ULL    /* every chunk delivered */
+#define LTP_FLOW_DONE    2ULL    /* every chunk delivered: taken off ltp_share.active */
 
 struct ltp_slot_stats {
 	__u64 rx_packets;      /* DATA packets for this slot that passed validation */
@@ -115,15 +114,15 @@ struct ltp_round_stats {
 	__u32 pad;
 };
 
-/* Per-bank rate sharing. The receiver's XDP program keeps `active`, the
- * number of slots that have delivered their first chunk but not their last,
- * and advertises share_kbps / active in every ACK: a flow's rate changes on
- * the very next ACK after another flow starts or finishes, with no control
- * plane in the loop. share_kbps (the capacity to divide, in kbit/s) is set by
- * the control plane; 0 falls back to the per-slot ltp_rate. */
+/* Per-bank rate sharing. The control plane opens a round with `active` =
+ * the flows it expects and share_kbps = the capacity to divide (kbit/s); the
+ * XDP program takes one off `active` as each flow's last chunk lands and
+ * advertises share_kbps / active in every ACK, so the flows still sending
+ * speed up on their very next ACK, with no control plane in the loop.
+ * share_kbps 0 falls back to the per-slot ltp_rate. */
 struct ltp_share {
-	__u32 active;          /* XDP: slots with 0 < chunks < nchunks */
-	__u32 share_kbps;      /* control plane: capacity divided among active slots */
+	__u32 active;          /* flows not finished: set at open, XDP decrements */
+	__u32 share_kbps;      /* control plane: capacity divided among active flows */
 };
 
 struct ltp_tx {

@@ -241,17 +241,13 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 	/* The done bit is what user space trusts: set only after the copy. */
 	__sync_fetch_and_or(&done->w[word], bit);
 	__sync_fetch_and_add(&pr->chunks, 1);
-	/* This slot's first chunk starts its flow, its last ends it. The fetch-or
-	 * on a flag makes each transition count once across CPUs (bcc's target
-	 * has no fetch-add with a result). */
+	/* This slot's last chunk ends its flow: one fewer to share with. The
+	 * fetch-or on a flag makes that count once across CPUs (bcc's target has
+	 * no fetch-add with a result). */
 	struct ltp_share *sh = ltp_share.lookup(&bank);
-	if (sh) {
-		if (!(__sync_fetch_and_or(&pr->flow, LTP_FLOW_STARTED) & LTP_FLOW_STARTED))
-			__sync_fetch_and_add(&sh->active, 1);
-		if (pr->chunks >= nchunks &&
-		    !(__sync_fetch_and_or(&pr->flow, LTP_FLOW_DONE) & LTP_FLOW_DONE))
-			__sync_fetch_and_add(&sh->active, (u32)-1);  /* no atomic sub in BPF */
-	}
+	if (sh && pr->chunks >= nchunks &&
+	    !(__sync_fetch_and_or(&pr->flow, LTP_FLOW_DONE) & LTP_FLOW_DONE) && sh->active)
+		__sync_fetch_and_add(&sh->active, (u32)-1);  /* no atomic sub in BPF */
 	if (h->flags & bpf_htons(LTP_F_RETX))
 		__sync_fetch_and_add(&pr->retx, 1);
 	__sync_fetch_and_add(&pr->bytes, len);

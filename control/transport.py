@@ -227,10 +227,10 @@ class Endpoint:
             critical = np.asarray(critical, dtype=bool)
             if critical.shape != (layout.nchunks,):
                 raise ValueError(f"critical mask needs {layout.nchunks} entries, got {critical.shape}")
-        # ACKs divide the capacity among the flows active at that moment (the
-        # XDP program counts them); share_kbps(1) is the whole of it.
+        # ACKs divide the capacity among the flows not finished at that moment
+        # (the XDP program counts them down); share_kbps(1) is the whole of it.
         self.maps.open_bank(round_, layout.nchunks, layout.last_len,
-                            share_kbps=self.share.share_kbps(1))
+                            share_kbps=self.share.share_kbps(1), flows=len(workers))
         self.early.start_round(layout.nbytes * len(workers))
         self._open[round_] = {"layout": layout, "workers": workers, "critical": critical,
                               "reliable": reliable, "t_open": time.perf_counter()}

@@ -241,19 +241,20 @@ class LtpMaps:
         self.share[self.bank_index(round_)]["share_kbps"] = max(0, min(int(kbps), 2**32 - 1))
 
     def active_flows(self, round_: int) -> int:
-        """Flows of round_ that started and have not finished (kept by XDP)."""
+        """Flows of round_ not finished (set at open, counted down by XDP)."""
         return 0 if self.share is None else int(self.share[self.bank_index(round_)]["active"])
 
     # --- receiver rounds ----------------------------------------------
     def bank_index(self, round_: int) -> int:
         return round_ % self.geometry.banks
 
-    def open_bank(self, round_: int, nchunks: int, last_len: int, share_kbps: int = 0) -> int:
+    def open_bank(self, round_: int, nchunks: int, last_len: int, share_kbps: int = 0,
+                  flows: int = 1) -> int:
         """Make round `round_` writable in its bank; returns the bank index.
 
         The bank is marked FREE while its bitmaps are cleared, so no packet
         of the old or new round lands in between. share_kbps: the capacity its
-        ACKs divide among active flows (see set_share)."""
+        ACKs divide among the `flows` senders not yet finished (see set_share)."""
         g = self.geometry
         if not 1 <= nchunks <= g.max_chunks:
             raise ValueError(f"nchunks must be in 1..{g.max_chunks}, got {nchunks}")
@@ -265,8 +266,8 @@ class LtpMaps:
         self.done[b] = 0
         self.progress[b] = 0
         if self.share is not None:
-            self.share[b] = 0
             self.share[b]["share_kbps"] = max(0, min(int(share_kbps), 2**32 - 1))
+            self.share[b]["active"] = max(1, int(flows))
         self.banks.set(b, Bank(round=round_, state=BANK_OPEN, nchunks=nchunks, last_len=last_len))
         return b
 

@@ -23,6 +23,7 @@ import pytest
 
 from conftest import WHY_NOT_BPF, requires_bpf
 from ltpx.dataplane import wire as W
+from ltpx.dataplane.loader import MAP_NAMES
 
 LTP = str(Path(sys.executable).parent / "ltp")
 RIG = f"ops{os.getpid() % 100000}"
@@ -199,7 +200,7 @@ def test_load_then_status_lists_exactly_it(rig, loaded):
     (s,) = rows
     assert (s["netns"], s["dev"], s["mode"], s["prog_id"], s["role"], s["job"], s["state"],
             s["maps_pinned"], s["geometry"]) == \
-        (rig.ps.netns, rig.ps.ifname, "native", loaded["prog_id"], "ps", JOB, "ok", 14,
+        (rig.ps.netns, rig.ps.ifname, "native", loaded["prog_id"], "ps", JOB, "ok", len(MAP_NAMES),
          loaded["geometry"])
     text = ltp("status").stdout
     assert width(text) <= 80
@@ -207,7 +208,7 @@ def test_load_then_status_lists_exactly_it(rig, loaded):
                                             "MAPS", "STATE"]
     line = next(x for x in text.splitlines() if x.startswith(rig.ps.netns))
     assert line.split() == [rig.ps.netns, rig.ps.ifname, "native", str(loaded["prog_id"]), "ps",
-                            "0x17", "14", "ok"]
+                            "0x17", str(len(MAP_NAMES)), "ok"]
 
 
 @requires_bpf
@@ -484,7 +485,7 @@ def test_unload_removes_a_record_whose_namespace_is_gone(rig):
         rec = ltp_json("load", "g0", "--netns", ns, "--role", "worker", "--id", 7, "--mode", "skb")
         netns.remove(ns)
         (row,) = [r for r in ltp_json("status") if r["netns"] == ns]
-        assert row["state"] == "no netns" and row["maps_pinned"] == 14
+        assert row["state"] == "no netns" and row["maps_pinned"] == len(MAP_NAMES)
         (done,) = ltp_json("unload", "g0", "--netns", ns)
         assert done["prog_id"] == rec["prog_id"] and "gone" in done["note"]
         assert not os.path.exists(rec["pin_dir"]) and not os.path.exists(rec["record"])

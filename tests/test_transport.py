@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import requires_bpf
-from ltpx.control.early_close import EarlyCloseConfig
+from ltpx.control.early_close import EarlyClose, EarlyCloseConfig
 from ltpx.control.transport import Peer
 from ltpx.dataplane import wire as W
 
@@ -41,7 +41,10 @@ def cluster(rig):
 def lossless(rig, cluster):
     rig.set_loss(0.0)
     cluster.ps.bubble_strategy = "mean"
-    cluster.ps.early.cfg = EarlyCloseConfig(min_deadline_s=0.5, hard_timeout_s=10.0)
+    # A fresh Early Close: what it learned in the lossy tests (a high loss
+    # estimate lowers the threshold) must not carry into the lossless ones.
+    cluster.ps.early = EarlyClose(cluster.capacity,
+                                  EarlyCloseConfig(min_deadline_s=0.5, hard_timeout_s=10.0))
     yield cluster
     rig.set_loss(0.0)
 

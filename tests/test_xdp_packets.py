@@ -325,28 +325,31 @@ def test_bitmaps_of_a_geometry_with_odd_word_count():
         assert firsts.tolist() == [float(c) for c in range(n)]
 
 
-def test_ack_divides_the_share_among_active_flows(dp, maps):
-    """With a share set on the bank, each ACK carries share / (flows that have
-    started and not finished): a flow's first chunk adds one, its last removes
-    one, duplicates change nothing, and the per-slot rate is not used."""
-    maps.open_bank(5, NCHUNKS, LAST, share_kbps=900_000)
+def test_ack_divides_the_share_among_unfinished_flows(dp, maps):
+    """With a share set on the bank, each ACK carries share / (flows not yet
+    finished): a flow's last chunk takes it off the count at once (the ACK of
+    that very chunk already says so), duplicates change nothing, and the
+    per-slot rate is not used."""
+    maps.open_bank(5, NCHUNKS, LAST, share_kbps=900_000, flows=2)
     maps.set_rate(1, 1234)  # ignored while the bank has a share
 
     def rate_of(res):
         return Ether(res.data)[W.LTP].rate
 
-    assert rate_of(run(dp, data(worker=3, chunk=0))) == 900_000  # w3 starts: 1 active
-    assert maps.active_flows(5) == 1
-    assert rate_of(run(dp, data(worker=9, chunk=0))) == 450_000  # w9 starts: 2 active
-    assert rate_of(run(dp, data(worker=3, chunk=0))) == 450_000  # duplicate: still 2
+    assert maps.active_flows(5) == 2
+    assert rate_of(run(dp, data(worker=3, chunk=0))) == 450_000
+    assert rate_of(run(dp, data(worker=9, chunk=0))) == 450_000
+    assert rate_of(run(dp, data(worker=3, chunk=0))) == 450_000  # duplicate
     for c in (1, 2):
         assert rate_of(run(dp, data(worker=3, chunk=c))) == 450_000
-    # w3's last chunk ends its flow; the ACK already says the one left gets it all
+    # w3's last chunk ends its flow; the one left gets it all
     assert rate_of(run(dp, data(worker=3, chunk=3))) == 900_000
     assert maps.active_flows(5) == 1
-    assert rate_of(run(dp, data(worker=3, chunk=3))) == 900_000  # dup of the last: still 1
+    assert rate_of(run(dp, data(worker=3, chunk=3))) == 900_000  # dup of the last
+    assert rate_of(run(dp, data(worker=9, chunk=1))) == 900_000
     assert maps.active_flows(5) == 1
     maps.set_share(5, 0)  # no share: back to the per-slot rate
     assert rate_of(run(dp, data(worker=3, chunk=2))) == 1234
-    maps.open_bank(5, NCHUNKS, LAST)  # a new round starts with no flows
-    assert maps.active_flows(5) == 0
+    maps.open_bank(5, NCHUNKS, LAST, share_kbps=900_000, flows=2)  # the next round
+    assert maps.active_flows(5) == 2
+    assert rate_of(run(dp, data(worker=3, chunk=0))) == 450_000
