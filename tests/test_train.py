@@ -100,6 +100,7 @@ def test_straggler_and_config_parsing():
     (["--compare", "udp"], "--compare"),
     (["--hidden", "12,a"], "--hidden"),
     (["--name", "Bad-Name"], "--name"),
+    (["--mtu", "9000"], "--mtu"),
 ])
 def test_bad_values_exit_2_naming_the_flag(argv, flag, capsys):
     from ltpx.tools.cli import main

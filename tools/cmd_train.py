@@ -53,6 +53,9 @@ def register(sub) -> None:
                    help="train exactly this many iterations instead")
     p.add_argument("--rate", default="1gbit", help="rate of every rig port (default 1gbit)")
     p.add_argument("--buffer", default="30kb", help="queue of every rig port (default 30kb)")
+    p.add_argument("--mtu", type=int, default=1500,
+                   help="MTU of every rig link, 1280..3500 (default 1500; larger frames mean "
+                        "fewer packets for every transport)")
     p.add_argument("--bubble", choices=("mean", "zero", "stale"), default="mean",
                    help="LTP Bubble Filling of lost chunks (default mean)")
     p.add_argument("--seed", type=int, default=0, help="seed of data split, model, batches")
@@ -156,7 +159,7 @@ def _validate(args) -> tuple:
     from ..dataplane.rig import RigConfig
     try:   # the rig's own range checks; its messages start with the field's name
         RigConfig(name=args.name or "check", workers=args.workers, rate_bps=rate,
-                  buffer_bytes=buffer, loss=loss)
+                  buffer_bytes=buffer, loss=loss, mtu=args.mtu)
     except ValueError as e:
         raise UsageError(f"--{e}") from None
     return loss, rate, buffer, hidden, straggler, runs
@@ -199,7 +202,7 @@ def cmd_train(args) -> int:
                                   "(docs/rig.md, docs/training.md)")
             else:
                 rig = Rig(rig_config(name, cfg.transport, workers=args.workers, rate_bps=rate,
-                                     buffer_bytes=buffer, loss=loss))
+                                     buffer_bytes=buffer, loss=loss, mtu=args.mtu))
             progress.begin(label)
             with rig:
                 res = train_on_rig(rig, cfg, workers=args.workers, progress=progress.event,
@@ -207,7 +210,8 @@ def cmd_train(args) -> int:
                 res["rig"] = {"name": rig.name, "mode": rig.config.mode,
                               "rate_bps": rig.config.rate_bps,
                               "buffer_bytes": rig.config.buffer_bytes, "loss": rig.config.loss,
-                              "shape": rig.config.shape, "loss_on": rig.config.loss_on}
+                              "shape": rig.config.shape, "loss_on": rig.config.loss_on,
+                              "mtu": rig.config.mtu}
             progress.end(res)
             results.append(res)
     except (LaunchError, RigError, IncastError) as e:

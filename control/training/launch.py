@@ -41,11 +41,11 @@ def rig_mode_for(transport: str) -> str:
 
 
 def rig_config(name: str, transport: str, *, workers: int, rate_bps: int, buffer_bytes: int,
-               loss: float):
+               loss: float, mtu: int = 1500):
     """The RigConfig a run of `transport` should build (see the module docstring)."""
     from ...dataplane.rig import RigConfig
     return RigConfig(name=name, workers=workers, rate_bps=rate_bps, buffer_bytes=buffer_bytes,
-                     loss=loss, shape="all", loss_on="all", mode=rig_mode_for(transport))
+                     loss=loss, shape="all", loss_on="all", mode=rig_mode_for(transport), mtu=mtu)
 
 
 def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
