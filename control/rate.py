@@ -22,8 +22,8 @@ class SharePolicy:
     share = boost * utilization * C / n_active (share_kbps(1) is what the XDP
     program divides). `boost` (1 .. max_boost) is a slow feedback loop on the
     measured delivery rate, in wire bytes: when the active senders together
-    deliver less than the target (some cannot reach their share, for instance
-    because they are short of CPU), every share is raised by 10% per
+    deliver less than 97% of the target (some cannot reach their share, for
+    instance because they are short of CPU), every share is raised by 10% per
     millisecond; when delivery exceeds the target, shares fall back by 5%.
     """
 
@@ -47,7 +47,7 @@ class SharePolicy:
         """Feed the delivery rate of the last interval; True if shares changed."""
         target = self.utilization * self.capacity_bps
         old = self.boost
-        if delivered_bps < 0.9 * target:
+        if delivered_bps < 0.97 * target:
             self.boost = min(self.max_boost, self.boost * 1.1)
         elif delivered_bps > target:
             self.boost = max(1.0, self.boost * 0.95)
