@@ -28,17 +28,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import re
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import netns
-from .rig import (TC_EGRESS, NUD_PERMANENT, Host, RigError, _check_root, _deferred_signals,
-                  _disable_ipv6, _ipr, _sigterm_as_exit)
+from .rig import TC_EGRESS, NUD_PERMANENT, Host, RigError, _disable_ipv6, _ipr
+from .rigbase import RigBase, saved_names
 
 STATE_DIR = "/run/ltp/leafspine"
 PIN_ROOT = "/sys/fs/bpf/ltp-ls"
@@ -296,24 +296,17 @@ def _sysctl(ns: str, items: dict[str, str]) -> None:
                 f.write(val)
 
 
-class LeafSpine:
+class LeafSpine(RigBase):
     """A leaf-spine rig. `with LeafSpine(cfg) as ls:` builds and always removes
     it (exceptions, Ctrl-C, SIGTERM); `LeafSpine(cfg).up()` builds one that
     stays; `LeafSpine.attach(name)` reconnects; `down()` removes."""
 
     def __init__(self, config: LeafSpineConfig | None = None, **kw: Any):
+        super().__init__()
         self.config = config or LeafSpineConfig(**kw)
         self.hosts, self.links = plan(self.config)
-        self.owned = True
-        self._is_up = False
-        self._fds: dict[str, int] = {}
-        self._owner_pid = os.getpid()
 
     # ---- description
-    @property
-    def name(self) -> str:
-        return self.config.name
-
     @property
     def routers(self) -> list[str]:
         c = self.config
@@ -359,49 +352,30 @@ class LeafSpine:
                          for j in range(c.jobs)],
                 "hosts": [h.to_dict() for h in self.hosts], "pins": self.pins}
 
-    # ---- lifecycle
-    def __enter__(self) -> "LeafSpine":
-        if not self._is_up:
-            self.up()
-        self._owner_pid = os.getpid()
-        self._sigterm = _sigterm_as_exit()
-        self._sigterm.__enter__()
-        return self
+    # ---- lifecycle (the rest is RigBase's)
+    _KIND = "leaf-spine rig"
+    _UP_HINT = "ltp rig up --topology leaf-spine"
+    _CONFIG = LeafSpineConfig
+    _state_path = staticmethod(state_path)
+    _pin_dir = staticmethod(pin_dir)
 
-    def __exit__(self, *exc) -> None:
-        if os.getpid() != self._owner_pid:
-            return
-        try:
-            self._sigterm.__exit__(None, None, None)
-        finally:
-            if self.owned:
-                self.down()
-            else:
-                self.close()
+    @staticmethod
+    def _found_namespaces(name: str) -> list[str]:
+        return _namespaces(name)
 
-    def up(self) -> "LeafSpine":
-        _check_root("building a leaf-spine rig")
-        if LeafSpine.exists(self.name):
-            raise RigError(f"a leaf-spine rig named {self.name!r} exists already: pick another "
-                           f"name or `ltp paths down --name {self.name}`")
-        pid = self._owner_pid = os.getpid()
-        try:
-            with _sigterm_as_exit():
-                self._build()
-        except BaseException:
-            self._is_up = False
-            if os.getpid() == pid:
-                with _deferred_signals():
-                    _teardown(self.name)
-            raise
-        return self
+    @staticmethod
+    def _remove(name: str, namespaces: Sequence[str] = ()) -> None:
+        _teardown(name)       # finds the namespaces by their names
 
-    def _save(self) -> None:
-        os.makedirs(STATE_DIR, exist_ok=True)
-        tmp = state_path(self.name) + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-        os.replace(tmp, state_path(self.name))
+    @staticmethod
+    def _exists_error(name: str) -> str:
+        return (f"a leaf-spine rig named {name!r} exists already: pick another "
+                f"name or `ltp paths down --name {name}`")
+
+    @staticmethod
+    def _incomplete_error(name: str, missing: list[str]) -> str:
+        return (f"leaf-spine rig {name!r} is incomplete (missing {missing[0]}...); "
+                f"`ltp paths down --name {name}` removes what is left")
 
     def _build(self) -> None:
         c = self.config
@@ -517,53 +491,9 @@ class LeafSpine:
             ipr.tc("add-filter", "bpf", index=idx, handle=1, fd=fd, name=name,
                    parent=TC_EGRESS, classid=1, direct_action=True)
 
-    def down(self) -> None:
-        with _deferred_signals():
-            self.close()
-            _teardown(self.name)
-            self._is_up = False
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds.clear()
-
-    @classmethod
-    def attach(cls, name: str) -> "LeafSpine":
-        try:
-            with open(state_path(name)) as f:
-                st = json.load(f)
-        except FileNotFoundError:
-            raise RigError(f"no leaf-spine rig named {name!r} (no {state_path(name)}); "
-                           "`ltp rig up --topology leaf-spine` builds one") from None
-        ls = cls(LeafSpineConfig.from_dict(st["config"]))
-        ls.owned, ls._is_up = False, True
-        missing = [ns for ns in ls.namespaces if not netns.exists(ns)]
-        if missing:
-            raise RigError(f"leaf-spine rig {name!r} is incomplete (missing {missing[0]}...); "
-                           f"`ltp paths down --name {name}` removes what is left")
-        return ls
-
     @staticmethod
     def names() -> list[str]:
-        with contextlib.suppress(FileNotFoundError):
-            return sorted(f[:-5] for f in os.listdir(STATE_DIR) if f.endswith(".json"))
-        return []
-
-    @staticmethod
-    def exists(name: str) -> bool:
-        return (os.path.exists(state_path(name)) or os.path.exists(pin_dir(name))
-                or bool(_namespaces(name)))
-
-    @staticmethod
-    def destroy(name: str) -> bool:
-        _check_root("removing a leaf-spine rig")
-        if not LeafSpine.exists(name):
-            return False
-        with _deferred_signals():
-            _teardown(name)
-        return True
+        return sorted(saved_names(STATE_DIR))
 
     # ---- maps
     def _fd(self, key: str) -> int:

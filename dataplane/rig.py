@@ -30,16 +30,15 @@ import ctypes
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from . import netns
+from .rigbase import RigBase, RigError, saved_names
 
 STATE_DIR = "/run/ltp/rigs"
 PIN_ROOT = "/sys/fs/bpf/ltp-rig"
@@ -59,10 +58,6 @@ _NS_RE = re.compile(r"^ltp-([a-z0-9][a-z0-9_]{0,11})-(sw|ps|w\d+)$")
 TC_EGRESS = 0xFFFFFFF3    # clsact egress hook (ffff:fff3)
 NUD_NOARP = 0x40
 NUD_PERMANENT = 0x80
-
-
-class RigError(RuntimeError):
-    """Building, using or tearing down a rig failed; the message names the fix."""
 
 
 # --------------------------------------------------------------------------- config
@@ -287,63 +282,6 @@ def _compile_loss_prog():
         raise RigError(str(e)) from e
 
 
-# --------------------------------------------------------------------------- signals
-
-@contextlib.contextmanager
-def _deferred_signals() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while the body runs (teardown must finish), then
-    raise KeyboardInterrupt / SystemExit if one came in."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got: list[int] = []
-    pid = os.getpid()
-
-    def record(signum, frame):  # noqa: ARG001
-        if os.getpid() != pid:       # a fork (pyroute2 forks helpers): just die
-            os._exit(128 + signum)
-        got.append(signum)
-
-    old = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        if signal.SIGINT in got:
-            raise KeyboardInterrupt
-        if signal.SIGTERM in got:
-            raise SystemExit(128 + signal.SIGTERM)
-
-
-_OWNER_PID = [0]
-
-
-def _sigterm_exits(signum, frame):  # noqa: ARG001
-    # pyroute2 forks helper children that inherit this handler and get SIGTERM
-    # when done: they must die quietly, not unwind the parent's copied stack
-    # (which would run the rig's teardown in the child).
-    if os.getpid() != _OWNER_PID[0]:
-        os._exit(128 + signal.SIGTERM)
-    raise SystemExit(128 + signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """Turn SIGTERM into SystemExit in the body so `finally`/__exit__ run
-    (only when nobody else handles SIGTERM and we are on the main thread)."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield
-        return
-    _OWNER_PID[0] = os.getpid()
-    signal.signal(signal.SIGTERM, _sigterm_exits)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 # --------------------------------------------------------------------------- the rig
 
 @contextlib.contextmanager
@@ -360,12 +298,7 @@ def _ipr(ns: str):
         ipr.close()
 
 
-def _check_root(what: str) -> None:
-    if os.geteuid() != 0:
-        raise RigError(f"{what} needs root (CAP_NET_ADMIN, CAP_BPF, CAP_SYS_ADMIN): run it with sudo")
-
-
-class Rig:
+class Rig(RigBase):
     """A named rig. `with Rig(cfg) as rig:` builds it and always tears it
     down (also on exceptions, Ctrl-C and SIGTERM); `Rig(cfg).up()` builds one
     that stays (the CLI's `ltp rig up`); `Rig.attach(name)` reconnects to an
@@ -377,22 +310,14 @@ class Rig:
             config = RigConfig(**kwargs)
         elif kwargs:
             raise TypeError("pass a RigConfig or keyword arguments, not both")
+        super().__init__()
         self.config = config
         self.hosts: list[Host] = plan_hosts(config.name, config.workers)
         self.switch_ns = switch_ns(config.name)
-        self.owned = True           # __exit__ tears down
         self.created: float | None = None
-        self._fds: dict[str, int] = {}
-        self._is_up = False
-        self._owner_pid = os.getpid()     # fork detection: only this process tears down
-        self._transient = False     # built by `with`: removed when its owner leaves the block
         self.owner_pid: int | None = None  # saved in the state: a live owner keeps `down --all` off
 
     # ---- description
-    @property
-    def name(self) -> str:
-        return self.config.name
-
     @property
     def ps(self) -> Host:
         return self.hosts[0]
@@ -448,48 +373,50 @@ class Rig:
         return (f"Rig({c.name!r}, workers={c.workers}, rate={c.rate_bps}, buffer={c.buffer_bytes}, "
                 f"loss={c.loss}, shape={c.shape}, mode={c.mode}, up={self._is_up})")
 
-    # ---- lifecycle
-    def __enter__(self) -> "Rig":
-        if not self._is_up:
-            self._transient = True
-            self.up()
-        self._owner_pid = os.getpid()
-        self._sigterm = _sigterm_as_exit()
-        self._sigterm.__enter__()
-        return self
+    # ---- lifecycle (the rest is RigBase's)
+    _KIND = "rig"
+    _UP_HINT = "ltp rig up"
+    _CONFIG = RigConfig
+    _state_path = staticmethod(state_path)
+    _pin_dir = staticmethod(pin_dir)
 
-    def __exit__(self, *exc) -> None:
-        if os.getpid() != self._owner_pid:
-            return      # a forked child unwinding the parent's `with`: not ours to remove
-        try:
-            self._sigterm.__exit__(None, None, None)
-        finally:
-            if self.owned:
-                self.down()
-            else:
-                self.close()
+    @staticmethod
+    def _found_namespaces(name: str) -> list[str]:
+        return _rig_namespaces().get(name, [])
 
-    def up(self) -> "Rig":
-        """Build the rig; on any failure (or Ctrl-C) remove what was built."""
-        _check_root("building a rig")
-        if Rig.exists(self.name) and _owner_died(self.name):
-            Rig.destroy(self.name)  # left by a `with Rig(...)` whose process was killed
-        if Rig.exists(self.name):
-            raise RigError(f"a rig named {self.name!r} exists already: use it "
-                           f"(--name {self.name}), pick another name, or `ltp rig down "
-                           f"--name {self.name}`")
-        pid = self._owner_pid = self.owner_pid = os.getpid()
-        try:
-            with _sigterm_as_exit():
-                self._build()
-        except BaseException:
-            self._is_up = False
-            self.owner_pid = None
-            if os.getpid() == pid:       # not in a forked helper unwinding our stack
-                with _deferred_signals():
-                    _teardown(self.name, self.namespaces)
-            raise
-        return self
+    @staticmethod
+    def _remove(name: str, namespaces: Sequence[str] = ()) -> None:
+        _teardown(name, namespaces)
+
+    @staticmethod
+    def _exists_error(name: str) -> str:
+        return (f"a rig named {name!r} exists already: use it (--name {name}), "
+                f"pick another name, or `ltp rig down --name {name}`")
+
+    @staticmethod
+    def _incomplete_error(name: str, missing: list[str]) -> str:
+        return (f"rig {name!r} is incomplete (missing namespaces: "
+                f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
+                f"`ltp rig down --name {name}` removes what is left")
+
+    def _clear_orphan(self) -> None:
+        if self.exists(self.name) and _owner_died(self.name):
+            self.destroy(self.name)  # left by a `with Rig(...)` whose process was killed
+
+    def _set_owner(self, pid: int | None) -> None:
+        self.owner_pid = pid
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.created = state.get("created")
+        self.owner_pid = state.get("owner_pid")
+
+    @classmethod
+    def _saved_namespaces(cls, name: str) -> list[str]:
+        with contextlib.suppress(Exception):
+            with open(state_path(name)) as f:
+                st = json.load(f)
+            return [st["switch_ns"]] + [h["netns"] for h in st["hosts"]]
+        return []
 
     def _build(self) -> None:
         from pyroute2 import IPRoute  # noqa: F401  (import errors surface early)
@@ -560,68 +487,27 @@ class Rig:
         finally:
             b.cleanup()   # tc and the pins hold the program and maps from here on
 
-    def _save(self) -> None:
-        os.makedirs(STATE_DIR, exist_ok=True)
-        tmp = state_path(self.name) + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-        os.replace(tmp, state_path(self.name))
-
-    def down(self) -> None:
-        """Remove the rig: veths (with their XDP and tc programs), the bridge,
-        the namespaces, the pinned maps and the state file. Idempotent; Ctrl-C
-        and SIGTERM wait until it is done."""
-        with _deferred_signals():
-            self.close()
-            _teardown(self.name, self.namespaces)
-            self._is_up = False
-
-    def close(self) -> None:
-        """Drop this object's map fds (the rig stays)."""
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds.clear()
-
     # ---- reconnecting
     @classmethod
     def attach(cls, name: str = DEFAULT_NAME) -> "Rig":
         """The existing rig `name`, from /run/ltp/rigs/<name>.json."""
+        return super().attach(name)
+
+    @classmethod
+    def _read_state(cls, name: str) -> dict[str, Any]:
         try:
-            with open(state_path(name)) as f:
-                st = json.load(f)
-        except FileNotFoundError:
-            raise RigError(f"no rig named {name!r} (no {state_path(name)}); "
-                           "`ltp rig up` builds one") from None
+            return super()._read_state(name)
         except (OSError, ValueError) as e:
             raise RigError(f"cannot read {state_path(name)}: {e}") from e
-        rig = cls(RigConfig.from_dict(st["config"]))
-        rig.owned = False
-        rig.created = st.get("created")
-        rig.owner_pid = st.get("owner_pid")
-        rig._is_up = True
-        missing = [ns for ns in rig.namespaces if not netns.exists(ns)]
-        if missing:
-            raise RigError(f"rig {name!r} is incomplete (missing namespaces: "
-                           f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
-                           f"`ltp rig down --name {name}` removes what is left")
-        return rig
 
     @staticmethod
     def names() -> list[str]:
         """Names of the rigs on this machine (state files and leftover namespaces)."""
-        names = set()
-        with contextlib.suppress(FileNotFoundError):
-            names |= {f[:-5] for f in os.listdir(STATE_DIR) if f.endswith(".json")}
+        names = saved_names(STATE_DIR)
         names |= set(_rig_namespaces())
         with contextlib.suppress(FileNotFoundError):
             names |= {d for d in os.listdir(PIN_ROOT) if _NAME_RE.match(d)}
         return sorted(names)
-
-    @staticmethod
-    def exists(name: str) -> bool:
-        return (os.path.exists(state_path(name)) or bool(_rig_namespaces().get(name))
-                or os.path.exists(pin_dir(name)))
 
     @staticmethod
     def owner(name: str) -> int | None:
@@ -630,21 +516,6 @@ class Rig:
         `ltp rig up`, a leftover, or an owner that is gone)."""
         pid, alive = _owner_of(name)
         return pid if alive else None
-
-    @staticmethod
-    def destroy(name: str) -> bool:
-        """Tear down rig `name` (complete or not); False if nothing was there."""
-        _check_root("removing a rig")
-        if not Rig.exists(name):
-            return False
-        ns = []
-        with contextlib.suppress(Exception):
-            with open(state_path(name)) as f:
-                st = json.load(f)
-            ns = [st["switch_ns"]] + [h["netns"] for h in st["hosts"]]
-        with _deferred_signals():
-            _teardown(name, ns)
-        return True
 
     @staticmethod
     def down_all(force: bool = False) -> list[str]:

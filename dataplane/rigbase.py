@@ -1,0 +1,277 @@
+"""What the star rig (rig.py) and the leaf-spine rig (leafspine.py) share:
+RigError, the root check, signal handling while a rig is built or removed,
+and the lifecycle in `RigBase`: `with` builds a rig and always removes it,
+`up()` builds one that stays (and removes what it built if building fails),
+`down()` and `destroy(name)` remove, `attach(name)` reconnects through the
+state file. A subclass says where its state and pins live and how it is
+built and removed."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, Self
+
+from . import netns
+
+
+class RigError(RuntimeError):
+    """Building, using or tearing down a rig failed; the message names the fix."""
+
+
+def _check_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise RigError(f"{what} needs root (CAP_NET_ADMIN, CAP_BPF, CAP_SYS_ADMIN): run it with sudo")
+
+
+# --------------------------------------------------------------------------- signals
+
+@contextlib.contextmanager
+def _deferred_signals() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while the body runs (teardown must finish), then
+    raise KeyboardInterrupt / SystemExit if one came in."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    pid = os.getpid()
+
+    def record(signum, frame):  # noqa: ARG001
+        if os.getpid() != pid:       # a fork (pyroute2 forks helpers): just die
+            os._exit(128 + signum)
+        got.append(signum)
+
+    old = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if signal.SIGINT in got:
+            raise KeyboardInterrupt
+        if signal.SIGTERM in got:
+            raise SystemExit(128 + signal.SIGTERM)
+
+
+_OWNER_PID = [0]
+
+
+def _sigterm_exits(signum, frame):  # noqa: ARG001
+    # pyroute2 forks helper children that inherit this handler and get SIGTERM
+    # when done: they must die quietly, not unwind the parent's copied stack
+    # (which would run the rig's teardown in the child).
+    if os.getpid() != _OWNER_PID[0]:
+        os._exit(128 + signal.SIGTERM)
+    raise SystemExit(128 + signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit in the body so `finally`/__exit__ run
+    (only when nobody else handles SIGTERM and we are on the main thread)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+    _OWNER_PID[0] = os.getpid()
+    signal.signal(signal.SIGTERM, _sigterm_exits)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+
+# --------------------------------------------------------------------------- the lifecycle
+
+def saved_names(state_dir: str) -> set[str]:
+    """Names of the rigs that have a state file (<name>.json) in `state_dir`."""
+    with contextlib.suppress(FileNotFoundError):
+        return {f[:-5] for f in os.listdir(state_dir) if f.endswith(".json")}
+    return set()
+
+
+class RigBase:
+    """The lifecycle of a named rig, shared by `rig.Rig` and
+    `leafspine.LeafSpine`. A subclass sets the class attributes below, builds
+    in `_build` (saving the state file first and last) and removes in
+    `_remove`; the hooks further down do nothing unless it needs them."""
+
+    _KIND: ClassVar[str]            # what errors call it: "rig", "leaf-spine rig"
+    _UP_HINT: ClassVar[str]         # the command that builds one
+    _CONFIG: ClassVar[Any]          # its config class (with from_dict)
+    config: Any
+
+    def __init__(self) -> None:
+        self.owned = True           # __exit__ tears down
+        self._fds: dict[str, int] = {}
+        self._is_up = False
+        self._owner_pid = os.getpid()     # fork detection: only this process tears down
+        self._transient = False     # built by `with`: removed when its owner leaves the block
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    # ---- what a subclass provides
+    @property
+    def namespaces(self) -> list[str]:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """The description saved as the state file."""
+        raise NotImplementedError
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _state_path(name: str) -> str:
+        raise NotImplementedError
+
+    @staticmethod
+    def _pin_dir(name: str) -> str:
+        raise NotImplementedError
+
+    @staticmethod
+    def _found_namespaces(name: str) -> list[str]:
+        """Namespaces of rig `name` that are on this machine now."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _remove(name: str, namespaces: Sequence[str] = ()) -> None:
+        """Remove everything rig `name` may have, complete or not (`namespaces`:
+        the ones it is known to have); raise one RigError listing what failed."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _exists_error(name: str) -> str:
+        """The message when `up` finds a rig `name` there already."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _incomplete_error(name: str, missing: list[str]) -> str:
+        """The message when `attach` finds namespaces of rig `name` missing."""
+        raise NotImplementedError
+
+    # ---- hooks
+    def _clear_orphan(self) -> None:
+        """Before building: remove a rig of this name that no one will remove."""
+
+    def _set_owner(self, pid: int | None) -> None:
+        """Note the process building the rig (None: building failed)."""
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """On attach: take what the state file holds besides the config."""
+
+    @classmethod
+    def _saved_namespaces(cls, name: str) -> list[str]:
+        """Namespaces the state file of rig `name` lists (for destroy)."""
+        return []
+
+    # ---- lifecycle
+    def __enter__(self) -> Self:
+        if not self._is_up:
+            self._transient = True
+            self.up()
+        self._owner_pid = os.getpid()
+        self._sigterm = _sigterm_as_exit()
+        self._sigterm.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if os.getpid() != self._owner_pid:
+            return      # a forked child unwinding the parent's `with`: not ours to remove
+        try:
+            self._sigterm.__exit__(None, None, None)
+        finally:
+            if self.owned:
+                self.down()
+            else:
+                self.close()
+
+    def up(self) -> Self:
+        """Build the rig; on any failure (or Ctrl-C) remove what was built."""
+        _check_root(f"building a {self._KIND}")
+        self._clear_orphan()
+        if self.exists(self.name):
+            raise RigError(self._exists_error(self.name))
+        pid = self._owner_pid = os.getpid()
+        self._set_owner(pid)
+        try:
+            with _sigterm_as_exit():
+                self._build()
+        except BaseException:
+            self._is_up = False
+            self._set_owner(None)
+            if os.getpid() == pid:       # not in a forked helper unwinding our stack
+                with _deferred_signals():
+                    self._remove(self.name, self.namespaces)
+            raise
+        return self
+
+    def _save(self) -> None:
+        path = self._state_path(self.name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+        os.replace(tmp, path)
+
+    def down(self) -> None:
+        """Remove the rig: its namespaces (with their veths, qdiscs, XDP and tc
+        programs), the pinned maps and the state file. Idempotent; Ctrl-C and
+        SIGTERM wait until it is done."""
+        with _deferred_signals():
+            self.close()
+            self._remove(self.name, self.namespaces)
+            self._is_up = False
+
+    def close(self) -> None:
+        """Drop this object's map fds (the rig stays)."""
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+    # ---- reconnecting
+    @classmethod
+    def _read_state(cls, name: str) -> dict[str, Any]:
+        try:
+            with open(cls._state_path(name)) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise RigError(f"no {cls._KIND} named {name!r} (no {cls._state_path(name)}); "
+                           f"`{cls._UP_HINT}` builds one") from None
+
+    @classmethod
+    def attach(cls, name: str) -> Self:
+        """The existing rig `name`, from its state file."""
+        st = cls._read_state(name)
+        rig = cls(cls._CONFIG.from_dict(st["config"]))
+        rig.owned = False
+        rig._is_up = True
+        rig._restore(st)
+        missing = [ns for ns in rig.namespaces if not netns.exists(ns)]
+        if missing:
+            raise RigError(cls._incomplete_error(name, missing))
+        return rig
+
+    @classmethod
+    def exists(cls, name: str) -> bool:
+        return (os.path.exists(cls._state_path(name)) or os.path.exists(cls._pin_dir(name))
+                or bool(cls._found_namespaces(name)))
+
+    @classmethod
+    def destroy(cls, name: str) -> bool:
+        """Tear down rig `name` (complete or not); False if nothing was there."""
+        _check_root(f"removing a {cls._KIND}")
+        if not cls.exists(name):
+            return False
+        namespaces = cls._saved_namespaces(name)
+        with _deferred_signals():
+            cls._remove(name, namespaces)
+        return True
