@@ -146,7 +146,7 @@ BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_claim, LTP_BANKS * LTP_SLOTS, B
 BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_done, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_progress: XDP adds per [bank][slot]; control plane polls it for Early Close */
 BPF_F_TABLE("array", u32, struct ltp_progress, ltp_progress, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
-/* ltp_share: XDP counts active slots per bank; control plane sets the capacity to divide (mmapped) */
+/* ltp_share: control plane sets flows and capacity per bank at open (mmapped); XDP counts flows down */
 BPF_F_TABLE("array", u32, struct ltp_share, ltp_share, LTP_BANKS, BPF_F_MMAPABLE);
 /* ltp_rate: control plane writes the rate (kbit/s) advertised to each slot; XDP copies it into ACKs */
 BPF_ARRAY(ltp_rate, __u32, LTP_SLOTS);

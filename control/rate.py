@@ -4,10 +4,9 @@ Scheme (docs/transport.md): the parameter server knows the capacity C of its
 bottleneck (configured, e.g. the rig's TBF rate or the NIC speed). When it
 opens a round it writes the capacity to divide, u * C * boost (u = 0.98 leaves
 headroom so the queue drains), into the round's bank; the XDP program divides
-it among the flows active at that moment (started, not finished) and puts the
-result in every ACK. So a sender learns its rate one round-trip after it
-starts and again on every ACK; when a flow starts or finishes, the others'
-shares change on their next ACK. Senders pace to the advertised rate with a
+it among the flows not finished at that moment and puts the result in every
+ACK. So a sender learns its rate one round-trip after it starts and again on
+every ACK; when a flow finishes, the others' shares grow on their next ACK. Senders pace to the advertised rate with a
 token bucket that holds at most a few packets, so the aggregate stays near C
 however many workers push at once.
 """
