@@ -33,12 +33,12 @@ import re
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from . import netns
-from .rig import TC_EGRESS, NUD_PERMANENT, Host, RigError, _disable_ipv6, _ipr
-from .rigbase import RigBase, saved_names
+from .rig import TC_EGRESS, NUD_PERMANENT, Host, RigError, _disable_ipv6, _ipr, _sysctl
+from .rigbase import RigBase, ShapedConfig, saved_names
 
 STATE_DIR = "/run/ltp/leafspine"
 PIN_ROOT = "/sys/fs/bpf/ltp-ls"
@@ -85,7 +85,7 @@ def _be16(port: int) -> int:
 # --------------------------------------------------------------------------- config / plan
 
 @dataclass(frozen=True)
-class LeafSpineConfig:
+class LeafSpineConfig(ShapedConfig):
     """name: rig name (namespaces lls-<name>-*); leaves 2..16, spines 1..16,
     jobs 1..8, workers per job 1..16; rate/buffer/burst of every leaf-spine
     link (TBF); mode: native puts XDP_PASS on the leaf ports toward hosts."""
@@ -116,18 +116,6 @@ class LeafSpineConfig:
         if self.mode not in ("native", "skb"):
             raise ValueError(f"mode: must be native or skb, got {self.mode!r}")
 
-    @property
-    def burst(self) -> int:
-        if self.burst_bytes is not None:
-            return self.burst_bytes
-        return max(2 * (self.mtu + 14), int(self.rate_bps / 8 * 80e-6))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "burst_bytes": self.burst}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LeafSpineConfig":
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -288,13 +276,6 @@ class _Bpf:
 
 
 # --------------------------------------------------------------------------- the rig
-
-def _sysctl(ns: str, items: dict[str, str]) -> None:
-    with netns.inside(ns):
-        for key, val in items.items():
-            with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
-                f.write(val)
-
 
 class LeafSpine(RigBase):
     """A leaf-spine rig. `with LeafSpine(cfg) as ls:` builds and always removes

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from . import netns
-from .rigbase import RigBase, RigError, saved_names
+from .rigbase import RigBase, RigError, ShapedConfig, saved_names
 
 STATE_DIR = "/run/ltp/rigs"
 PIN_ROOT = "/sys/fs/bpf/ltp-rig"
@@ -63,7 +63,7 @@ NUD_PERMANENT = 0x80
 # --------------------------------------------------------------------------- config
 
 @dataclass(frozen=True)
-class RigConfig:
+class RigConfig(ShapedConfig):
     """What to build. Sizes in bytes, rates in bits per second.
 
     name: rig name, [a-z0-9_], at most 12 characters (namespaces ltp-<name>-*).
@@ -118,23 +118,6 @@ class RigConfig:
             raise ValueError(f"mode: must be native or skb, got {self.mode!r}")
         if not 1280 <= self.mtu <= 3500:
             raise ValueError(f"mtu: must be in 1280..3500 (native XDP on veth), got {self.mtu}")
-
-    @property
-    def burst(self) -> int:
-        """The TBF bucket in bytes (explicit, or max(2 frames, 80 us at the rate))."""
-        if self.burst_bytes is not None:
-            return self.burst_bytes
-        return max(2 * (self.mtu + 14), int(self.rate_bps / 8 * 80e-6))
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["burst_bytes"] = self.burst
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RigConfig":
-        keys = cls.__dataclass_fields__.keys()
-        return cls(**{k: v for k, v in d.items() if k in keys})
 
 
 @dataclass(frozen=True)
@@ -667,13 +650,23 @@ class Rig(RigBase):
 
 # --------------------------------------------------------------------------- helpers
 
+def _sysctl(ns: str, items: dict[str, str], missing_ok: bool = False) -> None:
+    """Set sysctls ("net.ipv4.ip_forward": "1") inside namespace `ns`;
+    missing_ok: skip keys this kernel (or its loaded modules) does not have."""
+    with netns.inside(ns):
+        for key, val in items.items():
+            try:
+                with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
+                    f.write(val)
+            except OSError:
+                if not missing_ok:
+                    raise
+
+
 def _disable_ipv6(ns: str) -> None:
     """No IPv6 in the rig: no router solicitations, DAD or MLD noise."""
-    with netns.inside(ns):
-        for key in ("all", "default"):
-            with contextlib.suppress(OSError):
-                with open(f"/proc/sys/net/ipv6/conf/{key}/disable_ipv6", "w") as f:
-                    f.write("1")
+    _sysctl(ns, {f"net.ipv6.conf.{k}.disable_ipv6": "1" for k in ("all", "default")},
+            missing_ok=True)
 
 
 def _switch_sysctls(ns: str) -> None:
@@ -681,11 +674,8 @@ def _switch_sysctls(ns: str) -> None:
     br_netfilter is loaded (container runtimes load it), every bridged frame
     would otherwise go through iptables hooks, a CPU cost per packet that a
     hardware switch does not have."""
-    with netns.inside(ns):
-        for key in ("iptables", "ip6tables", "arptables"):
-            with contextlib.suppress(OSError):
-                with open(f"/proc/sys/net/bridge/bridge-nf-call-{key}", "w") as f:
-                    f.write("0")
+    _sysctl(ns, {f"net.bridge.bridge-nf-call-{k}": "0"
+                 for k in ("iptables", "ip6tables", "arptables")}, missing_ok=True)
 
 
 def _rig_namespaces() -> dict[str, list[str]]:

@@ -8,6 +8,7 @@ built and removed."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -83,6 +84,31 @@ def _sigterm_as_exit() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
+
+
+# --------------------------------------------------------------------------- config
+
+class ShapedConfig:
+    """What both rig configs (frozen dataclasses with rate_bps, mtu and
+    burst_bytes) share: the TBF bucket and the state-file form."""
+
+    rate_bps: int
+    mtu: int
+    burst_bytes: int | None
+
+    @property
+    def burst(self) -> int:
+        """The TBF bucket in bytes (explicit, or max(2 frames, 80 us at the rate))."""
+        if self.burst_bytes is not None:
+            return self.burst_bytes
+        return max(2 * (self.mtu + 14), int(self.rate_bps / 8 * 80e-6))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "burst_bytes": self.burst}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Self:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
 # --------------------------------------------------------------------------- the lifecycle

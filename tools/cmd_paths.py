@@ -153,8 +153,7 @@ def cmd_down(args) -> None:
 def rig_up(args) -> None:
     """`ltp rig up --topology leaf-spine` (called from tools/cmd_rig.py)."""
     from ..dataplane.leafspine import LeafSpine, LeafSpineConfig
-    from ..dataplane.rig import RigError
-    from .cmd_rig import _bytes, _rate
+    from .cmd_rig import _bytes, _rate, bring_up
     kw = dict(name=args.name, leaves=args.leaves,
               spines=args.spines, jobs=args.jobs, workers=args.workers, mode=args.mode)
     if args.rate:
@@ -170,15 +169,7 @@ def rig_up(args) -> None:
         raise UsageError(f"--{flag.replace('_', '-')}:{msg}") from None
     need_root("ltp rig up")
     need_bcc()
-    ls = LeafSpine(cfg)
-    try:
-        ls.up()
-        st = ls.status()
-    except RigError as e:
-        raise CliError(str(e)) from None
-    finally:
-        ls.close()
-    emit(args, st, lambda s: (
+    emit(args, bring_up(LeafSpine(cfg)), lambda s: (
         f"leaf-spine rig {s['name']} is up: {cfg.leaves} leaves, {cfg.spines} spines, "
         f"{cfg.jobs} jobs x {cfg.workers} workers; links {cfg.rate_bps / 1e6:g} Mbit/s\n"
         + "\n".join(f"  job {j['job']}: PS {j['ps']}, workers {', '.join(j['workers'])}"

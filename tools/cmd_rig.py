@@ -255,16 +255,21 @@ def cmd_up(args) -> int | None:
                   burst_bytes=_bytes(args.burst, "--burst"), loss=_loss(args.loss),
                   shape=args.shape, loss_on=args.loss_on, mode=args.mode)
     _prepare()
-    from ..dataplane.rig import Rig, RigError
-    rig = Rig(cfg)
+    from ..dataplane.rig import Rig
+    emit(args, bring_up(Rig(cfg)), lambda s: _up_text(s))
+
+
+def bring_up(rig) -> dict:
+    """Build a rig that stays (star or leaf-spine) and return its status; a
+    RigError becomes the command's error."""
+    from ..dataplane.rigbase import RigError
     try:
         rig.up()
-        st = rig.status()
+        return rig.status()
     except RigError as e:
         raise CliError(str(e)) from None
     finally:
         rig.close()
-    emit(args, st, lambda s: _up_text(s))
 
 
 def _up_text(s: dict) -> str:
