@@ -19,15 +19,20 @@ class SharePolicy:
     """Receiver side: per-worker share of a known capacity.
 
     share = boost * utilization * C / n_active (share_kbps(1) is what the XDP
-    program divides). `boost` (1 .. max_boost) is a slow feedback loop on the
-    measured delivery rate, in wire bytes: when the active senders together
-    deliver less than 97% of the target (some cannot reach their share, for
-    instance because they are short of CPU), every share is raised by 10% per
-    millisecond; when delivery exceeds the target, shares fall back by 5%.
+    program divides). `boost` (1 .. max_boost) is a slow feedback loop, fed
+    about once a millisecond with the delivery rate (wire bytes) and the
+    fraction of the chunks delivered in that interval that came as re-sends:
+    - re-sends above `max_loss` (10%): the senders overdrive the bottleneck's
+      queue, so every share falls by 10%;
+    - delivery below 97% of the target (some senders cannot reach their
+      share, for instance because they are short of CPU): shares rise by 10%;
+    - delivery above the target: shares fall back by 5%.
+    Senders detect a loss within about a millisecond (control/transport.py,
+    RACK-style), so re-sends are a timely sign of a queue that overflows.
     """
 
     def __init__(self, capacity_bps: float, utilization: float = 0.98, min_bps: float = 1e6,
-                 max_boost: float = 2.0):
+                 max_boost: float = 2.0, max_loss: float = 0.1):
         if capacity_bps <= 0:
             raise ValueError("capacity must be positive (bits per second)")
         if not 0 < utilization <= 1:
@@ -36,17 +41,21 @@ class SharePolicy:
         self.utilization = utilization
         self.min_bps = min_bps
         self.max_boost = max_boost
+        self.max_loss = max_loss
         self.boost = 1.0
 
     def share_bps(self, n_active: int) -> float:
         return max(self.min_bps,
                    self.boost * self.utilization * self.capacity_bps / max(1, n_active))
 
-    def observe(self, delivered_bps: float) -> bool:
-        """Feed the delivery rate of the last interval; True if shares changed."""
+    def observe(self, delivered_bps: float, resent_fraction: float = 0.0) -> bool:
+        """Feed the last interval's delivery rate and the fraction of its
+        chunks that were re-sends; True if the shares changed."""
         target = self.utilization * self.capacity_bps
         old = self.boost
-        if delivered_bps < 0.97 * target:
+        if resent_fraction > self.max_loss:
+            self.boost = max(1.0, self.boost * 0.9)
+        elif delivered_bps < 0.97 * target:
             self.boost = min(self.max_boost, self.boost * 1.1)
         elif delivered_bps > target:
             self.boost = max(1.0, self.boost * 0.95)
@@ -67,11 +76,11 @@ class Pacer:
     """
 
     def __init__(self, rate_bps: float, pkt_bytes: int = 1500, min_sleep_s: float = 0.0005,
-                 max_burst: int = 4):
+                 max_burst: int = 4, full: bool = False):
         self.pkt_bytes, self.min_sleep_s, self.max_burst = pkt_bytes, min_sleep_s, max_burst
         self.rate_bps = 0.0
         self.set_rate(rate_bps)
-        self.tokens = 1.0
+        self.tokens = float(self.burst) if full else 1.0
         self.t_last = time.perf_counter()
 
     def set_rate(self, rate_bps: float) -> None:
@@ -80,6 +89,10 @@ class Pacer:
             self.gap = self.pkt_bytes * 8 / self.rate_bps
             self.burst = max(1, min(self.max_burst, int(self.min_sleep_s / self.gap + 0.5)))
             self.cap = 2 * self.burst + 1
+
+    def refund(self, n: int) -> None:
+        """Give back `n` packets taken but not sent."""
+        self.tokens = min(self.cap, self.tokens + n)
 
     def take(self) -> int:
         """Block until packets may go; returns how many (1..burst + 2)."""

@@ -33,6 +33,8 @@ from .rate import Pacer, SharePolicy, fine_timer_slack
 
 FRAME_OVERHEAD = 14 + 20 + 8 + W.HDR_LEN  # Ethernet + IPv4 + UDP + LTP bytes per chunk
 UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
+REORDER = 3  # a chunk is lost once one sent this many chunks later is acked
+TAIL_WAIT = 0.002  # after a pass, how long the last ACKs may take before a re-send pass
 
 
 _HDR_DTYPE = np.dtype([("magic", ">u2"), ("version", "u1"), ("type", "u1"), ("flags", ">u2"),
@@ -53,6 +55,19 @@ def _headers(job: int, round_: int, worker: int, nch: int, flags: np.ndarray,
     h["len"] = layout.chunk_bytes
     h["len"][-1] = layout.last_len
     return h.view(np.uint8)
+
+
+def _runs(order: list[int], acked: list[int], done: list[bool]) -> list[tuple[int, list[int]]]:
+    """A pass's sending order: runs of unacknowledged chunks, one target each
+    (acked[i]: bit c set when target i acknowledged chunk c).
+
+    Targets take turns in runs of a few chunks, so a GSO batch (one target
+    per system call) can form when there are several; a single target has
+    one run."""
+    run = len(order) if len(acked) == 1 else 8
+    return [(i, chunks) for b in range(0, len(order), run) for i in range(len(acked))
+            if not done[i] for chunks in [[c for c in order[b:b + run] if not (acked[i] >> c) & 1]]
+            if chunks]
 
 
 class TransportError(RuntimeError):
@@ -80,6 +95,8 @@ class PushPlan:
     order: list[int]
     hdrs: list
     bodies: list
+    pieces: list  # [target][chunk] -> (header, payload) views
+    runs: list  # the first pass: [(target, [chunk, ...]), ...] (see _runs)
     addrs: list
     reliable: bool
     timeout_s: float
@@ -259,7 +276,7 @@ class Endpoint:
         sl = slice(slots[0], slots[0] + len(slots)) if contiguous else slots
         limit = st.get("timeout_s") or self.early.cfg.hard_timeout_s
         next_decide = 0.0
-        last_bytes, last_t = None, 0.0
+        last_bytes, last_t, last_retx, last_done = None, 0.0, 0, 0
         reliable = st["reliable"]
         # seconds per chunk at line rate, and the longest sleep
         chunk_s = (self.chunk_bytes + FRAME_OVERHEAD) * 8 / self.capacity_bps
@@ -281,10 +298,13 @@ class Endpoint:
                 # on the wire: payload plus each chunk's Ethernet, IP, UDP and LTP headers,
                 # the bytes the capacity C is counted in
                 nbytes = int(prog["bytes"][sl].sum()) + done * FRAME_OVERHEAD
+                retx = int(prog["retx"][sl].sum())
                 boosted = False
                 if done and active and last_bytes is not None and now > last_t:
-                    boosted = self.share.observe((nbytes - last_bytes) * 8 / (now - last_t))
-                last_bytes, last_t = nbytes, now
+                    resent = (retx - last_retx) / max(1, done - last_done)
+                    boosted = self.share.observe((nbytes - last_bytes) * 8 / (now - last_t),
+                                                 resent)
+                last_bytes, last_t, last_retx, last_done = nbytes, now, retx, done
                 next_decide = now + 0.001
                 if boosted:
                     self.maps.set_share(round_, self.share.share_kbps(1))
@@ -429,116 +449,200 @@ class Endpoint:
         bodies = [payload[c * self.chunk_bytes:c * self.chunk_bytes + layout.chunk_len(c)]
                   for c in range(nch)]
         addrs = [(t.ip, t.port) for t in targets]
+        # Per target and chunk, the two iovec pieces: header (its RETX flag is
+        # set in place from the second pass on) and payload.
+        pieces = [[(h[c * W.HDR_LEN:(c + 1) * W.HDR_LEN], bodies[c]) for c in range(nch)]
+                  for h in hdrs]
         return PushPlan(round_=round_, targets=targets, layout=layout, crit=crit, slots=slots,
-                        order=order, hdrs=hdrs, bodies=bodies, addrs=addrs, reliable=reliable,
+                        order=order, hdrs=hdrs, bodies=bodies, pieces=pieces,
+                        runs=_runs(order, [0] * len(targets), [False] * len(targets)),
+                        addrs=addrs, reliable=reliable,
                         timeout_s=timeout_s, buf=arr)
 
     def send(self, plan: "PushPlan") -> PushReport:
-        """Send a prepared push (see `push`)."""
+        """Send a prepared push (see `push`).
+
+        The loop runs once per system call, not once per chunk: each pass
+        lists the chunks still unacknowledged at its start, and the pacer's
+        tokens take the next few of them as one GSO batch. About once a
+        millisecond it reads what the ACKs say: the rate and the closed flag
+        from the tx map, and in re-send passes which chunks arrived meanwhile."""
         round_, targets, layout, crit = plan.round_, plan.targets, plan.layout, plan.crit
-        slots, order, hdrs, bodies, addrs = plan.slots, plan.order, plan.hdrs, plan.bodies, plan.addrs
+        slots, order, hdrs, addrs = plan.slots, plan.order, plan.hdrs, plan.addrs
         reliable, timeout_s = plan.reliable, plan.timeout_s
         nch = layout.nchunks
-        txv = self.maps.tx[self.maps.bank_index(round_)]
+        nt = len(targets)
+        bank = self.maps.bank_index(round_)
+        txv = self.maps.tx[bank]
+        tx32 = txv.view(np.uint32).reshape(txv.shape[0], 4)  # round, closed, rate_kbps, acked
+        nwords = -(-nch // 64)
+        words = [self.maps.acked[bank, s, :nwords] for s in slots]
+        full_int = (1 << nch) - 1  # every chunk acked
+        pieces = plan.pieces
+        gso = [(socket.SOL_UDP, UDP_SEGMENT, self._gso_size)]
+        short = nch - 1 if layout.last_len != self.chunk_bytes else -1  # must end a GSO batch
         rate0 = sum(self._rate_hint.get(t.worker, self.initial_rate_bps) for t in targets)
-        pacer = Pacer(rate0, pkt_bytes=self.chunk_bytes + FRAME_OVERHEAD)
+        # The first batch goes at once: the round starts on the barrier, not a
+        # pacing interval later.
+        pacer = Pacer(rate0, pkt_bytes=self.chunk_bytes + FRAME_OVERHEAD, full=True)
         t0 = time.perf_counter()
         sent = resent = passes = 0
-        done_t = [False] * len(targets)
+        done_t = [False] * nt
         # The lowest rate a target advertised: its share with every flow active,
         # the rate to start the next round at (shares grow as flows finish).
-        low = [0.0] * len(targets)
+        low = [0] * nt
 
-        def refresh():
-            acked = [self.maps.acked_mask(round_, s, nch) for s in slots]
-            closed = [bool(txv[s]["closed"]) for s in slots]
-            rates = [int(txv[s]["rate_kbps"]) * 1000 for s in slots]
+        # Loss detection as in RACK: the path keeps order, so a chunk still
+        # unacknowledged when one sent REORDER chunks after it has been acked
+        # was lost; it is re-sent at once instead of at the end of the pass.
+        # ACK state is a Python int per target (bit c: chunk c acked).
+        order_sent = [[] for _ in range(nt)]  # chunks in the order they went out
+        scan = [0] * nt  # order_sent[i][:scan[i]] is judged (acked or queued)
+        urgent: list[tuple[int, int]] = []  # (target, chunk) found lost, to send next
+
+        def acked_int(i: int) -> int:
+            return int.from_bytes(words[i].tobytes(), "little")
+
+        def refresh() -> list:
+            """Closed flags; updates the pacer to the sum of advertised rates."""
+            closed = [bool(tx32[s, 1]) for s in slots]
+            rates = [int(tx32[s, 2]) for s in slots]
             for i, r in enumerate(rates):
                 if r and (not low[i] or r < low[i]):
                     low[i] = r
             if all(rates):
-                pacer.set_rate(sum(rates))
-            return acked, closed
+                pacer.set_rate(sum(rates) * 1000)
+            return closed
 
+        def detect_losses() -> list[int]:
+            """ACK state per target; queues the chunks found lost."""
+            acked = [acked_int(i) for i in range(nt)]
+            for i in range(nt):
+                a, so = acked[i], order_sent[i]
+                j = len(so) - 1  # the latest chunk out that is acked
+                while j >= scan[i] and not (a >> so[j]) & 1:
+                    j -= 1
+                p = scan[i]
+                while p < j - REORDER:
+                    c = so[p]
+                    if not (a >> c) & 1:
+                        urgent.append((i, c))
+                        hdr_u8[i][c, 5] |= W.F_RETX
+                    p += 1
+                scan[i] = max(scan[i], p)
+            return acked
+
+        hdr_u8 = [np.frombuffer(h, dtype=np.uint8).reshape(nch, W.HDR_LEN) for h in hdrs]
         while True:
-            acked, closed = refresh()
-            for i in range(len(targets)):
+            closed = refresh()
+            acked = [acked_int(i) for i in range(nt)]
+            for i in range(nt):
                 # CLOSED means the receiver is done: it closes a round only once
                 # its critical data is in (all of it, for a reliable round).
                 if not done_t[i]:
-                    done_t[i] = closed[i] or bool(acked[i].all())
+                    done_t[i] = closed[i] or acked[i] == full_int
             if all(done_t):
                 break
             if time.perf_counter() - t0 > timeout_s:
-                if reliable or any(not acked[i][crit].all() for i in range(len(targets))):
+                if reliable or any(not all((acked[i] >> c) & 1 for c in np.flatnonzero(crit).tolist())
+                                   for i in range(nt)):
                     raise TransportError(
                         f"round {round_}: critical chunks unacknowledged after {timeout_s:g}s "
                         f"(targets {[t.ip for t in targets]})")
                 break
-            retx = W.F_RETX if passes else 0
-            if passes == 1:  # from the second pass on, every chunk is a re-send
-                for h in hdrs:
-                    np.frombuffer(h, dtype=np.uint8).reshape(nch, W.HDR_LEN)[:, 5] |= W.F_RETX
+            if passes == 0:  # the runs made ready with the plan
+                runs = plan.runs
+            else:  # from the second pass on, every chunk is a re-send
+                if passes == 1:
+                    for hv in hdr_u8:
+                        hv[:, 5] |= W.F_RETX
+                runs = _runs(order, acked, done_t)
+                urgent.clear()
+                scan = [len(so) for so in order_sent]  # this pass covers what is out
             passes += 1
-            # Targets take turns in runs of a few chunks, so a GSO batch (one
-            # target per system call) can form when there are several.
-            run = 1 if len(targets) == 1 else 8
-            todo = [(i, c) for b in range(0, nch, run) for i in range(len(targets))
-                    for c in order[b:b + run] if not done_t[i] and not acked[i][c]]
-            k = 0
             refresh_at = 0.0
-            while k < len(todo):
-                burst = pacer.take()
+            ri = k = 0
+            wait_until = None
+            while True:
+                if ri >= len(runs) and not urgent:
+                    # The pass is out: give its last ACKs a round-trip (plus
+                    # queueing) to come back, still looking for losses.
+                    now = time.perf_counter()
+                    if wait_until is None:
+                        wait_until = now + TAIL_WAIT
+                    if now >= wait_until or all(
+                            tx32[s, 1] or acked_int(i) == full_int for i, s in enumerate(slots)):
+                        break
+                    time.sleep(0.0002)
+                    acked = detect_losses()
+                    continue
+                n = pacer.take()
                 now = time.perf_counter()
                 if now >= refresh_at:  # what the ACKs say, about once a millisecond
-                    acked, closed = refresh()
+                    closed = refresh()
                     refresh_at = now + 0.001
                     if all(closed):
                         break
-                # Up to `burst` chunks to one target go in one system call (UDP GSO).
-                batch: list[int] = []
-                tgt = None
-                while k < len(todo) and len(batch) < burst:
-                    i, c = todo[k]
-                    if acked[i][c] or closed[i]:
+                    acked = detect_losses()
+                batch = []
+                if urgent:  # lost chunks first, to one target per system call
+                    tgt = urgent[0][0]
+                    a = acked[tgt]
+                    j = 0
+                    while j < len(urgent) and len(batch) < n and urgent[j][0] == tgt:
+                        c = urgent[j][1]
+                        j += 1
+                        if not (a >> c) & 1:
+                            batch.append(c)
+                            if c == short:
+                                break
+                    at = urgent[:j]
+                    del urgent[:j]
+                    if closed[tgt]:
+                        batch = []
+                else:
+                    tgt, chunks = runs[ri]
+                    a = acked[tgt]
+                    at = (ri, k)  # to retry this batch if the local queue is full
+                    while k < len(chunks) and len(batch) < n:
+                        c = chunks[k]
                         k += 1
-                        continue
-                    if tgt is not None and (i != tgt or layout.chunk_len(batch[-1]) != self.chunk_bytes):
-                        break  # GSO segments share a target and all but the last a size
-                    tgt = i
-                    batch.append(c)
-                    k += 1
+                        if not (a >> c) & 1:
+                            batch.append(c)
+                            if c == short:
+                                break  # GSO segments all but the last share one size
+                    if k >= len(chunks) or closed[tgt]:
+                        ri, k = ri + 1, 0
+                        if closed[tgt]:
+                            batch = []
+                if len(batch) < n:
+                    pacer.refund(n - len(batch))
                 if not batch:
                     continue
-                iov = []
-                h = hdrs[tgt]
-                for c in batch:
-                    iov.append(h[c * W.HDR_LEN:(c + 1) * W.HDR_LEN])
-                    iov.append(bodies[c])
-                cmsg = [] if len(batch) == 1 else [(socket.SOL_UDP, UDP_SEGMENT, self._gso_size)]
+                pc = pieces[tgt]
+                iov = [p for c in batch for p in pc[c]]
                 try:
-                    self.sock.sendmsg(iov, cmsg, 0, addrs[tgt])
+                    self.sock.sendmsg(iov, gso if len(batch) > 1 else (), 0, addrs[tgt])
                 except OSError as e:
                     if e.errno not in (errno.ENOBUFS, errno.EAGAIN):
                         raise
                     time.sleep(0.0002)  # local queue full: back off, retry these
-                    k -= len(batch)
+                    if isinstance(at, list):
+                        urgent[:0] = at
+                    else:
+                        ri, k = at
                     continue
+                order_sent[tgt].extend(batch)
+                wait_until = None
                 sent += len(batch)
-                resent += len(batch) if retx else 0
-            # Give the last ACKs a round-trip (plus queueing) to come back.
-            wait_until = time.perf_counter() + 0.002
-            while time.perf_counter() < wait_until:
-                if all(bool(txv[s]["closed"]) or self.maps.acked_mask(round_, s, nch).all()
-                       for s in slots):
-                    break
-                time.sleep(0.0002)
+                if passes > 1 or isinstance(at, list):
+                    resent += len(batch)
         for t, r in zip(targets, low):
             if r:
-                self._rate_hint[t.worker] = r
-        acked_total = int(sum(int(self.maps.acked_mask(round_, s, nch).sum()) for s in slots))
+                self._rate_hint[t.worker] = r * 1000
+        acked_total = sum(acked_int(i).bit_count() for i in range(nt))
         return PushReport(round=round_, chunks=nch, sent=sent, resent=resent, acked=acked_total,
-                          closed_by_receiver=all(bool(txv[s]["closed"]) for s in slots),
+                          closed_by_receiver=all(bool(tx32[s, 1]) for s in slots),
                           duration_s=time.perf_counter() - t0, passes=passes)
 
     # ------------------------------------------------------- reliable downlink
