@@ -65,9 +65,16 @@ def _runs(order: list[int], acked: list[int], done: list[bool]) -> list[tuple[in
     per system call) can form when there are several; a single target has
     one run."""
     run = len(order) if len(acked) == 1 else 8
-    return [(i, chunks) for b in range(0, len(order), run) for i in range(len(acked))
-            if not done[i] for chunks in [[c for c in order[b:b + run] if not (acked[i] >> c) & 1]]
-            if chunks]
+    out = []
+    for b in range(0, len(order), run):
+        part = order[b:b + run]
+        for i, a in enumerate(acked):
+            if done[i]:
+                continue
+            chunks = [c for c in part if not (a >> c) & 1] if a else part
+            if chunks:
+                out.append((i, chunks))
+    return out
 
 
 class TransportError(RuntimeError):
