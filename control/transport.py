@@ -77,6 +77,43 @@ def _runs(order: list[int], acked: list[int], done: list[bool]) -> list[tuple[in
     return out
 
 
+class LossDetector:
+    """Which chunks sent to one target were lost, as RACK (RFC 8985) judges.
+
+    The path keeps a flow's packets in order (one queue; on multi-path
+    networks a flow is pinned to one path), so a chunk still unacknowledged
+    when one sent `reorder` chunks after it has been acknowledged was lost,
+    whatever the ACKs' own order. The sender re-sends it at once, instead of
+    after the pass and a wait for the last ACKs. `sent` lists chunks in the
+    order they went out (a re-send appends the chunk again); each position
+    is judged once."""
+
+    def __init__(self, reorder: int = REORDER):
+        self.reorder = reorder
+        self.sent: list[int] = []
+        self.judged = 0  # sent[:judged] are judged: acked, or reported lost
+
+    def restart(self) -> None:
+        """A new pass re-sends everything outstanding: judge only what it sends."""
+        self.judged = len(self.sent)
+
+    def lost(self, acked: int) -> list[int]:
+        """Chunks newly found lost, given the ACK state (bit c: chunk c acked)."""
+        so, start = self.sent, self.judged
+        j = len(so) - 1  # the latest position whose chunk is acked
+        while j >= start and not (acked >> so[j]) & 1:
+            j -= 1
+        out = []
+        p = start
+        while p < j - self.reorder:
+            c = so[p]
+            if not (acked >> c) & 1:
+                out.append(c)
+            p += 1
+        self.judged = max(start, p)
+        return out
+
+
 class TransportError(RuntimeError):
     """A round could not be completed as asked (e.g. reliable data timed out)."""
 
@@ -499,12 +536,9 @@ class Endpoint:
         # the rate to start the next round at (shares grow as flows finish).
         low = [0] * nt
 
-        # Loss detection as in RACK: the path keeps order, so a chunk still
-        # unacknowledged when one sent REORDER chunks after it has been acked
-        # was lost; it is re-sent at once instead of at the end of the pass.
-        # ACK state is a Python int per target (bit c: chunk c acked).
-        order_sent = [[] for _ in range(nt)]  # chunks in the order they went out
-        scan = [0] * nt  # order_sent[i][:scan[i]] is judged (acked or queued)
+        # Chunks found lost (LossDetector) are re-sent next, before the pass
+        # goes on; ACK state is a Python int per target (bit c: chunk c acked).
+        detectors = [LossDetector() for _ in range(nt)]
         urgent: list[tuple[int, int]] = []  # (target, chunk) found lost, to send next
 
         def acked_int(i: int) -> int:
@@ -524,19 +558,10 @@ class Endpoint:
         def detect_losses() -> list[int]:
             """ACK state per target; queues the chunks found lost."""
             acked = [acked_int(i) for i in range(nt)]
-            for i in range(nt):
-                a, so = acked[i], order_sent[i]
-                j = len(so) - 1  # the latest chunk out that is acked
-                while j >= scan[i] and not (a >> so[j]) & 1:
-                    j -= 1
-                p = scan[i]
-                while p < j - REORDER:
-                    c = so[p]
-                    if not (a >> c) & 1:
-                        urgent.append((i, c))
-                        hdr_u8[i][c, 5] |= W.F_RETX
-                    p += 1
-                scan[i] = max(scan[i], p)
+            for i, det in enumerate(detectors):
+                for c in det.lost(acked[i]):
+                    urgent.append((i, c))
+                    hdr_u8[i][c, 5] |= W.F_RETX
             return acked
 
         hdr_u8 = [np.frombuffer(h, dtype=np.uint8).reshape(nch, W.HDR_LEN) for h in hdrs]
@@ -565,7 +590,8 @@ class Endpoint:
                         hv[:, 5] |= W.F_RETX
                 runs = _runs(order, acked, done_t)
                 urgent.clear()
-                scan = [len(so) for so in order_sent]  # this pass covers what is out
+                for det in detectors:  # this pass re-sends whatever is still out
+                    det.restart()
             passes += 1
             refresh_at = 0.0
             ri = k = 0
@@ -639,7 +665,7 @@ class Endpoint:
                     else:
                         ri, k = at
                     continue
-                order_sent[tgt].extend(batch)
+                detectors[tgt].sent.extend(batch)
                 wait_until = None
                 sent += len(batch)
                 if passes > 1 or isinstance(at, list):

@@ -161,3 +161,19 @@ def test_vectorised_headers_match_the_wire_packer():
         assert bytes(h[c * 32:(c + 1) * 32]) == W.pack_header(
             worker=513, job=7, round=70000, chunk=c, nchunks=3, length=lay.chunk_len(c),
             flags=int(flags[c]))
+
+
+def test_loss_detector_judges_by_what_was_acked_after():
+    from ltpx.control.transport import LossDetector
+    det = LossDetector(reorder=2)
+    det.sent.extend([5, 1, 9, 3, 7, 2])
+    ack = lambda *cs: sum(1 << c for c in cs)  # noqa: E731
+    assert det.lost(0) == []                      # nothing acked: nothing judged
+    assert det.lost(ack(1, 3)) == [5]             # 3 is two after 5's successor
+    assert det.lost(ack(1, 3)) == []              # each position is judged once
+    assert det.lost(ack(1, 3, 2)) == [9]          # 2 acked: 9 and 3 judged; 7 too recent
+    det.sent.extend([5, 9])                       # the re-sends go out again
+    assert det.lost(ack(1, 3, 2, 7, 9)) == []     # 5 (re-sent) is within the window of 9
+    det.sent.append(4)
+    det.restart()                                 # a new pass covers all that is out
+    assert det.lost(ack(1, 3, 2, 7, 9, 4)) == []
