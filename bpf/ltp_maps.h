@@ -50,10 +50,16 @@ enum ltp_counter {
 	LTP_C_MAX,
 };
 
+/* ltp_cfg.flags */
+#define LTP_CFG_SELF     1       /* self_* below are set: group DATA is accepted */
+
 /* receiver config, written by the control plane at load */
 struct ltp_cfg {
 	__u32 job;             /* job cookie in host order; 0 accepts any job */
-	__u32 flags;           /* reserved */
+	__u32 flags;           /* LTP_CFG_* */
+	__be32 self_ip;        /* this host's address, network order ... */
+	__u16 self_worker;     /* ... its worker id, host order ... */
+	__u8 self_mac[6];      /* ... and its device's MAC: what a group DATA's ACK comes from */
 };
 
 struct ltp_bank {

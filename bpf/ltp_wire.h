@@ -29,6 +29,9 @@
 #define LTP_F_LAST       0x0002 /* last chunk of the buffer */
 #define LTP_F_RELIABLE   0x0004 /* the whole round is critical (parameter downlink) */
 #define LTP_F_RETX       0x0008 /* a re-send: the receiver counts what arrived only this way */
+#define LTP_F_GROUP      0x0010 /* DATA sent to a group (broadcast/multicast) address: each
+                                   receiver takes it for its own id and ACKs from its own
+                                   addresses (ltp_cfg.self_*) */
 #define LTP_F_DUP        0x0100 /* ACK: the receiver already had this chunk */
 
 /* receiver round state carried in an ACK (ltp_hdr.state) */

@@ -3,6 +3,8 @@
  * DATA  -> validate, drop-and-count bad classes, copy the payload into the
  *          round bank's reassembly memory (ltp_mem), mark the chunk in the
  *          delivery bitmaps, rewrite the packet into its ACK and XDP_TX it.
+ *          DATA flagged GROUP (one packet to many receivers) is taken
+ *          for this host's own worker id (ltp_cfg.self_*).
  * ACK   -> record the chunk as acknowledged for the sender (ltp_acked,
  *          ltp_tx) and XDP_DROP.
  * other -> XDP_PASS untouched (LTP control types are passed up too).
@@ -153,8 +155,19 @@ static __always_inline int peer_slot(struct ltp_hdr *h, u32 *slot)
 
 static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 				   struct iphdr *iph, struct udphdr *udp,
-				   struct ltp_hdr *h)
+				   struct ltp_hdr *h, struct ltp_cfg *cfg)
 {
+	if (h->flags & bpf_htons(LTP_F_GROUP)) {
+		/* Sent to a group: this host takes it as addressed to itself, so
+		 * its slot is its own id's and the ACK (built by swapping) names
+		 * this worker and leaves from this host's MAC and address, not
+		 * the group's. */
+		if (!(cfg->flags & LTP_CFG_SELF))
+			return drop(LTP_C_UNKNOWN_WORKER, h);
+		h->worker = bpf_htons(cfg->self_worker);
+		__builtin_memcpy(eth->h_dest, cfg->self_mac, ETH_ALEN);
+		iph->daddr = cfg->self_ip;
+	}
 	u32 slot;
 	if (peer_slot(h, &slot))
 		return drop(LTP_C_UNKNOWN_WORKER, h);
@@ -331,7 +344,7 @@ int ltp_xdp(struct xdp_md *ctx)
 		return drop(LTP_C_FOREIGN_JOB, h);
 
 	if (h->type == LTP_T_DATA && udp->dest == bpf_htons(LTP_PORT))
-		return on_data(ctx, eth, iph, udp, h);
+		return on_data(ctx, eth, iph, udp, h, cfg);
 	if (h->type == LTP_T_ACK && udp->source == bpf_htons(LTP_PORT))
 		return on_ack(h);
 	if (h->type >= LTP_T_CTRL_MIN && h->type <= LTP_T_CTRL_MAX) {

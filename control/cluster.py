@@ -21,6 +21,7 @@ from typing import Iterable
 import numpy as np
 
 from ..dataplane import netns
+from ..dataplane import wire as W
 from .early_close import EarlyCloseConfig
 from .transport import Endpoint, Peer, PushReport, RoundResult
 
@@ -126,17 +127,20 @@ class LtpCluster:
             reports[p.worker] = PushReport(**p.recv()["report"])
         return res, reports
 
-    def downlink(self, round_: int, params: np.ndarray, timeout_s: float = 20.0
-                 ) -> tuple[PushReport, dict[int, str]]:
+    def downlink(self, round_: int, params: np.ndarray, timeout_s: float = 20.0,
+                 group: bool = False) -> tuple[PushReport, dict[int, str]]:
         """Reliable PS -> all workers; returns the push report and each
-        worker's sha256 of what it received."""
+        worker's sha256 of what it received. group: the first pass goes once,
+        to the rig's broadcast address, instead of once per worker."""
         for p in self.procs:
             p.send({"cmd": "expect", "round": round_, "nelems": int(params.size),
                     "timeout": timeout_s})
         for p in self.procs:
             p.recv()
+        from ..dataplane.rig import BROADCAST
         rep = self.ps.push_reliable(round_, params, [Peer(h.index, h.ip) for h in self.hosts],
-                                    timeout_s=timeout_s)
+                                    timeout_s=timeout_s,
+                                    group=(BROADCAST, W.PORT) if group else None)
         digests = {p.worker: p.recv(timeout=timeout_s + 5)["sha256"] for p in self.procs}
         return rep, digests
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import operator
 import socket
 import struct
 import time
@@ -55,6 +56,13 @@ def _headers(job: int, round_: int, worker: int, nch: int, flags: np.ndarray,
     h["len"] = layout.chunk_bytes
     h["len"][-1] = layout.last_len
     return h.view(np.uint8)
+
+
+def _device_mac(sock: socket.socket, dev: str) -> str:
+    """The MAC of `dev` in the namespace `sock` was created in (SIOCGIFHWADDR)."""
+    import fcntl
+    info = fcntl.ioctl(sock.fileno(), 0x8927, struct.pack("256s", dev.encode()[:15]))
+    return info[18:24].hex(":")
 
 
 def _runs(order: list[int], acked: list[int], done: list[bool]) -> list[tuple[int, list[int]]]:
@@ -139,8 +147,9 @@ class PushPlan:
     order: list[int]
     hdrs: list
     bodies: list
-    pieces: list  # [target][chunk] -> (header, payload) views
+    pieces: list  # [target][chunk] -> (header, payload) views (None: built when sent)
     runs: list  # the first pass: [(target, [chunk, ...]), ...] (see _runs)
+    group: bool  # the last of hdrs/addrs/pieces is a group address; the first pass goes there
     addrs: list
     reliable: bool
     timeout_s: float
@@ -216,13 +225,20 @@ class Endpoint:
 
     peers: worker id -> slot. A PS lists every worker; a worker lists itself
     (its uplink ACKs and its downlink DATA both carry its own id).
+    self_id: a worker's own id. With it the endpoint also receives downlink
+    DATA sent to a group address (`push_reliable(..., group=...)`): its XDP
+    program takes such packets as addressed to self_id and ACKs them from
+    this host's own MAC and address.
     """
 
     def __init__(self, dev: str, ip: str, peers: dict[int, int], max_elems: int, *,
                  ns: str | None = None, mode: str = "native", job: int = 0,
                  capacity_bps: float = 1e9, chunk_bytes: int = 1424, port: int = W.PORT,
                  early_close: EarlyCloseConfig | None = None, bubble_strategy: str = "mean",
-                 initial_rate_bps: float | None = None, publish: bool = True):
+                 initial_rate_bps: float | None = None, publish: bool = True,
+                 self_id: int | None = None):
+        if self_id is not None and self_id not in peers:
+            raise ValueError(f"self_id {self_id} must be one of the peers {sorted(peers)}")
         if bubble_strategy not in bubble.STRATEGIES:
             raise ValueError(f"unknown bubble strategy {bubble_strategy!r}")
         if not peers:
@@ -250,6 +266,14 @@ class Endpoint:
                 self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self.sock.bind((ip, 0))
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
+            # Group sends: to a broadcast address, or to a multicast group out
+            # of this host's device (no multicast route needed), one hop.
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+            self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(ip))
+            self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+            self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 0)
+            if self_id is not None:
+                self.maps.set_self(self_id, ip, _device_mac(self.sock, dev))
         except BaseException:
             if getattr(self, "_published", None):
                 from ..dataplane import registry
@@ -442,7 +466,8 @@ class Endpoint:
 
     # --------------------------------------------------------------------- send
     def push(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
-             reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None) -> PushReport:
+             reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None,
+             group: tuple[str, int] | None = None) -> PushReport:
         """Send buf (float32) as round_ to one or more peers.
 
         Chunks go in a per-round random order, paced to the rate the receiver
@@ -450,13 +475,20 @@ class Endpoint:
         receiver keeps the round open; a receiver closes a round only once its
         critical chunks (all of them with reliable=True) are in, so critical
         data is re-sent until it arrives. Returns when every target closed the
-        round or acknowledged every chunk."""
+        round or acknowledged every chunk.
+
+        group: (address, port) of a broadcast address or multicast group that
+        reaches every target. The first pass then goes once, to the group,
+        instead of once per target (each target's XDP program must know its
+        own id: Endpoint(self_id=...)); what a target lacks after that is
+        re-sent to it alone."""
         return self.send(self.prepare_push(round_, buf, to, critical=critical, reliable=reliable,
-                                           timeout_s=timeout_s, seed=seed))
+                                           timeout_s=timeout_s, seed=seed, group=group))
 
     def prepare_push(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
                      reliable: bool = False, timeout_s: float = 10.0,
-                     seed: int | None = None) -> "PushPlan":
+                     seed: int | None = None,
+                     group: tuple[str, int] | None = None) -> "PushPlan":
         """Everything `push` does before its first packet (checks, chunk order,
         headers, sender state), so a caller can do it ahead of a barrier and
         `send` the plan the moment the round starts. `buf` must not change
@@ -493,14 +525,21 @@ class Endpoint:
         bodies = [payload[c * self.chunk_bytes:c * self.chunk_bytes + layout.chunk_len(c)]
                   for c in range(nch)]
         addrs = [(t.ip, t.port) for t in targets]
+        if group is not None:  # one more "target": the group, its headers flagged GROUP
+            hdrs.append(memoryview(_headers(self.job, round_, 0, nch, flags | W.F_GROUP,
+                                            layout)))
+            addrs.append((group[0], int(group[1])))
         # Per target and chunk, the two iovec pieces: header (its RETX flag is
-        # set in place from the second pass on) and payload.
+        # set in place from the second pass on) and payload. A group push
+        # sends its first pass to the group only; the few re-sends to single
+        # targets build theirs as they go (pieces None).
         pieces = [[(h[c * W.HDR_LEN:(c + 1) * W.HDR_LEN], bodies[c]) for c in range(nch)]
-                  for h in hdrs]
+                  if group is None or i == len(targets) else None for i, h in enumerate(hdrs)]
+        first = ([(len(targets), order)] if group is not None else
+                 _runs(order, [0] * len(targets), [False] * len(targets)))
         return PushPlan(round_=round_, targets=targets, layout=layout, crit=crit, slots=slots,
-                        order=order, hdrs=hdrs, bodies=bodies, pieces=pieces,
-                        runs=_runs(order, [0] * len(targets), [False] * len(targets)),
-                        addrs=addrs, reliable=reliable,
+                        order=order, hdrs=hdrs, bodies=bodies, pieces=pieces, runs=first,
+                        group=group is not None, addrs=addrs, reliable=reliable,
                         timeout_s=timeout_s, buf=arr)
 
     def send(self, plan: "PushPlan") -> PushReport:
@@ -516,6 +555,7 @@ class Endpoint:
         reliable, timeout_s = plan.reliable, plan.timeout_s
         nch = layout.nchunks
         nt = len(targets)
+        grp = nt if plan.group else -1  # the group's index in hdrs/addrs/pieces and runs
         bank = self.maps.bank_index(round_)
         txv = self.maps.tx[bank]
         tx32 = txv.view(np.uint32).reshape(txv.shape[0], 4)  # round, closed, rate_kbps, acked
@@ -551,8 +591,8 @@ class Endpoint:
             for i, r in enumerate(rates):
                 if r and (not low[i] or r < low[i]):
                     low[i] = r
-            if all(rates):
-                pacer.set_rate(sum(rates) * 1000)
+            if all(rates):  # a group packet reaches every target at once
+                pacer.set_rate((min(rates) if grp >= 0 and passes <= 1 else sum(rates)) * 1000)
             return closed
 
         def detect_losses() -> list[int]:
@@ -635,7 +675,11 @@ class Endpoint:
                         batch = []
                 else:
                     tgt, chunks = runs[ri]
-                    a = acked[tgt]
+                    if tgt == grp:  # skip only what every target has
+                        a = functools.reduce(operator.and_, acked)
+                        shut = all(closed)
+                    else:
+                        a, shut = acked[tgt], closed[tgt]
                     at = (ri, k)  # to retry this batch if the local queue is full
                     while k < len(chunks) and len(batch) < n:
                         c = chunks[k]
@@ -644,16 +688,22 @@ class Endpoint:
                             batch.append(c)
                             if c == short:
                                 break  # GSO segments all but the last share one size
-                    if k >= len(chunks) or closed[tgt]:
+                    if k >= len(chunks) or shut:
                         ri, k = ri + 1, 0
-                        if closed[tgt]:
+                        if shut:
                             batch = []
                 if len(batch) < n:
                     pacer.refund(n - len(batch))
                 if not batch:
                     continue
                 pc = pieces[tgt]
-                iov = [p for c in batch for p in pc[c]]
+                if pc is not None:
+                    iov = [p for c in batch for p in pc[c]]
+                else:
+                    h = hdrs[tgt]
+                    iov = []
+                    for c in batch:
+                        iov += (h[c * W.HDR_LEN:(c + 1) * W.HDR_LEN], plan.bodies[c])
                 try:
                     self.sock.sendmsg(iov, gso if len(batch) > 1 else (), 0, addrs[tgt])
                 except OSError as e:
@@ -665,7 +715,8 @@ class Endpoint:
                     else:
                         ri, k = at
                     continue
-                detectors[tgt].sent.extend(batch)
+                for det in (detectors if tgt == grp else (detectors[tgt],)):
+                    det.sent.extend(batch)
                 wait_until = None
                 sent += len(batch)
                 if passes > 1 or isinstance(at, list):
@@ -679,9 +730,11 @@ class Endpoint:
                           duration_s=time.perf_counter() - t0, passes=passes)
 
     # ------------------------------------------------------- reliable downlink
-    def push_reliable(self, round_: int, buf, to: list[Peer], timeout_s: float = 10.0) -> PushReport:
-        """Send buf to every peer in `to`, every chunk critical, until all acked."""
-        return self.push(round_, buf, to, reliable=True, timeout_s=timeout_s)
+    def push_reliable(self, round_: int, buf, to: list[Peer], timeout_s: float = 10.0,
+                      group: tuple[str, int] | None = None) -> PushReport:
+        """Send buf to every peer in `to`, every chunk critical, until all acked
+        (group: see `push`)."""
+        return self.push(round_, buf, to, reliable=True, timeout_s=timeout_s, group=group)
 
     def expect(self, round_: int, nelems: int, source_worker: int) -> None:
         """Open round_ to receive a reliable buffer (e.g. parameters) for

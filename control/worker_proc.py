@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, ns=a.netns, mode=a.mode, job=a.job,
                       capacity_bps=a.capacity, initial_rate_bps=a.capacity / a.workers,
-                      chunk_bytes=a.chunk_bytes)
+                      chunk_bytes=a.chunk_bytes, self_id=a.id)
     except Exception as e:  # report, then exit
         reply({"error": f"endpoint: {e}"})
         return 1

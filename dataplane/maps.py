@@ -12,6 +12,7 @@ import ctypes
 import mmap
 import os
 import re
+import socket
 import time
 from typing import Iterable
 
@@ -28,8 +29,13 @@ BANK_FREE, BANK_OPEN, BANK_CLOSED = 0, 1, 2
 BANK_STATES = {BANK_FREE: "free", BANK_OPEN: "open", BANK_CLOSED: "closed"}
 
 
+CFG_SELF = 1  # LTP_CFG_SELF: self_* set, group DATA accepted
+
+
 class Cfg(ctypes.Structure):
-    _fields_ = [("job", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+    _fields_ = [("job", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("self_ip", ctypes.c_uint8 * 4), ("self_worker", ctypes.c_uint16),
+                ("self_mac", ctypes.c_uint8 * 6)]
 
 
 class Bank(ctypes.Structure):
@@ -216,7 +222,25 @@ class LtpMaps:
     def set_job(self, job: int) -> None:
         if not 0 <= job < 2**32:
             raise ValueError(f"job cookie must fit 32 bits, got {job}")
-        self.cfg.set(0, Cfg(job=job, flags=0))
+        c = self.cfg.get(0)
+        c.job = job
+        self.cfg.set(0, c)
+
+    def set_self(self, worker: int, ip: str, mac: str) -> None:
+        """This host's worker id, address and device MAC: with them set, DATA
+        flagged GROUP (sent to a broadcast or multicast address) is taken as
+        addressed to `worker`, and its ACK leaves from `ip` and `mac`."""
+        if not 0 <= worker < 65536:
+            raise ValueError(f"worker id must be in 0..65535, got {worker}")
+        raw_mac = bytes.fromhex(mac.replace(":", ""))
+        if len(raw_mac) != 6:
+            raise ValueError(f"not a MAC address: {mac!r}")
+        c = self.cfg.get(0)
+        c.self_ip[:] = socket.inet_aton(ip)
+        c.self_worker = worker
+        c.self_mac[:] = raw_mac
+        c.flags |= CFG_SELF
+        self.cfg.set(0, c)
 
     def set_peers(self, peers: dict[int, int]) -> None:
         """worker id -> slot (0-based). Workers not named stay unknown."""

@@ -45,6 +45,7 @@ PIN_ROOT = "/sys/fs/bpf/ltp-rig"
 SUBNET = "198.18.0.0"
 PREFIXLEN = 24
 PS_IP = "198.18.0.1"
+BROADCAST = "198.18.0.255"  # every host of the rig's /24 (the bridge floods it)
 WORKER_BASE = 10          # worker i has 198.18.0.(10 + i)
 MAX_WORKERS = 64
 DEFAULT_NAME = "default"
@@ -445,7 +446,8 @@ class Rig(RigBase):
     def _host_up(self, h: Host) -> None:
         with _ipr(h.netns) as ipr:
             idx = ipr.link_lookup(ifname=h.ifname)[0]
-            ipr.addr("add", index=idx, address=h.ip, prefixlen=h.prefixlen)
+            ipr.addr("add", index=idx, address=h.ip, prefixlen=h.prefixlen,
+                     broadcast=BROADCAST)  # the PS's group sends (Endpoint.push group=)
             ipr.link("set", index=idx, state="up")
             # static neighbours: no ARP on the bottleneck, MACs known up front
             for other in self.hosts:

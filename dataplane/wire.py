@@ -41,6 +41,7 @@ F_CRITICAL = _C["LTP_F_CRITICAL"]
 F_LAST = _C["LTP_F_LAST"]
 F_RELIABLE = _C["LTP_F_RELIABLE"]
 F_RETX = _C["LTP_F_RETX"]
+F_GROUP = _C["LTP_F_GROUP"]
 F_DUP = _C["LTP_F_DUP"]
 
 RS_OPEN = _C["LTP_RS_OPEN"]
@@ -48,7 +49,7 @@ RS_CLOSED = _C["LTP_RS_CLOSED"]
 
 TYPE_NAMES = {T_DATA: "DATA", T_ACK: "ACK"}
 FLAG_NAMES = {F_CRITICAL: "critical", F_LAST: "last", F_RELIABLE: "reliable", F_RETX: "retx",
-              F_DUP: "dup"}
+              F_GROUP: "group", F_DUP: "dup"}
 
 
 class LtpHdr(ctypes.BigEndianStructure):
@@ -100,7 +101,7 @@ class LTP(Packet):
         XShortField("magic", MAGIC),
         ByteField("version", VERSION),
         ByteEnumField("type", T_DATA, {T_DATA: "DATA", T_ACK: "ACK"}),
-        FlagsField("flags", 0, 16, ["critical", "last", "reliable", "retx", "b4", "b5", "b6",
+        FlagsField("flags", 0, 16, ["critical", "last", "reliable", "retx", "group", "b5", "b6",
                                     "b7", "dup"]),
         ShortField("worker", 0),
         IntField("job", 0),

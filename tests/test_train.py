@@ -87,6 +87,10 @@ def test_straggler_and_config_parsing():
     assert TrainConfig.from_json(c.to_json()) == c
     with pytest.raises(ValueError, match="wbsp"):
         TrainConfig(transport="gloo", sync="wbsp").validate()
+    with pytest.raises(ValueError, match="downlink"):
+        TrainConfig(transport="tcp", downlink="group").validate()
+    with pytest.raises(ValueError, match="downlink"):
+        TrainConfig(downlink="multicast").validate()
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -165,7 +169,11 @@ def test_lossless_ltp_and_tcp_train_bit_identical_parameters(rig, ltp_run):
 
 @requires_bpf
 def test_wbsp_fast_workers_do_more_local_steps_and_all_pull_the_same_versions(rig):
-    r = _train(rig, transport="ltp", sync="wbsp", straggler={1: 8.0})
+    # The parameters go once per chunk to the rig's broadcast address here
+    # (the other LTP run sends them to each worker): every worker still pulls
+    # every version bit-exact.
+    r = _train(rig, transport="ltp", sync="wbsp", straggler={1: 8.0}, downlink="group")
+    assert r["downlink"] == "group"
     steps = {int(k): v for k, v in r["local_steps"].items()}
     assert steps[1] >= STEPS
     assert steps[0] > steps[1] and steps[2] > steps[1]

@@ -325,6 +325,38 @@ def test_bitmaps_of_a_geometry_with_odd_word_count():
         assert firsts.tolist() == [float(c) for c in range(n)]
 
 
+def test_group_data_is_taken_for_the_hosts_own_id():
+    """DATA flagged GROUP (sent to a broadcast address) lands in the slot of
+    the host's own id and is ACKed from the host's own MAC and address, naming
+    that id; before the host's identity is set it is dropped and counted."""
+    from ltpx.dataplane.loader import Dataplane, Geometry
+    self_mac, self_ip = "02:00:00:00:00:0b", "198.18.0.11"
+    pkt = (Ether(src=PS_MAC, dst="ff:ff:ff:ff:ff:ff") / IP(src=PS_IP, dst="198.18.0.255", id=5) /
+           UDP(sport=40000, dport=W.PORT) /
+           W.LTP(worker=0, job=JOB, round=5, chunk=1, nchunks=NCHUNKS, flags="reliable+group") /
+           Raw(payload(CHUNK, 2.0)))
+    with Dataplane(Geometry(slots=2, max_chunks=64), job=JOB) as d:
+        m = d.maps()
+        m.set_peers({9: 1})
+        m.open_bank(5, NCHUNKS, LAST)
+        res = run(d, pkt)
+        assert res.verdict == XDP_DROP and m.counters()["unknown_worker"] == 1
+        assert not m.done.any()
+        m.set_self(9, self_ip, self_mac)
+        m.set_job(JOB)  # keeps the identity
+        res = run(d, pkt)
+        assert res.verdict == XDP_TX
+        assert m.done_mask(5, 1, NCHUNKS).tolist() == [False, True, False, False]
+        assert m.mem_bytes[1, 1, CHUNK:2 * CHUNK].tobytes() == payload(CHUNK, 2.0)
+        got = Ether(res.data)
+        assert (got.src, got.dst, got[IP].src, got[IP].dst) == (self_mac, PS_MAC, self_ip, PS_IP)
+        assert (got[W.LTP].type, got[W.LTP].worker, got[W.LTP].chunk) == (W.T_ACK, 9, 1)
+        del got[IP].chksum, got[UDP].chksum  # scapy recomputes both and agrees
+        assert bytes(Ether(bytes(got))) == res.data
+        with pytest.raises(ValueError, match="MAC"):
+            m.set_self(9, self_ip, "02:00")
+
+
 def test_ack_divides_the_share_among_unfinished_flows(dp, maps):
     """With a share set on the bank, each ACK carries share / (flows not yet
     finished): a flow's last chunk takes it off the count at once (the ACK of

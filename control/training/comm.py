@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...dataplane import wire as W
 from ..early_close import COMPLETE, DEADLINE, EARLY, EarlyCloseConfig
 from ..transport import Endpoint, Peer, TransportError
 
@@ -80,8 +81,12 @@ class LtpPs:
     def __init__(self, dev: str, ip: str, workers: list[int], nelems: int, *,
                  ns: str | None = None, mode: str = "native", capacity_bps: float = 1e9, mtu: int = 1500,
                  job: int = 0, bubble: str = "mean",
-                 early_close: EarlyCloseConfig | None = None, timeout_s: float = 30.0):
+                 early_close: EarlyCloseConfig | None = None, timeout_s: float = 30.0,
+                 group: str | None = None):
         self.ids = list(workers)
+        # the parameter downlink's first pass goes once, to this broadcast or
+        # multicast address, instead of once per worker
+        self.group = (group, W.PORT) if group else None
         self.nelems = nelems
         self.timeout_s = timeout_s
         self.ep = Endpoint(dev, ip, {w: i for i, w in enumerate(self.ids)}, nelems, ns=ns,
@@ -111,7 +116,7 @@ class LtpPs:
                                "missing_workers": res.missing_workers})
 
     def broadcast(self, t: int, params: np.ndarray) -> None:
-        self.ep.push_reliable(t, params, self.peers, timeout_s=self.timeout_s)
+        self.ep.push_reliable(t, params, self.peers, timeout_s=self.timeout_s, group=self.group)
 
     def close(self) -> None:
         self.ep.close()
@@ -131,7 +136,8 @@ class LtpWorker:
         cfg = EarlyCloseConfig(hard_timeout_s=timeout_s)
         self.ep = Endpoint(dev, ip, {worker: 0}, nelems, ns=ns, mode=mode, job=job,
                            capacity_bps=capacity_bps, chunk_bytes=chunk_bytes_for(mtu),
-                           early_close=cfg, initial_rate_bps=capacity_bps / max(1, workers))
+                           early_close=cfg, initial_rate_bps=capacity_bps / max(1, workers),
+                           self_id=worker)  # so group-sent parameters are taken as its own
         self.ip = ip
         self.ps: Peer | None = None
         self.last_push = None

@@ -29,6 +29,7 @@ from datetime import timedelta
 from typing import Callable
 
 from ...dataplane import netns
+from ...dataplane.rig import BROADCAST
 from .runtime import TrainConfig
 
 
@@ -88,6 +89,8 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
                     "--capacity", str(rig.config.rate_bps), "--mtu", str(rig.config.mtu),
                     "--store-netns", rig.ps.netns, "--netns", h.netns,
                     "--timeout", str(rank_timeout_s)]
+            if cfg.downlink == "group":  # the rig's bridge floods its subnet broadcast
+                argv += ["--group", BROADCAST]
             if deadline_min_s is not None:
                 argv += ["--deadline-min", str(deadline_min_s)]
             if early_close:

@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="report the training time until the test accuracy reaches this")
     p.add_argument("--cc", default="cubic", help="TCP congestion control (--transport tcp)")
+    p.add_argument("--downlink", choices=("unicast", "group"), default="unicast",
+                   help="LTP parameter downlink: unicast to each worker, or group: once to "
+                   "--group's address, then what a worker lacks to it alone")
     p.add_argument("--verify-versions", action="store_true",
                    help="hash every parameter version on every rank (costs ~1 ms/MB each)")
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)  # TrainConfig JSON
@@ -103,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--capacity", type=float, default=1e9,
                      help="bottleneck rate toward the PS in bit/s (LTP rate shares, Early Close)")
     net.add_argument("--mtu", type=int, default=1500)
+    net.add_argument("--group", default=None, metavar="ADDR",
+                     help="broadcast or multicast address every worker receives: with "
+                     "--downlink group in the config, the PS sends the parameters there once")
     net.add_argument("--job", type=int, default=0x7472, help="LTP job cookie")
     net.add_argument("--tcp-port", type=int, default=0, help="PS listening port (tcp)")
     net.add_argument("--deadline-min", type=float, default=None,
@@ -135,7 +141,7 @@ def config_from_args(a: argparse.Namespace):
                           hidden=hidden, seed=a.seed, bubble=a.bubble,
                           straggler=parse_straggler(a.straggler), eval_every=a.eval_every,
                           target_accuracy=a.target_accuracy, cc=a.cc,
-                          verify_versions=a.verify_versions)
+                          verify_versions=a.verify_versions, downlink=a.downlink)
     cfg.validate()
     return cfg
 
@@ -178,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         if need_net and not (a.dev or a.ip):
             raise SystemExit(f"rank {rank}: --dev is needed with --transport {cfg.transport}")
         ip = a.ip or (dev_ipv4(a.dev) if a.dev else None)
+        if cfg.downlink == "group" and not a.group:
+            raise SystemExit("--downlink group needs --group ADDR (a broadcast or multicast "
+                             "address every worker receives)")
         if cfg.transport == "gloo" and a.dev:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", a.dev)
         lo = 1 if cfg.transport == "gloo" else 2
@@ -187,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = RankContext(rank=rank, world=world, store=store, cfg=cfg, dev=a.dev, ip=ip,
                           xdp_mode=a.xdp_mode, capacity_bps=a.capacity, mtu=a.mtu, job=a.job,
                           tcp_port=a.tcp_port, timeout_s=a.timeout, deadline_min_s=a.deadline_min,
-                          early_close=early_close, netns=a.netns,
+                          early_close=early_close, netns=a.netns, group=a.group,
                           emit=emit)
         bad = [w for w in cfg.straggler if w >= ctx.workers]
         if bad:

@@ -42,11 +42,13 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..rate import quiet_gc
 from .data import BatchStream, iterations_per_epoch, split
 from .model import DEFAULT_HIDDEN, FlatModel, build_mlp, evaluate, param_digest
 
 TRANSPORTS = ("ltp", "tcp", "gloo")
 SYNCS = ("bsp", "wbsp")
+DOWNLINKS = ("unicast", "group")
 # Store keys; a torchrun restart starts a fresh key space (an agent store
 # outlives attempts, and a stale barrier key would let a round run early).
 KEY = f"ltpx/train/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
@@ -71,6 +73,8 @@ class TrainConfig:
     target_accuracy: float | None = None
     cc: str = "cubic"
     verify_versions: bool = False       # hash every parameter version on every rank
+    downlink: str = "unicast"           # ltp parameter downlink: unicast | group (one packet
+                                        # per chunk to a broadcast/multicast address)
 
     def validate(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -86,6 +90,10 @@ class TrainConfig:
             raise ValueError(f"batch: must be at least 1, got {self.batch}")
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden: layer widths must be positive, got {self.hidden}")
+        if self.downlink not in DOWNLINKS:
+            raise ValueError(f"downlink: one of {', '.join(DOWNLINKS)}, got {self.downlink!r}")
+        if self.downlink == "group" and self.transport != "ltp":
+            raise ValueError("downlink: group sends need the ltp transport")
         for w, f in self.straggler.items():
             if f < 1:
                 raise ValueError(f"straggler: factor for worker {w} must be >= 1, got {f}")
@@ -127,6 +135,7 @@ class RankContext:
     deadline_min_s: float | None = None
     early_close: dict = field(default_factory=dict)   # EarlyCloseConfig fields (LTP PS)
     netns: str | None = None            # the namespace this rank runs in (names its pins)
+    group: str | None = None            # address of downlink "group" (broadcast or multicast)
     emit: Callable[[dict], None] = lambda obj: None
 
     @property
@@ -317,7 +326,8 @@ def run_ps(ctx: RankContext) -> dict:
             ec["min_deadline_s"] = ctx.deadline_min_s
         comm = C.LtpPs(ctx.dev, ctx.ip, ids, flat.n, ns=ctx.netns, mode=ctx.xdp_mode,
                        capacity_bps=ctx.capacity_bps, mtu=ctx.mtu, job=ctx.job,
-                       bubble=cfg.bubble, early_close=EarlyCloseConfig(**ec), timeout_s=min(ctx.timeout_s, 60.0))
+                       bubble=cfg.bubble, early_close=EarlyCloseConfig(**ec), timeout_s=min(ctx.timeout_s, 60.0),
+                       group=ctx.group if cfg.downlink == "group" else None)
     else:
         comm = C.TcpPs(ctx.ip, ctx.tcp_port, ids, flat.n, cc=cfg.cc, timeout_s=ctx.timeout_s)
     clock = Clock()
@@ -336,6 +346,7 @@ def run_ps(ctx: RankContext) -> dict:
         ctx.emit({"event": "start", "transport": cfg.transport, "sync": cfg.sync, "workers": W,
                   "iterations": T, "iterations_per_epoch": ipe, "params": flat.n})
         ev(0, 0.0)
+        quiet_gc()
         comm.open(1)
         clock.start()
         comm.broadcast(0, flat.param_np)
@@ -381,6 +392,7 @@ def run_ps(ctx: RankContext) -> dict:
         "event": "result", "transport": cfg.transport, "sync": cfg.sync, "workers": W,
         "cc": cfg.cc if cfg.transport == "tcp" else None,
         "bubble": cfg.bubble if cfg.transport == "ltp" else None,
+        "downlink": cfg.downlink if cfg.transport == "ltp" else None,
         "iterations": T, "iterations_per_epoch": ipe, "epochs": round(T / ipe, 3),
         "params": flat.n, "final_accuracy": last["accuracy"], "final_test_loss": last["test_loss"],
         "initial_train_loss": ev.curve[0]["train_loss"], "final_train_loss": last["train_loss"],
@@ -429,6 +441,7 @@ def run_worker(ctx: RankContext) -> dict:
     losses: list[float] = []
     try:
         comm.connect(co.get_json("meta/0"))
+        quiet_gc()
         comm.expect(0)
         co.set_json(f"meta/{ctx.rank}", _meta(ctx, "worker", comm.address()))
         comm.pull(0, flat.param_np)
