@@ -23,6 +23,7 @@ import numpy as np
 from ..dataplane import netns
 from ..dataplane import wire as W
 from .early_close import EarlyCloseConfig
+from .rate import quiet_gc
 from .transport import Endpoint, Peer, PushReport, RoundResult
 
 
@@ -99,6 +100,7 @@ class LtpCluster:
                 p.recv(timeout=120)  # "ready": program compiled and attached
             if warmup:  # round 0, not reported: first-touch and first-call costs
                 self.run_round(0, max_elems)
+            quiet_gc()
         except BaseException:
             self.close()
             raise

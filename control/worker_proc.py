@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         out.flush()
 
     from .cluster import worker_tensor
+    from .rate import quiet_gc
     from .transport import Endpoint, Peer
     try:
         ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, ns=a.netns, mode=a.mode, job=a.job,
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         reply({"error": f"endpoint: {e}"})
         return 1
     ps = Peer(a.id, a.ps_ip)
+    quiet_gc()
     prepared: dict[int, tuple] = {}
     reply({"ready": True})
     try:
