@@ -25,7 +25,7 @@ EPILOG = """examples:
   sudo ltp train --workers 8 --loss 0.01 --compare tcp:cubic,tcp:bbr,gloo -j
   sudo ltp train --sync wbsp --straggler 1:3      fast workers keep computing
   sudo ltp train --transport tcp --cc bbr --epochs 5
-  sudo ltp train --workers 8 --downlink group     parameters sent once, to the broadcast address
+  sudo ltp train --downlink unicast               parameters sent to each worker in turn
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
 
 Ranks start as `python -m ltpx.control.training` with torch.distributed env://
@@ -71,10 +71,11 @@ def register(sub) -> None:
     p.add_argument("--straggler", action="append", metavar="WORKER:FACTOR",
                    help="slow WORKER's compute by FACTOR, e.g. 1:3 (repeatable)")
     p.add_argument("--cc", choices=CCS, default="cubic", help="TCP congestion control (cubic)")
-    p.add_argument("--downlink", choices=("unicast", "group"), default="unicast",
-                   help="LTP parameter downlink: unicast (each chunk to each worker) or group "
-                   "(each chunk once, to the rig's broadcast address; what a worker misses "
-                   "is re-sent to it alone). Baselines stay unicast (default unicast)")
+    p.add_argument("--downlink", choices=("unicast", "group"), default="group",
+                   help="LTP parameter downlink: group (each chunk once, to the rig's "
+                   "broadcast address; what a worker misses is re-sent to it alone) or "
+                   "unicast (each chunk to each worker). TCP and gloo are unicast "
+                   "(default group)")
     p.add_argument("--compare", default="none", metavar="LIST",
                    help="baselines to run after the main run, comma-separated: ltp, tcp, "
                    "tcp:CC, gloo (default none)")
