@@ -321,7 +321,7 @@ class LeafSpine(RigBase):
     def to_dict(self) -> dict[str, Any]:
         c = self.config
         return {"name": self.name, "topology": "leaf-spine", "config": c.to_dict(),
-                "state": "up" if self._is_up else "building",
+                "state": "up" if self._is_up else "building", "owner_pid": self.owner_pid,
                 "routers": [{"netns": leaf_ns(c.name, i), "role": "leaf", "index": i,
                              "subnet": f"198.18.{10 + i}.0/24"} for i in range(c.leaves)]
                 + [{"netns": spine_ns(c.name, k), "role": "spine", "index": k}
@@ -421,8 +421,7 @@ class LeafSpine(RigBase):
                     attach_pass(h.port, leaf_ns(c.name, h.leaf), "native")
                 except DataplaneError as e:
                     raise RigError(f"XDP_PASS on {h.port}: {e}") from e
-        self._is_up = True
-        self._save()
+        self._built()
 
     def _routes(self) -> None:
         c = self.config

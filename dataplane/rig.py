@@ -158,31 +158,6 @@ def plan_hosts(name: str, workers: int) -> list[Host]:
     return hosts
 
 
-def _owner_of(name: str) -> tuple[int | None, bool]:
-    """(owner pid from rig `name`'s state, whether that process is alive);
-    this process never counts as another owner."""
-    try:
-        with open(state_path(name)) as f:
-            pid = json.load(f).get("owner_pid")
-    except (OSError, ValueError):
-        return None, False
-    if not pid or pid == os.getpid():
-        return None, False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return pid, False
-    except PermissionError:
-        pass
-    return pid, True
-
-
-def _owner_died(name: str) -> bool:
-    """Was rig `name` made by a `with Rig(...)` whose process is gone?"""
-    pid, alive = _owner_of(name)
-    return pid is not None and not alive
-
-
 def switch_ns(name: str) -> str:
     return f"ltp-{name}-sw"
 
@@ -299,7 +274,6 @@ class Rig(RigBase):
         self.hosts: list[Host] = plan_hosts(config.name, config.workers)
         self.switch_ns = switch_ns(config.name)
         self.created: float | None = None
-        self.owner_pid: int | None = None  # saved in the state: a live owner keeps `down --all` off
 
     # ---- description
     @property
@@ -383,16 +357,9 @@ class Rig(RigBase):
                 f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
                 f"`ltp rig down --name {name}` removes what is left")
 
-    def _clear_orphan(self) -> None:
-        if self.exists(self.name) and _owner_died(self.name):
-            self.destroy(self.name)  # left by a `with Rig(...)` whose process was killed
-
-    def _set_owner(self, pid: int | None) -> None:
-        self.owner_pid = pid
-
     def _restore(self, state: dict[str, Any]) -> None:
+        super()._restore(state)
         self.created = state.get("created")
-        self.owner_pid = state.get("owner_pid")
 
     @classmethod
     def _saved_namespaces(cls, name: str) -> list[str]:
@@ -438,10 +405,7 @@ class Rig(RigBase):
                     attach_pass(h.port, self.switch_ns, "native")
                 except DataplaneError as e:
                     raise RigError(f"XDP_PASS on {h.port}: {e}") from e
-        self._is_up = True
-        if not self._transient:
-            self.owner_pid = None     # a persistent rig (`ltp rig up`) has no owner
-        self._save()
+        self._built()
 
     def _host_up(self, h: Host) -> None:
         with _ipr(h.netns) as ipr:
@@ -493,14 +457,6 @@ class Rig(RigBase):
         with contextlib.suppress(FileNotFoundError):
             names |= {d for d in os.listdir(PIN_ROOT) if _NAME_RE.match(d)}
         return sorted(names)
-
-    @staticmethod
-    def owner(name: str) -> int | None:
-        """The pid of the live process that owns rig `name` (one being built,
-        or one made by `with Rig(...)`), or None (a persistent rig from
-        `ltp rig up`, a leftover, or an owner that is gone)."""
-        pid, alive = _owner_of(name)
-        return pid if alive else None
 
     @staticmethod
     def down_all(force: bool = False) -> list[str]:

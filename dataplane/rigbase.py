@@ -123,8 +123,9 @@ def saved_names(state_dir: str) -> set[str]:
 class RigBase:
     """The lifecycle of a named rig, shared by `rig.Rig` and
     `leafspine.LeafSpine`. A subclass sets the class attributes below, builds
-    in `_build` (saving the state file first and last) and removes in
-    `_remove`; the hooks further down do nothing unless it needs them."""
+    in `_build` (saving the state file first, ending with `_built()`) and
+    removes in `_remove`. The state file holds the owner's pid: `up()` removes
+    a rig whose `with` process died before building one of the same name."""
 
     _KIND: ClassVar[str]            # what errors call it: "rig", "leaf-spine rig"
     _UP_HINT: ClassVar[str]         # the command that builds one
@@ -137,6 +138,7 @@ class RigBase:
         self._is_up = False
         self._owner_pid = os.getpid()     # fork detection: only this process tears down
         self._transient = False     # built by `with`: removed when its owner leaves the block
+        self.owner_pid: int | None = None  # saved in the state: a live owner keeps `down --all` off
 
     @property
     def name(self) -> str:
@@ -148,7 +150,7 @@ class RigBase:
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        """The description saved as the state file."""
+        """The description saved as the state file (with "owner_pid": self.owner_pid)."""
         raise NotImplementedError
 
     def _build(self) -> None:
@@ -183,15 +185,61 @@ class RigBase:
         """The message when `attach` finds namespaces of rig `name` missing."""
         raise NotImplementedError
 
-    # ---- hooks
+    # ---- the owner: the process building the rig, or inside its `with` block
+    @classmethod
+    def _owner_of(cls, name: str) -> tuple[int | None, bool]:
+        """(owner pid from rig `name`'s state, whether that process is alive);
+        this process never counts as another owner."""
+        try:
+            with open(cls._state_path(name)) as f:
+                pid = json.load(f).get("owner_pid")
+        except (OSError, ValueError):
+            return None, False
+        if not pid or pid == os.getpid():
+            return None, False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid, False
+        except PermissionError:
+            pass
+        return pid, True
+
+    @classmethod
+    def _owner_died(cls, name: str) -> bool:
+        """Was rig `name` made by a `with` block whose process is gone?"""
+        pid, alive = cls._owner_of(name)
+        return pid is not None and not alive
+
+    @classmethod
+    def owner(cls, name: str) -> int | None:
+        """The pid of the live process that owns rig `name` (one being built,
+        or one made by `with ...`), or None (a persistent rig from `up()`,
+        a leftover, or an owner that is gone)."""
+        pid, alive = cls._owner_of(name)
+        return pid if alive else None
+
     def _clear_orphan(self) -> None:
         """Before building: remove a rig of this name that no one will remove."""
+        if self.exists(self.name) and self._owner_died(self.name):
+            self.destroy(self.name)  # left by a `with` block whose process was killed
 
     def _set_owner(self, pid: int | None) -> None:
         """Note the process building the rig (None: building failed)."""
+        self.owner_pid = pid
 
+    def _built(self) -> None:
+        """The last step of `_build`: the rig is up; a persistent one (`up()`
+        outside `with`) has no owner; save the state."""
+        self._is_up = True
+        if not self._transient:
+            self.owner_pid = None     # a persistent rig (`ltp rig up`) has no owner
+        self._save()
+
+    # ---- hooks
     def _restore(self, state: dict[str, Any]) -> None:
         """On attach: take what the state file holds besides the config."""
+        self.owner_pid = state.get("owner_pid")
 
     @classmethod
     def _saved_namespaces(cls, name: str) -> list[str]:

@@ -224,6 +224,49 @@ def test_teardown_is_clean(ls):
     assert not LeafSpine.exists(ls.name)
 
 
+_KILLED_OWNER = """
+import sys, time
+from ltpx.dataplane.leafspine import LeafSpine, LeafSpineConfig
+with LeafSpine(LeafSpineConfig(name=sys.argv[1], spines=1, jobs=1, workers=1, mode="skb")):
+    print("ready", flush=True)
+    time.sleep(120)
+"""
+
+
+@requires_bpf
+def test_up_removes_the_rig_of_a_killed_with_block():
+    """A `with LeafSpine(...)` whose process is SIGKILLed leaves its namespaces;
+    the next `up()` of that name removes them (the owner is dead) and builds."""
+    import signal
+    from ltpx.dataplane import netns
+    from ltpx.dataplane.leafspine import LeafSpine, LeafSpineConfig, state_path
+    name = f"k{os.getpid() % 100000}"
+    cfg = LeafSpineConfig(name=name, spines=1, jobs=1, workers=1, mode="skb")
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_OWNER, name], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        assert LeafSpine.owner(name) == p.pid              # a live owner, saved in the state
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=20)
+        left = LeafSpine(cfg).namespaces
+        assert all(netns.exists(n) for n in left)          # nothing removed it
+        assert LeafSpine.owner(name) is None
+        rig = LeafSpine(cfg).up()                          # no "exists already"
+        assert all(netns.exists(n) for n in left)
+        with open(state_path(name)) as f:
+            st = json.load(f)
+        assert st["state"] == "up" and st["owner_pid"] is None   # persistent: no owner
+        rig.down()
+        assert not LeafSpine.exists(name)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if LeafSpine.exists(name):
+            LeafSpine.destroy(name)
+
+
 # --------------------------------------------------------------------------- path_pin packet table
 
 def _pkt(dport=paths.LTP_PORT, sport=41000, proto="udp", chksum=None, payload=b"\x11" * 37):
