@@ -153,6 +153,8 @@ class LtpCluster:
         if self.ps is not None:
             self.ps.close()
             self.ps = None
+        import gc
+        gc.unfreeze()  # this process (a CLI, a test run) lives on: collect as usual again
 
     def __enter__(self) -> "LtpCluster":
         return self

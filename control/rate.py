@@ -22,8 +22,10 @@ class SharePolicy:
     program divides). `boost` (1 .. max_boost) is a slow feedback loop, fed
     about once a millisecond with the delivery rate (wire bytes) and the
     fraction of the chunks delivered in that interval that came as re-sends:
-    - re-sends above `max_loss` (10%): the senders overdrive the bottleneck's
-      queue, so every share falls by 10%;
+    - re-sends above `max_loss` (10%) of at least 32 chunks delivered: the
+      senders overdrive the bottleneck's queue, so every share falls by 10%
+      (the caller does not judge smaller samples: at a round's end the few
+      chunks still arriving are all re-sends);
     - delivery below 97% of the target (some senders cannot reach their
       share, for instance because they are short of CPU): shares rise by 10%;
     - delivery above the target: shares fall back by 5%.
@@ -71,8 +73,9 @@ class Pacer:
     Sleeping costs less CPU than spinning (one machine hosts many senders), so
     the pacer waits until `burst` packets are due (the fewest whose spacing
     covers `min_sleep_s`) and releases them together. A sleep that overshoots
-    is made up from the bucket, which holds at most burst + 2 packets: the
-    average rate holds, and no sender ever bursts more than that.
+    is made up from the bucket, which holds at most 2 * burst + 1 packets
+    (tokens a short batch did not use go back to it): the average rate holds,
+    and no sender ever bursts more than that.
     """
 
     def __init__(self, rate_bps: float, pkt_bytes: int = 1500, min_sleep_s: float = 0.0005,

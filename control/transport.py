@@ -34,7 +34,8 @@ from .rate import Pacer, SharePolicy, fine_timer_slack
 
 FRAME_OVERHEAD = 14 + 20 + 8 + W.HDR_LEN  # Ethernet + IPv4 + UDP + LTP bytes per chunk
 UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
-REORDER = 3  # a chunk is lost once one sent this many chunks later is acked
+REORDER = 3  # a chunk is lost once one sent more than this many places later is acked
+LOSS_SAMPLE = 32  # chunks an interval needs before its re-sent share feeds the boost
 TAIL_WAIT = 0.002  # after a pass, how long the last ACKs may take before a re-send pass
 
 
@@ -90,7 +91,8 @@ class LossDetector:
 
     The path keeps a flow's packets in order (one queue; on multi-path
     networks a flow is pinned to one path), so a chunk still unacknowledged
-    when one sent `reorder` chunks after it has been acknowledged was lost,
+    when one sent more than `reorder` places after it has been acknowledged
+    was lost,
     whatever the ACKs' own order. The sender re-sends it at once, instead of
     after the pass and a wait for the last ACKs. `sent` lists chunks in the
     order they went out (a re-send appends the chunk again); each position
@@ -369,7 +371,10 @@ class Endpoint:
                 retx = int(prog["retx"][sl].sum())
                 boosted = False
                 if done and active and last_bytes is not None and now > last_t:
-                    resent = (retx - last_retx) / max(1, done - last_done)
+                    # the re-sent share of what arrived; not judged on a few
+                    # chunks (the round's last re-sends are all re-sends)
+                    fresh = done - last_done
+                    resent = (retx - last_retx) / fresh if fresh >= LOSS_SAMPLE else 0.0
                     boosted = self.share.observe((nbytes - last_bytes) * 8 / (now - last_t),
                                                  resent)
                 last_bytes, last_t, last_retx, last_done = nbytes, now, retx, done
@@ -549,7 +554,9 @@ class Endpoint:
         lists the chunks still unacknowledged at its start, and the pacer's
         tokens take the next few of them as one GSO batch. About once a
         millisecond it reads what the ACKs say: the rate and the closed flag
-        from the tx map, and in re-send passes which chunks arrived meanwhile."""
+        from the tx map, and which chunks arrived (LossDetector judges them).
+        In a group push, `sent` counts a group datagram once, while `acked`
+        sums over targets."""
         round_, targets, layout, crit = plan.round_, plan.targets, plan.layout, plan.crit
         slots, order, hdrs, addrs = plan.slots, plan.order, plan.hdrs, plan.addrs
         reliable, timeout_s = plan.reliable, plan.timeout_s
@@ -565,7 +572,8 @@ class Endpoint:
         pieces = plan.pieces
         gso = [(socket.SOL_UDP, UDP_SEGMENT, self._gso_size)]
         short = nch - 1 if layout.last_len != self.chunk_bytes else -1  # must end a GSO batch
-        rate0 = sum(self._rate_hint.get(t.worker, self.initial_rate_bps) for t in targets)
+        hints = [self._rate_hint.get(t.worker, self.initial_rate_bps) for t in targets]
+        rate0 = min(hints) if plan.group else sum(hints)  # a group packet reaches them all
         # The first batch goes at once: the round starts on the barrier, not a
         # pacing interval later.
         pacer = Pacer(rate0, pkt_bytes=self.chunk_bytes + FRAME_OVERHEAD, full=True)
@@ -585,7 +593,8 @@ class Endpoint:
             return int.from_bytes(words[i].tobytes(), "little")
 
         def refresh() -> list:
-            """Closed flags; updates the pacer to the sum of advertised rates."""
+            """Closed flags; sets the pacer to the sum of the advertised rates
+            (their minimum during a group pass)."""
             closed = [bool(tx32[s, 1]) for s in slots]
             rates = [int(tx32[s, 2]) for s in slots]
             for i, r in enumerate(rates):
@@ -675,8 +684,9 @@ class Endpoint:
                         batch = []
                 else:
                     tgt, chunks = runs[ri]
-                    if tgt == grp:  # skip only what every target has
-                        a = functools.reduce(operator.and_, acked)
+                    if tgt == grp:  # skip only what every target still open has
+                        a = functools.reduce(operator.and_, (acked[i] for i in range(nt)
+                                                             if not closed[i]), full_int)
                         shut = all(closed)
                     else:
                         a, shut = acked[tgt], closed[tgt]

@@ -407,6 +407,13 @@ class Rig(RigBase):
                     raise RigError(f"XDP_PASS on {h.port}: {e}") from e
         self._built()
 
+    def has_broadcast(self) -> bool:
+        """Does the PS's address carry the rig's broadcast address (rigs built
+        before group sends existed do not: 198.18.0.255 is unicast there)?"""
+        with _ipr(self.ps.netns) as ipr:
+            return any(a.get_attr("IFA_BROADCAST") == BROADCAST
+                       for a in ipr.get_addr(family=socket.AF_INET))
+
     def _host_up(self, h: Host) -> None:
         with _ipr(h.netns) as ipr:
             idx = ipr.link_lookup(ifname=h.ifname)[0]

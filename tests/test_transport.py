@@ -138,6 +138,7 @@ def test_group_downlink_sends_once_and_repairs_each_worker_alone(rig, lossless):
     cl = lossless
     params = np.random.default_rng(4).standard_normal(NEL).astype(np.float32)
     nch = -(-NEL * 4 // cl.chunk_bytes)
+    assert rig.has_broadcast()
     rig.reset_loss_counters()
     rig.set_loss(0.10)
     rep, digests = cl.downlink(next_round(), params, group=True)

@@ -10,6 +10,7 @@ same seed, data and model, and prints them side by side. See docs/training.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -202,6 +203,11 @@ def cmd_train(args) -> int:
                 if len(rig.workers) < args.workers:
                     raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "
                                      f"workers, asked for {args.workers}")
+                if cfg.downlink == "group" and not rig.has_broadcast():
+                    cfg = dataclasses.replace(cfg, downlink="unicast")
+                    progress.note(f"note: rig {args.name} predates group sends (no broadcast "
+                                  "address); the parameter downlink is unicast. Rebuild it "
+                                  "(ltp rig down / up) for --downlink group")
                 if rig.config.mode != rig_mode_for(cfg.transport) or rig.config.shape != "all":
                     progress.note(f"note: rig {args.name} is {rig.config.mode} mode, shape "
                                   f"{rig.config.shape}; {label} compares fairly on a "

@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         early_close = json.loads(a.early_close) if a.early_close else {}
         from ..early_close import EarlyCloseConfig
         EarlyCloseConfig(**early_close)
+        if cfg.downlink == "group" and not a.group:  # before the rendezvous: no one waits
+            raise ValueError("--downlink group needs --group ADDR (a broadcast or multicast "
+                             "address every worker receives)")
     except (ValueError, TypeError) as e:
         p.error(str(e))
 
@@ -184,9 +187,6 @@ def main(argv: list[str] | None = None) -> int:
         if need_net and not (a.dev or a.ip):
             raise SystemExit(f"rank {rank}: --dev is needed with --transport {cfg.transport}")
         ip = a.ip or (dev_ipv4(a.dev) if a.dev else None)
-        if cfg.downlink == "group" and not a.group:
-            raise SystemExit("--downlink group needs --group ADDR (a broadcast or multicast "
-                             "address every worker receives)")
         if cfg.transport == "gloo" and a.dev:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", a.dev)
         lo = 1 if cfg.transport == "gloo" else 2
