@@ -719,6 +719,8 @@ class Endpoint:
                 except OSError as e:
                     if e.errno not in (errno.ENOBUFS, errno.EAGAIN):
                         raise
+                    if time.perf_counter() - t0 > timeout_s:
+                        break  # the device stays full: the pass ends, the timeout rules
                     time.sleep(0.0002)  # local queue full: back off, retry these
                     if isinstance(at, list):
                         urgent[:0] = at
