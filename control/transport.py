@@ -588,6 +588,8 @@ class Endpoint:
         # goes on; ACK state is a Python int per target (bit c: chunk c acked).
         detectors = [LossDetector() for _ in range(nt)]
         urgent: list[tuple[int, int]] = []  # (target, chunk) found lost, to send next
+        # each header as bytes, to flag re-sends in place
+        hdr_u8 = [np.frombuffer(h, dtype=np.uint8).reshape(nch, W.HDR_LEN) for h in hdrs]
 
         def acked_int(i: int) -> int:
             return int.from_bytes(words[i].tobytes(), "little")
@@ -613,7 +615,6 @@ class Endpoint:
                     hdr_u8[i][c, 5] |= W.F_RETX
             return acked
 
-        hdr_u8 = [np.frombuffer(h, dtype=np.uint8).reshape(nch, W.HDR_LEN) for h in hdrs]
         while True:
             closed = refresh()
             acked = [acked_int(i) for i in range(nt)]
@@ -666,6 +667,9 @@ class Endpoint:
                     if all(closed):
                         break
                     acked = detect_losses()
+                    if grp >= 0:  # what every target still open has: the group skips it
+                        acked_open = functools.reduce(
+                            operator.and_, (a for a, c in zip(acked, closed) if not c), full_int)
                 batch = []
                 if urgent:  # lost chunks first, to one target per system call
                     tgt = urgent[0][0]
@@ -684,10 +688,8 @@ class Endpoint:
                         batch = []
                 else:
                     tgt, chunks = runs[ri]
-                    if tgt == grp:  # skip only what every target still open has
-                        a = functools.reduce(operator.and_, (acked[i] for i in range(nt)
-                                                             if not closed[i]), full_int)
-                        shut = all(closed)
+                    if tgt == grp:
+                        a, shut = acked_open, all(closed)
                     else:
                         a, shut = acked[tgt], closed[tgt]
                     at = (ri, k)  # to retry this batch if the local queue is full

@@ -23,6 +23,16 @@ WHY_NOT_BPF = _why_not_bpf()
 requires_bpf = pytest.mark.skipif(WHY_NOT_BPF is not None, reason=WHY_NOT_BPF or "")
 
 
+def reap_rig_owner(proc, rig_cls, name: str) -> None:
+    """After a test whose child process owns rig `name`: kill the child if
+    it still runs, and remove whatever of the rig is left."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    if rig_cls.exists(name):
+        rig_cls.destroy(name)
+
+
 @pytest.fixture(scope="session")
 def small_geometry():
     """Geometry for packet tests: 4 slots, 64 chunks of 1424 bytes, 2 banks."""

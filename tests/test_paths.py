@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import requires_bpf
+from conftest import reap_rig_owner, requires_bpf
 from ltpx.control import paths
 from ltpx.control.paths import Flow, assign
 
@@ -260,11 +260,7 @@ def test_up_removes_the_rig_of_a_killed_with_block():
         rig.down()
         assert not LeafSpine.exists(name)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if LeafSpine.exists(name):
-            LeafSpine.destroy(name)
+        reap_rig_owner(p, LeafSpine, name)
 
 
 # --------------------------------------------------------------------------- path_pin packet table

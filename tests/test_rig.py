@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import reap_rig_owner
+
 try:
     import bcc  # noqa: F401
     _HAVE_BCC = True
@@ -229,11 +231,7 @@ def test_signal_tears_the_rig_down(sig):
         assert p.returncode != 0
         assert not Rig.exists(name), f"rig {name} left behind after {sig!r}"
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if Rig.exists(name):
-            Rig.destroy(name)
+        reap_rig_owner(p, Rig, name)
 
 
 # --------------------------------------------------------------------------- one shared rig

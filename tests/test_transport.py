@@ -12,6 +12,7 @@ import pytest
 
 from conftest import requires_bpf
 from ltpx.control.early_close import EarlyClose, EarlyCloseConfig
+from ltpx.control.layout import ChunkLayout
 from ltpx.control.transport import Peer
 from ltpx.dataplane import wire as W
 
@@ -137,7 +138,7 @@ def test_group_downlink_sends_once_and_repairs_each_worker_alone(rig, lossless):
     worker ends bit-exact, with far fewer packets than one copy per worker."""
     cl = lossless
     params = np.random.default_rng(4).standard_normal(NEL).astype(np.float32)
-    nch = -(-NEL * 4 // cl.chunk_bytes)
+    nch = ChunkLayout(NEL, cl.chunk_bytes).nchunks
     assert rig.has_broadcast()
     rig.reset_loss_counters()
     rig.set_loss(0.10)
@@ -200,7 +201,6 @@ def test_critical_chunks_hold_the_round_until_they_arrive(rig, lossless):
     cl.ps.early.cfg = EarlyCloseConfig(threshold_max=0.5, threshold_min=0.5, grace_factor=0.0,
                                        min_deadline_s=0.05, hard_timeout_s=5.0)
     r = next_round()
-    from ltpx.control.layout import ChunkLayout
     nch = ChunkLayout(NEL, cl.chunk_bytes).nchunks
     crit = np.zeros(nch, dtype=bool)
     crit[:5] = True
