@@ -36,5 +36,5 @@ def reap_rig_owner(proc, rig_cls, name: str) -> None:
 @pytest.fixture(scope="session")
 def small_geometry():
     """Geometry for packet tests: 4 slots, 64 chunks of 1424 bytes, 2 banks."""
-    from ltpx.dataplane.loader import Geometry
+    from ltpx.dataplane.xdp.loader import Geometry
     return Geometry(slots=4, max_chunks=64)

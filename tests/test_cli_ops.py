@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from conftest import WHY_NOT_BPF, requires_bpf
-from ltpx.dataplane import wire as W
-from ltpx.dataplane.loader import MAP_NAMES
+from ltpx.dataplane.xdp import wire as W
+from ltpx.dataplane.xdp.loader import MAP_NAMES
 
 LTP = str(Path(sys.executable).parent / "ltp")
 RIG = f"ops{os.getpid() % 100000}"
@@ -139,8 +139,8 @@ def rig():
     whatever `ltp load` left in its namespaces is unloaded, also on failure."""
     if WHY_NOT_BPF:
         pytest.skip(WHY_NOT_BPF)
-    from ltpx.dataplane import registry
-    from ltpx.dataplane.rig import Rig, RigConfig
+    from ltpx.dataplane.xdp import registry
+    from ltpx.dataplane.rig.star import Rig, RigConfig
     with Rig(RigConfig(name=RIG, workers=2, loss=0.0)) as r:
         try:
             yield r
@@ -165,8 +165,8 @@ def _ours(rig, rows):
 def test_round_stats_struct_matches_the_c_definition(small_geometry):
     import ctypes
 
-    from ltpx.dataplane import maps as M
-    from ltpx.dataplane.loader import MAP_NAMES, Dataplane
+    from ltpx.dataplane.xdp import maps as M
+    from ltpx.dataplane.xdp.loader import MAP_NAMES, Dataplane
     assert "ltp_rounds" in MAP_NAMES
     with Dataplane(small_geometry) as dp:
         leaf = dp.table("ltp_rounds").Leaf
@@ -185,7 +185,7 @@ def test_round_stats_struct_matches_the_c_definition(small_geometry):
 
 @requires_bpf
 def test_load_then_status_lists_exactly_it(rig, loaded):
-    from ltpx.dataplane import registry
+    from ltpx.dataplane.xdp import registry
     assert (loaded["role"], loaded["job"], loaded["mode"], loaded["netns"], loaded["dev"]) == \
         ("ps", JOB, "native", rig.ps.netns, rig.ps.ifname)
     assert loaded["geometry"] == {"slots": 2, "max_chunks": 64, "chunk_bytes": CHUNK, "banks": 2,
@@ -213,7 +213,7 @@ def test_load_then_status_lists_exactly_it(rig, loaded):
 
 @requires_bpf
 def test_second_load_and_bad_devices_are_refused(rig, loaded):
-    from ltpx.dataplane import registry
+    from ltpx.dataplane.xdp import registry
     base = ["--role", "ps", "--workers", "2"]
     err = ltp_json("load", rig.ps.ifname, "--netns", rig.ps.netns, *base, rc=1)
     assert "loaded already" in err["error"] and "--force" in err["error"]
@@ -261,8 +261,8 @@ def socks(rig):
 
 @requires_bpf
 def test_flows_count_what_was_sent_and_delivered(rig, loaded, socks):
-    from ltpx.dataplane.loader import Geometry
-    from ltpx.dataplane.maps import LtpMaps
+    from ltpx.dataplane.xdp.loader import Geometry
+    from ltpx.dataplane.xdp.maps import LtpMaps
     maps = LtpMaps.from_pins(loaded["pin_dir"], Geometry(**loaded["geometry"]))
     ps = (rig.ps.ip, W.PORT)
     try:
@@ -351,8 +351,8 @@ def test_flows_count_what_was_sent_and_delivered(rig, loaded, socks):
 
 @requires_bpf
 def test_capture_live_sees_the_sender_side_only(rig, loaded, socks):
-    from ltpx.dataplane.loader import Geometry
-    from ltpx.dataplane.maps import LtpMaps
+    from ltpx.dataplane.xdp.loader import Geometry
+    from ltpx.dataplane.xdp.maps import LtpMaps
     w0 = rig.workers[0]
     on_w0 = subprocess.Popen([LTP, "capture", w0.ifname, "--netns", w0.netns, "-c", "4", "-j",
                               "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -438,7 +438,7 @@ def test_top_runs_under_a_terminal_and_quits_on_q(rig, loaded):
 
 @requires_bpf
 def test_force_replaces_and_unload_all_leaves_nothing(rig, loaded):
-    from ltpx.dataplane import registry
+    from ltpx.dataplane.xdp import registry
     w1 = rig.workers[1]
     new = ltp_json("load", rig.ps.ifname, "--netns", rig.ps.netns, "--role", "ps", "--workers",
                    2, "--max-chunks", 64, "--mode", "skb", "--force")
@@ -470,7 +470,8 @@ def test_force_replaces_and_unload_all_leaves_nothing(rig, loaded):
 def test_unload_removes_a_record_whose_namespace_is_gone(rig):
     from pyroute2 import IPRoute
 
-    from ltpx.dataplane import netns, registry
+    from ltpx.dataplane import netns
+    from ltpx.dataplane.xdp import registry
     ns = f"ltp-{RIG}-gone"
     netns.create(ns)
     try:

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ltpx.control import bubble
-from ltpx.control.early_close import EarlyClose, EarlyCloseConfig
-from ltpx.control.layout import ChunkLayout, as_f32
-from ltpx.control.rate import Pacer, SharePolicy
+from ltpx.control.transport import bubble
+from ltpx.control.transport.early_close import EarlyClose, EarlyCloseConfig
+from ltpx.control.transport.layout import ChunkLayout, as_f32
+from ltpx.control.transport.rate import Pacer, SharePolicy
 
 
 def test_layout_never_splits_a_float():
@@ -152,8 +152,8 @@ def test_share_policy_and_pacer_bucket():
 
 
 def test_vectorised_headers_match_the_wire_packer():
-    from ltpx.control.transport import _headers
-    from ltpx.dataplane import wire as W
+    from ltpx.control.transport.endpoint import _headers
+    from ltpx.dataplane.xdp import wire as W
     lay = ChunkLayout(1000, 1424)
     flags = np.array([W.F_CRITICAL, 0, W.F_LAST], dtype=np.uint16)
     h = _headers(7, 70000, 513, 3, flags, lay)
@@ -164,7 +164,7 @@ def test_vectorised_headers_match_the_wire_packer():
 
 
 def test_loss_detector_judges_by_what_was_acked_after():
-    from ltpx.control.transport import LossDetector
+    from ltpx.control.transport.endpoint import LossDetector
     det = LossDetector(reorder=2)
     det.sent.extend([5, 1, 9, 3, 7, 2])
     ack = lambda *cs: sum(1 << c for c in cs)  # noqa: E731

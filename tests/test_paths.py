@@ -76,7 +76,7 @@ def test_intra_leaf_flows_and_bad_input():
 def ls():
     """A leaf-spine rig (module scope): 2 leaves, 2 spines, 2 jobs x 2 workers,
     skb mode (no XDP_PASS needed: these tests send plain UDP). Needs root + bcc."""
-    from ltpx.dataplane.leafspine import LeafSpine, LeafSpineConfig
+    from ltpx.dataplane.rig.leafspine import LeafSpine, LeafSpineConfig
     name = f"t{os.getpid() % 100000}"
     rig = LeafSpine(LeafSpineConfig(name=name, mode="skb", rate_bps=500_000_000))
     with rig:
@@ -116,7 +116,7 @@ def _job_spines(obs: dict) -> dict[str, set[int]]:
 
 @requires_bpf
 def test_every_worker_reaches_its_ps_and_back(ls):
-    from ltpx.dataplane.leafspine import reachable
+    from ltpx.dataplane.rig.leafspine import reachable
     for j in range(ls.config.jobs):
         job = ls.job(j)
         assert job.ps.leaf == 0 and all(w.leaf == 1 for w in job.workers)
@@ -187,7 +187,7 @@ def test_cli_show_json(ls):
 @requires_bpf
 def test_cli_rig_up_pin_down():
     """`ltp rig up --topology leaf-spine`, `ltp paths pin`, `ltp paths down`."""
-    from ltpx.dataplane.leafspine import LeafSpine
+    from ltpx.dataplane.rig.leafspine import LeafSpine
     name = f"c{os.getpid() % 100000}"
 
     def ltp(*argv):
@@ -215,7 +215,7 @@ def test_cli_rig_up_pin_down():
 @requires_bpf
 def test_teardown_is_clean(ls):
     from ltpx.dataplane import netns
-    from ltpx.dataplane.leafspine import LeafSpine, pin_dir, state_path
+    from ltpx.dataplane.rig.leafspine import LeafSpine, pin_dir, state_path
     spaces = ls.namespaces
     assert all(netns.exists(n) for n in spaces)
     ls.down()
@@ -226,7 +226,7 @@ def test_teardown_is_clean(ls):
 
 _KILLED_OWNER = """
 import sys, time
-from ltpx.dataplane.leafspine import LeafSpine, LeafSpineConfig
+from ltpx.dataplane.rig.leafspine import LeafSpine, LeafSpineConfig
 with LeafSpine(LeafSpineConfig(name=sys.argv[1], spines=1, jobs=1, workers=1, mode="skb")):
     print("ready", flush=True)
     time.sleep(120)
@@ -239,7 +239,7 @@ def test_up_removes_the_rig_of_a_killed_with_block():
     the next `up()` of that name removes them (the owner is dead) and builds."""
     import signal
     from ltpx.dataplane import netns
-    from ltpx.dataplane.leafspine import LeafSpine, LeafSpineConfig, state_path
+    from ltpx.dataplane.rig.leafspine import LeafSpine, LeafSpineConfig, state_path
     name = f"k{os.getpid() % 100000}"
     cfg = LeafSpineConfig(name=name, spines=1, jobs=1, workers=1, mode="skb")
     p = subprocess.Popen([sys.executable, "-c", _KILLED_OWNER, name], stdout=subprocess.PIPE,
@@ -288,8 +288,8 @@ PIN_TABLE = [
 def pin_prog():
     """path_pin compiled once (module scope) with one pin: 198.18.11.10 ->
     198.18.10.10:7410 leaves with source port 20001. Yields the program fd."""
-    from ltpx.dataplane.leafspine import _Bpf, _be16, _be32, _PinKey, _PinVal
-    from ltpx.dataplane.loader import compile_program
+    from ltpx.dataplane.rig.leafspine import _Bpf, _be16, _be32, _PinKey, _PinVal
+    from ltpx.dataplane.xdp.loader import compile_program
     b, _ = compile_program("path_pin.c", "link_count", prog_type="SCHED_CLS")
     try:
         fn = b.load_func(b"path_pin", b.SCHED_CLS)
@@ -306,7 +306,7 @@ def pin_prog():
 def test_path_pin_packets(pin_prog, desc, packet, sport, csum):
     from scapy.layers.inet import IP, TCP, UDP
     from scapy.layers.l2 import Ether
-    from ltpx.dataplane.testrun import run_xdp
+    from ltpx.dataplane.xdp.testrun import run_xdp
     res = run_xdp(pin_prog, packet)
     assert res.verdict == 0                                   # TC_ACT_OK: never drops
     out, before = Ether(res.data), Ether(packet)
@@ -328,8 +328,8 @@ def test_path_pin_packets(pin_prog, desc, packet, sport, csum):
 def test_python_structs_match_bpf_structs():
     """dataplane/leafspine.py's ctypes mirrors have the sizes bcc sees in bpf/path_pin.c."""
     import ctypes
-    from ltpx.dataplane.leafspine import _LinkKey, _LinkVal, _PinKey, _PinVal
-    from ltpx.dataplane.loader import compile_program
+    from ltpx.dataplane.rig.leafspine import _LinkKey, _LinkVal, _PinKey, _PinVal
+    from ltpx.dataplane.xdp.loader import compile_program
     b, _ = compile_program("path_pin.c", "link_count", prog_type="SCHED_CLS")
     try:
         for table, key, val in ((b"link_bytes", _LinkKey, _LinkVal),

@@ -81,7 +81,7 @@ def test_bad_argument_with_json_is_json():
 
 
 def test_config_validation_names_the_field():
-    from ltpx.dataplane.rig import RigConfig
+    from ltpx.dataplane.rig.star import RigConfig
     for kw, field in [({"workers": 0}, "workers"), ({"loss": 1.0}, "loss"),
                       ({"buffer_bytes": 100}, "buffer"), ({"name": "x" * 13}, "name"),
                       ({"mode": "fast"}, "mode"), ({"rate_bps": 10}, "rate")]:
@@ -91,7 +91,7 @@ def test_config_validation_names_the_field():
 
 
 def test_plan_addresses_fit_64_workers():
-    from ltpx.dataplane.rig import plan_hosts
+    from ltpx.dataplane.rig.star import plan_hosts
     hosts = plan_hosts("abcdefghijkl", 64)
     assert hosts[0].ip == "198.18.0.1" and hosts[0].role == "ps"
     assert [h.ip for h in hosts[1:3]] == ["198.18.0.10", "198.18.0.11"]
@@ -152,7 +152,7 @@ def _root_links() -> set[str]:
 
 def _gone(rig_name: str, held: dict[str, int], loss_prog: int) -> None:
     from ltpx.dataplane import netns
-    from ltpx.dataplane.rig import pin_dir, state_path
+    from ltpx.dataplane.rig.star import pin_dir, state_path
     assert not [n for n in netns.listnetns() if n.startswith(f"ltp-{rig_name}-")]
     assert not os.path.exists(state_path(rig_name))
     assert not os.path.exists(pin_dir(rig_name))
@@ -171,7 +171,7 @@ def _gone(rig_name: str, held: dict[str, int], loss_prog: int) -> None:
 @pytest.mark.root
 @pytest.mark.parametrize("body_raises", [False, True])
 def test_up_and_down_leave_nothing_behind(body_raises):
-    from ltpx.dataplane.rig import Rig, RigConfig, pin_dir, state_path
+    from ltpx.dataplane.rig.star import Rig, RigConfig, pin_dir, state_path
     name = f"l{'r' if body_raises else 'o'}{_TAG}"
     before = _root_links()
     held: dict[str, int] = {}
@@ -207,7 +207,7 @@ def test_up_and_down_leave_nothing_behind(body_raises):
 
 _SIGNAL_SCRIPT = textwrap.dedent("""
     import sys, time
-    from ltpx.dataplane.rig import Rig, RigConfig
+    from ltpx.dataplane.rig.star import Rig, RigConfig
     with Rig(RigConfig(name=sys.argv[1], workers=1)) as rig:
         print("ready", flush=True)
         time.sleep(60)
@@ -219,7 +219,7 @@ _SIGNAL_SCRIPT = textwrap.dedent("""
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_tears_the_rig_down(sig):
     from ltpx.dataplane import netns
-    from ltpx.dataplane.rig import Rig
+    from ltpx.dataplane.rig.star import Rig
     name = f"s{sig}x{_TAG}"
     p = subprocess.Popen([sys.executable, "-c", _SIGNAL_SCRIPT, name], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
@@ -240,7 +240,7 @@ def test_signal_tears_the_rig_down(sig):
 def rig():
     if _WHY:
         pytest.skip(_WHY)
-    from ltpx.dataplane.rig import Rig, RigConfig
+    from ltpx.dataplane.rig.star import Rig, RigConfig
     with Rig(RigConfig(name=f"m{_TAG}", workers=3, rate_bps=10**9, buffer_bytes=30_000)) as r:
         yield r
 
@@ -378,7 +378,7 @@ def test_loss_injector_never_drops_arp(rig):
 def test_other_process_sees_the_rig(rig):
     """State file and pinned maps: `ltp rig status` in another process reads
     the hosts and the same counters; `Rig.attach` can change the loss."""
-    from ltpx.dataplane.rig import Rig
+    from ltpx.dataplane.rig.star import Rig
     r = _ltp("rig", "status", "--name", rig.name, "-j")
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
@@ -403,7 +403,7 @@ def test_other_process_sees_the_rig(rig):
 @privileged
 @pytest.mark.root
 def test_tcp_incast_reports_its_keys(rig):
-    from ltpx.dataplane.incast import run_tcp_incast
+    from ltpx.control.bench.tcp import run_tcp_incast
     res = run_tcp_incast(rig, size=64 * 1024, rounds=3, cc="cubic")
     for k in ("median_s", "p99_s", "max_s", "limit_s", "median_over_limit", "p99_over_limit",
               "cc", "workers", "size_bytes", "rounds"):
@@ -418,7 +418,7 @@ def test_tcp_incast_reports_its_keys(rig):
 def test_host_veths_take_native_xdp(rig):
     """A host's veth accepts a native-mode XDP program (MTU 1500, peer has
     XDP_PASS) and traffic still flows through it."""
-    from ltpx.dataplane import loader
+    from ltpx.dataplane.xdp import loader
     h, ps = rig.workers[0], rig.ps
     loader.attach_pass(h.ifname, h.netns, "native")
     loader.attach_pass(ps.ifname, ps.netns, "native")

@@ -118,7 +118,7 @@ def test_bad_values_exit_2_naming_the_flag(argv, flag, capsys):
 @pytest.fixture(scope="module")
 def rig():
     from ltpx.control.training.launch import rig_config
-    from ltpx.dataplane.rig import Rig
+    from ltpx.dataplane.rig.star import Rig
     with Rig(rig_config("trt", "ltp", workers=WORKERS, rate_bps=10**9, buffer_bytes=30_000,
                         loss=0.0)) as r:
         yield r

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import requires_bpf
-from ltpx.control.early_close import EarlyClose, EarlyCloseConfig
-from ltpx.control.layout import ChunkLayout
-from ltpx.control.transport import Peer
-from ltpx.dataplane import wire as W
+from ltpx.control.transport.early_close import EarlyClose, EarlyCloseConfig
+from ltpx.control.transport.layout import ChunkLayout
+from ltpx.control.transport.endpoint import Peer
+from ltpx.dataplane.xdp import wire as W
 
 pytestmark = requires_bpf
 
@@ -24,7 +24,7 @@ WORKERS = 8
 
 @pytest.fixture(scope="module")
 def rig():
-    from ltpx.dataplane.rig import Rig, RigConfig
+    from ltpx.dataplane.rig.star import Rig, RigConfig
     with Rig(RigConfig(name="ttr", workers=WORKERS, rate_bps=10**9, buffer_bytes=30_000,
                        loss=0.0, loss_on="all")) as r:
         yield r
@@ -32,7 +32,7 @@ def rig():
 
 @pytest.fixture(scope="module")
 def cluster(rig):
-    from ltpx.control.cluster import LtpCluster
+    from ltpx.control.bench.cluster import LtpCluster
     cfg = EarlyCloseConfig(min_deadline_s=0.5, hard_timeout_s=10.0)
     with LtpCluster(rig, NEL, early_close=cfg) as cl:
         yield cl
@@ -58,7 +58,7 @@ def next_round() -> int:
 
 
 def expected(cluster, r, seed=7):
-    from ltpx.control.cluster import worker_tensor
+    from ltpx.control.bench.cluster import worker_tensor
     return np.stack([worker_tensor(seed, w, r, NEL) for w in cluster.ids])
 
 

@@ -5,8 +5,8 @@ import ctypes
 
 import pytest
 
-from ltpx.dataplane import maps as M
-from ltpx.dataplane import wire as W
+from ltpx.dataplane.xdp import maps as M
+from ltpx.dataplane.xdp import wire as W
 from conftest import requires_bpf
 
 
@@ -16,7 +16,7 @@ def _layout(t):
 
 @pytest.fixture(scope="module")
 def dp(small_geometry):
-    from ltpx.dataplane.loader import Dataplane
+    from ltpx.dataplane.xdp.loader import Dataplane
     with Dataplane(small_geometry) as d:
         yield d
 

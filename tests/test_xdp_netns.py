@@ -9,7 +9,7 @@ import pytest
 
 from conftest import requires_bpf
 from ltpx.dataplane import netns
-from ltpx.dataplane import wire as W
+from ltpx.dataplane.xdp import wire as W
 
 pytestmark = requires_bpf
 
@@ -39,14 +39,14 @@ def wait_for(pred, timeout=3.0):
 
 @pytest.fixture
 def pair():
-    from ltpx.dataplane.pair import VethPair
+    from ltpx.dataplane.rig.pair import VethPair
     with VethPair("ltp-t-xdp") as p:
         yield p
     assert not netns.exists("ltp-t-xdp-a") and not netns.exists("ltp-t-xdp-b")
 
 
 def test_push_with_pass_peer_acks_reach_a_socket(pair, small_geometry):
-    from ltpx.dataplane.loader import Dataplane
+    from ltpx.dataplane.xdp.loader import Dataplane
     tensor = np.random.default_rng(1).standard_normal(4 * CHUNK // 4 + 2).astype(np.float32)
     parts = chunks_of(tensor)
     assert len(parts) == NCHUNKS
@@ -78,7 +78,7 @@ def test_push_with_pass_peer_acks_reach_a_socket(pair, small_geometry):
 def test_worker_role_records_acks_in_its_map(pair, small_geometry):
     """Both ends run ltp_xdp: the PS turns DATA into ACKs at its NIC and the
     worker's program records them and drops them before any socket."""
-    from ltpx.dataplane.loader import Dataplane
+    from ltpx.dataplane.xdp.loader import Dataplane
     with Dataplane(small_geometry, job=JOB) as ps, Dataplane(small_geometry, job=JOB) as wk:
         pm, wm = ps.maps(), wk.maps()
         pm.set_peers({5: 3})
@@ -111,7 +111,7 @@ def test_worker_role_records_acks_in_its_map(pair, small_geometry):
 
 
 def test_pair_is_removed_when_the_body_raises():
-    from ltpx.dataplane.pair import VethPair
+    from ltpx.dataplane.rig.pair import VethPair
     with pytest.raises(RuntimeError):
         with VethPair("ltp-t-raise") as p:
             assert netns.exists(p.a.ns)

@@ -18,8 +18,8 @@ from scapy.layers.l2 import ARP
 from scapy.packet import Raw
 
 from conftest import requires_bpf
-from ltpx.dataplane import wire as W
-from ltpx.dataplane.testrun import XDP_DROP, XDP_PASS, XDP_TX, run_xdp
+from ltpx.dataplane.xdp import wire as W
+from ltpx.dataplane.xdp.testrun import XDP_DROP, XDP_PASS, XDP_TX, run_xdp
 
 pytestmark = requires_bpf
 
@@ -76,7 +76,7 @@ class Case:
 
 @pytest.fixture(scope="module")
 def dp(small_geometry):
-    from ltpx.dataplane.loader import Dataplane
+    from ltpx.dataplane.xdp.loader import Dataplane
     with Dataplane(small_geometry, job=JOB) as d:
         d.maps().set_peers({3: 1, 9: 2})
         yield d
@@ -310,7 +310,7 @@ def test_malformed_input_leaves_receiver_usable(dp, maps):
 def test_bitmaps_of_a_geometry_with_odd_word_count():
     """192 chunks = 3 bitmap words (not a power of two): every chunk gets its
     own bit and its own memory."""
-    from ltpx.dataplane.loader import Dataplane, Geometry
+    from ltpx.dataplane.xdp.loader import Dataplane, Geometry
     n = 192
     with Dataplane(Geometry(slots=1, max_chunks=n), job=JOB) as d:
         m = d.maps()
@@ -329,7 +329,7 @@ def test_group_data_is_taken_for_the_hosts_own_id():
     """DATA flagged GROUP (sent to a broadcast address) lands in the slot of
     the host's own id and is ACKed from the host's own MAC and address, naming
     that id; before the host's identity is set it is dropped and counted."""
-    from ltpx.dataplane.loader import Dataplane, Geometry
+    from ltpx.dataplane.xdp.loader import Dataplane, Geometry
     self_mac, self_ip = "02:00:00:00:00:0b", "198.18.0.11"
     pkt = (Ether(src=PS_MAC, dst="ff:ff:ff:ff:ff:ff") / IP(src=PS_IP, dst="198.18.0.255", id=5) /
            UDP(sport=40000, dport=W.PORT) /

@@ -79,7 +79,7 @@ def cmd_paths(args) -> None:
     rate, buf = parse_rate(args.rate), parse_size(args.buffer, "--buffer")
     need_root("ltp bench paths")
     need_bcc()
-    from ..control import bench_paths
+    from ..control.bench import paths as bench_paths
     quiet = wants_json(args)
     res = bench_paths.run(trials=args.trials, rounds=args.rounds, nelems=size // 4,
                           rate_bps=rate, buffer_bytes=buf, workers=args.workers,
@@ -92,7 +92,7 @@ def cmd_xdp(args) -> None:
         raise UsageError("--packets must be at least 100")
     need_root("ltp bench xdp")
     need_bcc()
-    from ..dataplane import xdpbench
+    from ..control.bench import xdp as xdpbench
     quiet = wants_json(args)
     res = xdpbench.run(args.packets, progress=None if quiet else
                        (lambda m: print(f"... {m}", file=sys.stderr)))
@@ -106,7 +106,7 @@ def cmd_xdp(args) -> None:
 
 def cmd_incast(args) -> None:
     from .common import parse_rate, parse_size
-    from ..control.bench_incast import TRANSPORTS
+    from ..control.bench.incast import TRANSPORTS
     rate = parse_rate(args.rate)
     buf = parse_size(args.buffer, "--buffer")
     size = parse_size(args.size, "--size")
@@ -130,7 +130,7 @@ def cmd_incast(args) -> None:
         raise UsageError("--mtu must be in 1280..3500")
     need_root("ltp bench incast")
     need_bcc()
-    from ..control import bench_incast
+    from ..control.bench import incast as bench_incast
     from rich.progress import Progress
     results = []
     with Progress(transient=True, disable=False, console=_stderr_console()) as prog:

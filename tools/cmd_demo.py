@@ -35,9 +35,9 @@ def cmd_demo(args) -> None:
     need_bcc()
     import numpy as np
 
-    from ..dataplane import wire as W
-    from ..dataplane.loader import Dataplane, Geometry
-    from ..dataplane.pair import VethPair
+    from ..dataplane.xdp import wire as W
+    from ..dataplane.xdp.loader import Dataplane, Geometry
+    from ..dataplane.rig.pair import VethPair
 
     g = Geometry(slots=1, max_chunks=-(-args.elements * 4 // 1424))
     tensor = np.random.default_rng(args.seed).standard_normal(args.elements).astype(np.float32)

@@ -20,7 +20,7 @@ def register(sub) -> None:
 
 def cmd_doctor(args) -> int:
     import os
-    from ..dataplane import doctor
+    from ..dataplane.xdp import doctor
     fixed = []
     if args.fix:
         if os.geteuid() != 0:

@@ -195,7 +195,7 @@ def register(sub) -> None:
 # --------------------------------------------------------------------------- helpers
 
 def _registry():
-    from ..dataplane import registry
+    from ..dataplane.xdp import registry
     return registry
 
 
@@ -301,7 +301,7 @@ def cmd_load(args) -> None:
     need_root("ltp load")
     need_bcc()
     reg = _registry()
-    from ..dataplane.loader import Geometry
+    from ..dataplane.xdp.loader import Geometry
     geometry = Geometry(slots=len(peers), max_chunks=max_chunks, chunk_bytes=args.chunk_bytes,
                         port=args.port)
     rec = reg.load(dev, ns, role=args.role, geometry=geometry, peers=peers, job=job,
@@ -399,7 +399,7 @@ def _targets(args) -> list:
 def _snapshots(recs: list) -> list[dict]:
     """A flows snapshot per record; a program whose pins cannot be read gets
     {"netns", "dev", "error"} instead."""
-    from ..dataplane import flows
+    from ..dataplane.xdp import flows
     reg = _registry()
     out = []
     for rec in recs:
@@ -487,7 +487,7 @@ def _top_render(snaps: list[dict], prev: dict, errors: list[str]):
     from rich.table import Table
     from rich.text import Text
 
-    from ..dataplane import flows
+    from ..dataplane.xdp import flows
     parts: list[Any] = []
     if not snaps and not errors:
         parts.append(Text("no LTP program is loaded (`ltp load DEV --role ps --workers N`); "
@@ -572,7 +572,7 @@ def cmd_top(args) -> None:
     from rich.console import Console
     from rich.live import Live
 
-    from ..dataplane import flows
+    from ..dataplane.xdp import flows
     reg = _registry()
     opened: dict[tuple, tuple] = {}       # (netns, dev) -> (record, maps)
     prev: dict[tuple, dict] = {}
@@ -660,7 +660,7 @@ def cmd_capture(args) -> int | None:
         raise UsageError("--timeout: a positive number of seconds, for live capture only")
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port: must be in 1..65535, got {args.port}")
-    from ..dataplane import capture as C
+    from ..dataplane.xdp import capture as C
     as_json, pretty = wants_json(args), bool(getattr(args, "pretty", False))
     collected: list[dict] = []
     seen = other = 0

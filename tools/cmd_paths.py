@@ -44,7 +44,7 @@ def register(sub) -> None:
 
 
 def _resolve(name: str | None) -> str:
-    from ..dataplane.leafspine import LeafSpine
+    from ..dataplane.rig.leafspine import LeafSpine
     if name:
         return name
     names = LeafSpine.names()
@@ -56,8 +56,8 @@ def _resolve(name: str | None) -> str:
 
 
 def _attach(name: str | None):
-    from ..dataplane.leafspine import LeafSpine
-    from ..dataplane.rig import RigError
+    from ..dataplane.rig.leafspine import LeafSpine
+    from ..dataplane.rig.star import RigError
     try:
         return LeafSpine.attach(_resolve(name))
     except RigError as e:
@@ -138,8 +138,8 @@ def cmd_pin(args) -> None:
 
 def cmd_down(args) -> None:
     need_root("ltp paths down")
-    from ..dataplane.leafspine import LeafSpine
-    from ..dataplane.rig import RigError
+    from ..dataplane.rig.leafspine import LeafSpine
+    from ..dataplane.rig.star import RigError
     name = _resolve(args.name)
     try:
         gone = LeafSpine.destroy(name)
@@ -152,7 +152,7 @@ def cmd_down(args) -> None:
 
 def rig_up(args) -> None:
     """`ltp rig up --topology leaf-spine` (called from tools/cmd_rig.py)."""
-    from ..dataplane.leafspine import LeafSpine, LeafSpineConfig
+    from ..dataplane.rig.leafspine import LeafSpine, LeafSpineConfig
     from .cmd_rig import _bytes, _rate, bring_up
     kw = dict(name=args.name, leaves=args.leaves,
               spines=args.spines, jobs=args.jobs, workers=args.workers, mode=args.mode)

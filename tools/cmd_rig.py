@@ -190,7 +190,7 @@ def _loss(text: str | None) -> float | None:
 def _rate(text: str | None) -> int | None:
     if text is None:
         return None
-    from ..dataplane.rig import MAX_RATE_BPS, MIN_RATE_BPS
+    from ..dataplane.rig.star import MAX_RATE_BPS, MIN_RATE_BPS
     bps = parse_rate(text, "--rate")
     if not MIN_RATE_BPS <= bps <= MAX_RATE_BPS:
         raise UsageError(f"--rate: must be in 64kbit..32gbit, got {text!r}")
@@ -209,7 +209,7 @@ def _bytes(text: str | None, flag: str, least: int = 1514) -> int | None:
 
 def _config(**kw: Any):
     """A RigConfig; a ValueError from it becomes a usage error naming the flag."""
-    from ..dataplane.rig import RigConfig
+    from ..dataplane.rig.star import RigConfig
     try:
         return RigConfig(**{k: v for k, v in kw.items() if v is not None})
     except ValueError as e:
@@ -223,7 +223,7 @@ def _prepare() -> None:
 
 
 def _resolve(name: str | None) -> str:
-    from ..dataplane.rig import Rig
+    from ..dataplane.rig.star import Rig
     if name:
         return name
     names = Rig.names()
@@ -237,7 +237,7 @@ def _resolve(name: str | None) -> str:
 
 
 def _attach(name: str):
-    from ..dataplane.rig import Rig, RigError
+    from ..dataplane.rig.star import Rig, RigError
     try:
         return Rig.attach(name)
     except RigError as e:
@@ -255,14 +255,14 @@ def cmd_up(args) -> int | None:
                   burst_bytes=_bytes(args.burst, "--burst"), loss=_loss(args.loss),
                   shape=args.shape, loss_on=args.loss_on, mode=args.mode)
     _prepare()
-    from ..dataplane.rig import Rig
+    from ..dataplane.rig.star import Rig
     emit(args, bring_up(Rig(cfg)), lambda s: _up_text(s))
 
 
 def bring_up(rig) -> dict:
     """Build a rig that stays (star or leaf-spine) and return its status; a
     RigError becomes the command's error."""
-    from ..dataplane.rigbase import RigError
+    from ..dataplane.rig.base import RigError
     try:
         rig.up()
         return rig.status()
@@ -288,7 +288,7 @@ def _up_text(s: dict) -> str:
 def cmd_status(args) -> int | None:
     name = _check_name(args.name)
     need_root("ltp rig status")
-    from ..dataplane.leafspine import LeafSpine
+    from ..dataplane.rig.leafspine import LeafSpine
     if name and LeafSpine.exists(name):  # a leaf-spine rig of that name
         ls = LeafSpine.attach(name)
         try:
@@ -365,7 +365,7 @@ def cmd_exec(args) -> int:
 def cmd_down(args) -> int | None:
     name = _check_name(args.name)
     need_root("ltp rig down")
-    from ..dataplane.rig import Rig, RigError
+    from ..dataplane.rig.star import Rig, RigError
     if args.force and not args.all:
         raise UsageError("--force: only with --all")
     skipped: list[dict] = []
@@ -375,7 +375,7 @@ def cmd_down(args) -> int | None:
             removed = Rig.down_all(force=args.force)
             skipped = [{"name": n, "owner_pid": Rig.owner(n)} for n in before if n not in removed]
         else:
-            from ..dataplane.leafspine import LeafSpine
+            from ..dataplane.rig.leafspine import LeafSpine
             if name and LeafSpine.exists(name):
                 LeafSpine.destroy(name)
                 emit(args, {"removed": [name], "skipped": []}, f"removed {name}")
@@ -407,7 +407,7 @@ def cmd_check(args) -> int | None:
                   burst_bytes=_bytes(args.burst, "--burst"), loss=_loss(args.loss),
                   mode=args.mode)
     _prepare()
-    from ..dataplane.rig import Rig, RigError, measure_rate
+    from ..dataplane.rig.star import Rig, RigError, measure_rate
     if not wants_json(args):
         print(f"... building a rig with {cfg.workers} workers, measuring for {args.duration:g} s",
               file=sys.stderr)
@@ -436,8 +436,8 @@ def cmd_incast_tcp(args) -> int | None:
     if not 1 <= args.rounds <= 100_000:
         raise UsageError(f"--rounds: must be in 1..100000, got {args.rounds}")
     _prepare()
-    from ..dataplane.incast import IncastError, ensure_cc, run_tcp_incast
-    from ..dataplane.rig import Rig, RigError
+    from ..control.bench.tcp import IncastError, ensure_cc, run_tcp_incast
+    from ..dataplane.rig.star import Rig, RigError
     try:
         ensure_cc(args.cc)
     except IncastError as e:

@@ -163,7 +163,7 @@ def _validate(args) -> tuple:
     if args.sync == "wbsp" and any(r["transport"] == "gloo" for r in runs):
         raise UsageError("--sync wbsp needs a parameter server: gloo all-reduce (--transport/"
                          "--compare gloo) is bsp only")
-    from ..dataplane.rig import RigConfig
+    from ..dataplane.rig.star import RigConfig
     try:   # the rig's own range checks; its messages start with the field's name
         RigConfig(name=args.name or "check", workers=args.workers, rate_bps=rate,
                   buffer_bytes=buffer, loss=loss, mtu=args.mtu)
@@ -182,8 +182,8 @@ def cmd_train(args) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
     from ..control.training.launch import LaunchError, rig_config, rig_mode_for, train_on_rig
     from ..control.training.runtime import TrainConfig
-    from ..dataplane.incast import IncastError
-    from ..dataplane.rig import Rig, RigError
+    from ..control.bench.tcp import IncastError
+    from ..dataplane.rig.star import Rig, RigError
 
     results = []
     progress = _Progress(quiet=False)

@@ -117,7 +117,7 @@ def run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
         _report(args, "interrupted", EXIT_ERROR)
         return 130
     except RuntimeError as e:
-        from ..dataplane.loader import DataplaneError
+        from ..dataplane.xdp.loader import DataplaneError
         if not isinstance(e, DataplaneError):
             raise
         _report(args, str(e).splitlines()[0][:400], EXIT_ERROR)

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...dataplane import wire as W
-from ..early_close import COMPLETE, DEADLINE, EARLY, EarlyCloseConfig
-from ..transport import Endpoint, Peer, TransportError
+from ...dataplane.xdp import wire as W
+from ..transport.early_close import COMPLETE, DEADLINE, EARLY, EarlyCloseConfig
+from ..transport.endpoint import Endpoint, Peer, TransportError
 
 TCP_MAGIC = 0x4C545054            # "LTPT"
 _TCP_HDR = struct.Struct(">III")  # magic, round, payload bytes

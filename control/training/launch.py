@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import Callable
 
 from ...dataplane import netns
-from ...dataplane.rig import BROADCAST
+from ...dataplane.rig.star import BROADCAST
 from .runtime import TrainConfig
 
 
@@ -44,7 +44,7 @@ def rig_mode_for(transport: str) -> str:
 def rig_config(name: str, transport: str, *, workers: int, rate_bps: int, buffer_bytes: int,
                loss: float, mtu: int = 1500):
     """The RigConfig a run of `transport` should build (see the module docstring)."""
-    from ...dataplane.rig import RigConfig
+    from ...dataplane.rig.star import RigConfig
     return RigConfig(name=name, workers=workers, rate_bps=rate_bps, buffer_bytes=buffer_bytes,
                      loss=loss, shape="all", loss_on="all", mode=rig_mode_for(transport), mtu=mtu)
 
@@ -67,7 +67,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     if bad:
         raise ValueError(f"straggler: worker {bad[0]} does not exist (workers 0..{W - 1})")
     if cfg.transport == "tcp":
-        from ...dataplane.incast import ensure_cc
+        from ..bench.tcp import ensure_cc
         ensure_cc(cfg.cc)
     hosts = ([] if cfg.transport == "gloo" else [rig.ps]) + list(rig.workers[:W])
     world = len(hosts)

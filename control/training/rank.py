@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(a)
         early_close = json.loads(a.early_close) if a.early_close else {}
-        from ..early_close import EarlyCloseConfig
+        from ..transport.early_close import EarlyCloseConfig
         EarlyCloseConfig(**early_close)
         if cfg.downlink == "group" and not a.group:  # before the rendezvous: no one waits
             raise ValueError("--downlink group needs --group ADDR (a broadcast or multicast "

@@ -42,7 +42,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..rate import quiet_gc
+from ..transport.rate import quiet_gc
 from .data import BatchStream, iterations_per_epoch, split
 from .model import DEFAULT_HIDDEN, FlatModel, build_mlp, evaluate, param_digest
 
@@ -308,7 +308,7 @@ def _meta(ctx: RankContext, role: str, extra: dict) -> dict:
 
 def run_ps(ctx: RankContext) -> dict:
     from . import comm as C
-    from ..early_close import EarlyCloseConfig
+    from ..transport.early_close import EarlyCloseConfig
     cfg = ctx.cfg
     _setup_torch(cfg.seed)
     W = ctx.workers

@@ -19,7 +19,7 @@ import struct
 import time
 from typing import Any, Iterator
 
-from . import netns
+from .. import netns
 from . import wire as W
 
 ETH_P_ALL = 0x0003

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..dataplane import netns
-from ..dataplane import wire as W
-from ..dataplane.loader import Dataplane, Geometry
+from ...dataplane import netns
+from ...dataplane.xdp import wire as W
+from ...dataplane.xdp.loader import Dataplane, Geometry
 from . import bubble
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
 from .layout import ChunkLayout, as_f32
@@ -259,7 +259,7 @@ class Endpoint:
             self.dp.attach(dev, ns, mode)
             self._published = None
             if publish:  # pins + record: `ltp status/flows/top` see this endpoint
-                from ..dataplane import registry
+                from ...dataplane.xdp import registry
                 ns = ns or netns.current()  # a process started inside a namespace
                 registry.publish(self.dp, dev, ns, role="ps" if len(peers) > 1 else "worker",
                                  job=job, mode=mode, peers=self.peers)
@@ -278,7 +278,7 @@ class Endpoint:
                 self.maps.set_self(self_id, ip, _device_mac(self.sock, dev))
         except BaseException:
             if getattr(self, "_published", None):
-                from ..dataplane import registry
+                from ...dataplane.xdp import registry
                 registry.withdraw(*self._published)
             self.dp.close()
             raise
@@ -779,7 +779,7 @@ class Endpoint:
             self.sock.close()
         finally:
             if self._published:
-                from ..dataplane import registry
+                from ...dataplane.xdp import registry
                 registry.withdraw(*self._published)
                 self._published = None
             self.dp.close()

@@ -40,9 +40,9 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
                mtu: int = 1500, name: str = "bench",
                progress: Callable[[str, int, int], None] | None = None) -> dict:
     """One configuration on one fresh rig; returns the documented JSON object."""
-    from ..dataplane.incast import ensure_cc, run_tcp_incast
-    from ..dataplane.loader import attach_pass, detach
-    from ..dataplane.rig import Rig, RigConfig
+    from .tcp import ensure_cc, run_tcp_incast
+    from ...dataplane.xdp.loader import attach_pass, detach
+    from ...dataplane.rig.star import Rig, RigConfig
     from .cluster import LtpCluster
 
     for t in transports:

@@ -37,8 +37,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from . import netns
-from .rigbase import RigBase, RigError, ShapedConfig, saved_names
+from .. import netns
+from .base import RigBase, RigError, ShapedConfig, saved_names
 
 STATE_DIR = "/run/ltp/rigs"
 PIN_ROOT = "/sys/fs/bpf/ltp-rig"
@@ -234,7 +234,7 @@ def _loss_threshold(p: float) -> int:
 
 def _compile_loss_prog():
     """Compile bpf/loss_tc.c with bcc as a SCHED_CLS program: (bpf, fn)."""
-    from .loader import DataplaneError, compile_program
+    from ..xdp.loader import DataplaneError, compile_program
     try:
         return compile_program("loss_tc.c", "loss_tc", prog_type="SCHED_CLS")
     except DataplaneError as e:
@@ -399,7 +399,7 @@ class Rig(RigBase):
                       rate=f"{cfg.rate_bps}bit", burst=cfg.burst, limit=cfg.buffer_bytes)
             self._load_loss([ports[p] for p in self.loss_ports], sw)
         if cfg.mode == "native":
-            from .loader import DataplaneError, attach_pass
+            from ..xdp.loader import DataplaneError, attach_pass
             for h in self.hosts:
                 try:
                     attach_pass(h.port, self.switch_ns, "native")

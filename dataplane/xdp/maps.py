@@ -18,7 +18,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .. import BPF_DIR
+from ... import BPF_DIR
 from .wire import LtpHdr
 
 # enum ltp_counter, in order, read from the header so there is one definition.

@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from . import wire as W
-from .loader import Dataplane, Geometry
-from .testrun import XDP_TX, run_xdp
+from ...dataplane.xdp import wire as W
+from ...dataplane.xdp.loader import Dataplane, Geometry
+from ...dataplane.xdp.testrun import XDP_TX, run_xdp
 
 CHUNK = 1424
 
@@ -84,8 +84,8 @@ def bench_socket(packets: int = 50000, payload: int = W.HDR_LEN + CHUNK) -> dict
     the payload into reassembly memory, send an ACK. ns per packet received."""
     import os
     import socket
-    from . import netns
-    from .pair import VethPair
+    from ...dataplane import netns
+    from ...dataplane.rig.pair import VethPair
     mem = np.zeros(packets * CHUNK // 4 + CHUNK, dtype=np.float32)
     view = memoryview(mem).cast("B")
     with VethPair(f"ltp-bx{os.getpid() % 100000}") as pair:
@@ -123,7 +123,7 @@ def bench_harness(runs: int = 5000) -> float:
     """Median ns of one BPF_PROG_TEST_RUN of an empty XDP program."""
     from scapy.layers.inet import Ether
     from scapy.layers.l2 import ARP
-    from .loader import compile_program
+    from ...dataplane.xdp.loader import compile_program
     b, fn = compile_program("xdp_pass.c", "xdp_pass")
     try:
         frame = bytes(Ether() / ARP())

@@ -20,11 +20,11 @@ from typing import Iterable
 
 import numpy as np
 
-from ..dataplane import netns
-from ..dataplane import wire as W
-from .early_close import EarlyCloseConfig
-from .rate import quiet_gc
-from .transport import Endpoint, Peer, PushReport, RoundResult
+from ...dataplane import netns
+from ...dataplane.xdp import wire as W
+from ..transport.early_close import EarlyCloseConfig
+from ..transport.rate import quiet_gc
+from ..transport.endpoint import Endpoint, Peer, PushReport, RoundResult
 
 
 def worker_tensor(seed: int, worker: int, round_: int, nelems: int) -> np.ndarray:
@@ -37,7 +37,7 @@ class WorkerProc:
 
     def __init__(self, host, worker_id: int, args: list[str]):
         self.host, self.worker = host, worker_id
-        self.proc = netns.popen(host.netns, [sys.executable, "-m", "ltpx.control.worker_proc",
+        self.proc = netns.popen(host.netns, [sys.executable, "-m", "ltpx.control.bench.worker_proc",
                                              *args], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True, bufsize=1)
 
@@ -139,7 +139,7 @@ class LtpCluster:
                     "timeout": timeout_s})
         for p in self.procs:
             p.recv()
-        from ..dataplane.rig import BROADCAST
+        from ...dataplane.rig.star import BROADCAST
         rep = self.ps.push_reliable(round_, params, [Peer(h.index, h.ip) for h in self.hosts],
                                     timeout_s=timeout_s,
                                     group=(BROADCAST, W.PORT) if group else None)

@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import netns
-from .rig import TC_EGRESS, NUD_PERMANENT, Host, RigError, _disable_ipv6, _ipr, _sysctl
-from .rigbase import RigBase, ShapedConfig, saved_names
+from .. import netns
+from .star import TC_EGRESS, NUD_PERMANENT, Host, RigError, _disable_ipv6, _ipr, _sysctl
+from .base import RigBase, ShapedConfig, saved_names
 
 STATE_DIR = "/run/ltp/leafspine"
 PIN_ROOT = "/sys/fs/bpf/ltp-ls"
@@ -415,7 +415,7 @@ class LeafSpine(RigBase):
         self._routes()
         self._load_bpf()
         if c.mode == "native":
-            from .loader import DataplaneError, attach_pass
+            from ..xdp.loader import DataplaneError, attach_pass
             for h in self.hosts:
                 try:
                     attach_pass(h.port, leaf_ns(c.name, h.leaf), "native")
@@ -443,7 +443,7 @@ class LeafSpine(RigBase):
                     ipr.route("add", dst=f"198.18.{10 + lk.b}.0/24", gateway=lk.peer_ip)
 
     def _load_bpf(self) -> None:
-        from .loader import DataplaneError, compile_program
+        from ..xdp.loader import DataplaneError, compile_program
         try:
             b, count_fn = compile_program("path_pin.c", "link_count", prog_type="SCHED_CLS")
             pin_fn = b.load_func(b"path_pin", b.SCHED_CLS)
@@ -578,7 +578,7 @@ def _namespaces(name: str) -> list[str]:
 def _teardown(name: str) -> None:
     """Remove rig `name`: namespaces (their veths, qdiscs, tc and XDP programs
     go with them), pins and state file. Goes on past errors, reports all."""
-    from .rig import remove_all
+    from .star import remove_all
     errors = remove_all(_namespaces(name), pin_dir(name), state_path(name))
     if errors:
         raise RigError(f"tearing down leaf-spine rig {name!r}: " + "; ".join(errors))

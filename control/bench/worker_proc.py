@@ -17,7 +17,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ltpx.control.worker_proc")
+    ap = argparse.ArgumentParser(prog="ltpx.control.bench.worker_proc")
     ap.add_argument("--dev", required=True)
     ap.add_argument("--ip", required=True)
     ap.add_argument("--netns", default=None, help="the namespace this process runs in")
@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         out.flush()
 
     from .cluster import worker_tensor
-    from .rate import quiet_gc
-    from .transport import Endpoint, Peer
+    from ..transport.rate import quiet_gc
+    from ..transport.endpoint import Endpoint, Peer
     try:
         ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, ns=a.netns, mode=a.mode, job=a.job,
                       capacity_bps=a.capacity, initial_rate_bps=a.capacity / a.workers,

@@ -21,8 +21,8 @@ import threading
 import time
 from typing import Callable
 
-from ..dataplane.leafspine import LeafSpine, LeafSpineConfig
-from . import paths
+from ...dataplane.rig.leafspine import LeafSpine, LeafSpineConfig
+from .. import paths
 from .cluster import LtpCluster
 
 

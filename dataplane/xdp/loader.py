@@ -14,8 +14,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import BPF_DIR
-from . import netns
+from ... import BPF_DIR
+from .. import netns
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1

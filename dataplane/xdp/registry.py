@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from . import netns
+from .. import netns
 from .loader import MAP_NAMES, DataplaneError, Geometry, open_pinned
 
 PIN_ROOT = "/sys/fs/bpf/ltp"

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Self
 
-from . import netns
+from .. import netns
 
 
 class RigError(RuntimeError):

@@ -3,7 +3,7 @@ sends SIZE bytes over TCP to the parameter server.
 
 `run_tcp_incast(rig, size, rounds, cc)` is the measurement (`ltp rig
 incast-tcp`, and the TCP side of `ltp bench incast`). It starts two kinds of
-agent, each `python -m ltpx.dataplane.incast ...` inside a rig namespace:
+agent, each `python -m ltpx.control.bench.tcp ...` inside a rig namespace:
 
 - the PS agent listens, accepts one persistent connection per worker (the
   worker says its index first), then per round writes one "go" byte on every
@@ -106,7 +106,7 @@ def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cub
     common = ["--port", str(port), "--size", str(size), "--cc", cc]
     procs: list[subprocess.Popen] = []
     try:
-        ps = rig.spawn(rig.ps, [py, "-m", "ltpx.dataplane.incast", "ps", "--bind", rig.ps.ip,
+        ps = rig.spawn(rig.ps, [py, "-m", "ltpx.control.bench.tcp", "ps", "--bind", rig.ps.ip,
                                 "--workers", str(len(workers)), "--rounds", str(rounds + warmup),
                                 "--round-timeout", str(round_timeout), *common],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -115,7 +115,7 @@ def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cub
         if line.strip() != "ready":
             raise IncastError(f"PS agent did not start: {line.strip()} {_stderr(ps)}")
         for w in workers:
-            procs.append(rig.spawn(w, [py, "-m", "ltpx.dataplane.incast", "worker", "--ps",
+            procs.append(rig.spawn(w, [py, "-m", "ltpx.control.bench.tcp", "worker", "--ps",
                                        rig.ps.ip, "--id", str(w.index), *common],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         times: list[float] = []
@@ -278,7 +278,7 @@ def _worker_agent(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ltpx.dataplane.incast",
+    p = argparse.ArgumentParser(prog="python -m ltpx.control.bench.tcp",
                                 description="TCP incast agents (started by run_tcp_incast)")
     sub = p.add_subparsers(dest="role", required=True)
     for role in ("ps", "worker"):

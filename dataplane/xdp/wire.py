@@ -15,7 +15,7 @@ from scapy.fields import (ByteEnumField, ByteField, FlagsField, IntField, ShortF
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
 
-from .. import BPF_DIR
+from ... import BPF_DIR
 
 
 def _defines(path) -> dict[str, int]:

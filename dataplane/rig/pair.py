@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
-from . import netns
+from .. import netns
 
 
 @dataclass
@@ -70,7 +70,7 @@ class VethPair:
                           state="permanent")
 
     def down(self) -> None:
-        from .loader import detach
+        from ..xdp.loader import detach
         for dev, ns, mode in self._attached:
             try:
                 detach(dev, ns, mode)
@@ -82,13 +82,13 @@ class VethPair:
 
     def attach(self, dataplane_or_fd, end: End, mode: str = "native") -> None:
         """Attach an XDP program (Dataplane or prog fd) on `end`'s device."""
-        from .loader import attach_fd
+        from ..xdp.loader import attach_fd
         fd = dataplane_or_fd if isinstance(dataplane_or_fd, int) else dataplane_or_fd.prog_fd
         attach_fd(fd, end.dev, end.ns, mode)
         self._attached.append((end.dev, end.ns, mode))
 
     def attach_pass(self, end: End, mode: str = "native") -> None:
-        from .loader import attach_pass
+        from ..xdp.loader import attach_pass
         attach_pass(end.dev, end.ns, mode)
         self._attached.append((end.dev, end.ns, mode))
 
