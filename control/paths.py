@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
+from ..dataplane.xdp import wire as W
+
 LinkId = tuple  # ("L", leaf, spine) uplink, or ("S", spine, leaf) downlink
 
 
@@ -158,7 +160,6 @@ def ecmp_link_bytes(flows: Iterable[Flow], spine_of: dict[Flow, int]) -> dict[Li
 # The functions below apply the policy above to a dataplane.leafspine.LeafSpine:
 # probing each flow's leaf hash, writing pins, reading per-link counters.
 
-LTP_PORT = 7410
 PROBE_PORTS = range(20000, 20032)    # outside the ephemeral range (32768-60999)
 
 
@@ -172,7 +173,7 @@ def rig_flows(ls, bytes_per_flow: int = 1) -> list[Flow]:
     return out
 
 
-def probe_flows(ls, flows: Iterable[Flow], dport: int = LTP_PORT) -> dict[Flow, dict[int, int]]:
+def probe_flows(ls, flows: Iterable[Flow], dport: int = W.PORT) -> dict[Flow, dict[int, int]]:
     """flow -> {source port: spine} for the candidate ports (pins of these
     flows are removed first: they would rewrite the probes)."""
     flows = [f for f in flows if f.crosses]
@@ -180,7 +181,7 @@ def probe_flows(ls, flows: Iterable[Flow], dport: int = LTP_PORT) -> dict[Flow, 
     return {f: ls.probe(ls.host(f.src), ls.host(f.dst), dport, PROBE_PORTS) for f in flows}
 
 
-def pin(ls, assignment: Assignment, dport: int = LTP_PORT,
+def pin(ls, assignment: Assignment, dport: int = W.PORT,
         probes: dict[Flow, dict[int, int]] | None = None) -> list[dict]:
     """Enforce `assignment`: for every flow, the lowest probed source port that
     the source leaf hashes onto the assigned spine goes into path_pins."""
@@ -199,7 +200,7 @@ def pin(ls, assignment: Assignment, dport: int = LTP_PORT,
     return out
 
 
-def ecmp_draw(ls, flows: Iterable[Flow], seed: int, dport: int = LTP_PORT) -> list[dict]:
+def ecmp_draw(ls, flows: Iterable[Flow], seed: int, dport: int = W.PORT) -> list[dict]:
     """Plain ECMP with a fresh 5-tuple per flow: a random source port from the
     ephemeral range (what a new socket would get); the leaf's hash picks the
     spine. Written as pins so the endpoints' sockets need not be re-made."""

@@ -8,22 +8,14 @@ own namespace beyond creating and removing named namespaces in /run/netns.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 from typing import Iterator
 
 from pyroute2 import netns as _netns
 
-CLONE_NEWNET = 0x40000000
+from .clib import setns as _setns
+
 NETNS_DIR = "/run/netns"
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
 
 
 def exists(name: str) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import EXIT_ERROR, CliError, add_json, emit
+from .common import EXIT_ERROR, LtpError, add_json, emit
 
 
 def register(sub) -> None:
@@ -24,7 +24,7 @@ def cmd_doctor(args) -> int:
     fixed = []
     if args.fix:
         if os.geteuid() != 0:
-            raise CliError("`ltp doctor --fix` needs root: run it with sudo")
+            raise LtpError("`ltp doctor --fix` needs root: run it with sudo")
         fixed = doctor.fix()
     checks = doctor.run_checks(compile_test=not args.no_load)
     ok = all(c.ok for c in checks)

@@ -24,7 +24,10 @@ import sys
 import time
 from typing import Any
 
-from .common import (CliError, UsageError, add_json, emit, need_bcc, need_root, wants_json)
+from ..dataplane.xdp.headers import defines
+from .common import (LtpError, UsageError, add_json, emit, need_bcc, need_root, wants_json)
+
+PORT = defines("ltp_wire.h")["LTP_PORT"]  # cheap: no scapy at parser build
 
 DEFAULT_CHUNK_BYTES = 1424
 DEFAULT_MAX_CHUNKS = 256
@@ -112,10 +115,10 @@ def _guard(func):
     def run(args):
         try:
             return func(args)
-        except (CliError, PermissionError):
+        except (LtpError, PermissionError):
             raise
         except OSError as e:
-            raise CliError(f"{args.command}: {e.strerror or e}"
+            raise LtpError(f"{args.command}: {e.strerror or e}"
                            + (f" ({e.filename})" if getattr(e, "filename", None) else "")) from None
     return run
 
@@ -145,7 +148,7 @@ def register(sub) -> None:
                    help=f"largest round buffer in chunks (default {DEFAULT_MAX_CHUNKS})")
     p.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
                    help=f"payload bytes per chunk, a multiple of 8 (default {DEFAULT_CHUNK_BYTES})")
-    p.add_argument("--port", type=int, default=7410, help="LTP UDP port (default 7410)")
+    p.add_argument("--port", type=int, default=PORT, help=f"LTP UDP port (default {PORT})")
     p.add_argument("--force", action="store_true",
                    help="replace a program the device carries already")
     add_json(p)
@@ -186,7 +189,7 @@ def register(sub) -> None:
     p.add_argument("-r", "--read", metavar="FILE", help="read packets from a pcap file")
     p.add_argument("-w", "--write", metavar="FILE", help="also write the LTP packets to a pcap")
     p.add_argument("--timeout", type=float, metavar="S", help="live: stop after S seconds")
-    p.add_argument("--port", type=int, default=7410, help="LTP UDP port (default 7410)")
+    p.add_argument("--port", type=int, default=PORT, help=f"LTP UDP port (default {PORT})")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
     add_json(p)
     p.set_defaults(func=_guard(cmd_capture))
@@ -475,7 +478,7 @@ def cmd_flows(args) -> int | None:
     snaps = _snapshots(_targets(args))
     broken = [s for s in snaps if "error" in s]
     if broken and args.dev:
-        raise CliError(f"{args.dev}: {broken[0]['error']}")
+        raise LtpError(f"{args.dev}: {broken[0]['error']}")
     emit(args, snaps, flows_text)
     return 1 if broken else None
 
@@ -581,7 +584,7 @@ def cmd_top(args) -> None:
         errors = []
         try:
             recs = _targets(args)
-        except CliError:
+        except LtpError:
             raise
         except Exception as e:  # noqa: BLE001 - a program may vanish between list and open
             recs, errors = [], [str(e)]
@@ -710,7 +713,7 @@ def cmd_capture(args) -> int | None:
                     pass
                 dropped = cap.drops()
     except C.CaptureError as e:
-        raise CliError(str(e)) from None
+        raise LtpError(str(e)) from None
     finally:
         if writer:
             writer.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import CliError, UsageError, add_json, emit, need_bcc, need_root
+from .common import LtpError, UsageError, add_json, emit, need_bcc, need_root
 
 EPILOG = """examples:
   sudo ltp rig up --topology leaf-spine --name ls --jobs 2 --workers 2
@@ -51,7 +51,7 @@ def _resolve(name: str | None) -> str:
     if len(names) == 1:
         return names[0]
     if not names:
-        raise CliError("no leaf-spine rig is up: `sudo ltp rig up --topology leaf-spine`")
+        raise LtpError("no leaf-spine rig is up: `sudo ltp rig up --topology leaf-spine`")
     raise UsageError(f"--name: several leaf-spine rigs are up ({', '.join(names)}); pick one")
 
 
@@ -61,7 +61,7 @@ def _attach(name: str | None):
     try:
         return LeafSpine.attach(_resolve(name))
     except RigError as e:
-        raise CliError(str(e)) from None
+        raise LtpError(str(e)) from None
 
 
 def show(ls) -> dict:
@@ -126,7 +126,7 @@ def cmd_pin(args) -> None:
             ls.reset_link_counters()      # the probes are not traffic
             out = {"name": ls.name, "policy": "pinned", "assignment": a.to_dict(), "pins": pins}
     except RuntimeError as e:
-        raise CliError(str(e)) from None
+        raise LtpError(str(e)) from None
     finally:
         ls.close()
     emit(args, out, lambda o: (f"{o['name']}: plain ECMP (no pins)" if o["policy"] == "ecmp" else
@@ -144,9 +144,9 @@ def cmd_down(args) -> None:
     try:
         gone = LeafSpine.destroy(name)
     except RigError as e:
-        raise CliError(str(e)) from None
+        raise LtpError(str(e)) from None
     if not gone:
-        raise CliError(f"no leaf-spine rig named {name!r}")
+        raise LtpError(f"no leaf-spine rig named {name!r}")
     emit(args, {"removed": name}, f"leaf-spine rig {name} removed")
 
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from typing import Any
 
-from .common import (CliError, UsageError, add_json, emit, need_bcc, need_root, parse_rate,
+from .common import (LtpError, UsageError, add_json, emit, need_bcc, need_root, parse_rate,
                      parse_size, wants_json)
 
 MAX_WORKERS = 64          # mirrors dataplane.rig.MAX_WORKERS (kept import-free for --help)
@@ -228,7 +228,7 @@ def _resolve(name: str | None) -> str:
         return name
     names = Rig.names()
     if not names:
-        raise CliError("no rig is up: `sudo ltp rig up` builds one")
+        raise LtpError("no rig is up: `sudo ltp rig up` builds one")
     if len(names) == 1:
         return names[0]
     if DEFAULT_NAME in names:
@@ -241,7 +241,7 @@ def _attach(name: str):
     try:
         return Rig.attach(name)
     except RigError as e:
-        raise CliError(str(e)) from None
+        raise LtpError(str(e)) from None
 
 
 # --------------------------------------------------------------------------- commands
@@ -267,7 +267,7 @@ def bring_up(rig) -> dict:
         rig.up()
         return rig.status()
     except RigError as e:
-        raise CliError(str(e)) from None
+        raise LtpError(str(e)) from None
     finally:
         rig.close()
 
@@ -359,7 +359,7 @@ def cmd_exec(args) -> int:
             return r.returncode
         return subprocess.call(rig._argv(host, cmd))
     except FileNotFoundError as e:
-        raise CliError(f"cannot run: {e}") from None
+        raise LtpError(f"cannot run: {e}") from None
 
 
 def cmd_down(args) -> int | None:
@@ -382,10 +382,10 @@ def cmd_down(args) -> int | None:
                 return None
             target = _resolve(name)
             if not Rig.destroy(target):
-                raise CliError(f"no rig named {target!r} (rigs: {', '.join(Rig.names()) or 'none'})")
+                raise LtpError(f"no rig named {target!r} (rigs: {', '.join(Rig.names()) or 'none'})")
             removed = [target]
     except RigError as e:
-        raise CliError(str(e)) from None
+        raise LtpError(str(e)) from None
 
     def text(d: dict) -> str:
         out = f"removed {', '.join(d['removed'])}" if d["removed"] else "no rig to remove"
@@ -415,7 +415,7 @@ def cmd_check(args) -> int | None:
         with Rig(cfg) as rig:
             res = measure_rate(rig, seconds=args.duration, senders=min(args.senders, cfg.workers))
     except RigError as e:
-        raise CliError(str(e)) from None
+        raise LtpError(str(e)) from None
     emit(args, res, lambda r: (
         f"rate  requested {_fmt_rate(r['rate_requested_bps']):>12}   measured "
         f"{_fmt_rate(r['rate_measured_bps']):>12}  ({100 * r['rate_ratio']:.1f} %)\n"
@@ -436,12 +436,13 @@ def cmd_incast_tcp(args) -> int | None:
     if not 1 <= args.rounds <= 100_000:
         raise UsageError(f"--rounds: must be in 1..100000, got {args.rounds}")
     _prepare()
-    from ..control.bench.tcp import IncastError, ensure_cc, run_tcp_incast
+    from ..errors import BenchError
+    from ..control.bench.tcp import ensure_cc, run_tcp_incast
     from ..dataplane.rig.star import Rig, RigError
     try:
         ensure_cc(args.cc)
-    except IncastError as e:
-        raise CliError(str(e)) from None
+    except BenchError as e:
+        raise LtpError(str(e)) from None
     existing = name is not None and Rig.exists(name)
     if existing:
         given = {"--workers": workers, "--rate": rate, "--buffer": buffer, "--burst": burst,
@@ -467,8 +468,8 @@ def cmd_incast_tcp(args) -> int | None:
             with _Progress(args.rounds, show) as prog:
                 res = run_tcp_incast(rig, size=size, rounds=args.rounds, cc=args.cc,
                                      progress=prog.update)
-    except (RigError, IncastError) as e:
-        raise CliError(str(e)) from None
+    except (RigError, BenchError) as e:
+        raise LtpError(str(e)) from None
     res["rig"] = rig.name
     res["mode"] = rig.config.mode
     emit(args, res, lambda r: (

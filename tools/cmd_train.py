@@ -14,7 +14,7 @@ import dataclasses
 import os
 import sys
 
-from .common import (CliError, UsageError, add_json, emit, need_bcc, need_root, parse_rate,
+from .common import (LtpError, UsageError, add_json, emit, need_bcc, need_root, parse_rate,
                      parse_size)
 
 MAX_WORKERS = 64   # mirrors dataplane.rig.MAX_WORKERS (kept import-free for --help)
@@ -182,7 +182,7 @@ def cmd_train(args) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
     from ..control.training.launch import LaunchError, rig_config, rig_mode_for, train_on_rig
     from ..control.training.runtime import TrainConfig
-    from ..control.bench.tcp import IncastError
+    from ..errors import BenchError
     from ..dataplane.rig.star import Rig, RigError
 
     results = []
@@ -227,8 +227,8 @@ def cmd_train(args) -> int:
                               "mtu": rig.config.mtu}
             progress.end(res)
             results.append(res)
-    except (LaunchError, RigError, IncastError) as e:
-        raise CliError(str(e)) from None
+    except (LaunchError, RigError, BenchError) as e:
+        raise LtpError(str(e)) from None
     finally:
         progress.close()
     out = {k: v for k, v in results[0].items() if k != "event"}
@@ -239,7 +239,7 @@ def cmd_train(args) -> int:
     emit(args, out, lambda o: _text(results, args, loss, rate, buffer))
     broken = [r for r in results if not r.get("replicas_identical")]
     if broken:
-        raise CliError(f"{_label(broken[0]['transport'], broken[0].get('cc'))}: the PS and the "
+        raise LtpError(f"{_label(broken[0]['transport'], broken[0].get('cc'))}: the PS and the "
                        f"workers ended with different parameters ({broken[0]['worker_digests']})")
     return 0
 

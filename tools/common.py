@@ -11,20 +11,9 @@ import os
 import sys
 from typing import Any, Callable
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+from ..errors import EXIT_ERROR, EXIT_USAGE, DataplaneError, LtpError, UsageError
 
-
-class CliError(Exception):
-    """A failure to report in one line; `code` is the exit status."""
-
-    def __init__(self, message: str, code: int = EXIT_ERROR):
-        super().__init__(message)
-        self.code = code
-
-
-class UsageError(CliError):
-    def __init__(self, message: str):
-        super().__init__(message, EXIT_USAGE)
+EXIT_OK = 0
 
 
 def add_json(p: argparse.ArgumentParser) -> None:
@@ -63,7 +52,7 @@ def _json_default(o: Any) -> Any:
 def need_root(what: str) -> None:
     """Raise a one-line error naming the fix when not running as root."""
     if os.geteuid() != 0:
-        raise CliError(f"{what} needs root (CAP_BPF, CAP_NET_ADMIN): run it with sudo; "
+        raise LtpError(f"{what} needs root (CAP_BPF, CAP_NET_ADMIN): run it with sudo; "
                        "`ltp doctor --fix` checks the rest of the set-up")
 
 
@@ -71,7 +60,7 @@ def need_bcc() -> None:
     try:
         import bcc  # noqa: F401
     except ImportError:
-        raise CliError("bcc is not importable: install Debian's python3-bpfcc and use a venv "
+        raise LtpError("bcc is not importable: install Debian's python3-bpfcc and use a venv "
                        "made with --system-site-packages (`ltp doctor --fix` names the steps)")
 
 
@@ -110,18 +99,15 @@ def run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
     try:
         rc = func(args)
         return EXIT_OK if rc is None else rc
-    except CliError as e:
-        _report(args, str(e), e.code)
-        return e.code
+    except LtpError as e:
+        msg = str(e) or type(e).__name__
+        if isinstance(e, DataplaneError):  # a compiler's log follows its first line
+            msg = msg.splitlines()[0][:400]
+        _report(args, msg, e.exit_code)
+        return e.exit_code
     except KeyboardInterrupt:
         _report(args, "interrupted", EXIT_ERROR)
         return 130
-    except RuntimeError as e:
-        from ..dataplane.xdp.loader import DataplaneError
-        if not isinstance(e, DataplaneError):
-            raise
-        _report(args, str(e).splitlines()[0][:400], EXIT_ERROR)
-        return EXIT_ERROR
     except PermissionError as e:
         _report(args, f"permission denied: {e}; run as root (sudo) and see `ltp doctor`", EXIT_ERROR)
         return EXIT_ERROR

@@ -31,14 +31,11 @@ import subprocess
 import sys
 import time
 from typing import Any, Callable
+from ...errors import BenchError
 
 DEFAULT_PORT = 5201
 AVAILABLE_CC = "/proc/sys/net/ipv4/tcp_available_congestion_control"
 TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
-
-
-class IncastError(RuntimeError):
-    """The incast run could not be set up or did not finish."""
 
 
 def available_cc() -> list[str]:
@@ -59,7 +56,7 @@ def ensure_cc(cc: str) -> None:
     except (OSError, subprocess.TimeoutExpired):
         pass
     if cc not in available_cc():
-        raise IncastError(f"TCP congestion control {cc!r} is not available (the kernel offers: "
+        raise BenchError(f"TCP congestion control {cc!r} is not available (the kernel offers: "
                           f"{' '.join(available_cc()) or 'nothing readable'}); `modprobe tcp_{cc}` "
                           f"failed or the module is not built for this kernel")
 
@@ -113,7 +110,7 @@ def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cub
         procs.append(ps)
         line = _readline(ps, 20.0)
         if line.strip() != "ready":
-            raise IncastError(f"PS agent did not start: {line.strip()} {_stderr(ps)}")
+            raise BenchError(f"PS agent did not start: {line.strip()} {_stderr(ps)}")
         for w in workers:
             procs.append(rig.spawn(w, [py, "-m", "ltpx.control.bench.tcp", "worker", "--ps",
                                        rig.ps.ip, "--id", str(w.index), *common],
@@ -124,10 +121,10 @@ def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cub
             if not line:
                 bad = [p for p in procs[1:] if p.poll() not in (None, 0)]
                 why = _stderr(bad[0]) if bad else _stderr(ps)
-                raise IncastError(f"PS agent stopped early: {why}")
+                raise BenchError(f"PS agent stopped early: {why}")
             msg = json.loads(line)
             if "error" in msg:
-                raise IncastError(f"PS agent: {msg['error']}")
+                raise BenchError(f"PS agent: {msg['error']}")
             if "round" in msg:
                 if msg["round"] >= warmup:
                     times.append(msg["t"])
@@ -157,7 +154,7 @@ def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cub
 def _readline(p: subprocess.Popen, timeout: float) -> str:
     r, _, _ = select.select([p.stdout], [], [], timeout)
     if not r:
-        raise IncastError(f"no word from the PS agent in {timeout:.0f} s")
+        raise BenchError(f"no word from the PS agent in {timeout:.0f} s")
     return p.stdout.readline()
 
 

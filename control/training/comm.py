@@ -35,6 +35,7 @@ import numpy as np
 from ...dataplane.xdp import wire as W
 from ..transport.early_close import COMPLETE, DEADLINE, EARLY, EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer, TransportError
+from ...errors import CommError
 
 TCP_MAGIC = 0x4C545054            # "LTPT"
 _TCP_HDR = struct.Struct(">III")  # magic, round, payload bytes
@@ -46,10 +47,6 @@ def chunk_bytes_for(mtu: int) -> int:
     """The largest LTP chunk one frame of `mtu` carries, in whole float64 pairs
     (what control/cluster.py uses, so a rig round looks the same)."""
     return (mtu - IP_UDP_LTP) // 8 * 8
-
-
-class CommError(RuntimeError):
-    """A transport step failed or timed out; the message names the peer."""
 
 
 @dataclass

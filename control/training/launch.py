@@ -31,10 +31,7 @@ from typing import Callable
 from ...dataplane import netns
 from ...dataplane.rig.star import BROADCAST
 from .runtime import TrainConfig
-
-
-class LaunchError(RuntimeError):
-    """A rank failed or the job timed out; the message names the rank and its log."""
+from ...errors import LaunchError
 
 
 def rig_mode_for(transport: str) -> str:

@@ -31,6 +31,7 @@ from . import bubble
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
 from .layout import ChunkLayout, as_f32
 from .rate import Pacer, SharePolicy, fine_timer_slack
+from ...errors import TransportError
 
 FRAME_OVERHEAD = 14 + 20 + 8 + W.HDR_LEN  # Ethernet + IPv4 + UDP + LTP bytes per chunk
 UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
@@ -122,10 +123,6 @@ class LossDetector:
             p += 1
         self.judged = max(start, p)
         return out
-
-
-class TransportError(RuntimeError):
-    """A round could not be completed as asked (e.g. reliable data timed out)."""
 
 
 @dataclass

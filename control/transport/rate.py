@@ -122,8 +122,5 @@ def quiet_gc() -> None:
 
 def fine_timer_slack() -> None:
     """Ask for 1 ns timer slack (default 50 us) so short sleeps end on time."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
-    except (OSError, AttributeError):
-        pass
+    from ...dataplane.clib import set_timer_slack
+    set_timer_slack(1)

@@ -17,10 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Self
 
 from .. import netns
-
-
-class RigError(RuntimeError):
-    """Building, using or tearing down a rig failed; the message names the fix."""
+from ...errors import RigError
 
 
 def _check_root(what: str) -> None:

@@ -36,14 +36,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import netns
+from .. import clib, netns
+from ..xdp import wire as W
 from .star import TC_EGRESS, NUD_PERMANENT, Host, RigError, _disable_ipv6, _ipr, _sysctl
 from .base import RigBase, ShapedConfig, saved_names
 
 STATE_DIR = "/run/ltp/leafspine"
 PIN_ROOT = "/sys/fs/bpf/ltp-ls"
 NS_PREFIX = "lls"
-LTP_PORT = 7410
 BRIDGE = "br0"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,11}$")
 KIND_LEAF_UP, KIND_SPINE_DN = 0x4C, 0x53     # bpf/path_pin.c LINK_KIND_*
@@ -221,58 +221,40 @@ class JobView:
 # --------------------------------------------------------------------------- libbpf access
 
 class _Bpf:
-    _lib = None
+    """The leaf-spine rig's map access through dataplane.clib, with rig errors."""
 
-    @classmethod
-    def lib(cls):
-        if cls._lib is None:
-            lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-            vp = ctypes.c_void_p
-            lib.bpf_obj_get.argtypes = [ctypes.c_char_p]
-            lib.bpf_obj_pin.argtypes = [ctypes.c_int, ctypes.c_char_p]
-            lib.bpf_map_lookup_elem.argtypes = [ctypes.c_int, vp, vp]
-            lib.bpf_map_update_elem.argtypes = [ctypes.c_int, vp, vp, ctypes.c_uint64]
-            lib.bpf_map_delete_elem.argtypes = [ctypes.c_int, vp]
-            lib.bpf_map_get_next_key.argtypes = [ctypes.c_int, vp, vp]
-            cls._lib = lib
-        return cls._lib
-
-    @classmethod
-    def get(cls, path: str) -> int:
-        fd = cls.lib().bpf_obj_get(path.encode())
-        if fd < 0:
+    @staticmethod
+    def get(path: str) -> int:
+        try:
+            return clib.obj_get(path)
+        except OSError as e:
             raise RigError(f"{path} is not pinned: is the leaf-spine rig up? "
-                           "(`ltp rig up --topology leaf-spine`)")
-        return fd
+                           "(`ltp rig up --topology leaf-spine`)") from e
 
-    @classmethod
-    def pin(cls, fd: int, path: str) -> None:
-        if cls.lib().bpf_obj_pin(fd, path.encode()) != 0:
-            err = ctypes.get_errno()
-            raise RigError(f"pinning {path} failed: {os.strerror(err)} (`ltp doctor --fix`)")
+    @staticmethod
+    def pin(fd: int, path: str) -> None:
+        try:
+            clib.obj_pin(fd, path)
+        except OSError as e:
+            raise RigError(f"pinning {path} failed: {e.strerror} (`ltp doctor --fix`)") from e
 
-    @classmethod
-    def items(cls, fd: int, ktype, vtype) -> list:
-        lib, out = cls.lib(), []
-        key, nxt, val = ktype(), ktype(), vtype()
-        prev = None
-        while lib.bpf_map_get_next_key(fd, prev, ctypes.byref(nxt)) == 0:
-            if lib.bpf_map_lookup_elem(fd, ctypes.byref(nxt), ctypes.byref(val)) == 0:
-                out.append((ktype.from_buffer_copy(nxt), vtype.from_buffer_copy(val)))
-            ctypes.memmove(ctypes.byref(key), ctypes.byref(nxt), ctypes.sizeof(ktype))
-            prev = ctypes.byref(key)
-        return out
+    @staticmethod
+    def items(fd: int, ktype, vtype) -> list:
+        return clib.map_items(fd, ktype, vtype)
 
-    @classmethod
-    def update(cls, fd: int, key, val) -> None:
-        if cls.lib().bpf_map_update_elem(fd, ctypes.byref(key), ctypes.byref(val), 0) != 0:
-            raise RigError(f"map update failed: {os.strerror(ctypes.get_errno())}")
+    @staticmethod
+    def update(fd: int, key, val) -> None:
+        try:
+            clib.map_update(fd, key, val)
+        except OSError as e:
+            raise RigError(f"map update failed: {e.strerror}") from e
 
     @classmethod
     def clear(cls, fd: int, ktype) -> None:
-        keys = [k for k, _ in cls.items(fd, ktype, _LinkVal if ktype is _LinkKey else _PinVal)]
-        for k in keys:
-            cls.lib().bpf_map_delete_elem(fd, ctypes.byref(k))
+        vtype = _LinkVal if ktype is _LinkKey else _PinVal
+        for k, _ in clib.map_items(fd, ktype, vtype):
+            with contextlib.suppress(OSError):
+                clib.map_delete(fd, k)
 
 
 # --------------------------------------------------------------------------- the rig
@@ -512,7 +494,7 @@ class LeafSpine(RigBase):
         _Bpf.clear(self._fd("path_pins"), _PinKey)
 
     # ---- probing the leaves' hash
-    def probe(self, src: LsHost, dst: LsHost, dport: int = LTP_PORT, ports: range | None = None,
+    def probe(self, src: LsHost, dst: LsHost, dport: int = W.PORT, ports: range | None = None,
               settle_s: float = 0.05) -> dict[int, int]:
         """source port -> spine for UDP src -> dst:dport, found by sending one
         datagram per candidate port and reading which uplink's counter saw

@@ -37,7 +37,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from .. import netns
+from .. import clib, netns
 from .base import RigBase, RigError, ShapedConfig, saved_names
 
 STATE_DIR = "/run/ltp/rigs"
@@ -173,59 +173,38 @@ def pin_dir(name: str) -> str:
 # --------------------------------------------------------------------------- BPF map access
 
 class _Libbpf:
-    """The few libbpf calls the rig needs, through ctypes (works on pinned maps,
-    so a process that did not load the program can read and write them)."""
+    """The rig's map access through dataplane.clib, with rig errors (works on
+    pinned maps, so a process that did not load the program can use them)."""
 
-    _lib = None
+    @staticmethod
+    def ncpus() -> int:
+        return clib.num_possible_cpus()
 
-    @classmethod
-    def lib(cls):
-        if cls._lib is None:
-            lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-            lib.bpf_obj_get.argtypes = [ctypes.c_char_p]
-            lib.bpf_obj_pin.argtypes = [ctypes.c_int, ctypes.c_char_p]
-            lib.bpf_map_lookup_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-            lib.bpf_map_update_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                                ctypes.c_uint64]
-            lib.libbpf_num_possible_cpus.restype = ctypes.c_int
-            cls._lib = lib
-        return cls._lib
+    @staticmethod
+    def get(path: str) -> int:
+        return clib.obj_get(path)
 
-    @classmethod
-    def ncpus(cls) -> int:
-        n = cls.lib().libbpf_num_possible_cpus()
-        if n <= 0:
-            raise RigError(f"libbpf_num_possible_cpus failed: {os.strerror(-n)}")
-        return n
+    @staticmethod
+    def pin(fd: int, path: str) -> None:
+        try:
+            clib.obj_pin(fd, path)
+        except OSError as e:
+            raise RigError(f"{e.strerror} pinning {path} (is bpffs mounted on /sys/fs/bpf? "
+                           "`ltp doctor --fix`)") from e
 
-    @classmethod
-    def get(cls, path: str) -> int:
-        fd = cls.lib().bpf_obj_get(path.encode())
-        if fd < 0:
-            err = ctypes.get_errno() or -fd
-            raise FileNotFoundError(err, f"{path}: {os.strerror(err)}")
-        return fd
+    @staticmethod
+    def lookup(fd: int, key: int, value) -> None:
+        try:
+            clib.map_lookup(fd, key, value)
+        except OSError as e:
+            raise RigError(f"map lookup failed: {e.strerror}") from e
 
-    @classmethod
-    def pin(cls, fd: int, path: str) -> None:
-        if cls.lib().bpf_obj_pin(fd, path.encode()) != 0:
-            err = ctypes.get_errno()
-            raise RigError(f"pinning {path} failed: {os.strerror(err)} (is bpffs mounted on "
-                           "/sys/fs/bpf? `ltp doctor --fix`)")
-
-    @classmethod
-    def lookup(cls, fd: int, key: int, value: ctypes.Array) -> None:
-        k = ctypes.c_uint32(key)
-        if cls.lib().bpf_map_lookup_elem(fd, ctypes.byref(k), ctypes.byref(value)) != 0:
-            err = ctypes.get_errno()
-            raise RigError(f"map lookup failed: {os.strerror(err)}")
-
-    @classmethod
-    def update(cls, fd: int, key: int, value: ctypes._SimpleCData | ctypes.Array) -> None:
-        k = ctypes.c_uint32(key)
-        if cls.lib().bpf_map_update_elem(fd, ctypes.byref(k), ctypes.byref(value), 0) != 0:
-            err = ctypes.get_errno()
-            raise RigError(f"map update failed: {os.strerror(err)}")
+    @staticmethod
+    def update(fd: int, key: int, value) -> None:
+        try:
+            clib.map_update(fd, key, value)
+        except OSError as e:
+            raise RigError(f"map update failed: {e.strerror}") from e
 
 
 def _loss_threshold(p: float) -> int:

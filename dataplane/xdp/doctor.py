@@ -11,6 +11,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from ..clib import has_libbpf_symbol
+
 BPFFS = "/sys/fs/bpf"
 MIN_KERNEL = (5, 18)  # bpf_xdp_load_bytes
 
@@ -84,11 +86,9 @@ def run_checks(compile_test: bool = True) -> list[Check]:
     mounted = bpffs_mounted()
     checks.append(Check("bpffs", mounted, f"{BPFFS} " + ("mounted" if mounted else "not mounted"),
                         "" if mounted else f"`ltp doctor --fix` mounts it (mount -t bpf bpf {BPFFS})"))
-    try:
-        import ctypes
-        ctypes.CDLL("libbpf.so.1").bpf_prog_test_run_opts  # noqa: B018
+    if has_libbpf_symbol("bpf_prog_test_run_opts"):
         checks.append(Check("libbpf", True, "libbpf.so.1 with bpf_prog_test_run_opts"))
-    except (OSError, AttributeError):
+    else:
         checks.append(Check("libbpf", False, "libbpf.so.1 not loadable", "apt-get install libbpf1"))
     if compile_test and root and have_bcc and has_headers:
         try:

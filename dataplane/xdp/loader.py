@@ -11,11 +11,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from ... import BPF_DIR
-from .. import netns
+from .. import clib, netns
+from .maps import MAP_NAMES, Geometry, LtpMaps
+from ...errors import DataplaneError
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1
@@ -23,55 +24,6 @@ XDP_FLAGS_DRV_MODE = 1 << 2
 MODES = {"native": XDP_FLAGS_DRV_MODE, "skb": XDP_FLAGS_SKB_MODE}
 
 BPFFS = "/sys/fs/bpf"
-
-
-class DataplaneError(RuntimeError):
-    """A load, attach or pin step failed; the message names the fix."""
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Size of the reassembly memory; compiled into the program.
-
-    slots: peers this host receives from (workers on a PS, 1 on a worker).
-    max_chunks: most chunks one round's buffer may have (rounded up to 64).
-    chunk_bytes: payload bytes per chunk; 1424 fits a 1500-byte MTU and is a
-    multiple of 8, so the mapped memory of one slot is one contiguous run of
-    float32 elements.
-    """
-
-    slots: int = 16
-    max_chunks: int = 256
-    chunk_bytes: int = 1424
-    banks: int = 2
-    port: int = 7410
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.slots <= 1024:
-            raise ValueError(f"slots must be in 1..1024, got {self.slots}")
-        if self.max_chunks < 1 or self.max_chunks > 1 << 20:
-            raise ValueError(f"max_chunks must be in 1..{1 << 20}, got {self.max_chunks}")
-        if self.chunk_bytes % 8 or not 8 <= self.chunk_bytes <= 8192:
-            raise ValueError(f"chunk_bytes must be a multiple of 8 in 8..8192, got {self.chunk_bytes}")
-        if self.banks not in (2, 4, 8):
-            raise ValueError(f"banks must be 2, 4 or 8, got {self.banks}")
-        if not 1 <= self.port <= 65535:
-            raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if self.max_chunks % 64:
-            object.__setattr__(self, "max_chunks", (self.max_chunks + 63) // 64 * 64)
-
-    @property
-    def mem_bytes(self) -> int:
-        return self.banks * self.slots * self.max_chunks * self.chunk_bytes
-
-    def cflags(self) -> list[str]:
-        return [f"-I{BPF_DIR}", f"-DLTP_SLOTS={self.slots}",
-                f"-DLTP_MAX_CHUNKS={self.max_chunks}", f"-DLTP_CHUNK_BYTES={self.chunk_bytes}",
-                f"-DLTP_BANKS={self.banks}", f"-DLTP_PORT={self.port}",
-                "-Wno-ignored-attributes"]
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 def _bcc():
@@ -160,35 +112,21 @@ def attach_pass(dev: str, ns: str | None = None, mode: str = "native") -> None:
     attach_fd(_pass_prog[1].fd, dev, ns, mode)
 
 
-def _libbpf():
-    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-    lib.bpf_obj_pin.argtypes = [ctypes.c_int, ctypes.c_char_p]
-    lib.bpf_obj_get.argtypes = [ctypes.c_char_p]
-    return lib
-
-
 def pin_fd(fd: int, path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if os.path.exists(path):
         os.unlink(path)
-    if _libbpf().bpf_obj_pin(fd, path.encode()) != 0:
-        err = ctypes.get_errno()
-        raise DataplaneError(f"pinning {path} failed: {os.strerror(err)}"
-                             + (" (mount bpffs: `ltp doctor --fix`)" if err in (errno.EPERM, errno.EINVAL) else ""))
+    try:
+        clib.obj_pin(fd, path)
+    except OSError as e:
+        raise DataplaneError(f"pinning {path} failed: {e.strerror}"
+                             + (" (mount bpffs: `ltp doctor --fix`)"
+                                if e.errno in (errno.EPERM, errno.EINVAL) else "")) from e
 
 
 def open_pinned(path: str) -> int:
     """fd of a pinned map or program; raises FileNotFoundError if absent."""
-    fd = _libbpf().bpf_obj_get(path.encode())
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise FileNotFoundError(err, f"{path}: {os.strerror(err)}")
-    return fd
-
-
-MAP_NAMES = ["ltp_cfg", "ltp_peers", "ltp_banks", "ltp_mem", "ltp_claim", "ltp_done",
-             "ltp_progress", "ltp_rate", "ltp_counters", "ltp_stats", "ltp_tx", "ltp_acked",
-             "ltp_lasthdr", "ltp_rounds", "ltp_share"]
+    return clib.obj_get(path)
 
 
 class Dataplane:
@@ -216,7 +154,6 @@ class Dataplane:
     def maps(self):
         """Typed views of this program's maps (dataplane.maps.LtpMaps)."""
         if self._maps is None:
-            from .maps import LtpMaps
             self._maps = LtpMaps.from_bpf(self.bpf, self.geometry)
         return self._maps
 

@@ -11,25 +11,72 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import re
 import socket
 import time
+from dataclasses import asdict, dataclass
 from typing import Iterable
 
 import numpy as np
 
 from ... import BPF_DIR
-from .wire import LtpHdr
+from .. import clib
+from . import headers
+from .wire import PORT, LtpHdr
 
-# enum ltp_counter, in order, read from the header so there is one definition.
-_enum = re.search(r"enum ltp_counter \{(.*?)\};", (BPF_DIR / "ltp_maps.h").read_text(), re.S)
-COUNTERS = [m.lower() for m in re.findall(r"LTP_C_(\w+)", _enum.group(1)) if m != "MAX"]
+_D = headers.defines("ltp_maps.h")
+#: enum ltp_counter, in order; the maps bpf/ltp_maps.h declares, in order
+COUNTERS = headers.enum_members("ltp_maps.h", "ltp_counter", "LTP_C_")
+MAP_NAMES = headers.map_names("ltp_maps.h")
 
-BANK_FREE, BANK_OPEN, BANK_CLOSED = 0, 1, 2
+BANK_FREE, BANK_OPEN, BANK_CLOSED = _D["LTP_BANK_FREE"], _D["LTP_BANK_OPEN"], _D["LTP_BANK_CLOSED"]
 BANK_STATES = {BANK_FREE: "free", BANK_OPEN: "open", BANK_CLOSED: "closed"}
+CFG_SELF = _D["LTP_CFG_SELF"]  # self_* set: group DATA accepted
 
 
-CFG_SELF = 1  # LTP_CFG_SELF: self_* set, group DATA accepted
+@dataclass(frozen=True)
+class Geometry:
+    """Size of the reassembly memory; compiled into the program.
+
+    slots: peers this host receives from (workers on a PS, 1 on a worker).
+    max_chunks: most chunks one round's buffer may have (rounded up to 64).
+    chunk_bytes: payload bytes per chunk; 1424 fits a 1500-byte MTU and is a
+    multiple of 8, so the mapped memory of one slot is one contiguous run of
+    float32 elements.
+    """
+
+    slots: int = 16
+    max_chunks: int = 256
+    chunk_bytes: int = 1424
+    banks: int = 2
+    port: int = PORT
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.slots <= 1024:
+            raise ValueError(f"slots must be in 1..1024, got {self.slots}")
+        if self.max_chunks < 1 or self.max_chunks > 1 << 20:
+            raise ValueError(f"max_chunks must be in 1..{1 << 20}, got {self.max_chunks}")
+        if self.chunk_bytes % 8 or not 8 <= self.chunk_bytes <= 8192:
+            raise ValueError(f"chunk_bytes must be a multiple of 8 in 8..8192, got {self.chunk_bytes}")
+        if self.banks not in (2, 4, 8):
+            raise ValueError(f"banks must be 2, 4 or 8, got {self.banks}")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.max_chunks % 64:
+            object.__setattr__(self, "max_chunks", (self.max_chunks + 63) // 64 * 64)
+
+    @property
+    def mem_bytes(self) -> int:
+        return self.banks * self.slots * self.max_chunks * self.chunk_bytes
+
+    def cflags(self) -> list[str]:
+        return [f"-I{BPF_DIR}", f"-DLTP_SLOTS={self.slots}",
+                f"-DLTP_MAX_CHUNKS={self.max_chunks}", f"-DLTP_CHUNK_BYTES={self.chunk_bytes}",
+                f"-DLTP_BANKS={self.banks}", f"-DLTP_PORT={self.port}",
+                "-Wno-ignored-attributes"]
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
 
 
 class Cfg(ctypes.Structure):
@@ -79,35 +126,10 @@ class Share(ctypes.Structure):
     _fields_ = [("active", ctypes.c_uint32), ("share_kbps", ctypes.c_uint32)]
 
 
-SHARE_DTYPE = np.dtype([("active", "<u4"), ("share_kbps", "<u4")])
-TX_DTYPE = np.dtype([("round", "<u4"), ("closed", "<u4"), ("rate_kbps", "<u4"),
-                     ("acked", "<u4")])
-PROGRESS_DTYPE = np.dtype([("chunks", "<u4"), ("retx", "<u4"), ("bytes", "<u8"),
-                           ("first_ns", "<u8"), ("last_ns", "<u8"), ("flow", "<u8")])
-
-_lib = None
-
-
-def _libbpf():
-    global _lib
-    if _lib is None:
-        _lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-        for f in (_lib.bpf_map_lookup_elem, _lib.bpf_map_update_elem):
-            f.restype = ctypes.c_int
-        _lib.bpf_map_lookup_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        _lib.bpf_map_update_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                             ctypes.c_uint64]
-    return _lib
-
-
-def possible_cpus() -> int:
-    """Number of possible CPUs (the stride of per-CPU map values)."""
-    text = open("/sys/devices/system/cpu/possible").read().strip()
-    n = 0
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        n += (int(hi) if hi else int(lo)) - int(lo) + 1
-    return n
+# numpy views of the mmapable maps use the same layouts
+SHARE_DTYPE = np.dtype(Share)
+TX_DTYPE = np.dtype(Tx)
+PROGRESS_DTYPE = np.dtype(Progress)
 
 
 class FdMap:
@@ -115,15 +137,12 @@ class FdMap:
 
     def __init__(self, fd: int, value_type, percpu: bool = False):
         self.fd, self.value_type, self.percpu = fd, value_type, percpu
-        self.ncpu = possible_cpus() if percpu else 1
+        self.ncpu = clib.num_possible_cpus() if percpu else 1
         self.stride = (ctypes.sizeof(value_type) + 7) // 8 * 8
 
     def get(self, index: int):
-        key = ctypes.c_uint32(index)
         buf = ctypes.create_string_buffer(self.stride * self.ncpu)
-        if _libbpf().bpf_map_lookup_elem(self.fd, ctypes.byref(key), buf) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"map lookup [{index}]: {os.strerror(err)}")
+        clib.map_lookup(self.fd, index, buf)
         vals = [self.value_type.from_buffer_copy(buf.raw[i * self.stride:
                                                          i * self.stride + ctypes.sizeof(self.value_type)])
                 for i in range(self.ncpu)]
@@ -132,10 +151,7 @@ class FdMap:
     def set(self, index: int, value) -> None:
         if self.percpu:
             raise TypeError("per-CPU maps are written by the kernel only here")
-        key = ctypes.c_uint32(index)
-        if _libbpf().bpf_map_update_elem(self.fd, ctypes.byref(key), ctypes.byref(value), 0) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"map update [{index}]: {os.strerror(err)}")
+        clib.map_update(self.fd, index, value)
 
 
 def _mmap(fd: int, nbytes: int) -> mmap.mmap:
@@ -147,8 +163,7 @@ def _mmap(fd: int, nbytes: int) -> mmap.mmap:
 class LtpMaps:
     """All maps of one ltp_xdp program, with the operations the control plane needs."""
 
-    def __init__(self, fds: dict[str, int], geometry, owns_fds: bool = False):
-        from .loader import Geometry  # noqa: F401  (type only)
+    def __init__(self, fds: dict[str, int], geometry: Geometry, owns_fds: bool = False):
         g = self.geometry = geometry
         self._fds, self._owns = fds, owns_fds
         self.cfg = FdMap(fds["ltp_cfg"], Cfg)
@@ -187,16 +202,14 @@ class LtpMaps:
 
     @classmethod
     def from_bpf(cls, bpf, geometry) -> "LtpMaps":
-        from .loader import MAP_NAMES
         return cls({n: bpf[n.encode()].get_fd() for n in MAP_NAMES}, geometry)
 
     @classmethod
     def from_pins(cls, directory: str, geometry) -> "LtpMaps":
-        from .loader import MAP_NAMES, open_pinned
         fds = {}
         try:
             for n in MAP_NAMES:
-                fds[n] = open_pinned(os.path.join(directory, n))
+                fds[n] = clib.obj_get(os.path.join(directory, n))
         except Exception:
             for fd in fds.values():
                 os.close(fd)

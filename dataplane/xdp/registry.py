@@ -28,8 +28,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .. import netns
-from .loader import MAP_NAMES, DataplaneError, Geometry, open_pinned
+from .. import clib, netns
+from ...errors import DataplaneError, RegistryError
+from .loader import open_pinned
+from .maps import MAP_NAMES, Geometry
+from .wire import PORT
 
 PIN_ROOT = "/sys/fs/bpf/ltp"
 RECORD_ROOT = "/run/ltp/xdp"
@@ -41,10 +44,6 @@ _IFNAME_BAD = re.compile(r"[/:\s]")
 # pyroute2's names for IFLA_XDP_ATTACHED, and our mode names
 _XDP_ATTACHED = {"xdp": "native", "xdpgeneric": "skb", "xdpoffload": "hw", "xdpmulti": "multi",
                  1: "native", 2: "skb", 3: "hw", 4: "multi"}
-
-
-class RegistryError(DataplaneError):
-    """A load, unload or lookup could not be done; the message names the fix."""
 
 
 # --------------------------------------------------------------------------- names
@@ -167,25 +166,11 @@ def entries(ns: Any = ...) -> list[tuple[str | None, str]]:
 
 # --------------------------------------------------------------------------- kernel objects
 
-_lib = None
-
-
-def _libbpf():
-    global _lib
-    if _lib is None:
-        _lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-        _lib.bpf_obj_get_info_by_fd.argtypes = [ctypes.c_int, ctypes.c_void_p,
-                                                ctypes.POINTER(ctypes.c_uint32)]
-    return _lib
-
-
 def _info(fd: int) -> bytes:
-    buf = ctypes.create_string_buffer(256)
-    n = ctypes.c_uint32(len(buf))
-    if _libbpf().bpf_obj_get_info_by_fd(fd, buf, ctypes.byref(n)) != 0:
-        err = ctypes.get_errno()
-        raise RegistryError(f"reading BPF object info: {os.strerror(err)}")
-    return buf.raw[:n.value]
+    try:
+        return clib.obj_info(fd)
+    except OSError as e:
+        raise RegistryError(f"reading BPF object info: {e.strerror}") from e
 
 
 def prog_id(fd: int) -> int:
@@ -221,7 +206,7 @@ def pinned_maps(directory: str) -> list[str]:
     return [n for n in MAP_NAMES if os.path.exists(os.path.join(directory, n))]
 
 
-def geometry_from_pins(directory: str, port: int = 7410) -> Geometry:
+def geometry_from_pins(directory: str, port: int = PORT) -> Geometry:
     """The geometry the pinned maps were compiled with (the port is not in any
     map size, so it comes from the caller)."""
     try:

@@ -8,25 +8,16 @@ All header fields are big-endian on the wire.
 from __future__ import annotations
 
 import ctypes
-import re
 
+import numpy as np
 from scapy.fields import (ByteEnumField, ByteField, FlagsField, IntField, ShortField,
                           XShortField)
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
 
-from ... import BPF_DIR
+from . import headers
 
-
-def _defines(path) -> dict[str, int]:
-    """#define NAME <int> lines of a header, so constants have one definition."""
-    out = {}
-    for m in re.finditer(r"^#define\s+(LTP_\w+)\s+(0x[0-9a-fA-F]+|\d+)\b", path.read_text(), re.M):
-        out[m.group(1)] = int(m.group(2), 0)
-    return out
-
-
-_C = _defines(BPF_DIR / "ltp_wire.h")
+_C = headers.defines("ltp_wire.h")
 
 MAGIC = _C["LTP_MAGIC"]
 VERSION = _C["LTP_VERSION"]
@@ -75,6 +66,11 @@ class LtpHdr(ctypes.BigEndianStructure):
 
 assert ctypes.sizeof(LtpHdr) == HDR_LEN
 
+#: the header as a numpy record (big-endian fields), for building many at once
+HDR_DTYPE = np.dtype(LtpHdr)
+#: byte offset of each header field, e.g. OFF["flags"]
+OFF = {name: getattr(LtpHdr, name).offset for name, _ in LtpHdr._fields_}
+
 
 def pack_header(*, type: int = T_DATA, flags: int = 0, worker: int = 0, job: int = 0,
                 round: int = 0, chunk: int = 0, nchunks: int = 1, length: int = 0,
@@ -93,31 +89,35 @@ def unpack_header(data: bytes | memoryview) -> LtpHdr:
     return LtpHdr.from_buffer_copy(bytes(data[:HDR_LEN]))
 
 
+# the scapy field of each LtpHdr field, by size; some get a richer kind
+_SCAPY_BY_SIZE = {1: ByteField, 2: ShortField, 4: IntField}
+_SCAPY_SPECIAL = {
+    "magic": lambda n: XShortField(n, MAGIC),
+    "version": lambda n: ByteField(n, VERSION),
+    "type": lambda n: ByteEnumField(n, T_DATA, TYPE_NAMES),
+    "flags": lambda n: FlagsField(n, 0, 16, [FLAG_NAMES.get(1 << b, f"b{b}") for b in range(9)]),
+    "nchunks": lambda n: IntField(n, 1),
+    "len": lambda n: ShortField(n, None),
+    "state": lambda n: ByteEnumField(n, 0, {0: "-", RS_OPEN: "open", RS_CLOSED: "closed"}),
+}
+
+
+def _scapy_fields() -> list:
+    return [_SCAPY_SPECIAL[n](n) if n in _SCAPY_SPECIAL else _SCAPY_BY_SIZE[ctypes.sizeof(ct)](n, 0)
+            for n, ct in LtpHdr._fields_]
+
+
 class LTP(Packet):
-    """scapy layer for the LTP header; the payload (chunk bytes) follows as Raw."""
+    """scapy layer for the LTP header (its fields follow LtpHdr); the payload
+    (chunk bytes) follows as Raw."""
 
     name = "LTP"
-    fields_desc = [
-        XShortField("magic", MAGIC),
-        ByteField("version", VERSION),
-        ByteEnumField("type", T_DATA, {T_DATA: "DATA", T_ACK: "ACK"}),
-        FlagsField("flags", 0, 16, ["critical", "last", "reliable", "retx", "group", "b5", "b6",
-                                    "b7", "dup"]),
-        ShortField("worker", 0),
-        IntField("job", 0),
-        IntField("round", 0),
-        IntField("chunk", 0),
-        IntField("nchunks", 1),
-        ShortField("len", None),
-        ByteEnumField("state", 0, {0: "-", RS_OPEN: "open", RS_CLOSED: "closed"}),
-        ByteField("pad", 0),
-        IntField("rate", 0),
-    ]
+    fields_desc = _scapy_fields()
 
     def post_build(self, pkt: bytes, pay: bytes) -> bytes:
         if self.len is None:
-            n = len(pay)
-            pkt = pkt[:24] + n.to_bytes(2, "big") + pkt[26:]
+            at = OFF["len"]
+            pkt = pkt[:at] + len(pay).to_bytes(2, "big") + pkt[at + 2:]
         return pkt + pay
 
     def mysummary(self) -> str:

@@ -1,0 +1,175 @@
+"""The one ctypes binding of the C libraries LTP calls: libbpf and libc.
+
+libbpf.so.1 gives the BPF syscalls on file descriptors (pins, map elements,
+object info, BPF_PROG_TEST_RUN), so the same code serves the process that
+loaded a program and one that opened its pins. libc gives setns(2) and
+prctl(2). Every other module calls these functions; none loads a library.
+
+Failures raise OSError with the errno and the call's name (FileNotFoundError
+for ENOENT, as Python does); callers turn them into their own LtpError with
+the fix to suggest.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+_libs: dict[str, Any] = {}
+
+_c_int, _c_uint32, _vp = ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p
+
+
+class TestRunOpts(ctypes.Structure):
+    """struct bpf_test_run_opts (libbpf 1.x)."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("data_in", _vp), ("data_out", _vp),
+        ("data_size_in", _c_uint32), ("data_size_out", _c_uint32),
+        ("ctx_in", _vp), ("ctx_out", _vp),
+        ("ctx_size_in", _c_uint32), ("ctx_size_out", _c_uint32),
+        ("retval", _c_uint32),
+        ("repeat", _c_int),
+        ("duration", _c_uint32),
+        ("flags", _c_uint32),
+        ("cpu", _c_uint32),
+        ("batch_size", _c_uint32),
+    ]
+
+
+# name -> (restype, argtypes) of every libbpf function used
+_LIBBPF = {
+    "bpf_obj_pin": (_c_int, [_c_int, ctypes.c_char_p]),
+    "bpf_obj_get": (_c_int, [ctypes.c_char_p]),
+    "bpf_obj_get_info_by_fd": (_c_int, [_c_int, _vp, ctypes.POINTER(_c_uint32)]),
+    "bpf_map_lookup_elem": (_c_int, [_c_int, _vp, _vp]),
+    "bpf_map_update_elem": (_c_int, [_c_int, _vp, _vp, ctypes.c_uint64]),
+    "bpf_map_delete_elem": (_c_int, [_c_int, _vp]),
+    "bpf_map_get_next_key": (_c_int, [_c_int, _vp, _vp]),
+    "bpf_prog_test_run_opts": (_c_int, [_c_int, ctypes.POINTER(TestRunOpts)]),
+    "libbpf_num_possible_cpus": (_c_int, []),
+}
+
+
+def libbpf():
+    """libbpf.so.1 with the signatures above (OSError if it is not installed)."""
+    lib = _libs.get("bpf")
+    if lib is None:
+        lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+        for name, (res, args) in _LIBBPF.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        _libs["bpf"] = lib
+    return lib
+
+
+def libc():
+    lib = _libs.get("c")
+    if lib is None:
+        lib = _libs["c"] = ctypes.CDLL(None, use_errno=True)
+    return lib
+
+
+def has_libbpf_symbol(name: str) -> bool:
+    """Does this machine's libbpf.so.1 export `name`? (for `ltp doctor`)"""
+    try:
+        return hasattr(ctypes.CDLL("libbpf.so.1"), name)
+    except OSError:
+        return False
+
+
+def _check(rc: int, what: str) -> int:
+    """libbpf returns -errno (and sets errno) on failure."""
+    if rc < 0:
+        err = ctypes.get_errno() or -rc
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return rc
+
+
+def _ref(obj):
+    """A pointer to a ctypes value; an int is taken as a u32 key."""
+    if obj is None:
+        return None
+    if isinstance(obj, int):
+        obj = _c_uint32(obj)
+    return ctypes.byref(obj)
+
+
+# --- objects ---------------------------------------------------------------
+
+def obj_pin(fd: int, path: str) -> None:
+    _check(libbpf().bpf_obj_pin(fd, path.encode()), f"pinning {path}")
+
+
+def obj_get(path: str) -> int:
+    """fd of a pinned map or program (FileNotFoundError when not pinned)."""
+    return _check(libbpf().bpf_obj_get(path.encode()), path)
+
+
+def obj_info(fd: int, size: int = 256) -> bytes:
+    """The kernel's bpf_prog_info / bpf_map_info of `fd`, as raw bytes."""
+    buf = ctypes.create_string_buffer(size)
+    n = _c_uint32(size)
+    _check(libbpf().bpf_obj_get_info_by_fd(fd, buf, ctypes.byref(n)), "reading BPF object info")
+    return buf.raw[:n.value]
+
+
+def num_possible_cpus() -> int:
+    """Possible CPUs: the stride of per-CPU map values."""
+    return _check(libbpf().libbpf_num_possible_cpus(), "libbpf_num_possible_cpus")
+
+
+# --- map elements ------------------------------------------------------------
+
+def map_lookup(fd: int, key, value) -> None:
+    """Read the element at `key` (a ctypes value or a u32) into `value`."""
+    _check(libbpf().bpf_map_lookup_elem(fd, _ref(key), _ref(value)), "map lookup")
+
+
+def map_update(fd: int, key, value, flags: int = 0) -> None:
+    _check(libbpf().bpf_map_update_elem(fd, _ref(key), _ref(value), flags), "map update")
+
+
+def map_delete(fd: int, key) -> None:
+    _check(libbpf().bpf_map_delete_elem(fd, _ref(key)), "map delete")
+
+
+def map_items(fd: int, key_type, value_type) -> list:
+    """Every (key, value) of a hash map, as ctypes copies."""
+    lib, out = libbpf(), []
+    nxt, val, prev = key_type(), value_type(), None
+    while lib.bpf_map_get_next_key(fd, prev, ctypes.byref(nxt)) == 0:
+        if lib.bpf_map_lookup_elem(fd, ctypes.byref(nxt), ctypes.byref(val)) == 0:
+            out.append((key_type.from_buffer_copy(nxt), value_type.from_buffer_copy(val)))
+        prev = ctypes.byref(key_type.from_buffer_copy(nxt))
+    return out
+
+
+# --- programs ------------------------------------------------------------------
+
+def prog_test_run(fd: int, opts: TestRunOpts) -> None:
+    """BPF_PROG_TEST_RUN with `opts` (results land in it)."""
+    if libbpf().bpf_prog_test_run_opts(fd, ctypes.byref(opts)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"BPF_PROG_TEST_RUN: {os.strerror(err)}")
+
+
+# --- libc ------------------------------------------------------------------------
+
+CLONE_NEWNET = 0x40000000
+PR_SET_TIMERSLACK = 29
+
+
+def setns(fd: int, nstype: int = CLONE_NEWNET) -> None:
+    if libc().setns(fd, nstype) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def set_timer_slack(ns: int) -> bool:
+    """prctl(PR_SET_TIMERSLACK): how late this thread's sleeps may wake."""
+    try:
+        return libc().prctl(PR_SET_TIMERSLACK, ns, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
