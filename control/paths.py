@@ -4,7 +4,7 @@ The problem (vClos, see /work/shared/PAPERS.md): with plain ECMP every flow's
 spine is a hash of its 5-tuple, so two jobs' flows land on one leaf-spine link
 by chance and each runs at a fraction of the link. Here the control plane
 picks the spine of every cross-leaf flow; the data path enforces it
-(bpf/path_pin.c, dataplane/leafspine.py).
+(bpf/path_pin.c, dataplane/rig/pathpin.py, dataplane/rig/leafspine.py).
 
 A flow from a host on leaf u to a host on leaf d (u != d) through spine s uses
 two links: the uplink ("L", u, s) and the downlink ("S", s, d). Flows inside
@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 from ..dataplane.xdp import wire as W
+from ..errors import RigError
 
 LinkId = tuple  # ("L", leaf, spine) uplink, or ("S", spine, leaf) downlink
 
@@ -157,7 +158,7 @@ def ecmp_link_bytes(flows: Iterable[Flow], spine_of: dict[Flow, int]) -> dict[Li
 
 
 # --------------------------------------------------------------------------- on a leaf-spine rig
-# The functions below apply the policy above to a dataplane.leafspine.LeafSpine:
+# The functions below apply the policy above to a dataplane.rig.leafspine.LeafSpine:
 # probing each flow's leaf hash, writing pins, reading per-link counters.
 
 PROBE_PORTS = range(20000, 20032)    # outside the ephemeral range (32768-60999)
@@ -191,7 +192,7 @@ def pin(ls, assignment: Assignment, dport: int = W.PORT,
     for f, spine in sorted(assignment.spine_of.items(), key=lambda kv: _flow_order(kv[0])):
         ports = sorted(p for p, s in probes.get(f, {}).items() if s == spine)
         if not ports:
-            raise RuntimeError(f"no probed source port of {f.src}->{f.dst} hashes to spine "
+            raise RigError(f"no probed source port of {f.src}->{f.dst} hashes to spine "
                                f"{spine} (probed {len(probes.get(f, {}))} ports); re-run "
                                "`ltp paths pin` or check the rig with `ltp paths show`")
         src, dst = ls.host(f.src), ls.host(f.dst)

@@ -49,6 +49,7 @@ _LIBBPF = {
     "bpf_map_get_next_key": (_c_int, [_c_int, _vp, _vp]),
     "bpf_prog_test_run_opts": (_c_int, [_c_int, ctypes.POINTER(TestRunOpts)]),
     "libbpf_num_possible_cpus": (_c_int, []),
+    "bpf_prog_get_fd_by_id": (_c_int, [_c_uint32]),
 }
 
 
@@ -113,6 +114,11 @@ def obj_info(fd: int, size: int = 256) -> bytes:
     n = _c_uint32(size)
     _check(libbpf().bpf_obj_get_info_by_fd(fd, buf, ctypes.byref(n)), "reading BPF object info")
     return buf.raw[:n.value]
+
+
+def prog_fd_by_id(prog_id: int) -> int:
+    """fd of the loaded program with kernel id `prog_id` (FileNotFoundError if gone)."""
+    return _check(libbpf().bpf_prog_get_fd_by_id(prog_id), f"program id {prog_id}")
 
 
 def num_possible_cpus() -> int:

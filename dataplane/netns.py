@@ -49,7 +49,9 @@ def create(name: str) -> None:
     if not exists(name):
         _netns.create(name)
     from pyroute2 import IPRoute
-    with IPRoute(netns=name) as ipr:
+    with inside(name):     # not IPRoute(netns=...): that forks a helper process
+        ipr = IPRoute()
+    with ipr:
         lo = ipr.link_lookup(ifname="lo")
         if lo:
             ipr.link("set", index=lo[0], state="up")

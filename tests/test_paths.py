@@ -1,5 +1,5 @@
 """Path assignment (control/paths.py) and ECMP path pinning on the leaf-spine
-rig (dataplane/leafspine.py, bpf/path_pin.c)."""
+rig (dataplane/rig/leafspine.py, dataplane/rig/pathpin.py, bpf/path_pin.c)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +14,7 @@ import pytest
 from conftest import reap_rig_owner, requires_bpf
 from ltpx.control import paths
 from ltpx.control.paths import Flow, assign
+from ltpx.dataplane.xdp import wire as W
 
 
 # --------------------------------------------------------------------------- the algorithm
@@ -83,7 +84,7 @@ def ls():
         yield rig
 
 
-def _send(ls, src, dst, n: int = 20, sockets: int = 1, dport: int = paths.LTP_PORT,
+def _send(ls, src, dst, n: int = 20, sockets: int = 1, dport: int = W.PORT,
           size: int = 1000) -> None:
     from ltpx.dataplane import netns
     for _ in range(sockets):
@@ -160,7 +161,7 @@ def test_rewritten_packets_keep_a_valid_checksum(ls):
     with netns.inside(job.ps.netns):
         rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        rx.bind((job.ps.ip, paths.LTP_PORT))
+        rx.bind((job.ps.ip, W.PORT))
         rx.settimeout(1.0)
         for size in (1, 999, 1472):
             _send(ls, w, job.ps, n=1, size=size)
@@ -265,7 +266,7 @@ def test_up_removes_the_rig_of_a_killed_with_block():
 
 # --------------------------------------------------------------------------- path_pin packet table
 
-def _pkt(dport=paths.LTP_PORT, sport=41000, proto="udp", chksum=None, payload=b"\x11" * 37):
+def _pkt(dport=W.PORT, sport=41000, proto="udp", chksum=None, payload=b"\x11" * 37):
     from scapy.layers.inet import IP, TCP, UDP
     from scapy.layers.l2 import Ether
     l4 = (UDP(sport=sport, dport=dport, chksum=chksum) if proto == "udp"
@@ -288,14 +289,16 @@ PIN_TABLE = [
 def pin_prog():
     """path_pin compiled once (module scope) with one pin: 198.18.11.10 ->
     198.18.10.10:7410 leaves with source port 20001. Yields the program fd."""
-    from ltpx.dataplane.rig.leafspine import _Bpf, _be16, _be32, _PinKey, _PinVal
+    from ltpx.dataplane.rig import pathpin
     from ltpx.dataplane.xdp.loader import compile_program
     b, _ = compile_program("path_pin.c", "link_count", prog_type="SCHED_CLS")
     try:
         fn = b.load_func(b"path_pin", b.SCHED_CLS)
-        _Bpf.update(b[b"path_pins"].get_fd(),
-                    _PinKey(_be32("198.18.11.10"), _be32("198.18.10.10"), _be16(7410), 0),
-                    _PinVal(_be16(20001), 0, 0, 0))
+        fd = b[b"path_pins"].get_fd()
+        pathpin.set_pin(fd, "198.18.11.10", "198.18.10.10", W.PORT, 20001, 0)
+        assert pathpin.read_pins(fd) == [{"saddr": "198.18.11.10", "daddr": "198.18.10.10",
+                                          "dport": W.PORT, "sport": 20001, "spine": 0,
+                                          "packets": 0}]
         yield fn.fd
     finally:
         b.cleanup()
@@ -326,14 +329,14 @@ def test_path_pin_packets(pin_prog, desc, packet, sport, csum):
 
 @requires_bpf
 def test_python_structs_match_bpf_structs():
-    """dataplane/leafspine.py's ctypes mirrors have the sizes bcc sees in bpf/path_pin.c."""
+    """dataplane/rig/pathpin.py's ctypes mirrors have the sizes bcc sees in bpf/path_pin.c."""
     import ctypes
-    from ltpx.dataplane.rig.leafspine import _LinkKey, _LinkVal, _PinKey, _PinVal
+    from ltpx.dataplane.rig.pathpin import LinkKey, LinkVal, PinKey, PinVal
     from ltpx.dataplane.xdp.loader import compile_program
     b, _ = compile_program("path_pin.c", "link_count", prog_type="SCHED_CLS")
     try:
-        for table, key, val in ((b"link_bytes", _LinkKey, _LinkVal),
-                                (b"path_pins", _PinKey, _PinVal)):
+        for table, key, val in ((b"link_bytes", LinkKey, LinkVal),
+                                (b"path_pins", PinKey, PinVal)):
             t = b[table]
             assert ctypes.sizeof(t.Key) == ctypes.sizeof(key), table
             assert ctypes.sizeof(t.Leaf) == ctypes.sizeof(val), table

@@ -1,4 +1,4 @@
-"""The namespace rig (dataplane/rig.py, `ltp rig`): lifecycle, reachability,
+"""The namespace rig (dataplane/rig/star.py, `ltp rig`): lifecycle, reachability,
 isolation, the loss injector, the CLI's argument checks.
 
 Privileged tests skip with a reason when not root or when bcc is missing.
@@ -7,7 +7,6 @@ touched (no test calls Rig.down_all()).
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import os
@@ -102,46 +101,40 @@ def test_plan_addresses_fit_64_workers():
 
 # --------------------------------------------------------------------------- helpers (privileged)
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
 def _links_in_nsfd(fd: int) -> list[str]:
     """Interface names in the namespace behind `fd` (kept alive by the fd
     even after its /run/netns name is gone)."""
     from pyroute2 import IPRoute
+    from ltpx.dataplane import clib
     here = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        assert _libc.setns(fd, 0x40000000) == 0
+        clib.setns(fd)
         try:
             with IPRoute() as ipr:
                 return sorted(link.get_attr("IFLA_IFNAME") for link in ipr.get_links())
         finally:
-            assert _libc.setns(here, 0x40000000) == 0
+            clib.setns(here)
     finally:
         os.close(here)
 
 
 def _prog_id(pinned: str) -> int:
-    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-    lib.bpf_obj_get.argtypes = [ctypes.c_char_p]
-    fd = lib.bpf_obj_get(pinned.encode())
-    assert fd >= 0
-    info = (ctypes.c_uint8 * 256)()
-    n = ctypes.c_uint32(256)
+    from ltpx.dataplane import clib
+    fd = clib.obj_get(pinned)
     try:
-        assert lib.bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(n)) == 0
+        info = clib.obj_info(fd)          # struct bpf_prog_info: type, id, ...
     finally:
         os.close(fd)
-    return int.from_bytes(bytes(info[4:8]), "little")
+    return int.from_bytes(info[4:8], "little")
 
 
 def _prog_exists(prog_id: int) -> bool:
-    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-    fd = lib.bpf_prog_get_fd_by_id(ctypes.c_uint32(prog_id))
-    if fd >= 0:
-        os.close(fd)
+    from ltpx.dataplane import clib
+    try:
+        os.close(clib.prog_fd_by_id(prog_id))
         return True
-    return False
+    except FileNotFoundError:
+        return False
 
 
 def _root_links() -> set[str]:

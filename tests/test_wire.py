@@ -70,3 +70,28 @@ def test_scapy_fills_length_and_dissects():
 def test_unpack_rejects_short_input():
     with pytest.raises(ValueError, match="32 bytes"):
         W.unpack_header(b"\0" * 10)
+
+
+@requires_bpf
+def test_map_names_are_the_programs_maps(dp):
+    """MAP_NAMES (read from bpf/ltp_maps.h) is every map the compiled program has."""
+    assert sorted(M.MAP_NAMES) == sorted(k.decode() for k in dp.bpf.tables)
+    assert len(set(M.MAP_NAMES)) == len(M.MAP_NAMES)
+
+
+def test_header_has_one_python_description():
+    """The numpy record, the byte offsets and the scapy layer all follow LtpHdr."""
+    names = [n for n, _ in W.LtpHdr._fields_]
+    assert list(W.HDR_DTYPE.names) == names and W.HDR_DTYPE.itemsize == W.HDR_LEN
+    assert [f.name for f in W.LTP.fields_desc] == names
+    assert [f.sz for f in W.LTP.fields_desc] == [ctypes.sizeof(t) for _, t in W.LtpHdr._fields_]
+    rec = W.unpack_header(W.pack_header(flags=W.F_RETX, chunk=7, length=4))
+    raw = bytes(rec)
+    assert int.from_bytes(raw[W.OFF["chunk"]:W.OFF["chunk"] + 4], "big") == 7
+    assert raw[W.OFF["flags"] + 1] & W.F_RETX  # big-endian: the low byte is second
+    arr = __import__("numpy").frombuffer(raw, dtype=W.HDR_DTYPE)
+    assert int(arr["chunk"][0]) == 7 and int(arr["flags"][0]) == W.F_RETX
+
+
+def test_geometry_port_is_the_wire_port():
+    assert M.Geometry().port == W.PORT == 7410

@@ -1,23 +1,28 @@
-"""What the star rig (rig.py) and the leaf-spine rig (leafspine.py) share:
-RigError, the root check, signal handling while a rig is built or removed,
-and the lifecycle in `RigBase`: `with` builds a rig and always removes it,
-`up()` builds one that stays (and removes what it built if building fails),
-`down()` and `destroy(name)` remove, `attach(name)` reconnects through the
-state file. A subclass says where its state and pins live and how it is
-built and removed."""
+"""What the star rig (star.py) and the leaf-spine rig (leafspine.py) share:
+the config's name and TBF fields and their checks (`ShapedConfig`), the end
+host record (`Host`), RigError, the root check, and the lifecycle in
+`RigBase`: `with` builds a rig and always removes it, `up()` builds one that
+stays (and removes what it built if building fails), `down()` and
+`destroy(name)` remove (signals wait meanwhile: signals.py), `attach(name)`
+reconnects through the state file. A subclass says where its state and pins
+live and how it is built and removed."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
 import os
-import signal
-import threading
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Self
 
 from .. import netns
+from . import bpf, signals
 from ...errors import RigError
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,11}$")   # rig names: namespaces stay short
+MAX_RATE_BPS = 32 * 10**9  # TBF's 32-bit byte rate (pyroute2 sends no TCA_TBF_RATE64)
+MIN_RATE_BPS = 64_000
 
 
 def _check_root(what: str) -> None:
@@ -25,73 +30,19 @@ def _check_root(what: str) -> None:
         raise RigError(f"{what} needs root (CAP_NET_ADMIN, CAP_BPF, CAP_SYS_ADMIN): run it with sudo")
 
 
-# --------------------------------------------------------------------------- signals
-
-@contextlib.contextmanager
-def _deferred_signals() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while the body runs (teardown must finish), then
-    raise KeyboardInterrupt / SystemExit if one came in."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got: list[int] = []
-    pid = os.getpid()
-
-    def record(signum, frame):  # noqa: ARG001
-        if os.getpid() != pid:       # a fork (pyroute2 forks helpers): just die
-            os._exit(128 + signum)
-        got.append(signum)
-
-    old = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        if signal.SIGINT in got:
-            raise KeyboardInterrupt
-        if signal.SIGTERM in got:
-            raise SystemExit(128 + signal.SIGTERM)
-
-
-_OWNER_PID = [0]
-
-
-def _sigterm_exits(signum, frame):  # noqa: ARG001
-    # pyroute2 forks helper children that inherit this handler and get SIGTERM
-    # when done: they must die quietly, not unwind the parent's copied stack
-    # (which would run the rig's teardown in the child).
-    if os.getpid() != _OWNER_PID[0]:
-        os._exit(128 + signal.SIGTERM)
-    raise SystemExit(128 + signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """Turn SIGTERM into SystemExit in the body so `finally`/__exit__ run
-    (only when nobody else handles SIGTERM and we are on the main thread)."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield
-        return
-    _OWNER_PID[0] = os.getpid()
-    signal.signal(signal.SIGTERM, _sigterm_exits)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-
 # --------------------------------------------------------------------------- config
 
 class ShapedConfig:
-    """What both rig configs (frozen dataclasses with rate_bps, mtu and
-    burst_bytes) share: the TBF bucket and the state-file form."""
+    """What both rig configs (frozen dataclasses) share: a name, the TBF of
+    their shaped links (rate, buffer, bucket), the MTU and the XDP mode; the
+    checks of those fields; the state-file form."""
 
+    name: str
     rate_bps: int
-    mtu: int
+    buffer_bytes: int
     burst_bytes: int | None
+    mode: str
+    mtu: int
 
     @property
     def burst(self) -> int:
@@ -100,12 +51,60 @@ class ShapedConfig:
             return self.burst_bytes
         return max(2 * (self.mtu + 14), int(self.rate_bps / 8 * 80e-6))
 
+    def check_shaping(self) -> None:
+        """Raise ValueError naming the field when name, rate, buffer, burst,
+        mode or mtu is out of range."""
+        if not isinstance(self.name, str) or not NAME_RE.match(self.name):
+            raise ValueError(f"name: {self.name!r} must be 1-12 characters of a-z, 0-9, _ "
+                             "(starting with a letter or digit)")
+        if not MIN_RATE_BPS <= self.rate_bps <= MAX_RATE_BPS:
+            raise ValueError(f"rate: must be in {MIN_RATE_BPS // 1000}kbit..."
+                             f"{MAX_RATE_BPS // 10**9}gbit, got {self.rate_bps} bit/s")
+        frame = self.mtu + 14
+        if not frame <= self.buffer_bytes <= 1 << 30:
+            raise ValueError(f"buffer: must hold at least one frame ({frame} bytes) and at "
+                             f"most 1 GiB, got {self.buffer_bytes} bytes")
+        if self.burst_bytes is not None and not frame <= self.burst_bytes <= 1 << 30:
+            raise ValueError(f"burst: must be at least one frame ({frame} bytes), "
+                             f"got {self.burst_bytes}")
+        if self.mode not in ("native", "skb"):
+            raise ValueError(f"mode: must be native or skb, got {self.mode!r}")
+        if not 1280 <= self.mtu <= 3500:
+            raise ValueError(f"mtu: must be in 1280..3500 (native XDP on veth), got {self.mtu}")
+
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "burst_bytes": self.burst}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Self:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """One end host of a rig.
+
+    name: "ps" or "w<i>" (leaf-spine: "j<job>ps", "j<job>w<i>"); role: "ps" or
+    "worker"; index: worker id (-1 on the PS); netns: its namespace;
+    ifname/mac/ip: its veth end; port: the veth on the switch (leaf) side
+    that leads to it."""
+
+    name: str
+    role: str
+    index: int
+    netns: str
+    ifname: str
+    ip: str
+    mac: str
+    port: str
+    prefixlen: int = 24
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.ip}/{self.prefixlen}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 # --------------------------------------------------------------------------- the lifecycle
@@ -118,7 +117,7 @@ def saved_names(state_dir: str) -> set[str]:
 
 
 class RigBase:
-    """The lifecycle of a named rig, shared by `rig.Rig` and
+    """The lifecycle of a named rig, shared by `star.Rig` and
     `leafspine.LeafSpine`. A subclass sets the class attributes below, builds
     in `_build` (saving the state file first, ending with `_built()`) and
     removes in `_remove`. The state file holds the owner's pid: `up()` removes
@@ -144,6 +143,11 @@ class RigBase:
     # ---- what a subclass provides
     @property
     def namespaces(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def pins(self) -> dict[str, str]:
+        """"dir": the rig's pin folder, and a path in it per pinned map or program."""
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
@@ -243,13 +247,17 @@ class RigBase:
         """Namespaces the state file of rig `name` lists (for destroy)."""
         return []
 
+    def _observations(self) -> dict[str, Callable[[], Any]]:
+        """What `status()` reads besides the description: key -> reader."""
+        return {}
+
     # ---- lifecycle
     def __enter__(self) -> Self:
         if not self._is_up:
             self._transient = True
             self.up()
         self._owner_pid = os.getpid()
-        self._sigterm = _sigterm_as_exit()
+        self._sigterm = signals.sigterm_as_exit()
         self._sigterm.__enter__()
         return self
 
@@ -273,13 +281,13 @@ class RigBase:
         pid = self._owner_pid = os.getpid()
         self._set_owner(pid)
         try:
-            with _sigterm_as_exit():
+            with signals.sigterm_as_exit():
                 self._build()
         except BaseException:
             self._is_up = False
             self._set_owner(None)
             if os.getpid() == pid:       # not in a forked helper unwinding our stack
-                with _deferred_signals():
+                with signals.deferred_signals():
                     self._remove(self.name, self.namespaces)
             raise
         return self
@@ -296,10 +304,30 @@ class RigBase:
         """Remove the rig: its namespaces (with their veths, qdiscs, XDP and tc
         programs), the pinned maps and the state file. Idempotent; Ctrl-C and
         SIGTERM wait until it is done."""
-        with _deferred_signals():
+        with signals.deferred_signals():
             self.close()
             self._remove(self.name, self.namespaces)
             self._is_up = False
+
+    def _map_fd(self, key: str) -> int:
+        """fd of the pinned map self.pins[key], opened once (close() closes it)."""
+        if key not in self._fds:
+            self._fds[key] = bpf.open_pinned(
+                self.pins[key], f"is the {self._KIND} {self.name} up? `{self._UP_HINT}`")
+        return self._fds[key]
+
+    def status(self) -> dict[str, Any]:
+        """The description, whether its namespaces are all there, and each of
+        `_observations()` (a reader that fails gives {"error": ...}: status
+        reports a broken rig, it does not fail on one)."""
+        d = self.to_dict()
+        d["namespaces_present"] = all(netns.exists(ns) for ns in self.namespaces)
+        for key, read in self._observations().items():
+            try:
+                d[key] = read()
+            except Exception as e:  # noqa: BLE001 - report, do not fail status
+                d[key] = {"error": str(e)}
+        return d
 
     def close(self) -> None:
         """Drop this object's map fds (the rig stays)."""
@@ -343,6 +371,6 @@ class RigBase:
         if not cls.exists(name):
             return False
         namespaces = cls._saved_namespaces(name)
-        with _deferred_signals():
+        with signals.deferred_signals():
             cls._remove(name, namespaces)
         return True

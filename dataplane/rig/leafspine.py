@@ -1,6 +1,8 @@
 """The leaf-spine rig: leaf and spine routers in namespaces, jobs' hosts on the
 leaves, every leaf-spine link shaped alike, per-link BPF counters and per-host
-path pinning (bpf/path_pin.c). See docs/paths.md.
+path pinning (pathpin.py, bpf/path_pin.c). This module builds, uses and
+observes one (`LeafSpine`); its plan (names, addresses) is leafspine_plan.py,
+its removal teardown.py. See docs/paths.md.
 
 Topology (pyroute2 only)::
 
@@ -27,184 +29,28 @@ Topology (pyroute2 only)::
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
-import re
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from .. import clib, netns
+from .. import netns
 from ..xdp import wire as W
-from .star import TC_EGRESS, NUD_PERMANENT, Host, RigError, _disable_ipv6, _ipr, _sysctl
-from .base import RigBase, ShapedConfig, saved_names
+from . import bpf, netlink, pathpin, teardown
+from .base import Host, RigBase, RigError, saved_names
+from .leafspine_plan import (BRIDGE, KIND_LEAF_UP, KIND_SPINE_DN, NS_PREFIX, PIN_ROOT,
+                             STATE_DIR, LeafSpineConfig, Link, LsHost, find_namespaces,
+                             gateway_mac, leaf_ns, pin_dir, plan, port_mac, spine_ns,
+                             state_path)
+from .traffic import reachable
 
-STATE_DIR = "/run/ltp/leafspine"
-PIN_ROOT = "/sys/fs/bpf/ltp-ls"
-NS_PREFIX = "lls"
-BRIDGE = "br0"
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,11}$")
-KIND_LEAF_UP, KIND_SPINE_DN = 0x4C, 0x53     # bpf/path_pin.c LINK_KIND_*
+__all__ = ["BRIDGE", "KIND_LEAF_UP", "KIND_SPINE_DN", "NS_PREFIX", "PIN_ROOT", "STATE_DIR",
+           "Host", "JobView", "LeafSpine", "LeafSpineConfig", "Link", "LsHost", "RigError",
+           "leaf_ns", "pin_dir", "plan", "reachable", "spine_ns", "state_path"]
 
-
-class _LinkKey(ctypes.Structure):      # must match struct link_key in bpf/path_pin.c
-    _fields_ = [("kind", ctypes.c_uint8), ("a", ctypes.c_uint8), ("b", ctypes.c_uint8),
-                ("proto", ctypes.c_uint8), ("saddr", ctypes.c_uint32),   # network order
-                ("daddr", ctypes.c_uint32), ("sport", ctypes.c_uint16),  # network order
-                ("dport", ctypes.c_uint16)]
-
-
-class _LinkVal(ctypes.Structure):      # struct link_val
-    _fields_ = [("bytes", ctypes.c_uint64), ("packets", ctypes.c_uint64)]
-
-
-class _PinKey(ctypes.Structure):       # struct pin_key
-    _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32),
-                ("dport", ctypes.c_uint16), ("pad", ctypes.c_uint16)]
-
-
-class _PinVal(ctypes.Structure):       # struct pin_val
-    _fields_ = [("sport", ctypes.c_uint16), ("spine", ctypes.c_uint16),
-                ("pad", ctypes.c_uint32), ("packets", ctypes.c_uint64)]
-
-
-def _be32(ip: str) -> int:
-    return int.from_bytes(socket.inet_aton(ip), "little")   # in-memory network order
-
-
-def _ip(be: int) -> str:
-    return socket.inet_ntoa(be.to_bytes(4, "little"))
-
-
-def _be16(port: int) -> int:
-    return socket.htons(port)
-
-
-# --------------------------------------------------------------------------- config / plan
-
-@dataclass(frozen=True)
-class LeafSpineConfig(ShapedConfig):
-    """name: rig name (namespaces lls-<name>-*); leaves 2..16, spines 1..16,
-    jobs 1..8, workers per job 1..16; rate/buffer/burst of every leaf-spine
-    link (TBF); mode: native puts XDP_PASS on the leaf ports toward hosts."""
-
-    name: str = "ls"
-    leaves: int = 2
-    spines: int = 2
-    jobs: int = 2
-    workers: int = 2
-    rate_bps: int = 200_000_000
-    buffer_bytes: int = 60_000
-    burst_bytes: int | None = None
-    mode: str = "native"
-    mtu: int = 1500
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
-            raise ValueError(f"name: {self.name!r} must be 1-12 characters of a-z, 0-9, _")
-        for key, lo, hi in (("leaves", 2, 16), ("spines", 1, 16), ("jobs", 1, 8),
-                            ("workers", 1, 16)):
-            v = getattr(self, key)
-            if not isinstance(v, int) or not lo <= v <= hi:
-                raise ValueError(f"{key}: must be in {lo}..{hi}, got {v!r}")
-        if not 64_000 <= self.rate_bps <= 32 * 10**9:
-            raise ValueError(f"rate: must be in 64kbit..32gbit, got {self.rate_bps}")
-        if not self.mtu + 14 <= self.buffer_bytes <= 1 << 30:
-            raise ValueError(f"buffer: must be in {self.mtu + 14}..1GiB, got {self.buffer_bytes}")
-        if self.mode not in ("native", "skb"):
-            raise ValueError(f"mode: must be native or skb, got {self.mode!r}")
-
-
-
-@dataclass(frozen=True)
-class LsHost(Host):
-    """A host of the leaf-spine rig (a rig.Host plus its job, leaf and gateway)."""
-
-    job: int = 0
-    leaf: int = 0
-    gateway: str = ""
-    gateway_mac: str = ""
-
-
-@dataclass(frozen=True)
-class Link:
-    """One direction of a leaf-spine link: ("L", leaf, spine) leaves a leaf's
-    uplink up<spine>; ("S", spine, leaf) leaves a spine's dn<leaf>."""
-
-    kind: str
-    a: int
-    b: int
-    netns: str
-    ifname: str
-    mac: str
-    ip: str
-    peer_ip: str
-
-    @property
-    def id(self) -> tuple:
-        return (self.kind, self.a, self.b)
-
-    @property
-    def label(self) -> str:
-        return f"l{self.a}>s{self.b}" if self.kind == "L" else f"s{self.a}>l{self.b}"
-
-    @property
-    def leaf(self) -> int:
-        return self.a if self.kind == "L" else self.b
-
-    @property
-    def spine(self) -> int:
-        return self.b if self.kind == "L" else self.a
-
-
-def leaf_ns(name: str, i: int) -> str:
-    return f"{NS_PREFIX}-{name}-l{i}"
-
-
-def spine_ns(name: str, k: int) -> str:
-    return f"{NS_PREFIX}-{name}-s{k}"
-
-
-def state_path(name: str) -> str:
-    return os.path.join(STATE_DIR, f"{name}.json")
-
-
-def pin_dir(name: str) -> str:
-    return os.path.join(PIN_ROOT, name)
-
-
-def _mac(*b: int) -> str:
-    return ":".join(f"{x:02x}" for x in (0x02, 0x4C, *b))
-
-
-def plan(cfg: LeafSpineConfig) -> tuple[list[LsHost], list[Link]]:
-    """Hosts (job by job: PS, then workers) and links of the rig."""
-    hosts: list[LsHost] = []
-    per_leaf = [0] * cfg.leaves
-    for j in range(cfg.jobs):
-        members = [("ps", -1, 0)] + [(f"w{w}", w, 1 + w % (cfg.leaves - 1))
-                                     for w in range(cfg.workers)]
-        for short, idx, leaf in members:
-            n = per_leaf[leaf]
-            per_leaf[leaf] += 1
-            s = f"j{j}{short}"
-            hosts.append(LsHost(name=s, role="ps" if idx < 0 else "worker", index=idx,
-                                netns=f"{NS_PREFIX}-{cfg.name}-{s}", ifname=f"ltp-{s}",
-                                ip=f"198.18.{10 + leaf}.{10 + n}", mac=_mac(0x48, leaf, n, 0),
-                                port=f"p-{s}", job=j, leaf=leaf,
-                                gateway=f"198.18.{10 + leaf}.1", gateway_mac=_mac(0x47, leaf, 0, 1)))
-    links: list[Link] = []
-    for i in range(cfg.leaves):
-        for k in range(cfg.spines):
-            links.append(Link("L", i, k, leaf_ns(cfg.name, i), f"up{k}",
-                              _mac(KIND_LEAF_UP, i, k, 1), f"198.19.{i}.{4 * k + 1}",
-                              f"198.19.{i}.{4 * k + 2}"))
-            links.append(Link("S", k, i, spine_ns(cfg.name, k), f"dn{i}",
-                              _mac(KIND_SPINE_DN, k, i, 2), f"198.19.{i}.{4 * k + 2}",
-                              f"198.19.{i}.{4 * k + 1}"))
-    return hosts, links
+_ROUTER_SYSCTLS = {"net.ipv4.ip_forward": "1",
+                   "net.ipv4.fib_multipath_hash_policy": "1",   # L4 hash: sport picks the spine
+                   "net.ipv4.conf.all.rp_filter": "0", "net.ipv4.conf.default.rp_filter": "0"}
 
 
 class JobView:
@@ -217,47 +63,6 @@ class JobView:
         self.ps = next(h for h in ls.hosts if h.job == job and h.role == "ps")
         self.workers = [h for h in ls.hosts if h.job == job and h.role == "worker"]
 
-
-# --------------------------------------------------------------------------- libbpf access
-
-class _Bpf:
-    """The leaf-spine rig's map access through dataplane.clib, with rig errors."""
-
-    @staticmethod
-    def get(path: str) -> int:
-        try:
-            return clib.obj_get(path)
-        except OSError as e:
-            raise RigError(f"{path} is not pinned: is the leaf-spine rig up? "
-                           "(`ltp rig up --topology leaf-spine`)") from e
-
-    @staticmethod
-    def pin(fd: int, path: str) -> None:
-        try:
-            clib.obj_pin(fd, path)
-        except OSError as e:
-            raise RigError(f"pinning {path} failed: {e.strerror} (`ltp doctor --fix`)") from e
-
-    @staticmethod
-    def items(fd: int, ktype, vtype) -> list:
-        return clib.map_items(fd, ktype, vtype)
-
-    @staticmethod
-    def update(fd: int, key, val) -> None:
-        try:
-            clib.map_update(fd, key, val)
-        except OSError as e:
-            raise RigError(f"map update failed: {e.strerror}") from e
-
-    @classmethod
-    def clear(cls, fd: int, ktype) -> None:
-        vtype = _LinkVal if ktype is _LinkKey else _PinVal
-        for k, _ in clib.map_items(fd, ktype, vtype):
-            with contextlib.suppress(OSError):
-                clib.map_delete(fd, k)
-
-
-# --------------------------------------------------------------------------- the rig
 
 class LeafSpine(RigBase):
     """A leaf-spine rig. `with LeafSpine(cfg) as ls:` builds and always removes
@@ -283,8 +88,7 @@ class LeafSpine(RigBase):
     @property
     def pins(self) -> dict[str, str]:
         d = pin_dir(self.name)
-        return {"dir": d, **{k: f"{d}/{k}" for k in
-                             ("link_bytes", "path_pins", "link_prog", "pin_prog")}}
+        return {"dir": d, **{k: f"{d}/{k}" for k in pathpin.PINS}}
 
     def job(self, j: int) -> JobView:
         if not 0 <= j < self.config.jobs:
@@ -299,6 +103,10 @@ class LeafSpine(RigBase):
 
     def link(self, label: str) -> Link:
         return next(lk for lk in self.links if lk.label == label)
+
+    def _peer(self, lk: Link) -> Link:
+        """The other end's direction of `lk` (the link out of its peer)."""
+        return next(p for p in self.links if p.ip == lk.peer_ip)
 
     def to_dict(self) -> dict[str, Any]:
         c = self.config
@@ -321,14 +129,11 @@ class LeafSpine(RigBase):
     _CONFIG = LeafSpineConfig
     _state_path = staticmethod(state_path)
     _pin_dir = staticmethod(pin_dir)
-
-    @staticmethod
-    def _found_namespaces(name: str) -> list[str]:
-        return _namespaces(name)
+    _found_namespaces = staticmethod(find_namespaces)
 
     @staticmethod
     def _remove(name: str, namespaces: Sequence[str] = ()) -> None:
-        _teardown(name)       # finds the namespaces by their names
+        teardown.remove_leafspine(name)       # finds the namespaces by their names
 
     @staticmethod
     def _exists_error(name: str) -> str:
@@ -340,75 +145,70 @@ class LeafSpine(RigBase):
         return (f"leaf-spine rig {name!r} is incomplete (missing {missing[0]}...); "
                 f"`ltp paths down --name {name}` removes what is left")
 
+    @staticmethod
+    def names() -> list[str]:
+        return sorted(saved_names(STATE_DIR))
+
     def _build(self) -> None:
         c = self.config
         self._save()                 # first: `down` finds a half-built rig
         for ns in self.namespaces:
             netns.create(ns)
-            _disable_ipv6(ns)
+            netlink.disable_ipv6(ns)
         for ns in self.routers:
-            _sysctl(ns, {"net.ipv4.ip_forward": "1", "net.ipv4.fib_multipath_hash_policy": "1",
-                         "net.ipv4.conf.all.rp_filter": "0",
-                         "net.ipv4.conf.default.rp_filter": "0"})
-        # leaf side: bridge + host ports + uplinks (spine ends go straight to their namespace)
+            netlink.sysctl(ns, _ROUTER_SYSCTLS)
         for i in range(c.leaves):
-            with _ipr(leaf_ns(c.name, i)) as ipr:
-                ipr.link("add", ifname=BRIDGE, kind="bridge", br_stp_state=0,
-                         br_forward_delay=0, br_mcast_snooping=0, address=_mac(0x47, i, 0, 1))
-                br = ipr.link_lookup(ifname=BRIDGE)[0]
-                ipr.addr("add", index=br, address=f"198.18.{10 + i}.1", prefixlen=24)
-                ipr.link("set", index=br, state="up")
-                for h in (h for h in self.hosts if h.leaf == i):
-                    ipr.link("add", ifname=h.port, kind="veth", mtu=c.mtu,
-                             address=_mac(0x50, i, int(h.ip.split(".")[3]), 0),
-                             peer={"ifname": h.ifname, "net_ns_fd": h.netns, "address": h.mac,
-                                   "mtu": c.mtu})
-                    idx = ipr.link_lookup(ifname=h.port)[0]
-                    ipr.link("set", index=idx, master=br, state="up")
-                    ipr.neigh("add", dst=h.ip, lladdr=h.mac, ifindex=br, state=NUD_PERMANENT)
-                for lk in (lk for lk in self.links if lk.kind == "L" and lk.a == i):
-                    peer = next(p for p in self.links if p.kind == "S" and p.a == lk.b
-                                and p.b == i)
-                    ipr.link("add", ifname=lk.ifname, kind="veth", mtu=c.mtu, address=lk.mac,
-                             peer={"ifname": peer.ifname, "net_ns_fd": peer.netns,
-                                   "address": peer.mac, "mtu": c.mtu})
-        for lk in self.links:       # addresses, neighbours, TBF on both ends
-            with _ipr(lk.netns) as ipr:
-                idx = ipr.link_lookup(ifname=lk.ifname)[0]
-                ipr.addr("add", index=idx, address=lk.ip, prefixlen=30)
-                ipr.link("set", index=idx, state="up")
-                peer_mac = next(p.mac for p in self.links if p.ip == lk.peer_ip)
-                ipr.neigh("add", dst=lk.peer_ip, lladdr=peer_mac, ifindex=idx,
-                          state=NUD_PERMANENT)
-                ipr.tc("add", "tbf", index=idx, handle=0x10000, rate=f"{c.rate_bps}bit",
-                       burst=c.burst, limit=c.buffer_bytes)
+            self._build_leaf(i)
+        for lk in self.links:
+            self._link_up(lk)
         for h in self.hosts:
-            with _ipr(h.netns) as ipr:
-                idx = ipr.link_lookup(ifname=h.ifname)[0]
-                ipr.addr("add", index=idx, address=h.ip, prefixlen=24)
-                ipr.link("set", index=idx, state="up")
-                ipr.neigh("add", dst=h.gateway, lladdr=h.gateway_mac, ifindex=idx,
-                          state=NUD_PERMANENT)
-                for o in self.hosts:      # same-leaf neighbours: no ARP at all
-                    if o.leaf == h.leaf and o is not h:
-                        ipr.neigh("add", dst=o.ip, lladdr=o.mac, ifindex=idx,
-                                  state=NUD_PERMANENT)
-                ipr.route("add", dst="198.18.0.0/15", gateway=h.gateway)
+            self._host_up(h)
         self._routes()
-        self._load_bpf()
+        pathpin.load(self.pins["dir"], [(lk.netns, lk.ifname) for lk in self.links],
+                     [(h.netns, h.ifname) for h in self.hosts])
         if c.mode == "native":
-            from ..xdp.loader import DataplaneError, attach_pass
-            for h in self.hosts:
-                try:
-                    attach_pass(h.port, leaf_ns(c.name, h.leaf), "native")
-                except DataplaneError as e:
-                    raise RigError(f"XDP_PASS on {h.port}: {e}") from e
+            bpf.xdp_pass((h.port, leaf_ns(c.name, h.leaf)) for h in self.hosts)
         self._built()
 
+    def _build_leaf(self, i: int) -> None:
+        """Leaf i: bridge br0 (its hosts' gateway), a port per host, an uplink
+        per spine (whose spine ends go straight into the spines' namespaces)."""
+        c = self.config
+        with netlink.iproute(leaf_ns(c.name, i)) as ipr:
+            br = netlink.add_bridge(ipr, BRIDGE, address=gateway_mac(i))
+            netlink.address_up(ipr, BRIDGE, f"198.18.{10 + i}.1", 24)
+            for h in (h for h in self.hosts if h.leaf == i):
+                idx = netlink.add_veth(ipr, h.port, mtu=c.mtu, peer=h.ifname, peer_ns=h.netns,
+                                       peer_mac=h.mac, mac=port_mac(h))
+                ipr.link("set", index=idx, master=br, state="up")
+                netlink.static_neighbour(ipr, br, h.ip, h.mac)
+            for lk in (lk for lk in self.links if lk.kind == "L" and lk.a == i):
+                peer = self._peer(lk)
+                netlink.add_veth(ipr, lk.ifname, mtu=c.mtu, peer=peer.ifname,
+                                 peer_ns=peer.netns, peer_mac=peer.mac, mac=lk.mac)
+
+    def _link_up(self, lk: Link) -> None:
+        """One end of a leaf-spine link: address, neighbour, TBF."""
+        with netlink.iproute(lk.netns) as ipr:
+            idx = netlink.address_up(ipr, lk.ifname, lk.ip, 30)
+            netlink.static_neighbour(ipr, idx, lk.peer_ip, self._peer(lk).mac)
+            netlink.add_tbf(ipr, idx, self.config)
+
+    def _host_up(self, h: LsHost) -> None:
+        with netlink.iproute(h.netns) as ipr:
+            idx = netlink.address_up(ipr, h.ifname, h.ip, h.prefixlen)
+            netlink.static_neighbour(ipr, idx, h.gateway, h.gateway_mac)
+            for o in self.hosts:      # same-leaf neighbours: no ARP at all
+                if o.leaf == h.leaf and o is not h:
+                    netlink.static_neighbour(ipr, idx, o.ip, o.mac)
+            ipr.route("add", dst="198.18.0.0/15", gateway=h.gateway)
+
     def _routes(self) -> None:
+        """Each leaf reaches every other leaf's /24 over all spines (one
+        multipath route); each spine reaches each leaf's /24 over its link."""
         c = self.config
         for i in range(c.leaves):
-            with _ipr(leaf_ns(c.name, i)) as ipr:
+            with netlink.iproute(leaf_ns(c.name, i)) as ipr:
                 ups = {lk.b: lk for lk in self.links if lk.kind == "L" and lk.a == i}
                 hops = [{"gateway": ups[k].peer_ip, "oif": ipr.link_lookup(ifname=ups[k].ifname)[0]}
                         for k in sorted(ups)]
@@ -420,78 +220,26 @@ class LeafSpine(RigBase):
                     else:
                         ipr.route("add", dst=f"198.18.{10 + d}.0/24", multipath=hops)
         for k in range(c.spines):
-            with _ipr(spine_ns(c.name, k)) as ipr:
+            with netlink.iproute(spine_ns(c.name, k)) as ipr:
                 for lk in (lk for lk in self.links if lk.kind == "S" and lk.a == k):
                     ipr.route("add", dst=f"198.18.{10 + lk.b}.0/24", gateway=lk.peer_ip)
 
-    def _load_bpf(self) -> None:
-        from ..xdp.loader import DataplaneError, compile_program
-        try:
-            b, count_fn = compile_program("path_pin.c", "link_count", prog_type="SCHED_CLS")
-            pin_fn = b.load_func(b"path_pin", b.SCHED_CLS)
-        except DataplaneError as e:
-            raise RigError(str(e)) from e
-        try:
-            p = self.pins
-            os.makedirs(p["dir"], exist_ok=True)
-            _Bpf.pin(b[b"link_bytes"].get_fd(), p["link_bytes"])
-            _Bpf.pin(b[b"path_pins"].get_fd(), p["path_pins"])
-            _Bpf.pin(count_fn.fd, p["link_prog"])
-            _Bpf.pin(pin_fn.fd, p["pin_prog"])
-            for lk in self.links:
-                self._tc_attach(lk.netns, lk.ifname, count_fn.fd, "link_count")
-            for h in self.hosts:
-                self._tc_attach(h.netns, h.ifname, pin_fn.fd, "path_pin")
-        finally:
-            b.cleanup()
-
-    @staticmethod
-    def _tc_attach(ns: str, ifname: str, fd: int, name: str) -> None:
-        with _ipr(ns) as ipr:
-            idx = ipr.link_lookup(ifname=ifname)[0]
-            ipr.tc("add", "clsact", index=idx)
-            ipr.tc("add-filter", "bpf", index=idx, handle=1, fd=fd, name=name,
-                   parent=TC_EGRESS, classid=1, direct_action=True)
-
-    @staticmethod
-    def names() -> list[str]:
-        return sorted(saved_names(STATE_DIR))
-
-    # ---- maps
-    def _fd(self, key: str) -> int:
-        if key not in self._fds:
-            self._fds[key] = _Bpf.get(self.pins[key])
-        return self._fds[key]
-
+    # ---- maps (pinned: any process can use them)
     def link_counters(self) -> list[dict[str, Any]]:
         """Every (link, 5-tuple) the counters saw: link label, flow, bytes, packets."""
-        out = []
-        for k, v in _Bpf.items(self._fd("link_bytes"), _LinkKey, _LinkVal):
-            kind = "L" if k.kind == KIND_LEAF_UP else "S" if k.kind == KIND_SPINE_DN else "?"
-            out.append({"link": f"l{k.a}>s{k.b}" if kind == "L" else f"s{k.a}>l{k.b}",
-                        "kind": kind, "leaf": k.a if kind == "L" else k.b,
-                        "spine": k.b if kind == "L" else k.a, "proto": k.proto,
-                        "saddr": _ip(k.saddr), "daddr": _ip(k.daddr),
-                        "sport": socket.ntohs(k.sport), "dport": socket.ntohs(k.dport),
-                        "bytes": int(v.bytes), "packets": int(v.packets)})
-        return sorted(out, key=lambda e: (e["link"], e["saddr"], e["daddr"], e["sport"]))
+        return pathpin.link_counters(self._map_fd("link_bytes"))
 
     def reset_link_counters(self) -> None:
-        _Bpf.clear(self._fd("link_bytes"), _LinkKey)
+        pathpin.clear_link_counters(self._map_fd("link_bytes"))
 
     def pins_now(self) -> list[dict[str, Any]]:
-        return sorted(({"saddr": _ip(k.saddr), "daddr": _ip(k.daddr),
-                        "dport": socket.ntohs(k.dport), "sport": socket.ntohs(v.sport),
-                        "spine": int(v.spine), "packets": int(v.packets)}
-                       for k, v in _Bpf.items(self._fd("path_pins"), _PinKey, _PinVal)),
-                      key=lambda e: (e["saddr"], e["daddr"], e["dport"]))
+        return pathpin.read_pins(self._map_fd("path_pins"))
 
     def set_pin(self, saddr: str, daddr: str, dport: int, sport: int, spine: int) -> None:
-        _Bpf.update(self._fd("path_pins"), _PinKey(_be32(saddr), _be32(daddr), _be16(dport), 0),
-                    _PinVal(_be16(sport), spine, 0, 0))
+        pathpin.set_pin(self._map_fd("path_pins"), saddr, daddr, dport, sport, spine)
 
     def clear_pins(self) -> None:
-        _Bpf.clear(self._fd("path_pins"), _PinKey)
+        pathpin.clear_pins(self._map_fd("path_pins"))
 
     # ---- probing the leaves' hash
     def probe(self, src: LsHost, dst: LsHost, dport: int = W.PORT, ports: range | None = None,
@@ -500,11 +248,10 @@ class LeafSpine(RigBase):
         datagram per candidate port and reading which uplink's counter saw
         it. The hash is seeded per leaf namespace, so this holds for this rig
         only. Pins of this (src, dst, dport) must be absent (they rewrite)."""
-        ports = ports or range(20000, 20032)
         socks = []
         try:
             with netns.inside(src.netns):
-                for p in ports:
+                for p in ports or range(20000, 20032):
                     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                     try:
                         s.bind((src.ip, p))
@@ -520,68 +267,21 @@ class LeafSpine(RigBase):
                 s.close()
         time.sleep(settle_s)
         want = {p for p, _ in socks}
-        out: dict[int, int] = {}
-        for e in self.link_counters():
-            if (e["kind"] == "L" and e["leaf"] == src.leaf and e["saddr"] == src.ip
-                    and e["daddr"] == dst.ip and e["dport"] == dport and e["sport"] in want):
-                out[e["sport"]] = e["spine"]
-        return out
+        return {e["sport"]: e["spine"] for e in self.link_counters()
+                if e["kind"] == "L" and e["leaf"] == src.leaf and e["saddr"] == src.ip
+                and e["daddr"] == dst.ip and e["dport"] == dport and e["sport"] in want}
 
     # ---- observation
     def tbf(self) -> list[dict[str, Any]]:
+        """Bytes, packets and drops of the TBF on each link direction."""
         out = []
         for lk in self.links:
-            with _ipr(lk.netns) as ipr:
-                idx = ipr.link_lookup(ifname=lk.ifname)[0]
-                q = next((q for q in ipr.get_qdiscs(index=idx)
-                          if q.get_attr("TCA_KIND") == "tbf"), None)
-            st = (q.get_attr("TCA_STATS") or {}) if q is not None else {}
-            out.append({"link": lk.label, "present": q is not None,
-                        "bytes": int(st.get("bytes", 0)), "packets": int(st.get("packets", 0)),
-                        "drops": int(st.get("drop", 0))})
+            with netlink.iproute(lk.netns) as ipr:
+                st = netlink.tbf_stats(ipr, ipr.link_lookup(ifname=lk.ifname)[0])
+            out.append({"link": lk.label, "present": st is not None,
+                        **{k: (st or {}).get(k, 0) for k in ("bytes", "packets", "drops")}})
         return out
 
-    def status(self) -> dict[str, Any]:
-        d = self.to_dict()
-        d["namespaces_present"] = all(netns.exists(ns) for ns in self.namespaces)
-        try:
-            d["tbf"] = self.tbf()
-        except Exception as e:  # noqa: BLE001 - report, do not fail status
-            d["tbf"] = {"error": str(e)}
-        return d
-
-
-def _namespaces(name: str) -> list[str]:
-    pre = f"{NS_PREFIX}-{name}-"
-    return [ns for ns in netns.listnetns() if ns.startswith(pre)
-            and re.match(r"^(l\d+|s\d+|j\d+(ps|w\d+))$", ns[len(pre):])]
-
-
-def _teardown(name: str) -> None:
-    """Remove rig `name`: namespaces (their veths, qdiscs, tc and XDP programs
-    go with them), pins and state file. Goes on past errors, reports all."""
-    from .star import remove_all
-    errors = remove_all(_namespaces(name), pin_dir(name), state_path(name))
-    if errors:
-        raise RigError(f"tearing down leaf-spine rig {name!r}: " + "; ".join(errors))
-
-
-
-def reachable(ls: LeafSpine, src: LsHost, dst: LsHost, port: int = 9999,
-              timeout_s: float = 1.0) -> bool:
-    """Does a UDP datagram from src reach a socket on dst (through the routers)?"""
-    with netns.inside(dst.netns):
-        rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with netns.inside(src.netns):
-        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        rx.bind((dst.ip, port))
-        rx.settimeout(timeout_s)
-        tx.sendto(b"ltp-reach " + src.ip.encode(), (dst.ip, port))
-        data, addr = rx.recvfrom(256)
-        return addr[0] == src.ip
-    except OSError:
-        return False
-    finally:
-        rx.close()
-        tx.close()
+    def _observations(self) -> dict[str, Any]:
+        # `ltp rig status`: RigBase.status adds these to the description
+        return {"tbf": self.tbf}

@@ -6,13 +6,13 @@ creates is removed on exit, also when the body raises.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from dataclasses import dataclass
 
-from pyroute2 import IPRoute
-
 from .. import netns
+from .netlink import iproute
 
 
 @dataclass
@@ -52,11 +52,11 @@ class VethPair:
         for end in (self.a, self.b):
             netns.remove(end.ns)
             netns.create(end.ns)
-        with IPRoute(netns=self.a.ns) as ipr:
+        with iproute(self.a.ns) as ipr:
             ipr.link("add", ifname=self.a.dev, kind="veth",
                      peer={"ifname": self.b.dev, "net_ns_fd": self.b.ns})
         for end in (self.a, self.b):
-            with IPRoute(netns=end.ns) as ipr:
+            with iproute(end.ns) as ipr:
                 idx = ipr.link_lookup(ifname=end.dev)[0]
                 ipr.link("set", index=idx, mtu=self.mtu)
                 ipr.addr("add", index=idx, address=end.ip, prefixlen=24)
@@ -64,7 +64,7 @@ class VethPair:
                 end.mac = ipr.get_links(idx)[0].get_attr("IFLA_ADDRESS")
         # Static neighbours: no ARP round before the first packet.
         for here, there in ((self.a, self.b), (self.b, self.a)):
-            with IPRoute(netns=here.ns) as ipr:
+            with iproute(here.ns) as ipr:
                 idx = ipr.link_lookup(ifname=here.dev)[0]
                 ipr.neigh("replace", dst=there.ip, lladdr=there.mac, ifindex=idx,
                           state="permanent")
@@ -72,10 +72,8 @@ class VethPair:
     def down(self) -> None:
         from ..xdp.loader import detach
         for dev, ns, mode in self._attached:
-            try:
+            with contextlib.suppress(Exception):   # the namespace removal below detaches too
                 detach(dev, ns, mode)
-            except Exception:
-                pass
         self._attached = []
         for end in (self.a, self.b):
             netns.remove(end.ns)

@@ -19,6 +19,7 @@ from typing import Iterable
 import numpy as np
 
 from ... import BPF_DIR
+from ...errors import DataplaneError
 from .. import clib
 from . import headers
 from .wire import PORT, LtpHdr
@@ -372,7 +373,8 @@ class LtpMaps:
         One writer per program (the receiving endpoint): this is a read,
         modify, write of the slot's entry, not atomic across processes."""
         if self.rounds is None:
-            raise RuntimeError("this program has no ltp_rounds map (loaded by an older build)")
+            raise DataplaneError("this program has no ltp_rounds map (loaded by an older build):"
+                                 " `ltp unload` it and load it again")
         if reason not in ROUND_REASONS:
             raise ValueError(f"reason must be one of {', '.join(ROUND_REASONS)}, got {reason!r}")
         if not 0 <= slot < self.geometry.slots:

@@ -1,0 +1,125 @@
+"""The rigs' netlink plumbing (pyroute2): an IPRoute inside a namespace,
+sysctls, bridges, veths, addresses, static neighbours, TBF, and tc programs
+on egress. Both rigs build from these pieces; nothing here knows a rig's
+layout."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from .. import netns
+
+TC_EGRESS = 0xFFFFFFF3    # clsact egress hook (ffff:fff3)
+NUD_NOARP = 0x40
+NUD_PERMANENT = 0x80
+TBF_HANDLE = 0x10000      # 1:
+
+
+@contextlib.contextmanager
+def iproute(ns: str) -> Iterator[Any]:
+    """An IPRoute whose netlink socket lives in namespace `ns`. Made with
+    setns on this thread (netns.inside), not IPRoute(netns=...), which forks
+    a helper per call and creates the namespace when it is missing."""
+    from pyroute2 import IPRoute
+    with netns.inside(ns):
+        ipr = IPRoute()
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+def sysctl(ns: str, items: dict[str, str], missing_ok: bool = False) -> None:
+    """Set sysctls ("net.ipv4.ip_forward": "1") inside namespace `ns`;
+    missing_ok: skip keys this kernel (or its loaded modules) does not have."""
+    with netns.inside(ns):
+        for key, val in items.items():
+            try:
+                with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
+                    f.write(val)
+            except OSError:
+                if not missing_ok:
+                    raise
+
+
+def disable_ipv6(ns: str) -> None:
+    """No IPv6 in a rig: no router solicitations, DAD or MLD noise."""
+    sysctl(ns, {f"net.ipv6.conf.{k}.disable_ipv6": "1" for k in ("all", "default")},
+           missing_ok=True)
+
+
+# --------------------------------------------------------------------------- links
+
+def add_bridge(ipr, name: str, address: str | None = None) -> int:
+    """A bridge that forwards at once (no STP, no forwarding delay) and floods
+    multicast like a plain switch (no snooping); returns its ifindex (down)."""
+    extra = {"address": address} if address else {}
+    ipr.link("add", ifname=name, kind="bridge", br_stp_state=0, br_forward_delay=0,
+             br_mcast_snooping=0, **extra)
+    return ipr.link_lookup(ifname=name)[0]
+
+
+def add_veth(ipr, ifname: str, *, mtu: int, peer: str, peer_ns: str, peer_mac: str,
+             mac: str | None = None) -> int:
+    """A veth pair: `ifname` stays here, `peer` goes straight into namespace
+    `peer_ns` (so it never appears in this one); returns the ifindex of `ifname`."""
+    extra = {"address": mac} if mac else {}
+    ipr.link("add", ifname=ifname, kind="veth", mtu=mtu, **extra,
+             peer={"ifname": peer, "net_ns_fd": peer_ns, "address": peer_mac, "mtu": mtu})
+    return ipr.link_lookup(ifname=ifname)[0]
+
+
+def address_up(ipr, ifname: str, ip: str, prefixlen: int, **addr: Any) -> int:
+    """Give `ifname` the address ip/prefixlen (extra keywords go to the
+    address, e.g. broadcast=), bring it up; returns its ifindex."""
+    idx = ipr.link_lookup(ifname=ifname)[0]
+    ipr.addr("add", index=idx, address=ip, prefixlen=prefixlen, **addr)
+    ipr.link("set", index=idx, state="up")
+    return idx
+
+
+def static_neighbour(ipr, index: int, ip: str, mac: str) -> None:
+    """A permanent neighbour entry: no ARP round on a shaped link, and MACs
+    known before the first packet."""
+    ipr.neigh("add", dst=ip, lladdr=mac, ifindex=index, state=NUD_PERMANENT)
+
+
+# --------------------------------------------------------------------------- tc
+
+def add_tbf(ipr, index: int, cfg: Any) -> None:
+    """TBF on egress of `index` with cfg.rate_bps, cfg.burst, cfg.buffer_bytes
+    (a rig config: base.ShapedConfig)."""
+    ipr.tc("add", "tbf", index=index, handle=TBF_HANDLE, rate=f"{cfg.rate_bps}bit",
+           burst=cfg.burst, limit=cfg.buffer_bytes)
+
+
+def tbf_stats(ipr, index: int) -> dict[str, int] | None:
+    """Counters of the TBF on `index` (bytes, packets, overlimits, backlog,
+    qlen, drops; the kernel's rate and limit when it reports them), or None
+    when there is no TBF."""
+    q = next((q for q in ipr.get_qdiscs(index=index) if q.get_attr("TCA_KIND") == "tbf"), None)
+    if q is None:
+        return None
+    st = q.get_attr("TCA_STATS") or {}
+    out = {k: int(st.get(k, 0)) for k in ("bytes", "packets", "overlimits", "backlog", "qlen")}
+    out["drops"] = int(st.get("drop", 0))
+    parms = q.get_nested("TCA_OPTIONS", "TCA_TBF_PARMS") or {}
+    if parms:
+        out["kernel_rate_bps"] = int(parms.get("rate", 0)) * 8
+        out["kernel_limit_bytes"] = int(parms.get("limit", 0))
+    return out
+
+
+def attach_tc_egress(ipr, index: int, fd: int, name: str) -> None:
+    """The SCHED_CLS program `fd` on egress of `index` (clsact + cls_bpf,
+    direct action: the program's return value is the verdict)."""
+    ipr.tc("add", "clsact", index=index)
+    ipr.tc("add-filter", "bpf", index=index, handle=1, fd=fd, name=name,
+           parent=TC_EGRESS, classid=1, direct_action=True)
+
+
+def egress_filters(ipr, index: int) -> list[str]:
+    """Kinds of the tc filters on egress of `index` ("bpf", ...)."""
+    return [f.get_attr("TCA_KIND") for f in ipr.get_filters(index=index, parent=TC_EGRESS)
+            if f.get_attr("TCA_KIND")]

@@ -1,0 +1,117 @@
+"""The house rules of the package, checked on its source (no privileges needed).
+
+- no import circles between the package's modules (imports inside
+  functions count: a lazy import still ties two modules together);
+- no module imports another module's private (_underscore) names;
+- C libraries are bound through ctypes in one module (dataplane/clib.py);
+- no module over 450 lines, no function over 80 lines;
+- every folder of Python code is a package (so the wheel cannot miss it).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTS = ("dataplane", "control", "tools")
+MAX_FILE_LINES, MAX_FUNC_LINES = 450, 80
+
+
+def _modules() -> dict[str, Path]:
+    """ltpx module name -> file, for the package's own code."""
+    out = {"ltpx": ROOT / "__init__.py", "ltpx.errors": ROOT / "errors.py"}
+    for part in PARTS:
+        for p in (ROOT / part).rglob("*.py"):
+            rel = p.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(("ltpx",) + (rel[:-1] if rel[-1] == "__init__" else rel))
+            out[name] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _package_of(name: str) -> str:
+    return name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _imports(name: str) -> list[tuple[str, list[str], int]]:
+    """(imported ltpx module, names taken from it, line) for every import in `name`."""
+    tree = ast.parse(MODULES[name].read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = _package_of(name).split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("ltpx"):
+                continue
+            names = [a.name for a in node.names]
+            # `from pkg import module` imports the module itself
+            for n in names:
+                if f"{target}.{n}" in MODULES:
+                    out.append((f"{target}.{n}", [], node.lineno))
+            out.append((target, [n for n in names if f"{target}.{n}" not in MODULES],
+                        node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names if a.name.startswith("ltpx")]
+    return [(t, n, line) for t, n, line in out if t in MODULES and t != name]
+
+
+def test_no_import_circles():
+    graph = {m: {t for t, _, _ in _imports(m) if t != "ltpx"} for m in MODULES}
+    circles, state = [], {}
+
+    def visit(m, stack):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                circles.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_no_private_cross_imports():
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line} takes {n} from {t}"
+           for m in MODULES for t, names, line in _imports(m)
+           for n in names if n.startswith("_") and not n.startswith("__")]
+    assert not bad, "\n".join(bad)
+
+
+def test_ctypes_libraries_bound_once():
+    users = sorted(str(p.relative_to(ROOT)) for p in MODULES.values()
+                   if "CDLL(" in p.read_text() or "cdll." in p.read_text())
+    assert users == ["dataplane/clib.py"], users
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_and_function_sizes(name):
+    src = MODULES[name].read_text()
+    lines = src.count("\n")
+    assert lines <= MAX_FILE_LINES, f"{name}: {lines} lines"
+    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines, line {n.lineno})"
+            for n in ast.walk(ast.parse(src))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNC_LINES]
+    assert not long, f"{name}: " + ", ".join(long)
+
+
+def test_every_code_folder_is_a_package():
+    missing = sorted(str(d.relative_to(ROOT)) for part in PARTS
+                     for d in [ROOT / part, *(ROOT / part).rglob("*")]
+                     if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py"))
+                     and not (d / "__init__.py").exists())
+    assert not missing, f"folders with Python code but no __init__.py: {missing}"
