@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from conftest import requires_bpf
+from ltpx.control.training.args import parse_straggler
+from ltpx.control.training.config import TrainConfig
 from ltpx.control.training.data import BatchStream, load_digits_arrays, split
 from ltpx.control.training.model import FlatModel, build_mlp, count_params
-from ltpx.control.training.rank import parse_straggler
-from ltpx.control.training.runtime import TrainConfig, aggregate_into
+from ltpx.control.training.ps import aggregate_into
 
 WORKERS = 3
 STEPS = 14           # one epoch at 3 workers x 32 examples
@@ -85,12 +86,76 @@ def test_straggler_and_config_parsing():
             parse_straggler([bad])
     c = TrainConfig(sync="wbsp", straggler={2: 4.0}, hidden=(64, 32))
     assert TrainConfig.from_json(c.to_json()) == c
+    assert c.downlink == "group" and TrainConfig(transport="tcp").downlink == "unicast"
     with pytest.raises(ValueError, match="wbsp"):
         TrainConfig(transport="gloo", sync="wbsp").validate()
     with pytest.raises(ValueError, match="downlink"):
         TrainConfig(transport="tcp", downlink="group").validate()
     with pytest.raises(ValueError, match="downlink"):
         TrainConfig(downlink="multicast").validate()
+
+
+def _train_parsers():
+    """(`ltp train`'s parser, a rank's parser)."""
+    from ltpx.control.training.rank import build_parser
+    from ltpx.tools.cli import build_parser as cli_parser
+    cli = cli_parser()
+    sub = next(a for a in cli._actions if a.dest == "command")
+    return sub.choices["train"], build_parser()
+
+
+def test_shared_train_flags_have_one_default_in_both_parsers():
+    import argparse
+    from ltpx.control.training.args import add_train_flags
+    shared = argparse.ArgumentParser()
+    add_train_flags(shared)
+    dests = {a.dest for a in shared._actions} - {"help"}
+    assert {"transport", "sync", "downlink", "hidden", "straggler", "cc"} <= dests
+    train, rank = _train_parsers()
+    for p in (train, rank):
+        acts = {a.dest: a for a in p._actions}
+        for a in shared._actions:
+            if a.dest != "help":
+                assert (acts[a.dest].default, acts[a.dest].choices) == (a.default, a.choices), \
+                    (p.prog, a.dest)
+    assert train.get_default("downlink") == rank.get_default("downlink") == "group"
+
+
+def test_flags_make_one_config_and_only_ltp_sends_to_a_group():
+    from ltpx.control.training.args import config_from_args
+    train, rank = _train_parsers()
+    argv = ["--sync", "wbsp", "--straggler", "1:3", "--hidden", "64,32", "--epochs", "2"]
+    a, b = config_from_args(train.parse_args(argv)), config_from_args(rank.parse_args(argv))
+    assert a == b and a.downlink == "group" and a.hidden == (64, 32)
+    assert config_from_args(rank.parse_args(["--transport", "tcp"])).downlink == "unicast"
+    assert config_from_args(rank.parse_args([]), transport="gloo").downlink == "unicast"
+    with pytest.raises(ValueError, match="--sync"):
+        config_from_args(rank.parse_args(["--transport", "gloo", "--sync", "wbsp"]))
+
+
+def test_rank_without_group_uses_the_broadcast_address_or_falls_back_to_unicast(capsys):
+    from ltpx.control.training.rank import build_parser, dev_broadcast, downlink_group
+    assert dev_broadcast("lo") is None                   # loopback has no broadcast address
+    assert dev_broadcast("no-such-dev0") is None
+    a = build_parser().parse_args(["--dev", "lo"])
+    cfg = TrainConfig(downlink="group")
+    got, group = downlink_group(a, cfg, rank=0)
+    assert got.downlink == "unicast" and group is None
+    assert "unicast" in capsys.readouterr().err
+    assert downlink_group(a, cfg, rank=1) == (cfg, None)    # a worker sends no downlink
+    a = build_parser().parse_args(["--dev", "lo", "--group", "239.1.2.3"])
+    assert downlink_group(a, cfg, rank=0) == (cfg, "239.1.2.3")
+
+
+def test_rank_bad_flags_exit_2():
+    import subprocess
+    import sys
+    for argv in (["--epochs", "0"], ["--downlink", "multicast"], ["--hidden", "8,x"],
+                 ["--no-such-flag"]):
+        out = subprocess.run([sys.executable, "-m", "ltpx.control.training", *argv],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, (argv, out.stderr)
+        assert argv[0] in out.stderr
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -105,6 +170,9 @@ def test_straggler_and_config_parsing():
     (["--hidden", "12,a"], "--hidden"),
     (["--name", "Bad-Name"], "--name"),
     (["--mtu", "9000"], "--mtu"),
+    (["--cc", "vegas"], "--cc"),
+    (["--epochs", "0"], "--epochs"),
+    (["--transport", "gloo", "--sync", "wbsp"], "--sync"),
 ])
 def test_bad_values_exit_2_naming_the_flag(argv, flag, capsys):
     from ltpx.tools.cli import main
@@ -137,9 +205,18 @@ def _train(rig, early_close=None, **kw):
     return train_on_rig(rig, cfg, timeout_s=300, early_close=early_close)
 
 
+def test_the_rig_ps_device_broadcast_address_is_the_rigs(rig):
+    # what a PS rank given --downlink group but no --group sends to
+    from ltpx.control.training.rank import dev_broadcast
+    from ltpx.dataplane import netns
+    from ltpx.dataplane.rig.star import BROADCAST
+    with netns.inside(rig.ps.netns):
+        assert dev_broadcast(rig.ps.ifname) == BROADCAST
+
+
 @pytest.fixture(scope="module")
 def ltp_run(rig):
-    return _train(rig, transport="ltp", early_close=WHOLE)
+    return _train(rig, transport="ltp", downlink="unicast", early_close=WHOLE)
 
 
 @requires_bpf
@@ -170,9 +247,9 @@ def test_lossless_ltp_and_tcp_train_bit_identical_parameters(rig, ltp_run):
 @requires_bpf
 def test_wbsp_fast_workers_do_more_local_steps_and_all_pull_the_same_versions(rig):
     # The parameters go once per chunk to the rig's broadcast address here
-    # (the other LTP run sends them to each worker): every worker still pulls
-    # every version bit-exact.
-    r = _train(rig, transport="ltp", sync="wbsp", straggler={1: 8.0}, downlink="group")
+    # (LTP's default; the other LTP run sends them to each worker): every
+    # worker still pulls every version bit-exact.
+    r = _train(rig, transport="ltp", sync="wbsp", straggler={1: 8.0})
     assert r["downlink"] == "group"
     steps = {int(k): v for k, v in r["local_steps"].items()}
     assert steps[1] >= STEPS

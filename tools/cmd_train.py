@@ -14,11 +14,12 @@ import dataclasses
 import os
 import sys
 
+from ..control.training.args import add_train_flags
 from .common import (LtpError, UsageError, add_json, emit, need_bcc, need_root, parse_rate,
                      parse_size)
 
 MAX_WORKERS = 64   # mirrors dataplane.rig.MAX_WORKERS (kept import-free for --help)
-CCS = ("cubic", "bbr", "reno")
+CCS = ("cubic", "bbr", "reno")   # the congestion controls --cc and --compare tcp:CC take
 
 EPILOG = """examples:
   sudo ltp train                                  LTP, 4 workers, 3 epochs, bsp
@@ -42,52 +43,20 @@ def register(sub) -> None:
                        "over LTP, TCP or gloo all-reduce, on a network-namespace rig.",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     p.add_argument("--workers", type=int, default=4, help="workers (default 4; 1..64)")
-    p.add_argument("--transport", choices=("ltp", "tcp", "gloo"), default="ltp",
-                   help="gradient transport (default ltp)")
-    p.add_argument("--sync", choices=("bsp", "wbsp"), default="bsp",
-                   help="bsp: wait for every worker; wbsp: fast workers keep computing "
-                   "while the slowest finishes (default bsp)")
-    p.add_argument("--loss", default="0", help="drop probability on every rig port, in [0, 1) "
-                   "(default 0)")
-    p.add_argument("--epochs", type=int, default=3, help="passes over the training set "
-                   "(default 3)")
-    p.add_argument("--iterations", type=int, default=None,
-                   help="train exactly this many iterations instead")
-    p.add_argument("--rate", default="1gbit", help="rate of every rig port (default 1gbit)")
-    p.add_argument("--buffer", default="30kb", help="queue of every rig port (default 30kb)")
-    p.add_argument("--mtu", type=int, default=1500,
-                   help="MTU of every rig link, 1280..3500 (default 1500; larger frames mean "
-                        "fewer packets for every transport)")
-    p.add_argument("--bubble", choices=("mean", "zero", "stale"), default="mean",
-                   help="LTP Bubble Filling of lost chunks (default mean)")
-    p.add_argument("--seed", type=int, default=0, help="seed of data split, model, batches")
-    p.add_argument("--name", default=None, help="use rig NAME (built if it does not exist, "
-                   "kept if it did)")
-    p.add_argument("--batch", type=int, default=32, help="examples per worker and step (32)")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (0.1)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (0.9)")
-    p.add_argument("--hidden", default="512,384",
-                   help="MLP hidden widths (default 512,384: 234k parameters, a 0.94 MB "
-                   "gradient; e.g. 2048,2048 for 4.3M)")
-    p.add_argument("--straggler", action="append", metavar="WORKER:FACTOR",
-                   help="slow WORKER's compute by FACTOR, e.g. 1:3 (repeatable)")
-    p.add_argument("--cc", choices=CCS, default="cubic", help="TCP congestion control (cubic)")
-    p.add_argument("--downlink", choices=("unicast", "group"), default="group",
-                   help="LTP parameter downlink: group (each chunk once, to the rig's "
-                   "broadcast address; what a worker misses is re-sent to it alone) or "
-                   "unicast (each chunk to each worker). TCP and gloo are unicast "
-                   "(default group)")
+    add_train_flags(p)   # shared with every rank (python -m ltpx.control.training)
+    rig = p.add_argument_group("the rig")
+    rig.add_argument("--loss", default="0", help="drop probability on every rig port, in "
+                     "[0, 1) (default 0)")
+    rig.add_argument("--rate", default="1gbit", help="rate of every rig port (default 1gbit)")
+    rig.add_argument("--buffer", default="30kb", help="queue of every rig port (default 30kb)")
+    rig.add_argument("--mtu", type=int, default=1500,
+                     help="MTU of every rig link, 1280..3500 (default 1500; larger frames "
+                     "mean fewer packets for every transport)")
+    rig.add_argument("--name", default=None, help="use rig NAME (built if it does not exist, "
+                     "kept if it did)")
     p.add_argument("--compare", default="none", metavar="LIST",
                    help="baselines to run after the main run, comma-separated: ltp, tcp, "
                    "tcp:CC, gloo (default none)")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="evaluate every N iterations (default: each epoch)")
-    p.add_argument("--target-accuracy", type=float, default=None,
-                   help="report the training time until test accuracy reaches this")
-    p.add_argument("--deadline-min", type=float, default=None,
-                   help="LTP Early Close minimum deadline, seconds (default: the transport's)")
-    p.add_argument("--verify-versions", action="store_true",
-                   help="hash every parameter version on every rank and compare")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many "
                    "seconds per run (default 900)")
     add_json(p)
@@ -117,7 +86,8 @@ def _runs(args) -> list[dict]:
 
 
 def _validate(args) -> tuple:
-    from ..control.training.rank import parse_straggler
+    """(loss, rate, buffer, runs) from the flags; UsageError names a bad one."""
+    from ..control.training.args import config_from_args
     if not 1 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
     try:
@@ -128,34 +98,15 @@ def _validate(args) -> tuple:
         raise UsageError(f"--loss: must be in [0, 1), got {args.loss}")
     rate = parse_rate(args.rate, "--rate")
     buffer = parse_size(args.buffer, "--buffer")
-    if args.epochs < 1:
-        raise UsageError(f"--epochs: must be at least 1, got {args.epochs}")
-    if args.iterations is not None and args.iterations < 1:
-        raise UsageError(f"--iterations: must be at least 1, got {args.iterations}")
-    if args.batch < 1:
-        raise UsageError(f"--batch: must be at least 1, got {args.batch}")
-    if not args.lr > 0:
-        raise UsageError(f"--lr: must be positive, got {args.lr}")
-    if args.eval_every < 0:
-        raise UsageError(f"--eval-every: must be >= 0, got {args.eval_every}")
-    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
-        raise UsageError(f"--target-accuracy: must be in (0, 1], got {args.target_accuracy}")
-    if args.deadline_min is not None and not args.deadline_min > 0:
-        raise UsageError(f"--deadline-min: must be positive seconds, got {args.deadline_min}")
     if not args.timeout > 0:
         raise UsageError(f"--timeout: must be positive seconds, got {args.timeout}")
+    if args.cc not in CCS:
+        raise UsageError(f"--cc: one of {', '.join(CCS)}, got {args.cc!r}")
     try:
-        hidden = tuple(int(x) for x in args.hidden.split(","))
-        if not hidden or min(hidden) < 1 or max(hidden) > 65536:
-            raise ValueError
-    except ValueError:
-        raise UsageError(f"--hidden: {args.hidden!r} must be comma-separated widths in "
-                         "1..65536, e.g. 512,384") from None
-    try:
-        straggler = parse_straggler(args.straggler)
+        cfg = config_from_args(args)   # every shared training flag, checked once
     except ValueError as e:
         raise UsageError(str(e)) from None
-    bad = [w for w in straggler if w >= args.workers]
+    bad = [w for w in cfg.straggler if w >= args.workers]
     if bad:
         raise UsageError(f"--straggler: worker {bad[0]} does not exist (--workers "
                          f"{args.workers}: 0..{args.workers - 1})")
@@ -169,54 +120,27 @@ def _validate(args) -> tuple:
                   buffer_bytes=buffer, loss=loss, mtu=args.mtu)
     except ValueError as e:
         raise UsageError(f"--{e}") from None
-    return loss, rate, buffer, hidden, straggler, runs
+    return loss, rate, buffer, runs
 
 
 # --------------------------------------------------------------------------- running
 
 def cmd_train(args) -> int:
-    loss, rate, buffer, hidden, straggler, runs = _validate(args)
+    loss, rate, buffer, runs = _validate(args)
     need_root("ltp train")
     if any(r["transport"] == "ltp" for r in runs):
         need_bcc()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
-    from ..control.training.launch import LaunchError, rig_config, rig_mode_for, train_on_rig
-    from ..control.training.runtime import TrainConfig
-    from ..errors import BenchError
-    from ..dataplane.rig.star import Rig, RigError
+    from ..control.training.args import config_from_args
+    from ..control.training.launch import train_on_rig
 
     results = []
     progress = _Progress(quiet=False)
-    try:
+    try:   # LaunchError, RigError, BenchError are LtpErrors: common.run reports them
         for run in runs:
-            cfg = TrainConfig(transport=run["transport"], sync=args.sync, epochs=args.epochs,
-                              iterations=args.iterations, batch=args.batch, lr=args.lr,
-                              momentum=args.momentum, hidden=hidden, seed=args.seed,
-                              bubble=args.bubble, straggler=straggler,
-                              eval_every=args.eval_every, target_accuracy=args.target_accuracy,
-                              cc=run["cc"], verify_versions=args.verify_versions,
-                              downlink=args.downlink if run["transport"] == "ltp" else "unicast")
-            label = _label(cfg.transport, cfg.cc)
-            name = args.name or f"tr{os.getpid() % 1000000}"
-            if args.name and Rig.exists(args.name):
-                rig = Rig.attach(args.name)
-                if len(rig.workers) < args.workers:
-                    raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "
-                                     f"workers, asked for {args.workers}")
-                if cfg.downlink == "group" and not rig.has_broadcast():
-                    cfg = dataclasses.replace(cfg, downlink="unicast")
-                    progress.note(f"note: rig {args.name} predates group sends (no broadcast "
-                                  "address); the parameter downlink is unicast. Rebuild it "
-                                  "(ltp rig down / up) for --downlink group")
-                if rig.config.mode != rig_mode_for(cfg.transport) or rig.config.shape != "all":
-                    progress.note(f"note: rig {args.name} is {rig.config.mode} mode, shape "
-                                  f"{rig.config.shape}; {label} compares fairly on a "
-                                  f"{rig_mode_for(cfg.transport)}-mode rig with shape all "
-                                  "(docs/rig.md, docs/training.md)")
-            else:
-                rig = Rig(rig_config(name, cfg.transport, workers=args.workers, rate_bps=rate,
-                                     buffer_bytes=buffer, loss=loss, mtu=args.mtu))
-            progress.begin(label)
+            cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
+            rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
+            progress.begin(_label(cfg.transport, cfg.cc))
             with rig:
                 res = train_on_rig(rig, cfg, workers=args.workers, progress=progress.event,
                                    timeout_s=args.timeout, deadline_min_s=args.deadline_min)
@@ -227,8 +151,6 @@ def cmd_train(args) -> int:
                               "mtu": rig.config.mtu}
             progress.end(res)
             results.append(res)
-    except (LaunchError, RigError, BenchError) as e:
-        raise LtpError(str(e)) from None
     finally:
         progress.close()
     out = {k: v for k, v in results[0].items() if k != "event"}
@@ -242,6 +164,33 @@ def cmd_train(args) -> int:
         raise LtpError(f"{_label(broken[0]['transport'], broken[0].get('cc'))}: the PS and the "
                        f"workers ended with different parameters ({broken[0]['worker_digests']})")
     return 0
+
+
+def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
+    """(rig, cfg) of one run: the named rig if it exists (with notes on what it
+    lacks; an old rig without a broadcast address makes the downlink unicast),
+    else a new rig built for the run's transport."""
+    from ..control.training.launch import rig_config, rig_mode_for
+    from ..dataplane.rig.star import Rig
+    if not (args.name and Rig.exists(args.name)):
+        name = args.name or f"tr{os.getpid() % 1000000}"
+        return Rig(rig_config(name, cfg.transport, workers=args.workers, rate_bps=rate,
+                              buffer_bytes=buffer, loss=loss, mtu=args.mtu)), cfg
+    rig = Rig.attach(args.name)
+    if len(rig.workers) < args.workers:
+        raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "
+                         f"workers, asked for {args.workers}")
+    if cfg.downlink == "group" and not rig.has_broadcast():
+        cfg = dataclasses.replace(cfg, downlink="unicast")
+        progress.note(f"note: rig {args.name} predates group sends (no broadcast "
+                      "address); the parameter downlink is unicast. Rebuild it "
+                      "(ltp rig down / up) for --downlink group")
+    if rig.config.mode != rig_mode_for(cfg.transport) or rig.config.shape != "all":
+        progress.note(f"note: rig {args.name} is {rig.config.mode} mode, shape "
+                      f"{rig.config.shape}; {_label(cfg.transport, cfg.cc)} compares fairly "
+                      f"on a {rig_mode_for(cfg.transport)}-mode rig with shape all "
+                      "(docs/rig.md, docs/training.md)")
+    return rig, cfg
 
 
 def _label(transport: str, cc: str | None) -> str:
@@ -304,7 +253,8 @@ def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str
         head += "; straggler " + ", ".join(f"w{k} x{v:g}" for k, v in r0["straggler"].items())
     head += (f"\nrig: {rc.get('rate_bps', rate) / 1e9:g} Gbit/s, "
              f"{rc.get('buffer_bytes', buffer) / 1000:g} KB queue, loss "
-             f"{rc.get('loss', loss):g} on {'every port' if rc.get('loss_on') == 'all' else 'the PS port'}")
+             f"{rc.get('loss', loss):g} on "
+             f"{'every port' if rc.get('loss_on') == 'all' else 'the PS port'}")
     cols = [_label(r["transport"], r.get("cc")) for r in results]
 
     def early(r):

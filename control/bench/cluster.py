@@ -1,6 +1,6 @@
 """LTP rounds on a rig: the PS in this process, one process per worker.
 
-Each worker process (control/worker_proc.py) runs inside its host's network
+Each worker process (control/bench/worker_proc.py) runs inside its host's network
 namespace with its own Endpoint (XDP program on its veth). This process talks
 to them over pipes (JSON lines), so coordination never crosses the network
 being measured: a "push" command is the round's barrier, and the PS times a
@@ -92,7 +92,8 @@ class LtpCluster:
         try:
             for h in hosts:
                 self.procs.append(WorkerProc(h, h.index, [
-                    "--dev", h.ifname, "--netns", h.netns, "--ip", h.ip, "--id", str(h.index), "--job", str(job),
+                    "--dev", h.ifname, "--netns", h.netns, "--ip", h.ip, "--id", str(h.index),
+                    "--job", str(job),
                     "--max-elems", str(max_elems), "--mode", self.mode,
                     "--capacity", str(self.capacity), "--ps-ip", rig.ps.ip,
                     "--workers", str(len(hosts)), "--chunk-bytes", str(self.chunk_bytes)]))

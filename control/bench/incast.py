@@ -6,7 +6,7 @@ the transports take turns in blocks of rounds (LTP, cubic, BBR, LTP, ...) so
 that machine noise hits them alike, and each block starts with warm-up rounds
 that are not counted. Round time is measured at the PS: for LTP from opening
 the round (just before the workers are told to go) to Early Close; for TCP
-from the "go" byte to the last byte (dataplane/incast.py).
+from the "go" byte to the last byte (control/bench/tcp.py).
 
 The rig is built without XDP on the switch ports (mode "skb") so the hosts'
 veths keep TSO for TCP as a real NIC would; LTP's endpoints run native XDP on
@@ -40,10 +40,8 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
                mtu: int = 1500, name: str = "bench",
                progress: Callable[[str, int, int], None] | None = None) -> dict:
     """One configuration on one fresh rig; returns the documented JSON object."""
-    from .tcp import ensure_cc, run_tcp_incast
-    from ...dataplane.xdp.loader import attach_pass, detach
+    from .tcp import ensure_cc
     from ...dataplane.rig.star import Rig, RigConfig
-    from .cluster import LtpCluster
 
     for t in transports:
         if t not in TRANSPORTS:
@@ -55,47 +53,11 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
     limit = workers * size * 8 / rate_bps
     cfg = RigConfig(name=name, workers=workers, rate_bps=rate_bps, buffer_bytes=buffer_bytes,
                     loss=loss, mode="skb", mtu=mtu)
-    times: dict[str, list[float]] = {t: [] for t in transports}
-    delivered: dict[str, list[float]] = {t: [] for t in transports}
-    done = 0
-    total = rounds * len(transports)
+    tally = _Tally(transports, rounds, progress)
     with Rig(cfg) as rig:
-        cluster = None
-        try:
-            if "ltp" in transports:
-                attach_pass(rig.ps.port, rig.switch_ns, "native")
-                cluster = LtpCluster(rig, size // 4, mode="native")
-            r = 0
-            while any(len(times[t]) < rounds for t in transports):
-                for t in transports:
-                    n = min(block, rounds - len(times[t]))
-                    if n <= 0:
-                        continue
-                    if t == "ltp":
-                        for i in range(warmup + n):
-                            r += 1
-                            res, _ = cluster.run_round(r, size // 4, seed=r)
-                            if i >= warmup:
-                                times[t].append(res.duration_s)
-                                delivered[t].append(res.delivered_fraction)
-                                done += 1
-                                if progress:
-                                    progress(t, done, total)
-                    else:
-                        def tick(k, _n, _t, t=t):
-                            if progress:
-                                progress(t, done + k, total)
-                        out = run_tcp_incast(rig, size=size, rounds=n, cc=t[4:], warmup=warmup,
-                                             progress=tick)
-                        times[t].extend(out["round_s"])
-                        delivered[t].extend([1.0] * n)
-                        done += n
-        finally:
-            if cluster is not None:
-                cluster.close()
-            if "ltp" in transports:
-                detach(rig.ps.port, rig.switch_ns, "native")
-    results = {t: _summary(times[t], limit, float(np.mean(delivered[t]))) for t in transports}
+        _take_turns(rig, tally, size=size, block=block, warmup=warmup)
+    results = {t: _summary(tally.times[t], limit, float(np.mean(tally.delivered[t])))
+               for t in transports}
     speedup = {}
     if "ltp" in results:
         for t in transports:
@@ -105,6 +67,67 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
                        "size_bytes": size, "rounds": rounds, "loss": loss, "mtu": mtu,
                        "transports": list(transports), "block": block, "warmup": warmup},
             "limit_s": limit, "results": results, "speedup": speedup}
+
+
+class _Tally:
+    """Counted round times and delivered fractions per transport, and progress."""
+
+    def __init__(self, transports: list[str], rounds: int,
+                 progress: Callable[[str, int, int], None] | None):
+        self.transports, self.rounds, self.progress = transports, rounds, progress
+        self.times: dict[str, list[float]] = {t: [] for t in transports}
+        self.delivered: dict[str, list[float]] = {t: [] for t in transports}
+        self.done = 0
+        self.total = rounds * len(transports)
+
+    def add(self, t: str, times: list[float], delivered: list[float]) -> None:
+        self.times[t].extend(times)
+        self.delivered[t].extend(delivered)
+        self.done += len(times)
+        self.tick(t, 0)
+
+    def tick(self, t: str, ahead: int) -> None:
+        if self.progress:
+            self.progress(t, self.done + ahead, self.total)
+
+    def owed(self, t: str, block: int) -> int:
+        """How many counted rounds transport t runs in its next block."""
+        return min(block, self.rounds - len(self.times[t]))
+
+
+def _take_turns(rig, tally: _Tally, *, size: int, block: int, warmup: int) -> None:
+    """The transports in blocks of rounds, LTP, cubic, BBR, LTP, ..., until each has
+    its rounds. LTP's endpoints stay up between its blocks; TCP's start anew."""
+    from ...dataplane.xdp.loader import attach_pass, detach
+    from .cluster import LtpCluster
+    from .tcp import run_tcp_incast
+    ltp = "ltp" in tally.transports
+    cluster = None
+    try:
+        if ltp:   # the switch port toward the PS must pass the PS's XDP_TX ACKs
+            attach_pass(rig.ps.port, rig.switch_ns, "native")
+            cluster = LtpCluster(rig, size // 4, mode="native")
+        r = 0
+        while any(tally.owed(t, block) > 0 for t in tally.transports):
+            for t in tally.transports:
+                n = tally.owed(t, block)
+                if n <= 0:
+                    continue
+                if t != "ltp":
+                    out = run_tcp_incast(rig, size=size, rounds=n, cc=t[4:], warmup=warmup,
+                                         progress=lambda k, _n, _t, t=t: tally.tick(t, k))
+                    tally.add(t, out["round_s"], [1.0] * n)
+                    continue
+                for i in range(warmup + n):
+                    r += 1
+                    res, _ = cluster.run_round(r, size // 4, seed=r)
+                    if i >= warmup:
+                        tally.add(t, [res.duration_s], [res.delivered_fraction])
+    finally:
+        if cluster is not None:
+            cluster.close()
+        if ltp:
+            detach(rig.ps.port, rig.switch_ns, "native")
 
 
 def table(res: dict) -> str:

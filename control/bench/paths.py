@@ -79,39 +79,13 @@ def run(trials: int = 10, rounds: int = 5, nelems: int = 1 << 17, rate_bps: int 
             iso = _run_jobs(clusters[:1], rounds * trials, rnd, nelems)[0]
             rnd += rounds * trials
             res: dict[str, dict] = {}
-            for policy in ("ecmp", "pinned"):
-                per_job: list[list[float]] = [[] for _ in clusters]
-                tr = []
-                for t in range(trials):
-                    say(f"{policy} trial {t + 1}/{trials}")
-                    if policy == "ecmp":
-                        pins = paths.ecmp_draw(ls, flows, seed=t)
-                    else:
-                        pins = paths.pin(ls, assignment, probes=probes)
-                    ls.reset_link_counters()
-                    times = _run_jobs(clusters, rounds, rnd, nelems)
-                    rnd += rounds
-                    obs = paths.observe(ls)
-                    for j, ts in enumerate(times):
-                        per_job[j] += ts
-                    tr.append({"trial": t, "pins": pins,
-                               "job_round_median_s": [statistics.median(ts) for ts in times],
-                               "shared_links": obs["shared_links"],
-                               "shared_link_fraction": obs["shared_link_fraction"],
-                               "link_bytes": obs["link_bytes"]})
-                link_bytes: dict[str, dict[str, int]] = {}
-                for t in tr:
-                    for link, d in t["link_bytes"].items():
-                        acc = link_bytes.setdefault(link, {})
-                        for j, v in d.items():
-                            acc[j] = acc.get(j, 0) + v
-                res[policy] = {
-                    "job_round_median_s": [statistics.median(ts) for ts in per_job],
-                    "job_round_p90_s": [_quantile(ts, 0.9) for ts in per_job],
-                    "shared_link_fraction": statistics.mean(t["shared_link_fraction"] for t in tr),
-                    "collision_trial_fraction": sum(bool(t["shared_links"]) for t in tr) / len(tr),
-                    "link_bytes": link_bytes,
-                    "trials": tr}
+            placements = {"ecmp": lambda t: paths.ecmp_draw(ls, flows, seed=t),  # fresh draw
+                          "pinned": lambda t: paths.pin(ls, assignment, probes=probes)}
+            for policy, place in placements.items():
+                res[policy] = _trials(ls, clusters, place, trials=trials, rounds=rounds,
+                                      first_round=rnd, nelems=nelems,
+                                      say=lambda m, p=policy: say(f"{p} {m}"))
+                rnd += rounds * trials
         finally:
             for c in clusters:
                 c.close()
@@ -122,6 +96,41 @@ def run(trials: int = 10, rounds: int = 5, nelems: int = 1 << 17, rate_bps: int 
                        "jobs": 2, "leaves": 2, "spines": 2, "rate_bps": rate_bps,
                        "buffer_bytes": buffer_bytes},
             "wall_s": time.monotonic() - t0}
+
+
+def _trials(ls, clusters: list[LtpCluster], place: Callable[[int], dict], *, trials: int,
+            rounds: int, first_round: int, nelems: int, say: Callable[[str], None]) -> dict:
+    """`trials` trials of one path policy (`place(t)` sets trial t's paths and
+    returns its pins): every job's rounds at once, the links' bytes read after."""
+    per_job: list[list[float]] = [[] for _ in clusters]
+    tr = []
+    rnd = first_round
+    for t in range(trials):
+        say(f"trial {t + 1}/{trials}")
+        pins = place(t)
+        ls.reset_link_counters()
+        times = _run_jobs(clusters, rounds, rnd, nelems)
+        rnd += rounds
+        obs = paths.observe(ls)
+        for j, ts in enumerate(times):
+            per_job[j] += ts
+        tr.append({"trial": t, "pins": pins,
+                   "job_round_median_s": [statistics.median(ts) for ts in times],
+                   "shared_links": obs["shared_links"],
+                   "shared_link_fraction": obs["shared_link_fraction"],
+                   "link_bytes": obs["link_bytes"]})
+    link_bytes: dict[str, dict[str, int]] = {}
+    for t in tr:
+        for link, d in t["link_bytes"].items():
+            acc = link_bytes.setdefault(link, {})
+            for j, v in d.items():
+                acc[j] = acc.get(j, 0) + v
+    return {"job_round_median_s": [statistics.median(ts) for ts in per_job],
+            "job_round_p90_s": [_quantile(ts, 0.9) for ts in per_job],
+            "shared_link_fraction": statistics.mean(t["shared_link_fraction"] for t in tr),
+            "collision_trial_fraction": sum(bool(t["shared_links"]) for t in tr) / len(tr),
+            "link_bytes": link_bytes,
+            "trials": tr}
 
 
 def _quantile(xs: list[float], q: float) -> float:

@@ -31,7 +31,9 @@ import subprocess
 import sys
 import time
 from typing import Any, Callable
+
 from ...errors import BenchError
+from .procs import stop_all
 
 DEFAULT_PORT = 5201
 AVAILABLE_CC = "/proc/sys/net/ipv4/tcp_available_congestion_control"
@@ -134,17 +136,7 @@ def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cub
                 break
         ps.wait(timeout=10)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            for f in (p.stdout, p.stderr):
-                if f:
-                    f.close()
+        stop_all(procs, grace_s=5.0)
     res = summarize(times, workers=len(workers), size=size, rate_bps=rig.config.rate_bps, cc=cc)
     res.update({"warmup_rounds": warmup, "buffer_bytes": rig.config.buffer_bytes,
                 "loss": rig.config.loss})
@@ -181,17 +173,13 @@ def _emit(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def _ps_agent(a: argparse.Namespace) -> int:
-    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _set_cc(ls, a.cc)
-    ls.bind((a.bind, a.port))
-    ls.listen(a.workers + 8)
-    print("ready", flush=True)
-    ls.settimeout(30.0)
+def _accept(ls: socket.socket, workers: int, timeout_s: float) -> dict[int, socket.socket]:
+    """Up to `workers` connections by the index each worker sends first (4 bytes);
+    fewer if the listening socket waits `timeout_s` for the next one."""
+    ls.settimeout(timeout_s)
     conns: dict[int, socket.socket] = {}
     try:
-        while len(conns) < a.workers:
+        while len(conns) < workers:
             c, _ = ls.accept()
             c.settimeout(10.0)
             hello = b""
@@ -204,6 +192,19 @@ def _ps_agent(a: argparse.Namespace) -> int:
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conns[int.from_bytes(hello, "big")] = c
     except socket.timeout:
+        pass
+    return conns
+
+
+def _ps_agent(a: argparse.Namespace) -> int:
+    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _set_cc(ls, a.cc)
+    ls.bind((a.bind, a.port))
+    ls.listen(a.workers + 8)
+    print("ready", flush=True)
+    conns = _accept(ls, a.workers, 30.0)
+    if len(conns) < a.workers:
         _emit({"error": f"only {len(conns)} of {a.workers} workers connected in 30 s"})
         return 1
     socks = list(conns.values())

@@ -1,6 +1,6 @@
 """A cluster worker: an LTP endpoint in its namespace, driven over stdin/stdout.
 
-Started by control/cluster.py inside the worker's network namespace. Reads one
+Started by control/bench/cluster.py inside the worker's network namespace. Reads one
 JSON command per line and answers one JSON line:
   prepare {"round", "nelems", "seed", "critical"} -> {"ready": true}
   push    {"round"}                                -> {"report": PushReport}

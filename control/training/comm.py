@@ -1,6 +1,6 @@
 """How gradients go up and parameters come down: LTP, or TCP sockets.
 
-Both transports give the parameter-server runtime the same four calls, so the
+Both transports give the training loops (ps.py, worker.py) the same four calls, so the
 training loop is one piece of code and a comparison is like with like:
 
   PS:      open(t)            make uplink round t receivable
@@ -29,12 +29,13 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import numpy as np
 
 from ...dataplane.xdp import wire as W
 from ..transport.early_close import COMPLETE, DEADLINE, EARLY, EarlyCloseConfig
-from ..transport.endpoint import Endpoint, Peer, TransportError
+from ..transport.endpoint import Endpoint, Peer
 from ...errors import CommError
 
 TCP_MAGIC = 0x4C545054            # "LTPT"
@@ -45,7 +46,7 @@ IP_UDP_LTP = 20 + 8 + 32          # IPv4 + UDP + LTP header bytes per datagram
 
 def chunk_bytes_for(mtu: int) -> int:
     """The largest LTP chunk one frame of `mtu` carries, in whole float64 pairs
-    (what control/cluster.py uses, so a rig round looks the same)."""
+    (control/bench/cluster.py sizes its chunks alike, so a rig round looks the same)."""
     return (mtu - IP_UDP_LTP) // 8 * 8
 
 
@@ -76,8 +77,8 @@ class LtpPs:
     name = "ltp"
 
     def __init__(self, dev: str, ip: str, workers: list[int], nelems: int, *,
-                 ns: str | None = None, mode: str = "native", capacity_bps: float = 1e9, mtu: int = 1500,
-                 job: int = 0, bubble: str = "mean",
+                 ns: str | None = None, mode: str = "native", capacity_bps: float = 1e9,
+                 mtu: int = 1500, job: int = 0, bubble: str = "mean",
                  early_close: EarlyCloseConfig | None = None, timeout_s: float = 30.0,
                  group: str | None = None):
         self.ids = list(workers)
@@ -125,8 +126,8 @@ class LtpWorker:
     name = "ltp"
 
     def __init__(self, dev: str, ip: str, worker: int, nelems: int, *, workers: int,
-                 ns: str | None = None, mode: str = "native", capacity_bps: float = 1e9, mtu: int = 1500,
-                 job: int = 0, timeout_s: float = 30.0, poll_s: float = 0.0005):
+                 ns: str | None = None, mode: str = "native", capacity_bps: float = 1e9,
+                 mtu: int = 1500, job: int = 0, timeout_s: float = 30.0, poll_s: float = 0.0005):
         self.id, self.nelems = worker, nelems
         self.timeout_s, self.poll_s = timeout_s, poll_s
         # The downlink is reliable: only completeness closes it, or this timeout.
@@ -156,9 +157,9 @@ class LtpWorker:
         # mapped memory, so the parameters are copied once, straight into `out`.
         res = self.ep.wait_round(t, poll_s=self.poll_s)
         if res.reason != COMPLETE:
-            raise TransportError(f"parameters of version {t} incomplete after "
-                                 f"{res.duration_s:.2f}s: {int(res.masks.sum())}/"
-                                 f"{res.masks.size} chunks")
+            raise CommError(f"parameters of version {t} incomplete after "
+                            f"{res.duration_s:.2f}s: {int(res.masks.sum())}/"
+                            f"{res.masks.size} chunks")
         np.copyto(out, res.values[0])
 
     def close(self) -> None:
@@ -172,7 +173,7 @@ def set_cc(sock: socket.socket, cc: str) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cc.encode())
     except OSError as e:
         raise CommError(f"setsockopt(TCP_CONGESTION, {cc}): {e.strerror} "
-                        f"(dataplane.incast.ensure_cc loads the module)") from e
+                        f"(control.bench.tcp.ensure_cc loads the module)") from e
 
 
 class TcpPs:
@@ -220,53 +221,63 @@ class TcpPs:
     def open(self, t: int) -> None:
         pass  # a TCP connection is always "open"
 
-    def gather(self, t: int) -> Gathered:
-        t0 = time.perf_counter()
-        n = len(self.conns)
-        hdrs = [bytearray(_TCP_HDR.size) for _ in range(n)]
-        hgot = [0] * n
-        views = [memoryview(self.values[i]).cast("B") for i in range(n)]
-        got = [0] * n
-        need = self.nelems * 4
-        pending = set(range(n))
+    def _ready(self, event: int, done: set[int], stalled: Callable[[], str]) -> Iterator[int]:
+        """The index of each connection ready for `event`, until the caller has put
+        every index in `done`; CommError(stalled()) once self.timeout_s has passed
+        with nothing ready."""
         fds = {c.fileno(): i for i, c in enumerate(self.conns)}
         poller = select.epoll()
         try:
             for c in self.conns:
-                poller.register(c.fileno(), select.EPOLLIN)
+                poller.register(c.fileno(), event)
             deadline = time.monotonic() + self.timeout_s
-            while pending:
+            while len(done) < len(self.conns):
                 events = poller.poll(1.0)
                 if not events and time.monotonic() > deadline:
-                    raise CommError(f"round {t}: workers {[self.ids[i] for i in pending]} "
-                                    f"sent nothing complete within {self.timeout_s:g}s")
+                    raise CommError(stalled())
                 for fd, _ in events:
                     i = fds[fd]
-                    c = self.conns[i]
-                    try:
-                        if hgot[i] < _TCP_HDR.size:
-                            k = c.recv_into(memoryview(hdrs[i])[hgot[i]:])
-                            if k == 0:
-                                raise CommError(f"worker {self.ids[i]} closed its connection")
-                            hgot[i] += k
-                            if hgot[i] == _TCP_HDR.size:
-                                magic, rnd, nbytes = _TCP_HDR.unpack(hdrs[i])
-                                if magic != TCP_MAGIC or rnd != t or nbytes != need:
-                                    raise CommError(f"worker {self.ids[i]}: bad header "
-                                                    f"(round {rnd}, {nbytes} bytes; want "
-                                                    f"round {t}, {need} bytes)")
-                            continue
-                        k = c.recv_into(views[i][got[i]:])
-                    except BlockingIOError:
-                        continue
-                    if k == 0:
-                        raise CommError(f"worker {self.ids[i]} closed its connection")
-                    got[i] += k
-                    if got[i] == need:
-                        pending.discard(i)
+                    yield i
+                    if i in done:   # finished: no more events for it this round
                         poller.unregister(fd)
         finally:
             poller.close()
+
+    def _recv_some(self, i: int, into: memoryview) -> int:
+        k = self.conns[i].recv_into(into)   # BlockingIOError: nothing there after all
+        if k == 0:
+            raise CommError(f"worker {self.ids[i]} closed its connection")
+        return k
+
+    def gather(self, t: int) -> Gathered:
+        """Read round t's header and gradient from every connection at once."""
+        t0 = time.perf_counter()
+        n = len(self.conns)
+        need = self.nelems * 4
+        hdrs = [bytearray(_TCP_HDR.size) for _ in range(n)]
+        hgot = [0] * n
+        views = [memoryview(self.values[i]).cast("B") for i in range(n)]
+        got = [0] * n
+        done: set[int] = set()
+
+        def stalled() -> str:
+            return (f"round {t}: workers {[self.ids[i] for i in range(n) if i not in done]} "
+                    f"sent nothing complete within {self.timeout_s:g}s")
+        for i in self._ready(select.EPOLLIN, done, stalled):
+            try:
+                if hgot[i] < _TCP_HDR.size:
+                    hgot[i] += self._recv_some(i, memoryview(hdrs[i])[hgot[i]:])
+                    if hgot[i] == _TCP_HDR.size:
+                        magic, rnd, nbytes = _TCP_HDR.unpack(hdrs[i])
+                        if magic != TCP_MAGIC or rnd != t or nbytes != need:
+                            raise CommError(f"worker {self.ids[i]}: bad header (round {rnd}, "
+                                            f"{nbytes} bytes; want round {t}, {need} bytes)")
+                    continue
+                got[i] += self._recv_some(i, views[i][got[i]:])
+            except BlockingIOError:
+                continue
+            if got[i] == need:
+                done.add(i)
         return Gathered(round=t, values=self.values, workers=list(self.ids),
                         duration_s=time.perf_counter() - t0)
 
@@ -276,35 +287,21 @@ class TcpPs:
         hdr = _TCP_HDR.pack(TCP_MAGIC, t, len(body))
         total = len(hdr) + len(body)
         sent = [0] * len(self.conns)
-        fds = {c.fileno(): i for i, c in enumerate(self.conns)}
-        poller = select.epoll()
-        try:
-            for c in self.conns:
-                poller.register(c.fileno(), select.EPOLLOUT)
-            deadline = time.monotonic() + self.timeout_s
-            left = len(self.conns)
-            while left:
-                events = poller.poll(1.0)
-                if not events and time.monotonic() > deadline:
-                    raise CommError(f"broadcast of version {t} stalled for {self.timeout_s:g}s")
-                for fd, _ in events:
-                    i = fds[fd]
-                    s = sent[i]
-                    iov = [hdr[s:], body] if s < len(hdr) else [body[s - len(hdr):]]
-                    try:
-                        k = self.conns[i].sendmsg(iov)
-                    except BlockingIOError:
-                        continue
-                    except OSError as e:
-                        if e.errno in (errno.EAGAIN, errno.ENOBUFS):
-                            continue
-                        raise CommError(f"sending to worker {self.ids[i]}: {e}") from e
-                    sent[i] += k
-                    if sent[i] == total:
-                        left -= 1
-                        poller.unregister(fd)
-        finally:
-            poller.close()
+        done: set[int] = set()
+
+        def stalled() -> str:
+            return f"broadcast of version {t} stalled for {self.timeout_s:g}s"
+        for i in self._ready(select.EPOLLOUT, done, stalled):
+            try:
+                sent[i] += self.conns[i].sendmsg(_iov(hdr, body, sent[i]))
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.ENOBUFS):
+                    continue
+                raise CommError(f"sending to worker {self.ids[i]}: {e}") from e
+            if sent[i] == total:
+                done.add(i)
 
     def close(self) -> None:
         for c in self.conns:
@@ -380,9 +377,13 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def _iov(hdr: bytes, body: memoryview, sent: int) -> list:
+    """What is left to send of header + body after `sent` bytes, as sendmsg buffers."""
+    return [hdr[sent:], body] if sent < len(hdr) else [body[sent - len(hdr):]]
+
+
 def _sendmsg_all(sock: socket.socket, hdr: bytes, body: memoryview) -> None:
     total = len(hdr) + len(body)
     sent = 0
     while sent < total:
-        iov = [hdr[sent:], body] if sent < len(hdr) else [body[sent - len(hdr):]]
-        sent += sock.sendmsg(iov)
+        sent += sock.sendmsg(_iov(hdr, body, sent))

@@ -58,12 +58,6 @@ def split(seed: int, test_fraction: float = TEST_FRACTION) -> Split:
     return Split(X[tr], y[tr], X[te], y[te])
 
 
-def iterations_per_epoch(ntrain: int, workers: int, batch: int) -> int:
-    """Global iterations per epoch: one pass over the training set at
-    `workers` x `batch` examples per iteration (at least one)."""
-    return max(1, ntrain // (workers * batch))
-
-
 class BatchStream:
     """A worker's endless stream of mini-batches over its shard.
 

@@ -30,8 +30,9 @@ from typing import Callable
 
 from ...dataplane import netns
 from ...dataplane.rig.star import BROADCAST
-from .runtime import TrainConfig
 from ...errors import LaunchError
+from ..bench.procs import stop_all
+from .config import TrainConfig
 
 
 def rig_mode_for(transport: str) -> str:
@@ -46,16 +47,8 @@ def rig_config(name: str, transport: str, *, workers: int, rate_bps: int, buffer
                      loss=loss, shape="all", loss_on="all", mode=rig_mode_for(transport), mtu=mtu)
 
 
-def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
-                 progress: Callable[[dict], None] | None = None, timeout_s: float = 900.0,
-                 rank_timeout_s: float = 120.0, deadline_min_s: float | None = None,
-                 early_close: dict | None = None) -> dict:
-    """Run one training job on `rig` (a dataplane.rig.Rig); returns rank 0's
-    result dict (see runtime.run_ps). `progress(event)` sees every event rank 0
-    prints (start, iter, eval). `early_close`: EarlyCloseConfig fields for the
-    LTP PS (e.g. threshold 1.0: rounds close only complete). Every process started here is gone when this
-    returns or raises."""
-    import torch.distributed as dist
+def rank_hosts(rig, cfg: TrainConfig, workers: int | None) -> list:
+    """The rig hosts of ranks 0..: the PS (not for gloo), then the first `workers` workers."""
     cfg.validate()
     W = workers or len(rig.workers)
     if not 1 <= W <= len(rig.workers):
@@ -63,73 +56,91 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     bad = [w for w in cfg.straggler if w >= W]
     if bad:
         raise ValueError(f"straggler: worker {bad[0]} does not exist (workers 0..{W - 1})")
+    return ([] if cfg.transport == "gloo" else [rig.ps]) + list(rig.workers[:W])
+
+
+def rank_argv(rig, host, cfg: TrainConfig, rank_timeout_s: float,
+              deadline_min_s: float | None, early_close: dict | None) -> list[str]:
+    """The command line of the rank on `host`."""
+    argv = [sys.executable, "-m", "ltpx.control.training", "--config", cfg.to_json(),
+            "--dev", host.ifname, "--ip", host.ip, "--xdp-mode", rig.config.mode,
+            "--capacity", str(rig.config.rate_bps), "--mtu", str(rig.config.mtu),
+            "--store-netns", rig.ps.netns, "--netns", host.netns,
+            "--timeout", str(rank_timeout_s)]
+    if cfg.downlink == "group":  # the rig's bridge floods its subnet broadcast
+        argv += ["--group", BROADCAST]
+    if deadline_min_s is not None:
+        argv += ["--deadline-min", str(deadline_min_s)]
+    if early_close:
+        argv += ["--early-close", json.dumps(early_close)]
+    return argv
+
+
+def rank_env(rank: int, world: int, store_port: int) -> dict[str, str]:
+    """env:// variables as torchrun's agent sets them (the store is the launcher's)."""
+    return dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
+                RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1",
+                TORCH_CPP_LOG_LEVEL="ERROR", PYTHONUNBUFFERED="1")
+
+
+def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
+                 progress: Callable[[dict], None] | None = None, timeout_s: float = 900.0,
+                 rank_timeout_s: float = 120.0, deadline_min_s: float | None = None,
+                 early_close: dict | None = None) -> dict:
+    """Run one training job on `rig` (a dataplane.rig.Rig); returns rank 0's
+    result dict (see ps.PsRun.result). `progress(event)` sees every event rank 0
+    prints (start, iter, eval). `early_close`: EarlyCloseConfig fields for the
+    LTP PS (e.g. threshold 1.0: rounds close only complete). Every process
+    started here is gone when this returns or raises."""
+    import torch.distributed as dist
+    hosts = rank_hosts(rig, cfg, workers)
     if cfg.transport == "tcp":
         from ..bench.tcp import ensure_cc
         ensure_cc(cfg.cc)
-    hosts = ([] if cfg.transport == "gloo" else [rig.ps]) + list(rig.workers[:W])
-    world = len(hosts)
     with netns.inside(rig.ps.netns):
         store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=rank_timeout_s),
                               wait_for_workers=False)
     logdir = tempfile.mkdtemp(prefix=f"ltp-train-{rig.name}-")
     procs: list[subprocess.Popen] = []
-    files = []
+    logs: list = []
     ok = False
     try:
         for r, h in enumerate(hosts):
-            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
-                       RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                       TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1",
-                       TORCH_CPP_LOG_LEVEL="ERROR", PYTHONUNBUFFERED="1")
-            argv = [sys.executable, "-m", "ltpx.control.training", "--config", cfg.to_json(),
-                    "--dev", h.ifname, "--ip", h.ip, "--xdp-mode", rig.config.mode,
-                    "--capacity", str(rig.config.rate_bps), "--mtu", str(rig.config.mtu),
-                    "--store-netns", rig.ps.netns, "--netns", h.netns,
-                    "--timeout", str(rank_timeout_s)]
-            if cfg.downlink == "group":  # the rig's bridge floods its subnet broadcast
-                argv += ["--group", BROADCAST]
-            if deadline_min_s is not None:
-                argv += ["--deadline-min", str(deadline_min_s)]
-            if early_close:
-                argv += ["--early-close", json.dumps(early_close)]
+            argv = rank_argv(rig, h, cfg, rank_timeout_s, deadline_min_s, early_close)
             err = open(os.path.join(logdir, f"rank{r}.err"), "w")
-            files.append(err)
-            if r == 0:
+            logs.append(err)
+            if r == 0:   # rank 0's stdout is followed here; the others' go to logs
                 out = subprocess.PIPE
             else:
                 out = open(os.path.join(logdir, f"rank{r}.out"), "w")
-                files.append(out)
-            procs.append(netns.popen(h.netns, argv, env=env, stdout=out, stderr=err, text=True,
-                                     bufsize=1))
+                logs.append(out)
+            procs.append(netns.popen(h.netns, argv, env=rank_env(r, len(hosts), store.port),
+                                     stdout=out, stderr=err, text=True, bufsize=1))
         result = _follow(procs, hosts, logdir, progress, timeout_s)
-        end = time.monotonic() + 60
-        for r, p in enumerate(procs):
-            try:
-                rc = p.wait(timeout=max(1.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise LaunchError(f"rank {r} ({hosts[r].name}) did not exit after training; "
-                                  f"logs in {logdir}") from None
-            if rc != 0:
-                raise LaunchError(_describe(r, hosts[r], p, logdir))
+        _wait_exits(procs, hosts, logdir, 60.0)
         ok = True
         return result
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            if p.stdout:
-                p.stdout.close()
-        for f in files:
+        stop_all(procs)
+        for f in logs:
             f.close()
         del store
         if ok:
             shutil.rmtree(logdir, ignore_errors=True)
+
+
+def _wait_exits(procs, hosts, logdir: str, within_s: float) -> None:
+    """After the result: every rank exits, with code 0, within `within_s`."""
+    end = time.monotonic() + within_s
+    for r, p in enumerate(procs):
+        try:
+            rc = p.wait(timeout=max(1.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"rank {r} ({hosts[r].name}) did not exit after training; "
+                              f"logs in {logdir}") from None
+        if rc != 0:
+            raise LaunchError(_describe(r, hosts[r], p, logdir))
 
 
 def _follow(procs, hosts, logdir, progress, timeout_s) -> dict:

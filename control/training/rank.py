@@ -17,10 +17,14 @@ worker: worker_done). Exit 0 on success, 1 on a runtime error, 2 on bad flags.
 NS (the rig passes the PS namespace, whose loopback then carries the
 coordination, so it never crosses the bottleneck being measured; on real
 hosts leave it out and the store goes over the management network).
+
+The training flags are args.py's, shared with `ltp train`; the flags of this
+rank's network are declared here.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import json
 import os
@@ -31,41 +35,40 @@ import sys
 import traceback
 from datetime import timedelta
 
-SIOCGIFADDR = 0x8915
+from .args import add_train_flags, config_from_args
+from .config import TrainConfig
+
+SIOCGIFADDR, SIOCGIFBRDADDR = 0x8915, 0x8919
 
 
-def dev_ipv4(dev: str) -> str:
-    """The IPv4 address of `dev` in this network namespace."""
+def _ifreq_ipv4(dev: str, request: int) -> str:
+    """The IPv4 address an SIOCGIF* ioctl gives for `dev` (OSError if none)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", dev.encode()[:15]))
-    except OSError as e:
-        raise SystemExit(f"--dev {dev}: no IPv4 address ({e.strerror}); pass --ip") from None
+        raw = fcntl.ioctl(s.fileno(), request, struct.pack("256s", dev.encode()[:15]))
     finally:
         s.close()
     return socket.inet_ntoa(raw[20:24])
 
 
-def parse_straggler(items: list[str] | None) -> dict[int, float]:
-    """['1:3', '2:1.5'] -> {1: 3.0, 2: 1.5}; ValueError names the bad item."""
-    out: dict[int, float] = {}
-    for item in items or []:
-        w, sep, f = item.partition(":")
-        try:
-            if not sep:
-                raise ValueError
-            wid, factor = int(w), float(f)
-        except ValueError:
-            raise ValueError(f"--straggler: {item!r} is not WORKER:FACTOR (e.g. 1:3)") from None
-        if wid < 0 or not factor >= 1.0:
-            raise ValueError(f"--straggler: {item!r}: worker must be >= 0 and factor >= 1")
-        out[wid] = factor
-    return out
+def dev_ipv4(dev: str) -> str:
+    """The IPv4 address of `dev` in this network namespace."""
+    try:
+        return _ifreq_ipv4(dev, SIOCGIFADDR)
+    except OSError as e:
+        raise SystemExit(f"--dev {dev}: no IPv4 address ({e.strerror}); pass --ip") from None
+
+
+def dev_broadcast(dev: str) -> str | None:
+    """The IPv4 broadcast address of `dev`'s address, or None if it has none."""
+    try:
+        addr = _ifreq_ipv4(dev, SIOCGIFBRDADDR)
+    except OSError:
+        return None
+    return None if addr == "0.0.0.0" else addr
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .model import DEFAULT_HIDDEN
-    from .runtime import SYNCS, TRANSPORTS
     p = argparse.ArgumentParser(
         prog="python -m ltpx.control.training",
         description="One rank of parameter-server training over LTP (or TCP / gloo).",
@@ -74,30 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  torchrun --nnodes 9 --nproc-per-node 1 --node-rank R \\\n"
                "      --master-addr PS_HOST --master-port 29500 \\\n"
                "      -m ltpx.control.training --transport ltp --dev eth1 --capacity 10e9\n")
-    p.add_argument("--transport", choices=TRANSPORTS, default="ltp")
-    p.add_argument("--sync", choices=SYNCS, default="bsp")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--iterations", type=int, default=None,
-                   help="train this many iterations instead of --epochs")
-    p.add_argument("--batch", type=int, default=32, help="examples per worker and local step")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--hidden", default=",".join(map(str, DEFAULT_HIDDEN)),
-                   help="hidden layer widths (default %(default)s: a 0.94 MB gradient)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--bubble", choices=("mean", "zero", "stale"), default="mean")
-    p.add_argument("--straggler", action="append", metavar="WORKER:FACTOR",
-                   help="slow WORKER's compute by FACTOR (repeatable)")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="evaluate every N iterations (default: at epoch ends)")
-    p.add_argument("--target-accuracy", type=float, default=None,
-                   help="report the training time until the test accuracy reaches this")
-    p.add_argument("--cc", default="cubic", help="TCP congestion control (--transport tcp)")
-    p.add_argument("--downlink", choices=("unicast", "group"), default="unicast",
-                   help="LTP parameter downlink: unicast to each worker, or group: once to "
-                   "--group's address, then what a worker lacks to it alone")
-    p.add_argument("--verify-versions", action="store_true",
-                   help="hash every parameter version on every rank (costs ~1 ms/MB each)")
+    add_train_flags(p)
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)  # TrainConfig JSON
     net = p.add_argument_group("this rank's network")
     net.add_argument("--dev", help="device for LTP (the XDP program attaches here) / gloo")
@@ -107,12 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="bottleneck rate toward the PS in bit/s (LTP rate shares, Early Close)")
     net.add_argument("--mtu", type=int, default=1500)
     net.add_argument("--group", default=None, metavar="ADDR",
-                     help="broadcast or multicast address every worker receives: with "
-                     "--downlink group in the config, the PS sends the parameters there once")
+                     help="broadcast or multicast address every worker receives, for "
+                     "--downlink group (read by the PS; default: --dev's broadcast address)")
     net.add_argument("--job", type=int, default=0x7472, help="LTP job cookie")
     net.add_argument("--tcp-port", type=int, default=0, help="PS listening port (tcp)")
-    net.add_argument("--deadline-min", type=float, default=None,
-                     help="Early Close minimum deadline in seconds (LTP PS)")
     net.add_argument("--early-close", default=None, metavar="JSON",
                      help='EarlyCloseConfig fields for the LTP PS, e.g. '
                      '\'{"threshold_min": 1, "threshold_max": 1}\' (close only when complete)')
@@ -126,24 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(a: argparse.Namespace):
-    from .runtime import TrainConfig
-    if a.config:
+def checked_config(a: argparse.Namespace) -> tuple[TrainConfig, dict]:
+    """(TrainConfig, EarlyCloseConfig fields) from the flags; ValueError/TypeError
+    for a bad value, before the rendezvous, so no other rank waits for this one."""
+    if a.config:   # the launcher's: every rank of a job gets the same config
         cfg = TrainConfig.from_json(a.config)
+        cfg.validate()
     else:
-        try:
-            hidden = tuple(int(x) for x in a.hidden.split(",") if x)
-        except ValueError:
-            raise ValueError(f"--hidden: {a.hidden!r} is not a comma-separated list of widths") \
-                from None
-        cfg = TrainConfig(transport=a.transport, sync=a.sync, epochs=a.epochs,
-                          iterations=a.iterations, batch=a.batch, lr=a.lr, momentum=a.momentum,
-                          hidden=hidden, seed=a.seed, bubble=a.bubble,
-                          straggler=parse_straggler(a.straggler), eval_every=a.eval_every,
-                          target_accuracy=a.target_accuracy, cc=a.cc,
-                          verify_versions=a.verify_versions, downlink=a.downlink)
-    cfg.validate()
-    return cfg
+        cfg = config_from_args(a)
+    early_close = json.loads(a.early_close) if a.early_close else {}
+    from ..transport.early_close import EarlyCloseConfig
+    EarlyCloseConfig(**early_close)
+    return cfg, early_close
 
 
 def rendezvous(store_netns: str | None, timeout_s: float):
@@ -155,26 +127,72 @@ def rendezvous(store_netns: str | None, timeout_s: float):
     return store, rank, world
 
 
+def downlink_group(a: argparse.Namespace, cfg: TrainConfig, rank: int
+                   ) -> tuple[TrainConfig, str | None]:
+    """The PS's group address for --downlink group: --group, else its device's
+    broadcast address; with neither, the config falls back to unicast (only the
+    PS sends the downlink, so only its config changes)."""
+    if rank != 0 or cfg.transport != "ltp" or cfg.downlink != "group" or a.group:
+        return cfg, a.group
+    group = dev_broadcast(a.dev) if a.dev else None
+    if group is None:
+        print(f"note: --dev {a.dev} has no IPv4 broadcast address and no --group was given: "
+              "the parameter downlink is unicast", file=sys.stderr)
+        return dataclasses.replace(cfg, downlink="unicast"), None
+    return cfg, group
+
+
+def make_context(a, cfg: TrainConfig, early_close: dict, store, rank: int, world: int, emit):
+    """This rank's RankContext; SystemExit with a message for what it lacks."""
+    from .context import RankContext
+    need_net = cfg.transport == "ltp" or (cfg.transport == "tcp" and rank == 0)
+    if need_net and not (a.dev or a.ip):
+        raise SystemExit(f"rank {rank}: --dev is needed with --transport {cfg.transport}")
+    ip = a.ip or (dev_ipv4(a.dev) if a.dev else None)
+    if cfg.transport == "gloo" and a.dev:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", a.dev)
+    lo = 1 if cfg.transport == "gloo" else 2
+    if world < lo:
+        raise SystemExit(f"WORLD_SIZE={world}: --transport {cfg.transport} needs at least "
+                         f"{lo} ranks")
+    cfg, group = downlink_group(a, cfg, rank)
+    ctx = RankContext(rank=rank, world=world, store=store, cfg=cfg, dev=a.dev, ip=ip,
+                      xdp_mode=a.xdp_mode, capacity_bps=a.capacity, mtu=a.mtu, job=a.job,
+                      tcp_port=a.tcp_port, timeout_s=a.timeout, deadline_min_s=a.deadline_min,
+                      early_close=early_close, netns=a.netns, group=group, emit=emit)
+    bad = [w for w in cfg.straggler if w >= ctx.workers]
+    if bad:
+        raise SystemExit(f"--straggler: worker {bad[0]} does not exist "
+                         f"({ctx.workers} workers: 0..{ctx.workers - 1})")
+    return ctx
+
+
+def run_rank(ctx) -> dict:
+    """This rank's loop: gloo's DDP worker, the parameter server, or a worker."""
+    if ctx.cfg.transport == "gloo":
+        from .gloo import run_gloo
+        return run_gloo(ctx)
+    if ctx.rank == 0:
+        from .ps import run_ps
+        return run_ps(ctx)
+    from .worker import run_worker
+    return run_worker(ctx)
+
+
+def emit(obj: dict) -> None:
+    """One JSON line on stdout, flushed: the launcher follows rank 0's."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     p = build_parser()
     a = p.parse_args(argv)
     try:
-        cfg = config_from_args(a)
-        early_close = json.loads(a.early_close) if a.early_close else {}
-        from ..transport.early_close import EarlyCloseConfig
-        EarlyCloseConfig(**early_close)
-        if cfg.downlink == "group" and not a.group:  # before the rendezvous: no one waits
-            raise ValueError("--downlink group needs --group ADDR (a broadcast or multicast "
-                             "address every worker receives)")
+        cfg, early_close = checked_config(a)
     except (ValueError, TypeError) as e:
         p.error(str(e))
-
-    def emit(obj: dict) -> None:
-        sys.stdout.write(json.dumps(obj) + "\n")
-        sys.stdout.flush()
-
-    from .runtime import RankContext, run_gloo, run_ps, run_worker
     pid = os.getpid()
 
     def on_sigterm(signum, frame):  # unwind, so endpoints detach their XDP programs
@@ -183,32 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         store, rank, world = rendezvous(a.store_netns, a.timeout)
-        need_net = cfg.transport == "ltp" or (cfg.transport == "tcp" and rank == 0)
-        if need_net and not (a.dev or a.ip):
-            raise SystemExit(f"rank {rank}: --dev is needed with --transport {cfg.transport}")
-        ip = a.ip or (dev_ipv4(a.dev) if a.dev else None)
-        if cfg.transport == "gloo" and a.dev:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", a.dev)
-        lo = 1 if cfg.transport == "gloo" else 2
-        if world < lo:
-            raise SystemExit(f"WORLD_SIZE={world}: --transport {cfg.transport} needs at least "
-                             f"{lo} ranks")
-        ctx = RankContext(rank=rank, world=world, store=store, cfg=cfg, dev=a.dev, ip=ip,
-                          xdp_mode=a.xdp_mode, capacity_bps=a.capacity, mtu=a.mtu, job=a.job,
-                          tcp_port=a.tcp_port, timeout_s=a.timeout, deadline_min_s=a.deadline_min,
-                          early_close=early_close, netns=a.netns, group=a.group,
-                          emit=emit)
-        bad = [w for w in cfg.straggler if w >= ctx.workers]
-        if bad:
-            raise SystemExit(f"--straggler: worker {bad[0]} does not exist "
-                             f"({ctx.workers} workers: 0..{ctx.workers - 1})")
-        if cfg.transport == "gloo":
-            out = run_gloo(ctx)
-        elif rank == 0:
-            out = run_ps(ctx)
-        else:
-            out = run_worker(ctx)
-        emit(out)
+        emit(run_rank(make_context(a, cfg, early_close, store, rank, world, emit)))
         return 0
     except KeyboardInterrupt:
         return 130

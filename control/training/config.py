@@ -1,0 +1,93 @@
+"""What to train and how: `TrainConfig`, the same on every rank, and its choices.
+
+Importing this module needs neither torch nor numpy, so the flag parsers that
+build a TrainConfig (args.py) answer --help at once, and on a host without torch.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+TRANSPORTS = ("ltp", "tcp", "gloo")
+SYNCS = ("bsp", "wbsp")
+DOWNLINKS = ("unicast", "group")
+BUBBLES = ("mean", "zero", "stale")
+DEFAULT_HIDDEN = (512, 384)   # 234,122 parameters: a 0.94 MB gradient
+# LTP's parameter downlink unless told otherwise (flags and TrainConfig alike):
+# one packet per chunk for all workers; the PS finds the address (rank.py)
+DEFAULT_DOWNLINK = "group"
+
+
+def iterations_per_epoch(ntrain: int, workers: int, batch: int) -> int:
+    """Global iterations per epoch: one pass over the training set at
+    `workers` x `batch` examples per iteration (at least one)."""
+    return max(1, ntrain // (workers * batch))
+
+
+@dataclass
+class TrainConfig:
+    """What to train and how; the same on every rank."""
+
+    transport: str = "ltp"
+    sync: str = "bsp"
+    epochs: int = 3
+    iterations: int | None = None       # overrides epochs (e.g. "a few steps")
+    batch: int = 32                     # per worker and local step
+    lr: float = 0.1
+    momentum: float = 0.9
+    hidden: tuple[int, ...] = DEFAULT_HIDDEN
+    seed: int = 0
+    bubble: str = "mean"
+    straggler: dict[int, float] = field(default_factory=dict)   # worker id -> factor
+    eval_every: int = 0                 # iterations; 0: at epoch ends only
+    target_accuracy: float | None = None
+    cc: str = "cubic"
+    verify_versions: bool = False       # hash every parameter version on every rank
+    # The parameter downlink: each chunk once to a broadcast/multicast address
+    # ("group", LTP only), or to each worker ("unicast"). None: DEFAULT_DOWNLINK
+    # for LTP, unicast for the others (they have no group sends).
+    downlink: str | None = None
+
+    def __post_init__(self):
+        if self.downlink is None:
+            self.downlink = DEFAULT_DOWNLINK if self.transport == "ltp" else "unicast"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field when the combination cannot run."""
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport: one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
+        if self.sync not in SYNCS:
+            raise ValueError(f"sync: one of {', '.join(SYNCS)}, got {self.sync!r}")
+        if self.sync == "wbsp" and self.transport == "gloo":
+            raise ValueError("sync: wbsp needs a parameter server (transport ltp or tcp); "
+                             "gloo all-reduce is bsp only")
+        if self.epochs < 1 or (self.iterations is not None and self.iterations < 1):
+            raise ValueError("epochs/iterations: must be at least 1")
+        if self.batch < 1:
+            raise ValueError(f"batch: must be at least 1, got {self.batch}")
+        if not self.hidden or any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden: layer widths must be positive, got {self.hidden}")
+        if self.downlink not in DOWNLINKS:
+            raise ValueError(f"downlink: one of {', '.join(DOWNLINKS)}, got {self.downlink!r}")
+        if self.downlink == "group" and self.transport != "ltp":
+            raise ValueError("downlink: group sends need the ltp transport")
+        for w, f in self.straggler.items():
+            if f < 1:
+                raise ValueError(f"straggler: factor for worker {w} must be >= 1, got {f}")
+
+    def total_iterations(self, ntrain: int, workers: int) -> int:
+        if self.iterations is not None:
+            return self.iterations
+        return self.epochs * iterations_per_epoch(ntrain, workers, self.batch)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["straggler"] = {str(k): v for k, v in self.straggler.items()}
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, s: str) -> "TrainConfig":
+        d = json.loads(s)
+        d["hidden"] = tuple(d["hidden"])
+        d["straggler"] = {int(k): float(v) for k, v in d.get("straggler", {}).items()}
+        return cls(**d)

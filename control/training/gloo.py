@@ -1,0 +1,107 @@
+"""The gloo baseline: every rank a DistributedDataParallel worker, no parameter server.
+
+Backward all-reduces the gradients (their mean over the workers), so every
+replica steps alike; rank 0 also evaluates and reports. Same data, model,
+seeds and straggler slow-down as the parameter-server runs, so the numbers
+compare like with like (bsp only: there is no PS to weight wbsp's uploads).
+"""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+
+from .context import Coord, RankContext
+from .config import iterations_per_epoch
+from .data import BatchStream, Split, split
+from .local import Clock, Evaluator, Stepper, eval_due, setup_torch
+from .model import build_mlp, param_digest
+
+
+def calibrate(stepper: Stepper, module: torch.nn.Module, data: Split, ctx: RankContext) -> None:
+    """Time one local step (not synced), so a straggler's first sleep has a
+    measure: under DDP it sleeps before backward, on the previous step's time."""
+    cfg = ctx.cfg
+    xb, yb = BatchStream(data, ctx.worker_id, ctx.workers, cfg.batch, cfg.seed + 1).next()
+    t0 = time.thread_time()
+    torch.nn.functional.cross_entropy(module(torch.from_numpy(xb)),
+                                      torch.from_numpy(yb)).backward()
+    stepper.last_c = time.thread_time() - t0
+    module.zero_grad(set_to_none=True)
+
+
+def run_gloo(ctx: RankContext) -> dict:
+    import torch.distributed as dist
+    setup_torch(ctx.cfg.seed)
+    co = Coord(ctx.store, ctx.workers, ctx.timeout_s)   # sets the store's timeout first
+    dist.init_process_group("gloo", store=ctx.store, rank=ctx.rank, world_size=ctx.world,
+                            timeout=timedelta(seconds=ctx.timeout_s))
+    try:
+        return _train(ctx, co)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(ctx: RankContext, co: Coord) -> dict:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    cfg, W, wid = ctx.cfg, ctx.workers, ctx.worker_id
+    data = split(cfg.seed)
+    module = build_mlp(cfg.hidden, cfg.seed)
+    stepper = Stepper(module, cfg.straggler.get(wid, 1.0), ddp=True)
+    stream = BatchStream(data, wid, W, cfg.batch, cfg.seed)
+    calibrate(stepper, module, data, ctx)
+    ddp = DDP(module)
+    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    ipe = iterations_per_epoch(len(data.x_train), W, cfg.batch)
+    total = cfg.total_iterations(len(data.x_train), W)
+    stepper.module = ddp
+    clock = Clock()
+    lead = ctx.rank == 0
+    ev = Evaluator(module, data, clock, ctx.emit, cfg.target_accuracy) if lead else None
+    if lead:
+        ctx.emit({"event": "start", "transport": "gloo", "sync": "bsp", "workers": W,
+                  "iterations": total, "iterations_per_epoch": ipe,
+                  "params": sum(p.numel() for p in module.parameters())})
+        ev(0, 0.0)
+    dist.barrier()
+    clock.start()
+    for t in range(1, total + 1):
+        opt.zero_grad()
+        stepper.step(stream)            # backward all-reduces (mean over workers)
+        opt.step()
+        if lead:
+            ctx.emit({"event": "iter", "t": t, "of": total, "epoch": round(t / ipe, 3),
+                      "wall_s": clock.elapsed(), "reason": "complete", "delivered": 1.0,
+                      "k": [1] * W})
+            if eval_due(t, total, ipe, cfg.eval_every):
+                ev(t, t / ipe)
+    wall = clock.elapsed()
+    vec = torch.nn.utils.parameters_to_vector(module.parameters()).detach().numpy()
+    digest = param_digest(vec)
+    co.set_json(f"done/{wid}", {"worker": wid, "digest": digest,
+                                "times": {"compute_s": round(stepper.compute_s, 4),
+                                          "straggle_s": round(stepper.straggle_s, 4)}})
+    if not lead:
+        return {"event": "worker_done", "worker": wid, "digest": digest}
+    done = {w: co.get_json(f"done/{w}") for w in range(W)}
+    return _result(ctx, ev, done, total=total, ipe=ipe, wall=wall, params=int(vec.size))
+
+
+def _result(ctx: RankContext, ev: Evaluator, done: dict[int, dict], *, total: int, ipe: int,
+            wall: float, params: int) -> dict:
+    """Rank 0's result: the keys of the PS's (ps.PsRun.result) but ps_times and downlink."""
+    W = ctx.workers
+    return {
+        "event": "result", "transport": "gloo", "sync": "bsp", "workers": W, "cc": None,
+        "bubble": None, **ev.summary(total=total, ipe=ipe, wall=wall, params=params),
+        "delivered_fraction": 1.0, "rounds_early_closed": 0,
+        "rounds_by_reason": {"complete": total}, "round_s_median": None,
+        **ev.target_fields(), "local_steps": {str(w): total for w in range(W)},
+        "ps_digest": None, "worker_digests": {str(w): done[w]["digest"] for w in range(W)},
+        "replicas_identical": len({d["digest"] for d in done.values()}) == 1,
+        "version_chain": None,
+        "worker_times": {str(w): done[w]["times"] for w in range(W)},
+        **ev.tail(ctx.cfg),
+    }
