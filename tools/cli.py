@@ -13,7 +13,8 @@ import sys
 from .common import EXIT_USAGE, run
 
 # Subcommand modules, in help order.
-COMMANDS = ["cmd_demo", "cmd_train", "cmd_doctor", "cmd_ops", "cmd_bench", "cmd_rig", "cmd_paths"]
+COMMANDS = ["cmd_demo", "cmd_train", "cmd_doctor", "cmd_ops", "cmd_flows", "cmd_capture",
+            "cmd_bench", "cmd_rig", "cmd_paths"]
 
 EPILOG = """examples:
   ltp doctor --fix          check (and repair) root, bcc, headers, bpffs

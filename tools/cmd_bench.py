@@ -6,41 +6,61 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
-from .common import UsageError, add_json, emit, need_bcc, need_root, wants_json
+from .common import (UsageError, add_command, add_json, emit, need_bcc, need_root, parse_size,
+                     wants_json)
+from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, add_size, add_workers,
+                    check_bytes, check_loss, check_rate)
+
+PATHS_MAX_WORKERS = 16    # mirrors LeafSpineConfig: workers per job 1..16 (import-free for --help)
+
+INCAST_EPILOG = """examples:
+  ltp bench incast
+  ltp bench incast --workers 8 --rounds 20 --loss 0.01 -j
+  ltp bench incast --sweep-workers 4,8,16,32 --plot incast.png
+  ltp bench incast --transports ltp,tcp-cubic --size 1MiB
+
+Builds one fresh rig per configuration (every worker pushes SIZE bytes to the PS
+through a TBF bottleneck toward the PS); transports take turns in blocks of
+rounds, each block after warm-up rounds that are not counted.
+"""
+
+PATHS_EPILOG = """examples:
+  ltp bench paths
+  ltp bench paths -j --trials 10 --rounds 5
+
+JSON keys: ecmp and pinned, each with job_round_median_s (per job),
+shared_link_fraction, collision_trial_fraction, link_bytes, trials; plus
+isolated_round_median_s (job 0 alone). See docs/paths.md.
+"""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks (print numbers; -j for JSON)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n  ltp bench xdp\n  ltp bench xdp -j --packets 50000\n"
-                              "  ltp bench incast --workers 16 --rounds 30\n")
+    p = add_command(sub, "bench", "benchmarks (print numbers; -j for JSON)",
+                    epilog="examples:\n  ltp bench xdp\n  ltp bench xdp -j --packets 50000\n"
+                           "  ltp bench incast --workers 16 --rounds 30\n")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
-    x = bsub.add_parser("xdp", help="ns per packet of the XDP DATA path vs a Python socket loop",
-                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                        epilog="examples:\n  ltp bench xdp -j\n\nJSON keys: xdp_ns_per_packet, "
-                               "socket_ns_per_packet, speedup (and the raw figures)\n")
+    x = add_command(bsub, "xdp", "ns per packet of the XDP DATA path vs a Python socket loop",
+                    epilog="examples:\n  ltp bench xdp -j\n\nJSON keys: xdp_ns_per_packet, "
+                           "socket_ns_per_packet, speedup (and the raw figures)\n")
     x.add_argument("--packets", type=int, default=20000, help="DATA packets to time (default 20000)")
     add_json(x)
     x.set_defaults(func=cmd_xdp)
-    i = bsub.add_parser(
-        "incast", help="LTP vs TCP cubic and BBR vs the line-rate limit under incast",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  ltp bench incast\n"
-               "  ltp bench incast --workers 8 --rounds 20 --loss 0.01 -j\n"
-               "  ltp bench incast --sweep-workers 4,8,16,32 --plot incast.png\n"
-               "  ltp bench incast --transports ltp,tcp-cubic --size 1MiB\n\n"
-               "Builds one fresh rig per configuration (every worker pushes SIZE bytes to the PS\n"
-               "through a TBF bottleneck toward the PS); transports take turns in blocks of\n"
-               "rounds, each block after warm-up rounds that are not counted.\n")
-    i.add_argument("--workers", type=int, default=16, help="workers (default 16)")
-    i.add_argument("--rate", default="1gbit", help="bottleneck rate (default 1gbit)")
-    i.add_argument("--buffer", default="30kb", help="bottleneck buffer (default 30kb)")
-    i.add_argument("--size", default="256KiB", help="bytes per worker per round (default 256KiB)")
+    _register_incast(bsub)
+    _register_paths(bsub)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _register_incast(bsub) -> None:
+    i = add_command(bsub, "incast", "LTP vs TCP cubic and BBR vs the line-rate limit under incast",
+                    epilog=INCAST_EPILOG)
+    add_workers(i, 16)
+    add_rate(i)
+    add_buffer(i)
+    add_size(i, "256KiB")
     i.add_argument("--rounds", type=int, default=30, help="counted rounds per transport (30)")
-    i.add_argument("--loss", type=float, default=0.0, help="injected drop probability (0)")
+    add_loss(i)
     i.add_argument("--transports", default="ltp,tcp-cubic,tcp-bbr",
                    help="comma list of ltp, tcp-cubic, tcp-bbr")
     i.add_argument("--sweep-workers", default="", metavar="N,N,...",
@@ -49,41 +69,37 @@ def register(sub) -> None:
     i.add_argument("--plot", metavar="FILE.png", help="write a CDF (and scaling) plot")
     add_json(i)
     i.set_defaults(func=cmd_incast)
-    pa = bsub.add_parser(
-        "paths", help="two jobs over 2 spines: plain ECMP vs pinned paths vs one job alone",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  ltp bench paths\n  ltp bench paths -j --trials 10 --rounds 5\n\n"
-               "JSON keys: ecmp and pinned, each with job_round_median_s (per job),\n"
-               "shared_link_fraction, collision_trial_fraction, link_bytes, trials; plus\n"
-               "isolated_round_median_s (job 0 alone). See docs/paths.md.\n")
+
+
+def _register_paths(bsub) -> None:
+    pa = add_command(bsub, "paths", "two jobs over 2 spines: plain ECMP vs pinned paths vs one "
+                     "job alone", epilog=PATHS_EPILOG)
     pa.add_argument("--trials", type=int, default=10, help="trials per policy (default 10; "
                     "ECMP draws new source ports each trial)")
     pa.add_argument("--rounds", type=int, default=5, help="rounds per job per trial (default 5)")
-    pa.add_argument("--size", default="512KiB", help="bytes per worker per round (512KiB)")
-    pa.add_argument("--workers", type=int, default=2, help="workers per job (default 2)")
-    pa.add_argument("--rate", default="100mbit", help="rate of every leaf-spine link (100mbit: low "
-                    "enough that the shared CPU is not the bottleneck)")
-    pa.add_argument("--buffer", default="60kb", help="TBF limit per link (default 60kb)")
+    add_size(pa, "512KiB")
+    add_workers(pa, 2, most=PATHS_MAX_WORKERS, note="per job")
+    add_rate(pa, "100mbit", note="every leaf-spine link; low enough that the shared CPU is not "
+             "the bottleneck")
+    add_buffer(pa, "60kb", note="per leaf-spine link")
     add_json(pa)
     pa.set_defaults(func=cmd_paths)
-    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
 def cmd_paths(args) -> None:
-    from .common import parse_rate, parse_size
     size = parse_size(args.size, "--size")
     if size % 4 or size < 4:
         raise UsageError("--size must be a positive multiple of 4 bytes (float32 elements)")
-    if args.trials < 1 or args.rounds < 1 or not 1 <= args.workers <= 16:
-        raise UsageError("--trials and --rounds must be >= 1, --workers in 1..16")
-    rate, buf = parse_rate(args.rate), parse_size(args.buffer, "--buffer")
+    if args.trials < 1 or args.rounds < 1 or not 1 <= args.workers <= PATHS_MAX_WORKERS:
+        raise UsageError(f"--trials and --rounds must be >= 1, --workers in "
+                         f"1..{PATHS_MAX_WORKERS}")
+    rate, buf = check_rate(args.rate), check_bytes(args.buffer, "--buffer")
     need_root("ltp bench paths")
     need_bcc()
     from ..control.bench import paths as bench_paths
-    quiet = wants_json(args)
     res = bench_paths.run(trials=args.trials, rounds=args.rounds, nelems=size // 4,
                           rate_bps=rate, buffer_bytes=buf, workers=args.workers,
-                          progress=None if quiet else (lambda m: print(f"... {m}", file=sys.stderr)))
+                          progress=_progress(args))
     emit(args, res, bench_paths.table)
 
 
@@ -93,9 +109,7 @@ def cmd_xdp(args) -> None:
     need_root("ltp bench xdp")
     need_bcc()
     from ..control.bench import xdp as xdpbench
-    quiet = wants_json(args)
-    res = xdpbench.run(args.packets, progress=None if quiet else
-                       (lambda m: print(f"... {m}", file=sys.stderr)))
+    res = xdpbench.run(args.packets, progress=_progress(args))
     emit(args, res, lambda r: (
         f"XDP DATA path   {r['xdp_ns_per_packet']:10.1f} ns/packet  "
         f"(raw {r['xdp_raw_ns_per_packet']:.0f} - harness {r['harness_ns']:.0f})\n"
@@ -105,15 +119,13 @@ def cmd_xdp(args) -> None:
 
 
 def cmd_incast(args) -> None:
-    from .common import parse_rate, parse_size
     from ..control.bench.incast import TRANSPORTS
-    rate = parse_rate(args.rate)
-    buf = parse_size(args.buffer, "--buffer")
+    rate = check_rate(args.rate)
+    buf = check_bytes(args.buffer, "--buffer")
     size = parse_size(args.size, "--size")
     if size % 4:
         raise UsageError("--size must be a multiple of 4 bytes (whole float32 elements)")
-    if not 0 <= args.loss < 1:
-        raise UsageError(f"--loss must be in [0, 1), got {args.loss}")
+    loss = check_loss(args.loss)
     if args.rounds < 1:
         raise UsageError("--rounds must be at least 1")
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
@@ -124,8 +136,8 @@ def cmd_incast(args) -> None:
         counts = [int(x) for x in args.sweep_workers.split(",") if x.strip()] or [args.workers]
     except ValueError:
         raise UsageError(f"--sweep-workers: expected numbers like 4,8,16, got {args.sweep_workers!r}")
-    if any(not 1 <= n <= 64 for n in counts):
-        raise UsageError("--workers/--sweep-workers: each count must be in 1..64")
+    if any(not 1 <= n <= MAX_WORKERS for n in counts):
+        raise UsageError(f"--workers/--sweep-workers: each count must be in 1..{MAX_WORKERS}")
     if not 1280 <= args.mtu <= 3500:
         raise UsageError("--mtu must be in 1280..3500")
     need_root("ltp bench incast")
@@ -142,12 +154,17 @@ def cmd_incast(args) -> None:
 
             results.append(bench_incast.run_config(
                 workers=n, rate_bps=rate, buffer_bytes=buf, size=size, rounds=args.rounds,
-                loss=args.loss, transports=transports, mtu=args.mtu, progress=tick))
+                loss=loss, transports=transports, mtu=args.mtu, progress=tick))
     if args.plot:
         bench_incast.plot(results, args.plot)
     out = results[0] if len(results) == 1 else {"sweep": results}
     emit(args, out, lambda o: "\n\n".join(bench_incast.table(r) for r in results) +
          (f"\nplot: {args.plot}" if args.plot else ""))
+
+
+def _progress(args):
+    """Progress lines on stderr, none under -j (the JSON is the output)."""
+    return None if wants_json(args) else (lambda m: print(f"... {m}", file=sys.stderr))
 
 
 def _stderr_console():

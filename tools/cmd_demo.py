@@ -8,21 +8,20 @@ removed afterwards.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-from .common import UsageError, add_json, emit, need_bcc, need_root, wants_json
+from .common import UsageError, add_command, add_json, emit, need_bcc, need_root, wants_json
+from .flags import add_xdp_mode
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="push one tensor through the XDP program on a veth pair",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n  sudo ltp demo\n  sudo ltp demo --elements 1000000 -j\n"
-                              "  sudo ltp demo --mode skb\n")
+    p = add_command(sub, "demo", "push one tensor through the XDP program on a veth pair",
+                    epilog="examples:\n  sudo ltp demo\n  sudo ltp demo --elements 1000000 -j\n"
+                           "  sudo ltp demo --mode skb\n")
     p.add_argument("--elements", type=int, default=262144,
                    help="float32 elements in the tensor (default 262144 = 1 MiB)")
-    p.add_argument("--mode", choices=["native", "skb"], default="native", help="XDP attach mode")
+    add_xdp_mode(p)
     p.add_argument("--seed", type=int, default=0, help="random seed of the tensor")
     add_json(p)
     p.set_defaults(func=cmd_demo)
@@ -62,22 +61,7 @@ def cmd_demo(args) -> None:
         msgs = [W.pack_header(worker=worker_id, round=round_, chunk=c, nchunks=nchunks,
                               length=len(chunks[c])) + chunks[c] for c in range(nchunks)]
         t0 = time.perf_counter()
-        sent = passes = 0
-        while True:
-            acked = wm.acked_mask(round_, 0, nchunks)
-            todo = [c for c in order if not acked[c]]
-            if not todo or passes >= 50:
-                break
-            passes += 1
-            for c in todo:
-                try:
-                    sock.sendto(msgs[c], (pair.b.ip, W.PORT))
-                    sent += 1
-                except BlockingIOError:
-                    time.sleep(0.0005)
-            deadline = time.perf_counter() + 0.05
-            while time.perf_counter() < deadline and wm.tx_state(round_, 0)["acked"] < nchunks:
-                time.sleep(0.001)
+        sent, passes = _send_until_acked(sock, (pair.b.ip, g.port), msgs, order, wm, round_)
         elapsed = time.perf_counter() - t0
         pm.close_bank(round_)
         got = pm.slot_values(round_, 0, args.elements)
@@ -93,14 +77,37 @@ def cmd_demo(args) -> None:
             "worker_counters": {k: v for k, v in wm.counters().items() if v},
         }
         sock.close()
-
-    def text(o) -> str:
-        return (f"pushed {o['elements']} float32 ({o['bytes']} bytes) as {o['chunks']} chunks "
-                f"in random order: {o['datagrams_sent']} datagrams, {o['send_passes']} pass(es)\n"
-                f"PS memory holds {o['delivered']}/{o['chunks']} chunks, worker saw "
-                f"{o['acked']} ACKs built by the PS's XDP program\n"
-                f"bit-exact: {o['bit_exact']}   first elements {o['first_elements']}\n"
-                f"{o['seconds']:.3f} s, {o['goodput_mbit_s']} Mbit/s\n"
-                f"PS counters: {o['ps_counters']}\nworker counters: {o['worker_counters']}")
-    emit(args, out, text)
+    emit(args, out, _text)
     return 0 if out["bit_exact"] else 1
+
+
+def _send_until_acked(sock, dst, msgs: list[bytes], order, wm, round_: int) -> tuple[int, int]:
+    """Send the chunks not ACKed yet, in `order`, until all are (at most 50
+    passes; each waits up to 50 ms for ACKs); datagrams sent and passes."""
+    nchunks = len(msgs)
+    sent = passes = 0
+    while True:
+        acked = wm.acked_mask(round_, 0, nchunks)
+        todo = [c for c in order if not acked[c]]
+        if not todo or passes >= 50:
+            return sent, passes
+        passes += 1
+        for c in todo:
+            try:
+                sock.sendto(msgs[c], dst)
+                sent += 1
+            except BlockingIOError:
+                time.sleep(0.0005)
+        deadline = time.perf_counter() + 0.05
+        while time.perf_counter() < deadline and wm.tx_state(round_, 0)["acked"] < nchunks:
+            time.sleep(0.001)
+
+
+def _text(o: dict) -> str:
+    return (f"pushed {o['elements']} float32 ({o['bytes']} bytes) as {o['chunks']} chunks "
+            f"in random order: {o['datagrams_sent']} datagrams, {o['send_passes']} pass(es)\n"
+            f"PS memory holds {o['delivered']}/{o['chunks']} chunks, worker saw "
+            f"{o['acked']} ACKs built by the PS's XDP program\n"
+            f"bit-exact: {o['bit_exact']}   first elements {o['first_elements']}\n"
+            f"{o['seconds']:.3f} s, {o['goodput_mbit_s']} Mbit/s\n"
+            f"PS counters: {o['ps_counters']}\nworker counters: {o['worker_counters']}")

@@ -1,16 +1,13 @@
 """`ltp doctor`: is this machine ready for LTP's dataplane? `--fix` repairs what it can."""
 from __future__ import annotations
 
-import argparse
-
-from .common import EXIT_ERROR, LtpError, add_json, emit
+from .common import EXIT_ERROR, LtpError, add_command, add_json, emit
 
 
 def register(sub) -> None:
-    p = sub.add_parser("doctor", help="check root, bcc, kernel headers, bpffs, kernel and BTF",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n  ltp doctor\n  sudo ltp doctor --fix\n  ltp doctor -j\n\n"
-                              "Exits 0 only when everything needed is there.\n")
+    p = add_command(sub, "doctor", "check root, bcc, kernel headers, bpffs, kernel and BTF",
+                    epilog="examples:\n  ltp doctor\n  sudo ltp doctor --fix\n  ltp doctor -j\n\n"
+                           "Exits 0 only when everything needed is there.\n")
     p.add_argument("--fix", action="store_true",
                    help="link Debian's kernel headers when missing and mount bpffs")
     p.add_argument("--no-load", action="store_true", help="skip the compile-and-load check")

@@ -1,4 +1,4 @@
-"""Shared plumbing for `ltp` subcommands: errors, exit codes, JSON output.
+"""Shared plumbing for `ltp` subcommands: parsers, errors, exit codes, JSON output.
 
 Exit codes: 0 ok, 1 runtime error, 2 usage error (bad flag or value).
 With -j/--json every result and every error is a JSON object on stdout.
@@ -14,6 +14,14 @@ from typing import Any, Callable
 from ..errors import EXIT_ERROR, EXIT_USAGE, DataplaneError, LtpError, UsageError
 
 EXIT_OK = 0
+
+
+def add_command(sub, name: str, help: str, *, description: str | None = None,
+                epilog: str | None = None) -> argparse.ArgumentParser:
+    """A (sub)command's parser under `sub`; description and epilog keep their
+    line breaks, so examples stay one a line."""
+    return sub.add_parser(name, help=help, description=description, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_json(p: argparse.ArgumentParser) -> None:

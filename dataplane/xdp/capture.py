@@ -20,6 +20,7 @@ import time
 from typing import Any, Iterator
 
 from .. import netns
+from ...errors import DataplaneError
 from . import wire as W
 
 ETH_P_ALL = 0x0003
@@ -29,8 +30,9 @@ PACKET_STATISTICS = 6
 PACKET_OUTGOING = 4
 
 
-class CaptureError(RuntimeError):
-    """A capture could not start or read its input; the message names the fix."""
+class CaptureError(DataplaneError):
+    """A capture could not start or read its input; the message names the fix.
+    An LtpError, so `ltp capture` reports it as one line with no wrapping."""
 
 
 # --------------------------------------------------------------------------- decoding

@@ -6,249 +6,32 @@ A loaded ltp_xdp program lives in three places:
 - pinned, program and every map, under /sys/fs/bpf/ltp/<netns or "host">/<dev>/,
   so any process can open the maps (`open_maps`) while training runs;
 - described in /run/ltp/xdp/<netns or "host">/<dev>.json: role, job, geometry,
-  mode, program id, peers, time. bpffs holds only pins and directories (no
-  regular files, no symlinks), so the record lives in /run, a tmpfs that is
-  emptied at reboot as bpffs is.
+  mode, program id, peers, time.
 
-The pinned maps also tell slots, chunks, chunk size and banks (their sizes),
-so `open_maps` checks a record against them and `geometry_from_pins` rebuilds
-the geometry when a record is missing. Policy (which ids, which job) comes from
-the caller; this module is the mechanism behind `ltp load/unload/status`.
+This module is the mechanism behind `ltp load/unload/status/flows`: it loads,
+publishes, unloads and reports, checking records against pins and the kernel.
+The files themselves are records.py's; the kernel lookups are lookup.py's.
+Callers use this module alone: it re-exports the names they need from both.
+Policy (which ids, which job) comes from the caller.
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import datetime
-import json
 import os
-import re
-import struct
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
-from .. import clib, netns
-from ...errors import DataplaneError, RegistryError
-from .loader import open_pinned
+from .. import netns
+from ...errors import RegistryError
 from .maps import MAP_NAMES, Geometry
-from .wire import PORT
+# The names callers had from this module before the split (re-exported on purpose).
+from .lookup import (geometry_from_pins, map_info, pinned_maps, pinned_prog_id,  # noqa: F401
+                     prog_id, xdp_on)
+from .records import (HOST, PIN_ROOT, RECORD_ROOT, Record, check_ifname, entries,  # noqa: F401
+                      ns_arg, ns_key, nsflag, pin_dir, read_record, record_path,
+                      remove_record, unpin, where, write_record)
 
-PIN_ROOT = "/sys/fs/bpf/ltp"
-RECORD_ROOT = "/run/ltp/xdp"
-HOST = "host"                 # directory and display name of the machine's own namespace
 ROLES = ("ps", "worker")
-RECORD_VERSION = 1
-_IFNAME_BAD = re.compile(r"[/:\s]")
-
-# pyroute2's names for IFLA_XDP_ATTACHED, and our mode names
-_XDP_ATTACHED = {"xdp": "native", "xdpgeneric": "skb", "xdpoffload": "hw", "xdpmulti": "multi",
-                 1: "native", 2: "skb", 3: "hw", 4: "multi"}
-
-
-# --------------------------------------------------------------------------- names
-
-def check_ifname(dev: str) -> None:
-    """Raise ValueError unless `dev` is a name the kernel could give a device."""
-    if not dev or len(dev.encode()) > 15 or dev in (".", "..") or _IFNAME_BAD.search(dev):
-        raise ValueError(f"{dev!r} is not a device name (1-15 characters, no '/', ':' or "
-                         "spaces)")
-
-
-def ns_key(ns: str | None) -> str:
-    return ns or HOST
-
-
-def ns_arg(text: str | None) -> str | None:
-    """--netns value -> namespace (None: the host's own; "host" names it too)."""
-    return None if text in (None, "", HOST) else text
-
-
-def where(dev: str, ns: str | None) -> str:
-    return f"{dev} in {'the host namespace' if not ns else 'namespace ' + ns}"
-
-
-def pin_dir(dev: str, ns: str | None) -> str:
-    return os.path.join(PIN_ROOT, ns_key(ns), dev)
-
-
-def record_path(dev: str, ns: str | None) -> str:
-    return os.path.join(RECORD_ROOT, ns_key(ns), f"{dev}.json")
-
-
-# --------------------------------------------------------------------------- records
-
-@dataclass
-class Record:
-    """What one `ltp load` attached and pinned."""
-
-    dev: str
-    netns: str | None
-    role: str
-    job: int
-    geometry: Geometry
-    mode: str
-    prog_id: int
-    peers: dict[int, int] = field(default_factory=dict)   # worker id -> slot
-    loaded_at: float = 0.0
-    pid: int = 0
-    version: int = RECORD_VERSION
-
-    @property
-    def pin_dir(self) -> str:
-        return pin_dir(self.dev, self.netns)
-
-    @property
-    def path(self) -> str:
-        return record_path(self.dev, self.netns)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "netns": ns_key(self.netns), "dev": self.dev,
-                "role": self.role, "job": self.job, "mode": self.mode, "prog_id": self.prog_id,
-                "geometry": self.geometry.to_dict(),
-                "peers": {str(w): s for w, s in sorted(self.peers.items())},
-                "loaded_at": self.loaded_at,
-                "loaded_at_iso": datetime.datetime.fromtimestamp(self.loaded_at).isoformat(
-                    timespec="seconds") if self.loaded_at else None,
-                "pid": self.pid, "pin_dir": self.pin_dir, "record": self.path}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Record":
-        return cls(dev=d["dev"], netns=ns_arg(d.get("netns")), role=d["role"],
-                   job=int(d.get("job", 0)), geometry=Geometry(**d["geometry"]),
-                   mode=d["mode"], prog_id=int(d.get("prog_id", 0)),
-                   peers={int(w): int(s) for w, s in d.get("peers", {}).items()},
-                   loaded_at=float(d.get("loaded_at", 0.0)), pid=int(d.get("pid", 0)),
-                   version=int(d.get("version", RECORD_VERSION)))
-
-
-def read_record(dev: str, ns: str | None) -> Record | None:
-    """The record of `dev` in `ns`, None if there is none."""
-    path = record_path(dev, ns)
-    try:
-        with open(path) as f:
-            return Record.from_dict(json.load(f))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise RegistryError(f"cannot read {path}: {e}; `ltp unload {dev}"
-                            f"{' --netns ' + ns if ns else ''}` removes it") from None
-
-
-def write_record(rec: Record) -> None:
-    os.makedirs(os.path.dirname(rec.path), exist_ok=True)
-    tmp = f"{rec.path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(rec.to_dict(), f, indent=1)
-    os.replace(tmp, rec.path)
-
-
-def entries(ns: Any = ...) -> list[tuple[str | None, str]]:
-    """(netns, dev) of everything `ltp load` left: records and pin folders.
-    `ns` given (None: the host's own) keeps that namespace only; ... (the
-    default) keeps all."""
-    found: set[tuple[str, str]] = set()
-    for root, suffix in ((RECORD_ROOT, ".json"), (PIN_ROOT, "")):
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            for key in os.listdir(root):
-                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                    for name in os.listdir(os.path.join(root, key)):
-                        if suffix and not name.endswith(suffix):
-                            continue
-                        dev = name[:-len(suffix)] if suffix else name
-                        if suffix or os.path.isdir(os.path.join(root, key, name)):
-                            found.add((key, dev))
-    out = [(ns_arg(k), d) for k, d in sorted(found)]
-    if ns is not ...:
-        out = [e for e in out if e[0] == ns]
-    return out
-
-
-# --------------------------------------------------------------------------- kernel objects
-
-def _info(fd: int) -> bytes:
-    try:
-        return clib.obj_info(fd)
-    except OSError as e:
-        raise RegistryError(f"reading BPF object info: {e.strerror}") from e
-
-
-def prog_id(fd: int) -> int:
-    """Kernel id of the program `fd` (struct bpf_prog_info.id)."""
-    return struct.unpack_from("<II", _info(fd))[1]
-
-
-def map_info(fd: int) -> dict[str, int]:
-    """type, id, key_size, value_size, max_entries, flags of the map `fd`."""
-    keys = ("type", "id", "key_size", "value_size", "max_entries", "flags")
-    return dict(zip(keys, struct.unpack_from("<6I", _info(fd))))
-
-
-@contextlib.contextmanager
-def _pinned(path: str) -> Iterator[int]:
-    fd = open_pinned(path)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def pinned_prog_id(directory: str) -> int | None:
-    try:
-        with _pinned(os.path.join(directory, "prog")) as fd:
-            return prog_id(fd)
-    except (FileNotFoundError, RegistryError):
-        return None
-
-
-def pinned_maps(directory: str) -> list[str]:
-    """Names in MAP_NAMES that are pinned in `directory`."""
-    return [n for n in MAP_NAMES if os.path.exists(os.path.join(directory, n))]
-
-
-def geometry_from_pins(directory: str, port: int = PORT) -> Geometry:
-    """The geometry the pinned maps were compiled with (the port is not in any
-    map size, so it comes from the caller)."""
-    try:
-        with _pinned(os.path.join(directory, "ltp_stats")) as fd:
-            slots = map_info(fd)["max_entries"]
-        with _pinned(os.path.join(directory, "ltp_banks")) as fd:
-            banks = map_info(fd)["max_entries"]
-        with _pinned(os.path.join(directory, "ltp_mem")) as fd:
-            mem = map_info(fd)
-    except FileNotFoundError as e:
-        raise RegistryError(f"{directory}: maps are not pinned ({e.strerror}); "
-                            "`ltp status` shows what is loaded") from None
-    return Geometry(slots=slots, max_chunks=mem["max_entries"] // (banks * slots),
-                    chunk_bytes=mem["value_size"], banks=banks, port=port)
-
-
-def xdp_on(dev: str, ns: str | None) -> dict[str, Any] | None:
-    """{"prog_id", "mode"} of the XDP program on `dev` in `ns`, None if there
-    is none. Raises RegistryError when the namespace or device is missing."""
-    from pyroute2 import IPRoute
-    if ns and not netns.exists(ns):
-        raise RegistryError(f"no network namespace {ns!r} (`ip netns list` shows them)")
-    with netns.inside(ns):
-        ipr = IPRoute()
-    try:
-        idx = ipr.link_lookup(ifname=dev)
-        if not idx:
-            raise RegistryError(f"no device {dev!r} in "
-                                f"{'the host namespace' if not ns else 'namespace ' + ns} (`"
-                                + (f"ip netns exec {ns} " if ns else "")
-                                + "ip -br link` lists them)")
-        link = ipr.get_links(idx[0])[0]
-    finally:
-        ipr.close()
-    xdp = link.get_attr("IFLA_XDP")
-    if not xdp:
-        return None
-    pid = xdp.get_attr("IFLA_XDP_PROG_ID")
-    if not pid:
-        return None
-    return {"prog_id": int(pid), "mode": _XDP_ATTACHED.get(xdp.get_attr("IFLA_XDP_ATTACHED"),
-                                                           "?")}
 
 
 # --------------------------------------------------------------------------- load / unload
@@ -272,7 +55,7 @@ def load(dev: str, ns: str | None, *, role: str, geometry: Geometry, peers: dict
             what = (f"prog id {old.prog_id}, role {old.role}, job {_job(old.job)}, loaded "
                     f"{_ago(old.loaded_at)}" if old else "pinned, no record")
             raise RegistryError(f"{where(dev, ns)}: an LTP program is loaded already ({what}); "
-                                f"`ltp unload {dev}{_nsflag(ns)}` first, or --force replaces it")
+                                f"`ltp unload {dev}{nsflag(ns)}` first, or --force replaces it")
         if attached is not None:
             raise RegistryError(f"{where(dev, ns)} carries XDP program id {attached['prog_id']} "
                                 f"({attached['mode']}) that `ltp load` did not load; detach it "
@@ -285,19 +68,15 @@ def load(dev: str, ns: str | None, *, role: str, geometry: Geometry, peers: dict
                 and attached["mode"] != mode:
             detach(dev, ns, attached["mode"])   # native and skb cannot be on at once
         if force:
-            _unpin(pdir)
+            unpin(pdir)
         dp.attach(dev, ns, mode, replace=force)
-        dp.pin(pdir)
-        rec = Record(dev=dev, netns=ns, role=role, job=job, geometry=geometry, mode=mode,
-                     prog_id=prog_id(dp.prog_fd), peers=dict(peers), loaded_at=time.time(),
-                     pid=os.getpid())
-        write_record(rec)
+        rec = _pin_and_record(dp, dev, ns, role=role, job=job, mode=mode, peers=peers)
         wrote = True
     except BaseException:
         dp.close()                      # detaches what this call attached
-        _unpin(pdir)
+        unpin(pdir)
         if wrote or force:
-            _remove_record(dev, ns)
+            remove_record(dev, ns)
         raise
     dp.attached = None                  # the program stays attached and pinned
     dp.close()
@@ -309,9 +88,14 @@ def publish(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
     """Pin a running endpoint's program and maps and write its record, so
     `ltp status/flows/top` see it from any process while it runs. The
     endpoint stays the owner: `withdraw` removes both when it closes."""
-    pdir = pin_dir(dev, ns)
-    _unpin(pdir)
-    dp.pin(pdir)
+    unpin(pin_dir(dev, ns))
+    return _pin_and_record(dp, dev, ns, role=role, job=job, mode=mode, peers=peers)
+
+
+def _pin_and_record(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
+                    peers: dict[int, int]) -> Record:
+    """Pin `dp`'s program and maps for `dev` in `ns` and write their record."""
+    dp.pin(pin_dir(dev, ns))
     rec = Record(dev=dev, netns=ns, role=role, job=job, geometry=dp.geometry, mode=mode,
                  prog_id=prog_id(dp.prog_fd), peers=dict(peers), loaded_at=time.time(),
                  pid=os.getpid())
@@ -321,8 +105,8 @@ def publish(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
 
 def withdraw(dev: str, ns: str | None) -> None:
     """Remove the pins and record `publish` made (the program detaches with its owner)."""
-    _unpin(pin_dir(dev, ns))
-    _remove_record(dev, ns)
+    unpin(pin_dir(dev, ns))
+    remove_record(dev, ns)
 
 
 def unload(dev: str, ns: str | None) -> dict[str, Any]:
@@ -355,38 +139,14 @@ def unload(dev: str, ns: str | None) -> dict[str, Any]:
             elif att["prog_id"] not in ours:
                 out["note"] = (f"{dev} now carries another XDP program (id {att['prog_id']}); "
                                "left it attached")
-    _unpin(pdir)
-    _remove_record(dev, ns)
+    unpin(pdir)
+    remove_record(dev, ns)
     return out
 
 
 def unload_all(ns: Any = ...) -> list[dict[str, Any]]:
     """Unload everything `ltp load` left (in namespace `ns` if given, as in `entries`)."""
     return [unload(dev, n) for n, dev in entries(ns)]
-
-
-def _unpin(directory: str) -> None:
-    """Remove a pin folder and, when empty, its namespace folder and the root."""
-    if os.path.isdir(directory):
-        for name in os.listdir(directory):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(directory, name))
-        with contextlib.suppress(FileNotFoundError):
-            os.rmdir(directory)
-    _rmdir_empty(os.path.dirname(directory), PIN_ROOT)
-
-
-def _remove_record(dev: str, ns: str | None) -> None:
-    path = record_path(dev, ns)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    _rmdir_empty(os.path.dirname(path), RECORD_ROOT)
-
-
-def _rmdir_empty(*dirs: str) -> None:
-    for d in dirs:
-        with contextlib.suppress(OSError):   # not empty, or gone: both fine
-            os.rmdir(d)
 
 
 # --------------------------------------------------------------------------- status
@@ -481,19 +241,15 @@ def open_maps(rec: Record):
     if have != rec.geometry:
         raise RegistryError(f"{rec.pin_dir}: pinned maps have geometry {have.to_dict()}, the "
                             f"record says {rec.geometry.to_dict()}; `ltp unload {rec.dev}"
-                            f"{_nsflag(rec.netns)}` and load again")
+                            f"{nsflag(rec.netns)}` and load again")
     try:
         return LtpMaps.from_pins(rec.pin_dir, rec.geometry)
     except FileNotFoundError as e:
         raise RegistryError(f"{e.strerror} (a map is not pinned); "
-                            f"`ltp unload {rec.dev}{_nsflag(rec.netns)}` and load again") from None
+                            f"`ltp unload {rec.dev}{nsflag(rec.netns)}` and load again") from None
 
 
 # --------------------------------------------------------------------------- helpers
-
-def _nsflag(ns: str | None) -> str:
-    return f" --netns {ns}" if ns else ""
-
 
 def _job(job: int) -> str:
     return "any" if not job else f"{job:#x}"

@@ -1,0 +1,177 @@
+"""Where `ltp load` keeps what it loaded: the record files and the pin folders.
+
+A loaded program has a pin folder /sys/fs/bpf/ltp/<netns or "host">/<dev>/
+(program and maps) and a record /run/ltp/xdp/<netns or "host">/<dev>.json
+(role, job, geometry, mode, program id, peers, time). bpffs holds only pins
+and directories (no regular files, no symlinks), so the record lives in /run,
+a tmpfs that is emptied at reboot as bpffs is. This module names, reads,
+writes, lists and removes both; it never talks to the kernel beyond files.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import RegistryError
+from .maps import Geometry
+
+PIN_ROOT = "/sys/fs/bpf/ltp"
+RECORD_ROOT = "/run/ltp/xdp"
+HOST = "host"                 # directory and display name of the machine's own namespace
+RECORD_VERSION = 1
+_IFNAME_BAD = re.compile(r"[/:\s]")
+
+
+# --------------------------------------------------------------------------- names
+
+def check_ifname(dev: str) -> None:
+    """Raise ValueError unless `dev` is a name the kernel could give a device."""
+    if not dev or len(dev.encode()) > 15 or dev in (".", "..") or _IFNAME_BAD.search(dev):
+        raise ValueError(f"{dev!r} is not a device name (1-15 characters, no '/', ':' or "
+                         "spaces)")
+
+
+def ns_key(ns: str | None) -> str:
+    return ns or HOST
+
+
+def ns_arg(text: str | None) -> str | None:
+    """--netns value -> namespace (None: the host's own; "host" names it too)."""
+    return None if text in (None, "", HOST) else text
+
+
+def where(dev: str, ns: str | None) -> str:
+    return f"{dev} in {'the host namespace' if not ns else 'namespace ' + ns}"
+
+
+def nsflag(ns: str | None) -> str:
+    """The --netns part of a command line that names `ns` again."""
+    return f" --netns {ns}" if ns else ""
+
+
+def pin_dir(dev: str, ns: str | None) -> str:
+    return os.path.join(PIN_ROOT, ns_key(ns), dev)
+
+
+def record_path(dev: str, ns: str | None) -> str:
+    return os.path.join(RECORD_ROOT, ns_key(ns), f"{dev}.json")
+
+
+# --------------------------------------------------------------------------- records
+
+@dataclass
+class Record:
+    """What one `ltp load` attached and pinned."""
+
+    dev: str
+    netns: str | None
+    role: str
+    job: int
+    geometry: Geometry
+    mode: str
+    prog_id: int
+    peers: dict[int, int] = field(default_factory=dict)   # worker id -> slot
+    loaded_at: float = 0.0
+    pid: int = 0
+    version: int = RECORD_VERSION
+
+    @property
+    def pin_dir(self) -> str:
+        return pin_dir(self.dev, self.netns)
+
+    @property
+    def path(self) -> str:
+        return record_path(self.dev, self.netns)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "netns": ns_key(self.netns), "dev": self.dev,
+                "role": self.role, "job": self.job, "mode": self.mode, "prog_id": self.prog_id,
+                "geometry": self.geometry.to_dict(),
+                "peers": {str(w): s for w, s in sorted(self.peers.items())},
+                "loaded_at": self.loaded_at,
+                "loaded_at_iso": datetime.datetime.fromtimestamp(self.loaded_at).isoformat(
+                    timespec="seconds") if self.loaded_at else None,
+                "pid": self.pid, "pin_dir": self.pin_dir, "record": self.path}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Record":
+        return cls(dev=d["dev"], netns=ns_arg(d.get("netns")), role=d["role"],
+                   job=int(d.get("job", 0)), geometry=Geometry(**d["geometry"]),
+                   mode=d["mode"], prog_id=int(d.get("prog_id", 0)),
+                   peers={int(w): int(s) for w, s in d.get("peers", {}).items()},
+                   loaded_at=float(d.get("loaded_at", 0.0)), pid=int(d.get("pid", 0)),
+                   version=int(d.get("version", RECORD_VERSION)))
+
+
+def read_record(dev: str, ns: str | None) -> Record | None:
+    """The record of `dev` in `ns`, None if there is none."""
+    path = record_path(dev, ns)
+    try:
+        with open(path) as f:
+            return Record.from_dict(json.load(f))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RegistryError(f"cannot read {path}: {e}; `ltp unload {dev}"
+                            f"{nsflag(ns)}` removes it") from None
+
+
+def write_record(rec: Record) -> None:
+    os.makedirs(os.path.dirname(rec.path), exist_ok=True)
+    tmp = f"{rec.path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(rec.to_dict(), f, indent=1)
+    os.replace(tmp, rec.path)
+
+
+def entries(ns: Any = ...) -> list[tuple[str | None, str]]:
+    """(netns, dev) of everything `ltp load` left: records and pin folders.
+    `ns` given (None: the host's own) keeps that namespace only; ... (the
+    default) keeps all."""
+    found: set[tuple[str, str]] = set()
+    for root, suffix in ((RECORD_ROOT, ".json"), (PIN_ROOT, "")):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for key in os.listdir(root):
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    for name in os.listdir(os.path.join(root, key)):
+                        if suffix and not name.endswith(suffix):
+                            continue
+                        dev = name[:-len(suffix)] if suffix else name
+                        if suffix or os.path.isdir(os.path.join(root, key, name)):
+                            found.add((key, dev))
+    out = [(ns_arg(k), d) for k, d in sorted(found)]
+    if ns is not ...:
+        out = [e for e in out if e[0] == ns]
+    return out
+
+
+# --------------------------------------------------------------------------- removal
+
+def unpin(directory: str) -> None:
+    """Remove a pin folder and, when empty, its namespace folder and the root."""
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(directory)
+    _rmdir_empty(os.path.dirname(directory), PIN_ROOT)
+
+
+def remove_record(dev: str, ns: str | None) -> None:
+    """Remove the record of `dev` in `ns` and, when empty, its folders."""
+    path = record_path(dev, ns)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    _rmdir_empty(os.path.dirname(path), RECORD_ROOT)
+
+
+def _rmdir_empty(*dirs: str) -> None:
+    for d in dirs:
+        with contextlib.suppress(OSError):   # not empty, or gone: both fine
+            os.rmdir(d)

@@ -1,0 +1,62 @@
+"""What the operator commands (load, unload, status in cmd_ops.py; flows, top
+in cmd_flows.py; capture in cmd_capture.py) share: their parser style, the
+OSError guard, the checks of DEV and --netns, and the job format."""
+from __future__ import annotations
+
+import argparse
+import functools
+
+from .common import LtpError, UsageError, add_command
+
+
+def add_parser(sub, name: str, help: str, epilog: str) -> argparse.ArgumentParser:
+    """An operator command: its help line is also its description."""
+    return add_command(sub, name, help, description=help[0].upper() + help[1:] + ".",
+                       epilog=epilog)
+
+
+def guard(func):
+    """Run a command; an OSError from a map or socket becomes one line (exit 1)."""
+
+    @functools.wraps(func)
+    def run(args):
+        try:
+            return func(args)
+        except (LtpError, PermissionError):
+            raise
+        except OSError as e:
+            raise LtpError(f"{args.command}: {e.strerror or e}"
+                           + (f" ({e.filename})" if getattr(e, "filename", None) else "")) from None
+    return run
+
+
+def registry():
+    """dataplane.xdp.registry, imported when a command runs (not at `ltp -h`)."""
+    from ..dataplane.xdp import registry
+    return registry
+
+
+def check_dev(dev: str | None, flag: str = "DEV") -> str | None:
+    if dev is None:
+        return None
+    try:
+        registry().check_ifname(dev)
+    except ValueError as e:
+        raise UsageError(f"{flag}: {e}") from None
+    return dev
+
+
+def netns_arg(text: str | None) -> str | None:
+    """--netns value -> namespace (None: the host's own)."""
+    if text is not None and ("/" in text or not text.strip() or text in (".", "..")):
+        raise UsageError(f"--netns: {text!r} is not a namespace name (`ip netns list`)")
+    return registry().ns_arg(text)
+
+
+def ns_filter(text: str | None):
+    """--netns for listing commands: ... (all) when not given."""
+    return ... if text is None else netns_arg(text)
+
+
+def job_text(job: int | None) -> str:
+    return "-" if job is None else ("any" if not job else f"{job:#x}")
