@@ -430,3 +430,11 @@ def test_host_veths_take_native_xdp(rig):
     finally:
         loader.detach(h.ifname, h.netns, "native")
         loader.detach(ps.ifname, ps.netns, "native")
+
+
+def test_cli_limits_mirror_the_rig():
+    """tools/flags.py keeps the rig's limits import-free for `ltp -h`: they must agree."""
+    from ltpx.dataplane.rig import star
+    from ltpx.tools import flags
+    assert flags.MAX_WORKERS == star.MAX_WORKERS
+    assert flags.DEFAULT_RIG == star.DEFAULT_NAME

@@ -117,12 +117,6 @@ def cmd_pin(args) -> None:
             pins = paths.pin(ls, a)
             ls.reset_link_counters()      # the probes are not traffic
             out = {"name": ls.name, "policy": "pinned", "assignment": a.to_dict(), "pins": pins}
-    except RuntimeError as e:
-        if isinstance(e, LtpError):
-            raise
-        # control.paths.pin raises a plain RuntimeError when no probed source
-        # port reaches the assigned spine: still one line, not a traceback
-        raise LtpError(str(e)) from None
     finally:
         ls.close()
     emit(args, out, lambda o: (f"{o['name']}: plain ECMP (no pins)" if o["policy"] == "ecmp" else

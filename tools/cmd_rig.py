@@ -240,7 +240,7 @@ def cmd_exec(args) -> int:
             emit(args, {"host": host.name, "netns": host.netns, "argv": cmd,
                         "returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr})
             return r.returncode
-        return subprocess.call(rig._argv(host, cmd))
+        return subprocess.call(rig.argv(host, cmd))
     except FileNotFoundError as e:
         raise LtpError(f"cannot run: {e}") from None
 

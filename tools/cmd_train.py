@@ -15,10 +15,10 @@ import os
 import sys
 
 from ..control.training.args import add_train_flags
+from .flags import MAX_WORKERS
 from .common import (LtpError, UsageError, add_json, emit, need_bcc, need_root, parse_rate,
                      parse_size)
 
-MAX_WORKERS = 64   # mirrors dataplane.rig.MAX_WORKERS (kept import-free for --help)
 CCS = ("cubic", "bbr", "reno")   # the congestion controls --cc and --compare tcp:CC take
 
 EPILOG = """examples:

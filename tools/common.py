@@ -116,6 +116,12 @@ def run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
     except KeyboardInterrupt:
         _report(args, "interrupted", EXIT_ERROR)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`ltp ... | head`): stop quietly, as coreutils
+        # do; stdout is pointed at /dev/null so the interpreter's final flush
+        # does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except PermissionError as e:
         _report(args, f"permission denied: {e}; run as root (sudo) and see `ltp doctor`", EXIT_ERROR)
         return EXIT_ERROR

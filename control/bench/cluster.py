@@ -21,6 +21,7 @@ from typing import Iterable
 import numpy as np
 
 from ...dataplane import netns
+from ...errors import BenchError
 from ...dataplane.xdp import wire as W
 from ..transport.early_close import EarlyCloseConfig
 from ..transport.rate import quiet_gc
@@ -51,10 +52,10 @@ class WorkerProc:
             raise TimeoutError(f"worker {self.worker} did not answer within {timeout:g}s")
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"worker {self.worker} exited (code {self.proc.poll()})")
+            raise BenchError(f"worker {self.worker} exited (code {self.proc.poll()})")
         msg = json.loads(line)
         if "error" in msg:
-            raise RuntimeError(f"worker {self.worker}: {msg['error']}")
+            raise BenchError(f"worker {self.worker}: {msg['error']}")
         return msg
 
     def stop(self) -> None:

@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from ...dataplane.xdp import wire as W
+from ...errors import BenchError
 from ...dataplane.xdp.loader import Dataplane, Geometry
 from ...dataplane.xdp.testrun import XDP_TX, run_xdp
 
@@ -50,7 +51,7 @@ def bench_xdp(packets: int = 20000, nchunks: int = 2048) -> dict:
             for f in frames:
                 r = run_xdp(dp.prog_fd, _with_round(f, round_))
                 if r.verdict != XDP_TX:
-                    raise RuntimeError(f"DATA packet got {r.verdict_name}, expected XDP_TX")
+                    raise BenchError(f"DATA packet got {r.verdict_name}, expected XDP_TX")
                 durations.append(r.duration_ns)
             m.close_bank(round_)
             round_ += 1
@@ -115,7 +116,7 @@ def bench_socket(packets: int = 50000, payload: int = W.HDR_LEN + CHUNK) -> dict
             proc.wait(timeout=30)
             rx.close()
     if got < 2:
-        raise RuntimeError("the socket loop received no packets")
+        raise BenchError("the socket loop received no packets")
     return {"packets": got, "ns_per_packet": (last - first) * 1e9 / (got - 1)}
 
 

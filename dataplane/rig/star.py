@@ -260,7 +260,8 @@ class Rig(RigBase):
         return removed
 
     # ---- using it
-    def _argv(self, host: HostKey, argv: Sequence[str]) -> list[str]:
+    def argv(self, host: HostKey, argv: Sequence[str]) -> list[str]:
+        """The command line that runs `argv` inside `host`'s namespace."""
         if isinstance(argv, str):
             raise TypeError("argv must be a list of strings, not one string")
         return ["ip", "netns", "exec", self.host(host).netns, *map(str, argv)]
@@ -270,12 +271,12 @@ class Rig(RigBase):
              input: str | None = None) -> subprocess.CompletedProcess:
         """Run argv in the host's namespace and wait (text output captured
         unless capture=False)."""
-        return subprocess.run(self._argv(host, argv), check=check, timeout=timeout,
+        return subprocess.run(self.argv(host, argv), check=check, timeout=timeout,
                               capture_output=capture, text=True, input=input)
 
     def spawn(self, host: HostKey, argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen:
         """Start argv in the host's namespace (subprocess.Popen keywords pass through)."""
-        return subprocess.Popen(self._argv(host, argv), **popen_kwargs)
+        return subprocess.Popen(self.argv(host, argv), **popen_kwargs)
 
     def socket(self, host: HostKey, family: int = socket.AF_INET,
                type: int = socket.SOCK_DGRAM, proto: int = 0) -> socket.socket:
