@@ -121,7 +121,7 @@ def _incast_rig(name: str | None, cc: str, given: dict):
     """The rig incast-tcp runs on: rig `name` as it is when it exists, else a
     fresh one from the flags `given` (RigConfig fields; None: not given),
     removed after the run."""
-    from ..control.bench.tcp import ensure_cc
+    from ..dataplane.tcp_cc import ensure_cc
     from ..dataplane.rig.star import Rig
     ensure_cc(cc)
     if name is not None and Rig.exists(name):

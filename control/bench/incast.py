@@ -40,7 +40,7 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
                mtu: int = 1500, name: str = "bench",
                progress: Callable[[str, int, int], None] | None = None) -> dict:
     """One configuration on one fresh rig; returns the documented JSON object."""
-    from .tcp import ensure_cc
+    from ...dataplane.tcp_cc import ensure_cc
     from ...dataplane.rig.star import Rig, RigConfig
 
     for t in transports:

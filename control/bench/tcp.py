@@ -32,37 +32,11 @@ import sys
 import time
 from typing import Any, Callable
 
-from ...errors import BenchError
-from .procs import stop_all
+from ...errors import BenchError, LtpError
+from ..procs import stop_all
+from ...dataplane.tcp_cc import ensure_cc, set_cc
 
 DEFAULT_PORT = 5201
-AVAILABLE_CC = "/proc/sys/net/ipv4/tcp_available_congestion_control"
-TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
-
-
-def available_cc() -> list[str]:
-    try:
-        with open(AVAILABLE_CC) as f:
-            return f.read().split()
-    except OSError:
-        return []
-
-
-def ensure_cc(cc: str) -> None:
-    """Make sure congestion control `cc` can be set on a socket: load
-    tcp_<cc> with modprobe when it is not registered yet."""
-    if cc in available_cc():
-        return
-    try:
-        subprocess.run(["modprobe", f"tcp_{cc}"], capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    if cc not in available_cc():
-        raise BenchError(f"TCP congestion control {cc!r} is not available (the kernel offers: "
-                          f"{' '.join(available_cc()) or 'nothing readable'}); `modprobe tcp_{cc}` "
-                          f"failed or the module is not built for this kernel")
-
-
 def _percentile(xs: list[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default), without numpy."""
     s = sorted(xs)
@@ -163,9 +137,9 @@ def _stderr(p: subprocess.Popen) -> str:
 
 def _set_cc(s: socket.socket, cc: str) -> None:
     try:
-        s.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cc.encode())
-    except OSError as e:
-        raise SystemExit(f"setsockopt(TCP_CONGESTION, {cc}): {e.strerror}")
+        set_cc(s, cc)
+    except LtpError as e:  # an agent reports it as its one error line
+        raise SystemExit(str(e))
 
 
 def _emit(obj: dict) -> None:

@@ -36,11 +36,11 @@ import numpy as np
 from ...dataplane.xdp import wire as W
 from ..transport.early_close import COMPLETE, DEADLINE, EARLY, EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer
+from ...dataplane.tcp_cc import set_cc
 from ...errors import CommError
 
 TCP_MAGIC = 0x4C545054            # "LTPT"
 _TCP_HDR = struct.Struct(">III")  # magic, round, payload bytes
-TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
 IP_UDP_LTP = 20 + 8 + 32          # IPv4 + UDP + LTP header bytes per datagram
 
 
@@ -167,14 +167,6 @@ class LtpWorker:
 
 
 # --------------------------------------------------------------------------- TCP
-
-def set_cc(sock: socket.socket, cc: str) -> None:
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cc.encode())
-    except OSError as e:
-        raise CommError(f"setsockopt(TCP_CONGESTION, {cc}): {e.strerror} "
-                        f"(control.bench.tcp.ensure_cc loads the module)") from e
-
 
 class TcpPs:
     """The PS side over TCP: a listening socket, one connection per worker."""

@@ -31,7 +31,7 @@ from typing import Callable
 from ...dataplane import netns
 from ...dataplane.rig.star import BROADCAST
 from ...errors import LaunchError
-from ..bench.procs import stop_all
+from ..procs import stop_all
 from .config import TrainConfig
 
 
@@ -96,7 +96,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     import torch.distributed as dist
     hosts = rank_hosts(rig, cfg, workers)
     if cfg.transport == "tcp":
-        from ..bench.tcp import ensure_cc
+        from ...dataplane.tcp_cc import ensure_cc
         ensure_cc(cfg.cc)
     with netns.inside(rig.ps.netns):
         store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=rank_timeout_s),
