@@ -152,11 +152,11 @@ def test_share_policy_and_pacer_bucket():
 
 
 def test_vectorised_headers_match_the_wire_packer():
-    from ltpx.control.transport.endpoint import _headers
+    from ltpx.control.transport.sender import data_headers
     from ltpx.dataplane.xdp import wire as W
     lay = ChunkLayout(1000, 1424)
     flags = np.array([W.F_CRITICAL, 0, W.F_LAST], dtype=np.uint16)
-    h = _headers(7, 70000, 513, 3, flags, lay)
+    h = data_headers(7, 70000, 513, 3, flags, lay)
     for c in range(3):
         assert bytes(h[c * 32:(c + 1) * 32]) == W.pack_header(
             worker=513, job=7, round=70000, chunk=c, nchunks=3, length=lay.chunk_len(c),
@@ -164,7 +164,7 @@ def test_vectorised_headers_match_the_wire_packer():
 
 
 def test_loss_detector_judges_by_what_was_acked_after():
-    from ltpx.control.transport.endpoint import LossDetector
+    from ltpx.control.transport.loss import LossDetector
     det = LossDetector(reorder=2)
     det.sent.extend([5, 1, 9, 3, 7, 2])
     ack = lambda *cs: sum(1 << c for c in cs)  # noqa: E731
@@ -177,3 +177,101 @@ def test_loss_detector_judges_by_what_was_acked_after():
     det.sent.append(4)
     det.restart()                                 # a new pass covers all that is out
     assert det.lost(ack(1, 3, 2, 7, 9, 4)) == []
+
+
+def test_pass_runs_take_turns_between_targets():
+    from ltpx.control.transport.loss import pass_runs
+    order = list(range(20))
+    assert pass_runs(order, [0], [False]) == [(0, order)]  # one target: one run
+    acked = [0, (1 << 3) | (1 << 9)]
+    runs = pass_runs(order, acked + [0], [False, False, True])  # target 2 is done
+    assert [t for t, _ in runs] == [0, 1, 0, 1, 0, 1]
+    assert runs[0][1] == list(range(8)) and runs[1][1] == [0, 1, 2, 4, 5, 6, 7]
+    assert 9 not in runs[3][1] and runs[5][1] == [16, 17, 18, 19]
+
+
+def _picker(runs, acked, closed, short=-1, grp=-1):
+    from ltpx.control.transport.loss import BatchPicker
+    p = BatchPicker(grp, short)
+    p.start(runs, acked, closed)
+    return p
+
+
+def test_batch_picker_sends_lost_chunks_first_and_skips_what_arrived():
+    p = _picker([(0, [5, 1, 9, 3]), (1, [2, 4])], acked=[1 << 1, 0], closed=[False, False])
+    p.urgent += [(1, 7), (1, 8), (0, 6)]
+    assert p.pick(4)[:3] == (1, [7, 8], True)   # one target per batch
+    assert p.pick(4)[:3] == (0, [6], True)
+    assert p.pick(2)[:3] == (0, [5, 9], False)  # chunk 1 is acked: skipped
+    assert p.pick(4)[:3] == (0, [3], False)
+    p.closed[1] = True                           # a closed target gets nothing more
+    assert p.pick(4)[:3] == (1, [], False)
+    assert p.exhausted()
+
+
+def test_batch_picker_rewinds_one_cursor_whatever_the_batch_came_from():
+    p = _picker([(0, [0, 1, 2, 3, 4])], acked=[0], closed=[False], short=2)
+    tgt, batch, lost, at = p.pick(2)
+    assert (tgt, batch, lost) == (0, [0, 1], False)
+    p.rewind(at)                                 # the local queue was full: retry it
+    tgt, batch, lost, at = p.pick(2)
+    assert (tgt, batch, lost) == (0, [0, 1], False)
+    p.urgent.append((0, 1))                      # found lost while the batch waited
+    p.rewind(at)
+    assert p.pick(2)[1:3] == ([1], True)         # what was found lost goes first,
+    _, batch, lost, at = p.pick(2)
+    assert (batch, lost) == ([0, 1], False)      # then the batch that waited
+    p.urgent.append((0, 0))
+    _, batch, lost, at = p.pick(2)
+    assert (batch, lost) == ([0], True)
+    p.rewind(at)
+    assert p.pick(2)[1:3] == ([0], True)         # rewound to the same lost chunk
+    assert p.pick(9)[1] == [2]                   # the short chunk ends a batch
+    assert p.pick(9)[1] == [3, 4]
+    assert p.exhausted()
+    p.urgent.append((0, 2))
+    assert not p.exhausted()
+    p.start([], [0], [False])                    # a new pass: the queue is in its runs
+    assert p.exhausted()
+
+
+def test_batch_picker_group_run_skips_what_every_open_target_has():
+    p = _picker([(2, [0, 1, 2, 3])], acked=[0b0011, 0b0110], closed=[False, True], grp=2)
+    p.acked_open = 0b0011  # target 1 is closed: only target 0 counts
+    assert p.pick(4)[:3] == (2, [2, 3], False)
+
+
+def test_retx_byte_sets_the_retx_flag_of_a_header():
+    from ltpx.control.transport.sender import RETX_BYTE, data_headers
+    from ltpx.dataplane.xdp import wire as W
+    lay = ChunkLayout(1000, 1424)
+    flags = np.array([W.F_CRITICAL, 0, W.F_LAST], dtype=np.uint16)
+    h = data_headers(7, 9, 1, 3, flags, lay).reshape(3, W.HDR_LEN)
+    h[:, RETX_BYTE] |= W.F_RETX
+    for c in range(3):
+        assert W.unpack_header(bytes(h[c])).flags == int(flags[c]) | W.F_RETX
+
+
+def test_open_round_rows_and_critical_missing():
+    from ltpx.control.transport.receiver import OpenRound
+    lay = ChunkLayout(1000, 1424)  # 3 chunks
+    st = OpenRound(4, lay, workers=[10, 11], slots=[2, 3], critical=None, reliable=False,
+                   t_open=0.0)
+    assert st.rows == slice(2, 4) and st.total == 6
+    masks = np.array([[True, False, True], [False, True, True]])
+    assert st.critical_missing(masks) == {}     # nothing critical asked for
+    st = OpenRound(4, lay, [10, 11], [3, 1], np.array([True, True, False]), False, 0.0)
+    assert st.rows == [3, 1]                    # not contiguous: indexed as a list
+    assert st.critical_missing(masks) == {10: [1], 11: [0]}
+    st = OpenRound(4, lay, [10, 11], [0, 1], None, True, 0.0)
+    assert st.critical_missing(masks) == {10: [1], 11: [0]}  # reliable: every chunk
+
+
+def test_the_public_api_is_one_set_of_objects():
+    import ltpx.control.transport as T
+    from ltpx.control.transport import endpoint, results
+    from ltpx.errors import TransportError
+    assert set(T.__all__) == set(endpoint.__all__)
+    for name in T.__all__:
+        assert getattr(T, name) is getattr(endpoint, name)
+    assert T.Peer is results.Peer and T.TransportError is TransportError

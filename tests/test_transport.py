@@ -13,7 +13,7 @@ import pytest
 from conftest import requires_bpf
 from ltpx.control.transport.early_close import EarlyClose, EarlyCloseConfig
 from ltpx.control.transport.layout import ChunkLayout
-from ltpx.control.transport.endpoint import Peer
+from ltpx.control.transport import Peer
 from ltpx.dataplane.xdp import wire as W
 
 pytestmark = requires_bpf

@@ -10,7 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...dataplane.xdp.wire import HDR_LEN
+
 ELEM = 4  # bytes per float32
+# what a chunk costs on the wire besides its payload: Ethernet, IPv4, UDP and
+# LTP headers (the capacity a receiver divides is counted in these bytes too)
+FRAME_OVERHEAD = 14 + 20 + 8 + HDR_LEN
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,145 @@
+"""What a sender sends next: chunks found lost (RACK-style) first, then a
+pass's runs of unacknowledged chunks, a GSO batch at a time.
+
+ACK state is a Python int per target: bit c set once chunk c is acknowledged.
+"""
+from __future__ import annotations
+
+REORDER = 3  # a chunk is lost once one sent more than this many places later is acked
+
+
+def pass_runs(order: list[int], acked: list[int], done: list[bool]) -> list[tuple[int, list[int]]]:
+    """A pass's sending order: runs of unacknowledged chunks, one target each
+    (acked[i]: bit c set when target i acknowledged chunk c).
+
+    Targets take turns in runs of a few chunks, so a GSO batch (one target
+    per system call) can form when there are several; a single target has
+    one run."""
+    run = len(order) if len(acked) == 1 else 8
+    out = []
+    for b in range(0, len(order), run):
+        part = order[b:b + run]
+        for i, a in enumerate(acked):
+            if done[i]:
+                continue
+            chunks = [c for c in part if not (a >> c) & 1] if a else part
+            if chunks:
+                out.append((i, chunks))
+    return out
+
+
+class LossDetector:
+    """Which chunks sent to one target were lost, as RACK (RFC 8985) judges.
+
+    The path keeps a flow's packets in order (one queue; on multi-path
+    networks a flow is pinned to one path), so a chunk still unacknowledged
+    when one sent more than `reorder` places after it has been acknowledged
+    was lost,
+    whatever the ACKs' own order. The sender re-sends it at once, instead of
+    after the pass and a wait for the last ACKs. `sent` lists chunks in the
+    order they went out (a re-send appends the chunk again); each position
+    is judged once."""
+
+    def __init__(self, reorder: int = REORDER):
+        self.reorder = reorder
+        self.sent: list[int] = []
+        self.judged = 0  # sent[:judged] are judged: acked, or reported lost
+
+    def restart(self) -> None:
+        """A new pass re-sends everything outstanding: judge only what it sends."""
+        self.judged = len(self.sent)
+
+    def lost(self, acked: int) -> list[int]:
+        """Chunks newly found lost, given the ACK state (bit c: chunk c acked)."""
+        so, start = self.sent, self.judged
+        j = len(so) - 1  # the latest position whose chunk is acked
+        while j >= start and not (acked >> so[j]) & 1:
+            j -= 1
+        out = []
+        p = start
+        while p < j - self.reorder:
+            c = so[p]
+            if not (acked >> c) & 1:
+                out.append(c)
+            p += 1
+        self.judged = max(start, p)
+        return out
+
+
+class BatchPicker:
+    """Which chunks go out in the next GSO batch (one target per system call).
+
+    Chunks found lost (`urgent`: (target, chunk) pairs) go first, then the
+    pass's runs (pass_runs); chunks acknowledged meanwhile are skipped,
+    and a batch ends at the round's short last chunk (GSO segments all but
+    the last share one size). The position is one cursor, (run, chunk in
+    that run, urgent pairs taken): `pick` returns the cursor from before its
+    batch, so a batch the local queue refused is put back with `rewind`."""
+
+    def __init__(self, grp: int, short: int):
+        self.grp = grp  # the group's target index (-1: no group)
+        self.short = short  # the chunk shorter than the rest (-1: none)
+        self.urgent: list[tuple[int, int]] = []
+        self.runs: list[tuple[int, list[int]]] = []
+        self.ri = self.k = self.ui = 0
+        # What the ACKs said when last read: picks skip what has arrived.
+        self.acked: list[int] = []
+        self.closed: list[bool] = []
+        self.acked_open = 0  # what every open target has: a group batch skips it
+
+    def start(self, runs: list, acked: list[int], closed: list[bool]) -> None:
+        """A new pass: its runs; what was queued as lost is in them."""
+        self.runs, self.acked, self.closed = runs, acked, closed
+        self.urgent.clear()
+        self.ri = self.k = self.ui = 0
+
+    def exhausted(self) -> bool:
+        return self.ri >= len(self.runs) and self.ui >= len(self.urgent)
+
+    def rewind(self, at: tuple[int, int, int]) -> None:
+        self.ri, self.k, self.ui = at
+
+    def pick(self, n: int) -> tuple[int, list[int], bool, tuple[int, int, int]]:
+        """The next batch of at most n chunks: (target, chunks, whether they
+        were found lost, the cursor before it). `chunks` may be empty."""
+        at = (self.ri, self.k, self.ui)
+        if self.ui < len(self.urgent):
+            tgt, batch = self._pick_lost(n)
+            return tgt, batch, True, at
+        tgt, batch = self._pick_run(n)
+        return tgt, batch, False, at
+
+    def _pick_lost(self, n: int) -> tuple[int, list[int]]:
+        urgent, j, short = self.urgent, self.ui, self.short
+        tgt = urgent[j][0]
+        a = self.acked[tgt]
+        batch = []
+        while j < len(urgent) and len(batch) < n and urgent[j][0] == tgt:
+            c = urgent[j][1]
+            j += 1
+            if not (a >> c) & 1:
+                batch.append(c)
+                if c == short:
+                    break
+        self.ui = j
+        return tgt, ([] if self.closed[tgt] else batch)
+
+    def _pick_run(self, n: int) -> tuple[int, list[int]]:
+        tgt, chunks = self.runs[self.ri]
+        if tgt == self.grp:
+            a, shut = self.acked_open, all(self.closed)
+        else:
+            a, shut = self.acked[tgt], self.closed[tgt]
+        k, short, batch = self.k, self.short, []
+        while k < len(chunks) and len(batch) < n:
+            c = chunks[k]
+            k += 1
+            if not (a >> c) & 1:
+                batch.append(c)
+                if c == short:
+                    break
+        if k >= len(chunks) or shut:
+            self.ri, self.k = self.ri + 1, 0
+            return tgt, ([] if shut else batch)
+        self.k = k
+        return tgt, batch

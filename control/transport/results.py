@@ -1,0 +1,84 @@
+"""What the transport hands back: the peers it is given, and the reports of
+its pushes (`PushReport`) and of the rounds it receives (`RoundResult`)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...dataplane.xdp import wire as W
+from .layout import ChunkLayout
+
+
+@dataclass
+class Peer:
+    """A host this endpoint talks to: its worker id (the flow owner) and address."""
+
+    worker: int
+    ip: str
+    port: int = W.PORT
+
+
+@dataclass
+class PushReport:
+    round: int
+    chunks: int
+    sent: int
+    resent: int
+    acked: int
+    closed_by_receiver: bool
+    duration_s: float
+    passes: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RoundResult:
+    """What a parameter server gets when a round closes."""
+
+    round: int
+    reason: str                      # complete | early | deadline | timeout
+    duration_s: float                # open -> close
+    active_s: float                  # first chunk -> close
+    workers: list[int]
+    layout: ChunkLayout
+    values: np.ndarray               # float32 [W, nelems]: per-worker, filled (mapped memory)
+    masks: np.ndarray                # bool [W, nchunks]: what arrived
+    filled: np.ndarray               # int [W]: chunks filled per worker
+    threshold: float
+    deadline_s: float
+    late: int = 0                    # packets of closed rounds seen since the last report
+    duplicates: int = 0
+    retx_chunks: int = 0             # chunks that arrived only as a re-send
+    critical_missing: dict = field(default_factory=dict)
+
+    @functools.cached_property
+    def aggregate(self) -> np.ndarray:
+        """float32 [nelems]: mean over workers after filling (accumulated in float64)."""
+        return self.values.mean(axis=0, dtype=np.float64).astype(np.float32)
+
+    @property
+    def delivered_fraction(self) -> float:
+        return float(self.masks.mean()) if self.masks.size else 1.0
+
+    def delivered_per_worker(self) -> dict[int, float]:
+        return {w: float(self.masks[i].mean()) for i, w in enumerate(self.workers)}
+
+    @property
+    def missing_workers(self) -> list[int]:
+        return [w for i, w in enumerate(self.workers) if not self.masks[i].any()]
+
+    def report(self) -> dict:
+        return {"round": self.round, "reason": self.reason,
+                "duration_s": round(self.duration_s, 6), "active_s": round(self.active_s, 6),
+                "delivered_fraction": round(self.delivered_fraction, 6),
+                "delivered_per_worker": {str(k): round(v, 6)
+                                         for k, v in self.delivered_per_worker().items()},
+                "filled_chunks": {str(w): int(self.filled[i]) for i, w in enumerate(self.workers)},
+                "missing_workers": self.missing_workers, "late": self.late,
+                "duplicates": self.duplicates, "retx_chunks": self.retx_chunks,
+                "threshold": round(self.threshold, 6), "deadline_s": round(self.deadline_s, 6),
+                "critical_missing": {str(k): v for k, v in self.critical_missing.items()}}

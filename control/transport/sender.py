@@ -1,0 +1,344 @@
+"""Sending a round: a `Push` plans one round's packets to one or more targets
+and sends them, paced, re-sending what is lost while the receivers want it."""
+from __future__ import annotations
+
+import errno
+import functools
+import operator
+import socket
+import struct
+import time
+
+import numpy as np
+
+from ...dataplane.xdp import wire as W
+from ...errors import TransportError
+from .layout import FRAME_OVERHEAD, ChunkLayout, as_f32
+from .loss import BatchPicker, LossDetector, pass_runs
+from .rate import Pacer
+from .results import Peer, PushReport
+
+UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
+TAIL_WAIT = 0.002  # after a pass, how long the last ACKs may take before a re-send pass
+# A re-send is flagged in the header bytes themselves, in place: flags is a
+# big-endian u16, so RETX (< 0x100) lives in its second, low-order byte.
+RETX_BYTE = W.OFF["flags"] + 1
+assert W.F_RETX < 0x100
+
+
+def data_headers(job: int, round_: int, worker: int, nch: int, flags: np.ndarray,
+                 layout: ChunkLayout) -> np.ndarray:
+    """The DATA headers of a round for one target, as one byte array."""
+    h = np.zeros(nch, dtype=W.HDR_DTYPE)
+    h["magic"], h["version"], h["type"] = W.MAGIC, W.VERSION, W.T_DATA
+    h["flags"], h["worker"], h["job"], h["round"] = flags, worker, job, round_
+    h["chunk"] = np.arange(nch)
+    h["nchunks"] = nch
+    h["len"] = layout.chunk_bytes
+    h["len"][-1] = layout.last_len
+    return h.view(np.uint8)
+
+
+class Sender:
+    """What an endpoint's pushes share: its socket, maps and peers, and the
+    rate each target last advertised (a push to it starts there)."""
+
+    def __init__(self, sock: socket.socket, maps, peers: dict[int, int], *, job: int,
+                 chunk_bytes: int, max_elems: int, initial_rate_bps: float):
+        self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
+        self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
+        self.initial_rate_bps = initial_rate_bps
+        self.rate_hint: dict[int, float] = {}
+        self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
+
+    def prepare(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
+                reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None,
+                group: tuple[str, int] | None = None) -> "Push":
+        """Check a push's arguments and plan it (see Endpoint.prepare_push)."""
+        targets = [to] if isinstance(to, Peer) else list(to)
+        if not targets:
+            raise ValueError("push needs at least one target peer")
+        for t in targets:
+            if t.worker not in self.peers:
+                raise ValueError(f"peer worker id {t.worker} is not configured on this endpoint")
+        arr = as_f32(buf)
+        if arr.size > self.max_elems:
+            raise ValueError(f"buffer of {arr.size} elements exceeds max_elems={self.max_elems}")
+        layout = ChunkLayout(arr.size, self.chunk_bytes)
+        nch = layout.nchunks
+        crit = np.ones(nch, dtype=bool) if reliable else (
+            np.zeros(nch, dtype=bool) if critical is None else np.asarray(critical, dtype=bool))
+        if crit.shape != (nch,):
+            raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
+        return Push(self, round_, arr, layout, targets, crit, reliable=reliable,
+                    timeout_s=timeout_s, seed=seed, group=group)
+
+    def start_rate(self, targets: list[Peer], group: bool) -> float:
+        hints = [self.rate_hint.get(t.worker, self.initial_rate_bps) for t in targets]
+        return min(hints) if group else sum(hints)  # a group packet reaches them all
+
+    def learn_rates(self, targets: list[Peer], low_kbps: list[int]) -> None:
+        for t, r in zip(targets, low_kbps):
+            if r:
+                self.rate_hint[t.worker] = r * 1000
+
+
+class Push:
+    """One push of one round to one or more targets (made by Sender.prepare).
+
+    Planned when made, so it can be made ahead of a barrier: the chunk order
+    (random per round), every header, the iovec pieces. `send` then runs
+    passes until every target closed the round or acknowledged every chunk.
+    `buf` (kept here: the pieces point into it) must not change until then."""
+
+    def __init__(self, sender: Sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
+                 targets: list[Peer], crit: np.ndarray, *, reliable: bool, timeout_s: float,
+                 seed: int | None, group: tuple[str, int] | None):
+        self.sender, self.round_, self.buf, self.layout = sender, round_, buf, layout
+        self.targets, self.crit, self.reliable, self.timeout_s = targets, crit, reliable, timeout_s
+        self.group = group is not None  # the last of hdrs/addrs/pieces is the group
+        self.slots = [sender.peers[t.worker] for t in targets]
+        for s in self.slots:
+            sender.maps.tx_start(round_, s)
+        rng = np.random.default_rng(seed if seed is not None else
+                                    (round_ * 1_000_003 + targets[0].worker) % 2**32)
+        self.order = rng.permutation(layout.nchunks).tolist()
+        self.hdrs, self.addrs = self._plan_headers(group)
+        self.bodies = self._plan_bodies()
+        self.pieces = self._plan_pieces()
+        nt = len(targets)  # a group push's first pass goes to the group alone
+        self.runs = ([(nt, self.order)] if self.group else
+                     pass_runs(self.order, [0] * nt, [False] * nt))
+
+    # ------------------------------------------------------------------ plan
+    def _plan_headers(self, group: tuple[str, int] | None) -> tuple[list, list]:
+        """Every header of the round, per target ([chunk] -> 32 bytes), and the addresses."""
+        nch, lay, job, r = self.layout.nchunks, self.layout, self.sender.job, self.round_
+        flags = np.full(nch, W.F_RELIABLE if self.reliable else 0, dtype=np.uint16)
+        flags[self.crit] |= W.F_CRITICAL
+        flags[-1] |= W.F_LAST
+        hdrs = [memoryview(data_headers(job, r, t.worker, nch, flags, lay)) for t in self.targets]
+        addrs = [(t.ip, t.port) for t in self.targets]
+        if group is not None:  # one more "target": the group, its headers flagged GROUP
+            hdrs.append(memoryview(data_headers(job, r, 0, nch, flags | W.F_GROUP, lay)))
+            addrs.append((group[0], int(group[1])))
+        return hdrs, addrs
+
+    def _plan_bodies(self) -> list[memoryview]:
+        payload, cb = memoryview(self.buf).cast("B"), self.sender.chunk_bytes
+        return [payload[c * cb:c * cb + self.layout.chunk_len(c)]
+                for c in range(self.layout.nchunks)]
+
+    def _plan_pieces(self) -> list:
+        """Per target and chunk, the two iovec pieces: header (its RETX flag is
+        set in place from the second pass on) and payload. A group push
+        sends its first pass to the group only; the few re-sends to single
+        targets build theirs as they go (pieces None)."""
+        nt, hl, bodies = len(self.targets), W.HDR_LEN, self.bodies
+        return [[(h[c * hl:(c + 1) * hl], bodies[c]) for c in range(self.layout.nchunks)]
+                if not self.group or i == nt else None for i, h in enumerate(self.hdrs)]
+
+    # ------------------------------------------------------------------ send
+    def send(self) -> PushReport:
+        """Send the push (see Endpoint.push).
+
+        The loop runs once per system call, not once per chunk: each pass
+        lists the chunks still unacknowledged at its start, and the pacer's
+        tokens take the next few of them as one GSO batch. About once a
+        millisecond it reads what the ACKs say: the rate and the closed flag
+        from the tx map, and which chunks arrived (LossDetector judges them).
+        In a group push, `sent` counts a group datagram once, while `acked`
+        sums over targets."""
+        self._start()
+        while True:
+            closed = self.refresh()
+            acked = self.acked()
+            if self._settle(closed, acked):
+                break
+            if time.perf_counter() - self.t0 > self.timeout_s:
+                self._check_critical(acked)
+                break
+            self._start_pass(acked, closed)
+            self._run_pass()
+        return self._report()
+
+    def _start(self) -> None:
+        """Bind what the passes read: the tx map's rows, the ACK bitmaps, the pacer."""
+        s, nch, nt = self.sender, self.layout.nchunks, len(self.targets)
+        self.sock, self.gso = s.sock, s.gso
+        bank = s.maps.bank_index(self.round_)
+        txv = s.maps.tx[bank]
+        self.tx32 = txv.view(np.uint32).reshape(txv.shape[0], 4)  # round, closed, rate_kbps, acked
+        nwords = -(-nch // 64)
+        self.words = [s.maps.acked[bank, slot, :nwords] for slot in self.slots]
+        self.full = (1 << nch) - 1  # every chunk acked
+        self.hdr_u8 = [np.frombuffer(h, dtype=np.uint8).reshape(nch, W.HDR_LEN) for h in self.hdrs]
+        self.detectors = [LossDetector() for _ in range(nt)]
+        short = nch - 1 if self.layout.last_len != s.chunk_bytes else -1  # must end a GSO batch
+        self.picker = BatchPicker(nt if self.group else -1, short)
+        self.done_t = [False] * nt
+        # The lowest rate a target advertised: its share with every flow active,
+        # the rate to start the next round at (shares grow as flows finish).
+        self.low = [0] * nt
+        self.sent = self.resent = self.passes = 0
+        # The first batch goes at once: the round starts on the barrier, not a
+        # pacing interval later.
+        self.pacer = Pacer(s.start_rate(self.targets, self.group),
+                           pkt_bytes=s.chunk_bytes + FRAME_OVERHEAD, full=True)
+        self.t0 = time.perf_counter()
+
+    def acked(self) -> list[int]:
+        """The ACK state per target (bit c: chunk c acked)."""
+        return [int.from_bytes(w.tobytes(), "little") for w in self.words]
+
+    def refresh(self) -> list[bool]:
+        """Closed flags; sets the pacer to the sum of the advertised rates
+        (their minimum during a group pass)."""
+        tx32, low = self.tx32, self.low
+        closed = [bool(tx32[s, 1]) for s in self.slots]
+        rates = [int(tx32[s, 2]) for s in self.slots]
+        for i, r in enumerate(rates):
+            if r and (not low[i] or r < low[i]):
+                low[i] = r
+        if all(rates):  # a group packet reaches every target at once
+            self.pacer.set_rate((min(rates) if self.group and self.passes <= 1
+                                 else sum(rates)) * 1000)
+        return closed
+
+    def detect_losses(self) -> list[int]:
+        """The ACK state per target; queues the chunks found lost, flagged RETX."""
+        acked = self.acked()
+        urgent, hdr_u8 = self.picker.urgent, self.hdr_u8
+        for i, det in enumerate(self.detectors):
+            for c in det.lost(acked[i]):
+                urgent.append((i, c))
+                hdr_u8[i][c, RETX_BYTE] |= W.F_RETX
+        return acked
+
+    def _settle(self, closed: list[bool], acked: list[int]) -> bool:
+        """Mark the targets that are done; True once all are. CLOSED means the
+        receiver is done: it closes a round only once its critical data is in
+        (all of it, for a reliable round)."""
+        done, full = self.done_t, self.full
+        for i, d in enumerate(done):
+            if not d:
+                done[i] = closed[i] or acked[i] == full
+        return all(done)
+
+    def _check_critical(self, acked: list[int]) -> None:
+        """At the timeout: fail if a target lacks critical chunks (reliable: any)."""
+        crit = np.flatnonzero(self.crit).tolist()
+        if self.reliable or any(not all((a >> c) & 1 for c in crit) for a in acked):
+            raise TransportError(
+                f"round {self.round_}: critical chunks unacknowledged after "
+                f"{self.timeout_s:g}s (targets {[t.ip for t in self.targets]})")
+
+    def _start_pass(self, acked: list[int], closed: list[bool]) -> None:
+        if self.passes == 0:
+            runs = self.runs  # made ready with the plan
+        else:  # from the second pass on, every chunk is a re-send
+            if self.passes == 1:
+                for hv in self.hdr_u8:
+                    hv[:, RETX_BYTE] |= W.F_RETX
+            runs = pass_runs(self.order, acked, self.done_t)
+            for det in self.detectors:  # this pass re-sends whatever is still out
+                det.restart()
+        self.passes += 1
+        self.picker.start(runs, acked, closed)
+
+    def _run_pass(self) -> None:
+        """One pass, a batch per system call as the pacer's tokens allow, then
+        a short wait for its last ACKs (still looking for losses)."""
+        picker, pacer = self.picker, self.pacer
+        pick, take, refund, send_batch = picker.pick, pacer.take, pacer.refund, self._send_batch
+        clock, t0, timeout_s = time.perf_counter, self.t0, self.timeout_s
+        detectors, grp = self.detectors, picker.grp
+        all_resent = self.passes > 1
+        sent = resent = 0
+        refresh_at, wait_until = 0.0, None
+        while True:
+            if picker.exhausted():
+                # The pass is out: give its last ACKs a round-trip (plus
+                # queueing) to come back.
+                now = clock()
+                if wait_until is None:
+                    wait_until = now + TAIL_WAIT
+                if now >= wait_until or self._all_closed_or_acked():
+                    break
+                time.sleep(0.0002)
+                picker.acked = self.detect_losses()
+                continue
+            n = take()
+            now = clock()
+            if now >= refresh_at:  # what the ACKs say, about once a millisecond
+                refresh_at = now + 0.001
+                if not self._read_acks():
+                    break
+            tgt, batch, lost, at = pick(n)
+            if len(batch) < n:
+                refund(n - len(batch))
+            if not batch:
+                continue
+            if not send_batch(tgt, batch):
+                if clock() - t0 > timeout_s:
+                    break  # the device stays full: the pass ends, the timeout rules
+                time.sleep(0.0002)  # local queue full: back off, retry these
+                picker.rewind(at)
+                continue
+            for det in (detectors if tgt == grp else (detectors[tgt],)):
+                det.sent.extend(batch)
+            wait_until = None
+            sent += len(batch)
+            if all_resent or lost:
+                resent += len(batch)
+        self.sent += sent
+        self.resent += resent
+
+    def _read_acks(self) -> bool:
+        """Rates, closed flags and losses into the picker; False once every
+        target closed the round."""
+        closed = self.refresh()
+        if all(closed):
+            return False
+        picker = self.picker
+        picker.acked = acked = self.detect_losses()
+        picker.closed = closed
+        if picker.grp >= 0:
+            picker.acked_open = functools.reduce(
+                operator.and_, (a for a, c in zip(acked, closed) if not c), self.full)
+        return True
+
+    def _all_closed_or_acked(self) -> bool:
+        tx32, full = self.tx32, self.full
+        return all(tx32[s, 1] or int.from_bytes(w.tobytes(), "little") == full
+                   for s, w in zip(self.slots, self.words))
+
+    def _send_batch(self, tgt: int, batch: list[int]) -> bool:
+        """One sendmsg to one target (GSO when several chunks); False when the
+        local queue is full (ENOBUFS, EAGAIN) and the batch must wait."""
+        pc = self.pieces[tgt]
+        if pc is not None:
+            iov = [p for c in batch for p in pc[c]]
+        else:
+            h, bodies, hl = self.hdrs[tgt], self.bodies, W.HDR_LEN
+            iov = []
+            for c in batch:
+                iov += (h[c * hl:(c + 1) * hl], bodies[c])
+        try:
+            self.sock.sendmsg(iov, self.gso if len(batch) > 1 else (), 0, self.addrs[tgt])
+        except OSError as e:
+            if e.errno not in (errno.ENOBUFS, errno.EAGAIN):
+                raise
+            return False
+        return True
+
+    def _report(self) -> PushReport:
+        self.sender.learn_rates(self.targets, self.low)
+        tx32 = self.tx32
+        return PushReport(round=self.round_, chunks=self.layout.nchunks, sent=self.sent,
+                          resent=self.resent, acked=sum(a.bit_count() for a in self.acked()),
+                          closed_by_receiver=all(bool(tx32[s, 1]) for s in self.slots),
+                          duration_s=time.perf_counter() - self.t0, passes=self.passes)
+
+
+PushPlan = Push  # the name of a prepared push before it became the Push itself
