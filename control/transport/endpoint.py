@@ -68,6 +68,9 @@ class Endpoint:
     DATA sent to a group address (`push_reliable(..., group=...)`): its XDP
     program takes such packets as addressed to self_id and ACKs them from
     this host's own MAC and address.
+    role: "ps" or "worker", as `ltp status` lists this endpoint; by default a
+    worker when self_id is given (workers name themselves), else a PS. Never
+    from the peer count: a PS with one worker has one peer, as a worker does.
     """
 
     def __init__(self, dev: str, ip: str, peers: dict[int, int], max_elems: int, *,
@@ -75,7 +78,9 @@ class Endpoint:
                  capacity_bps: float = 1e9, chunk_bytes: int = 1424, port: int = W.PORT,
                  early_close: EarlyCloseConfig | None = None, bubble_strategy: str = "mean",
                  initial_rate_bps: float | None = None, publish: bool = True,
-                 self_id: int | None = None):
+                 self_id: int | None = None, role: str | None = None):
+        if role not in (None, "ps", "worker"):
+            raise ValueError(f"role must be ps or worker, got {role!r}")
         if self_id is not None and self_id not in peers:
             raise ValueError(f"self_id {self_id} must be one of the peers {sorted(peers)}")
         if bubble_strategy not in STRATEGIES:
@@ -90,6 +95,7 @@ class Endpoint:
         self.dp = Dataplane(Geometry(slots=self.slots, max_chunks=max_chunks,
                                      chunk_bytes=chunk_bytes, port=port), job=job)
         self._published = None
+        self.role = role or ("worker" if self_id is not None else "ps")
         try:
             self.maps = self.dp.maps()
             self.maps.set_peers(self.peers)
@@ -116,7 +122,7 @@ class Endpoint:
     def _publish(self, dev: str, ns: str | None, mode: str) -> None:
         from ...dataplane.xdp import registry
         ns = ns or netns.current()  # a process started inside a namespace
-        registry.publish(self.dp, dev, ns, role="ps" if len(self.peers) > 1 else "worker",
+        registry.publish(self.dp, dev, ns, role=self.role,
                          job=self.job, mode=mode, peers=self.peers)
         self._published = (dev, ns)
 
