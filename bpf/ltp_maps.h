@@ -103,8 +103,15 @@ struct ltp_slot_stats {
 	__u64 acks_stale;
 };
 
-/* Round outcomes per slot, decided in user space (control/transport.py
- * Endpoint._collect) and recorded with LtpMaps.record_round. Counts are in
+/* Round times (open to close) in ltp_round_stats.time_hist: bucket i counts
+ * rounds that took at most LTP_ROUND_TIME_BASE_US << i microseconds, the last
+ * bucket every longer round (0.1 ms .. 26.2 s, then the rest). User space
+ * only: `ltp exporter` serves them as a histogram. */
+#define LTP_ROUND_TIME_BUCKETS 20
+#define LTP_ROUND_TIME_BASE_US 100
+
+/* Round outcomes per slot, decided in user space (control/transport/receiver.py
+ * Receiver.collect) and recorded with LtpMaps.record_round. Counts are in
  * rounds, chunk sums in chunks; "filled" = chunks that did not arrive and
  * were Bubble-Filled (every strategy fills every hole). */
 struct ltp_round_stats {
@@ -118,6 +125,8 @@ struct ltp_round_stats {
 	__u32 last_delivered;  /* chunks delivered in that round */
 	__u32 last_filled;     /* chunks filled in that round */
 	__u32 pad;
+	__u64 time_us;         /* round times summed, microseconds (rounds recorded with one) */
+	__u64 time_hist[LTP_ROUND_TIME_BUCKETS];  /* rounds per time bucket, see above */
 };
 
 /* Per-bank rate sharing. The control plane opens a round with `active` =

@@ -211,7 +211,8 @@ class Receiver:
         chunked = maps.mem[bank][st.rows, :nch * ce].reshape(len(slots), nch, ce)
         filled = self._fill(st, chunked, masks)
         for i, s in enumerate(slots):  # round outcomes, for `ltp flows` from any process
-            maps.record_round(s, reason, int(masks[i].sum()), int(filled[i]), round_=round_)
+            maps.record_round(s, reason, int(masks[i].sum()), int(filled[i]), round_=round_,
+                              duration_s=t_close - st.t_open)
         values = chunked.reshape(len(slots), nch * ce)[:, :layout.nelems]
         prog = maps.progress[bank][slots]
         late, dups = self._late_and_duplicates()

@@ -8,6 +8,7 @@ code serves the process that loaded the program and one that opened its pins.
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import mmap
 import os
@@ -110,8 +111,13 @@ class Tx(ctypes.Structure):
                 ("rate_kbps", ctypes.c_uint32), ("acked", ctypes.c_uint32)]
 
 
-#: Round outcomes, as Endpoint._collect decides them; field names of RoundStats.
+#: Round outcomes, as Receiver.collect decides them; field names of RoundStats.
 ROUND_REASONS = ("complete", "early", "deadline", "timeout")
+ROUND_TIME_BUCKETS = _D["LTP_ROUND_TIME_BUCKETS"]
+#: upper bounds (seconds) of RoundStats.time_hist's buckets but the last,
+#: which takes every longer round
+ROUND_TIME_BOUNDS_S = tuple((_D["LTP_ROUND_TIME_BASE_US"] << i) / 1e6
+                            for i in range(ROUND_TIME_BUCKETS - 1))
 
 
 class RoundStats(ctypes.Structure):
@@ -120,7 +126,8 @@ class RoundStats(ctypes.Structure):
     _fields_ = [*((n, ctypes.c_uint64) for n in ROUND_REASONS),
                 ("delivered", ctypes.c_uint64), ("filled", ctypes.c_uint64),
                 ("last_round", ctypes.c_uint32), ("last_delivered", ctypes.c_uint32),
-                ("last_filled", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+                ("last_filled", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("time_us", ctypes.c_uint64), ("time_hist", ctypes.c_uint64 * ROUND_TIME_BUCKETS)]
 
 
 class Share(ctypes.Structure):
@@ -366,9 +373,10 @@ class LtpMaps:
 
     # --- round outcomes (decided in user space, kept in ltp_rounds) -----
     def record_round(self, slot: int, reason: str, delivered_chunks: int, filled_chunks: int,
-                     *, round_: int | None = None) -> None:
+                     *, round_: int | None = None, duration_s: float | None = None) -> None:
         """Count one closed round of `slot`: why it closed (one of
-        ROUND_REASONS) and how many of its chunks arrived and were filled.
+        ROUND_REASONS), how many of its chunks arrived and were filled and,
+        if given, how long it was open (into the time histogram).
 
         One writer per program (the receiving endpoint): this is a read,
         modify, write of the slot's entry, not atomic across processes."""
@@ -389,16 +397,22 @@ class LtpMaps:
             st.last_round = int(round_) % 2**32
         st.last_delivered = min(int(delivered_chunks), 2**32 - 1)
         st.last_filled = min(int(filled_chunks), 2**32 - 1)
+        if duration_s is not None:
+            st.time_us += max(0, round(duration_s * 1e6))
+            # the first bucket whose bound is >= the time; past the last bound, the last
+            st.time_hist[bisect.bisect_left(ROUND_TIME_BOUNDS_S, duration_s)] += 1
         self.rounds.set(slot, st)
 
-    def round_stats(self, slot: int) -> dict[str, int]:
+    def round_stats(self, slot: int) -> dict[str, int | list[int]]:
         """Round outcomes of `slot`: complete, early, deadline, timeout (rounds),
         delivered, filled (chunks over all recorded rounds), last_round,
-        last_delivered, last_filled; all zero if nothing was recorded."""
-        if self.rounds is None:
-            return {n: 0 for n, *_ in RoundStats._fields_ if n != "pad"}
-        st = self.rounds.get(slot)
-        return {n: int(getattr(st, n)) for n, *_ in RoundStats._fields_ if n != "pad"}
+        last_delivered, last_filled, time_us and time_hist (a list, buckets
+        of ROUND_TIME_BOUNDS_S); all zero if nothing was recorded."""
+        st = self.rounds.get(slot) if self.rounds is not None else RoundStats()
+        out = {n: int(getattr(st, n)) for n, *_ in RoundStats._fields_
+               if n not in ("pad", "time_hist")}
+        out["time_hist"] = [int(v) for v in st.time_hist]
+        return out
 
     def last_header(self, counter: str) -> LtpHdr:
         return self.lasthdr.get(COUNTERS.index(counter))
