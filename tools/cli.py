@@ -10,17 +10,19 @@ import importlib
 import json
 import sys
 
+from .. import __version__
 from .common import EXIT_USAGE, run
 
 # Subcommand modules, in help order.
 COMMANDS = ["cmd_demo", "cmd_train", "cmd_doctor", "cmd_ops", "cmd_flows", "cmd_capture",
-            "cmd_bench", "cmd_rig", "cmd_paths"]
+            "cmd_exporter", "cmd_bench", "cmd_rig", "cmd_paths"]
 
 EPILOG = """examples:
   ltp doctor --fix          check (and repair) root, bcc, headers, bpffs
   ltp demo                  push one tensor through the XDP program on a veth pair
   ltp bench xdp -j          ns per packet: XDP path vs a Python socket loop
   ltp rig up --workers 8    build a netns incast rig
+  ltp --version             the version of this ltp
 """
 
 
@@ -38,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ltp", description="LTP: loss-tolerant gradient transport with an XDP "
                 "receive path.", epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"ltp {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:

@@ -3,7 +3,7 @@ or live. Both read the pinned maps of what `ltp load` (or a running
 endpoint) left; see cmd_ops.py for load/unload/status and docs/operations.md.
 
   ltp flows [DEV] [--netns NS] [-j]
-  ltp top [DEV] [--netns NS] [--interval 1] [--iterations N]
+  ltp top [DEV] [--netns NS] [--interval 1] [-c N] [-j]
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import sys
 import time
 from typing import Any
 
-from .common import LtpError, UsageError, add_json, emit, need_root
+from .common import LtpError, UsageError, add_json, emit, need_root, table, wants_json
 from .flags import add_netns
-from .ops import add_parser, check_dev, guard, job_text, netns_arg, ns_filter, registry
+from .ops import add_parser, check_dev, guard, job_text, listed_ns, netns_arg, registry
 
 FLOWS_EPILOG = """examples:
   sudo ltp flows                          every loaded program
@@ -33,10 +33,13 @@ the control plane (LtpMaps.record_round): without it they stay 0 and LOSS is
 TOP_EPILOG = """examples:
   sudo ltp top
   sudo ltp top --netns ltp-default-ps --interval 0.5
-  sudo ltp top --iterations 3 > snapshot.txt      (batch mode: no terminal needed)
+  sudo ltp top -c 3 > snapshot.txt        (batch mode: no terminal needed)
+  sudo ltp top -j --interval 5 | jq -c '.programs[].flows[] | {worker, rates}'
 
 Rows are sorted by the loss of the last recorded round (then over all rounds).
 Rates are per second over the interval. Keys: q quits (Ctrl-C too).
+-j prints one JSON object a line per interval: {time, interval_s, programs:
+[the `ltp flows -j` snapshot, each flow with "rates" per second], errors}.
 """
 
 
@@ -50,8 +53,9 @@ def register(sub) -> None:
     _add_targets(p)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between updates "
                    "(0.1..60, default 1)")
-    p.add_argument("--iterations", type=int, metavar="N",
-                   help="stop after N updates (default: until q or Ctrl-C)")
+    p.add_argument("-c", "--count", "--iterations", type=int, metavar="N", dest="iterations",
+                   help="stop after N updates (default: until q, Ctrl-C or SIGTERM)")
+    add_json(p)
     p.set_defaults(func=guard(cmd_top))
 
 
@@ -67,7 +71,7 @@ def _targets(args) -> list:
     dev = check_dev(args.dev)
     if dev:
         return [reg.find(dev, netns_arg(args.netns))]
-    return [reg.find(d, n) for n, d in reg.entries(ns_filter(args.netns))]
+    return [reg.find(d, n) for n, d in reg.entries(listed_ns(args.netns))]
 
 
 # --------------------------------------------------------------------------- formats
@@ -97,8 +101,10 @@ def _pct(x: float | None) -> str:
 
 # --------------------------------------------------------------------------- flows
 
+#: (header, width): counters get a K/M/G suffix past their width, so a row
+#: fits 80 columns whatever the counts
 FLOW_COLS = [("WORKER", 6), ("PKTS", 7), ("BYTES", 7), ("ACKS", 7), ("DUP", 5), ("LATE", 5),
-             ("OOR", 5), ("LAST", 6), ("FILL", 5), ("LOSS%", 6)]
+             ("OOR", 5), ("LAST", 6), ("FILL", 5), ("LOSS%", 6), ("C/E/D/T", 11)]
 
 
 def _snapshots(recs: list) -> list[dict]:
@@ -145,37 +151,44 @@ def _program_line(t: dict) -> str:
     return _wrap("program: " + ", ".join(f"{_DROP_NAMES[k]} {t[k]}" for k in shown))
 
 
-def flows_text(snaps: list[dict]) -> str:
+def _flow_table(s: dict):
+    """One program's rows and its total, columns as FLOW_COLS."""
+    t = table([(h, "right", False) for h, _ in FLOW_COLS], [], least=[w for _, w in FLOW_COLS])
+    for r in s["flows"]:
+        rd, last = r["rounds"], r["last_round"] is not None
+        vals = [r["worker"], r["packets"], r["bytes"], r["acks"], r["dup"], r["late"],
+                r["out_of_range"], r["last_delivered"] if last else None,
+                r["last_filled"] if last else None]
+        t.add_row(*[_human(v, w) for v, (_, w) in zip(vals, FLOW_COLS)], _pct(r["loss"]),
+                  f"{rd['complete']}/{rd['early']}/{rd['deadline']}/{rd['timeout']}")
+    tot = s["totals"]
+    t.add_row("total", *[_human(tot[k], w) for k, (_, w) in
+                         zip(("packets", "bytes", "acks", "dup", "late", "out_of_range"),
+                             FLOW_COLS[1:])], style="bold")
+    return t
+
+
+def flows_text(snaps: list[dict]):
+    from rich.console import Group
+    from rich.text import Text
     if not snaps:
         return "(nothing loaded: `ltp load DEV --role ps --workers N` loads a program)"
-    blocks = []
+    parts: list[Any] = []
     for s in snaps:
+        if parts:
+            parts.append(Text(""))
         if "error" in s:
-            blocks.append(_wrap(f"{s['netns']}/{s['dev']}: error: {s['error']}"))
+            parts.append(Text(_wrap(f"{s['netns']}/{s['dev']}: error: {s['error']}"),
+                              style="red"))
             continue
-        lines = [_program_title(s),
-                 " ".join(f"{n:>{w}}" for n, w in FLOW_COLS) + "  C/E/D/T"]
-        for r in s["flows"]:
-            rd = r["rounds"]
-            vals = [r["worker"], r["packets"], r["bytes"], r["acks"], r["dup"], r["late"],
-                    r["out_of_range"], r["last_delivered"] if r["last_round"] is not None else None,
-                    r["last_filled"] if r["last_round"] is not None else None]
-            cells = [_human(v, w) for v, (_, w) in zip(vals, FLOW_COLS)] + [_pct(r["loss"])]
-            lines.append(" ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, FLOW_COLS))
-                         + f"  {rd['complete']}/{rd['early']}/{rd['deadline']}/{rd['timeout']}")
-        t = s["totals"]
-        tot = ["total", t["packets"], t["bytes"], t["acks"], t["dup"], t["late"],
-               t["out_of_range"]]
-        lines.append(" ".join(f"{_human(c, w) if not isinstance(c, str) else c:>{w}}"
-                              for c, (_, w) in zip(tot, FLOW_COLS)).rstrip())
-        lines.append(_program_line(t))
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+        parts += [Text(_program_title(s), style="bold"), _flow_table(s),
+                  Text(_program_line(s["totals"]))]
+    return Group(*parts)
 
 
 def cmd_flows(args) -> int | None:
     check_dev(args.dev)
-    ns_filter(args.netns)
+    listed_ns(args.netns)
     need_root("ltp flows")
     snaps = _snapshots(_targets(args))
     broken = [s for s in snaps if "error" in s]
@@ -263,11 +276,6 @@ class _Keys:
             import termios
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
 
-    def __exit__(self, *exc) -> None:
-        if self.saved is not None:
-            import termios
-            termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
-
 
 class _Sampler:
     """Snapshots of the programs `ltp top` shows: each program's pinned maps
@@ -315,9 +323,9 @@ def cmd_top(args) -> None:
     if not 0.1 <= args.interval <= 60:
         raise UsageError(f"--interval: must be in 0.1..60 seconds, got {args.interval}")
     if args.iterations is not None and args.iterations < 1:
-        raise UsageError(f"--iterations: must be at least 1, got {args.iterations}")
+        raise UsageError(f"--count: must be at least 1, got {args.iterations}")
     check_dev(args.dev)
-    ns_filter(args.netns)
+    listed_ns(args.netns)
     need_root("ltp top")
     sample = _Sampler(args)
 
@@ -326,8 +334,11 @@ def cmd_top(args) -> None:
 
     old_term = signal.signal(signal.SIGTERM, on_term)
     try:
-        with _Keys() as keys:
-            _top_loop(args, sample, keys)
+        if wants_json(args):
+            _top_json(args, sample)
+        else:
+            with _Keys() as keys:
+                _top_loop(args, sample, keys)
     except KeyboardInterrupt:
         pass
     finally:
@@ -336,7 +347,7 @@ def cmd_top(args) -> None:
 
 
 def _top_loop(args, sample: _Sampler, keys: _Keys) -> None:
-    """Update every --interval until q, Ctrl-C or --iterations updates: in
+    """Update every --interval until q, Ctrl-C or --count updates: in
     place on a terminal (full screen), else one printed block per update."""
     import contextlib
 
@@ -363,3 +374,24 @@ def _top_loop(args, sample: _Sampler, keys: _Keys) -> None:
             n += 1
             if args.iterations and n >= args.iterations:
                 break
+
+
+def _top_json(args, sample: _Sampler) -> None:
+    """-j: after every --interval, one JSON object (a line; -p indents it):
+    each program's flows snapshot, each flow with its per-second rates over
+    the interval, until --count objects, Ctrl-C or SIGTERM."""
+    from ..dataplane.xdp import flows
+    snaps, _ = sample()
+    n = 0
+    while not args.iterations or n < args.iterations:
+        prev = {(s["netns"], s["dev"]): s for s in snaps}
+        time.sleep(args.interval)
+        snaps, errors = sample()
+        for s in snaps:
+            rates = flows.rates(prev.get((s["netns"], s["dev"])), s)
+            for r in s["flows"]:
+                r["rates"] = rates.get((r["worker"], r["slot"]))
+        emit(args, {"time": time.time(), "interval_s": args.interval, "programs": snaps,
+                    "errors": errors})
+        sys.stdout.flush()
+        n += 1

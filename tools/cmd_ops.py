@@ -15,9 +15,10 @@ from any process. Exit codes: 0 ok, 1 runtime error, 2 usage error.
 """
 from __future__ import annotations
 
-from .common import UsageError, add_json, emit, need_bcc, need_root
+from .common import UsageError, add_json, emit, need_bcc, need_root, table
 from .flags import add_netns, add_port, add_xdp_mode, check_port
-from .ops import add_parser, check_dev, guard, job_text, netns_arg, ns_filter, registry
+from .ops import (add_parser, check_dev, guard, job_text, listed_ns, netns_arg, ns_filter,
+                  registry)
 
 DEFAULT_CHUNK_BYTES = 1424
 DEFAULT_MAX_CHUNKS = 256
@@ -211,33 +212,33 @@ def cmd_unload(args) -> None:
 
 # --------------------------------------------------------------------------- status
 
-STATUS_COLS = [("NAMESPACE", 17, "<"), ("DEVICE", 15, "<"), ("MODE", 6, "<"), ("PROG", 6, ">"),
-               ("ROLE", 6, "<"), ("JOB", 10, "<"), ("MAPS", 5, ">"), ("STATE", 9, "<")]
+#: (header, justify, may shrink): NAMESPACE and DEVICE give way (ending in
+#: "…") when a row would not fit the terminal, or 80 columns off a terminal
+STATUS_COLS = [("NAMESPACE", "left", True), ("DEVICE", "left", True), ("MODE", "left", False),
+               ("PROG", "right", False), ("ROLE", "left", False), ("JOB", "left", False),
+               ("MAPS", "right", False), ("STATE", "left", False)]
 
 
-def _fit(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "*"
-
-
-def _table_row(cols, values) -> str:
-    return " ".join(f"{_fit(str(v), w):{a}{w}}" for (_, w, a), v in zip(cols, values)).rstrip()
-
-
-def status_text(rows: list[dict]) -> str:
-    out = [_table_row(STATUS_COLS, [c[0] for c in STATUS_COLS])]
+def status_text(rows: list[dict]):
+    from rich.console import Group
+    from rich.text import Text
+    cells = []
     for r in rows:
         maps = (str(r["maps_pinned"]) if r["maps_pinned"] == r["maps_expected"]
                 else f"{r['maps_pinned']}/{r['maps_expected']}")
         prog = r["prog_id"] or r["pinned_prog_id"] or "-"
-        out.append(_table_row(STATUS_COLS, [r["netns"], r["dev"], r["mode"] or "-", prog,
-                                            r["role"] or "-", job_text(r["job"]), maps,
-                                            r["state"]]))
+        cells.append([r["netns"], r["dev"], r["mode"] or "-", str(prog), r["role"] or "-",
+                      job_text(r["job"]), maps, r["state"]])
+    t = table(STATUS_COLS, cells)
+    for r, row in zip(rows, cells):
+        t.add_row(*row, style=None if r["state"] == "ok" else "red")
     if not rows:
-        out.append("(nothing loaded: `ltp load DEV --role ps --workers N` loads a program)")
-    return "\n".join(out)
+        return Group(t, Text("(nothing loaded: `ltp load DEV --role ps --workers N` loads "
+                             "a program)"))
+    return t
 
 
 def cmd_status(args) -> None:
-    ns = ns_filter(args.netns)
+    ns = listed_ns(args.netns)
     need_root("ltp status")
     emit(args, registry().status(ns), status_text)

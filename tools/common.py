@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any, Callable
@@ -34,15 +35,65 @@ def wants_json(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False) or getattr(args, "pretty", False))
 
 
-def emit(args: argparse.Namespace, obj: Any, text: Callable[[Any], str] | str | None = None) -> None:
-    """Print `obj` as JSON under -j, else `text(obj)` (or `text`)."""
+def emit(args: argparse.Namespace, obj: Any, text: Callable[[Any], Any] | str | None = None) -> None:
+    """Print `obj` as JSON under -j, else `text(obj)` (or `text`): a string,
+    or a rich renderable (a table), drawn as wide as the terminal (80
+    columns when the output is not one)."""
     if wants_json(args):
         print(json.dumps(obj, indent=2 if getattr(args, "pretty", False) else None,
                          default=_json_default))
     elif text is not None:
         out = text(obj) if callable(text) else text
-        if out:
-            print(out)
+        if isinstance(out, str):
+            if out:
+                print(out)
+        elif out is not None:
+            console().print(out)
+
+
+def console(stderr: bool = False):
+    """A rich Console for tables: no markup or highlighting in the data (a
+    namespace called "[red]" stays that text), colour only on a terminal."""
+    from rich.console import Console
+    return Console(stderr=stderr, markup=False, highlight=False, emoji=False)
+
+
+def table(columns: list[tuple[str, str, bool]], rows: list[list[str]], width: int | None = None,
+          least: list[int] | None = None, **style):
+    """A rich Table of plain columns (no box, one space apart) that fits
+    `width` (default: the terminal's, 80 off a terminal). columns: (header,
+    "left" or "right", may shrink); each is as wide as its widest cell in
+    `rows` (at least `least[i]`). When that is too wide, the widest shrinkable
+    column gives way first, its long cells ending in "…". The caller adds
+    the rows (add_row), with styles if it wants."""
+    from rich.table import Table
+    width = width or console().width
+    widths = [max([len(h), (least or [0] * len(columns))[i], *(len(r[i]) for r in rows)])
+              for i, (h, _, _) in enumerate(columns)]
+    while sum(widths) + len(widths) - 1 > width:
+        can = [i for i, (h, _, shrink) in enumerate(columns) if shrink and widths[i] > len(h)]
+        if not can:
+            break
+        widths[max(can, key=lambda i: widths[i])] -= 1
+    t = Table(box=None, pad_edge=False, padding=(0, 0, 0, 1), header_style="bold", **style)
+    for (header, justify, _), w in zip(columns, widths):
+        t.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis",
+                     min_width=w, max_width=w)
+    return t
+
+
+def add_verbose(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log more on stderr (-vv: debug)")
+
+
+def setup_logging(verbose: int, name: str) -> None:
+    """Log lines on stderr, "ltp NAME: level: message": warnings always,
+    info with -v, debug with -vv."""
+    import logging
+    level = logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format=f"ltp {name}: %(levelname)s: %(message)s")
 
 
 def _json_default(o: Any) -> Any:
@@ -96,7 +147,7 @@ def _parse_unit(text: str, units: dict[str, int], what: str) -> int:
         value = float(num)
     except ValueError:
         value = -1.0
-    if unit not in units or value <= 0:
+    if unit not in units or not 0 < value < math.inf:   # also nan, inf and 1e400
         raise UsageError(f"{what}: cannot read {text!r} (examples: "
                          f"{', '.join(k for k in units if k)[:60]})")
     return int(round(value * units[unit]))

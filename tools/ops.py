@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 
+from ..errors import RegistryError
 from .common import LtpError, UsageError, add_command
 
 
@@ -56,6 +57,19 @@ def netns_arg(text: str | None) -> str | None:
 def ns_filter(text: str | None):
     """--netns for listing commands: ... (all) when not given."""
     return ... if text is None else netns_arg(text)
+
+
+def listed_ns(text: str | None):
+    """ns_filter, but a namespace that neither exists nor holds anything
+    `ltp load` left is an error (exit 1), as it is for a command with DEV:
+    a typo must not read as "nothing loaded". A gone namespace that still
+    has records stays listable (`ltp status` shows them as "no netns")."""
+    ns = ns_filter(text)
+    if ns not in (..., None):
+        from ..dataplane import netns
+        if not netns.exists(ns) and not registry().entries(ns):
+            raise RegistryError(f"no network namespace {ns!r} (`ip netns list` shows them)")
+    return ns
 
 
 def job_text(job: int | None) -> str:
