@@ -147,6 +147,57 @@ struct ltp_tx {
 	__u32 acked;           /* distinct chunks acked */
 };
 
+/* Capture at the NIC (`ltp capture`, dataplane/xdp/capring.py). While
+ * ltp_capcfg.until_ns is in the future, every LTP frame that passes the
+ * filters is copied (at most snaplen bytes) into a per-CPU scratch record
+ * before the program runs, stamped with its verdict afterwards, and output
+ * into the ring buffer ltp_capring. until_ns is a lease the capturing
+ * process renews: a capture killed without clean-up switches itself off. */
+#ifndef LTP_CAP_RING_PAGES
+#define LTP_CAP_RING_PAGES 2048  /* ring buffer pages (power of 2): 8 MiB */
+#endif
+#define LTP_CAP_HDR_LEN  24      /* bytes of struct ltp_cap_rec before the frame */
+/* largest frame a record holds: eth + ip + udp + ltp headers (74 bytes) and
+ * a chunk, rounded up to 8; longer frames are cut (wire_len keeps their size) */
+#define LTP_CAP_FRAME_MAX (LTP_CHUNK_BYTES + 80)
+
+/* ltp_capcfg.flags: which filters apply, and whether to record XDP_TX frames */
+#define LTP_CAP_F_JOB    1       /* only frames whose header names job */
+#define LTP_CAP_F_WORKER 2       /* ... worker */
+#define LTP_CAP_F_ROUND  4       /* ... round */
+#define LTP_CAP_F_TX     8       /* also record the frame XDP_TX sends (the ACK), after the rewrite */
+
+/* record direction (ltp_cap_rec.dir) */
+#define LTP_CAP_RX       0       /* the frame as it arrived */
+#define LTP_CAP_TX       1       /* the frame the program sent back with XDP_TX */
+
+struct ltp_capcfg {
+	__u64 until_ns;        /* capture while bpf_ktime_get_ns() < until_ns; 0 = off */
+	__u32 owner;           /* pid of the capturing process (one capture per program) */
+	__u32 snaplen;         /* bytes of each frame to keep */
+	__u32 flags;           /* LTP_CAP_F_* */
+	__u32 job;             /* filters, host order */
+	__u32 round;
+	__u16 worker;
+	__u16 pad;
+};
+
+struct ltp_cap_rec {
+	__u64 ts_ns;           /* bpf_ktime_get_ns (CLOCK_MONOTONIC) as the frame came in */
+	__u32 wire_len;        /* bytes of the whole frame */
+	__u16 cap_len;         /* bytes of it in data[] */
+	__u8  verdict;         /* XDP_* the program returned for it */
+	__u8  dir;             /* LTP_CAP_RX or LTP_CAP_TX */
+	__u32 ifindex;         /* device it arrived on */
+	__u32 cpu;             /* CPU that ran the program */
+	__u8  data[LTP_CAP_FRAME_MAX];
+};
+
+struct ltp_cap_stats {
+	__u64 captured;        /* records output into ltp_capring */
+	__u64 lost;            /* records the ring had no room for (the capture's drops) */
+};
+
 /* ltp_cfg: control plane writes at load; XDP reads every packet */
 BPF_ARRAY(ltp_cfg, struct ltp_cfg, 1);
 /* ltp_peers: control plane writes worker id -> slot + 1 (0 = unknown); XDP reads */
@@ -177,5 +228,14 @@ BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_acked, LTP_BANKS * LTP_SLOTS, B
 BPF_ARRAY(ltp_rounds, struct ltp_round_stats, LTP_SLOTS);
 /* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why); CLI reads */
 BPF_ARRAY(ltp_lasthdr, struct ltp_hdr, LTP_C_MAX);
+
+/* ltp_capcfg: `ltp capture` writes (on/off lease, snaplen, filters); XDP reads every packet */
+BPF_ARRAY(ltp_capcfg, struct ltp_capcfg, 1);
+/* ltp_capbuf: XDP's per-CPU scratch record while it runs a captured frame; nobody else */
+BPF_PERCPU_ARRAY(ltp_capbuf, struct ltp_cap_rec, 1);
+/* ltp_capstat: XDP counts records output and lost; `ltp capture` reads */
+BPF_PERCPU_ARRAY(ltp_capstat, struct ltp_cap_stats, 1);
+/* ltp_capring: XDP outputs capture records; `ltp capture` consumes them (mmap) */
+BPF_RINGBUF_OUTPUT(ltp_capring, LTP_CAP_RING_PAGES);
 
 #endif /* LTP_MAPS_H */

@@ -9,6 +9,10 @@
  *          ltp_tx) and XDP_DROP.
  * other -> XDP_PASS untouched (LTP control types are passed up too).
  *
+ * While `ltp capture` has switched capture on (ltp_capcfg), each LTP frame
+ * is also copied, as it arrived, into the ring buffer ltp_capring with a
+ * kernel timestamp and the verdict the program gave it (ltp_xdp, at the end).
+ *
  * Every host loads this one program: a parameter server receives DATA and
  * sends ACKs; a worker receives the ACKs of its pushes and the DATA of the
  * parameter downlink. Compiled by bcc (dataplane/loader.py) with geometry
@@ -308,7 +312,8 @@ static __always_inline int on_ack(struct ltp_hdr *h)
 	return XDP_DROP;
 }
 
-int ltp_xdp(struct xdp_md *ctx)
+/* The program proper: parse, dispatch, and the verdict. */
+static __always_inline int ltp_run(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -355,4 +360,116 @@ int ltp_xdp(struct xdp_md *ctx)
 pass:
 	count(LTP_C_PASS);
 	return XDP_PASS;
+}
+
+/* ---- capture (ltp_capcfg, ltp_capring; `ltp capture`) ---- */
+
+/* Copy up to snaplen bytes of the frame at ctx into rec. Zero on success. */
+static __always_inline int cap_copy(struct xdp_md *ctx, struct ltp_cap_rec *rec, u32 snaplen)
+{
+	u32 wire = ctx->data_end - ctx->data;
+	u64 n = wire < snaplen ? wire : snaplen;
+	/* Re-bound in a register the verifier sees (as for the payload copy). */
+	asm volatile("" : "+r"(n));
+	if (n > LTP_CAP_FRAME_MAX)
+		n = LTP_CAP_FRAME_MAX;
+	asm volatile("" : "+r"(n));
+	if (n < 1)
+		return -1;
+	if (bpf_xdp_load_bytes(ctx, 0, rec->data, n))
+		return -1;
+	rec->wire_len = wire;
+	rec->cap_len = n;
+	return 0;
+}
+
+/* Output rec into the ring; a full ring is counted as lost, not retried. */
+static __always_inline void cap_emit(struct ltp_cap_rec *rec)
+{
+	u32 zero = 0;
+	struct ltp_cap_stats *cs = ltp_capstat.lookup(&zero);
+	u64 n = rec->cap_len;
+	asm volatile("" : "+r"(n));
+	if (n > LTP_CAP_FRAME_MAX)
+		return;
+	if (ltp_capring.ringbuf_output(rec, LTP_CAP_HDR_LEN + n, 0)) {
+		if (cs)
+			cs->lost += 1;
+	} else if (cs) {
+		cs->captured += 1;
+	}
+}
+
+/* A snapshot of the frame at ctx if capture is on and the frame is LTP
+ * (UDP to or from the port, as ltp_run judges it) and passes the filters;
+ * NULL otherwise. Taken before ltp_run, which may rewrite the frame. */
+static __always_inline struct ltp_cap_rec *cap_begin(struct xdp_md *ctx, struct ltp_capcfg *cc)
+{
+	u64 now = bpf_ktime_get_ns();
+	if (now >= cc->until_ns)
+		return NULL;
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return NULL;
+	struct iphdr *iph = (void *)(eth + 1);
+	if ((void *)(iph + 1) > data_end || iph->protocol != IPPROTO_UDP || iph->ihl != 5)
+		return NULL;
+	struct udphdr *udp = (void *)(iph + 1);
+	if ((void *)(udp + 1) > data_end)
+		return NULL;
+	if (udp->dest != bpf_htons(LTP_PORT) && udp->source != bpf_htons(LTP_PORT))
+		return NULL;
+	u32 flags = cc->flags;
+	if (flags & (LTP_CAP_F_JOB | LTP_CAP_F_WORKER | LTP_CAP_F_ROUND)) {
+		struct ltp_hdr *h = (void *)(udp + 1);
+		if ((void *)(h + 1) > data_end)
+			return NULL;
+		if ((flags & LTP_CAP_F_JOB) && bpf_ntohl(h->job) != cc->job)
+			return NULL;
+		if ((flags & LTP_CAP_F_WORKER) && bpf_ntohs(h->worker) != cc->worker)
+			return NULL;
+		if ((flags & LTP_CAP_F_ROUND) && bpf_ntohl(h->round) != cc->round)
+			return NULL;
+	}
+	u32 zero = 0;
+	struct ltp_cap_rec *rec = ltp_capbuf.lookup(&zero);
+	if (!rec || cap_copy(ctx, rec, cc->snaplen))
+		return NULL;
+	rec->ts_ns = now;
+	rec->dir = LTP_CAP_RX;
+	rec->ifindex = ctx->ingress_ifindex;
+	rec->cpu = bpf_get_smp_processor_id();
+	return rec;
+}
+
+/* Stamp the verdict on the snapshot and output it; with LTP_CAP_F_TX also
+ * the frame XDP_TX sends (the ACK the program made of it). */
+static __always_inline void cap_end(struct xdp_md *ctx, struct ltp_capcfg *cc,
+				    struct ltp_cap_rec *rec, int verdict)
+{
+	rec->verdict = verdict;
+	cap_emit(rec);
+	if (verdict != XDP_TX || !(cc->flags & LTP_CAP_F_TX))
+		return;
+	if (cap_copy(ctx, rec, cc->snaplen))
+		return;
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->dir = LTP_CAP_TX;
+	cap_emit(rec);
+}
+
+int ltp_xdp(struct xdp_md *ctx)
+{
+	/* Capture off (until_ns 0) costs this lookup and one test. */
+	u32 zero = 0;
+	struct ltp_capcfg *cc = ltp_capcfg.lookup(&zero);
+	struct ltp_cap_rec *rec = NULL;
+	if (cc && cc->until_ns)
+		rec = cap_begin(ctx, cc);
+	int verdict = ltp_run(ctx);
+	if (rec && cc)
+		cap_end(ctx, cc, rec, verdict);
+	return verdict;
 }

@@ -1,138 +1,348 @@
-"""`ltp capture`: decode LTP packets live on a device (in a namespace) or
-from a pcap; the decoding is dataplane/xdp/capture.py's.
+"""`ltp capture`: LTP frames live at the NIC, or from a capture file; shown
+as lines or JSON, written as pcap or pcapng. The mechanism is dataplane/xdp's:
+capring.py (ltp_xdp's capture ring), capture.py (decoding, AF_PACKET), pcap.py.
 
-  ltp capture DEV [--netns NS] [-c N] [--timeout S] [-w FILE.pcap] [-j]
-  ltp capture -r FILE.pcap [-c N] [-w FILE.pcap] [-j]
+  ltp capture DEV [--netns NS] [-c N] [--duration S] [--snaplen N] [--tx]
+              [--job J] [--worker W] [--round R] [--via auto|xdp|socket]
+              [-w FILE.pcap[ng] [--print]] [-j]
+  ltp capture -r FILE [-c N] [--job J] [--worker W] [--round R] [-w FILE] [-j]
 """
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 from .common import UsageError, add_json, need_root, wants_json
 from .flags import add_netns, add_port, check_port
 from .ops import add_parser, check_dev, guard, netns_arg
 
+# eth + ip + udp + LTP header: the least a snapshot must keep to be decoded
+MIN_SNAPLEN = 14 + 20 + 8 + 32
+MAX_SNAPLEN = 262144
+
 CAPTURE_EPILOG = """examples:
-  sudo ltp capture ltp-w0 --netns ltp-default-w0 -c 20
-  sudo ltp capture sw-ps --netns ltp-default-sw -w /tmp/ltp.pcap --timeout 5
-  ltp capture -r /tmp/ltp.pcap -j
-  ltp capture -r /tmp/ltp.pcap -c 5
+  sudo ltp capture ltp-default-ps --netns ltp-default-ps -c 20
+  sudo ltp capture ltp-default-ps --netns ltp-default-ps -w /tmp/ltp.pcapng --duration 5
+  sudo ltp capture ltp-default-ps --netns ltp-default-ps --worker 3 --round 7 --tx
+  sudo ltp capture ltp-w0 --netns ltp-default-w0 --via socket -c 10
+  ltp capture -r /tmp/ltp.pcapng -j
+  ltp capture -r /tmp/ltp.pcap --worker 3 -c 5
+
+Where DEV carries ltp_xdp (loaded by `ltp load` or by a running endpoint), the
+program itself copies each LTP frame as it arrives, with a kernel timestamp
+and its verdict, into a ring buffer this command drains (--via xdp; --tx adds
+the ACKs it sends back). Elsewhere an AF_PACKET socket captures (--via socket):
+it sees what XDP passes and what the host sends, not what an XDP program
+consumes. The summary on stderr always gives the drop count (ring full, or
+socket buffer full), also with -q; under -j it is one JSON object.
 
 One line per LTP packet: time, in/out, addresses, type, worker (w=), round (r=),
 chunk/nchunks (c=), payload length, flags (ACK: receiver state and advertised
-rate). -j prints one JSON object per packet (JSON lines); -p one JSON list.
-An XDP program runs before packet capture: on a host whose ltp_xdp consumes
-DATA, neither that DATA nor the ACKs it sends (XDP_TX) are visible there.
-Capture on the sender's device, or on the rig's switch port (sw-ps in
-ltp-NAME-sw), to see both directions.
+rate), and ltp_xdp's verdict. -j prints one JSON object per packet (JSON
+lines); -p one JSON list. With -w nothing is printed per packet unless --print.
+-w FILE.pcapng keeps direction and verdict (as the packet comment); any other
+name gets a nanosecond pcap. Decode them in Wireshark with the dissector in
+tools/wireshark/ltp.lua (docs/wire-format.md).
 """
 
 
 def register(sub) -> None:
-    p = add_parser(sub, "capture", "decode LTP packets live in a namespace or from a pcap",
+    p = add_parser(sub, "capture", "capture LTP frames at the NIC, or decode a capture file",
                    CAPTURE_EPILOG)
     p.add_argument("dev", metavar="DEV", nargs="?", help="device to capture on (not with -r)")
     add_netns(p)
     p.add_argument("-c", "--count", type=int, metavar="N", help="stop after N LTP packets")
-    p.add_argument("-r", "--read", metavar="FILE", help="read packets from a pcap file")
-    p.add_argument("-w", "--write", metavar="FILE", help="also write the LTP packets to a pcap")
-    p.add_argument("--timeout", type=float, metavar="S", help="live: stop after S seconds")
+    p.add_argument("-r", "--read", metavar="FILE", help="read packets from a pcap/pcapng file")
+    p.add_argument("-w", "--write", metavar="FILE",
+                   help="write the LTP packets to FILE (pcapng if it ends .pcapng, else pcap)")
+    p.add_argument("--print", action="store_true", help="with -w: print the packets as well")
+    p.add_argument("--duration", "--timeout", type=float, metavar="S", dest="duration",
+                   help="live: stop after S seconds")
+    p.add_argument("--snaplen", type=int, metavar="N",
+                   help=f"bytes of each frame to keep ({MIN_SNAPLEN}..{MAX_SNAPLEN}; "
+                        "default: all of it)")
+    p.add_argument("--job", metavar="J", help="only packets of job cookie J (e.g. 0x17)")
+    p.add_argument("--worker", type=int, metavar="W", help="only packets of worker id W")
+    p.add_argument("--round", type=int, metavar="R", help="only packets of round R")
+    p.add_argument("--tx", action="store_true",
+                   help="ring: also the frames ltp_xdp sends back (XDP_TX: its ACKs)")
+    p.add_argument("--via", choices=("auto", "xdp", "socket"), default="auto",
+                   help="live: ltp_xdp's ring, an AF_PACKET socket, or the ring where DEV "
+                        "carries ltp_xdp (default auto)")
     add_port(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no banner (the summary with the drop count stays)")
     add_json(p)
     p.set_defaults(func=guard(cmd_capture))
 
 
+def _int_flag(text, flag: str, top: int) -> int | None:
+    if text is None:
+        return None
+    try:
+        v = int(text, 0) if isinstance(text, str) else int(text)
+    except ValueError:
+        raise UsageError(f"{flag}: not a number: {text!r}") from None
+    if not 0 <= v <= top:
+        raise UsageError(f"{flag}: must be in 0..{top}, got {v}")
+    return v
+
+
 def _check(args) -> str | None:
-    """Check the flags; the namespace of a live capture."""
+    """Check the flags (usage errors, exit 2); the namespace of a live capture."""
     if args.read and args.dev:
         raise UsageError("DEV: give a device to capture on, or -r FILE, not both")
     if not args.read and not args.dev:
         raise UsageError("DEV: give a device to capture on (or -r FILE.pcap)")
     check_dev(args.dev)
     ns = netns_arg(args.netns)
-    if args.read and args.netns:
-        raise UsageError("--netns: only for live capture, not with -r")
+    live_only = [f for f, on in (("--netns", args.netns), ("--duration", args.duration),
+                                 ("--tx", args.tx), ("--via", args.via != "auto")) if on]
+    if args.read and live_only:
+        raise UsageError(f"{live_only[0]}: only for live capture, not with -r")
     if args.count is not None and args.count < 1:
         raise UsageError(f"-c: must be at least 1, got {args.count}")
-    if args.timeout is not None and (args.read or args.timeout <= 0):
-        raise UsageError("--timeout: a positive number of seconds, for live capture only")
+    if args.duration is not None and args.duration <= 0:
+        raise UsageError(f"--duration: a positive number of seconds, got {args.duration:g}")
+    if args.snaplen is not None and not MIN_SNAPLEN <= args.snaplen <= MAX_SNAPLEN:
+        raise UsageError(f"--snaplen: must be in {MIN_SNAPLEN}..{MAX_SNAPLEN} (the headers "
+                         f"need {MIN_SNAPLEN} bytes), got {args.snaplen}")
+    if args.tx and args.via == "socket":
+        raise UsageError("--tx: only with the ring (--via xdp or auto)")
+    args.job = _int_flag(args.job, "--job", 2**32 - 1)
+    args.worker = _int_flag(args.worker, "--worker", 65535)
+    args.round = _int_flag(args.round, "--round", 2**32 - 1)
     check_port(args.port)
     return ns
 
 
-class _Packets:
-    """Decodes, shows (text, JSON lines, or one JSON list under -p) and keeps
-    (-w) the LTP packets; counts them and the others."""
+class _Out:
+    """Shows (text, JSON lines, or one JSON list under -p) and writes (-w) the
+    LTP packets; counts them, the others and those the filters left out."""
 
-    def __init__(self, args, writer):
-        from ..dataplane.xdp import capture as C
-        self.C, self.args, self.writer = C, args, writer
+    def __init__(self, args, snaplen: int | None = None, ifname: str | None = None):
+        self.args, self.snaplen, self.ifname = args, snaplen, ifname
         self.as_json, self.pretty = wants_json(args), bool(getattr(args, "pretty", False))
+        self.show = not args.write or args.print
+        self.filters = (args.job, args.worker, args.round)
         self.collected: list[dict] = []
-        self.seen = self.other = 0
+        self.lines: list[str] = []
+        self.writer = None
+        self.seen = self.other = self.filtered = self.inbound = 0
 
-    def take(self, pkt, direction=None) -> bool:
-        """Decode, show and keep one packet; True once -c packets were seen."""
-        C = self.C
-        d = C.decode(pkt, self.args.port, direction)
-        if d is None:
-            self.other += 1
-            return False
+    def take(self, ts_ns: int, frame: bytes, wire_len: int, direction: str | None = None,
+             verdict: str | None = None, linktype: int = 1, prefiltered: bool = False) -> bool:
+        """One frame; True once -c packets were taken."""
+        from ..dataplane.xdp import capture as C
+        d = None
+        if self.show or not prefiltered:
+            d = C.decode(frame, ts_ns=ts_ns, wire_len=wire_len, direction=direction,
+                         port=self.args.port, linktype=linktype)
+            if d is None:
+                self.other += 1
+                return False
+            if not prefiltered and not C.matches(d, *self.filters):
+                self.filtered += 1
+                return False
         self.seen += 1
-        if self.pretty:
-            self.collected.append(d)
-        elif self.as_json:
-            print(json.dumps(d), flush=True)
-        else:
-            print(C.line(d), flush=True)
-        if self.writer:
-            self.writer.write(pkt)
+        self.inbound += direction == "in"
+        if d is not None and self.show:
+            if verdict:
+                d["verdict"] = verdict
+            if self.pretty:
+                self.collected.append(d)
+            else:
+                self.lines.append(json.dumps(d) if self.as_json else C.line(d))
+        if self.args.write:
+            self._write(ts_ns, frame, wire_len, direction, verdict, linktype)
         return bool(self.args.count and self.seen >= self.args.count)
+
+    def _write(self, ts_ns, frame, wire_len, direction, verdict, linktype) -> None:
+        if self.writer is None:
+            from ..dataplane.xdp.pcap import Writer
+            self.writer = Writer(self.args.write, self.snaplen or MAX_SNAPLEN, linktype,
+                                 self.ifname)
+        if self.snaplen and len(frame) > self.snaplen:
+            frame = frame[:self.snaplen]
+        self.writer.write(ts_ns, frame, wire_len, direction,
+                          f"ltp_xdp verdict {verdict}" if verdict else None)
+
+    def flush(self) -> None:
+        if self.lines:
+            sys.stdout.write("\n".join(self.lines) + "\n")
+            self.lines = []
+        sys.stdout.flush()
+        if self.writer:
+            self.writer.flush()
+
+    def close(self) -> None:
+        self.flush()
+        if self.args.write and self.writer is None:
+            self._write_empty()
+        if self.writer:
+            self.writer.close()
+        if self.pretty:
+            print(json.dumps(self.collected, indent=2))
+
+    def _write_empty(self) -> None:
+        from ..dataplane.xdp.pcap import Writer
+        self.writer = Writer(self.args.write, self.snaplen or MAX_SNAPLEN, 1, self.ifname)
 
 
 def cmd_capture(args) -> int | None:
     ns = _check(args)
-    from ..dataplane.xdp import capture as C
-
-    def say(msg: str) -> None:
-        if not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
-
-    writer = C.pcap_writer(args.write) if args.write else None
-    out = _Packets(args, writer)
+    out = _Out(args, args.snaplen, None if args.read else args.dev)
+    summary: dict = {"via": "file" if args.read else None}
     try:
         if args.read:
-            for pkt in C.read_pcap(args.read):
-                if out.take(pkt):
-                    break
-            dropped = 0
+            _from_file(args, out)
         else:
-            dropped = _live(args, ns, out, say)
+            need_root("ltp capture (live)")
+            with _sigterm_stops():
+                summary.update(_live(args, ns, out))
     finally:
-        if writer:
-            writer.close()
-    if out.pretty:
-        print(json.dumps(out.collected, indent=2))
-    say(f"{out.seen} LTP packet{'s' if out.seen != 1 else ''}"
-        + (f", {out.other} other skipped" if out.other else "")
-        + (f", {dropped} dropped by the kernel" if dropped else "")
-        + (f"; written to {args.write}" if args.write else ""))
+        out.close()
+    _summarise(args, out, summary)
     return None
 
 
-def _live(args, ns: str | None, out: _Packets, say) -> int:
-    """Capture on DEV until -c packets, --timeout or Ctrl-C; the kernel's drops."""
-    need_root("ltp capture (live)")
-    from ..dataplane.xdp import capture as C
-    with C.LiveCapture(args.dev, ns, args.port) as cap:
-        say(f"listening on {args.dev} in {ns or 'the host namespace'} (LTP on UDP port "
-            f"{args.port}); Ctrl-C stops")
+def _from_file(args, out: _Out) -> None:
+    from ..dataplane.xdp import pcap
+    for i, f in enumerate(pcap.read(args.read)):
+        if out.take(f.ts_ns, f.data, f.wire_len, f.direction, _verdict_of(f.comment),
+                    f.linktype):
+            break
+        if i % 4096 == 4095:
+            out.flush()
+
+
+def _verdict_of(comment: str | None) -> str | None:
+    """The verdict `-w FILE.pcapng` kept in a packet comment."""
+    if comment and comment.startswith("ltp_xdp verdict "):
+        return comment.split()[-1]
+    return None
+
+
+def _live(args, ns: str | None, out: _Out) -> dict:
+    """Capture on DEV until -c packets, --duration or Ctrl-C; what the summary says."""
+    maps = _ring_maps(args, ns)
+    if maps is None:
+        return _from_socket(args, ns, out)
+    try:
+        return _from_ring(args, ns, out, maps)
+    finally:
+        maps.close()
+
+
+def _ring_maps(args, ns: str | None):
+    """The capture maps of the ltp_xdp on DEV, or None to use a socket."""
+    from ..dataplane.xdp import capring, lookup
+    if args.via == "socket":
+        return None
+    att = lookup.xdp_on(args.dev, ns)
+    maps = capring.CaptureMaps.of_program(att["prog_id"]) if att else None
+    where = f"{args.dev} in {ns or 'the host namespace'}"
+    if maps is None:
+        what = (f"XDP program id {att['prog_id']}, which is not ltp_xdp (or predates capture)"
+                if att else "no XDP program")
+        if args.via == "xdp" or args.tx:
+            raise capring.CaptureError(f"{where} carries {what}: no capture ring there; "
+                                       "`ltp load` ltp_xdp on it, or use --via socket")
+        _say(args, f"{where} carries {what}: capturing with an AF_PACKET socket, which sees "
+                   "only what XDP passes")
+    return maps
+
+
+def _from_ring(args, ns: str | None, out: _Out, maps) -> dict:
+    from ..dataplane.xdp import capring
+    cap = capring.RingCapture(maps, snaplen=args.snaplen, job=args.job, worker=args.worker,
+                              round_=args.round, tx=args.tx)
+    out.snaplen, off, done = cap.snaplen, cap.epoch_offset_ns, False
+
+    def take(batch) -> bool:
+        for r in batch:
+            if out.take(r.ts_ns + off, r.frame, r.wire_len, r.direction, r.verdict_name,
+                        prefiltered=True):
+                return True
+        out.flush()
+        return False
+
+    with cap:
+        _say(args, f"capturing at ltp_xdp on {args.dev} in {ns or 'the host namespace'} "
+                   f"(ring of {maps.ring_bytes >> 20} MiB, snaplen {cap.snaplen}); Ctrl-C stops")
         try:
-            for ts, frame, direction in cap.frames(args.timeout):
-                if out.take(C.frame_packet(frame, ts), direction):
+            for batch in cap.batches(args.duration):
+                if take(batch):
+                    done = True
                     break
         except KeyboardInterrupt:
             pass
-        return cap.drops()
+        rest = cap.stop()
+        if not done:
+            take(rest)
+        st = cap.stats()
+    return {"via": "xdp", "dropped": st["lost"], "dropped_capture": st["lost"],
+            "dropped_kernel": 0, "program_frames": st["program_frames"],
+            "out_of_order": st["reordered"], "lease_lapsed": st["lapsed"],
+            "filtered_in_kernel": cap.filtered}
+
+
+def _from_socket(args, ns: str | None, out: _Out) -> dict:
+    from ..dataplane.xdp import capture as C
+    with C.LiveCapture(args.dev, ns, args.port) as sock:
+        _say(args, f"listening on {args.dev} in {ns or 'the host namespace'} with an "
+                   f"AF_PACKET socket (LTP on UDP port {args.port}); Ctrl-C stops")
+        try:
+            for ts, frame, wire, direction in sock.frames(args.duration):
+                stop = out.take(ts, frame, wire, direction)
+                out.flush()
+                if stop:
+                    break
+        except KeyboardInterrupt:
+            pass
+        dropped = sock.drops()
+    return {"via": "socket", "dropped": dropped, "dropped_capture": 0,
+            "dropped_kernel": dropped}
+
+
+def _summarise(args, out: _Out, live: dict) -> None:
+    """The summary on stderr, always (also under -q): one JSON object under -j."""
+    s = {"packets": out.seen, "packets_in": out.inbound, "other": out.other,
+         "filtered_out": out.filtered, "dropped": 0, **live, "written": args.write}
+    if wants_json(args):
+        print(json.dumps(s), file=sys.stderr, flush=True)
+        return
+    text = f"{out.seen} LTP packet{'s' if out.seen != 1 else ''}"
+    if out.other:
+        text += f", {out.other} other skipped"
+    if out.filtered:
+        text += f", {out.filtered} filtered out"
+    if s["via"] == "xdp":
+        text += f", {s['dropped']} dropped by the capture path (ring full)"
+        if not s["filtered_in_kernel"]:
+            text += f"; ltp_xdp counted {s['program_frames']} LTP frames coming in meanwhile"
+        if s["lease_lapsed"]:
+            text += f"; capture paused {s['lease_lapsed']}x (this process fell behind)"
+    elif s["via"] == "socket":
+        text += f", {s['dropped']} dropped by the kernel (socket buffer full)"
+    if args.write:
+        text += f"; written to {args.write}"
+    print(text, file=sys.stderr, flush=True)
+
+
+def _say(args, msg: str) -> None:
+    if not args.quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+class _sigterm_stops:
+    """SIGTERM ends a live capture as Ctrl-C does: switched off, summary printed."""
+
+    def __enter__(self):
+        def stop(signum, frame):
+            raise KeyboardInterrupt
+        self.old = signal.signal(signal.SIGTERM, stop)
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGTERM, self.old)

@@ -33,9 +33,10 @@ def enum_members(header: str, enum: str, prefix: str) -> list[str]:
 
 
 def map_names(header: str) -> list[str]:
-    """Names of the maps bpf/<header> declares (BPF_ARRAY, BPF_F_TABLE, ...)."""
+    """Names of the maps bpf/<header> declares (BPF_ARRAY, BPF_F_TABLE,
+    BPF_RINGBUF_OUTPUT, ...)."""
     text = _text(header)
-    simple = re.finditer(r"^BPF_(?:PERCPU_)?(?:ARRAY|HASH)\((\w+)", text, re.M)
+    simple = re.finditer(r"^BPF_(?:PERCPU_)?(?:ARRAY|HASH|RINGBUF_OUTPUT)\((\w+)", text, re.M)
     tables = re.finditer(r"^BPF_F_TABLE\(\"\w+\",[^,]+,[^,]+,\s*(\w+)", text, re.M)
     found = sorted([(m.start(), m.group(1)) for m in simple] +
                    [(m.start(), m.group(1)) for m in tables])
