@@ -1,9 +1,10 @@
 """The one ctypes binding of the C libraries LTP calls: libbpf and libc.
 
-libbpf.so.1 gives the BPF syscalls on file descriptors (pins, map elements,
-object info, BPF_PROG_TEST_RUN), so the same code serves the process that
-loaded a program and one that opened its pins. libc gives setns(2) and
-prctl(2). Every other module calls these functions; none loads a library.
+libbpf.so.1 gives the BPF syscalls on file descriptors (pins, kernel ids,
+map elements, object info, links, BPF_PROG_TEST_RUN), so the same code serves
+the process that loaded a program and one that opened it by pin or by id.
+libc gives setns(2) and prctl(2). Every other module calls these functions;
+none loads a library.
 
 Failures raise OSError with the errno and the call's name (FileNotFoundError
 for ENOENT, as Python does); callers turn them into their own LtpError with
@@ -18,6 +19,13 @@ from typing import Any
 _libs: dict[str, Any] = {}
 
 _c_int, _c_uint32, _vp = ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p
+
+
+class LinkCreateOpts(ctypes.Structure):
+    """struct bpf_link_create_opts (libbpf 1.x) up to `flags`: an XDP link
+    needs nothing more, and libbpf reads only the first `sz` bytes."""
+
+    _fields_ = [("sz", ctypes.c_size_t), ("flags", _c_uint32), ("pad", _c_uint32)]
 
 
 class TestRunOpts(ctypes.Structure):
@@ -50,6 +58,11 @@ _LIBBPF = {
     "bpf_prog_test_run_opts": (_c_int, [_c_int, ctypes.POINTER(TestRunOpts)]),
     "libbpf_num_possible_cpus": (_c_int, []),
     "bpf_prog_get_fd_by_id": (_c_int, [_c_uint32]),
+    "bpf_map_get_fd_by_id": (_c_int, [_c_uint32]),
+    "bpf_link_get_fd_by_id": (_c_int, [_c_uint32]),
+    "bpf_link_get_next_id": (_c_int, [_c_uint32, ctypes.POINTER(_c_uint32)]),
+    "bpf_link_create": (_c_int, [_c_int, _c_int, _c_int, _vp]),
+    "bpf_link_detach": (_c_int, [_c_int]),
 }
 
 
@@ -121,6 +134,24 @@ def prog_fd_by_id(prog_id: int) -> int:
     return _check(libbpf().bpf_prog_get_fd_by_id(prog_id), f"program id {prog_id}")
 
 
+def map_fd_by_id(map_id: int) -> int:
+    """fd of the map with kernel id `map_id` (FileNotFoundError if gone)."""
+    return _check(libbpf().bpf_map_get_fd_by_id(map_id), f"map id {map_id}")
+
+
+def link_fd_by_id(link_id: int) -> int:
+    """fd of the BPF link with kernel id `link_id` (FileNotFoundError if gone)."""
+    return _check(libbpf().bpf_link_get_fd_by_id(link_id), f"link id {link_id}")
+
+
+def link_ids() -> list[int]:
+    """Kernel ids of every BPF link on the machine, in id order."""
+    lib, out, nxt = libbpf(), [], _c_uint32(0)
+    while lib.bpf_link_get_next_id(out[-1] if out else 0, ctypes.byref(nxt)) == 0:
+        out.append(nxt.value)
+    return out
+
+
 def num_possible_cpus() -> int:
     """Possible CPUs: the stride of per-CPU map values."""
     return _check(libbpf().libbpf_num_possible_cpus(), "libbpf_num_possible_cpus")
@@ -159,6 +190,27 @@ def prog_test_run(fd: int, opts: TestRunOpts) -> None:
     if libbpf().bpf_prog_test_run_opts(fd, ctypes.byref(opts)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"BPF_PROG_TEST_RUN: {os.strerror(err)}")
+
+
+# --- links -------------------------------------------------------------------
+
+BPF_XDP = 37            # enum bpf_attach_type (linux/bpf.h)
+BPF_LINK_TYPE_XDP = 6   # enum bpf_link_type
+
+
+def link_create(prog_fd: int, target_fd: int, attach_type: int, flags: int = 0) -> int:
+    """BPF_LINK_CREATE: fd of a new link of `prog_fd` to `target_fd` (for
+    BPF_XDP, an ifindex of this thread's network namespace). The attachment
+    lasts as long as the link: its last fd closing (or its owner dying)
+    detaches the program, unless the link is pinned."""
+    opts = LinkCreateOpts(sz=ctypes.sizeof(LinkCreateOpts), flags=flags)
+    return _check(libbpf().bpf_link_create(prog_fd, target_fd, attach_type, ctypes.byref(opts)),
+                  "creating a BPF link")
+
+
+def link_detach(link_fd: int) -> None:
+    """BPF_LINK_DETACH: detach the link's program now (the link stays, defunct)."""
+    _check(libbpf().bpf_link_detach(link_fd), "detaching a BPF link")
 
 
 # --- libc ------------------------------------------------------------------------

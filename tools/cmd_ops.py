@@ -33,9 +33,11 @@ LOAD_EPILOG = """examples:
 A PS gets slots 0..N-1 for worker ids 0..N-1; a worker gets slot 0 for its own
 id (the parameter downlink and the ACKs of its pushes carry it). Geometry: one
 round's buffer may have --max-chunks chunks of --chunk-bytes (or enough for
---max-elems float32 elements). The program stays attached after `load` exits;
-`ltp unload` removes it. Loading on a device that carries an XDP program is
-refused (exit 1) unless --force.
+--max-elems float32 elements). The program stays attached after `load` exits
+(its BPF link, program and maps pinned: the operator's choice; an endpoint's
+program instead dies with its process); `ltp unload` removes it. Loading on a
+device that carries an XDP program (an endpoint's, another `load`'s, anyone's)
+is refused (exit 1) with its id and name, unless --force.
 """
 
 UNLOAD_EPILOG = """examples:
@@ -45,8 +47,9 @@ UNLOAD_EPILOG = """examples:
   sudo ltp unload --all --netns ltp-default-ps
 
 Detaches the program (only if the device still carries the one that was
-loaded), removes its pins and record; a record whose namespace is gone is
-removed too.
+loaded), removes its pins and record; a record whose namespace is gone, or
+whose endpoint process died (STATE dead), is removed too. A running
+endpoint's program is not unloaded (it detaches when its process exits).
 """
 
 STATUS_EPILOG = """examples:
@@ -54,9 +57,11 @@ STATUS_EPILOG = """examples:
   sudo ltp status -j
   sudo ltp status --netns ltp-default-ps
 
-STATE: ok; detached (the device carries no program or another one);
-no netns / no device (gone: `ltp unload` cleans up); no record / no pins /
-partial (some pins missing: unload and load again).
+STATE: ok; dead (the endpoint process that held it exited, taking program
+and maps with it: `ltp unload` removes the record); detached (the device
+carries no program or another one); no netns / no device (gone: `ltp unload`
+cleans up); no record / no pins / partial (some pins missing: unload and
+load again). MAPS: maps reachable (pinned, or by id while the owner lives).
 """
 
 
@@ -82,7 +87,7 @@ def register(sub) -> None:
                    help=f"payload bytes per chunk, a multiple of 8 (default {DEFAULT_CHUNK_BYTES})")
     add_port(p)
     p.add_argument("--force", action="store_true",
-                   help="replace a program the device carries already")
+                   help="replace a program the device carries already (an endpoint's too)")
     add_json(p)
     p.set_defaults(func=guard(cmd_load))
 
@@ -203,8 +208,9 @@ def cmd_unload(args) -> None:
         out = []
         for r in rows:
             what = f"prog id {r['prog_id']}" if r["prog_id"] else "program"
-            out.append(f"unloaded {what} from {r['dev']} in {r['netns']}"
-                       f"{'' if r['detached'] else ' (was not attached)'}"
+            done_ = "left {} on" if r.get("skipped") else "unloaded {} from"
+            out.append(f"{done_.format(what)} {r['dev']} in {r['netns']}"
+                       f"{'' if r['detached'] or r.get('skipped') else ' (was not attached)'}"
                        + (f": {r['note']}" if r["note"] else ""))
         return "\n".join(out)
     emit(args, done, text)
@@ -224,8 +230,8 @@ def status_text(rows: list[dict]):
     from rich.text import Text
     cells = []
     for r in rows:
-        maps = (str(r["maps_pinned"]) if r["maps_pinned"] == r["maps_expected"]
-                else f"{r['maps_pinned']}/{r['maps_expected']}")
+        n = r.get("maps", r["maps_pinned"])       # reachable: pinned, or by id
+        maps = str(n) if n == r["maps_expected"] else f"{n}/{r['maps_expected']}"
         prog = r["prog_id"] or r["pinned_prog_id"] or "-"
         cells.append([r["netns"], r["dev"], r["mode"] or "-", str(prog), r["role"] or "-",
                       job_text(r["job"]), maps, r["state"]])

@@ -21,6 +21,7 @@ import struct
 import numpy as np
 
 from ...dataplane import netns
+from ...dataplane.xdp import registry
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry
 from ...errors import TransportError
@@ -31,6 +32,9 @@ from .rate import SharePolicy, fine_timer_slack
 from .receiver import Receiver
 from .results import Peer, PushReport, RoundResult
 from .sender import Push, Sender
+
+
+FORCE_FIX = "Endpoint(..., force=True) replaces it"
 
 
 def _device_mac(sock: socket.socket, dev: str) -> str:
@@ -71,6 +75,14 @@ class Endpoint:
     role: "ps" or "worker", as `ltp status` lists this endpoint; by default a
     worker when self_id is given (workers name themselves), else a PS. Never
     from the peer count: a PS with one worker has one peer, as a worker does.
+    force: take `dev` even if it carries an XDP program (another endpoint's,
+    `ltp load`'s, anyone's). Without it such a device is refused at once,
+    before compiling, with an error naming what holds it.
+
+    The program is attached through a BPF link this process holds and
+    nothing is pinned: attachment and maps go when the endpoint closes or
+    its process dies. publish=True writes a record (owner pid, program and
+    map ids) so `ltp status/flows/top` see the endpoint while it lives.
     """
 
     def __init__(self, dev: str, ip: str, peers: dict[int, int], max_elems: int, *,
@@ -78,7 +90,7 @@ class Endpoint:
                  capacity_bps: float = 1e9, chunk_bytes: int = 1424, port: int = W.PORT,
                  early_close: EarlyCloseConfig | None = None, bubble_strategy: str = "mean",
                  initial_rate_bps: float | None = None, publish: bool = True,
-                 self_id: int | None = None, role: str | None = None):
+                 self_id: int | None = None, role: str | None = None, force: bool = False):
         if role not in (None, "ps", "worker"):
             raise ValueError(f"role must be ps or worker, got {role!r}")
         if self_id is not None and self_id not in peers:
@@ -92,6 +104,8 @@ class Endpoint:
         self.slots = max(peers.values()) + 1
         self.max_elems, self.chunk_bytes, self.capacity_bps = max_elems, chunk_bytes, capacity_bps
         max_chunks = ChunkLayout(max_elems, chunk_bytes).nchunks
+        if not force:  # fail before the compile, naming whoever holds the device
+            registry.check_free(dev, ns or netns.current(), fix=FORCE_FIX)
         self.dp = Dataplane(Geometry(slots=self.slots, max_chunks=max_chunks,
                                      chunk_bytes=chunk_bytes, port=port), job=job)
         self._published = None
@@ -99,8 +113,8 @@ class Endpoint:
         try:
             self.maps = self.dp.maps()
             self.maps.set_peers(self.peers)
-            self.dp.attach(dev, ns, mode)
-            if publish:  # pins + record: `ltp status/flows/top` see this endpoint
+            self.dp.attach(dev, ns, mode, force=force, fix=FORCE_FIX)
+            if publish:  # a record: `ltp status/flows/top` see this endpoint
                 self._publish(dev, ns, mode)
             self.sock = _udp_socket(ip, ns)
             if self_id is not None:
@@ -120,16 +134,13 @@ class Endpoint:
         fine_timer_slack()
 
     def _publish(self, dev: str, ns: str | None, mode: str) -> None:
-        from ...dataplane.xdp import registry
         ns = ns or netns.current()  # a process started inside a namespace
-        registry.publish(self.dp, dev, ns, role=self.role,
-                         job=self.job, mode=mode, peers=self.peers)
-        self._published = (dev, ns)
+        self._published = registry.publish(self.dp, dev, ns, role=self.role, job=self.job,
+                                           mode=mode, peers=self.peers)
 
     def _withdraw(self) -> None:
         if self._published:
-            from ...dataplane.xdp import registry
-            registry.withdraw(*self._published)
+            registry.withdraw(self._published)
             self._published = None
 
     # The receive policies live with the receiver; tests and callers swap them here.

@@ -2,12 +2,16 @@
 
 `Dataplane` owns one compiled ltp_xdp program and its maps; geometry (slots,
 chunks, chunk size, banks, port) is compiled in as -D defines. Attaching works
-in native or skb mode on a device inside a named network namespace. An
-attached program outlives this process, so callers detach (or delete the
-namespace) when done; `Dataplane` as a context manager does that.
+in native or skb mode on a device inside a named network namespace, through a
+BPF link this process holds: program, attachment and maps die with the
+process unless something pins them (only `ltp load` does, by choice).
+Helpers (XDP_PASS on rig ports, test pairs) attach over netlink and outlive
+their process. Nothing here replaces a program a device carries unless told
+to (`force`/`replace`): it refuses, naming the program's id and name.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -15,7 +19,9 @@ from typing import Any
 
 from ... import BPF_DIR
 from .. import clib, netns
+from . import lookup
 from .maps import MAP_NAMES, Geometry, LtpMaps
+from .records import where
 from ...errors import DataplaneError
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
@@ -24,6 +30,7 @@ XDP_FLAGS_DRV_MODE = 1 << 2
 MODES = {"native": XDP_FLAGS_DRV_MODE, "skb": XDP_FLAGS_SKB_MODE}
 
 BPFFS = "/sys/fs/bpf"
+NATIVE_HINT = " (native mode needs MTU <= ~3500 on veth)"
 
 
 def _bcc():
@@ -57,45 +64,109 @@ def compile_program(source: str, func: str, cflags: list[str] | None = None,
     return b, fn
 
 
-def _has_dev(dev: str) -> bool:
-    """Is `dev` a device in this thread's namespace? (/sys/class/net shows
-    the namespace sysfs was mounted in, so ask the kernel by name.)"""
+def _ifindex(dev: str, ns: str | None) -> int:
+    """ifindex of `dev` in this thread's namespace (/sys/class/net shows the
+    namespace sysfs was mounted in, so ask the kernel by name)."""
     import socket
     try:
-        socket.if_nametoindex(dev)
-        return True
+        return socket.if_nametoindex(dev)
     except OSError:
-        return False
+        raise DataplaneError(f"no device {dev!r} in namespace {ns or '(host)'}") from None
+
+
+def _taken(dev: str, ns: str | None, fix: str) -> DataplaneError:
+    """The refusal to replace what `dev` carries: its id, name and the fix."""
+    att = lookup.xdp_on(dev, ns)
+    what = lookup.describe(att) if att else "an XDP program"
+    return DataplaneError(f"{where(dev, ns)} carries {what} already; not replacing "
+                          f"it (xdp-loader's rule): {fix}")
 
 
 def attach_fd(fd: int, dev: str, ns: str | None = None, mode: str = "native",
-              replace: bool = True) -> None:
-    """Attach the XDP program `fd` to `dev` in namespace `ns`."""
+              replace: bool = False, fix: str = "detach it first, or replace=True") -> None:
+    """Attach the XDP program `fd` to `dev` in namespace `ns` over netlink:
+    the attachment outlives this process (for the rigs' XDP_PASS ports and
+    the test pairs). A device that carries a program is refused unless `replace`."""
     bcc = _bcc()
     if mode not in MODES:
         raise ValueError(f"mode must be native or skb, got {mode!r}")
     flags = MODES[mode] | (0 if replace else XDP_FLAGS_UPDATE_IF_NOEXIST)
     with netns.inside(ns):
-        if not _has_dev(dev):
-            raise DataplaneError(f"no device {dev!r} in namespace {ns or '(host)'}")
+        _ifindex(dev, ns)
         res = bcc.lib.bpf_attach_xdp(dev.encode(), fd, flags)
         if res < 0:
             err = ctypes.get_errno() or -res
-            if err == errno.EBUSY:
-                raise DataplaneError(f"{dev}: an XDP program is already attached")
+            if err in (errno.EBUSY, errno.EEXIST):
+                raise _taken(dev, ns, fix)
             raise DataplaneError(f"attaching XDP ({mode}) to {dev} failed: {os.strerror(err)}"
-                                 + (" (native mode needs MTU <= ~3500 on veth)"
-                                    if mode == "native" else ""))
+                                 + (NATIVE_HINT if mode == "native" else ""))
+
+
+def attach_link(fd: int, dev: str, ns: str | None = None, mode: str = "native", *,
+                force: bool = False, fix: str = "force=True replaces it") -> int:
+    """Attach the XDP program `fd` to `dev` in namespace `ns` through a BPF
+    link (BPF_LINK_CREATE, made inside the namespace, where the ifindex
+    means `dev`); returns the link's fd. The attachment lives as long as the
+    link: when its last fd closes, with this process if nothing pinned it,
+    the program detaches. A device that carries a program is refused with
+    its id and name and `fix`, unless `force`, which detaches it first."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be native or skb, got {mode!r}")
+    with netns.inside(ns):
+        ifindex = _ifindex(dev, ns)
+        if force:
+            clear(dev, ns)
+        try:
+            return clib.link_create(fd, ifindex, clib.BPF_XDP, MODES[mode])
+        except OSError as e:
+            # EBUSY: a program or link in this mode; EEXIST: one in the other mode
+            if e.errno in (errno.EBUSY, errno.EEXIST):
+                raise _taken(dev, ns, fix) from None
+            raise DataplaneError(f"attaching XDP ({mode}) to {dev} failed: {e.strerror}"
+                                 + (NATIVE_HINT if mode == "native" else "")) from None
+
+
+def clear(dev: str, ns: str | None) -> dict | None:
+    """Detach whatever XDP program `dev` in `ns` carries, held by a link
+    (anyone's: BPF_LINK_DETACH leaves its owner a defunct link) or attached
+    over netlink; returns what was there."""
+    ifindex, att = lookup.attachment(dev, ns)
+    if att is None:
+        return None
+    lid = lookup.xdp_link(att["prog_id"], ifindex)
+    if lid is not None:
+        detach_link_id(lid)
+    elif att["mode"] in MODES:
+        detach(dev, ns, att["mode"])
+    return att
+
+
+def detach_link_id(lid: int) -> bool:
+    """BPF_LINK_DETACH the link with kernel id `lid`; False if it is gone."""
+    try:
+        lfd = clib.link_fd_by_id(lid)
+    except OSError:
+        return False
+    try:
+        clib.link_detach(lfd)
+    except OSError:
+        return False                    # defunct already: its device is gone
+    finally:
+        os.close(lfd)
+    return True
 
 
 def detach(dev: str, ns: str | None = None, mode: str = "native") -> None:
-    """Detach whatever XDP program `dev` carries in `mode`; quiet if the
-    device or namespace is gone already."""
+    """Detach the netlink-attached XDP program `dev` carries in `mode`; quiet
+    if the device or namespace is gone already (a link's program stays:
+    `clear` detaches those)."""
     bcc = _bcc()
     if ns and not netns.exists(ns):
         return
     with netns.inside(ns):
-        if not _has_dev(dev):
+        try:
+            _ifindex(dev, ns)
+        except DataplaneError:
             return
         bcc.lib.bpf_attach_xdp(dev.encode(), -1, MODES[mode])
 
@@ -105,11 +176,17 @@ _pass_prog: Any = None
 
 def attach_pass(dev: str, ns: str | None = None, mode: str = "native") -> None:
     """Attach the XDP_PASS program (bpf/xdp_pass.c) to `dev`: the peer of a
-    native-mode LTP veth needs one so XDP_TX frames are delivered."""
+    native-mode LTP veth needs one so XDP_TX frames are delivered. An
+    xdp_pass the device carries already (the rig's own) is left in place;
+    any other program is refused."""
     global _pass_prog
+    att = lookup.xdp_on(dev, ns)
+    if att is not None and att["mode"] == mode and lookup.prog_name(att["prog_id"]) == "xdp_pass":
+        return
     if _pass_prog is None:
         _pass_prog = compile_program("xdp_pass.c", "xdp_pass")
-    attach_fd(_pass_prog[1].fd, dev, ns, mode)
+    attach_fd(_pass_prog[1].fd, dev, ns, mode,
+              fix="detach it (its owner, or `ip link set DEV xdp off`) and try again")
 
 
 def pin_fd(fd: int, path: str) -> None:
@@ -141,6 +218,7 @@ class Dataplane:
         self.geometry = geometry or Geometry()
         self.bpf, self.fn = compile_program("ltp_xdp.c", "ltp_xdp", self.geometry.cflags())
         self.attached: tuple[str, str | None, str] | None = None
+        self.link_fd: int | None = None
         self._maps = None
         self.maps().set_job(job)
 
@@ -157,20 +235,41 @@ class Dataplane:
             self._maps = LtpMaps.from_bpf(self.bpf, self.geometry)
         return self._maps
 
-    def attach(self, dev: str, ns: str | None = None, mode: str = "native",
-               replace: bool = True) -> None:
-        attach_fd(self.prog_fd, dev, ns, mode, replace)
+    def map_ids(self) -> dict[str, int]:
+        """Kernel id of every map: what another process opens them by."""
+        return {n: lookup.map_info(self.table(n).get_fd())["id"] for n in MAP_NAMES}
+
+    def link_id(self) -> int:
+        return lookup.link_info(self.link_fd)["id"] if self.link_fd is not None else 0
+
+    def attach(self, dev: str, ns: str | None = None, mode: str = "native", *,
+               force: bool = False, fix: str = "force=True replaces it") -> None:
+        """Attach through a link this object holds (see `attach_link`)."""
+        if self.attached:
+            raise DataplaneError(f"attached already to {where(*self.attached[:2])}")
+        self.link_fd = attach_link(self.prog_fd, dev, ns, mode, force=force, fix=fix)
         self.attached = (dev, ns, mode)
 
     def detach(self) -> None:
-        if self.attached:
-            detach(*self.attached)
-            self.attached = None
+        if self.link_fd is not None:
+            with contextlib.suppress(OSError):   # defunct: the device is gone
+                clib.link_detach(self.link_fd)
+        self.leave_attached()
+
+    def leave_attached(self) -> None:
+        """Close this object's link fd without detaching: a pinned link keeps
+        the program attached (`ltp load`); an unpinned one detaches with it."""
+        if self.link_fd is not None:
+            os.close(self.link_fd)
+            self.link_fd = None
+        self.attached = None
 
     def pin(self, directory: str) -> dict[str, str]:
-        """Pin the program and every map under `directory` (on bpffs)."""
+        """Pin the program, its link (if attached) and every map under `directory` (on bpffs)."""
         paths = {}
         pin_fd(self.prog_fd, os.path.join(directory, "prog"))
+        if self.link_fd is not None:
+            pin_fd(self.link_fd, os.path.join(directory, "link"))
         for name in MAP_NAMES:
             path = os.path.join(directory, name)
             pin_fd(self.table(name).get_fd(), path)

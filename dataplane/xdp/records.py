@@ -1,11 +1,19 @@
-"""Where `ltp load` keeps what it loaded: the record files and the pin folders.
+"""Where loaded programs are described: the record files and the pin folders.
 
-A loaded program has a pin folder /sys/fs/bpf/ltp/<netns or "host">/<dev>/
-(program and maps) and a record /run/ltp/xdp/<netns or "host">/<dev>.json
-(role, job, geometry, mode, program id, peers, time). bpffs holds only pins
-and directories (no regular files, no symlinks), so the record lives in /run,
-a tmpfs that is emptied at reboot as bpffs is. This module names, reads,
-writes, lists and removes both; it never talks to the kernel beyond files.
+Every attached ltp_xdp program has a record /run/ltp/xdp/<netns or
+"host">/<dev>.json (role, job, geometry, mode, program, link and map ids,
+peers, time, owner). Who owns it decides the rest:
+
+- `ltp load` (pinned): program, link and maps are pinned in
+  /sys/fs/bpf/ltp/<netns or "host">/<dev>/ and outlive every process;
+- an endpoint (a process): nothing is pinned, everything dies with the
+  process; the record names it (pid and start time, so a recycled pid is
+  not taken for it) and readers open the maps by kernel id while it lives.
+
+bpffs holds only pins and directories (no regular files, no symlinks), so the
+record lives in /run, a tmpfs that is emptied at reboot as bpffs is. This
+module names, reads, writes, lists and removes both, and tells whether an
+owner lives; it never talks to the kernel beyond files.
 """
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from .maps import Geometry
 PIN_ROOT = "/sys/fs/bpf/ltp"
 RECORD_ROOT = "/run/ltp/xdp"
 HOST = "host"                 # directory and display name of the machine's own namespace
-RECORD_VERSION = 1
+RECORD_VERSION = 2            # 2: owner (pinned or a process), pid_start, link and map ids
 _IFNAME_BAD = re.compile(r"[/:\s]")
 
 
@@ -66,7 +74,9 @@ def record_path(dev: str, ns: str | None) -> str:
 
 @dataclass
 class Record:
-    """What one `ltp load` attached and pinned."""
+    """What one `ltp load` attached and pinned (pinned=True), or what one
+    endpoint process attached and holds (pinned=False: `pid` and
+    `pid_start` name the owner, `map_ids` the maps)."""
 
     dev: str
     netns: str | None
@@ -79,6 +89,10 @@ class Record:
     loaded_at: float = 0.0
     pid: int = 0
     version: int = RECORD_VERSION
+    pinned: bool = True
+    pid_start: int = 0                                    # owner's start time (clock ticks)
+    link_id: int = 0
+    map_ids: dict[str, int] = field(default_factory=dict)  # map name -> kernel id
 
     @property
     def pin_dir(self) -> str:
@@ -96,7 +110,9 @@ class Record:
                 "loaded_at": self.loaded_at,
                 "loaded_at_iso": datetime.datetime.fromtimestamp(self.loaded_at).isoformat(
                     timespec="seconds") if self.loaded_at else None,
-                "pid": self.pid, "pin_dir": self.pin_dir, "record": self.path}
+                "pid": self.pid, "pin_dir": self.pin_dir, "record": self.path,
+                "owner": "ltp load" if self.pinned else "process", "pid_start": self.pid_start,
+                "link_id": self.link_id, "map_ids": dict(self.map_ids)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Record":
@@ -105,7 +121,11 @@ class Record:
                    mode=d["mode"], prog_id=int(d.get("prog_id", 0)),
                    peers={int(w): int(s) for w, s in d.get("peers", {}).items()},
                    loaded_at=float(d.get("loaded_at", 0.0)), pid=int(d.get("pid", 0)),
-                   version=int(d.get("version", RECORD_VERSION)))
+                   version=int(d.get("version", RECORD_VERSION)),
+                   # version 1 records were all pinned (endpoints pinned then too)
+                   pinned=d.get("owner", "ltp load") == "ltp load",
+                   pid_start=int(d.get("pid_start", 0)), link_id=int(d.get("link_id", 0)),
+                   map_ids={str(k): int(v) for k, v in d.get("map_ids", {}).items()})
 
 
 def read_record(dev: str, ns: str | None) -> Record | None:
@@ -148,6 +168,42 @@ def entries(ns: Any = ...) -> list[tuple[str | None, str]]:
     if ns is not ...:
         out = [e for e in out if e[0] == ns]
     return out
+
+
+# --------------------------------------------------------------------------- owners
+
+def process_start(pid: int) -> int | None:
+    """Start time (clock ticks after boot) of process `pid`, None if there is
+    none: with the pid it names one process, even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # field 22; the command (field 2) may hold spaces and parentheses
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def owner_alive(rec: Record) -> bool | None:
+    """Does the process that holds `rec`'s program still run? None for a
+    pinned program (`ltp load`'s has no owner process)."""
+    if rec.pinned:
+        return None
+    start = process_start(rec.pid) if rec.pid > 0 else None
+    return start is not None and (not rec.pid_start or start == rec.pid_start)
+
+
+def owner_text(rec: Record) -> str:
+    """The owner process as an error names it: pid and command line."""
+    try:
+        with open(f"/proc/{rec.pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = ""
+    if len(cmd) > 60:
+        cmd = cmd[:57] + "..."
+    me = " (this process)" if rec.pid == os.getpid() else ""
+    return f"pid {rec.pid}{me}" + (f" `{cmd}`" if cmd and not me else "")
 
 
 # --------------------------------------------------------------------------- removal

@@ -1,18 +1,23 @@
-"""What `ltp load` left on this machine: attached programs, their pins and records.
+"""What is attached where on this machine: loaded ltp_xdp programs, their
+owners, records and pins.
 
-A loaded ltp_xdp program lives in three places:
+A program has one of two owners (records.py has the files, lookup.py the
+kernel's side):
 
-- attached to a device (the kernel keeps it there after the loader exits);
-- pinned, program and every map, under /sys/fs/bpf/ltp/<netns or "host">/<dev>/,
-  so any process can open the maps (`open_maps`) while training runs;
-- described in /run/ltp/xdp/<netns or "host">/<dev>.json: role, job, geometry,
-  mode, program id, peers, time.
+- `ltp load`, the operator's explicit choice: the program stays attached,
+  its BPF link, program and maps pinned under
+  /sys/fs/bpf/ltp/<netns or "host">/<dev>/, until `ltp unload`;
+- an endpoint process (`publish`): nothing is pinned, so attachment and maps
+  die with the process; its record names the process and the kernel ids,
+  and readers open the maps by id while it lives. A record whose owner died
+  is `dead` in `status`; `unload` (or the rig's teardown) removes it.
 
-This module is the mechanism behind `ltp load/unload/status/flows`: it loads,
-publishes, unloads and reports, checking records against pins and the kernel.
-The files themselves are records.py's; the kernel lookups are lookup.py's.
-Callers use this module alone: it re-exports the names they need from both.
-Policy (which ids, which job) comes from the caller.
+Either way /run/ltp/xdp/<netns or "host">/<dev>.json describes it: role,
+job, geometry, mode, ids, peers, time, owner. This module is the mechanism
+behind `ltp load/unload/status/flows`: it loads, publishes, unloads and
+reports, checking records against pins, owners and the kernel. Callers use
+this module alone: it re-exports the names they need from both. Policy
+(which ids, which job) comes from the caller.
 """
 from __future__ import annotations
 
@@ -21,55 +26,46 @@ import os
 import time
 from typing import Any
 
-from .. import netns
+from .. import clib, netns
 from ...errors import RegistryError
 from .maps import MAP_NAMES, Geometry
 # The names callers had from this module before the split (re-exported on purpose).
-from .lookup import (geometry_from_pins, map_info, pinned_maps, pinned_prog_id,  # noqa: F401
-                     prog_id, xdp_on)
+from .lookup import (describe, geometry_from_fds, geometry_from_pins, link_info,  # noqa: F401
+                     map_info, open_map_ids, pinned_maps, pinned_prog_id, prog_id, xdp_on)
 from .records import (HOST, PIN_ROOT, RECORD_ROOT, Record, check_ifname, entries,  # noqa: F401
-                      ns_arg, ns_key, nsflag, pin_dir, read_record, record_path,
-                      remove_record, unpin, where, write_record)
+                      ns_arg, ns_key, nsflag, owner_alive, owner_text, pin_dir, process_start,
+                      read_record, record_path, remove_record, unpin, where, write_record)
 
 ROLES = ("ps", "worker")
+LOAD_FIX = "--force replaces it"
 
 
 # --------------------------------------------------------------------------- load / unload
 
 def load(dev: str, ns: str | None, *, role: str, geometry: Geometry, peers: dict[int, int],
          job: int = 0, mode: str = "native", force: bool = False) -> Record:
-    """Compile ltp_xdp, configure job and peers, attach it to `dev` in `ns`,
-    pin it and its maps, write the record, and leave it all in place.
+    """Compile ltp_xdp, configure job and peers, attach it to `dev` in `ns`
+    through a BPF link, pin link, program and maps, write the record, and
+    leave it all in place.
 
-    Refuses a device that carries an XDP program (ours or another's) unless
-    `force`, which replaces it. On failure nothing new is left behind."""
-    from .loader import Dataplane, detach
+    Refuses a device that carries an XDP program (ours, an endpoint's or
+    another's) unless `force`, which replaces it. On failure nothing new is
+    left behind."""
+    from .loader import Dataplane
     if role not in ROLES:
         raise ValueError(f"role must be ps or worker, got {role!r}")
     check_ifname(dev)
-    attached = xdp_on(dev, ns)          # also: namespace and device exist
-    old = read_record(dev, ns)
+    if force:
+        xdp_on(dev, ns)                 # the namespace and device exist
+    else:
+        check_free(dev, ns, fix=LOAD_FIX)
     pdir = pin_dir(dev, ns)
-    if not force:
-        if old is not None or os.path.isdir(pdir):
-            what = (f"prog id {old.prog_id}, role {old.role}, job {_job(old.job)}, loaded "
-                    f"{_ago(old.loaded_at)}" if old else "pinned, no record")
-            raise RegistryError(f"{where(dev, ns)}: an LTP program is loaded already ({what}); "
-                                f"`ltp unload {dev}{nsflag(ns)}` first, or --force replaces it")
-        if attached is not None:
-            raise RegistryError(f"{where(dev, ns)} carries XDP program id {attached['prog_id']} "
-                                f"({attached['mode']}) that `ltp load` did not load; detach it "
-                                "(its owner, or `ip link set DEV xdp off`) or --force replaces it")
     dp = Dataplane(geometry, job=job)   # compile before touching the device
     wrote = False
     try:
         dp.maps().set_peers(peers)
-        if attached is not None and attached["mode"] in ("native", "skb") \
-                and attached["mode"] != mode:
-            detach(dev, ns, attached["mode"])   # native and skb cannot be on at once
-        if force:
-            unpin(pdir)
-        dp.attach(dev, ns, mode, replace=force)
+        dp.attach(dev, ns, mode, force=force, fix=LOAD_FIX)
+        unpin(pdir)                     # a replaced program's pins (force)
         rec = _pin_and_record(dp, dev, ns, role=role, job=job, mode=mode, peers=peers)
         wrote = True
     except BaseException:
@@ -78,40 +74,80 @@ def load(dev: str, ns: str | None, *, role: str, geometry: Geometry, peers: dict
         if wrote or force:
             remove_record(dev, ns)
         raise
-    dp.attached = None                  # the program stays attached and pinned
+    dp.leave_attached()                 # the pinned link keeps it attached
     dp.close()
     return rec
 
 
+def check_free(dev: str, ns: str | None, *, fix: str) -> None:
+    """Raise RegistryError if `dev` in `ns` carries a program, naming it (an
+    endpoint by its process, `ltp load`'s by its record, any other by its
+    id and name) and the way out: stop or unload it, or `fix`. A record
+    whose owner died does not count. Also raises when the namespace or the
+    device is missing."""
+    rec = read_record(dev, ns)
+    if rec is not None and owner_alive(rec) is False:
+        rec = None                      # dead: its program went with its owner
+    if rec is not None and not rec.pinned:
+        raise RegistryError(f"{where(dev, ns)} is taken by an LTP endpoint, "
+                            f"{owner_text(rec)} ({_about(rec)}); stop that process (its "
+                            f"program goes with it) or {fix}")
+    if rec is not None or os.path.isdir(pin_dir(dev, ns)):
+        what = _about(rec) if rec else "pinned, no record"
+        raise RegistryError(f"{where(dev, ns)}: an LTP program is loaded already ({what}); "
+                            f"`ltp unload {dev}{nsflag(ns)}` first, or {fix}")
+    att = xdp_on(dev, ns)
+    if att is not None:
+        raise RegistryError(f"{where(dev, ns)} carries {describe(att)}, not loaded by LTP; "
+                            "detach it (its owner, or `ip link set DEV xdp off`) or " + fix)
+
+
 def publish(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
             peers: dict[int, int]) -> Record:
-    """Pin a running endpoint's program and maps and write its record, so
-    `ltp status/flows/top` see it from any process while it runs. The
-    endpoint stays the owner: `withdraw` removes both when it closes."""
-    unpin(pin_dir(dev, ns))
-    return _pin_and_record(dp, dev, ns, role=role, job=job, mode=mode, peers=peers)
-
-
-def _pin_and_record(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
-                    peers: dict[int, int]) -> Record:
-    """Pin `dp`'s program and maps for `dev` in `ns` and write their record."""
-    dp.pin(pin_dir(dev, ns))
+    """Write the record of a running endpoint's program (attached by `dp`
+    through a link this process holds), so `ltp status/flows/top` see it
+    from any process while it runs. Nothing is pinned: program, link and
+    maps die with this process. `withdraw` removes the record when the
+    endpoint closes; after a crash `status` shows it `dead`."""
+    me = os.getpid()
     rec = Record(dev=dev, netns=ns, role=role, job=job, geometry=dp.geometry, mode=mode,
                  prog_id=prog_id(dp.prog_fd), peers=dict(peers), loaded_at=time.time(),
-                 pid=os.getpid())
+                 pid=me, pinned=False, pid_start=process_start(me) or 0,
+                 link_id=dp.link_id(), map_ids=dp.map_ids())
+    unpin(pin_dir(dev, ns))             # pins of a program this endpoint replaced (force)
     write_record(rec)
     return rec
 
 
-def withdraw(dev: str, ns: str | None) -> None:
-    """Remove the pins and record `publish` made (the program detaches with its owner)."""
-    unpin(pin_dir(dev, ns))
-    remove_record(dev, ns)
+def _pin_and_record(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
+                    peers: dict[int, int]) -> Record:
+    """Pin `dp`'s link, program and maps for `dev` in `ns` and write their record."""
+    dp.pin(pin_dir(dev, ns))
+    rec = Record(dev=dev, netns=ns, role=role, job=job, geometry=dp.geometry, mode=mode,
+                 prog_id=prog_id(dp.prog_fd), peers=dict(peers), loaded_at=time.time(),
+                 pid=os.getpid(), pinned=True, link_id=dp.link_id(), map_ids=dp.map_ids())
+    write_record(rec)
+    return rec
+
+
+def withdraw(published: Record) -> None:
+    """Remove the record `publish` returned, if it is still the device's
+    (the program detaches with its link); a record another endpoint wrote
+    since (one that took the device with force) stays."""
+    try:
+        rec = read_record(published.dev, published.netns)
+    except RegistryError:
+        return
+    if rec is not None and not rec.pinned and (rec.pid, rec.prog_id) == (published.pid,
+                                                                      published.prog_id):
+        remove_record(published.dev, published.netns)
 
 
 def unload(dev: str, ns: str | None) -> dict[str, Any]:
     """Detach (if the device still carries our program), unpin and remove
-    the record of `dev` in `ns`. Works when the namespace is gone too."""
+    the record of `dev` in `ns`; works when the namespace is gone too. An
+    endpoint's record is removed only when its owner died: a live endpoint
+    is refused (it detaches when its process exits)."""
     pdir = pin_dir(dev, ns)
     try:
         rec = read_record(dev, ns)
@@ -121,6 +157,8 @@ def unload(dev: str, ns: str | None) -> dict[str, Any]:
     if not has_record and not os.path.isdir(pdir):
         raise RegistryError(f"nothing loaded by `ltp load` on {where(dev, ns)}; "
                             "`ltp status` lists what is")
+    if rec is not None and not rec.pinned:
+        return _forget_endpoint(rec)
     ours = {i for i in (pinned_prog_id(pdir), rec.prog_id if rec else None) if i}
     out: dict[str, Any] = {"netns": ns_key(ns), "dev": dev, "prog_id": min(ours) if ours else None,
                            "detached": False, "note": None}
@@ -132,11 +170,9 @@ def unload(dev: str, ns: str | None) -> dict[str, Any]:
         except RegistryError as e:
             att, out["note"] = None, f"{e}; removed what was left"
         if att is not None:
-            if att["prog_id"] in ours and att["mode"] in ("native", "skb"):
-                from .loader import detach
-                detach(dev, ns, att["mode"])
-                out["detached"] = True
-            elif att["prog_id"] not in ours:
+            if att["prog_id"] in ours:
+                out["detached"] = _detach_ours(dev, ns, pdir, att["mode"])
+            else:
                 out["note"] = (f"{dev} now carries another XDP program (id {att['prog_id']}); "
                                "left it attached")
     unpin(pdir)
@@ -144,60 +180,153 @@ def unload(dev: str, ns: str | None) -> dict[str, Any]:
     return out
 
 
+def _forget_endpoint(rec: Record) -> dict[str, Any]:
+    """`unload` of an endpoint's record: removed if its owner died."""
+    dev, ns = rec.dev, rec.netns
+    if owner_alive(rec):
+        raise RegistryError(f"{where(dev, ns)} is held by a running LTP endpoint, "
+                            f"{owner_text(rec)}: its program detaches when that process "
+                            "exits; `ltp unload` removes only what `ltp load` left and dead "
+                            "owners' records")
+    unpin(pin_dir(dev, ns))
+    remove_record(dev, ns)
+    return {"netns": ns_key(ns), "dev": dev, "prog_id": rec.prog_id, "detached": False,
+            "note": f"its owner (pid {rec.pid}) had died, and its program with it; "
+                    "removed the record"}
+
+
+def _detach_ours(dev: str, ns: str | None, pdir: str, mode: str) -> bool:
+    """Detach `ltp load`'s program: through its pinned link, or over netlink
+    (what older versions attached)."""
+    from .loader import detach, detach_link_id
+    link = os.path.join(pdir, "link")
+    if os.path.exists(link):
+        try:
+            fd = clib.obj_get(link)
+        except OSError:
+            return False
+        try:
+            return detach_link_id(link_info(fd)["id"])
+        finally:
+            os.close(fd)
+    if mode in ("native", "skb"):
+        detach(dev, ns, mode)
+        return True
+    return False
+
+
 def unload_all(ns: Any = ...) -> list[dict[str, Any]]:
-    """Unload everything `ltp load` left (in namespace `ns` if given, as in `entries`)."""
-    return [unload(dev, n) for n, dev in entries(ns)]
+    """Unload everything `ltp load` left, and dead owners' records (in
+    namespace `ns` if given, as in `entries`); live endpoints are listed as
+    skipped."""
+    out = []
+    for n, dev in entries(ns):
+        try:
+            rec = read_record(dev, n)
+        except RegistryError:
+            rec = None
+        if rec is not None and owner_alive(rec):
+            out.append({"netns": ns_key(n), "dev": dev, "prog_id": rec.prog_id,
+                        "detached": False, "skipped": True,
+                        "note": f"held by a running endpoint, {owner_text(rec)}; left alone"})
+            continue
+        out.append(unload(dev, n))
+    return out
+
+
+def clear_namespace(ns: str) -> list[str]:
+    """Remove every record and pin of namespace `ns`, whoever owns them (the
+    rig that made `ns` removes it): pinned links are detached, pins removed
+    (programs and maps are freed once no process holds them), records
+    removed. Goes on past errors and returns them."""
+    errors = []
+    for n, dev in entries(ns):
+        pdir = pin_dir(dev, n)
+        try:
+            if os.path.exists(os.path.join(pdir, "link")):
+                _detach_ours(dev, n, pdir, "?")
+            unpin(pdir)
+            remove_record(dev, n)
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"LTP program on {where(dev, n)}: {e}")
+    return errors
 
 
 # --------------------------------------------------------------------------- status
 
 def status(ns: Any = ...) -> list[dict[str, Any]]:
     """One dict per loaded program: the record (if any) and what the kernel
-    says now. `state` is ok, detached (device carries no program or another
-    one), no netns, no device, no pins, no record or partial (some pins
-    missing)."""
-    rows = []
-    for n, dev in entries(ns):
-        pdir = pin_dir(dev, n)
-        try:
-            rec = read_record(dev, n)
-            bad_record = None
-        except RegistryError as e:
-            rec, bad_record = None, str(e)
-        pinned = pinned_maps(pdir)
-        pid = pinned_prog_id(pdir)
-        row: dict[str, Any] = {"netns": ns_key(n), "dev": dev, "pin_dir": pdir,
-                               "maps_pinned": len(pinned), "maps_expected": len(MAP_NAMES),
-                               "pinned_prog_id": pid, "attached": None}
-        if rec is not None:
-            r = rec.to_dict()
-            row.update({k: r[k] for k in ("role", "job", "mode", "prog_id", "geometry",
-                                          "loaded_at", "loaded_at_iso", "pid")})
-            row["workers"] = sorted(rec.peers)
-        else:
-            row.update({"role": None, "job": None, "mode": None, "prog_id": pid,
-                        "geometry": None, "loaded_at": None, "loaded_at_iso": None,
-                        "pid": None, "workers": []})
-        try:
-            row["attached"] = xdp_on(dev, n)
-            att_id = row["attached"]["prog_id"] if row["attached"] else None
-            if pid is None and not os.path.isdir(pdir):
-                state = "no pins"
-            elif rec is None:
-                state = "no record"
-            elif len(pinned) < len(MAP_NAMES) or pid is None:
-                state = "partial"     # a pin was removed behind our back
-            elif att_id is None or att_id not in (pid, row["prog_id"]):
-                state = "detached"
-            else:
-                state = "ok"
-        except RegistryError:
-            state = "no netns" if n and not netns.exists(n) else "no device"
-        row["state"] = state
-        if bad_record:
-            row["error"] = bad_record
-        rows.append(row)
-    return rows
+    says now. `state` is ok, dead (the endpoint that held it exited: its
+    program and maps are gone, the record is left), detached (device
+    carries no program or another one), no netns, no device, no pins, no
+    record or partial (some pins missing). `maps` counts the maps reachable
+    (pinned, or by id while the owner lives)."""
+    return [_status_row(n, dev) for n, dev in entries(ns)]
+
+
+def _status_row(n: str | None, dev: str) -> dict[str, Any]:
+    pdir = pin_dir(dev, n)
+    try:
+        rec = read_record(dev, n)
+        bad_record = None
+    except RegistryError as e:
+        rec, bad_record = None, str(e)
+    pinned = pinned_maps(pdir)
+    pid = pinned_prog_id(pdir)
+    row: dict[str, Any] = {"netns": ns_key(n), "dev": dev, "pin_dir": pdir,
+                           "maps_pinned": len(pinned), "maps_expected": len(MAP_NAMES),
+                           "maps": len(pinned), "pinned_prog_id": pid, "attached": None,
+                           "owner": None, "owner_alive": None}
+    if rec is not None:
+        r = rec.to_dict()
+        row.update({k: r[k] for k in ("role", "job", "mode", "prog_id", "geometry", "loaded_at",
+                                      "loaded_at_iso", "pid", "owner", "link_id")})
+        row["workers"] = sorted(rec.peers)
+        row["owner_alive"] = owner_alive(rec)
+    else:
+        row.update({"role": None, "job": None, "mode": None, "prog_id": pid,
+                    "geometry": None, "loaded_at": None, "loaded_at_iso": None,
+                    "pid": None, "workers": [], "link_id": None})
+    row["state"] = _state(row, rec, pdir, len(pinned))
+    if bad_record:
+        row["error"] = bad_record
+    return row
+
+
+def _state(row: dict[str, Any], rec: Record | None, pdir: str, npinned: int) -> str:
+    """The STATE of a status row (and its `attached` and `maps`)."""
+    n, dev, pid = ns_arg(row["netns"]), row["dev"], row["pinned_prog_id"]
+    endpoint = rec is not None and not rec.pinned
+    if endpoint and not row["owner_alive"]:
+        return "dead"
+    try:
+        row["attached"] = xdp_on(dev, n)
+    except RegistryError:
+        return "no netns" if n and not netns.exists(n) else "no device"
+    att_id = row["attached"]["prog_id"] if row["attached"] else None
+    if endpoint:
+        row["maps"] = _maps_by_id(rec)
+        return "ok" if att_id == rec.prog_id else "detached"
+    if pid is None and not os.path.isdir(pdir):
+        return "no pins"
+    if rec is None:
+        return "no record"
+    if npinned < len(MAP_NAMES) or pid is None:
+        return "partial"                # a pin was removed behind our back
+    if att_id is None or att_id not in (pid, row["prog_id"]):
+        return "detached"
+    return "ok"
+
+
+def _maps_by_id(rec: Record) -> int:
+    """How many of an endpoint's maps its record's ids still open (all or none)."""
+    try:
+        fds = open_map_ids(rec.map_ids)
+    except RegistryError:
+        return 0
+    for fd in fds.values():
+        os.close(fd)
+    return len(fds)
 
 
 # --------------------------------------------------------------------------- maps
@@ -234,14 +363,20 @@ def record_from_pins(dev: str, ns: str | None) -> Record:
 
 
 def open_maps(rec: Record):
-    """LtpMaps over the pins of `rec`, after checking the geometry the record
-    names against the pinned maps' sizes."""
+    """LtpMaps over the maps of `rec`: its pins (`ltp load`), or its map ids
+    while its owner lives (an endpoint), after checking the geometry the
+    record names against the maps' sizes."""
     from .maps import LtpMaps
-    have = geometry_from_pins(rec.pin_dir, rec.geometry.port)
-    if have != rec.geometry:
-        raise RegistryError(f"{rec.pin_dir}: pinned maps have geometry {have.to_dict()}, the "
-                            f"record says {rec.geometry.to_dict()}; `ltp unload {rec.dev}"
-                            f"{nsflag(rec.netns)}` and load again")
+    if not rec.pinned:
+        fds = _endpoint_map_fds(rec)
+        try:
+            _check_geometry(rec, geometry_from_fds(fds, rec.geometry.port))
+            return LtpMaps(fds, rec.geometry, owns_fds=True)
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+    _check_geometry(rec, geometry_from_pins(rec.pin_dir, rec.geometry.port))
     try:
         return LtpMaps.from_pins(rec.pin_dir, rec.geometry)
     except FileNotFoundError as e:
@@ -249,7 +384,32 @@ def open_maps(rec: Record):
                             f"`ltp unload {rec.dev}{nsflag(rec.netns)}` and load again") from None
 
 
+def _endpoint_map_fds(rec: Record) -> dict[str, int]:
+    gone = (f"; `ltp unload {rec.dev}{nsflag(rec.netns)}` removes the record")
+    if not owner_alive(rec):
+        raise RegistryError(f"{where(rec.dev, rec.netns)}: its endpoint (pid {rec.pid}) died, "
+                            f"and its program and maps with it{gone}")
+    try:
+        return open_map_ids(rec.map_ids)
+    except RegistryError as e:
+        raise RegistryError(f"{where(rec.dev, rec.netns)}: {e} (its endpoint, pid {rec.pid}, "
+                            "is closing?)") from None
+
+
+def _check_geometry(rec: Record, have: Geometry) -> None:
+    if have != rec.geometry:
+        what = rec.pin_dir if rec.pinned else where(rec.dev, rec.netns)
+        raise RegistryError(f"{what}: the maps have geometry {have.to_dict()}, the record "
+                            f"says {rec.geometry.to_dict()}; `ltp unload {rec.dev}"
+                            f"{nsflag(rec.netns)}` and load again")
+
+
 # --------------------------------------------------------------------------- helpers
+
+def _about(rec: Record) -> str:
+    return (f"prog id {rec.prog_id}, role {rec.role}, job {_job(rec.job)}, loaded "
+            f"{_ago(rec.loaded_at)}")
+
 
 def _job(job: int) -> str:
     return "any" if not job else f"{job:#x}"
@@ -264,4 +424,3 @@ def _ago(t: float) -> str:
     if s < 7200:
         return f"{s / 60:.0f} min ago"
     return datetime.datetime.fromtimestamp(t).strftime("at %Y-%m-%d %H:%M")
-
