@@ -325,3 +325,28 @@ def test_top_runs_under_a_terminal_and_quits_on_q(rig, loaded):
     batch = ltp("top", "--netns", rig.ps.netns, "--iterations", "2", "--interval", "0.1",
                 timeout=20).stdout
     assert batch.count("WORKER") == 2 and width(batch) <= 80
+
+
+@requires_bpf
+def test_top_json_prints_one_snapshot_per_interval(rig, loaded):
+    from ltpx.dataplane.xdp.flows import RATE_FIELDS
+    p = ltp("top", rig.ps.ifname, "--netns", rig.ps.netns, "-j", "-c", "2", "--interval", "0.1",
+            timeout=20)
+    lines = [json.loads(x) for x in p.stdout.splitlines()]
+    assert len(lines) == 2 and lines[1]["time"] > lines[0]["time"]
+    for obj in lines:
+        assert obj["interval_s"] == 0.1 and obj["errors"] == []
+        (snap,) = obj["programs"]
+        assert (snap["netns"], snap["dev"], snap["prog_id"]) == \
+            (rig.ps.netns, rig.ps.ifname, loaded["prog_id"])
+        for f in snap["flows"]:
+            assert set(f["rates"]) == set(RATE_FIELDS) and f["rates"]["packets"] == 0
+
+
+@requires_bpf
+def test_top_on_a_device_without_a_program_exits_1(rig, loaded):
+    err = json.loads(ltp("top", "eth9", "-c", "1", "-j", rc=1, timeout=20).stdout)
+    assert err["exit_code"] == 1 and err["error"].startswith("no LTP program loaded on eth9")
+    for argv in (["top", "eth9"], ["top", "eth9", "-c", "1"]):     # a terminal or not
+        p = ltp(*argv, rc=1, timeout=20)
+        assert p.stderr.startswith("ltp: error: no LTP program loaded on eth9"), p.stderr

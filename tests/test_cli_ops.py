@@ -38,14 +38,55 @@ requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
     (["capture"], "DEV"),
     (["capture", "eth9", "-r", "x.pcap"], "DEV"),
     (["top", "--interval", "0"], "--interval"),
+    (["top", "-c", "0"], "--count"),
+    (["bench", "incast", "--rate", "40gbit"], "--rate"),     # past what TBF shapes
+    (["bench", "incast", "--rate", "1e400"], "--rate"),      # inf: no traceback
+    (["bench", "incast", "--size", "nan"], "--size"),
 ])
 def test_usage_errors_exit_2_with_json_errors(argv, needle):
-    p = ltp(*argv, "-j", rc=2) if argv[0] != "top" else ltp(*argv, rc=2)
-    if argv[0] != "top":
-        err = json.loads(p.stdout)
-        assert err["exit_code"] == 2 and needle in err["error"]
-    else:
-        assert needle in p.stderr
+    err = json.loads(ltp(*argv, "-j", rc=2).stdout)
+    assert err["exit_code"] == 2 and needle in err["error"]
+    p = ltp(*argv, rc=2)
+    assert needle in p.stderr and "Traceback" not in p.stderr
+
+
+def test_version_is_the_package_version():
+    import ltpx
+    assert ltp("--version").stdout == f"ltp {ltpx.__version__}\n"
+
+
+@pytest.mark.parametrize("cmd", ["status", "flows", "top", "exporter"])
+def test_a_namespace_that_does_not_exist_exits_1(cmd):
+    argv = [cmd, "--netns", f"ltp-{RIG}-nosuchns"] + (["-c", "1"] if cmd == "top" else [])
+    err = json.loads(ltp(*argv, "-j", rc=1).stdout)
+    assert err == {"error": f"no network namespace 'ltp-{RIG}-nosuchns' (`ip netns list` "
+                            "shows them)", "exit_code": 1}
+    assert "no network namespace" in ltp(*argv, rc=1).stderr
+
+
+def test_status_table_fits_80_columns_and_keeps_every_column():
+    """Long names give way (ending in "…"); the other columns keep their width."""
+    import io
+
+    from rich.console import Console
+
+    from ltpx.tools.cmd_ops import status_text
+    base = dict(mode="native", prog_id=1234567, pinned_prog_id=1234567, role="worker",
+                job=0xDEADBEEF, maps=len(MAP_NAMES), maps_pinned=len(MAP_NAMES),
+                maps_expected=len(MAP_NAMES), state="ok")
+    rows = [dict(base, netns="ltp-a-rather-long-namespace-name", dev="averylongdevnam"),
+            dict(base, netns="[red]ns", dev="eth0", maps=3, maps_pinned=3, state="no netns")]
+    out = io.StringIO()
+    Console(file=out, width=80).print(status_text(rows))
+    lines = out.getvalue().splitlines()
+    assert max(len(x) for x in lines) <= 80
+    assert lines[0].split() == ["NAMESPACE", "DEVICE", "MODE", "PROG", "ROLE", "JOB", "MAPS",
+                                "STATE"]
+    assert lines[1].split()[0].endswith("…")
+    assert lines[1].split()[2:] == ["native", "1234567", "worker", "0xdeadbeef",
+                                    str(len(MAP_NAMES)), "ok"]
+    assert lines[2].split() == ["[red]ns", "eth0", "native", "1234567", "worker", "0xdeadbeef",
+                                f"3/{len(MAP_NAMES)}", "no", "netns"]     # no markup read
 
 
 @requires_root

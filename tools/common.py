@@ -1,4 +1,5 @@
-"""Shared plumbing for `ltp` subcommands: parsers, errors, exit codes, JSON output.
+"""Shared plumbing for `ltp` subcommands: parsers, errors, exit codes, JSON output,
+plain tables (rich) and log lines.
 
 Exit codes: 0 ok, 1 runtime error, 2 usage error (bad flag or value).
 With -j/--json every result and every error is a JSON object on stdout.
@@ -6,6 +7,7 @@ With -j/--json every result and every error is a JSON object on stdout.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -66,7 +68,6 @@ def table(columns: list[tuple[str, str, bool]], rows: list[list[str]], width: in
     `rows` (at least `least[i]`). When that is too wide, the widest shrinkable
     column gives way first, its long cells ending in "…". The caller adds
     the rows (add_row), with styles if it wants."""
-    from rich.table import Table
     width = width or console().width
     widths = [max([len(h), (least or [0] * len(columns))[i], *(len(r[i]) for r in rows)])
               for i, (h, _, _) in enumerate(columns)]
@@ -75,11 +76,25 @@ def table(columns: list[tuple[str, str, bool]], rows: list[list[str]], width: in
         if not can:
             break
         widths[max(can, key=lambda i: widths[i])] -= 1
-    t = Table(box=None, pad_edge=False, padding=(0, 0, 0, 1), header_style="bold", **style)
+    t = _data_table()(box=None, pad_edge=False, padding=(0, 0, 0, 1), header_style="bold",
+                      **style)
     for (header, justify, _), w in zip(columns, widths):
         t.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis",
                      min_width=w, max_width=w)
     return t
+
+
+@functools.cache
+def _data_table():
+    """rich's Table whose string cells are data: never read as markup, so a
+    namespace called "[red]x" shows as that, whatever console draws it."""
+    from rich.table import Table
+    from rich.text import Text
+
+    class DataTable(Table):
+        def add_row(self, *cells, **kw) -> None:
+            super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kw)
+    return DataTable
 
 
 def add_verbose(p: argparse.ArgumentParser) -> None:
