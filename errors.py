@@ -12,6 +12,7 @@ They derive from RuntimeError so callers that caught that still do.
     │   └── RegistryError what `ltp load` left (records, pins)
     ├── RigError          building, using or removing a namespace rig
     ├── TransportError    a round could not be completed as asked
+    │   ├── DeadPeerError a push's target answered nothing by its timeout
     │   └── CommError     a training rank's push, pull or handshake failed
     ├── LaunchError       a rank of a launched job failed or timed out
     └── BenchError        a benchmark could not be set up or did not finish
@@ -52,6 +53,16 @@ class RigError(LtpError):
 
 class TransportError(LtpError):
     """A round could not be completed as asked (e.g. reliable data timed out)."""
+
+
+class DeadPeerError(TransportError):
+    """A push's target answered nothing (no ACK, no CLOSED) to its last sends
+    by the push's timeout: dead, unreachable, or not taking the round.
+    `peers` names them; `report` is the push so far (a PushReport)."""
+
+    def __init__(self, message: str, peers=(), report=None):
+        super().__init__(message)
+        self.peers, self.report = list(peers), report
 
 
 class CommError(TransportError):

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import importlib
 
-_PUBLIC = {"Endpoint": "endpoint", "TransportError": "endpoint", "Peer": "results",
+_PUBLIC = {"Endpoint": "endpoint", "TransportError": "endpoint", "DeadPeerError": "endpoint",
+           "Peer": "results",
            "PushReport": "results", "RoundResult": "results",
            "EarlyCloseConfig": "early_close", "COMPLETE": "early_close",
            "DEADLINE": "early_close", "TIMEOUT": "early_close"}

@@ -24,7 +24,7 @@ from ...dataplane import netns
 from ...dataplane.xdp import registry
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry
-from ...errors import TransportError
+from ...errors import DeadPeerError, TransportError
 from .bubble import STRATEGIES
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
 from .layout import ChunkLayout
@@ -207,6 +207,11 @@ class Endpoint:
         data is re-sent until it arrives. Returns when every target closed the
         round or acknowledged every chunk.
 
+        A target that answers nothing is re-sent to ever more rarely and
+        sparingly (loss.Backoff: at most two more passes' worth of
+        probes); if it is still silent at `timeout_s`, DeadPeerError (a
+        TransportError) names it, its `report` the push so far.
+
         group: (address, port) of a broadcast address or multicast group that
         reaches every target. The first pass then goes once, to the group,
         instead of once per target (each target's XDP program must know its
@@ -275,5 +280,5 @@ class Endpoint:
         self.close()
 
 
-__all__ = ["Endpoint", "Peer", "PushReport", "RoundResult", "TransportError", "EarlyCloseConfig",
-           "COMPLETE", "DEADLINE", "TIMEOUT"]
+__all__ = ["Endpoint", "Peer", "PushReport", "RoundResult", "TransportError", "DeadPeerError",
+           "EarlyCloseConfig", "COMPLETE", "DEADLINE", "TIMEOUT"]

@@ -1,31 +1,110 @@
 """What a sender sends next: chunks found lost (RACK-style) first, then a
-pass's runs of unacknowledged chunks, a GSO batch at a time.
+pass's runs of unacknowledged chunks, a GSO batch at a time; and to whom a
+re-send pass may go at all (`Backoff`: a silent target gets ever rarer,
+smaller probes, and is named dead at the push's timeout).
 
 ACK state is a Python int per target: bit c set once chunk c is acknowledged.
 """
 from __future__ import annotations
 
+import math
+
 REORDER = 3  # a chunk is lost once one sent more than this many places later is acked
+RTO_MIN = 0.01  # s: the first wait before re-sending to a target silent through a pass
+PROBE_SHARE = 16  # a re-send to a silent target is a probe: 1/16 of the round (>= 1 chunk)
+PROBE_BUDGET = 2  # probes to a silent target stop at this many passes' worth of chunks
+DEAD_AFTER = 2  # sends in a row a target left unanswered: at the timeout it is dead
 
 
-def pass_runs(order: list[int], acked: list[int], done: list[bool]) -> list[tuple[int, list[int]]]:
+def pass_runs(order: list[int], acked: list[int], done: list[bool],
+              limit: list[int | None] | None = None) -> list[tuple[int, list[int]]]:
     """A pass's sending order: runs of unacknowledged chunks, one target each
-    (acked[i]: bit c set when target i acknowledged chunk c).
+    (acked[i]: bit c set when target i acknowledged chunk c; done[i]: skip
+    target i; limit[i]: at most that many of its chunks, None for all).
 
     Targets take turns in runs of a few chunks, so a GSO batch (one target
     per system call) can form when there are several; a single target has
     one run."""
     run = len(order) if len(acked) == 1 else 8
+    left = list(limit) if limit is not None else [None] * len(acked)
     out = []
     for b in range(0, len(order), run):
         part = order[b:b + run]
         for i, a in enumerate(acked):
-            if done[i]:
+            if done[i] or left[i] == 0:
                 continue
             chunks = [c for c in part if not (a >> c) & 1] if a else part
+            if left[i] is not None:
+                chunks = chunks[:left[i]]
+                left[i] -= len(chunks)
             if chunks:
                 out.append((i, chunks))
     return out
+
+
+class Backoff:
+    """To which targets a re-send pass may go, and how much it may send them.
+
+    A target that answered nothing while a pass went to it (no new ACK, no
+    CLOSED) is silent: dead, unreachable, or not taking the round. Sending
+    it whole passes back to back is what a dead peer used to get (94k-272k
+    packets in a 10 s timeout). As TCP backs off its retransmission timer,
+    its next re-send waits RTO_MIN, doubling with every send it leaves
+    unanswered, and is a probe of 1/PROBE_SHARE of the round; probes stop
+    at PROBE_BUDGET passes' worth of chunks, so a dead peer costs at most
+    1 + PROBE_BUDGET passes. Any answer (a late one too) makes it a normal
+    target again at once. At the timeout, a target that left DEAD_AFTER
+    sends in a row unanswered is dead (`dead`)."""
+
+    def __init__(self, ntargets: int, nchunks: int, now: float):
+        self.heard = [0] * ntargets  # ACK state when it last answered
+        self.heard_at = [now] * ntargets
+        self.silent = [0] * ntargets  # sends in a row it left unanswered
+        self.rto = [RTO_MIN] * ntargets
+        self.due = [now] * ntargets  # no re-send to it before this time
+        self.probed = [0] * ntargets  # chunks probed since it last answered
+        self.probe = max(1, -(-nchunks // PROBE_SHARE))
+        self.budget = PROBE_BUDGET * nchunks
+
+    def listen(self, acked: list[int], closed: list[bool], done: list[bool], now: float,
+               sent_to=()) -> None:
+        """What the ACKs say now; `sent_to`: the targets of the pass just ended."""
+        for i, a in enumerate(acked):
+            if done[i]:
+                continue
+            if a != self.heard[i] or closed[i]:
+                self.heard[i], self.heard_at[i], self.silent[i] = a, now, 0
+                self.rto[i], self.due[i], self.probed[i] = RTO_MIN, now, 0
+            elif i in sent_to:
+                self.silent[i] += 1
+                self.due[i] = now + self.rto[i]
+                self.rto[i] *= 2
+
+    def ready(self, done: list[bool], now: float) -> list[bool]:
+        """Targets a pass may include now."""
+        return [not d and self.due[i] <= now and (not self.silent[i]
+                                                  or self.probed[i] < self.budget)
+                for i, d in enumerate(done)]
+
+    def limits(self, ready: list[bool]) -> list[int | None]:
+        """Per target, how many chunks the pass may send it (None: all)."""
+        return [min(self.probe, self.budget - self.probed[i]) if r and self.silent[i] else
+                (None if r else 0) for i, r in enumerate(ready)]
+
+    def spend(self, runs: list[tuple[int, list[int]]]) -> None:
+        """Count the chunks a pass probes silent targets with."""
+        for i, chunks in runs:
+            if self.silent[i]:
+                self.probed[i] += len(chunks)
+
+    def next_due(self, done: list[bool]) -> float:
+        """When the next re-send may go (inf: every open target is out of probes)."""
+        return min((self.due[i] for i, d in enumerate(done)
+                    if not d and (not self.silent[i] or self.probed[i] < self.budget)),
+                   default=math.inf)
+
+    def dead(self, done: list[bool]) -> list[int]:
+        return [i for i, d in enumerate(done) if not d and self.silent[i] >= DEAD_AFTER]
 
 
 class LossDetector:

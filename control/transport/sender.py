@@ -12,9 +12,9 @@ import time
 import numpy as np
 
 from ...dataplane.xdp import wire as W
-from ...errors import TransportError
+from ...errors import DeadPeerError, TransportError
 from .layout import FRAME_OVERHEAD, ChunkLayout, as_f32
-from .loss import BatchPicker, LossDetector, pass_runs
+from .loss import Backoff, BatchPicker, LossDetector, pass_runs
 from .rate import Pacer
 from .results import Peer, PushReport
 
@@ -147,18 +147,28 @@ class Push:
         tokens take the next few of them as one GSO batch. About once a
         millisecond it reads what the ACKs say: the rate and the closed flag
         from the tx map, and which chunks arrived (LossDetector judges them).
+        A target silent through a pass gets later, smaller re-sends
+        (loss.Backoff) and, still silent at the timeout, DeadPeerError.
         In a group push, `sent` counts a group datagram once, while `acked`
         sums over targets."""
         self._start()
+        sent_to: set[int] = set()
         while True:
             closed = self.refresh()
             acked = self.acked()
             if self._settle(closed, acked):
                 break
-            if time.perf_counter() - self.t0 > self.timeout_s:
-                self._check_critical(acked)
+            now = time.perf_counter()
+            self.backoff.listen(acked, closed, self.done_t, now, sent_to)
+            if now - self.t0 > self.timeout_s:
+                self._give_up(acked, now)
                 break
-            self._start_pass(acked, closed)
+            ready = self.backoff.ready(self.done_t, now)
+            if not any(ready):   # every open target is silent: wait for its turn or an answer
+                time.sleep(min(0.001, max(0.0, self.backoff.next_due(self.done_t) - now)))
+                sent_to = set()
+                continue
+            sent_to = self._start_pass(acked, closed, ready)
             self._run_pass()
         return self._report()
 
@@ -181,6 +191,7 @@ class Push:
         # the rate to start the next round at (shares grow as flows finish).
         self.low = [0] * nt
         self.sent = self.resent = self.passes = 0
+        self.backoff = Backoff(nt, nch, time.perf_counter())
         # The first batch goes at once: the round starts on the barrier, not a
         # pacing interval later.
         self.pacer = Pacer(s.start_rate(self.targets, self.group),
@@ -225,6 +236,22 @@ class Push:
                 done[i] = closed[i] or acked[i] == full
         return all(done)
 
+    def _give_up(self, acked: list[int], now: float) -> None:
+        """At the timeout: DeadPeerError if a target stayed silent, else the
+        rule for critical chunks."""
+        dead = self.backoff.dead(self.done_t)
+        if dead:
+            quiet = now - min(self.backoff.heard_at[i] for i in dead)
+            who = ", ".join(f"{self.targets[i].ip} (worker {self.targets[i].worker})"
+                            for i in dead)
+            rep = self._report()
+            raise DeadPeerError(
+                f"round {self.round_}: no answer from {who} for {quiet:.1f}s ({rep.sent} "
+                f"packets sent, {rep.acked} acked): the peer is dead, unreachable, or not "
+                f"taking round {self.round_}", peers=[self.targets[i] for i in dead],
+                report=rep)
+        self._check_critical(acked)
+
     def _check_critical(self, acked: list[int]) -> None:
         """At the timeout: fail if a target lacks critical chunks (reliable: any)."""
         crit = np.flatnonzero(self.crit).tolist()
@@ -233,18 +260,25 @@ class Push:
                 f"round {self.round_}: critical chunks unacknowledged after "
                 f"{self.timeout_s:g}s (targets {[t.ip for t in self.targets]})")
 
-    def _start_pass(self, acked: list[int], closed: list[bool]) -> None:
+    def _start_pass(self, acked: list[int], closed: list[bool], ready: list[bool]) -> set[int]:
+        """Start a pass to the `ready` targets (silent ones get a probe);
+        returns the targets it goes to."""
         if self.passes == 0:
             runs = self.runs  # made ready with the plan
+            to = set(range(len(self.targets)))
         else:  # from the second pass on, every chunk is a re-send
             if self.passes == 1:
                 for hv in self.hdr_u8:
                     hv[:, RETX_BYTE] |= W.F_RETX
-            runs = pass_runs(self.order, acked, self.done_t)
+            bo = self.backoff
+            runs = pass_runs(self.order, acked, [not r for r in ready], bo.limits(ready))
+            bo.spend(runs)
+            to = {i for i, _ in runs}
             for det in self.detectors:  # this pass re-sends whatever is still out
                 det.restart()
         self.passes += 1
         self.picker.start(runs, acked, closed)
+        return to
 
     def _run_pass(self) -> None:
         """One pass, a batch per system call as the pacer's tokens allow, then
@@ -272,7 +306,7 @@ class Push:
             now = clock()
             if now >= refresh_at:  # what the ACKs say, about once a millisecond
                 refresh_at = now + 0.001
-                if not self._read_acks():
+                if not self._read_acks() or now - t0 > timeout_s:
                     break
             tgt, batch, lost, at = pick(n)
             if len(batch) < n:

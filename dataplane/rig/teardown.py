@@ -1,7 +1,8 @@
-"""Removing a rig, complete or half-built: its namespaces (their veths,
-qdiscs, tc filters and XDP programs go with them), its pins and its state
-file. Removal goes on past errors and reports them all at the end, so one
-stuck piece never leaves the rest behind."""
+"""Removing a rig, complete or half-built: what LTP programs left in its
+namespaces (records, and the pins of programs `ltp load` loaded there), its
+namespaces (their veths, qdiscs, tc filters and XDP programs go with them),
+its pins and its state file. Removal goes on past errors and reports them
+all at the end, so one stuck piece never leaves the rest behind."""
 from __future__ import annotations
 
 import contextlib
@@ -14,9 +15,15 @@ from ...errors import RigError
 
 
 def remove_all(namespaces: Sequence[str], pins: str, state: str) -> list[str]:
-    """Remove namespaces, every pin in the folder `pins`, and the state
-    file; go on past errors and return them."""
+    """Remove the LTP records and pins of the namespaces, the namespaces,
+    every pin in the folder `pins`, and the state file; go on past errors
+    and return them."""
+    from ..xdp import registry
     errors: list[str] = []
+    for ns in namespaces:
+        # A pinned program (`ltp load`) outlives its namespace until unpinned;
+        # an endpoint killed there left only its record.
+        errors += registry.clear_namespace(ns)
     for ns in namespaces:
         try:
             netns.remove(ns)
