@@ -154,8 +154,11 @@ class LtpCollector:
             try:
                 snap, hists = read_program(row["dev"], registry.ns_arg(row["netns"]))
             except (LtpError, OSError) as e:
-                log.warning("%s in %s: %s", row["dev"], row["netns"],
-                            getattr(e, "strerror", None) or e)
+                # a program `ltp status` already calls dead or gone is expected
+                # to be unreadable: say so only with -v, not every scrape
+                (log.warning if row["state"] == "ok" else log.info)(
+                    "%s in %s (%s): %s", row["dev"], row["netns"], row["state"],
+                    getattr(e, "strerror", None) or e)
                 fam.up.add_metric(p, 0)
                 continue
             fam.up.add_metric(p, 1)
