@@ -139,6 +139,21 @@ def map_fd_by_id(map_id: int) -> int:
     return _check(libbpf().bpf_map_get_fd_by_id(map_id), f"map id {map_id}")
 
 
+# struct bpf_prog_info: offsets of nr_map_ids (u32) and map_ids (u64 pointer)
+PROG_INFO_NR_MAP_IDS, PROG_INFO_MAP_IDS = 52, 56
+
+
+def prog_map_ids(fd: int, most: int = 64) -> list[int]:
+    """Kernel ids of the maps the program `fd` uses (at most `most`)."""
+    ids = (_c_uint32 * most)()
+    buf = ctypes.create_string_buffer(256)
+    _c_uint32.from_buffer(buf, PROG_INFO_NR_MAP_IDS).value = most
+    ctypes.c_uint64.from_buffer(buf, PROG_INFO_MAP_IDS).value = ctypes.addressof(ids)
+    n = _c_uint32(len(buf))
+    _check(libbpf().bpf_obj_get_info_by_fd(fd, buf, ctypes.byref(n)), "reading program info")
+    return list(ids[:min(_c_uint32.from_buffer(buf, PROG_INFO_NR_MAP_IDS).value, most)])
+
+
 def link_fd_by_id(link_id: int) -> int:
     """fd of the BPF link with kernel id `link_id` (FileNotFoundError if gone)."""
     return _check(libbpf().bpf_link_get_fd_by_id(link_id), f"link id {link_id}")
