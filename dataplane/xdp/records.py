@@ -197,7 +197,8 @@ def owner_text(rec: Record) -> str:
     """The owner process as an error names it: pid and command line."""
     try:
         with open(f"/proc/{rec.pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            # one line whatever the arguments hold (a `python -c` script has newlines)
+            cmd = " ".join(f.read().replace(b"\0", b" ").decode(errors="replace").split())
     except OSError:
         cmd = ""
     if len(cmd) > 60:
