@@ -199,8 +199,8 @@ def cmd_capture(args) -> int | None:
             _from_file(args, out)
         else:
             need_root("ltp capture (live)")
-            with _sigterm_stops():
-                summary.update(_live(args, ns, out))
+            with _Stopper() as stop:
+                summary.update(_live(args, ns, out, stop))
     finally:
         out.close()
     _summarise(args, out, summary)
@@ -224,13 +224,14 @@ def _verdict_of(comment: str | None) -> str | None:
     return None
 
 
-def _live(args, ns: str | None, out: _Out) -> dict:
-    """Capture on DEV until -c packets, --duration or Ctrl-C; what the summary says."""
+def _live(args, ns: str | None, out: _Out, stop: "_Stopper") -> dict:
+    """Capture on DEV until -c packets, --duration, Ctrl-C or SIGTERM; what
+    the summary says."""
     maps = _ring_maps(args, ns)
     if maps is None:
-        return _from_socket(args, ns, out)
+        return _from_socket(args, ns, out, stop)
     try:
-        return _from_ring(args, ns, out, maps)
+        return _from_ring(args, ns, out, maps, stop)
     finally:
         maps.close()
 
@@ -254,7 +255,7 @@ def _ring_maps(args, ns: str | None):
     return maps
 
 
-def _from_ring(args, ns: str | None, out: _Out, maps) -> dict:
+def _from_ring(args, ns: str | None, out: _Out, maps, stop: "_Stopper") -> dict:
     from ..dataplane.xdp import capring
     cap = capring.RingCapture(maps, snaplen=args.snaplen, job=args.job, worker=args.worker,
                               round_=args.round, tx=args.tx)
@@ -271,13 +272,10 @@ def _from_ring(args, ns: str | None, out: _Out, maps) -> dict:
     with cap:
         _say(args, f"capturing at ltp_xdp on {args.dev} in {ns or 'the host namespace'} "
                    f"(ring of {maps.ring_bytes >> 20} MiB, snaplen {cap.snaplen}); Ctrl-C stops")
-        try:
-            for batch in cap.batches(args.duration):
-                if take(batch):
-                    done = True
-                    break
-        except KeyboardInterrupt:
-            pass
+        for batch in cap.batches(args.duration, stop.requested):
+            if take(batch):
+                done = True
+                break
         rest = cap.stop()
         if not done:
             take(rest)
@@ -288,19 +286,16 @@ def _from_ring(args, ns: str | None, out: _Out, maps) -> dict:
             "filtered_in_kernel": cap.filtered}
 
 
-def _from_socket(args, ns: str | None, out: _Out) -> dict:
+def _from_socket(args, ns: str | None, out: _Out, stop: "_Stopper") -> dict:
     from ..dataplane.xdp import capture as C
     with C.LiveCapture(args.dev, ns, args.port) as sock:
         _say(args, f"listening on {args.dev} in {ns or 'the host namespace'} with an "
                    f"AF_PACKET socket (LTP on UDP port {args.port}); Ctrl-C stops")
-        try:
-            for ts, frame, wire, direction in sock.frames(args.duration):
-                stop = out.take(ts, frame, wire, direction)
-                out.flush()
-                if stop:
-                    break
-        except KeyboardInterrupt:
-            pass
+        for ts, frame, wire, direction in sock.frames(args.duration):
+            done = out.take(ts, frame, wire, direction)
+            out.flush()
+            if done or stop.requested():
+                break
         dropped = sock.drops()
     return {"via": "socket", "dropped": dropped, "dropped_capture": 0,
             "dropped_kernel": dropped}
@@ -336,13 +331,23 @@ def _say(args, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-class _sigterm_stops:
-    """SIGTERM ends a live capture as Ctrl-C does: switched off, summary printed."""
+class _Stopper:
+    """Ctrl-C and SIGTERM end a live capture between batches (never inside
+    one: every frame read is shown and written), switched off, with its
+    summary."""
 
-    def __enter__(self):
-        def stop(signum, frame):
-            raise KeyboardInterrupt
-        self.old = signal.signal(signal.SIGTERM, stop)
+    def __init__(self):
+        self.signalled = False
 
-    def __exit__(self, *exc):
-        signal.signal(signal.SIGTERM, self.old)
+    def requested(self) -> bool:
+        return self.signalled
+
+    def __enter__(self) -> "_Stopper":
+        def note(signum, frame):
+            self.signalled = True
+        self.old = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)

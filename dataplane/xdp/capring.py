@@ -20,7 +20,7 @@ import select
 import struct
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -258,13 +258,15 @@ class RingCapture:
         self.maps.cfg.set(0, self._want)
         self._renewed = now
 
-    def batches(self, duration: float | None = None) -> Iterator[list[Record]]:
+    def batches(self, duration: float | None = None,
+                stop: Callable[[], bool] | None = None) -> Iterator[list[Record]]:
         """Batches of records in timestamp order until `duration` seconds
-        pass (None: until the caller stops); renews the lease."""
+        pass or `stop()` says so (checked at least every 50 ms; None: until
+        the caller stops taking them); renews the lease."""
         end = None if duration is None else self.on_ns + int(duration * 1e9)
         while True:
             now = time.monotonic_ns()
-            if end is not None and now >= end:
+            if (end is not None and now >= end) or (stop is not None and stop()):
                 return
             if now - self._renewed >= RENEW_NS:
                 self._renew(now)
