@@ -142,8 +142,10 @@ def test_scrape_matches_flows_and_status(cluster, exporter):
             else:  # the worker received no downlink here: no rounds, no ratio
                 assert recorded == 0 and _get(m, "ltp_flow_delivered_ratio", **fl) is None
     ps = next(s for s in snaps if s["role"] == "ps")
-    assert _get(m, "ltp_round_current", netns=ps["netns"], dev=ps["dev"], job="0x17",
-                state=ps["round_now"]["state"]) == ROUNDS
+    p = {"netns": ps["netns"], "dev": ps["dev"], "job": "0x17"}
+    assert _get(m, "ltp_round_current", **p) == ROUNDS
+    assert ps["round_now"]["state"] == "closed" and _get(m, "ltp_round_open", **p) == 0
+    assert _get(m, "ltp_round_nchunks", **p) == ps["round_now"]["nchunks"]
 
 
 @requires_bpf

@@ -69,7 +69,9 @@ class _Families:
                      "(enum ltp_counter: every drop class, pass, data, acks...)",
                      labels=PROGRAM + ["class"])
         self.round = g("ltp_round_current", "round of the newest bank the program holds",
-                       labels=PROGRAM + ["state"])
+                       labels=PROGRAM)
+        self.round_open = g("ltp_round_open", "1 while that round is open, else 0 "
+                            "(closed, or its bank being cleared)", labels=PROGRAM)
         self.round_chunks = g("ltp_round_nchunks", "chunks per worker of that round",
                               labels=PROGRAM)
         self.delivered = g("ltp_delivered_ratio", "chunks delivered / (delivered + "
@@ -92,7 +94,7 @@ class _Families:
                         "every program")
 
     def all(self) -> list:
-        return [self.info, self.up, self.xdp, self.round, self.round_chunks, self.delivered,
+        return [self.info, self.up, self.xdp, self.round, self.round_open, self.round_chunks, self.delivered,
                 *self.flow.values(), self.rounds, self.flow_delivered, self.flow_last,
                 self.last_round, self.live, self.time, self.scrape]
 
@@ -104,7 +106,8 @@ class _Families:
             self.xdp.add_metric(p + [name], snap["counters"][name])
         rn = snap["round_now"]
         if rn is not None:
-            self.round.add_metric(p + [rn["state"]], rn["round"])
+            self.round.add_metric(p, rn["round"])
+            self.round_open.add_metric(p, int(rn["state"] == "open"))
             self.round_chunks.add_metric(p, rn["nchunks"])
         filled = sum(f["chunks_filled"] for f in snap["flows"])
         delivered = sum(f["chunks_delivered"] for f in snap["flows"])
