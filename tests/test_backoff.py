@@ -1,0 +1,69 @@
+"""The dead-peer rule of the sender (control/transport/loss.py: Backoff and
+pass_runs' limits), driven with a clock of its own: no privileges needed.
+The rig test (test_ownership.py) checks the same rule with real packets."""
+from __future__ import annotations
+
+import pytest
+
+from ltpx.control.transport.loss import (DEAD_AFTER, PROBE_BUDGET, RTO_MIN, Backoff,
+                                         pass_runs)
+
+
+def test_pass_runs_limits_cap_a_target_and_zero_skips_it():
+    order = list(range(20))
+    runs = pass_runs(order, [0, 0, 0], [False] * 3, [3, None, 0])
+    sent = {i: [c for t, cs in runs if t == i for c in cs] for i in range(3)}
+    assert sent == {0: [0, 1, 2], 1: order, 2: []}
+
+
+def _dead_push(nchunks: int, timeout: float, pass_s: float = 0.002):
+    """What the send loop does against a peer that never answers: (chunks
+    sent, sends, whether it is dead at the timeout)."""
+    t = 0.0
+    bo = Backoff(1, nchunks, t)
+    done, acked, closed = [False], [0], [False]
+    sent, sends, sent_to = 0, 0, set()
+    while True:
+        bo.listen(acked, closed, done, t, sent_to)
+        sent_to = set()
+        if t > timeout:
+            return sent, sends, bo.dead(done) == [0]
+        ready = bo.ready(done, t)
+        if not any(ready):
+            t += min(0.001, max(0.0, bo.next_due(done) - t))
+            continue
+        if sends == 0:
+            runs = pass_runs(list(range(nchunks)), acked, [False])
+        else:
+            runs = pass_runs(list(range(nchunks)), acked, [not r for r in ready],
+                             bo.limits(ready))
+            bo.spend(runs)
+        sent += sum(len(c) for _, c in runs)
+        sends += 1
+        sent_to = {i for i, _ in runs}
+        t += pass_s
+
+
+@pytest.mark.parametrize("nchunks", [1, 2, 16, 57, 737])
+@pytest.mark.parametrize("timeout", [0.5, 10.0, 60.0])
+def test_a_dead_peer_gets_at_most_three_passes_and_is_named(nchunks, timeout):
+    sent, sends, dead = _dead_push(nchunks, timeout)
+    assert nchunks < sent <= (1 + PROBE_BUDGET) * nchunks
+    assert dead and sends >= DEAD_AFTER
+
+
+def test_probes_back_off_exponentially_and_an_answer_resets_them():
+    bo = Backoff(2, 160, 0.0)
+    done, closed = [False, False], [False, False]
+    bo.listen([0, 0], closed, done, 0.01, {0, 1})       # a pass both left unanswered
+    assert bo.due == [pytest.approx(0.01 + RTO_MIN)] * 2
+    assert bo.limits([True, True]) == [10, 10]          # probes: 1/16 of 160 chunks
+    bo.listen([0, 0], closed, done, 0.03, {0, 1})       # a probe unanswered: the wait doubles
+    assert bo.due == [pytest.approx(0.03 + 2 * RTO_MIN)] * 2
+    assert bo.ready(done, 0.04) == [False, False]
+    bo.listen([0b1, 0], closed, done, 0.04)              # target 0 answers, while waiting too
+    assert bo.ready(done, 0.04) == [True, False]
+    assert bo.limits([True, False]) == [None, 0]         # a full pass again
+    assert bo.dead(done) == [1]
+    bo.listen([0b1, 0], [False, True], done, 0.05)       # CLOSED is an answer
+    assert bo.dead(done) == []
