@@ -59,14 +59,17 @@ def test_capture_reads_a_pcap(tmp_path):
     assert (a["flags"], a["state"], a["rate_kbps"], a["len"], a["sport"]) == \
         (["dup"], "closed", 250_000, 0, W.PORT)
     assert s["bad"].startswith("short")
-    assert "3 LTP packets, 1 other skipped" in p.stderr
+    summary = json.loads(p.stderr.splitlines()[-1])      # -j: the summary is JSON too
+    assert (summary["packets"], summary["other"], summary["dropped"]) == (3, 1, 0)
+    assert "3 LTP packets, 1 other skipped" in ltp("capture", "-r", f).stderr
 
     text = ltp("capture", "-r", f).stdout.splitlines()
     assert "DATA w=3 r=9 c=2/4 len=16 flags=critical,last job=0x17" in text[0]
     assert "ACK w=3 r=9 c=2/4 len=0 flags=dup job=0x17 state=closed rate=250000k" in text[1]
 
     out = tmp_path / "copy.pcap"
-    assert len(ltp("capture", "-r", f, "-c", "2", "-w", out).stdout.splitlines()) == 2
+    assert ltp("capture", "-r", f, "-c", "2", "-w", out).stdout == ""    # -w: no lines
+    assert len(ltp("capture", "-r", f, "-c", "2", "-w", out, "--print").stdout.splitlines()) == 2
     assert [r["type"] for r in json.loads(ltp("capture", "-r", out, "-p").stdout)] == \
         ["DATA", "ACK"]
     assert json.loads(ltp("capture", "-r", tmp_path / "none.pcap", "-j", rc=1).stdout)["error"]
@@ -241,19 +244,24 @@ def _check_rows(snap: dict, delivered: list[int], nbytes: list[int], dup_bytes: 
         assert f["loss_last"] == f["loss"]
 
 @requires_bpf
-def test_capture_live_sees_the_sender_side_only(rig, loaded, socks):
+def test_capture_live_on_both_sides(rig, loaded, socks):
+    """On a worker (no ltp_xdp there) an AF_PACKET socket sees its DATA leave
+    and the ACKs come back; on the PS, whose ltp_xdp (left by `ltp load`)
+    consumes the DATA before any socket could, the program's own capture
+    ring shows each DATA as it arrived, with the verdict XDP_TX."""
     from ltpx.dataplane.xdp.loader import Geometry
     from ltpx.dataplane.xdp.maps import LtpMaps
     w0 = rig.workers[0]
     on_w0 = subprocess.Popen([LTP, "capture", w0.ifname, "--netns", w0.netns, "-c", "4", "-j",
-                              "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                              "--duration", "20"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     on_ps = subprocess.Popen([LTP, "capture", rig.ps.ifname, "--netns", rig.ps.netns, "-j",
-                              "--timeout", "3"], stdout=subprocess.PIPE,
+                              "-c", "2", "--duration", "20"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
-        for p in (on_w0, on_ps):
-            assert "listening on" in p.stderr.readline()
+        assert "AF_PACKET" in on_w0.stderr.readline()
+        assert "listening on" in on_w0.stderr.readline()
+        assert "capturing at ltp_xdp" in on_ps.stderr.readline()
         maps = LtpMaps.from_pins(loaded["pin_dir"], Geometry(**loaded["geometry"]))
         try:
             maps.open_bank(2, NCH, LAST)
@@ -263,8 +271,8 @@ def test_capture_live_sees_the_sender_side_only(rig, loaded, socks):
             maps.close_bank(2)
         finally:
             maps.close()
-        out, _ = on_w0.communicate(timeout=20)
-        ps_out, _ = on_ps.communicate(timeout=10)
+        out, w0_err = on_w0.communicate(timeout=20)
+        ps_out, ps_err = on_ps.communicate(timeout=20)
     finally:
         for p in (on_w0, on_ps):
             if p.poll() is None:
@@ -277,7 +285,12 @@ def test_capture_live_sees_the_sender_side_only(rig, loaded, socks):
                     ("out", "DATA", NCH - 1)]
     data = next(p for p in pkts if p["type"] == "DATA" and p["chunk"] == NCH - 1)
     assert (data["worker"], data["round"], data["len"], data["src"]) == (0, 2, LAST, w0.ip)
-    assert ps_out == ""      # native XDP consumed the DATA and sent the ACKs itself
+    at_ps = [json.loads(x) for x in ps_out.splitlines()]
+    assert [(p["dir"], p["type"], p["chunk"], p["verdict"]) for p in at_ps] == \
+        [("in", "DATA", 5, "XDP_TX"), ("in", "DATA", NCH - 1, "XDP_TX")]
+    for err in (w0_err, ps_err):
+        summary = json.loads(err.splitlines()[-1])
+        assert summary["dropped"] == 0 and summary["packets"] in (2, 4)
 
 
 @requires_bpf

@@ -385,3 +385,146 @@ def test_ack_divides_the_share_among_unfinished_flows(dp, maps):
     maps.open_bank(5, NCHUNKS, LAST, share_kbps=900_000, flows=2)  # the next round
     assert maps.active_flows(5) == 2
     assert rate_of(run(dp, data(worker=3, chunk=0))) == 450_000
+
+
+# --- the capture path (ltp_capcfg on: each LTP frame into ltp_capring) ----------
+
+@pytest.fixture
+def ring(dp):
+    """The program's capture maps and its ring read through mmap, emptied;
+    capture is switched off again afterwards."""
+    from ltpx.dataplane.xdp import capring
+    cm = capring.CaptureMaps.from_dataplane(dp)
+    r = capring.Ring(cm.fds["ltp_capring"], cm.ring_bytes)
+    r.skip()
+    yield cm, r
+    cm.cfg.set(0, capring.CapCfg())
+    r.close()
+
+
+def capture_on(cm, **cfg):
+    """Capture on for a minute with `cfg` (CapCfg fields; flags by name)."""
+    import time
+    from ltpx.dataplane.xdp import capring
+    flags = sum(getattr(capring, f"CAP_F_{f.upper()}") for f in cfg.pop("filters", ()))
+    c = capring.CapCfg(until_ns=time.monotonic_ns() + 60 * 10**9, snaplen=cm.frame_max,
+                       flags=flags)
+    for k, v in cfg.items():
+        setattr(c, k, v)
+    cm.cfg.set(0, c)
+
+
+SHORT = (Ether(src=WORKER_MAC, dst=PS_MAC) / IP(src=WORKER_IP, dst=PS_IP) /
+         UDP(sport=1, dport=W.PORT) / Raw(b"LT\x01\x01"))
+
+
+@dataclass
+class CapCase:
+    desc: str
+    packet: object
+    cfg: dict | None          # None: capture off; else capture_on's arguments
+    records: list             # (direction, verdict, bytes kept) per record, in order
+
+
+FULL = len(data())
+CAP_CASES = [
+    CapCase("capture off: nothing is recorded", data(), None, []),
+    CapCase("DATA is recorded as it arrived, with its verdict", data(), {},
+            [("in", XDP_TX, FULL)]),
+    CapCase("snaplen cuts the snapshot (wire length kept)", data(), {"snaplen": 100},
+            [("in", XDP_TX, 100)]),
+    CapCase("tx: the ACK the program sent follows its DATA", data(), {"filters": ["tx"]},
+            [("in", XDP_TX, FULL), ("out", XDP_TX, 74)]),
+    CapCase("a dropped frame is recorded with XDP_DROP", data(magic=0x1234), {},
+            [("in", XDP_DROP, FULL)]),
+    CapCase("an ACK coming in is recorded (XDP_DROP: consumed)", ack(), {},
+            [("in", XDP_DROP, 74)]),
+    CapCase("a control frame is recorded with XDP_PASS", data(type=W.T_CTRL_MIN), {},
+            [("in", XDP_PASS, FULL)]),
+    CapCase("a frame that is not LTP is not recorded",
+            Ether() / IP(src=WORKER_IP, dst=PS_IP) / UDP(sport=5000, dport=53) / Raw(b"q" * 40),
+            {}, []),
+    CapCase("too short for a header: recorded when no filter needs the header", SHORT, {},
+            [("in", XDP_DROP, len(SHORT))]),
+    CapCase("too short for a header: not recorded under a filter", SHORT,
+            {"filters": ["job"], "job": JOB}, []),
+    CapCase("worker filter: another worker's frame is not recorded", data(worker=3),
+            {"filters": ["worker"], "worker": 9}, []),
+    CapCase("worker filter: its own frame is", data(worker=9, chunk=0),
+            {"filters": ["worker"], "worker": 9}, [("in", XDP_TX, FULL)]),
+    CapCase("round filter", data(round_=5), {"filters": ["round"], "round": 4}, []),
+    CapCase("job filter", data(job=8), {"filters": ["job"], "job": JOB}, []),
+    CapCase("an expired lease records nothing", data(), {"until_ns": 1}, []),
+]
+
+
+@pytest.mark.parametrize("case", CAP_CASES, ids=[c.desc for c in CAP_CASES])
+def test_capture_table(dp, maps, ring, case):
+    import time
+    cm, r = ring
+    if case.cfg is not None:
+        capture_on(cm, **case.cfg)
+    before, stats0, t0 = maps.counters(), cm.stat_totals(), time.monotonic_ns()
+    res = run(dp, case.packet)
+    t1, recs = time.monotonic_ns(), r.drain()
+    raw = bytes(case.packet)
+    assert [(x.direction, x.verdict, len(x.frame)) for x in recs] == case.records
+    captured, lost = (a - b for a, b in zip(cm.stat_totals(), stats0))
+    assert (captured, lost) == (len(recs), 0)
+    for x in recs:
+        assert x.verdict == res.verdict and t0 <= x.ts_ns <= t1
+        if x.direction == "in":      # the frame before the program touched it
+            assert x.frame == raw[:len(x.frame)] and x.wire_len == len(raw)
+        else:                        # the frame as XDP_TX sent it
+            assert x.frame == res.data and x.wire_len == len(res.data)
+    assert maps.counters() != before or not case.records
+
+
+def _fresh(m):
+    """The standard set-up of the `maps` fixture, again."""
+    m.mem_bytes[:] = 0
+    m.open_bank(4, NCHUNKS, LAST)
+    m.open_bank(5, NCHUNKS, LAST)
+    m.set_rate(1, 0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.desc for c in CASES])
+def test_capture_changes_no_verdict_byte_or_counter(dp, maps, ring, case):
+    """Every case of the packet table gives the same verdict, output frame
+    and counter changes with capture on (ACKs included) as with it off."""
+    cm, r = ring
+    outcomes = []
+    for on in (False, True):
+        _fresh(maps)
+        if case.before:
+            case.before(maps)
+        if on:
+            capture_on(cm, filters=["tx"])
+        before = maps.counters()
+        res = run(dp, case.packet)
+        after = maps.counters()
+        outcomes.append((res.verdict, res.data,
+                         {k: after[k] - before[k] for k in after if after[k] != before[k]}))
+    assert outcomes[0] == outcomes[1]
+    verdict, _, delta = outcomes[1]
+    want = [] if delta == {"pass": 1} else ["in", "out"] if verdict == XDP_TX else ["in"]
+    assert [x.direction for x in r.drain()] == want
+
+
+def test_a_full_ring_counts_what_it_lost(dp, maps, ring):
+    """More records than the ring holds: those it has no room for are counted
+    lost, none is half-written, and the ring works again once drained."""
+    from ltpx.dataplane.xdp.capring import RINGBUF_HDR
+    cm, r = ring
+    capture_on(cm)
+    pkt = bytes(ack(worker=4))                 # dropped, unchanged: the same frame each run
+    per = (RINGBUF_HDR + 24 + len(pkt) + 7) // 8 * 8
+    fits = cm.ring_bytes // per
+    stats0 = cm.stat_totals()
+    run_xdp(dp.prog_fd, pkt, repeat=fits + 1000)
+    captured, lost = (a - b for a, b in zip(cm.stat_totals(), stats0))
+    recs = r.drain()
+    assert captured + lost == fits + 1000 and lost >= 1000 and len(recs) == captured
+    assert all(x.frame == pkt for x in recs)
+    run(dp, ack(worker=4))
+    assert len(r.drain()) == 1
