@@ -1,11 +1,20 @@
 """LTP: a loss-tolerant gradient transport whose receive path runs in XDP.
 
 Parts: ``ltpx.dataplane`` (BPF programs, maps, wire format), ``ltpx.control``
-(rounds, Early Close, Bubble Filling, rate control), ``ltpx.tools`` (the
-``ltp`` command). The BPF C sources live in ``bpf/`` beside this file.
+(rounds, Early Close, Bubble Filling, rate control, training), ``ltpx.tools``
+(the ``ltp`` command), and ``ltpx.torch``, the training API. The BPF C
+sources live in ``bpf/`` beside this file.
 """
 from pathlib import Path
 
 __version__ = "0.1.0"
 
 BPF_DIR = Path(__file__).resolve().parent / "bpf"
+
+# ltpx.torch is ltpx.control.torchapi under its public name. The name is a
+# package `torch` in control/torchapi/alias/, a folder added to this
+# package's search path only: a torch/ at the root would shadow PyTorch
+# whenever the root is on sys.path (as under pytest), and a folder on
+# __path__ is found the same way from the source tree, an editable install
+# and a wheel.
+__path__.append(str(Path(__file__).parent / "control" / "torchapi" / "alias"))

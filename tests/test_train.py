@@ -1,8 +1,9 @@
 """Parameter-server training over LTP (and TCP) on the rig, plus the pieces it is made of.
 
-The rig tests share one 3-worker native-mode rig and make three short runs
-(LTP bsp, TCP bsp, LTP wbsp with a straggler): about a minute on 2 cores,
-most of it starting ranks (torch import, bcc compile).
+The rig tests share one 3-worker native-mode rig and make three short runs of
+the built-in job, which goes through ltpx.torch (LTP bsp, TCP bsp, LTP wbsp
+with a straggler): about a minute on 2 cores, most of it starting ranks
+(torch import, bcc compile).
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from conftest import requires_bpf
 from ltpx.control.training.args import parse_straggler
 from ltpx.control.training.config import TrainConfig
 from ltpx.control.training.data import BatchStream, load_digits_arrays, split
-from ltpx.control.training.model import FlatModel, build_mlp, count_params
-from ltpx.control.training.ps import aggregate_into
+from ltpx.control.training.model import build_mlp, count_params
+from ltpx.control.torchapi.server import aggregate_into
 
 WORKERS = 3
 STEPS = 14           # one epoch at 3 workers x 32 examples
@@ -46,21 +47,12 @@ def test_shards_are_disjoint_and_streams_deterministic():
     assert s1.npass >= 1
 
 
-def test_flat_model_is_zero_copy():
-    m = build_mlp(seed=1)
-    f = FlatModel(m)
-    assert f.n == count_params((512, 384)) == 234_122    # 0.94 MB of float32
-    assert np.array_equal(f.param_np, FlatModel(build_mlp(seed=1)).param_np)
-    x = torch.from_numpy(split(0).x_train[:8])
-    m(x).sum().backward()
-    assert np.abs(f.grad_np).sum() > 0                    # backward wrote the flat buffer
-    g = f.grad_np.copy()
-    m(x).sum().backward()
-    assert np.allclose(f.grad_np, 2 * g)                  # and accumulates in place
-    p0 = f.param_np.copy()
-    torch.optim.SGD(m.parameters(), lr=0.5).step()
-    assert np.allclose(f.param_np, p0 - 0.5 * f.grad_np)  # the optimizer wrote it
-    f.check_views()
+def test_mlp_size_and_seeded_init():
+    assert count_params((512, 384)) == 234_122                     # 0.94 MB of float32
+    a, b = build_mlp(seed=1), build_mlp(seed=1)
+    assert sum(p.numel() for p in a.parameters()) == 234_122
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(next(build_mlp(seed=2).parameters()), next(a.parameters()))
 
 
 def test_equal_weights_aggregate_is_round_result_aggregate():
@@ -133,18 +125,11 @@ def test_flags_make_one_config_and_only_ltp_sends_to_a_group():
         config_from_args(rank.parse_args(["--transport", "gloo", "--sync", "wbsp"]))
 
 
-def test_rank_without_group_uses_the_broadcast_address_or_falls_back_to_unicast(capsys):
-    from ltpx.control.training.rank import build_parser, dev_broadcast, downlink_group
+def test_devices_without_a_broadcast_address():
+    # a server rank without one (and without a group) answers each worker (unicast)
+    from ltpx.control.torchapi.host import dev_broadcast
     assert dev_broadcast("lo") is None                   # loopback has no broadcast address
     assert dev_broadcast("no-such-dev0") is None
-    a = build_parser().parse_args(["--dev", "lo"])
-    cfg = TrainConfig(downlink="group")
-    got, group = downlink_group(a, cfg, rank=0)
-    assert got.downlink == "unicast" and group is None
-    assert "unicast" in capsys.readouterr().err
-    assert downlink_group(a, cfg, rank=1) == (cfg, None)    # a worker sends no downlink
-    a = build_parser().parse_args(["--dev", "lo", "--group", "239.1.2.3"])
-    assert downlink_group(a, cfg, rank=0) == (cfg, "239.1.2.3")
 
 
 def test_rank_bad_flags_exit_2():
@@ -185,7 +170,7 @@ def test_bad_values_exit_2_naming_the_flag(argv, flag, capsys):
 
 @pytest.fixture(scope="module")
 def rig():
-    from ltpx.control.training.launch import rig_config
+    from ltpx.control.training.onrig import rig_config
     from ltpx.dataplane.rig.star import Rig
     with Rig(rig_config("trt", "ltp", workers=WORKERS, rate_bps=10**9, buffer_bytes=30_000,
                         loss=0.0)) as r:
@@ -200,14 +185,14 @@ WHOLE = {"threshold_min": 1.0, "threshold_max": 1.0, "min_deadline_s": 2.0}
 
 
 def _train(rig, early_close=None, **kw):
-    from ltpx.control.training.launch import train_on_rig
+    from ltpx.control.training.onrig import train_on_rig
     cfg = TrainConfig(iterations=STEPS, seed=5, verify_versions=True, **kw)
     return train_on_rig(rig, cfg, timeout_s=300, early_close=early_close)
 
 
 def test_the_rig_ps_device_broadcast_address_is_the_rigs(rig):
     # what a PS rank given --downlink group but no --group sends to
-    from ltpx.control.training.rank import dev_broadcast
+    from ltpx.control.torchapi.host import dev_broadcast
     from ltpx.dataplane import netns
     from ltpx.dataplane.rig.star import BROADCAST
     with netns.inside(rig.ps.netns):

@@ -132,7 +132,7 @@ def cmd_train(args) -> int:
         need_bcc()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
     from ..control.training.args import config_from_args
-    from ..control.training.launch import train_on_rig
+    from ..control.training.onrig import train_on_rig
 
     results = []
     progress = _Progress(quiet=False)
@@ -170,7 +170,7 @@ def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
     """(rig, cfg) of one run: the named rig if it exists (with notes on what it
     lacks; an old rig without a broadcast address makes the downlink unicast),
     else a new rig built for the run's transport."""
-    from ..control.training.launch import rig_config, rig_mode_for
+    from ..control.training.onrig import rig_config, rig_mode_for
     from ..dataplane.rig.star import Rig
     if not (args.name and Rig.exists(args.name)):
         name = args.name or f"tr{os.getpid() % 1000000}"

@@ -1,0 +1,56 @@
+"""ltpx.torch: train your own PyTorch model over LTP, shaped like Horovod and BytePS.
+
+The same script runs on every rank (started by `ltp launch` or torchrun):
+
+    import ltpx.torch as lt
+    lt.init()                      # env:// rendezvous; server ranks serve here and exit
+    model = Net()
+    lt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                  named_parameters=model.named_parameters())
+    for x, y in loader:
+        opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
+    lt.shutdown()
+
+Gradients go up in buckets over LTP's loss-tolerant class (Early Close,
+Bubble Filling); the server sums them and sends the aggregate back over the
+reliable class; each worker applies it with its own optimizer. Modules:
+
+  settings     init()'s options (keywords, LTP_* environment variables)
+  job          init, shutdown, rank, size, local_rank, is_server: a rank's place
+  coord        barriers and metadata through the rendezvous store
+  ops          the op sequence every rank runs, round numbers, the step report
+  links, link_ltp, link_tcp   the transports under the server and the workers
+  exchange     a worker's side of an op
+  server       the server's loop (sums, answers; no model)
+  buckets      gradient buckets: reverse registration order, copy in and out
+  optimizer    DistributedOptimizer (hooks, overlap, wbsp, report, warnings)
+  collectives  broadcast_parameters, allreduce, digest
+  host         device addresses; bpffs where `ip netns exec` hid it
+  alias        holds only the `torch` package that makes this `ltpx.torch`
+
+docs/training.md ("Your own model") has the details.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from .collectives import allreduce, broadcast_parameters, digest
+from .job import init, is_server, local_rank, rank, serve_here as serve, shutdown, size
+from .ops import StepReport
+from .optimizer import DistributedOptimizer, FilledWarning
+
+
+def report_progress(step: int, steps: int, **metrics) -> None:
+    """On worker 0, print one JSON line `ltp launch` turns into its progress bar
+    (step of steps, and any numbers given, e.g. loss=0.31)."""
+    if rank() == 0:
+        sys.stdout.write(json.dumps({"event": "progress", "step": step, "steps": steps,
+                                     **metrics}) + "\n")
+        sys.stdout.flush()
+
+
+__all__ = ["init", "shutdown", "rank", "size", "local_rank", "is_server", "serve",
+           "broadcast_parameters", "allreduce", "digest", "DistributedOptimizer",
+           "StepReport", "FilledWarning", "report_progress"]

@@ -1,0 +1,99 @@
+"""A worker's side of the op sequence (ops.py): get ready, meet at the op's
+barrier, push its pieces, take the server's answer.
+
+An op runs in four calls so a step can spread them over two threads (the
+optimizer pushes each bucket from a communication thread while backward
+goes on, then takes the answer in step()):
+
+  plan(op)        numbers only: the op's sequence number and uplink rounds
+  prepare(run)    the endpoint is large enough, the answer's round is open
+                  (before the first push: the server may answer before it returns)
+  barrier(run)    arrive; wait until every worker has (wbsp: arrive, and ask `gone`)
+  push(run, i)    piece i, once the server has opened its round
+  finish(run)     the answer, into the caller's buffer; the clock moves on
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ops import Op, RoundClock, SHUTDOWN, preopened
+
+
+@dataclass
+class Run:
+    """One op in flight on this worker."""
+
+    op: Op
+    seq: int                 # the op's number; its answer is downlink round seq
+    rounds: list[int]        # its uplink rounds
+    npre: int                # how many of them the server opened before the barrier
+
+
+class Exchange:
+    """This worker's op loop over `link` (link_ltp / link_tcp) and `coord`."""
+
+    def __init__(self, link, coord, worker: int, workers: int):
+        self.link, self.co, self.id, self.workers = link, coord, worker, workers
+        self.clock = RoundClock()
+        self.prev: Op | None = None
+        self.times = dict.fromkeys(("barrier_s", "push_s", "pull_s"), 0.0)
+
+    def plan(self, op: Op) -> Run:
+        """Number the next op; the clock moves on now, so a later op can be
+        planned while this one is still being pushed."""
+        run = Run(op, self.clock.seq, self.clock.rounds(op), preopened(self.prev, op))
+        self.clock.advance(op)
+        self.prev = op
+        return run
+
+    def prepare(self, run: Run) -> None:
+        self.link.ensure(run.op.max_elems(self.workers))
+        self.link.expect(run.seq, run.op.down_elems(self.workers))
+
+    def arrive(self, run: Run) -> bool:
+        return self.co.arrive(run.seq, run.op)
+
+    def barrier(self, run: Run) -> None:
+        t0 = time.perf_counter()
+        self.co.arrive(run.seq, run.op)
+        self.co.wait_go(run.seq)
+        self.times["barrier_s"] += time.perf_counter() - t0
+
+    def push(self, run: Run, i: int, piece: np.ndarray) -> None:
+        """Piece i of the op (one bucket of a step) into its uplink round."""
+        t0 = time.perf_counter()
+        r = run.rounds[i]
+        if self.link.opens and i >= run.npre:
+            self.co.wait_open(r)
+        if self.link.push(r, piece, run.op.reliable):
+            # the server closed r before all of this arrived: say so, it may be
+            # waiting for that before it reuses r's bank (coord.py, ack/<r>/<w>)
+            self.co.ack(r, self.id)
+        self.times["push_s"] += time.perf_counter() - t0
+
+    def finish(self, run: Run, out: np.ndarray) -> np.ndarray:
+        """The op's answer, copied into out[:down_elems] (returned)."""
+        t0 = time.perf_counter()
+        view = out[:run.op.down_elems(self.workers)]
+        self.link.pull(run.seq, view)
+        self.times["pull_s"] += time.perf_counter() - t0
+        return view
+
+    def run(self, op: Op, pieces: list[np.ndarray] | None, out: np.ndarray) -> np.ndarray:
+        """A whole op in this thread (pieces: this worker's, None if it sends none)."""
+        run = self.plan(op)
+        self.prepare(run)
+        self.barrier(run)
+        for i, piece in enumerate(pieces or []):
+            self.push(run, i, piece)
+        return self.finish(run, out)
+
+    def shutdown(self) -> dict:
+        """The last op: arrive, then wait for the server's summary (until then
+        this worker's endpoint still answers re-sends of the last answer)."""
+        run = self.plan(Op(SHUTDOWN))
+        self.co.arrive(run.seq, run.op)
+        return self.co.get_json("fin")

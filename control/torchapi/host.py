@@ -1,0 +1,94 @@
+"""What a rank needs from the host it runs on: its device's addresses, and bpffs.
+
+bpffs: an LTP endpoint pins its program and maps under /sys/fs/bpf. `ip netns
+exec` (and so `ltp rig exec`, or torchrun started through either) runs its
+command in a private mount namespace with a fresh sysfs on /sys, which hides
+the host's bpffs. A rank then mounts a bpffs of its own on /sys/fs/bpf: the
+mount lives in that private namespace only and goes with its last process.
+The host's instance cannot be bind-mounted across mount namespaces, so `ltp
+status` on the host does not see that rank's pins (it still sees the record
+under /run/ltp/xdp); a rank started by `ltp launch` or `ltp train` enters
+only the network namespace and uses the host's bpffs. In the host's own mount
+namespace a missing bpffs is mounted as `ltp doctor --fix` would.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+import subprocess
+import sys
+
+from ...errors import UsageError, DataplaneError
+
+SIOCGIFADDR, SIOCGIFBRDADDR = 0x8915, 0x8919
+BPFFS = "/sys/fs/bpf"
+
+
+def _ifreq_ipv4(dev: str, request: int) -> str:
+    """The IPv4 address an SIOCGIF* ioctl gives for `dev` (OSError if none)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        raw = fcntl.ioctl(s.fileno(), request, struct.pack("256s", dev.encode()[:15]))
+    finally:
+        s.close()
+    return socket.inet_ntoa(raw[20:24])
+
+
+def dev_ipv4(dev: str) -> str:
+    """The IPv4 address of `dev` in this network namespace."""
+    try:
+        return _ifreq_ipv4(dev, SIOCGIFADDR)
+    except OSError as e:
+        raise UsageError(f"device {dev}: no IPv4 address ({e.strerror}); give the rank's "
+                         "address (--ip, LTP_IP or init(ip=...))") from None
+
+
+def dev_broadcast(dev: str) -> str | None:
+    """The IPv4 broadcast address of `dev`'s address, or None if it has none."""
+    try:
+        addr = _ifreq_ipv4(dev, SIOCGIFBRDADDR)
+    except OSError:
+        return None
+    return None if addr == "0.0.0.0" else addr
+
+
+def bpffs_mounted() -> bool:
+    """Is a bpffs mounted on /sys/fs/bpf in this process's mount namespace?"""
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(ln.split()[1:3] == [BPFFS, "bpf"] for ln in f if len(ln.split()) > 2)
+    except OSError:
+        return False
+
+
+def private_mount_namespace() -> bool:
+    """True when this process's mount namespace is not the host's (pid 1's)."""
+    try:
+        return os.readlink("/proc/self/ns/mnt") != os.readlink("/proc/1/ns/mnt")
+    except OSError:
+        return False
+
+
+def ensure_bpffs() -> str | None:
+    """Make /sys/fs/bpf a bpffs if it is not one (see the module docstring);
+    returns what was done, or None. DataplaneError if it cannot be mounted."""
+    if bpffs_mounted():
+        return None
+    where = ("this rank's private mount namespace (ip netns exec remounted /sys)"
+             if private_mount_namespace() else "the host")
+    try:
+        os.makedirs(BPFFS, exist_ok=True)
+        out = subprocess.run(["mount", "-t", "bpf", "bpf", BPFFS], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise DataplaneError(f"{BPFFS} is not a bpffs and mounting one failed: {e}; "
+                             "run `ltp doctor --fix` on the host, and start ranks in the "
+                             "network namespace only (nsenter --net=/run/netns/NAME)") from None
+    if out.returncode != 0:
+        raise DataplaneError(f"{BPFFS} is not a bpffs and `mount -t bpf` failed: "
+                             f"{out.stderr.strip() or out.returncode} (needs root)")
+    note = f"ltpx: mounted bpffs on {BPFFS} in {where}"
+    print(note, file=sys.stderr)
+    return note

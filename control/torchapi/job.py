@@ -1,0 +1,239 @@
+"""One rank's place in an ltpx.torch job, and the calls that set it up and end it.
+
+`init()` meets the other ranks through torch.distributed's env:// rendezvous
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; with
+TORCHELASTIC_USE_AGENT_STORE=True every rank is a client of a store someone
+else hosts, as under torchrun or `ltp launch`). Ranks 0..servers-1 are
+servers, the rest workers; `rank()`, `size()` and `local_rank()` count workers
+only. Every rank publishes its address in the store and reads the others'.
+A server rank then serves (server.py) and exits the process when the
+workers shut the job down; a worker returns and trains.
+
+At exit a worker that did not call `shutdown()` shuts down then, unless it
+is dying of an exception: then it only closes its endpoint (detaching its
+XDP program) and the launcher ends the others.
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import threading
+from datetime import timedelta
+
+from ...errors import UsageError
+from .coord import Coord
+from .host import dev_broadcast, dev_ipv4, ensure_bpffs
+from .settings import Settings
+
+_job: "Job | None" = None
+
+
+class Job:
+    """This rank in the job: its role, the store, its link, its op loop."""
+
+    def __init__(self, s: Settings):
+        self.s = s
+        self.crashed = False
+        self.summary: dict | None = None
+        self.link = None
+        self.group: str | None = None
+        self.exchange = None
+        self.optimizers: list = []      # DistributedOptimizers to drain before an op
+
+    def start(self) -> None:
+        s = self.s
+        if s.transport == "ltp":
+            if not s.dev:
+                raise UsageError("init(): LTP needs the device that carries training traffic: "
+                                 "init(dev=...) or LTP_DEV (ltp launch sets it)")
+            ensure_bpffs()
+        if s.dev and not s.ip:
+            s = self.s = dataclasses.replace(s, ip=dev_ipv4(s.dev))
+        self.store, self.global_rank, self.world = rendezvous(s.store_netns, s.timeout)
+        self.workers = self.world - s.servers
+        if self.workers < 1:
+            raise UsageError(f"WORLD_SIZE={self.world}: a job needs {s.servers} server "
+                             "rank(s) and at least one worker")
+        self.is_server = self.global_rank < s.servers
+        self.rank = None if self.is_server else self.global_rank - s.servers
+        self.coord = Coord(self.store, self.workers, s.timeout)
+        self.link = self.make_link()
+        me = {"rank": self.global_rank, "role": "server" if self.is_server else "worker",
+              "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid(),
+              **self.link.address()}
+        self.coord.set_json(f"meta/{self.global_rank}", me)
+        metas = self.coord.get_many([f"meta/{r}" for r in range(self.world)])
+        self.local_rank = self.local_index(metas)
+        if self.is_server:
+            self.link.connect({w: metas[s.servers + w] for w in range(self.workers)})
+        else:
+            self.link.connect(metas[0])
+            from .exchange import Exchange
+            self.exchange = Exchange(self.link, self.coord, self.rank, self.workers)
+
+    def make_link(self):
+        s = self.s
+        if s.transport == "tcp":
+            from .link_tcp import TcpServerLink, TcpWorkerLink
+            if self.is_server:
+                if not s.ip:
+                    raise UsageError("init(): the TCP server needs its address: dev= or ip= "
+                                     "(LTP_DEV / LTP_IP)")
+                return TcpServerLink(s, self.workers)
+            return TcpWorkerLink(s, self.rank, self.workers)
+        from .link_ltp import LtpServerLink, LtpWorkerLink
+        if self.is_server:
+            self.group = s.group or dev_broadcast(s.dev)
+            if self.group is None:
+                print(f"ltpx: {s.dev} has no IPv4 broadcast address and no group was given: "
+                      "answers go to each worker (unicast)", file=sys.stderr)
+            return LtpServerLink(s, self.workers, self.group)
+        return LtpWorkerLink(s, self.rank, self.workers)
+
+    def local_index(self, metas: list[dict]) -> int:
+        """This worker's index among the workers on its host (servers: 0)."""
+        if self.is_server:
+            return 0
+        host = metas[self.global_rank]["host"]
+        return sum(1 for m in metas[self.s.servers:self.global_rank] if m["host"] == host)
+
+    def drain(self) -> None:
+        """Finish what the optimizers' communication threads still push."""
+        for opt in self.optimizers:
+            opt.drain()
+
+    def close(self) -> None:
+        for opt in self.optimizers:
+            opt.close()
+        self.optimizers = []
+        if self.link is not None:
+            link, self.link = self.link, None
+            link.close()
+
+
+def rendezvous(store_netns: str | None, timeout_s: float):
+    """(store, rank, world) from env://; the store's socket made in store_netns."""
+    import torch.distributed as dist
+    from ...dataplane import netns
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+               if v not in os.environ]
+    if missing:
+        raise UsageError(f"init(): {', '.join(missing)} not set: start the script with "
+                         "`ltp launch` or torchrun (env:// rendezvous)")
+    with netns.inside(store_netns):
+        store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout_s)))
+    return store, rank, world
+
+
+def current() -> Job:
+    """The job of this process (UsageError before init())."""
+    if _job is None:
+        raise UsageError("ltpx.torch: call init() first")
+    return _job
+
+
+def init(*, serve: bool = True, **options) -> None:
+    """Join the job (see the module docstring; settings.py lists the options).
+
+    A server rank serves here and exits the process when the job ends, unless
+    serve=False (then call serve() yourself)."""
+    global _job
+    if _job is not None:
+        raise UsageError("ltpx.torch: init() was called already")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    job = Job(Settings.resolve(options))
+    job.start()
+    _job = job
+    _install_exit_handlers(job)
+    if job.is_server and serve:
+        sys.exit(serve_here())
+
+
+def serve_here() -> int:
+    """Run this server rank's loop until the job ends; its exit code."""
+    from .server import run_server
+    job = current()
+    if not job.is_server:
+        raise UsageError("ltpx.torch: serve() runs on server ranks only (is_server())")
+    try:
+        return run_server(job)
+    finally:
+        _end(job)
+
+
+def shutdown() -> dict | None:
+    """End the job: every worker calls it (a barrier); returns the server's
+    summary. Safe to call twice, or before init (returns None)."""
+    job = _job
+    if job is None:
+        return None
+    try:
+        if job.is_server:
+            return job.summary
+        job.drain()
+        job.summary = job.exchange.shutdown()
+        return job.summary
+    finally:
+        _end(job)
+
+
+def _end(job: Job) -> None:
+    global _job
+    job.close()
+    if _job is job:
+        _job = None
+
+
+def _install_exit_handlers(job: Job) -> None:
+    prev_hook = sys.excepthook
+
+    def on_exception(*exc):
+        job.crashed = True
+        prev_hook(*exc)
+    sys.excepthook = on_exception
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        pid = os.getpid()
+
+        def on_sigterm(signum, frame):   # unwind, so the endpoint detaches its XDP program
+            if os.getpid() == pid:
+                raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, on_sigterm)
+    atexit.register(_at_exit, job)
+
+
+def _at_exit(job: Job) -> None:
+    if _job is not job:
+        return
+    if job.crashed or job.is_server:
+        _end(job)
+        return
+    try:
+        shutdown()
+    except Exception as e:   # at exit, a failed goodbye is only worth a line
+        print(f"ltpx.torch: shutdown at exit failed: {e}", file=sys.stderr)
+        _end(job)
+
+
+def rank() -> int:
+    """This worker's rank among the workers (0..size()-1); -1 on a server."""
+    job = current()
+    return -1 if job.is_server else job.rank
+
+
+def size() -> int:
+    """The number of workers."""
+    return current().workers
+
+
+def local_rank() -> int:
+    """This worker's index among the workers on its host."""
+    return current().local_rank
+
+
+def is_server() -> bool:
+    return current().is_server

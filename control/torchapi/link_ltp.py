@@ -1,0 +1,151 @@
+"""The LTP links: an XDP endpoint per rank (links.py says what each call does).
+
+The server's endpoint has a slot per worker; its uplink rounds close by Early
+Close and are Bubble-Filled (a step's bubble mode; "stale" is done per bucket
+by server.py, so the endpoint fills zeros then). Answers go with the reliable
+class, once to the group address when there is one. A worker's endpoint has
+one slot, its own id, for the answers (group-sent ones included).
+
+Endpoints are made at the first op, sized for it plus room for a step's
+report, and made again (a new compile) only when a later op is larger.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...dataplane.xdp import wire as W
+from ...errors import CommError
+from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
+from ..transport.endpoint import Endpoint, Peer
+from .links import Gathered, chunk_bytes_for
+from .settings import Settings
+
+HEADROOM = 4096        # extra elements an endpoint is made with (a step's report, small ops)
+ROUND_LIMIT_S = 60.0   # one round's hard limit; a rank's waits may be longer (Settings.timeout)
+
+
+class LtpServerLink:
+    name = "ltp"
+    opens = True       # a round must be open before its data arrives
+
+    def __init__(self, s: Settings, workers: int, group: str | None):
+        self.s, self.ids = s, list(range(workers))
+        self.group = (group, W.PORT) if group else None
+        self.ep: Endpoint | None = None
+        self.size = 0
+        self.peers: list[Peer] = []
+        self.bubble, self.early_close = "mean", "{}"
+        self.wait_s = min(s.timeout, ROUND_LIMIT_S)
+
+    def address(self) -> dict:
+        return {}
+
+    def connect(self, metas: dict[int, dict]) -> None:
+        self.peers = [Peer(w, metas[w]["ip"]) for w in self.ids]
+
+    def ensure(self, nelems: int) -> bool:
+        """An endpoint for rounds of up to nelems; True if one was (re)made (the
+        rounds open on an old one are gone with it)."""
+        if self.ep is not None and nelems <= self.size:
+            return False
+        self.close()
+        s, size = self.s, nelems + HEADROOM
+        self.ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
+                           ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
+                           chunk_bytes=chunk_bytes_for(s.mtu),
+                           early_close=self.early_config(self.early_close),
+                           bubble_strategy="zero" if self.bubble == "stale" else self.bubble)
+        self.size = size
+        return True
+
+    def early_config(self, fields_json: str) -> EarlyCloseConfig:
+        import json
+        return EarlyCloseConfig(**{"hard_timeout_s": self.wait_s, **json.loads(fields_json)})
+
+    def configure(self, bubble: str, early_close: str) -> None:
+        """A step's Bubble Filling and Early Close settings, from its op."""
+        if bubble != self.bubble:
+            self.ep.bubble_strategy = "zero" if bubble == "stale" else bubble
+            self.bubble = bubble
+        if early_close != self.early_close:
+            self.ep.early = EarlyClose(self.s.capacity, self.early_config(early_close))
+            self.early_close = early_close
+
+    def open(self, r: int, nelems: int, workers: list[int], reliable: bool) -> None:
+        self.ep.open_round(r, nelems, workers=workers, reliable=reliable)
+
+    def cancel(self, r: int) -> None:
+        self.ep.cancel_round(r)
+
+    def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
+        res = self.ep.wait_round(r)
+        return Gathered(round=r, values=res.values, workers=list(res.workers),
+                        delivered=res.masks.sum(axis=1), chunks=res.layout.nchunks,
+                        filled=np.asarray(res.filled), reason=res.reason,
+                        chunk_elems=res.layout.chunk_elems, masks=res.masks,
+                        duration_s=res.duration_s)
+
+    def send(self, d: int, buf: np.ndarray, group: bool) -> None:
+        self.ep.push_reliable(d, buf, self.peers, timeout_s=self.wait_s,
+                              group=self.group if group else None)
+
+    def close(self) -> None:
+        if self.ep is not None:
+            ep, self.ep = self.ep, None
+            ep.close()
+
+
+class LtpWorkerLink:
+    name = "ltp"
+    opens = True
+
+    def __init__(self, s: Settings, worker: int, workers: int):
+        self.s, self.id, self.workers = s, worker, workers
+        self.ep: Endpoint | None = None
+        self.size = 0
+        self.ps: Peer | None = None
+        self.wait_s = min(s.timeout, ROUND_LIMIT_S)
+
+    def address(self) -> dict:
+        return {}
+
+    def connect(self, server: dict) -> None:
+        self.ps = Peer(self.id, server["ip"])
+
+    def ensure(self, nelems: int) -> bool:
+        if self.ep is not None and nelems <= self.size:
+            return False
+        self.close()
+        s, size = self.s, nelems + HEADROOM
+        # the answers are reliable: only completeness closes them, or this timeout
+        self.ep = Endpoint(s.dev, s.ip, {self.id: 0}, size, ns=s.netns, mode=s.xdp_mode,
+                           job=s.job, capacity_bps=s.capacity,
+                           chunk_bytes=chunk_bytes_for(s.mtu),
+                           early_close=EarlyCloseConfig(hard_timeout_s=self.wait_s),
+                           initial_rate_bps=s.capacity / max(1, self.workers),
+                           self_id=self.id)   # group-sent answers are taken as its own
+        self.size = size
+        return True
+
+    def expect(self, d: int, nelems: int) -> None:
+        self.ep.expect(d, nelems, self.id)
+
+    def push(self, r: int, buf: np.ndarray, reliable: bool) -> bool:
+        """Send this worker's piece of round r; True when the server closed the
+        round before all of it arrived (the server may wait for word of that)."""
+        rep = self.ep.push(r, buf, self.ps, reliable=reliable, timeout_s=self.wait_s)
+        return rep.closed_by_receiver and rep.acked < rep.chunks
+
+    def pull(self, d: int, out: np.ndarray) -> None:
+        # wait_round gives a view of the mapped memory: one copy, into `out`
+        res = self.ep.wait_round(d, poll_s=0.0005)
+        if res.reason != COMPLETE:
+            raise CommError(f"the server's answer {d} is incomplete after "
+                            f"{res.duration_s:.2f}s: {int(res.masks.sum())}/{res.masks.size} "
+                            "chunks (is the server alive? is its --capacity right?)")
+        np.copyto(out, res.values[0])
+
+    def close(self) -> None:
+        if self.ep is not None:
+            ep, self.ep = self.ep, None
+            ep.close()

@@ -1,0 +1,257 @@
+"""The TCP links: the same server and workers over one TCP connection per worker
+(the baseline; links.py says what each call does).
+
+Each piece is a 12-byte header (magic, round, bytes) and the float32 body;
+the congestion control is set per socket. Nothing is opened or lost: every
+round is complete. The server reads its workers at once (non-blocking, epoll)
+and writes the answer to all of them at once.
+"""
+from __future__ import annotations
+
+import errno
+import select
+import socket
+import struct
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ...dataplane.tcp_cc import set_cc
+from ...errors import CommError
+from .links import Gathered
+from .settings import Settings
+
+TCP_MAGIC = 0x4C545054            # "LTPT"
+HDR = struct.Struct(">III")       # magic, round, payload bytes
+
+
+class TcpServerLink:
+    name = "tcp"
+    opens = False
+
+    def __init__(self, s: Settings, workers: int):
+        self.ids, self.cc, self.timeout_s = list(range(workers)), s.cc, s.timeout
+        self.values = np.empty((workers, 0), dtype=np.float32)
+        self.ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            set_cc(self.ls, self.cc)
+            self.ls.bind((s.ip, s.tcp_port))
+            self.ls.listen(workers + 8)
+        except BaseException:
+            self.ls.close()
+            raise
+        self.port = self.ls.getsockname()[1]
+        self.conns: list[socket.socket] = []
+
+    def address(self) -> dict:
+        return {"port": self.port}
+
+    def connect(self, metas: dict[int, dict]) -> None:
+        """Accept one connection per worker; each says its id first."""
+        by_id: dict[int, socket.socket] = {}
+        self.ls.settimeout(self.timeout_s)
+        try:
+            while len(by_id) < len(self.ids):
+                c, _ = self.ls.accept()
+                c.settimeout(self.timeout_s)
+                wid = struct.unpack(">I", recv_exact(c, 4))[0]
+                if wid not in self.ids or wid in by_id:
+                    c.close()
+                    raise CommError(f"unexpected worker id {wid} connected")
+                set_cc(c, self.cc)
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                c.setblocking(False)
+                by_id[wid] = c
+        except TimeoutError:
+            raise CommError(f"only {len(by_id)} of {len(self.ids)} workers connected within "
+                            f"{self.timeout_s:g}s") from None
+        self.conns = [by_id[w] for w in self.ids]
+
+    def ensure(self, nelems: int) -> bool:
+        if self.values.shape[1] < nelems:
+            self.values = np.empty((len(self.ids), nelems), dtype=np.float32)
+        return False
+
+    def configure(self, bubble: str, early_close: str) -> None:
+        pass   # nothing is lost over TCP
+
+    def open(self, r: int, nelems: int, workers: list[int], reliable: bool) -> None:
+        pass   # a connection is always open
+
+    def cancel(self, r: int) -> None:
+        pass
+
+    def _ready(self, event: int, idx: list[int], done: set[int],
+               stalled: Callable[[], str]) -> Iterator[int]:
+        """The index of each connection in idx ready for `event`, until the caller
+        has put every one in `done`; CommError(stalled()) after self.timeout_s idle."""
+        fds = {self.conns[i].fileno(): i for i in idx}
+        poller = select.epoll()
+        try:
+            for fd in fds:
+                poller.register(fd, event)
+            deadline = time.monotonic() + self.timeout_s
+            while len(done) < len(idx):
+                events = poller.poll(1.0)
+                if not events and time.monotonic() > deadline:
+                    raise CommError(stalled())
+                for fd, _ in events:
+                    i = fds[fd]
+                    yield i
+                    if i in done:
+                        poller.unregister(fd)
+        finally:
+            poller.close()
+
+    def _recv_some(self, i: int, into: memoryview) -> int:
+        k = self.conns[i].recv_into(into)   # BlockingIOError: nothing there after all
+        if k == 0:
+            raise CommError(f"worker {self.ids[i]} closed its connection")
+        return k
+
+    def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
+        """Read round r's header and piece from every worker in `workers` at once."""
+        t0 = time.perf_counter()
+        self.ensure(nelems)
+        need = nelems * 4
+        hdrs = {i: bytearray(HDR.size) for i in workers}
+        hgot, got = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
+        views = {i: memoryview(self.values[i, :nelems]).cast("B") for i in workers}
+        done: set[int] = set()
+
+        def stalled() -> str:
+            return (f"round {r}: workers {[i for i in workers if i not in done]} "
+                    f"sent nothing complete within {self.timeout_s:g}s")
+        for i in self._ready(select.EPOLLIN, workers, done, stalled):
+            try:
+                if hgot[i] < HDR.size:
+                    hgot[i] += self._recv_some(i, memoryview(hdrs[i])[hgot[i]:])
+                    if hgot[i] == HDR.size:
+                        magic, rnd, nbytes = HDR.unpack(hdrs[i])
+                        if magic != TCP_MAGIC or rnd != r or nbytes != need:
+                            raise CommError(f"worker {i}: bad header (round {rnd}, {nbytes} "
+                                            f"bytes; want round {r}, {need} bytes)")
+                    if need:
+                        continue
+                if need:
+                    got[i] += self._recv_some(i, views[i][got[i]:])
+            except BlockingIOError:
+                continue
+            if got[i] == need and hgot[i] == HDR.size:
+                done.add(i)
+        n = len(workers)
+        rows = self.values[workers, :nelems] if workers != self.ids else self.values[:, :nelems]
+        return Gathered(round=r, values=rows, workers=list(workers),
+                        delivered=np.ones(n, dtype=np.int64), chunks=1,
+                        filled=np.zeros(n, dtype=np.int64),
+                        duration_s=time.perf_counter() - t0)
+
+    def send(self, d: int, buf: np.ndarray, group: bool) -> None:
+        """The answer to every worker at once (non-blocking writes)."""
+        body = memoryview(np.ascontiguousarray(buf)).cast("B")
+        hdr = HDR.pack(TCP_MAGIC, d, len(body))
+        total = len(hdr) + len(body)
+        sent = [0] * len(self.conns)
+        done: set[int] = set()
+
+        def stalled() -> str:
+            return f"answer {d} stalled for {self.timeout_s:g}s"
+        for i in self._ready(select.EPOLLOUT, self.ids, done, stalled):
+            try:
+                sent[i] += self.conns[i].sendmsg(iov(hdr, body, sent[i]))
+            except BlockingIOError:
+                continue
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.ENOBUFS):
+                    continue
+                raise CommError(f"sending to worker {self.ids[i]}: {e}") from e
+            if sent[i] == total:
+                done.add(i)
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+        self.conns = []
+        self.ls.close()
+
+
+class TcpWorkerLink:
+    name = "tcp"
+    opens = False
+
+    def __init__(self, s: Settings, worker: int, workers: int):
+        self.id, self.cc, self.timeout_s = worker, s.cc, s.timeout
+        self.sock: socket.socket | None = None
+
+    def address(self) -> dict:
+        return {}
+
+    def connect(self, server: dict) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            set_cc(s, self.cc)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.settimeout(self.timeout_s)
+            try:
+                s.connect((server["ip"], int(server["port"])))
+                break
+            except OSError as e:
+                s.close()
+                if time.monotonic() > deadline:
+                    raise CommError(f"cannot connect to the server at {server['ip']}:"
+                                    f"{server['port']}: {e}") from e
+                time.sleep(0.05)
+        s.sendall(struct.pack(">I", self.id))
+        self.sock = s
+
+    def ensure(self, nelems: int) -> bool:
+        return False
+
+    def expect(self, d: int, nelems: int) -> None:
+        pass
+
+    def push(self, r: int, buf: np.ndarray, reliable: bool) -> bool:
+        body = memoryview(np.ascontiguousarray(buf)).cast("B")
+        hdr = HDR.pack(TCP_MAGIC, r, len(body))
+        total, sent = len(hdr) + len(body), 0
+        while sent < total:
+            sent += self.sock.sendmsg(iov(hdr, body, sent))
+        return False
+
+    def pull(self, d: int, out: np.ndarray) -> None:
+        magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
+        if magic != TCP_MAGIC or rnd != d or nbytes != out.nbytes:
+            raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
+                            f"({out.nbytes} bytes)")
+        view = memoryview(out).cast("B")
+        got = 0
+        while got < nbytes:
+            k = self.sock.recv_into(view[got:])
+            if k == 0:
+                raise CommError("the server closed the connection")
+            got += k
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise CommError("connection closed by the peer")
+        got += k
+    return bytes(buf)
+
+
+def iov(hdr: bytes, body: memoryview, sent: int) -> list:
+    """What is left to send of header + body after `sent` bytes, as sendmsg buffers."""
+    return [hdr[sent:], body] if sent < len(hdr) else [body[sent - len(hdr):]]

@@ -1,0 +1,333 @@
+"""`DistributedOptimizer`: any torch optimizer, its gradients aggregated over LTP.
+
+It wraps the user's optimizer (sharing its param_groups and state, so LR
+schedulers, state_dict and zero_grad work as before) and, per step:
+
+  bsp, overlap (the default)  a hook on every parameter counts the gradients
+      backward has produced; when a bucket (buckets.py) is complete it is
+      copied into the send buffer and pushed from a communication thread,
+      so the push overlaps the rest of backward. step() sends what is left
+      (parameters that got no gradient contribute zeros), waits for the
+      pushes, takes the server's answer, makes it every parameter's .grad
+      and runs the wrapped optimizer's step.
+  bsp, overlap=False  the same, all in step().
+  wbsp  step() adds this gradient to the bucket buffers and arrives at the
+      round's barrier after the first one; until the slowest worker has
+      arrived it returns without moving the model (the caller draws the next
+      mini-batch); then it pushes the mean of its k gradients, reports k,
+      and applies the answer. `steps` counts the moves.
+
+Every step's StepReport is `last_report`; when a worker's whole
+contribution to a bucket was Bubble-Filled a `FilledWarning` says so on
+worker 0 and on that worker, at the first time and every `warn_every`-th.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import queue
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...errors import UsageError
+from ..transport.bubble import STRATEGIES
+from ..transport.early_close import EarlyCloseConfig
+from ..transport.rate import quiet_gc
+from .buckets import BucketPlan, named_params
+from .job import current
+from .ops import STEP, Op, StepReport
+
+SYNCS = ("bsp", "wbsp")
+
+
+class FilledWarning(UserWarning):
+    """A worker's whole contribution to a round was Bubble-Filled."""
+
+
+class CommThread:
+    """One daemon thread running pushes in the order they are given; the
+    first error is raised again by drain()."""
+
+    def __init__(self):
+        self.q: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self.loop, name="ltpx-comm", daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        while True:
+            fn = self.q.get()
+            try:
+                if fn is None:
+                    return
+                if self.error is None:
+                    fn()
+            except BaseException as e:   # handed to the main thread by drain()
+                self.error = e
+            finally:
+                self.q.task_done()
+
+    def submit(self, fn) -> None:
+        self.q.put(fn)
+
+    def drain(self) -> None:
+        self.q.join()
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+
+    def close(self) -> None:
+        self.q.put(None)
+
+
+@dataclass
+class StepState:
+    """The step whose gradients backward is producing."""
+
+    run: object                  # exchange.Run
+    pending: list[int]           # per bucket: gradients still to come
+    ready: list[bool]
+    next: int = 0                # the next bucket to hand to the communication thread
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """See the module docstring. Options: sync (bsp | wbsp), bubble (mean | zero
+    | stale), early_close (EarlyCloseConfig fields, e.g. {"threshold_min": 0.97}),
+    downlink (group | unicast), bucket_mb, overlap, backward_passes_per_step,
+    warn_every."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, *,
+                 sync: str = "bsp", bubble: str = "mean", early_close: dict | None = None,
+                 downlink: str | None = None, bucket_mb: float | None = None,
+                 overlap: bool = True, backward_passes_per_step: int = 1,
+                 warn_every: int = 10):
+        job = current()
+        if job.is_server:
+            raise UsageError("DistributedOptimizer: this rank is a server (lt.is_server()); "
+                             "servers need no model")
+        early_close = dict(early_close or {})
+        self.check_options(sync, bubble, early_close, downlink, bucket_mb,
+                           backward_passes_per_step, warn_every)
+        # the wrapped optimizer's own groups and state: schedulers and
+        # state_dict see one optimizer
+        self.inner = optimizer
+        self.defaults, self.param_groups, self.state = \
+            optimizer.defaults, optimizer.param_groups, optimizer.state
+        for name in ("step_pre", "step_post", "state_dict_pre", "state_dict_post",
+                     "load_state_dict_pre", "load_state_dict_post"):
+            setattr(self, f"_optimizer_{name}_hooks", OrderedDict())
+        bucket_mb = bucket_mb or job.s.bucket_mb
+        self.plan = BucketPlan(named_params(optimizer, named_parameters),
+                               max(1, int(bucket_mb * 2**20) // 4))
+        self.op = Op(STEP, sizes=self.plan.sizes, sync=sync, bubble=bubble,
+                     early_close=json.dumps(early_close, sort_keys=True),
+                     downlink=downlink or job.s.downlink)
+        self.job, self.ex, self.rank = job, job.exchange, job.rank
+        self.send = np.zeros(self.plan.numel, dtype=np.float32)
+        self.send_t = torch.from_numpy(self.send)
+        self.answer = np.zeros(self.op.down_elems(job.workers), dtype=np.float32)
+        self.answer_t = torch.from_numpy(self.answer)
+        self.overlap = overlap and sync == "bsp"
+        self.passes, self.warn_every = backward_passes_per_step, warn_every
+        self.cur: StepState | None = None
+        self.comm = CommThread() if self.overlap else None
+        self.handles = [p.register_post_accumulate_grad_hook(functools.partial(self.on_grad, b.index))
+                        for b in self.plan.buckets for p in b.params] if self.overlap else []
+        self.steps = self.wholly_filled_total = self.k = 0
+        self.ks: list[int] = []
+        self.last_report: StepReport | None = None
+        self.synced = False
+        self.wait_s = 0.0
+        job.optimizers.append(self)
+
+    @staticmethod
+    def check_options(sync, bubble, early_close, downlink, bucket_mb, passes, warn_every) -> None:
+        if sync not in SYNCS:
+            raise UsageError(f"DistributedOptimizer: sync must be bsp or wbsp, got {sync!r}")
+        if bubble not in STRATEGIES:
+            raise UsageError(f"DistributedOptimizer: bubble must be one of "
+                             f"{', '.join(STRATEGIES)}, got {bubble!r}")
+        try:
+            EarlyCloseConfig(**early_close)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"DistributedOptimizer: early_close: {e}") from None
+        if downlink not in (None, "group", "unicast"):
+            raise UsageError(f"DistributedOptimizer: downlink must be group or unicast, "
+                             f"got {downlink!r}")
+        if bucket_mb is not None and not bucket_mb > 0:
+            raise UsageError(f"DistributedOptimizer: bucket_mb must be positive, got {bucket_mb}")
+        if passes < 1 or warn_every < 1:
+            raise UsageError("DistributedOptimizer: backward_passes_per_step and warn_every "
+                             "must be at least 1")
+
+    # ------------------------------------------------------------------ backward
+    def begin_step(self) -> StepState:
+        if self.cur is None:
+            B = len(self.plan)
+            self.cur = StepState(self.ex.plan(self.op),
+                                 [len(b.params) * self.passes for b in self.plan.buckets],
+                                 [False] * B)
+        return self.cur
+
+    def on_grad(self, b: int, p: torch.Tensor) -> None:
+        """A parameter's gradient is complete (post-accumulate hook)."""
+        st = self.begin_step()
+        st.pending[b] -= 1
+        if st.pending[b] < 0:
+            raise UsageError("ltpx.torch: a gradient arrived after its bucket was sent; call "
+                             "opt.step() after each backward, or give backward_passes_per_step")
+        if st.pending[b] == 0:
+            self.plan.buckets[b].pack(self.send_t)
+            st.ready[b] = True
+            self.hand_over(st)
+
+    def hand_over(self, st: StepState) -> None:
+        """Queue the ready buckets, in order, for the communication thread."""
+        ex, B = self.ex, len(self.plan)
+        while st.next < B and st.ready[st.next]:
+            i = st.next
+            st.next += 1
+            if i == 0:
+                self.comm.submit(functools.partial(self.first_push, st.run))
+            b = self.plan.buckets[i]
+            self.comm.submit(functools.partial(ex.push, st.run, i, self.send[b.lo:b.hi]))
+
+    def first_push(self, run) -> None:
+        self.ex.prepare(run)
+        self.ex.barrier(run)
+
+    # ------------------------------------------------------------------ step
+    def synchronize(self) -> bool:
+        """Exchange this step's gradients; afterwards every .grad is the aggregate.
+        False under wbsp while the slowest worker has not arrived (the model
+        must not move yet)."""
+        if self.synced:
+            return True
+        if self.op.sync == "wbsp":
+            return self.sync_wbsp()
+        st = self.begin_step()
+        for b in self.plan.buckets:
+            if not st.ready[b.index]:
+                b.pack(self.send_t)
+                st.ready[b.index] = True
+        if self.overlap:
+            self.hand_over(st)
+            t0 = time.perf_counter()
+            self.comm.drain()
+            self.wait_s += time.perf_counter() - t0
+        else:
+            self.ex.prepare(st.run)
+            self.ex.barrier(st.run)
+            for b in self.plan.buckets:
+                self.ex.push(st.run, b.index, self.send[b.lo:b.hi])
+        self.cur = None
+        self.ks.append(1)
+        self.apply(self.ex.finish(st.run, self.answer))
+        return True
+
+    def sync_wbsp(self) -> bool:
+        for b in self.plan.buckets:
+            b.pack(self.send_t, add=self.k > 0)
+        self.k += 1
+        if self.k == 1:
+            self.wrun = self.ex.plan(self.op)
+            self.ex.prepare(self.wrun)
+            self.ex.arrive(self.wrun)
+        if not self.ex.co.gone(self.wrun.seq):
+            return False
+        if self.k > 1:
+            self.send_t.div_(self.k)
+        self.ex.co.set_k(self.wrun.seq, self.rank, self.k)
+        for b in self.plan.buckets:
+            self.ex.push(self.wrun, b.index, self.send[b.lo:b.hi])
+        self.ks.append(self.k)
+        self.k = 0
+        self.apply(self.ex.finish(self.wrun, self.answer))
+        return True
+
+    def apply(self, answer: np.ndarray) -> None:
+        rep = StepReport.decode(answer[self.plan.numel:])
+        for b in self.plan.buckets:
+            b.apply(self.answer_t)
+        self.steps += 1
+        self.note(rep)
+        self.synced = True
+        if self.steps == 1:
+            quiet_gc()   # set-up is done: never scan its objects again
+
+    def step(self, closure=None):
+        """Exchange the gradients (unless synchronize() did) and step the wrapped
+        optimizer; under wbsp, until the round's slowest worker arrives, only
+        keep this gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self.synchronize():
+            return loss
+        self.synced = False
+        self.inner.step()
+        return loss
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's idiom: synchronize(), change the .grads (e.g. clip them), then
+        step() inside this block. step() after synchronize() never exchanges twice."""
+        yield
+
+    def note(self, rep: StepReport) -> None:
+        """Keep the report; warn when a worker's whole contribution was filled."""
+        now = sum(rep.wholly_filled.values())
+        before, self.wholly_filled_total = self.wholly_filled_total, self.wholly_filled_total + now
+        rep.wholly_filled_total = self.wholly_filled_total
+        self.last_report = rep
+        crossed = before == 0 or before // self.warn_every < self.wholly_filled_total // self.warn_every
+        if now and crossed and (self.rank == 0 or rep.wholly_filled.get(self.rank)):
+            warnings.warn(
+                f"ltpx.torch step {rep.step}: nothing of worker(s) {rep.missing_workers}'s "
+                f"gradient arrived in {now} bucket round(s) before the server closed them; "
+                f"Bubble Filling stood in for all of it ({self.wholly_filled_total} such "
+                "round(s) so far, opt.last_report.wholly_filled_total). A worker that starts "
+                "pushing long after the others is given up on (Early Close's absent rule; "
+                "docs/training.md)", FilledWarning, stacklevel=3)
+
+    # ------------------------------------------------------------------ the wrapped optimizer
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.inner.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group) -> None:
+        raise UsageError("DistributedOptimizer: its buckets are fixed; add the group to the "
+                         "wrapped optimizer before wrapping it")
+
+    def times(self) -> dict:
+        """Seconds this worker spent at barriers, pushing, pulling, and waiting in
+        step() for pushes backward had started."""
+        return {**self.ex.times, "wait_s": self.wait_s}
+
+    def drain(self) -> None:
+        if self.comm is not None:
+            self.comm.drain()
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if self.comm is not None:
+            self.comm.close()
+            self.comm = None
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self.inner!r}, buckets={list(self.plan.sizes)})"

@@ -1,0 +1,219 @@
+"""The server rank: sums what arrives and answers, op after op, with no model of its own.
+
+For each op (ops.py) the server opens its uplink rounds (two at a time: a
+round lives in bank r % 2 of the XDP program), gathers each round after
+Early Close and Bubble Filling, combines the rows, and sends the answer to
+every worker over the reliable class:
+
+  step       the k-weighted mean of the workers' buckets (bsp: every k = 1;
+             wbsp: k = the gradients a worker averaged), float64-accumulated
+             and rounded once, then a StepReport; every worker applies it
+             with its own optimizer, so the replicas stay bit-identical
+  broadcast  the root worker's piece, sent reliably, back to everyone
+  allreduce  the mean (or sum) of every worker's piece, sent reliably
+  shutdown   the summary goes into the store; the loop ends
+
+After a step it opens the first two rounds of the same step again, before it
+answers: a worker may push the next step the moment it has the answer.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from ..transport.rate import quiet_gc
+from .ops import ALLREDUCE, BROADCAST, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
+
+
+def aggregate_into(out: np.ndarray, values: np.ndarray, weights: list[int] | None = None) -> None:
+    """out (float32) = weighted mean of the rows of values, accumulated in float64.
+
+    Equal weights give values.mean(axis=0, dtype=float64) rounded once to
+    float32: bit for bit RoundResult.aggregate."""
+    if weights is None or len(set(weights)) == 1:
+        np.copyto(out, values.mean(axis=0, dtype=np.float64), casting="same_kind")
+        return
+    w = np.asarray(weights, dtype=np.float64)
+    acc = np.zeros(values.shape[1], dtype=np.float64)
+    for i in range(values.shape[0]):
+        acc += w[i] * values[i]
+    acc /= w.sum()
+    np.copyto(out, acc, casting="same_kind")
+
+
+class StepTally:
+    """One step's outcome per worker, as its rounds are gathered."""
+
+    def __init__(self, workers: int):
+        self.reasons: list[str] = []
+        self.delivered = np.zeros(workers, dtype=np.int64)
+        self.chunks = 0
+        self.filled = np.zeros(workers, dtype=np.int64)
+        self.wholly = np.zeros(workers, dtype=np.int64)
+        self.gather_s = 0.0
+
+    def add(self, g, seconds: float) -> None:
+        self.reasons.append(g.reason)
+        self.delivered += g.delivered
+        self.chunks += g.chunks
+        self.filled += g.filled
+        self.wholly += g.delivered == 0
+        self.gather_s += seconds
+
+    def report(self, step: int, ks: list[int]) -> StepReport:
+        W = len(self.delivered)
+        return StepReport(step=step, reasons=self.reasons,
+                          delivered={w: float(self.delivered[w]) / max(1, self.chunks)
+                                     for w in range(W)},
+                          filled_chunks={w: int(self.filled[w]) for w in range(W)},
+                          wholly_filled={w: int(self.wholly[w]) for w in range(W)},
+                          ks=list(ks), gather_s=self.gather_s)
+
+
+class Server:
+    """The server's op loop over `link` (link_ltp / link_tcp) and `coord`."""
+
+    def __init__(self, link, coord, workers: int, group_ok: bool):
+        self.link, self.co, self.W = link, coord, workers
+        self.group_ok = group_ok        # an address every worker receives exists
+        self.clock = RoundClock()
+        self.prev: Op | None = None
+        self.pre: list[int] = []        # rounds opened ahead of the next op's barrier
+        self.pending: dict[int, list[int]] = {}   # round -> silent workers whose ack is due
+        self.answer = np.empty(0, dtype=np.float32)
+        self.stale: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.steps = 0
+        self.times = dict.fromkeys(("gather_s", "update_s", "broadcast_s"), 0.0)
+        self.reasons: dict[str, int] = {}
+        self.delivered: list[float] = []
+        self.round_s: list[float] = []
+
+    def run(self) -> dict:
+        """Serve until the workers shut the job down; returns the summary."""
+        try:
+            while True:
+                op = self.co.next_op(self.clock.seq)
+                if op.kind == SHUTDOWN:
+                    break
+                self.execute(op)
+                if self.clock.seq == 1:
+                    quiet_gc()   # set-up is done: never scan its objects again
+            summary = self.summary()
+            self.co.set_json("fin", summary)
+            return summary
+        finally:
+            self.link.close()
+
+    def execute(self, op: Op) -> None:
+        seq, rounds, n = self.clock.seq, self.clock.rounds(op), len(op.sizes)
+        npre = preopened(self.prev, op)
+        if self.link.ensure(op.max_elems(self.W)):
+            self.pre, self.pending = [], {}     # a new endpoint: nothing is open on it
+        if len(self.answer) < op.down_elems(self.W):
+            self.answer = np.zeros(op.down_elems(self.W), dtype=np.float32)
+        if npre == 0:
+            for r in self.pre:
+                self.link.cancel(r)
+            self.pre = []
+        ws = op.participants(self.W)
+        if op.kind == STEP:
+            self.link.configure(op.bubble, op.early_close)
+        for i in range(npre, min(2, n)):
+            self.open(rounds[i], op.sizes[i], ws, op.reliable, announce=True)
+        tally, ks, offs = StepTally(self.W), None, op.offsets()
+        for i, r in enumerate(rounds):
+            t0 = time.perf_counter()
+            g = self.link.gather(r, op.sizes[i], ws)
+            t1 = time.perf_counter()
+            if op.kind == STEP and ks is None:
+                ks = self.co.get_k(seq, ws) if op.sync == "wbsp" else [1] * len(ws)
+            if g.missing and self.link.opens:
+                self.pending[r] = g.missing
+            self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + op.sizes[i]])
+            tally.add(g, t1 - t0)
+            if i + 2 < n:
+                self.open(rounds[i + 2], op.sizes[i + 2], ws, op.reliable, announce=True)
+            self.times["gather_s"] += t1 - t0
+            self.times["update_s"] += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        if op.kind == STEP:
+            self.steps += 1
+            rep = tally.report(self.steps, ks)
+            rep.encode(self.answer[sum(op.sizes):op.down_elems(self.W)])
+            self.note(rep)
+            # the likely next op is this one again: open its first rounds now
+            nxt = rounds[-1] + 1
+            for j in range(min(2, n)):
+                self.open(nxt + j, op.sizes[j], ws, False, announce=False)
+                self.pre.append(nxt + j)
+        t3 = time.perf_counter()
+        self.link.send(seq, self.answer[:op.down_elems(self.W)],
+                       group=self.group_ok and op.downlink == "group")
+        self.times["update_s"] += t3 - t2
+        self.times["broadcast_s"] += time.perf_counter() - t3
+        self.clock.advance(op)
+        self.prev = op
+
+    def open(self, r: int, nelems: int, ws: list[int], reliable: bool, announce: bool) -> None:
+        """Open uplink round r. A worker that sent nothing of an earlier round in
+        r's bank may still push it: wait for its word first (coord.py, ack)."""
+        for old in [k for k in self.pending if k <= r - 2]:
+            self.co.wait_acks(old, self.pending.pop(old))
+        self.link.open(r, nelems, ws, reliable)
+        if announce and self.link.opens:
+            self.co.announce_open(r)
+
+    def combine(self, op: Op, i: int, g, ks: list[int] | None, out: np.ndarray) -> None:
+        """Round i's rows into its place in the answer."""
+        if op.kind == BROADCAST:
+            np.copyto(out, g.values[0])
+        elif op.kind == ALLREDUCE:
+            if op.average:
+                aggregate_into(out, g.values)
+            else:
+                np.copyto(out, g.values.sum(axis=0, dtype=np.float64), casting="same_kind")
+        else:
+            if op.bubble == "stale" and g.masks is not None:
+                self.fill_stale(i, g)
+            aggregate_into(out, g.values, ks)
+
+    def fill_stale(self, i: int, g) -> None:
+        """Bubble Filling "stale" per bucket: a chunk a worker did not deliver
+        takes that worker's value from the last step in which it arrived (the
+        endpoint filled zeros; zeros stay where nothing arrived yet)."""
+        k, n = g.values.shape
+        st = self.stale.get(i)
+        if st is None or st[0].shape != (k, n):
+            st = self.stale[i] = (np.zeros((k, n), np.float32), np.zeros((k, n), bool))
+        vals, valid = st
+        arrived = np.repeat(g.masks, g.chunk_elems, axis=1)[:, :n]
+        np.copyto(g.values, vals, where=~arrived & valid)
+        np.copyto(vals, g.values, where=arrived)
+        valid |= arrived
+
+    def note(self, rep: StepReport) -> None:
+        self.reasons[rep.reason] = self.reasons.get(rep.reason, 0) + 1
+        self.delivered.append(rep.delivered_fraction)
+        self.round_s.append(rep.gather_s)
+
+    def summary(self) -> dict:
+        return {"steps": self.steps, "ops": self.clock.seq,
+                "ps_times": {k: round(v, 4) for k, v in self.times.items()},
+                "rounds_by_reason": self.reasons,
+                "delivered_fraction": float(np.mean(self.delivered)) if self.delivered else 1.0,
+                "round_s_median": float(np.median(self.round_s)) if self.round_s else None}
+
+
+def run_server(job) -> int:
+    """Serve `job` (a job.Job of a server rank); 0 at a clean shutdown, 1 on an
+    error (one line on stderr)."""
+    from ...errors import LtpError
+    srv = Server(job.link, job.coord, job.workers, group_ok=job.group is not None)
+    try:
+        job.summary = srv.run()
+        return 0
+    except LtpError as e:
+        print(f"ltpx.torch server (rank {job.global_rank}): error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,99 @@
+"""`lt.init()`'s settings: each from its keyword, else its environment variable
+(what `ltp launch` sets, and what a torchrun user may export), else a default.
+
+Importing this module needs neither torch nor numpy.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+from ...errors import UsageError
+
+TRANSPORTS = ("ltp", "tcp")
+XDP_MODES = ("native", "skb")
+DOWNLINKS = ("group", "unicast")
+
+# keyword -> environment variable
+ENV = {"transport": "LTP_TRANSPORT", "dev": "LTP_DEV", "ip": "LTP_IP",
+       "xdp_mode": "LTP_XDP_MODE", "capacity": "LTP_CAPACITY", "mtu": "LTP_MTU",
+       "group": "LTP_GROUP", "downlink": "LTP_DOWNLINK", "servers": "LTP_SERVERS",
+       "netns": "LTP_NETNS", "store_netns": "LTP_STORE_NETNS", "timeout": "LTP_TIMEOUT",
+       "cc": "LTP_CC", "job": "LTP_JOB", "tcp_port": "LTP_TCP_PORT",
+       "bucket_mb": "LTP_BUCKET_MB"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where and how this rank talks (docs/training.md, "ltpx.torch")."""
+
+    transport: str = "ltp"          # ltp | tcp (the same server over TCP, a baseline)
+    dev: str | None = None          # the NIC that carries training traffic (XDP attaches here)
+    ip: str | None = None           # this rank's IPv4 address on it (default: dev's)
+    xdp_mode: str = "native"        # native | skb (drivers without native XDP)
+    capacity: float = 1e9           # bit/s into the server: rate shares, Early Close deadlines
+    mtu: int = 1500                 # path MTU: chunk size = MTU - 60, in float64 pairs
+    group: str | None = None        # downlink group address (default: dev's broadcast address)
+    downlink: str = "group"         # group | unicast: how answers reach the workers
+    servers: int = 1                # ranks 0..servers-1 serve; only 1 for now
+    netns: str | None = None        # this rank's network namespace (names its pins)
+    store_netns: str | None = None  # open the store connection inside this namespace
+    timeout: float = 300.0          # seconds any one wait may take
+    cc: str = "cubic"               # TCP congestion control (transport tcp)
+    job: int = 0x7472               # the LTP job cookie (every rank alike)
+    tcp_port: int = 0               # the TCP server's port (0: any)
+    bucket_mb: float = 4.0          # default gradient bucket size of DistributedOptimizer
+
+    @classmethod
+    def resolve(cls, options: dict) -> "Settings":
+        """Keywords over environment over defaults; UsageError for an unknown or
+        bad one, naming it and where it came from."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise UsageError(f"init(): unknown option {unknown[0]!r} (options: "
+                             f"{', '.join(known)})")
+        values = {}
+        for name, f in known.items():
+            if options.get(name) is not None:
+                raw, where = options[name], f"init({name}=...)"
+            elif os.environ.get(ENV[name]):
+                raw, where = os.environ[ENV[name]], ENV[name]
+            else:
+                continue
+            values[name] = _convert(name, f.type, raw, where)
+        s = cls(**values)
+        s.check()
+        return s
+
+    def check(self) -> None:
+        def bad(name: str, why: str):
+            raise UsageError(f"init(): {name} {why} (keyword {name}=, or {ENV[name]})")
+        if self.transport not in TRANSPORTS:
+            bad("transport", f"must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
+        if self.xdp_mode not in XDP_MODES:
+            bad("xdp_mode", f"must be native or skb, got {self.xdp_mode!r}")
+        if self.downlink not in DOWNLINKS:
+            bad("downlink", f"must be group or unicast, got {self.downlink!r}")
+        if not self.capacity > 0:
+            bad("capacity", f"must be positive bit/s, got {self.capacity}")
+        if not 576 <= self.mtu <= 9000:
+            bad("mtu", f"must be in 576..9000, got {self.mtu}")
+        if self.servers != 1:
+            bad("servers", f"must be 1 (one server rank holds every bucket), got {self.servers}")
+        if not self.timeout > 0:
+            bad("timeout", f"must be positive seconds, got {self.timeout}")
+        if not self.bucket_mb > 0:
+            bad("bucket_mb", f"must be positive, got {self.bucket_mb}")
+
+
+def _convert(name: str, typ, raw, where: str):
+    kind = str(typ)
+    try:
+        if "float" in kind:
+            return float(raw)
+        if "int" in kind:
+            return int(raw, 0) if isinstance(raw, str) else int(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise UsageError(f"{where}: cannot read {raw!r} as {kind.split()[0]} for {name}") from None

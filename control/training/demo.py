@@ -1,0 +1,153 @@
+"""The built-in job on the public API: `ltp train`'s LTP and TCP runs, a user of ltpx.torch.
+
+Every worker builds the MLP (control/training/model.py), takes worker 0's
+parameters (broadcast_parameters), wraps SGD in a DistributedOptimizer and
+trains on its shard of the digits (data.py); a step is zero_grad, forward,
+backward (Stepper: with the straggler's slow-down), opt.step(). Under wbsp
+opt.step() moves the model only once the slowest worker has arrived, so the
+loop runs until `opt.steps` reaches the iteration count.
+
+Worker 0 is the lead: it evaluates (clock paused), prints the JSON events
+(start, iter, eval) `ltp train` follows, and at the end the result, with
+every worker's summary (digest, version chain, local steps, times, through
+the store) and the server's times. Its replica is the one evaluated, so its
+digest is reported as `ps_digest` (the key the PS's model had before the
+server stopped keeping one).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..torchapi import (DistributedOptimizer, broadcast_parameters, digest, rank, shutdown,
+                        size)
+from ..torchapi.job import current
+from .config import TrainConfig, iterations_per_epoch
+from .data import BatchStream, split
+from .local import Clock, Evaluator, Stepper, VersionChain, eval_due, setup_torch
+from .model import build_mlp
+
+EARLY = ("early", "deadline")
+
+
+class Demo:
+    """One worker's run of the built-in job; `run()` returns its result."""
+
+    def __init__(self, cfg: TrainConfig, early_close: dict, emit):
+        setup_torch(cfg.seed)
+        self.cfg, self.emit = cfg, emit
+        self.W, self.wid = size(), rank()
+        self.lead = self.wid == 0
+        data = self.data = split(cfg.seed)
+        self.module = build_mlp(cfg.hidden, cfg.seed)
+        self.params = sum(p.numel() for p in self.module.parameters())
+        self.stream = BatchStream(data, self.wid, self.W, cfg.batch, cfg.seed)
+        self.stepper = Stepper(self.module, cfg.straggler.get(self.wid, 1.0))
+        self.ipe = iterations_per_epoch(len(data.x_train), self.W, cfg.batch)
+        self.total = cfg.total_iterations(len(data.x_train), self.W)
+        self.early_close = early_close
+        self.clock = Clock()
+        self.chain = VersionChain(cfg.verify_versions)
+        self.reports: list = []
+        self.losses: list[float] = []
+
+    def run(self) -> dict:
+        cfg, module = self.cfg, self.module
+        broadcast_parameters(module.state_dict(), root_rank=0)
+        opt = DistributedOptimizer(
+            torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=cfg.momentum),
+            named_parameters=module.named_parameters(), sync=cfg.sync, bubble=cfg.bubble,
+            early_close=self.early_close, downlink=cfg.downlink)
+        ev = self.ev = Evaluator(module, self.data, self.clock, self.emit,
+                                 cfg.target_accuracy) if self.lead else None
+        if self.lead:
+            self.emit({"event": "start", "transport": cfg.transport, "sync": cfg.sync,
+                       "workers": self.W, "iterations": self.total,
+                       "iterations_per_epoch": self.ipe, "params": self.params})
+            ev(0, 0.0)
+        self.add_version()
+        self.clock.start()
+        while opt.steps < self.total:
+            opt.zero_grad()
+            self.losses.append(self.stepper.step(self.stream))
+            before = opt.steps
+            opt.step()
+            if opt.steps > before:
+                self.stepped(opt, ev)
+        wall = self.clock.elapsed()
+        mine = self.summary(opt)
+        co = current().coord
+        co.set_json(f"user/train/done/{self.wid}", mine)
+        if not self.lead:
+            shutdown()
+            return {"event": "worker_done", **mine}
+        done = {w: co.get_json(f"user/train/done/{w}") for w in range(self.W)}
+        server = shutdown() or {}
+        return self.result(done, server, wall)
+
+    def add_version(self) -> None:
+        if self.cfg.verify_versions:
+            self.chain.add(torch.nn.utils.parameters_to_vector(
+                self.module.parameters()).detach().numpy())
+
+    def stepped(self, opt: DistributedOptimizer, ev) -> None:
+        t, rep = opt.steps, opt.last_report
+        self.add_version()
+        self.reports.append(rep)
+        if not self.lead:
+            return
+        self.emit({"event": "iter", "t": t, "of": self.total, "epoch": round(t / self.ipe, 3),
+                   "wall_s": self.clock.elapsed(), "reason": rep.reason,
+                   "delivered": rep.delivered_fraction,
+                   "filled_chunks": sum(rep.filled_chunks.values()), "round_s": rep.gather_s,
+                   "k": rep.ks})
+        if eval_due(t, self.total, self.ipe, self.cfg.eval_every):
+            ev(t, t / self.ipe)
+
+    def summary(self, opt: DistributedOptimizer) -> dict:
+        """What the lead learns of this worker at the end."""
+        times = dict(opt.times(), compute_s=self.stepper.compute_s,
+                     straggle_s=self.stepper.straggle_s)
+        return {"worker": self.wid, "digest": digest(self.module),
+                "chain": self.chain.hexdigest(), "local_steps": int(sum(opt.ks)),
+                "ks": opt.ks, "versions": self.total + 1,
+                "mean_loss": float(np.mean(self.losses)) if self.losses else None,
+                "times": {k: round(v, 4) for k, v in times.items()}}
+
+    def result(self, done: dict[int, dict], server: dict, wall: float) -> dict:
+        cfg, ids = self.cfg, range(self.W)
+        ltp = cfg.transport == "ltp"
+        reasons: dict[str, int] = {}
+        for rep in self.reports:
+            reasons[rep.reason] = reasons.get(rep.reason, 0) + 1
+        mine = done[0]
+        ev_fields = self.ev.summary(total=self.total, ipe=self.ipe, wall=wall,
+                                    params=self.params)
+        chain = mine["chain"]
+        return {
+            "event": "result", "transport": cfg.transport, "sync": cfg.sync, "workers": self.W,
+            "cc": cfg.cc if cfg.transport == "tcp" else None,
+            "bubble": cfg.bubble if ltp else None, "downlink": cfg.downlink if ltp else None,
+            **ev_fields,
+            "delivered_fraction": float(np.mean([r.delivered_fraction for r in self.reports]))
+            if self.reports else 1.0,
+            "rounds_early_closed": sum(v for k, v in reasons.items() if k in EARLY),
+            "rounds_by_reason": reasons,
+            "round_s_median": float(np.median([r.gather_s for r in self.reports]))
+            if self.reports else None,
+            "wholly_filled_rounds": self.reports[-1].wholly_filled_total if self.reports else 0,
+            **self.ev.target_fields(),
+            "local_steps": {str(w): done[w]["local_steps"] for w in ids},
+            "ps_digest": mine["digest"],
+            "worker_digests": {str(w): done[w]["digest"] for w in ids},
+            "replicas_identical": len({done[w]["digest"] for w in ids}) == 1,
+            "version_chain": ({"ps": chain, "workers": {str(w): done[w]["chain"] for w in ids}}
+                              if chain is not None else None),
+            "worker_times": {str(w): done[w]["times"] for w in ids},
+            "ps_times": server.get("ps_times"),
+            **self.ev.tail(cfg),
+        }
+
+
+def run_demo(cfg: TrainConfig, early_close: dict, emit) -> dict:
+    return Demo(cfg, early_close, emit).run()

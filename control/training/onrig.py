@@ -1,0 +1,172 @@
+"""`ltp train`'s job on a rig: every rank of the built-in training started with
+launch.RigJob, the lead's JSON events followed, the others' output kept in logs.
+
+The lead is worker 0 (it evaluates and reports; with gloo, rank 0). Its
+stdout (JSON lines: start, iter, eval, result) drives the progress bar;
+every rank's other output goes to a log directory that is removed on
+success and named in the error otherwise.
+
+Rigs for comparisons: every switch port is shaped and lossy alike
+(shape="all", loss_on="all"); LTP runs on a native-mode rig (XDP_TX needs
+XDP on the switch-side veths), TCP and gloo on an skb-mode rig, because the
+switch-side XDP_PASS programs turn TSO off on the host veths and make TCP
+look better than it would on a NIC (docs/rig.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Callable
+
+from ...errors import LaunchError
+from .config import TrainConfig
+from .launch import RigJob, job_env, plan_ranks
+
+
+def rig_mode_for(transport: str) -> str:
+    return "native" if transport == "ltp" else "skb"
+
+
+def rig_config(name: str, transport: str, *, workers: int, rate_bps: int, buffer_bytes: int,
+               loss: float, mtu: int = 1500):
+    """The RigConfig a run of `transport` should build (see the module docstring)."""
+    from ...dataplane.rig.star import RigConfig
+    return RigConfig(name=name, workers=workers, rate_bps=rate_bps, buffer_bytes=buffer_bytes,
+                     loss=loss, shape="all", loss_on="all", mode=rig_mode_for(transport), mtu=mtu)
+
+
+def rank_argv(cfg: TrainConfig, rank_timeout_s: float, deadline_min_s: float | None,
+              early_close: dict | None) -> list[str]:
+    """A rank's command line; its host's network comes in LTP_* variables."""
+    argv = [sys.executable, "-m", "ltpx.control.training", "--config", cfg.to_json(),
+            "--timeout", str(rank_timeout_s)]
+    if deadline_min_s is not None:
+        argv += ["--deadline-min", str(deadline_min_s)]
+    if early_close:
+        argv += ["--early-close", json.dumps(early_close)]
+    return argv
+
+
+class Follow:
+    """The lead's events, everyone's other output into the log directory."""
+
+    def __init__(self, lead, logdir: str, progress):
+        self.lead, self.logdir, self.progress = lead, logdir, progress
+        self.files: dict = {}
+        self.result: dict | None = None
+        self.error: tuple | None = None
+
+    def __call__(self, r, stream: str, line: str) -> None:
+        if r is self.lead and stream == "stdout":
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                msg = None
+            if isinstance(msg, dict):
+                ev = msg.get("event")
+                if ev == "result":
+                    self.result = msg
+                elif ev == "error":
+                    self.error = (r, msg.get("error"))
+                elif self.progress:
+                    self.progress(msg)
+                return
+        f = self.files.get((r.rank, stream))
+        if f is None:
+            f = self.files[(r.rank, stream)] = open(
+                os.path.join(self.logdir, f"rank{r.rank}.{'err' if stream == 'stderr' else 'out'}"),
+                "w")
+        f.write(line + "\n")
+        f.flush()
+        if stream == "stdout" and '"error"' in line and self.error is None:
+            try:
+                self.error = (r, json.loads(line).get("error"))
+            except ValueError:
+                pass
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
+                 progress: Callable[[dict], None] | None = None, timeout_s: float = 900.0,
+                 rank_timeout_s: float = 120.0, deadline_min_s: float | None = None,
+                 early_close: dict | None = None) -> dict:
+    """Run one training job on `rig` (a dataplane.rig.Rig); returns the lead's
+    result dict. `progress(event)` sees every event it prints (start, iter,
+    eval). `early_close`: EarlyCloseConfig fields for the LTP server (e.g.
+    threshold 1.0: rounds close only complete). Every process started here is
+    gone when this returns or raises."""
+    cfg.validate()
+    W = workers or len(rig.workers)
+    bad = [w for w in cfg.straggler if w >= W]
+    if bad:
+        raise ValueError(f"straggler: worker {bad[0]} does not exist (workers 0..{W - 1})")
+    if cfg.transport == "tcp":
+        from ...dataplane.tcp_cc import ensure_cc
+        ensure_cc(cfg.cc)
+    servers = 0 if cfg.transport == "gloo" else 1
+    ranks = plan_ranks(rig, W, servers)
+    job = RigJob(rig, ranks, rank_timeout_s)
+    logdir = tempfile.mkdtemp(prefix=f"ltp-train-{rig.name}-")
+    follow = Follow(ranks[servers], logdir, progress)
+    ok = False
+    try:
+        argv = rank_argv(cfg, rank_timeout_s, deadline_min_s, early_close)
+        job.start(lambda r: argv, lambda r: job_env(
+            rig, r, len(ranks), job.port, servers=servers,
+            transport="tcp" if cfg.transport == "tcp" else "ltp",
+            group=cfg.downlink == "group"))
+        result = _follow(job, follow, logdir, timeout_s)
+        ok = True
+        return result
+    finally:
+        job.close()
+        follow.close()
+        if ok:
+            shutil.rmtree(logdir, ignore_errors=True)
+
+
+def _follow(job: RigJob, follow: Follow, logdir: str, timeout_s: float) -> dict:
+    """Pump until every rank exited with 0 (within a minute of the lead's result)."""
+    deadline = time.monotonic() + timeout_s
+    while job.running():
+        job.pump(follow)
+        failed = job.failed()
+        if failed or follow.error:
+            r, err = follow.error or (failed[0], None)
+            time.sleep(0.5)
+            job.pump(follow)
+            job.stop(grace_s=5.0)
+            raise LaunchError(_describe(r, logdir, err))
+        if follow.result is not None:
+            deadline = min(deadline, time.monotonic() + 60.0)
+        if time.monotonic() > deadline:
+            stuck = job.running()[0]
+            raise LaunchError(f"rank {stuck.rank} ({stuck.label}) did not exit after training; "
+                              f"logs in {logdir}" if follow.result else
+                              f"training took longer than {timeout_s:g}s; logs in {logdir}")
+    if follow.result is None:
+        raise LaunchError(_describe(follow.lead, logdir, "exited without a result"))
+    return follow.result
+
+
+def _describe(r, logdir: str, error: str | None = None) -> str:
+    if error is None:
+        error = _tail(os.path.join(logdir, f"rank{r.rank}.err"))
+    return (f"rank {r.rank} ({r.label}, {r.host.name} in {r.host.netns}) exited with code "
+            f"{r.code}: {error or 'no message'}; logs in {logdir}")
+
+
+def _tail(path: str, n: int = 1) -> str:
+    try:
+        with open(path) as f:
+            lines = [ln for ln in f.read().splitlines() if ln.strip()]
+        return " | ".join(lines[-n:])[-400:]
+    except OSError:
+        return ""
