@@ -14,7 +14,7 @@ from .. import __version__
 from .common import EXIT_USAGE, run
 
 # Subcommand modules, in help order.
-COMMANDS = ["cmd_demo", "cmd_train", "cmd_doctor", "cmd_ops", "cmd_flows", "cmd_capture",
+COMMANDS = ["cmd_demo", "cmd_train", "cmd_launch", "cmd_doctor", "cmd_ops", "cmd_flows", "cmd_capture",
             "cmd_exporter", "cmd_bench", "cmd_rig", "cmd_paths"]
 
 EPILOG = """examples:

@@ -1,0 +1,229 @@
+"""`ltp launch`: torchrun for rigs. Runs one command per rank inside a rig's namespaces.
+
+Builds a rig (or uses the named one), hosts the rendezvous store on the PS
+namespace's loopback, and starts COMMAND once per rank: the server rank(s)
+on the PS host, worker i on host w<i>, each with torchrun's env:// variables
+and the LTP_* settings `ltpx.torch.init()` reads (device, address, XDP mode,
+capacity, MTU, group address). Every line a rank prints comes out prefixed
+with its rank ([s0], [w0], ...); a JSON line {"event": "progress", "step",
+"steps", ...} from worker 0 (lt.report_progress) drives a progress bar on a
+terminal. When a rank fails the others get --grace seconds, then are
+stopped. The rig is removed at the end unless --keep (or it was there
+before). The exit code is the worst rank's; -j prints one JSON summary
+(per rank: exit code, wall time, the last JSON object it printed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
+from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
+                    check_name, check_rate, check_workers)
+
+EPILOG = """examples:
+  sudo ltp launch --workers 4 -- python docs/examples/digits_cnn.py
+  sudo ltp launch --workers 8 --loss 0.01 -j -- python docs/examples/big_model.py --epochs 2
+  sudo ltp launch --workers 2 --transport tcp -- python my_train.py
+  sudo ltp launch --workers 4 --rig myrig --keep -- python my_train.py   (rig stays)
+
+The command runs once per rank: `python` and a leading .py file mean this
+interpreter (the one with torch and ltpx). In the script, `lt.init()` finds
+everything it needs in the environment (docs/training.md, "Your own model").
+"""
+
+
+def register(sub) -> None:
+    p = add_command(sub, "launch", "run a training script on every rank of a netns rig "
+                    "(torchrun for rigs)",
+                    description="Run COMMAND once per rank inside a network-namespace rig "
+                    "(server rank(s) on the PS host, one worker per worker host), with the "
+                    "env:// rendezvous and the LTP settings ltpx.torch.init() reads.",
+                    epilog=EPILOG)
+    p.add_argument("--workers", type=int, default=2, help=f"worker ranks, 1..{MAX_WORKERS} "
+                   "(default 2)")
+    p.add_argument("--servers", type=int, default=1, help="server ranks (default 1; only 1 "
+                   "for now)")
+    p.add_argument("--transport", choices=("ltp", "tcp"), default="ltp",
+                   help="ltp (default), or the same server over TCP (an skb-mode rig)")
+    add_rate(p)
+    add_buffer(p)
+    add_loss(p)
+    p.add_argument("--mtu", type=int, default=1500, help="MTU of every rig link, 1280..3500 "
+                   "(default 1500)")
+    p.add_argument("--rig", default=None, metavar="NAME",
+                   help="use rig NAME (built if it does not exist; a rig that existed stays)")
+    p.add_argument("--keep", action="store_true", help="leave the rig up afterwards")
+    p.add_argument("--timeout", type=float, default=0.0,
+                   help="stop every rank after this many seconds (default 0: no limit)")
+    p.add_argument("--grace", type=float, default=5.0,
+                   help="after a rank fails, seconds the others get before they are stopped "
+                   "(default 5)")
+    add_json(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
+    p.set_defaults(func=cmd_launch)
+
+
+def _check(args) -> list[str]:
+    """The command to run, after every flag's check (UsageError names the flag)."""
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("launch: give the command after --, e.g. "
+                         "`ltp launch --workers 2 -- python train.py`")
+    check_workers(args.workers)
+    if args.servers != 1:
+        raise UsageError(f"--servers: must be 1 (one server rank holds every bucket), "
+                         f"got {args.servers}")
+    check_name(args.rig, "--rig")
+    if args.timeout < 0 or args.grace < 0:
+        raise UsageError("--timeout and --grace: seconds, at least 0")
+    args.rate_bps, args.loss_p = check_rate(args.rate), check_loss(args.loss)
+    args.buffer_bytes = check_bytes(args.buffer, "--buffer")
+    from ..control.training.onrig import rig_config
+    try:   # the rig's own range checks; its messages start with the field's name
+        args.rig_config = rig_config(args.rig or "check", args.transport,
+                                     workers=args.workers, rate_bps=args.rate_bps,
+                                     buffer_bytes=args.buffer_bytes, loss=args.loss_p,
+                                     mtu=args.mtu)
+    except ValueError as e:
+        raise UsageError(f"--{e}") from None
+    return cmd
+
+
+def cmd_launch(args) -> int:
+    cmd = _check(args)
+    need_root("ltp launch")
+    if args.transport == "ltp":
+        need_bcc()
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
+    from ..control.training.launch import python_argv
+    from ..dataplane.rig.star import Rig
+    import dataclasses
+    kept = bool(args.rig and Rig.exists(args.rig))
+    if kept:
+        rig = Rig.attach(args.rig)
+        if len(rig.workers) < args.workers:
+            raise UsageError(f"--workers: rig {args.rig} has only {len(rig.workers)} workers")
+    else:
+        name = args.rig or f"ln{os.getpid() % 1000000}"
+        rig = Rig(dataclasses.replace(args.rig_config, name=name))
+    out = Output(wants_json(args))
+    try:
+        if kept or args.keep:
+            if not kept:
+                rig.up()
+            ranks, timed_out = _run(rig, args, python_argv(cmd), out)
+        else:
+            with rig:
+                ranks, timed_out = _run(rig, args, python_argv(cmd), out)
+    finally:
+        out.close()
+    return _report(args, rig, cmd, ranks, timed_out, kept or args.keep)
+
+
+def _run(rig, args, argv: list[str], out: "Output"):
+    from ..control.training.launch import RigJob, job_env, plan_ranks
+    ranks = plan_ranks(rig, args.workers, args.servers)
+    job = RigJob(rig, ranks)
+    t_end = time.monotonic() + args.timeout if args.timeout else None
+    timed_out = False
+    try:
+        job.start(lambda r: argv, lambda r: job_env(rig, r, len(ranks), job.port,
+                                                    servers=args.servers,
+                                                    transport=args.transport))
+        failed_at = None
+        while job.running():
+            job.pump(out.line)
+            if failed_at is None and job.failed():
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() > failed_at + args.grace:
+                break
+            if t_end is not None and time.monotonic() > t_end:
+                timed_out = True
+                break
+    finally:
+        job.close()
+    return ranks, timed_out
+
+
+class Output:
+    """Each rank's lines, prefixed; worker 0's progress events as a bar on a terminal."""
+
+    def __init__(self, json_mode: bool):
+        self.json_mode = json_mode
+        self.bar = self.task = None
+        if not json_mode and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+            self.bar = Progress(TextColumn("step"), BarColumn(bar_width=30),
+                                MofNCompleteColumn(), TextColumn("{task.fields[info]}"))
+
+    def line(self, r, stream: str, text: str) -> None:
+        msg = _json(text)
+        if msg is not None:
+            r.last_json = msg
+        if msg is not None and msg.get("event") == "progress" and self.bar is not None:
+            self.progress(msg)
+            return
+        dest = sys.stderr if (self.json_mode or stream == "stderr") else sys.stdout
+        line = f"[{r.label}] {text}"
+        if self.bar is not None and self.task is not None:
+            self.bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=dest, flush=True)
+
+    def progress(self, msg: dict) -> None:
+        info = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                         for k, v in msg.items() if k not in ("event", "step", "steps"))
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task("step", total=msg.get("steps"), info=info)
+        self.bar.update(self.task, completed=msg.get("step", 0), info=info)
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.bar.stop()
+
+
+def _json(text: str) -> dict | None:
+    text = text.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool) -> int:
+    from ..control.training.launch import exit_code
+    own = [exit_code(r.code) for r in ranks if not r.killed]
+    worst = max(own, default=0)
+    if timed_out:
+        worst = 124
+    elif worst == 0 and any(r.killed for r in ranks):
+        worst = 143
+    c = rig.config
+    summary = {"exit_code": worst, "timed_out": timed_out, "command": cmd,
+               "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
+                       "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu},
+               "ranks": [{"rank": r.rank, "role": r.role, "label": r.label, "host": r.host.name,
+                          "netns": r.host.netns, "exit_code": exit_code(r.code),
+                          "killed": r.killed,
+                          "wall_s": round(r.wall_s, 3) if r.wall_s is not None else None,
+                          "last_json": r.last_json} for r in ranks]}
+    if wants_json(args):
+        print(json.dumps(summary))
+    else:
+        rows = [f"{r['label']:>4}  rank {r['rank']:<3} {r['host']:<5} exit {r['exit_code']:<4}"
+                f"{'(stopped) ' if r['killed'] else ''}{r['wall_s'] or 0:8.2f} s" for r in
+                summary["ranks"]]
+        tail = f"rig {rig.name} kept" if kept else f"rig {rig.name} removed"
+        print("\n".join(["", "ltp launch: " + ("timed out; " if timed_out else "") +
+                         f"exit {worst}; {tail}", *rows]), file=sys.stderr)
+    return worst
