@@ -61,6 +61,8 @@ _LIBBPF = {
     "bpf_map_get_fd_by_id": (_c_int, [_c_uint32]),
     "bpf_link_get_fd_by_id": (_c_int, [_c_uint32]),
     "bpf_link_get_next_id": (_c_int, [_c_uint32, ctypes.POINTER(_c_uint32)]),
+    "bpf_prog_get_next_id": (_c_int, [_c_uint32, ctypes.POINTER(_c_uint32)]),
+    "bpf_map_get_next_id": (_c_int, [_c_uint32, ctypes.POINTER(_c_uint32)]),
     "bpf_link_create": (_c_int, [_c_int, _c_int, _c_int, _vp]),
     "bpf_link_detach": (_c_int, [_c_int]),
 }
@@ -163,6 +165,25 @@ def link_ids() -> list[int]:
     """Kernel ids of every BPF link on the machine, in id order."""
     lib, out, nxt = libbpf(), [], _c_uint32(0)
     while lib.bpf_link_get_next_id(out[-1] if out else 0, ctypes.byref(nxt)) == 0:
+        out.append(nxt.value)
+    return out
+
+
+def prog_ids() -> list[int]:
+    """Kernel ids of every BPF program loaded on the machine, in id order."""
+    return _ids(libbpf().bpf_prog_get_next_id)
+
+
+def map_ids() -> list[int]:
+    """Kernel ids of every BPF map on the machine, in id order."""
+    return _ids(libbpf().bpf_map_get_next_id)
+
+
+def _ids(get_next) -> list[int]:
+    """Walk one of the kernel's id spaces with its bpf_*_get_next_id (it
+    answers ENOENT past the last id)."""
+    out, nxt = [], _c_uint32(0)
+    while get_next(out[-1] if out else 0, ctypes.byref(nxt)) == 0:
         out.append(nxt.value)
     return out
 
