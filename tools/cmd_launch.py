@@ -164,7 +164,7 @@ class Output:
 
     def line(self, r, stream: str, text: str) -> None:
         msg = _json(text)
-        if msg is not None:
+        if msg is not None and stream == "stdout":
             r.last_json = msg
         if msg is not None and msg.get("event") == "progress" and self.bar is not None:
             self.progress(msg)

@@ -2,8 +2,9 @@
 
 As DistributedDataParallel does, parameters are taken in reverse
 registration order (backward produces the last layers' gradients first) and
-packed whole into buckets of up to `cap` elements (a parameter larger than
-that is a bucket of its own). Bucket 0 is pushed first. The flat vector of
+packed whole into buckets: a bucket is closed once it holds `cap` elements or
+more (so a layer's bias and weight stay together, and a parameter larger than
+the cap ends a bucket). Bucket 0 is pushed first. The flat vector of
 a step is the buckets one after another, each float32, whatever the
 parameters' own dtype (float16 and bfloat16 convert exactly to float32, and
 the aggregate converts back the same way on every worker).
@@ -73,15 +74,16 @@ class BucketPlan:
         off = 0
         for name, p in reversed(named):
             n = p.numel()
-            if cur.params and cur.numel + n > cap:
-                self.buckets.append(cur)
-                cur = Bucket(len(self.buckets), lo=off, hi=off)
             cur.params.append(p)
             cur.names.append(name)
             cur.spans.append((off, off + n))
             off += n
             cur.hi = off
-        self.buckets.append(cur)
+            if cur.numel >= cap:
+                self.buckets.append(cur)
+                cur = Bucket(len(self.buckets), lo=off, hi=off)
+        if cur.params:
+            self.buckets.append(cur)
         self.numel = off
         self.of = {id(p): b.index for b in self.buckets for p in b.params}
 

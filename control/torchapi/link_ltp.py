@@ -11,6 +11,10 @@ report, and made again (a new compile) only when a later op is larger.
 """
 from __future__ import annotations
 
+import json
+import os
+import sys
+
 import numpy as np
 
 from ...dataplane.xdp import wire as W
@@ -36,6 +40,9 @@ class LtpServerLink:
         self.peers: list[Peer] = []
         self.bubble, self.early_close = "mean", "{}"
         self.wait_s = min(s.timeout, ROUND_LIMIT_S)
+        self.log = bool(os.environ.get("LTPX_ROUND_LOG"))
+        self.policies: dict = {}     # round kind -> its EarlyClose (see policy())
+        self.keys: dict[int, object] = {}   # open round -> its kind
 
     def address(self) -> dict:
         return {}
@@ -50,6 +57,7 @@ class LtpServerLink:
             return False
         self.close()
         s, size = self.s, nelems + HEADROOM
+        self.keys = {}
         self.ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
                            ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
                            chunk_bytes=chunk_bytes_for(s.mtu),
@@ -59,7 +67,6 @@ class LtpServerLink:
         return True
 
     def early_config(self, fields_json: str) -> EarlyCloseConfig:
-        import json
         return EarlyCloseConfig(**{"hard_timeout_s": self.wait_s, **json.loads(fields_json)})
 
     def configure(self, bubble: str, early_close: str) -> None:
@@ -68,17 +75,35 @@ class LtpServerLink:
             self.ep.bubble_strategy = "zero" if bubble == "stale" else bubble
             self.bubble = bubble
         if early_close != self.early_close:
-            self.ep.early = EarlyClose(self.s.capacity, self.early_config(early_close))
             self.early_close = early_close
+            self.policies = {}
 
-    def open(self, r: int, nelems: int, workers: list[int], reliable: bool) -> None:
+    def policy(self, key) -> EarlyClose:
+        """The Early Close state of one kind of round (a step's bucket i).
+
+        The endpoint has one EarlyClose, which keeps the open round's deadline
+        and threshold and learns rates and times from past rounds. Two rounds
+        are open at once here, and buckets differ in size, so each bucket has
+        its own, put in place before its round is opened and before it is
+        waited for."""
+        if key not in self.policies:
+            self.policies[key] = EarlyClose(self.s.capacity, self.early_config(self.early_close))
+        return self.policies[key]
+
+    def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
+        self.keys[r] = key
+        self.ep.early = self.policy(key)
         self.ep.open_round(r, nelems, workers=workers, reliable=reliable)
 
     def cancel(self, r: int) -> None:
+        self.keys.pop(r, None)
         self.ep.cancel_round(r)
 
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
+        self.ep.early = self.policy(self.keys.pop(r, None))
         res = self.ep.wait_round(r)
+        if self.log:   # LTPX_ROUND_LOG=1: one JSON line per uplink round on stderr
+            print(json.dumps({"round_log": res.report()}), file=sys.stderr, flush=True)
         return Gathered(round=r, values=res.values, workers=list(res.workers),
                         delivered=res.masks.sum(axis=1), chunks=res.layout.nchunks,
                         filled=np.asarray(res.filled), reason=res.reason,

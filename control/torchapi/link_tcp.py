@@ -77,7 +77,7 @@ class TcpServerLink:
     def configure(self, bubble: str, early_close: str) -> None:
         pass   # nothing is lost over TCP
 
-    def open(self, r: int, nelems: int, workers: list[int], reliable: bool) -> None:
+    def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
         pass   # a connection is always open
 
     def cancel(self, r: int) -> None:

@@ -121,7 +121,7 @@ class Server:
         if op.kind == STEP:
             self.link.configure(op.bubble, op.early_close)
         for i in range(npre, min(2, n)):
-            self.open(rounds[i], op.sizes[i], ws, op.reliable, announce=True)
+            self.open(rounds[i], op, i, announce=True)
         tally, ks, offs = StepTally(self.W), None, op.offsets()
         for i, r in enumerate(rounds):
             t0 = time.perf_counter()
@@ -134,7 +134,7 @@ class Server:
             self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + op.sizes[i]])
             tally.add(g, t1 - t0)
             if i + 2 < n:
-                self.open(rounds[i + 2], op.sizes[i + 2], ws, op.reliable, announce=True)
+                self.open(rounds[i + 2], op, i + 2, announce=True)
             self.times["gather_s"] += t1 - t0
             self.times["update_s"] += time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -146,7 +146,7 @@ class Server:
             # the likely next op is this one again: open its first rounds now
             nxt = rounds[-1] + 1
             for j in range(min(2, n)):
-                self.open(nxt + j, op.sizes[j], ws, False, announce=False)
+                self.open(nxt + j, op, j, announce=False)
                 self.pre.append(nxt + j)
         t3 = time.perf_counter()
         self.link.send(seq, self.answer[:op.down_elems(self.W)],
@@ -156,12 +156,14 @@ class Server:
         self.clock.advance(op)
         self.prev = op
 
-    def open(self, r: int, nelems: int, ws: list[int], reliable: bool, announce: bool) -> None:
-        """Open uplink round r. A worker that sent nothing of an earlier round in
-        r's bank may still push it: wait for its word first (coord.py, ack)."""
+    def open(self, r: int, op: Op, i: int, announce: bool) -> None:
+        """Open uplink round r, op's piece i. A worker that sent nothing of an
+        earlier round in r's bank may still push it: wait for its word first
+        (coord.py, ack)."""
         for old in [k for k in self.pending if k <= r - 2]:
             self.co.wait_acks(old, self.pending.pop(old))
-        self.link.open(r, nelems, ws, reliable)
+        self.link.open(r, op.sizes[i], op.participants(self.W), op.reliable,
+                       key=(op.kind, i, op.sizes[i]))
         if announce and self.link.opens:
             self.co.announce_open(r)
 
