@@ -11,9 +11,11 @@ them), the BPF C sources (bpf/*.c, bpf/*.h), and neither ltpx/setup.py nor
 any test.
 
 Then a fresh venv (`/usr/bin/python3 -m venv --system-site-packages`) gets
-the wheel with --no-deps, and `ltp -h`, `ltp train -h` and
+the wheel with --no-deps, and `ltp -h`, `ltp train -h`, `ltp launch -h` and
 `python -m ltpx.control.training -h` run from it, with the working directory
-outside the repository, and `ltpx.__file__` must be inside that venv.
+outside the repository, and `ltpx.__file__` must be inside that venv. So must
+`ltpx.torch` (the public name of ltpx.control.torchapi, found through a
+folder the package adds to its own __path__), while `torch` stays PyTorch.
 
 Where the dependencies come from, honestly: the wheel's declared
 dependencies (numpy, pyroute2, scapy, rich) are not in the system Python,
@@ -142,6 +144,7 @@ def test_installed_wheel_answers_help_away_from_the_source_tree(venv, tmp):
     outside.mkdir(exist_ok=True)
     for argv, word in (([str(bin_ / "ltp"), "-h"], "train"),
                        ([str(bin_ / "ltp"), "train", "-h"], "--downlink"),
+                       ([str(bin_ / "ltp"), "launch", "-h"], "--keep"),
                        ([str(bin_ / "python"), "-m", "ltpx.control.training", "-h"], "--group")):
         out = _run(argv, cwd=outside, env=env)
         assert out.returncode == 0 and word in out.stdout, (argv, out.stderr[-2000:])
@@ -153,3 +156,23 @@ def test_installed_wheel_answers_help_away_from_the_source_tree(venv, tmp):
     assert Path(got["file"]).resolve().is_relative_to(venv.resolve()), got["file"]
     assert not got["torch"], "a --help path imported torch"
     assert "ltp_xdp.c" in got["bpf"] and "ltp_wire.h" in got["bpf"]
+
+
+TORCH_PROBE = """
+import json, torch, ltpx.torch as lt
+print(json.dumps({"lt": lt.__file__, "torch": torch.__file__,
+                  "api": lt.DistributedOptimizer.__module__}))
+"""
+
+
+def test_installed_wheel_has_ltpx_torch(venv, tmp):
+    outside = tmp / "elsewhere"
+    outside.mkdir(exist_ok=True)
+    probe = _run([str(venv / "bin" / "python"), "-c", TORCH_PROBE], cwd=outside, env=_clean_env())
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    got = json.loads(probe.stdout)
+    assert Path(got["lt"]).resolve().is_relative_to(venv.resolve()), got["lt"]
+    assert got["lt"].endswith("control/torchapi/alias/torch/__init__.py")
+    assert got["torch"].endswith("site-packages/torch/__init__.py")
+    assert not Path(got["torch"]).resolve().is_relative_to(venv.resolve())   # PyTorch, lent
+    assert got["api"] == "ltpx.control.torchapi.optimizer"

@@ -1,0 +1,239 @@
+"""ltpx.torch without privileges: its name, its pieces, and whole jobs over TCP on loopback.
+
+The jobs run tests/torch_api_job.py as three real processes (a server and two
+workers meeting through env:// with rank 0 hosting the store) over the TCP
+transport, so the API's protocol (ops, barriers, buckets, the server's sums,
+the answer with its report) runs end to end with real torch and real
+sockets. The same script runs over LTP on a rig in test_launch.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = Path(__file__).resolve().parent / "torch_api_job.py"
+
+
+# --------------------------------------------------------------------------- the name
+
+def _py(code: str, cwd, extra_path: str | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if extra_path:
+        env["PYTHONPATH"] = extra_path
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+PROBE = ("import json, torch, ltpx, ltpx.torch as lt; "
+         "print(json.dumps({'torch': torch.__file__, 'lt': lt.__file__, "
+         "'api': lt.DistributedOptimizer.__module__, 'ltpx': ltpx.__file__}))")
+
+
+@pytest.mark.parametrize("where", ["elsewhere", "root-on-path"])
+def test_ltpx_torch_imports_and_never_shadows_pytorch(where, tmp_path):
+    # the editable install from another folder; and from the repository root
+    # with the root on sys.path (as `python -m pytest` has it): PyTorch stays PyTorch
+    got = _py(PROBE, tmp_path) if where == "elsewhere" else _py(
+        "import sys; sys.path.insert(0, '.'); " + PROBE, ROOT, str(ROOT))
+    assert got["torch"].endswith("site-packages/torch/__init__.py"), got["torch"]
+    assert got["api"] == "ltpx.control.torchapi.optimizer"
+    assert got["lt"].endswith("control/torchapi/alias/torch/__init__.py")
+    assert not (ROOT / "torch").exists() and not (ROOT / "torch.py").exists()
+
+
+def test_public_names():
+    import ltpx.torch as lt
+    for name in ("init", "shutdown", "rank", "size", "local_rank", "is_server",
+                 "broadcast_parameters", "allreduce", "DistributedOptimizer", "StepReport",
+                 "FilledWarning", "report_progress", "digest"):
+        assert hasattr(lt, name), name
+    assert issubclass(lt.DistributedOptimizer, torch.optim.Optimizer)   # LR schedulers take it
+
+
+def test_init_without_a_launcher_says_how():
+    out = subprocess.run([sys.executable, "-c", "import ltpx.torch as lt; lt.init(transport='tcp')"],
+                         capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items()
+                              if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")})
+    assert out.returncode != 0 and "ltp launch" in out.stderr and "torchrun" in out.stderr
+
+
+# --------------------------------------------------------------------------- pieces
+
+def test_settings_keyword_over_environment_over_default(monkeypatch):
+    from ltpx.control.torchapi.settings import Settings
+    from ltpx.errors import UsageError
+    monkeypatch.setenv("LTP_CAPACITY", "25e9")
+    monkeypatch.setenv("LTP_MTU", "3000")
+    s = Settings.resolve({"mtu": 1400})
+    assert (s.capacity, s.mtu, s.transport, s.downlink) == (25e9, 1400, "ltp", "group")
+    for bad, word in (({"mtu": 100}, "mtu"), ({"transport": "udp"}, "transport"),
+                      ({"servers": 2}, "servers"), ({"nope": 1}, "nope")):
+        with pytest.raises(UsageError, match=word):
+            Settings.resolve(bad)
+    monkeypatch.setenv("LTP_TIMEOUT", "soon")
+    with pytest.raises(UsageError, match="LTP_TIMEOUT"):
+        Settings.resolve({})
+
+
+def _named(*sizes):
+    return [(f"p{i}", torch.nn.Parameter(torch.zeros(n))) for i, n in enumerate(sizes)]
+
+
+def test_buckets_reverse_order_closed_at_the_cap():
+    from ltpx.control.torchapi.buckets import BucketPlan
+    named = _named(100, 10, 300, 5, 50)
+    plan = BucketPlan(named, cap=60)
+    # reverse registration order; a bucket closes once it holds >= 60
+    assert [b.names for b in plan.buckets] == [["p4", "p3", "p2"], ["p1", "p0"]]
+    assert plan.sizes == (355, 110) and plan.numel == 465
+    assert plan.buckets[1].lo == 355 and plan.buckets[1].spans[0] == (355, 365)
+    assert len(BucketPlan(named, cap=10**9)) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_pack_and_apply_keep_dtype_and_values(dtype):
+    from ltpx.control.torchapi.buckets import BucketPlan
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.nn.Parameter(torch.zeros(3, 4, dtype=dtype)), torch.nn.Parameter(torch.zeros(5, dtype=dtype))
+    plan = BucketPlan([("a", a), ("b", b)], cap=1000)
+    a.grad = torch.randn(3, 4, generator=g).to(dtype)
+    b.grad = None                                    # no gradient this step: zeros
+    flat = torch.full((plan.numel,), 7.0)
+    plan.buckets[0].pack(flat)
+    assert torch.equal(flat[5:], a.grad.float().reshape(-1)) and not flat[:5].any()
+    agg = torch.randn(plan.numel, generator=g)
+    plan.buckets[0].apply(agg)
+    assert a.grad.dtype == dtype and b.grad.dtype == dtype
+    assert torch.equal(a.grad, agg[5:].view(3, 4).to(dtype))
+    assert torch.equal(b.grad, agg[:5].to(dtype))
+    if dtype == torch.float32:   # the aggregate itself, no copy
+        assert a.grad.data_ptr() == agg[5:].data_ptr()
+
+
+def test_step_report_round_trips_through_float32():
+    from ltpx.control.torchapi.ops import StepReport, report_words
+    rep = StepReport(step=12, reasons=["complete", "deadline", "early"],
+                     delivered={0: 1.0, 1: 0.5, 2: 0.9990234375},
+                     filled_chunks={0: 0, 1: 700, 2: 3}, wholly_filled={0: 0, 1: 1, 2: 0},
+                     ks=[1, 3, 2], gather_s=0.25)
+    words = np.zeros(report_words(3, 3), dtype=np.float32)
+    rep.encode(words)
+    back = StepReport.decode(words)
+    assert back.to_dict() == rep.to_dict()
+    assert back.reason == "deadline" and back.early_closed and back.missing_workers == [1]
+    with pytest.raises(ValueError, match="report"):
+        StepReport.decode(np.zeros_like(words))
+
+
+def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_step():
+    from ltpx.control.torchapi.ops import BROADCAST, STEP, Op, RoundClock, preopened
+    step = Op(STEP, sizes=(10, 20, 30))
+    assert Op.from_json(step.to_json()) == step
+    assert step.down_elems(4) == 60 + 4 + 3 + 16 + 1 and step.max_elems(4) == 84
+    assert step.offsets() == [0, 10, 30]
+    c = RoundClock()
+    assert c.rounds(step) == [1, 2, 3]
+    c.advance(step)
+    assert (c.seq, c.rounds(step)) == (1, [4, 5, 6])
+    assert preopened(None, step) == 0 and preopened(step, step) == 2
+    assert preopened(step, Op(STEP, sizes=(10, 20, 31))) == 0
+    assert preopened(step, Op(BROADCAST, sizes=(5,), root=0)) == 0
+    assert Op(BROADCAST, sizes=(5,), root=1).participants(3) == [1]
+
+
+# --------------------------------------------------------------------------- whole jobs over TCP
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_local_job(cases: str, workers: int = 2, timeout: float = 240) -> list[dict]:
+    """Start the server and the workers of a TCP job on loopback; each worker's
+    last JSON line."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               WORLD_SIZE=str(workers + 1), LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1",
+               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
+    procs = [subprocess.Popen([sys.executable, str(JOB), cases], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(workers + 1)]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs[1:]]
+
+
+@pytest.fixture(scope="module")
+def tcp_job():
+    return run_local_job("set_to_none,keep_grads,fp16,bf16,unused")
+
+
+def check_cases(results: list[dict], exact_atol: float = 1e-5) -> None:
+    """What every run of torch_api_job.py must show (test_launch.py uses it too)."""
+    cases = [r["cases"] for r in results]
+    for name in cases[0]:
+        assert len({c[name]["digest"] for c in cases}) == 1, f"{name}: replicas differ"
+    for name in ("set_to_none", "keep_grads"):
+        if name in cases[0]:
+            c = cases[0][name]
+            assert c["buckets"] >= 2 and c["max_diff_to_single"] < exact_atol, (name, c)
+            assert c["last_loss"] < 0.7 * c["first_loss"]
+    for name, dtype in (("fp16", "torch.float16"), ("bf16", "torch.bfloat16")):
+        if name in cases[0]:
+            assert cases[0][name]["dtypes"] == [dtype]
+            for c in cases:
+                assert c[name]["last_loss"] < c[name]["first_loss"], (name, c[name])
+    if "unused" in cases[0]:
+        assert all(c["unused"]["never_unchanged"] and c["unused"]["never_grad_zero"]
+                   and c["unused"]["only_w0_moved_everywhere"] for c in cases)
+
+
+def test_zero_grad_set_to_none_trains_like_one_process(tcp_job):
+    # the workers' mean gradient of each global batch is the single-process
+    # gradient: after 30 SGD steps both models agree to float rounding
+    check_cases(tcp_job)
+    assert tcp_job[0]["cases"]["set_to_none"]["digest"] == \
+        tcp_job[0]["cases"]["keep_grads"]["digest"]
+
+
+def test_half_precision_and_unused_parameters(tcp_job):
+    c = tcp_job[0]["cases"]
+    assert c["fp16"]["dtypes"] == ["torch.float16"] and c["bf16"]["dtypes"] == ["torch.bfloat16"]
+    assert c["unused"]["never_unchanged"]
+
+
+# --------------------------------------------------------------------------- ltp launch flags
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--workers", "0", "--", "python", "x.py"], "--workers"),
+    (["--servers", "2", "--", "python", "x.py"], "--servers"),
+    (["--loss", "2", "--", "python", "x.py"], "--loss"),
+    (["--rate", "fast", "--", "python", "x.py"], "--rate"),
+    (["--rig", "Bad-Name", "--", "python", "x.py"], "--rig"),
+    (["--mtu", "9000", "--", "python", "x.py"], "--mtu"),
+    (["--workers", "2"], "--"),
+])
+def test_launch_bad_flags_exit_2(argv, flag, capsys):
+    from ltpx.tools.cli import main
+    assert main(["launch", "-j", *argv]) == 2
+    err = json.loads(capsys.readouterr().out)
+    assert err["exit_code"] == 2 and flag in err["error"]

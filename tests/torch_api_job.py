@@ -1,0 +1,176 @@
+"""One rank of an ltpx.torch job the tests start (test_torch_api.py over TCP on
+loopback, test_launch.py over LTP on a rig): `python torch_api_job.py CASES`.
+
+Each case trains a small model with its own DistributedOptimizer; every rank
+prints one JSON line per case ({"case": ..., "digest": ..., ...}), then
+{"event": "result", "cases": {...}}. Cases:
+
+  set_to_none  zero_grad(set_to_none=True), the default: parameters must match
+               a single-process reference trained on the same global batches
+  keep_grads   the same with zero_grad(set_to_none=False)
+  fp16, bf16   half-precision parameters: they train, keep their dtype
+  unused       a layer no step uses, and one only worker 0 uses: no hang, the
+               unused layer unchanged (SGD without momentum), its .grad zeros
+  filled       worker 1 sleeps inside backward at step 3 (between two
+               buckets): the server closes that bucket without it; the report
+               counts it and a FilledWarning says so
+"""
+import json
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import ltpx.torch as lt
+
+D, B, CLASSES = 12, 32, 3
+WHOLE = {"threshold_min": 1.0, "threshold_max": 1.0, "min_deadline_s": 2.0}
+
+
+def batches(seed: int, steps: int):
+    """The same global batches on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(B, D, generator=g)
+        yield x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+
+def mine(t: torch.Tensor) -> torch.Tensor:
+    return t[lt.rank()::lt.size()]
+
+
+def mlp(seed: int, hidden: int = 64) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(D, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, CLASSES))
+
+
+def exact(set_to_none: bool) -> dict:
+    model, ref = mlp(1), mlp(1)
+    lt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                  named_parameters=model.named_parameters(), bucket_mb=0.01,
+                                  early_close=WHOLE)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for x, y in batches(2, 30):
+        opt.zero_grad(set_to_none=set_to_none)
+        loss = F.cross_entropy(model(mine(x)), mine(y))
+        loss.backward()
+        opt.step()
+        ref_opt.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+        losses.append(loss.item())
+    diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
+    return {"max_diff_to_single": diff, "first_loss": losses[0], "last_loss": losses[-1],
+            "buckets": len(opt.plan), "digest": lt.digest(model)}
+
+
+def half(dtype: torch.dtype) -> dict:
+    model = mlp(3).to(dtype)
+    lt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                  named_parameters=model.named_parameters())
+    losses = []
+    for x, y in batches(4, 40):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(mine(x).to(dtype)).float(), mine(y))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+            "first_loss": sum(losses[:5]) / 5, "last_loss": sum(losses[-5:]) / 5,
+            "digest": lt.digest(model)}
+
+
+class Partly(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.body, self.head = torch.nn.Linear(D, 32), torch.nn.Linear(32, CLASSES)
+        self.only_w0 = torch.nn.Linear(32, 32)    # used by worker 0 alone
+        self.never = torch.nn.Linear(32, 32)      # used by no one
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        if lt.rank() == 0:
+            h = h + self.only_w0(h)
+        return self.head(h)
+
+
+def unused() -> dict:
+    model = Partly()
+    before = model.never.weight.detach().clone()
+    lt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters())
+    for x, y in batches(6, 10):
+        opt.zero_grad()
+        F.cross_entropy(model(mine(x)), mine(y)).backward()
+        opt.step()
+    return {"never_unchanged": bool(torch.equal(model.never.weight, before)),
+            "never_grad_zero": bool(model.never.weight.grad is not None
+                                    and not model.never.weight.grad.any()),
+            "only_w0_moved_everywhere": bool(model.only_w0.weight.grad.abs().sum() > 0),
+            "digest": lt.digest(model)}
+
+
+class Slow(torch.autograd.Function):
+    """Identity; its backward sleeps on worker 1 at step 3."""
+    step = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        if lt.rank() == 1 and Slow.step == 3:
+            time.sleep(2.0)
+        return g
+
+
+def filled() -> dict:
+    torch.manual_seed(7)
+    l1, l2, l3 = torch.nn.Linear(D, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 3)
+    model = torch.nn.ModuleList([l1, l2, l3])
+    lt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                  named_parameters=model.named_parameters(), bucket_mb=0.1,
+                                  early_close={"min_deadline_s": 0.2}, warn_every=100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t, (x, y) in enumerate(batches(8, 6), start=1):
+            Slow.step = t
+            opt.zero_grad()
+            h = torch.relu(l1(mine(x)))
+            h = torch.relu(l2(Slow.apply(h)))
+            F.cross_entropy(l3(h), mine(y)).backward()
+            opt.step()
+            if t == 3:
+                at3 = opt.last_report.to_dict()
+    for w in caught:
+        print(f"{w.category.__name__}: {w.message}", file=sys.stderr)
+    return {"buckets": len(opt.plan), "step3": at3,
+            "total": opt.last_report.wholly_filled_total,
+            "warnings": sum(isinstance(w.message, lt.FilledWarning) for w in caught),
+            "digest": lt.digest(model)}
+
+
+CASES = {"set_to_none": lambda: exact(True), "keep_grads": lambda: exact(False),
+         "fp16": lambda: half(torch.float16), "bf16": lambda: half(torch.bfloat16),
+         "unused": unused, "filled": filled}
+
+if __name__ == "__main__":
+    lt.init()
+    torch.set_num_threads(1)
+    out = {}
+    for case in sys.argv[1].split(","):
+        out[case] = CASES[case]()
+        print(json.dumps({"case": case, **out[case]}), flush=True)
+    print(json.dumps({"event": "result", "rank": lt.rank(), "cases": out}), flush=True)
+    lt.shutdown()
