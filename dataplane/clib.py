@@ -253,6 +253,7 @@ def link_detach(link_fd: int) -> None:
 
 CLONE_NEWNET = 0x40000000
 PR_SET_TIMERSLACK = 29
+PR_SET_PDEATHSIG = 1
 
 
 def setns(fd: int, nstype: int = CLONE_NEWNET) -> None:
@@ -267,3 +268,11 @@ def set_timer_slack(ns: int) -> bool:
         return libc().prctl(PR_SET_TIMERSLACK, ns, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """prctl(PR_SET_PDEATHSIG): this process gets `sig` when its parent dies
+    (for a child's preexec: a job outlives no killed harness)."""
+    if libc().prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
