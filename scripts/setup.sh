@@ -13,13 +13,16 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-PKGS="python3-bpfcc python3-venv python3-dev clang iproute2 ethtool kmod libbpf1 linux-headers-amd64"
+# tshark: decodes `ltp capture` files with tools/wireshark/ltp.lua (tests/test_capture.py runs it)
+PKGS="python3-bpfcc python3-venv python3-dev clang iproute2 ethtool kmod libbpf1 linux-headers-amd64 tshark"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
     echo "setup: installing Debian packages:$missing" >&2
+    # tshark's package asks whether non-root users may capture: no, and no prompt
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi

@@ -44,7 +44,6 @@ RENEW_NS = 500_000_000
 #: a record is released once the kernel clock is this far past its timestamp:
 #: frames from other CPUs stamped earlier have been committed by then
 REORDER_NS = 5_000_000
-RINGBUF_BUSY, RINGBUF_DISCARD, RINGBUF_HDR = 1 << 31, 1 << 30, 8
 XDP_VERDICTS = {0: "XDP_ABORTED", 1: "XDP_DROP", 2: "XDP_PASS", 3: "XDP_TX", 4: "XDP_REDIRECT"}
 
 
@@ -66,6 +65,9 @@ class CapStats(ctypes.Structure):
 #: struct ltp_cap_rec up to data[]: ts_ns, wire_len, cap_len, verdict, dir, ifindex, cpu
 REC = struct.Struct("=QIHBBII")
 assert REC.size == CAP_HDR_LEN
+RINGBUF_BUSY, RINGBUF_DISCARD, RINGBUF_HDR = 1 << 31, 1 << 30, 8
+#: the ring's own record header (length with busy/discard bits, page offset), then REC
+_RING_REC = struct.Struct("=II" + REC.format[1:])
 
 
 class CaptureError(DataplaneError):
@@ -165,14 +167,14 @@ class Ring:
     def __init__(self, fd: int, size: int):
         page = mmap.PAGESIZE
         self.mask = size - 1
-        self._cons_mm = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        # MAP_POPULATE: the pages are mapped now, not by a fault on each first read
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self._cons_mm = mmap.mmap(fd, page, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         # the data pages are mapped twice in a row: a record that wraps is contiguous
-        self._prod_mm = mmap.mmap(fd, page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ,
-                                  offset=page)
+        self._prod_mm = mmap.mmap(fd, page + 2 * size, flags, mmap.PROT_READ, offset=page)
         # 8-byte aligned numpy views: one load or store each, never torn
         self._cons = np.frombuffer(self._cons_mm, np.uint64, 1)
         self._prod = np.frombuffer(self._prod_mm, np.uint64, 1)
-        self._data = memoryview(self._prod_mm)[page:]
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN)
 
@@ -187,19 +189,18 @@ class Ring:
     def drain(self) -> list[Record]:
         """Every committed record, in ring order; frees their space."""
         cons, prod = int(self._cons[0]), int(self._prod[0])
-        data, mask, out = self._data, self.mask, []
-        unpack_len, unpack_rec = struct.Struct("=I").unpack_from, REC.unpack_from
+        mm, base, mask, out = self._prod_mm, mmap.PAGESIZE, self.mask, []
+        unpack, add, dirs = _RING_REC.unpack_from, out.append, DIRS
         while cons < prod:
-            off = cons & mask
-            hdr = unpack_len(data, off)[0]
+            off = base + (cons & mask)
+            hdr, _, ts, wire, cap, verdict, d, _, cpu = unpack(mm, off)
             if hdr & RINGBUF_BUSY:
                 break                   # reserved, not yet committed
             n = hdr & ~(RINGBUF_BUSY | RINGBUF_DISCARD)
             if not hdr & RINGBUF_DISCARD and n >= CAP_HDR_LEN:
-                ts, wire, cap, verdict, d, _, cpu = unpack_rec(data, off + RINGBUF_HDR)
                 at = off + RINGBUF_HDR + CAP_HDR_LEN
-                out.append(Record(ts, bytes(data[at:at + min(cap, n - CAP_HDR_LEN)]), wire,
-                                  verdict, DIRS.get(d, "?"), cpu))
+                add(Record(ts, mm[at:at + min(cap, n - CAP_HDR_LEN)], wire, verdict,
+                           dirs.get(d, "?"), cpu))
             cons += (n + RINGBUF_HDR + 7) & ~7
         self._cons[0] = cons
         return out
@@ -207,7 +208,6 @@ class Ring:
     def close(self) -> None:
         self._poll = None
         del self._cons, self._prod
-        self._data.release()
         for mm in (self._cons_mm, self._prod_mm):
             mm.close()
 
@@ -250,6 +250,10 @@ class RingCapture:
         self.on_ns = now
         self._renew(now)
         return self
+
+    def renew(self) -> None:
+        """Extend the lease (batches() does this itself while it runs)."""
+        self._renew(time.monotonic_ns())
 
     def _renew(self, now: int) -> None:
         if self._want.until_ns and now >= self._want.until_ns:

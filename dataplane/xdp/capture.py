@@ -73,7 +73,8 @@ def decode(frame: bytes, *, ts_ns: int = 0, wire_len: int | None = None,
            linktype: int = LINKTYPE_ETHERNET) -> dict[str, Any] | None:
     """One frame -> a dict of its LTP header, or None if it is not IPv4 UDP
     to or from `port` (later fragments included: they carry no UDP header).
-    payload_bytes is what the frame carried on the wire, snaplen or not."""
+    payload_bytes is what the frame carried on the wire, snaplen or not;
+    time_ns is exact (time, a float, keeps about a quarter of a microsecond)."""
     at = _l3(frame, linktype)
     if at is None or len(frame) < at + 28:
         return None
@@ -88,7 +89,9 @@ def decode(frame: bytes, *, ts_ns: int = 0, wire_len: int | None = None,
         return None
     wire = len(frame) if wire_len is None else wire_len
     body = min(at + tot_len, wire) - l4 - 8        # UDP payload on the wire
-    d: dict[str, Any] = {"time": ts_ns / 1e9, "dir": direction, "src": socket.inet_ntoa(src),
+    sec, ns = divmod(ts_ns, 1_000_000_000)
+    d: dict[str, Any] = {"time": sec + ns / 1e9, "time_ns": ts_ns, "dir": direction,
+                         "src": socket.inet_ntoa(src),
                          "sport": sport, "dst": socket.inet_ntoa(dst), "dport": dport,
                          "wire_len": wire}
     if body < W.HDR_LEN or len(frame) < l4 + 8 + W.HDR_LEN:

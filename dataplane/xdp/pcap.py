@@ -23,6 +23,7 @@ BYTE_ORDER_MAGIC = 0x1A2B3C4D
 OPT_END, OPT_COMMENT, IDB_NAME, IDB_TSRESOL, EPB_FLAGS = 0, 1, 2, 9, 2
 EPB_IN, EPB_OUT = 1, 2                      # epb_flags bits 0-1: inbound / outbound
 MAX_SNAPLEN = 262144
+_PAD = [b"\0" * n for n in range(4)]
 
 
 class PcapError(DataplaneError):
@@ -162,8 +163,9 @@ class Writer:
     def __init__(self, path: str, snaplen: int = MAX_SNAPLEN,
                  linktype: int = LINKTYPE_ETHERNET, ifname: str | None = None):
         self.path, self.pcapng = path, str(path).endswith(".pcapng")
+        self._opts: dict = {}
         try:
-            self.f = open(path, "wb")
+            self.f = open(path, "wb", buffering=1 << 20)
         except OSError as e:
             raise PcapError(f"cannot write {path}: {e.strerror}") from None
         if self.pcapng:
@@ -177,27 +179,45 @@ class Writer:
 
     def write(self, ts_ns: int, data: bytes, wire_len: int | None = None,
               direction: str | None = None, comment: str | None = None) -> None:
-        wire = len(data) if wire_len is None else wire_len
+        self.write_many([(ts_ns, data, len(data) if wire_len is None else wire_len, direction,
+                          comment)])
+
+    def write_many(self, rows) -> None:
+        """(ts_ns, data, wire_len, direction, comment) per frame."""
+        w, pack = self.f.write, struct.pack
         if not self.pcapng:
-            sec, nsec = divmod(ts_ns, 1_000_000_000)
-            self.f.write(struct.pack("<IIII", sec, nsec, len(data), wire))
-            self.f.write(data)
+            for ts_ns, data, wire, _, _ in rows:
+                sec, nsec = divmod(ts_ns, 1_000_000_000)
+                w(pack("<IIII", sec, nsec, len(data), wire))
+                w(data)
             return
-        opts = b""
-        if direction in ("in", "out"):
-            opts += _opt(EPB_FLAGS, struct.pack("<I", EPB_IN if direction == "in" else EPB_OUT))
-        if comment:
-            opts += _opt(OPT_COMMENT, comment.encode())
-        pad = b"\0" * (-len(data) % 4)
-        self.f.write(_block(PCAPNG_EPB, struct.pack("<IIIII", 0, ts_ns >> 32, ts_ns & 0xFFFFFFFF,
-                                                    len(data), wire)
-                            + data + pad + (opts + _opt(OPT_END, b"") if opts else b"")))
+        opts = self._opts
+        for ts_ns, data, wire, direction, comment in rows:
+            tail = opts.get((direction, comment))
+            if tail is None:
+                tail = opts[(direction, comment)] = _epb_options(direction, comment)
+            pad = -len(data) % 4
+            n = 32 + len(data) + pad + len(tail)
+            w(pack("<IIIIIII", PCAPNG_EPB, n, 0, ts_ns >> 32, ts_ns & 0xFFFFFFFF, len(data),
+                   wire))
+            w(data)
+            w(_PAD[pad] + tail + pack("<I", n))
 
     def flush(self) -> None:
         self.f.flush()
 
     def close(self) -> None:
         self.f.close()
+
+
+def _epb_options(direction: str | None, comment: str | None) -> bytes:
+    """An enhanced packet block's options: direction (epb_flags) and comment."""
+    opts = b""
+    if direction in ("in", "out"):
+        opts += _opt(EPB_FLAGS, struct.pack("<I", EPB_IN if direction == "in" else EPB_OUT))
+    if comment:
+        opts += _opt(OPT_COMMENT, comment.encode())
+    return opts + _opt(OPT_END, b"") if opts else b""
 
 
 def _opt(code: int, value: bytes) -> bytes:
