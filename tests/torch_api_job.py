@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 import ltpx.torch as lt
 
-D, B, CLASSES = 12, 32, 3
+D, B, CLASSES = 12, 24, 3   # B divides by 2, 3, 4: equal shares of every batch
 WHOLE = {"threshold_min": 1.0, "threshold_max": 1.0, "min_deadline_s": 2.0}
 
 
@@ -66,7 +66,8 @@ def exact(set_to_none: bool) -> dict:
         ref_opt.step()
         losses.append(loss.item())
     diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
-    return {"max_diff_to_single": diff, "first_loss": losses[0], "last_loss": losses[-1],
+    return {"max_diff_to_single": diff, "first_loss": sum(losses[:5]) / 5,
+            "last_loss": sum(losses[-5:]) / 5,
             "buckets": len(opt.plan), "digest": lt.digest(model)}
 
 

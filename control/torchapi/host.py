@@ -8,8 +8,9 @@ mount lives in that private namespace only and goes with its last process.
 The host's instance cannot be bind-mounted across mount namespaces, so `ltp
 status` on the host does not see that rank's pins (it still sees the record
 under /run/ltp/xdp); a rank started by `ltp launch` or `ltp train` enters
-only the network namespace and uses the host's bpffs. In the host's own mount
-namespace a missing bpffs is mounted as `ltp doctor --fix` would.
+only the network namespace and uses the host's bpffs. Where no bpffs is
+mounted at all (the host's own mount namespace), one is mounted as `ltp
+doctor --fix` would.
 """
 from __future__ import annotations
 
@@ -63,21 +64,11 @@ def bpffs_mounted() -> bool:
         return False
 
 
-def private_mount_namespace() -> bool:
-    """True when this process's mount namespace is not the host's (pid 1's)."""
-    try:
-        return os.readlink("/proc/self/ns/mnt") != os.readlink("/proc/1/ns/mnt")
-    except OSError:
-        return False
-
-
 def ensure_bpffs() -> str | None:
     """Make /sys/fs/bpf a bpffs if it is not one (see the module docstring);
     returns what was done, or None. DataplaneError if it cannot be mounted."""
     if bpffs_mounted():
         return None
-    where = ("this rank's private mount namespace (ip netns exec remounted /sys)"
-             if private_mount_namespace() else "the host")
     try:
         os.makedirs(BPFFS, exist_ok=True)
         out = subprocess.run(["mount", "-t", "bpf", "bpf", BPFFS], capture_output=True,
@@ -89,6 +80,7 @@ def ensure_bpffs() -> str | None:
     if out.returncode != 0:
         raise DataplaneError(f"{BPFFS} is not a bpffs and `mount -t bpf` failed: "
                              f"{out.stderr.strip() or out.returncode} (needs root)")
-    note = f"ltpx: mounted bpffs on {BPFFS} in {where}"
+    note = (f"ltpx: mounted bpffs on {BPFFS}: none was mounted in this mount namespace "
+            "(`ip netns exec` hides the host's)")
     print(note, file=sys.stderr)
     return note

@@ -257,6 +257,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for b in self.plan.buckets:
             b.apply(self.answer_t)
         self.steps += 1
+        rep.step = self.steps     # this optimizer's step (the server counts every step op)
         self.note(rep)
         self.synced = True
         if self.steps == 1:

@@ -113,10 +113,10 @@ class Server:
             self.pre, self.pending = [], {}     # a new endpoint: nothing is open on it
         if len(self.answer) < op.down_elems(self.W):
             self.answer = np.zeros(op.down_elems(self.W), dtype=np.float32)
-        if npre == 0:
+        if npre == 0:    # the op is not the one opened ahead for
             for r in self.pre:
                 self.link.cancel(r)
-            self.pre = []
+        self.pre = []
         ws = op.participants(self.W)
         if op.kind == STEP:
             self.link.configure(op.bubble, op.early_close)

@@ -1,0 +1,125 @@
+"""ltpx.torch over LTP on a rig: `ltp launch` of the examples and of the API's
+cases, a failing rank, and the documented torchrun command run inside rig
+namespaces with `ltp rig exec` (which runs it under `ip netns exec`, where
+the ranks must mount their own bpffs).
+
+One 3-worker native-mode rig serves every test (`ltp launch --rig` uses an
+existing rig and leaves it). Each test starts a server and 2-3 workers
+(torch import and a bcc compile each): 25-45 s apiece on 2 cores.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import requires_bpf
+from test_torch_api import check_cases
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+RIG = "i14launch"
+
+pytestmark = [requires_bpf, pytest.mark.rig]
+
+
+@pytest.fixture(scope="module")
+def rig():
+    from ltpx.control.training.onrig import rig_config
+    from ltpx.dataplane.rig.star import Rig
+    with Rig(rig_config(RIG, "ltp", workers=3, rate_bps=10**9, buffer_bytes=30_000,
+                        loss=0.0)) as r:
+        yield r
+
+
+def launch(workers: int, *cmd: str, flags: tuple = (), timeout: float = 240) -> tuple[int, dict, str]:
+    """`ltp launch -j` on the test rig: (exit code, JSON summary, stderr)."""
+    out = subprocess.run([str(BIN / "ltp"), "launch", "--rig", RIG, "--workers", str(workers),
+                          *flags, "-j", "--", *cmd], capture_output=True, text=True,
+                         timeout=timeout, cwd=ROOT)
+    assert out.stdout.strip(), out.stderr[-3000:]
+    return out.returncode, json.loads(out.stdout), out.stderr
+
+
+def worker_results(summary: dict) -> list[dict]:
+    return [r["last_json"] for r in summary["ranks"] if r["role"] == "worker"]
+
+
+def test_digits_cnn_example_learns_with_identical_replicas(rig):
+    rc, s, err = launch(3, "python", "docs/examples/digits_cnn.py")
+    assert rc == 0 and s["exit_code"] == 0, err[-3000:]
+    assert [r["label"] for r in s["ranks"]] == ["s0", "w0", "w1", "w2"]
+    assert s["rig"]["name"] == RIG and s["rig"]["kept"]          # it was there before
+    res = worker_results(s)
+    assert all(r["accuracy"] >= 0.95 for r in res), [r["accuracy"] for r in res]
+    assert len({r["digest"] for r in res}) == 1
+    assert all(r["wall_s"] > 0 and r["exit_code"] == 0 for r in s["ranks"])
+    assert "[w0] " in err                                          # rank-prefixed output
+
+
+def test_big_model_example_in_several_buckets(rig):
+    rc, s, err = launch(2, "python", "docs/examples/big_model.py")
+    assert rc == 0, err[-3000:]
+    res = worker_results(s)
+    assert res[0]["params"] >= 4_000_000 and len(res[0]["buckets"]) >= 3
+    assert all(r["accuracy"] >= 0.95 for r in res), [r["accuracy"] for r in res]
+    assert len({r["digest"] for r in res}) == 1
+
+
+def test_api_cases_over_ltp_and_a_wholly_filled_round_warns(rig):
+    rc, s, err = launch(3, "python", "tests/torch_api_job.py",
+                        "set_to_none,fp16,bf16,unused,filled")
+    assert rc == 0, err[-3000:]
+    res = worker_results(s)
+    check_cases(res)
+    f = [r["cases"]["filled"] for r in res]
+    # worker 1 slept 2 s inside backward at step 3, between its two buckets
+    assert f[0]["buckets"] == 2
+    assert f[0]["step3"]["wholly_filled"]["1"] == 1 and 1 in f[0]["step3"]["missing_workers"]
+    assert f[0]["step3"]["early_closed"] and f[0]["total"] >= 1
+    assert f[0]["warnings"] >= 1 and f[1]["warnings"] >= 1      # worker 0 and the one filled
+    assert "FilledWarning" in err and "worker(s) [1]" in err
+
+
+def test_a_failing_rank_fails_the_launch_and_the_rest_are_stopped(rig, tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import ltpx.torch as lt\nlt.init()\n"
+                      "if lt.rank() == 1:\n    raise RuntimeError('worker 1 breaks')\n"
+                      "lt.shutdown()\n")
+    rc, s, err = launch(2, "python", str(script), flags=("--grace", "1"))
+    assert rc == 1 and s["exit_code"] == 1
+    by = {r["label"]: r for r in s["ranks"]}
+    assert by["w1"]["exit_code"] == 1 and not by["w1"]["killed"]
+    assert "[w1] RuntimeError: worker 1 breaks" in err
+    # the others wait at the shutdown barrier for a worker that is gone: stopped
+    assert by["w0"]["killed"] and by["s0"]["killed"]
+
+
+def test_documented_torchrun_command_inside_rig_namespaces(rig):
+    # README / docs/training.md, as written, one command per host, each through
+    # `ltp rig exec` (ip netns exec: a fresh /sys without bpffs)
+    hosts = [rig.ps, *rig.workers[:2]]
+    procs = [subprocess.Popen(
+        [str(BIN / "ltp"), "rig", "exec", "--name", RIG, h.name, "--",
+         str(BIN / "torchrun"), "--nnodes", "3", "--nproc-per-node", "1", "--node-rank", str(r),
+         "--master-addr", rig.ps.ip, "--master-port", "29531",
+         "-m", "ltpx.control.training", "--transport", "ltp", "--dev", h.ifname,
+         "--capacity", "1e9", "--epochs", "1", "--seed", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r, h in enumerate(hosts)]
+    try:
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    result = json.loads(outs[1][0].strip().splitlines()[-1])     # worker 0 reports
+    assert result["event"] == "result" and result["transport"] == "ltp"
+    assert result["replicas_identical"] and result["workers"] == 2
+    assert result["final_train_loss"] < result["initial_train_loss"]
+    assert "mounted bpffs" in outs[0][1]                          # it was hidden, and mounted
