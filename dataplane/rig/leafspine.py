@@ -181,6 +181,7 @@ class LeafSpine(RigBase):
                 idx = netlink.add_veth(ipr, h.port, mtu=c.mtu, peer=h.ifname, peer_ns=h.netns,
                                        peer_mac=h.mac, mac=port_mac(h))
                 ipr.link("set", index=idx, master=br, state="up")
+                netlink.no_udp_gso(leaf_ns(c.name, i), h.port)
                 netlink.static_neighbour(ipr, br, h.ip, h.mac)
             for lk in (lk for lk in self.links if lk.kind == "L" and lk.a == i):
                 peer = self._peer(lk)

@@ -70,6 +70,24 @@ def add_veth(ipr, ifname: str, *, mtu: int, peer: str, peer_ns: str, peer_mac: s
     return ipr.link_lookup(ifname=ifname)[0]
 
 
+def no_udp_gso(ns: str, ifname: str) -> None:
+    """Turn off UDP segmentation offload on `ifname`: a UDP GSO batch leaving
+    through it is cut into its datagrams here, as a NIC would before the
+    wire. Switch ports facing hosts need it: a veth otherwise hands the whole
+    batch to the host, whose generic-mode (skb) XDP program sees one
+    oversized frame. (With a native-mode program the kernel already clears
+    the feature on the peer.) TCP segmentation offload stays on."""
+    from pyroute2.ethtool import Ethtool
+    with netns.inside(ns):
+        et = Ethtool()
+        try:
+            feats = et.get_features(ifname)
+            feats.features["tx-udp-segmentation"].enable = False
+            et.set_features(ifname, feats)
+        finally:
+            et.close()
+
+
 def address_up(ipr, ifname: str, ip: str, prefixlen: int, **addr: Any) -> int:
     """Give `ifname` the address ip/prefixlen (extra keywords go to the
     address, e.g. broadcast=), bring it up; returns its ifindex."""

@@ -201,6 +201,7 @@ class Rig(RigBase):
                 idx = ports[h.port] = netlink.add_veth(sw, h.port, mtu=cfg.mtu, peer=h.ifname,
                                                        peer_ns=h.netns, peer_mac=h.mac)
                 sw.link("set", index=idx, master=br, state="up")
+                netlink.no_udp_gso(self.switch_ns, h.port)
                 # static FDB: frames to a host never flood, even before it talked
                 sw.fdb("add", ifindex=idx, lladdr=h.mac, state=NUD_NOARP)
             sw.link("set", index=br, state="up")
