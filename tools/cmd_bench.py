@@ -3,6 +3,7 @@
   ltp bench xdp [-j] [--packets N]   ns per packet: XDP DATA path vs a socket loop
   ltp bench incast [...]             LTP vs TCP cubic/BBR vs the line-rate limit
   ltp bench paths [-j] [--trials 10] two jobs over a leaf-spine: ECMP vs pinned paths
+  ltp bench soak --minutes M [-j]    ltp train for M minutes: do RSS, fds, BPF objects stay flat?
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def register(sub) -> None:
     x.set_defaults(func=cmd_xdp)
     _register_incast(bsub)
     _register_paths(bsub)
+    _register_soak(bsub)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
@@ -85,6 +87,68 @@ def _register_paths(bsub) -> None:
     add_buffer(pa, "60kb", note="per leaf-spine link")
     add_json(pa)
     pa.set_defaults(func=cmd_paths)
+
+
+SOAK_EPILOG = """examples:
+  sudo ltp bench soak --minutes 10
+  sudo ltp bench soak --minutes 2 --workers 2 --sample-s 5 -j
+  sudo ltp bench soak --minutes 30 --loss 0.01 --warmup-s 120
+
+Runs `ltp train` (LTP, --loss on every rig port, far more iterations than it
+can run) on a rig of its own for M minutes and stops it with SIGTERM; every
+SAMPLE_S seconds reads each of its processes (ltp train and every rank) for
+RSS and open fds, the BPF programs and maps the job holds and the machine
+has, and the LTP records. Exit 0 when flat: RSS growth <= 5 % per process
+from the first sample after warm-up to the end, fds and the job's BPF objects
+constant, and nothing of the job left after it (BPF objects, records, rig,
+processes); exit 1 naming what grew. A line per sample on stderr. JSON keys:
+flat, grew, notes, processes, rss_kb, fds, bpf, records, leftovers, job,
+config, series.
+"""
+
+
+def _register_soak(bsub) -> None:
+    s = add_command(bsub, "soak", "ltp train for M minutes: RSS, fds, BPF objects and records "
+                    "stay flat?", epilog=SOAK_EPILOG)
+    s.add_argument("--minutes", type=float, default=10.0, help="length of the soak (default 10)")
+    add_workers(s, 4)
+    add_loss(s, "0.05")
+    s.add_argument("--sample-s", type=float, default=10.0,
+                   help="seconds between samples (default 10)")
+    s.add_argument("--warmup-s", type=float, default=None,
+                   help="seconds after every rank is up before judging starts (default: 10 %% "
+                   "of the soak, at most 60)")
+    s.add_argument("--name", default=None, help="name of the rig the job builds (default "
+                   "soak<pid>; must not exist)")
+    add_json(s)
+    s.set_defaults(func=cmd_soak)
+
+
+def cmd_soak(args) -> int:
+    if not (0 < args.minutes <= 24 * 60):
+        raise UsageError(f"--minutes: must be in (0, 1440], got {args.minutes:g}")
+    if not (0.5 <= args.sample_s <= args.minutes * 60):
+        raise UsageError(f"--sample-s: must be in 0.5..the soak's {args.minutes * 60:g} s, "
+                         f"got {args.sample_s:g}")
+    if args.warmup_s is not None and not 0 <= args.warmup_s < args.minutes * 60:
+        raise UsageError(f"--warmup-s: must be in [0, the soak's {args.minutes * 60:g} s), "
+                         f"got {args.warmup_s:g}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
+    from ..dataplane.rig.base import NAME_RE
+    if args.name is not None and not NAME_RE.match(args.name):
+        raise UsageError(f"--name: a-z 0-9 _ up to 12 characters, got {args.name!r}")
+    loss = check_loss(args.loss)
+    need_root("ltp bench soak")
+    need_bcc()
+    from ..control.bench import soak
+    cfg = soak.SoakConfig(minutes=args.minutes, workers=args.workers, loss=loss,
+                          sample_s=args.sample_s, warmup_s=args.warmup_s, name=args.name or "")
+    res = soak.run(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    emit(args, res, soak.table)
+    if not res["flat"] and wants_json(args):
+        print(f"ltp: soak not flat: {'; '.join(res['grew'])}", file=sys.stderr)
+    return 0 if res["flat"] else 1
 
 
 def cmd_paths(args) -> None:
