@@ -23,6 +23,8 @@ who holds the objects (procscan.holders), not by the count alone.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -194,7 +196,8 @@ class Soak:
         procs = [tr for key, tr in self.tracks.items()
                  if procscan.process_start(key[0]) == key[1]]
         for tr in procs:
-            os.kill(tr.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(tr.pid, signal.SIGKILL)
         rig = Rig.exists(self.cfg.name)
         if rig:
             Rig.destroy(self.cfg.name)
@@ -212,9 +215,21 @@ class Soak:
             time.sleep(0.2)
 
     def _tail(self, lines: int = 3) -> str:
+        """What the job said last: its -j error object's message if it printed
+        one, else its last lines without the progress bar."""
         self.log.seek(0)
-        text = self.log.read().decode(errors="replace").strip().splitlines()
-        return " | ".join(ln.strip() for ln in text[-lines:]) or "(no output)"
+        text = [ln.strip() for ln in self.log.read().decode(errors="replace").splitlines()
+                if ln.strip()]
+        for ln in reversed(text):
+            if ln.startswith("{"):
+                try:
+                    msg = json.loads(ln)
+                except ValueError:
+                    continue
+                if isinstance(msg, dict) and "error" in msg:
+                    return str(msg["error"])
+        return " | ".join([ln for ln in text if "\u2501" not in ln][-lines:])[-400:] \
+            or "(no output)"
 
     # ---- the report
     def _report(self, rest: dict, after: dict, left: dict) -> dict:
