@@ -101,6 +101,7 @@ def test_short_soak_reports_the_real_job():
     train = [p for p in rep["processes"] if p["label"] == "ltp train"]
     assert len(train) == 1 and train[0]["pid"] == rep["job"]["pid"]
     assert rep["job"]["stopped_by"] == "SIGTERM" and rep["job"]["restarts"] == 0
+    assert 0 < rep["job"]["stop_s"] < 60 and rep["job"]["exit_code"] == 128 + signal.SIGTERM
     assert rep["job"]["end_s"] >= 0.4 * 60 - 1         # the job ran the whole soak
 
     # one sample a second (progress lines on stderr too), the judged ones after warm-up

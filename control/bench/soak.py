@@ -96,6 +96,7 @@ class Soak:
         self.ever_maps: set[int] = set()
         self.ready_s: float | None = None
         self.stopped_by = None
+        self.stop_s: float | None = None     # SIGTERM to the job's exit
         self.t0 = 0.0
 
     # ---- running
@@ -180,6 +181,7 @@ class Soak:
     def _terminate(self) -> None:
         if self.job is None or self.job.poll() is not None:
             return
+        t = time.monotonic()
         self.job.send_signal(signal.SIGTERM)
         self.stopped_by = "SIGTERM"
         try:
@@ -188,6 +190,7 @@ class Soak:
             self.job.kill()
             self.job.wait()
             self.stopped_by = "SIGKILL"
+        self.stop_s = round(time.monotonic() - t, 2)
 
     def _cleanup(self) -> dict:
         """Stop the job if it still runs (Ctrl-C, an error), then note and
@@ -257,6 +260,7 @@ class Soak:
                        "rss_growth_limit_pct": RSS_GROWTH_LIMIT_PCT},
             "job": {"argv": cfg.train_argv()[1:], "pid": self.job.pid,
                     "exit_code": self.job.returncode, "stopped_by": self.stopped_by,
+                    "stop_s": self.stop_s,
                     "restarts": 0, "ready_s": self.ready_s, "start_s": t_start,
                     "end_s": judged[-1]["t"]},
             "samples": len(self.series), "samples_judged": len(judged),
@@ -385,7 +389,7 @@ def table(rep: dict) -> str:
     lines = [f"ltp bench soak: {c['minutes']:g} min of ltp train, {c['workers']} workers, loss "
              f"{c['loss']:g}; ready at {j['ready_s']:.0f} s, judged from {j['start_s']:.0f} s "
              f"to {j['end_s']:.0f} s ({rep['samples_judged']} of {rep['samples']} samples); "
-             f"stopped by {j['stopped_by']} (exit {j['exit_code']})", "",
+             f"stopped by {j['stopped_by']} in {j['stop_s']:.1f} s (exit {j['exit_code']})", "",
              f"{'process':<16} {'pid':>7} {'RSS MiB start':>14} {'end':>8} {'max':>8} "
              f"{'growth':>8} {'fds start':>10} {'end':>5} {'max':>5}"]
     for p in rep["processes"]:
