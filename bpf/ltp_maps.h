@@ -47,6 +47,8 @@ enum ltp_counter {
 	LTP_C_DUP,             /* chunk already delivered: not rewritten, re-ACKed */
 	LTP_C_ACK_STALE,       /* ACK for a round this sender is not sending */
 	LTP_C_ACK_FAIL,        /* could not build the ACK (tail adjust failed) */
+	LTP_C_BAD_TOKEN,       /* DATA or ACK whose token is not its round's: a spoof, or a peer
+	                          with another secret; never written, never ACKed */
 	LTP_C_MAX,
 };
 
@@ -67,6 +69,7 @@ struct ltp_bank {
 	__u32 state;           /* LTP_BANK_* */
 	__u32 nchunks;         /* chunk count of the buffer */
 	__u32 last_len;        /* payload bytes of the last chunk */
+	__be64 token;          /* the round's token as DATA carries it (network order) */
 };
 
 struct ltp_bitmap {
@@ -145,6 +148,7 @@ struct ltp_tx {
 	__u32 closed;          /* 1 once an ACK said the receiver closed the round */
 	__u32 rate_kbps;       /* latest advertised rate */
 	__u32 acked;           /* distinct chunks acked */
+	__be64 token;          /* the round's token as its ACKs carry it (network order) */
 };
 
 /* Capture at the NIC (`ltp capture`, dataplane/xdp/capring.py). While
@@ -157,9 +161,9 @@ struct ltp_tx {
 #define LTP_CAP_RING_PAGES 2048  /* ring buffer pages (power of 2): 8 MiB */
 #endif
 #define LTP_CAP_HDR_LEN  24      /* bytes of struct ltp_cap_rec before the frame */
-/* largest frame a record holds: eth + ip + udp + ltp headers (74 bytes) and
+/* largest frame a record holds: eth + ip + udp + ltp headers (82 bytes) and
  * a chunk, rounded up to 8; longer frames are cut (wire_len keeps their size) */
-#define LTP_CAP_FRAME_MAX (LTP_CHUNK_BYTES + 80)
+#define LTP_CAP_FRAME_MAX (LTP_CHUNK_BYTES + ((14 + 20 + 8 + LTP_HDR_LEN + 7) & ~7))
 
 /* ltp_capcfg.flags: which filters apply, and whether to record XDP_TX frames */
 #define LTP_CAP_F_JOB    1       /* only frames whose header names job */

@@ -13,7 +13,7 @@
 #define LTP_WIRE_H
 
 #define LTP_MAGIC        0x4C54 /* "LT" */
-#define LTP_VERSION      1
+#define LTP_VERSION      2      /* 2: the round token (struct ltp_hdr.token) */
 #ifndef LTP_PORT
 #define LTP_PORT         7410   /* UDP port a receiver listens on */
 #endif
@@ -52,8 +52,15 @@ struct ltp_hdr {
 	__u8   state;    /* ACK: receiver's round state LTP_RS_*; DATA: 0 */
 	__u8   pad;      /* zero */
 	__be32 rate;     /* ACK: advertised send rate for this worker, kbit/s (0 = none) */
+	__be64 token;    /* the round's token, derived by the members from the job's secret:
+	                    a receiver drops DATA, a sender ACKs, whose token is not the one its
+	                    control plane set for that round (ltp_banks, ltp_tx), so a host off
+	                    the path cannot forge either, as TCP's sequence numbers stop blind
+	                    injection. An ACK carries its DATA's. 0: the job has no secret */
 } __attribute__((packed));
 
-#define LTP_HDR_LEN      32
+/* A multiple of 8; with a 1424-byte chunk a frame is 20 + 8 + 40 + 1424 = 1492
+ * IP bytes, inside a 1500-byte MTU. */
+#define LTP_HDR_LEN      40
 
 #endif /* LTP_WIRE_H */

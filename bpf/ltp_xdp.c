@@ -7,6 +7,8 @@
  *          for this host's own worker id (ltp_cfg.self_*).
  * ACK   -> record the chunk as acknowledged for the sender (ltp_acked,
  *          ltp_tx) and XDP_DROP.
+ * Both must carry the round's token (ltp_hdr.token, set per round by the
+ * control plane in ltp_banks and ltp_tx); others are dropped as bad_token.
  * other -> XDP_PASS untouched (LTP control types are passed up too).
  *
  * While `ltp capture` has switched capture on (ltp_capcfg), each LTP frame
@@ -200,6 +202,10 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 		st->stale += 1;
 		return drop(LTP_C_STALE, h);
 	}
+	/* Before anything is written or ACKed, closed rounds included: without
+	 * the round's token a packet is a spoof (or from another secret). */
+	if (h->token != b->token)
+		return drop(LTP_C_BAD_TOKEN, h);
 	if (b->state != LTP_BANK_OPEN) {
 		/* Late for a closed round: never written, but ACKed CLOSED so the
 		 * sender stops at once. */
@@ -293,6 +299,10 @@ static __always_inline int on_ack(struct ltp_hdr *h)
 		st->acks_stale += 1;
 		return drop(LTP_C_ACK_STALE, h);
 	}
+	/* Only an ACK built from our own DATA carries the token: a spoofed one
+	 * neither closes the round nor marks a chunk nor sets the rate. */
+	if (h->token != tx->token)
+		return drop(LTP_C_BAD_TOKEN, h);
 	if (h->state == LTP_RS_CLOSED)
 		tx->closed = 1;
 	tx->rate_kbps = bpf_ntohl(h->rate);

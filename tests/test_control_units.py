@@ -158,7 +158,7 @@ def test_vectorised_headers_match_the_wire_packer():
     flags = np.array([W.F_CRITICAL, 0, W.F_LAST], dtype=np.uint16)
     h = data_headers(7, 70000, 513, 3, flags, lay)
     for c in range(3):
-        assert bytes(h[c * 32:(c + 1) * 32]) == W.pack_header(
+        assert bytes(h[c * W.HDR_LEN:(c + 1) * W.HDR_LEN]) == W.pack_header(
             worker=513, job=7, round=70000, chunk=c, nchunks=3, length=lay.chunk_len(c),
             flags=int(flags[c]))
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import requires_bpf
 from ltpx.control.transport.early_close import EarlyClose, EarlyCloseConfig
 from ltpx.control.transport.layout import ChunkLayout
-from ltpx.control.transport import Peer
+from ltpx.control.transport import Peer, tokens
 from ltpx.dataplane.xdp import wire as W
 
 pytestmark = requires_bpf
@@ -159,7 +159,8 @@ def test_late_packets_never_touch_the_next_round(rig, lossless):
     try:
         sock.bind((host.ip, 0))
         late = W.pack_header(worker=host.index, job=cl.ps.job, round=r, chunk=0,
-                             nchunks=res.layout.nchunks, length=cl.chunk_bytes)
+                             nchunks=res.layout.nchunks, length=cl.chunk_bytes,
+                             token=tokens.derive(cl.secret, cl.ps.job, r))
         late += b"\xff" * cl.chunk_bytes
         before = cl.ps.counters()
         sock.sendto(late, (rig.ps.ip, W.PORT))  # round r closed, bank still holds it

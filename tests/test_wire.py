@@ -68,7 +68,7 @@ def test_scapy_fills_length_and_dissects():
 
 
 def test_unpack_rejects_short_input():
-    with pytest.raises(ValueError, match="32 bytes"):
+    with pytest.raises(ValueError, match=f"{W.HDR_LEN} bytes"):
         W.unpack_header(b"\0" * 10)
 
 

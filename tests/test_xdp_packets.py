@@ -3,7 +3,9 @@
 A table of (description, input packet, expected verdict, expected counter
 changes, extra check) run on the real program. Before each case the receiver
 holds round 4 in bank 0 and round 5 in bank 1, both open, 4 chunks each, with
-workers 3 -> slot 1 and 9 -> slot 2 known; job cookie 7.
+workers 3 -> slot 1 and 9 -> slot 2 known; job cookie 7. Every round's token
+is derived from SECRET, as an endpoint's are; packets carry their round's
+token unless a case says otherwise.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from scapy.layers.l2 import ARP
 from scapy.packet import Raw
 
 from conftest import requires_bpf
+from ltpx.control.transport import tokens
 from ltpx.dataplane.xdp import wire as W
 from ltpx.dataplane.xdp.testrun import XDP_DROP, XDP_PASS, XDP_TX, run_xdp
 
@@ -29,6 +32,13 @@ LAST = 8  # bytes in the last chunk (chunk 3)
 NCHUNKS = 4
 WORKER_MAC, PS_MAC = "02:00:00:00:00:0a", "02:00:00:00:00:01"
 WORKER_IP, PS_IP = "198.18.0.10", "198.18.0.1"
+SECRET = bytes(range(16))
+ACK_LEN = 14 + 20 + 8 + W.HDR_LEN  # an ACK frame: headers only
+
+
+def tok(round_: int) -> int:
+    """The token of round_ of this job."""
+    return tokens.derive(SECRET, JOB, round_)
 
 
 def payload(n: int, seed: float = 0.0) -> bytes:
@@ -36,20 +46,22 @@ def payload(n: int, seed: float = 0.0) -> bytes:
 
 
 def data(worker=3, round_=5, chunk=1, nchunks=NCHUNKS, job=JOB, body=None, seed=0.0,
-         sport=40000, dport=W.PORT, **ltp) -> Ether:
+         sport=40000, dport=W.PORT, token=None, **ltp) -> Ether:
     if body is None:
         body = payload(LAST if chunk == nchunks - 1 else CHUNK, seed)
     return (Ether(src=WORKER_MAC, dst=PS_MAC) / IP(src=WORKER_IP, dst=PS_IP, id=99) /
             UDP(sport=sport, dport=dport) /
-            W.LTP(worker=worker, job=job, round=round_, chunk=chunk, nchunks=nchunks, **ltp) /
+            W.LTP(worker=worker, job=job, round=round_, chunk=chunk, nchunks=nchunks,
+                  token=tok(round_) if token is None else token, **ltp) /
             Raw(body))
 
 
-def ack(worker=3, round_=9, chunk=2, state=W.RS_OPEN, rate=0, flags=0) -> Ether:
+def ack(worker=3, round_=9, chunk=2, state=W.RS_OPEN, rate=0, flags=0, token=None) -> Ether:
     return (Ether(src=PS_MAC, dst=WORKER_MAC) / IP(src=PS_IP, dst=WORKER_IP) /
             UDP(sport=W.PORT, dport=40000) /
             W.LTP(type=W.T_ACK, worker=worker, job=JOB, round=round_, chunk=chunk,
-                  nchunks=NCHUNKS, state=state, rate=rate, flags=flags, len=0))
+                  nchunks=NCHUNKS, state=state, rate=rate, flags=flags, len=0,
+                  token=tok(round_) if token is None else token))
 
 
 def expected_ack(pkt: Ether, state=W.RS_OPEN, flags=0, rate=0) -> Ether:
@@ -60,7 +72,7 @@ def expected_ack(pkt: Ether, state=W.RS_OPEN, flags=0, rate=0) -> Ether:
             UDP(sport=udp.dport, dport=udp.sport) /
             W.LTP(type=W.T_ACK, flags=int(ltp.flags) | flags, worker=ltp.worker, job=ltp.job,
                   round=ltp.round, chunk=ltp.chunk, nchunks=ltp.nchunks, len=0, state=state,
-                  rate=rate))
+                  rate=rate, token=ltp.token))
 
 
 @dataclass
@@ -82,13 +94,23 @@ def dp(small_geometry):
         yield d
 
 
+def open_bank(m, round_, nchunks=NCHUNKS, last_len=LAST, **kw):
+    """Open round_ as a receiving endpoint does: with its token."""
+    return m.open_bank(round_, nchunks, last_len, token=tok(round_), **kw)
+
+
+def standard(m):
+    """The set-up every case starts from (see the module's docstring)."""
+    m.mem_bytes[:] = 0
+    open_bank(m, 4)
+    open_bank(m, 5)
+    m.set_rate(1, 0)
+
+
 @pytest.fixture
 def maps(dp):
     m = dp.maps()
-    m.mem_bytes[:] = 0
-    m.open_bank(4, NCHUNKS, LAST)
-    m.open_bank(5, NCHUNKS, LAST)
-    m.set_rate(1, 0)
+    standard(m)
     return m
 
 
@@ -152,12 +174,24 @@ def ack_recorded(closed=False, rate=0):
     return check
 
 
+def tx_untouched(m, res, pkt):
+    """The sender's state of round 9 is as tx_start left it."""
+    tx = m.tx_state(9, 1)
+    assert (tx["round"], tx["closed"], tx["rate_kbps"], tx["acked"]) == (9, 0, 0, 0)
+    assert not m.acked.any()
+
+
+def acks_with_token(m, res, pkt):
+    is_ack_of()(m, res, pkt)
+    assert Ether(res.data)[W.LTP].token == tok(5)
+
+
 def untouched(m, res, pkt):
     assert res.data == bytes(pkt)
 
 
 def start_tx(m):
-    m.tx_start(9, 1)
+    m.tx_start(9, 1, tok(9))
 
 
 def close_round_4(m):
@@ -228,6 +262,26 @@ CASES = [
          before=start_tx),
     Case("ACK from an unknown worker", ack(worker=4), XDP_DROP, {"unknown_worker": 1},
          before=start_tx),
+    # --- the round token: a blind spoofer knows job, round, worker and chunk, not it
+    Case("DATA with its round's token is written; its ACK carries the token", data(chunk=2),
+         XDP_TX, {"data": 1, "ack_tx": 1}, acks_with_token),
+    Case("DATA without a token: dropped, counted, memory unchanged", data(token=0), XDP_DROP,
+         {"bad_token": 1}, dropped_header_kept("bad_token")),
+    Case("DATA with one bit of the token wrong", data(token=tok(5) ^ 1 << 63), XDP_DROP,
+         {"bad_token": 1}, dropped_header_kept("bad_token")),
+    Case("DATA with another round's token (the other bank's)", data(token=tok(4)), XDP_DROP,
+         {"bad_token": 1}, dropped_header_kept("bad_token")),
+    Case("DATA of a closed round without its token: dropped, not ACKed CLOSED",
+         data(round_=4, token=0), XDP_DROP, {"bad_token": 1}, unchanged_memory,
+         before=close_round_4),
+    Case("ACK without the round's token is ignored: sender state unchanged",
+         ack(rate=5000, token=0), XDP_DROP, {"bad_token": 1}, tx_untouched, before=start_tx),
+    Case("CLOSED ACK without the round's token does not close the round",
+         ack(state=W.RS_CLOSED, token=tok(9) ^ 1), XDP_DROP, {"bad_token": 1}, tx_untouched,
+         before=start_tx),
+    Case("CLOSED ACK with another round's token does not close it",
+         ack(state=W.RS_CLOSED, token=tok(7)), XDP_DROP, {"bad_token": 1}, tx_untouched,
+         before=start_tx),
     Case("ARP passes", Ether(src=WORKER_MAC, dst="ff:ff:ff:ff:ff:ff") /
          ARP(psrc=WORKER_IP, pdst=PS_IP), XDP_PASS, {"pass": 1}, untouched),
     Case("TCP passes", Ether() / IP(src=WORKER_IP, dst=PS_IP) / TCP(dport=W.PORT) / Raw(b"x" * 40),
@@ -278,7 +332,7 @@ def test_late_packet_of_old_bank_leaves_new_round_intact(dp, maps):
     packet of round 5 must not touch round 7's memory."""
     run(dp, data(round_=5, chunk=0, seed=1.0))
     maps.close_bank(5)
-    maps.open_bank(7, NCHUNKS, LAST)
+    open_bank(maps, 7)
     run(dp, data(round_=7, chunk=0, seed=7.0))
     snapshot = maps.mem_bytes[1].copy()
     before = maps.counters()
@@ -289,6 +343,46 @@ def test_late_packet_of_old_bank_leaves_new_round_intact(dp, maps):
     assert after["stale"] - before["stale"] == 2
     assert np.array_equal(maps.mem_bytes[1], snapshot)
     assert maps.done_mask(7, 1, NCHUNKS).tolist() == [True, False, False, False]
+
+
+def test_a_spoof_first_does_not_stop_the_real_chunk(dp, maps):
+    """A spoofed copy of a chunk arriving before the real one claims nothing:
+    the real one is written (not taken for a duplicate) and the round's
+    memory holds its bytes."""
+    before = maps.counters()
+    assert run(dp, data(chunk=2, seed=666.0, token=0)).verdict == XDP_DROP
+    res = run(dp, data(chunk=2, seed=1.0))
+    after = maps.counters()
+    assert res.verdict == XDP_TX and not Ether(res.data)[W.LTP].flags.dup
+    assert maps.mem_bytes[1, 1, 2 * CHUNK:3 * CHUNK].tobytes() == payload(CHUNK, 1.0)
+    assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == \
+        {"bad_token": 1, "data": 1, "ack_tx": 1}
+    assert maps.progress[1, 1]["chunks"] == 1
+
+
+def test_a_spoofed_ack_before_the_real_one_changes_nothing(dp, maps):
+    """A spoofed CLOSED ACK, then the real OPEN ACK of the same chunk: the
+    sender's state is the real one's."""
+    start_tx(maps)
+    run(dp, ack(state=W.RS_CLOSED, chunk=2, token=0))
+    run(dp, ack(state=W.RS_OPEN, chunk=2, rate=7000))
+    ack_recorded(rate=7000)(maps, None, None)
+
+
+def test_without_a_secret_the_token_is_zero_and_still_checked(dp, maps):
+    """An endpoint without a secret opens its rounds with token 0: packets
+    with token 0 are taken (the job cookie is the only check), any other
+    token is not."""
+    maps.open_bank(5, NCHUNKS, LAST)   # token 0: no secret
+    before = maps.counters()["bad_token"]
+    assert run(dp, data(chunk=0, token=1)).verdict == XDP_DROP
+    assert run(dp, data(chunk=0, token=tok(5))).verdict == XDP_DROP
+    assert run(dp, data(chunk=0, token=0)).verdict == XDP_TX
+    assert maps.counters()["bad_token"] - before == 2
+    maps.tx_start(9, 1)
+    assert run(dp, ack(token=tok(9))).verdict == XDP_DROP and not maps.tx_state(9, 1)["acked"]
+    run(dp, ack(token=0))
+    assert maps.tx_state(9, 1)["acked"] == 1
 
 
 def test_workers_land_in_their_own_slots(dp, maps):
@@ -315,7 +409,7 @@ def test_bitmaps_of_a_geometry_with_odd_word_count():
     with Dataplane(Geometry(slots=1, max_chunks=n), job=JOB) as d:
         m = d.maps()
         m.set_peers({3: 0})
-        m.open_bank(5, n, CHUNK)
+        open_bank(m, 5, n, CHUNK)
         for c in range(n):
             pkt = data(chunk=c, nchunks=n, body=payload(CHUNK, float(c)))
             assert run(d, pkt).verdict == XDP_TX
@@ -333,24 +427,30 @@ def test_group_data_is_taken_for_the_hosts_own_id():
     self_mac, self_ip = "02:00:00:00:00:0b", "198.18.0.11"
     pkt = (Ether(src=PS_MAC, dst="ff:ff:ff:ff:ff:ff") / IP(src=PS_IP, dst="198.18.0.255", id=5) /
            UDP(sport=40000, dport=W.PORT) /
-           W.LTP(worker=0, job=JOB, round=5, chunk=1, nchunks=NCHUNKS, flags="reliable+group") /
+           W.LTP(worker=0, job=JOB, round=5, chunk=1, nchunks=NCHUNKS, flags="reliable+group",
+                 token=tok(5)) /
            Raw(payload(CHUNK, 2.0)))
     with Dataplane(Geometry(slots=2, max_chunks=64), job=JOB) as d:
         m = d.maps()
         m.set_peers({9: 1})
-        m.open_bank(5, NCHUNKS, LAST)
+        open_bank(m, 5)
         res = run(d, pkt)
         assert res.verdict == XDP_DROP and m.counters()["unknown_worker"] == 1
         assert not m.done.any()
         m.set_self(9, self_ip, self_mac)
         m.set_job(JOB)  # keeps the identity
+        spoof = pkt.copy()
+        spoof[W.LTP].token = tok(6)  # another round's: the group's token is the round's
+        assert run(d, spoof).verdict == XDP_DROP and m.counters()["bad_token"] == 1
+        assert not m.done.any() and not m.claim.any()
         res = run(d, pkt)
         assert res.verdict == XDP_TX
         assert m.done_mask(5, 1, NCHUNKS).tolist() == [False, True, False, False]
         assert m.mem_bytes[1, 1, CHUNK:2 * CHUNK].tobytes() == payload(CHUNK, 2.0)
         got = Ether(res.data)
         assert (got.src, got.dst, got[IP].src, got[IP].dst) == (self_mac, PS_MAC, self_ip, PS_IP)
-        assert (got[W.LTP].type, got[W.LTP].worker, got[W.LTP].chunk) == (W.T_ACK, 9, 1)
+        assert (got[W.LTP].type, got[W.LTP].worker, got[W.LTP].chunk, got[W.LTP].token) == \
+            (W.T_ACK, 9, 1, tok(5))
         del got[IP].chksum, got[UDP].chksum  # scapy recomputes both and agrees
         assert bytes(Ether(bytes(got))) == res.data
         with pytest.raises(ValueError, match="MAC"):
@@ -362,7 +462,7 @@ def test_ack_divides_the_share_among_unfinished_flows(dp, maps):
     finished): a flow's last chunk takes it off the count at once (the ACK of
     that very chunk already says so), duplicates change nothing, and the
     per-slot rate is not used."""
-    maps.open_bank(5, NCHUNKS, LAST, share_kbps=900_000, flows=2)
+    open_bank(maps, 5, share_kbps=900_000, flows=2)
     maps.set_rate(1, 1234)  # ignored while the bank has a share
 
     def rate_of(res):
@@ -382,7 +482,7 @@ def test_ack_divides_the_share_among_unfinished_flows(dp, maps):
     assert maps.active_flows(5) == 1
     maps.set_share(5, 0)  # no share: back to the per-slot rate
     assert rate_of(run(dp, data(worker=3, chunk=2))) == 1234
-    maps.open_bank(5, NCHUNKS, LAST, share_kbps=900_000, flows=2)  # the next round
+    open_bank(maps, 5, share_kbps=900_000, flows=2)  # the next round
     assert maps.active_flows(5) == 2
     assert rate_of(run(dp, data(worker=3, chunk=0))) == 450_000
 
@@ -434,11 +534,11 @@ CAP_CASES = [
     CapCase("snaplen cuts the snapshot (wire length kept)", data(), {"snaplen": 100},
             [("in", XDP_TX, 100)]),
     CapCase("tx: the ACK the program sent follows its DATA", data(), {"filters": ["tx"]},
-            [("in", XDP_TX, FULL), ("out", XDP_TX, 74)]),
+            [("in", XDP_TX, FULL), ("out", XDP_TX, ACK_LEN)]),
     CapCase("a dropped frame is recorded with XDP_DROP", data(magic=0x1234), {},
             [("in", XDP_DROP, FULL)]),
     CapCase("an ACK coming in is recorded (XDP_DROP: consumed)", ack(), {},
-            [("in", XDP_DROP, 74)]),
+            [("in", XDP_DROP, ACK_LEN)]),
     CapCase("a control frame is recorded with XDP_PASS", data(type=W.T_CTRL_MIN), {},
             [("in", XDP_PASS, FULL)]),
     CapCase("a frame that is not LTP is not recorded",
@@ -480,12 +580,6 @@ def test_capture_table(dp, maps, ring, case):
     assert maps.counters() != before or not case.records
 
 
-def _fresh(m):
-    """The standard set-up of the `maps` fixture, again."""
-    m.mem_bytes[:] = 0
-    m.open_bank(4, NCHUNKS, LAST)
-    m.open_bank(5, NCHUNKS, LAST)
-    m.set_rate(1, 0)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.desc for c in CASES])
@@ -495,7 +589,7 @@ def test_capture_changes_no_verdict_byte_or_counter(dp, maps, ring, case):
     cm, r = ring
     outcomes = []
     for on in (False, True):
-        _fresh(maps)
+        standard(maps)
         if case.before:
             case.before(maps)
         if on:

@@ -26,6 +26,7 @@ from ...dataplane.xdp import wire as W
 from ..transport.early_close import EarlyCloseConfig
 from ..transport.rate import quiet_gc
 from ..transport.endpoint import Endpoint, Peer, PushReport, RoundResult
+from ..transport.tokens import new_secret
 
 
 def worker_tensor(seed: int, worker: int, round_: int, nelems: int) -> np.ndarray:
@@ -84,11 +85,14 @@ class LtpCluster:
         self.ids = [h.index for h in hosts]
         self.max_elems = max_elems
         # The largest chunk a frame of the rig's MTU carries (whole float64 pairs).
-        self.chunk_bytes = chunk_bytes or (cfg.mtu - 20 - 8 - 32) // 8 * 8
+        self.chunk_bytes = chunk_bytes or (cfg.mtu - 20 - 8 - W.HDR_LEN) // 8 * 8
+        # a fresh job secret per cluster: its rounds carry tokens, as training's do
+        self.secret = new_secret()
         self.ps = Endpoint(rig.ps.ifname, rig.ps.ip, {w: i for i, w in enumerate(self.ids)},
                            max_elems, ns=rig.ps.netns, mode=self.mode, job=job,
                            capacity_bps=self.capacity, bubble_strategy=bubble,
-                           early_close=early_close, chunk_bytes=self.chunk_bytes)
+                           early_close=early_close, chunk_bytes=self.chunk_bytes,
+                           secret=self.secret)
         self.procs: list[WorkerProc] = []
         try:
             for h in hosts:
@@ -97,7 +101,8 @@ class LtpCluster:
                     "--job", str(job),
                     "--max-elems", str(max_elems), "--mode", self.mode,
                     "--capacity", str(self.capacity), "--ps-ip", rig.ps.ip,
-                    "--workers", str(len(hosts)), "--chunk-bytes", str(self.chunk_bytes)]))
+                    "--workers", str(len(hosts)), "--chunk-bytes", str(self.chunk_bytes),
+                    "--secret", self.secret.hex()]))
             for p in self.procs:
                 p.recv(timeout=120)  # "ready": program compiled and attached
             if warmup:  # round 0, not reported: first-touch and first-call costs

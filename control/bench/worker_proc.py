@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ps-ip", required=True)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--chunk-bytes", type=int, default=1424)
+    ap.add_argument("--secret", type=bytes.fromhex, default=None, help="the job secret, hex")
     a = ap.parse_args(argv)
 
     out = sys.stdout
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, ns=a.netns, mode=a.mode, job=a.job,
                       capacity_bps=a.capacity, initial_rate_bps=a.capacity / a.workers,
-                      chunk_bytes=a.chunk_bytes, self_id=a.id)
+                      chunk_bytes=a.chunk_bytes, self_id=a.id, secret=a.secret)
     except Exception as e:  # report, then exit
         reply({"error": f"endpoint: {e}"})
         return 1

@@ -32,6 +32,7 @@ from .rate import SharePolicy, fine_timer_slack
 from .receiver import Receiver
 from .results import Peer, PushReport, RoundResult
 from .sender import Push, Sender
+from .tokens import RoundTokens
 
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
@@ -75,6 +76,12 @@ class Endpoint:
     role: "ps" or "worker", as `ltp status` lists this endpoint; by default a
     worker when self_id is given (workers name themselves), else a PS. Never
     from the peer count: a PS with one worker has one peer, as a worker does.
+    secret: the job's secret (16..64 bytes, `tokens.new_secret()`), the same
+    on every member of the job: each round's DATA and ACKs carry a token
+    derived from it, and the XDP program drops packets without it
+    (`bad_token`), so a host off the path cannot forge them. Without one the
+    tokens are 0 and only the job cookie is checked (`protected` is False;
+    the first such endpoint of a process warns: tokens.UnprotectedWarning).
     force: take `dev` even if it carries an XDP program (another endpoint's,
     `ltp load`'s, anyone's). Without it such a device is refused at once,
     before compiling, with an error naming what holds it.
@@ -90,7 +97,8 @@ class Endpoint:
                  capacity_bps: float = 1e9, chunk_bytes: int = 1424, port: int = W.PORT,
                  early_close: EarlyCloseConfig | None = None, bubble_strategy: str = "mean",
                  initial_rate_bps: float | None = None, publish: bool = True,
-                 self_id: int | None = None, role: str | None = None, force: bool = False):
+                 self_id: int | None = None, role: str | None = None, force: bool = False,
+                 secret: bytes | None = None):
         if role not in (None, "ps", "worker"):
             raise ValueError(f"role must be ps or worker, got {role!r}")
         if self_id is not None and self_id not in peers:
@@ -99,6 +107,7 @@ class Endpoint:
             raise ValueError(f"unknown bubble strategy {bubble_strategy!r}")
         if not peers:
             raise ValueError("an endpoint needs at least one peer")
+        tokens = RoundTokens(secret, job, f"Endpoint({dev!r})")  # checked before the compile
         self.ip, self.ns, self.job, self.port = ip, ns, job, port
         self.peers = dict(peers)
         self.slots = max(peers.values()) + 1
@@ -127,10 +136,12 @@ class Endpoint:
                                  max_elems=max_elems, capacity_bps=capacity_bps,
                                  share=SharePolicy(capacity_bps),
                                  early=EarlyClose(capacity_bps, early_close),
-                                 bubble_strategy=bubble_strategy)
+                                 bubble_strategy=bubble_strategy, tokens=tokens)
         self.sender = Sender(self.sock, self.maps, self.peers, job=job, chunk_bytes=chunk_bytes,
                              max_elems=max_elems, initial_rate_bps=(
-                                 initial_rate_bps or capacity_bps / max(1, len(peers))))
+                                 initial_rate_bps or capacity_bps / max(1, len(peers))),
+                             tokens=tokens)
+        self.protected = tokens.protected
         fine_timer_slack()
 
     def _publish(self, dev: str, ns: str | None, mode: str) -> None:

@@ -92,8 +92,9 @@ class Receiver:
 
     def __init__(self, maps, peers: dict[int, int], nslots: int, *, chunk_bytes: int,
                  max_elems: int, capacity_bps: float, share: SharePolicy, early: EarlyClose,
-                 bubble_strategy: str):
+                 bubble_strategy: str, tokens=lambda round_: 0):
         self.maps, self.peers, self.nslots = maps, peers, nslots
+        self.tokens = tokens  # round -> its token (tokens.RoundTokens)
         self.chunk_bytes, self.max_elems, self.capacity_bps = chunk_bytes, max_elems, capacity_bps
         self.share, self.early, self.bubble_strategy = share, early, bubble_strategy
         self.rounds: dict[int, OpenRound] = {}
@@ -119,7 +120,8 @@ class Receiver:
         # ACKs divide the capacity among the flows not finished at that moment
         # (the XDP program counts them down); share_kbps(1) is the whole of it.
         self.maps.open_bank(round_, layout.nchunks, layout.last_len,
-                            share_kbps=self.share.share_kbps(1), flows=len(workers))
+                            share_kbps=self.share.share_kbps(1), flows=len(workers),
+                            token=self.tokens(round_))
         self.early.start_round(layout.nbytes * len(workers))
         st = OpenRound(round_, layout, workers, [self.peers[w] for w in workers], critical,
                        reliable, time.perf_counter())
@@ -215,14 +217,14 @@ class Receiver:
                               duration_s=t_close - st.t_open)
         values = chunked.reshape(len(slots), nch * ce)[:, :layout.nelems]
         prog = maps.progress[bank][slots]
-        late, dups = self._late_and_duplicates()
+        late, dups, bad_token = self._since_last_report()
         retx = int(prog["retx"].sum())
         active_s = (t_close - t_first) if t_first else 0.0
         res = RoundResult(round=round_, reason=reason, duration_s=t_close - st.t_open,
                           active_s=active_s, workers=st.workers, layout=layout, values=values,
                           masks=masks, filled=filled,
                           threshold=self.early.threshold, deadline_s=self.early.deadline_s,
-                          late=late, duplicates=dups, retx_chunks=retx,
+                          late=late, duplicates=dups, bad_token=bad_token, retx_chunks=retx,
                           critical_missing=st.critical_missing(masks))
         if not st.reliable:
             self.early.end_round(total_bytes=layout.nbytes * len(slots),
@@ -246,11 +248,13 @@ class Receiver:
             stale[idx], valid[idx] = s_view, v_view
         return filled
 
-    def _late_and_duplicates(self) -> tuple[int, int]:
-        """Packets of closed rounds, and duplicates, since the last report."""
+    def _since_last_report(self) -> tuple[int, int, int]:
+        """Packets of closed rounds, duplicates, and packets without their
+        round's token, since the last report."""
         now, last = self.maps.counters(), self._last_counters
         self._last_counters = now
-        return now["late"] + now["stale"] - last["late"] - last["stale"], now["dup"] - last["dup"]
+        return (now["late"] + now["stale"] - last["late"] - last["stale"],
+                now["dup"] - last["dup"], now["bad_token"] - last["bad_token"])
 
     def stale_state(self, nch: int, ce: int) -> tuple[np.ndarray, np.ndarray]:
         """Per slot, the last value of each chunk that arrived, and whether one

@@ -52,6 +52,9 @@ class RoundResult:
     deadline_s: float
     late: int = 0                    # packets of closed rounds seen since the last report
     duplicates: int = 0
+    # packets (DATA or ACK) without their round's token since the last report:
+    # spoofs, or a peer holding another secret
+    bad_token: int = 0
     retx_chunks: int = 0             # chunks that arrived only as a re-send
     critical_missing: dict = field(default_factory=dict)
 
@@ -79,6 +82,7 @@ class RoundResult:
                                          for k, v in self.delivered_per_worker().items()},
                 "filled_chunks": {str(w): int(self.filled[i]) for i, w in enumerate(self.workers)},
                 "missing_workers": self.missing_workers, "late": self.late,
-                "duplicates": self.duplicates, "retx_chunks": self.retx_chunks,
+                "duplicates": self.duplicates, "bad_token": self.bad_token,
+                "retx_chunks": self.retx_chunks,
                 "threshold": round(self.threshold, 6), "deadline_s": round(self.deadline_s, 6),
                 "critical_missing": {str(k): v for k, v in self.critical_missing.items()}}

@@ -27,11 +27,12 @@ assert W.F_RETX < 0x100
 
 
 def data_headers(job: int, round_: int, worker: int, nch: int, flags: np.ndarray,
-                 layout: ChunkLayout) -> np.ndarray:
+                 layout: ChunkLayout, token: int = 0) -> np.ndarray:
     """The DATA headers of a round for one target, as one byte array."""
     h = np.zeros(nch, dtype=W.HDR_DTYPE)
     h["magic"], h["version"], h["type"] = W.MAGIC, W.VERSION, W.T_DATA
     h["flags"], h["worker"], h["job"], h["round"] = flags, worker, job, round_
+    h["token"] = token
     h["chunk"] = np.arange(nch)
     h["nchunks"] = nch
     h["len"] = layout.chunk_bytes
@@ -44,8 +45,10 @@ class Sender:
     rate each target last advertised (a push to it starts there)."""
 
     def __init__(self, sock: socket.socket, maps, peers: dict[int, int], *, job: int,
-                 chunk_bytes: int, max_elems: int, initial_rate_bps: float):
+                 chunk_bytes: int, max_elems: int, initial_rate_bps: float,
+                 tokens=lambda round_: 0):
         self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
+        self.tokens = tokens  # round -> its token (tokens.RoundTokens)
         self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
         self.initial_rate_bps = initial_rate_bps
         self.rate_hint: dict[int, float] = {}
@@ -98,8 +101,9 @@ class Push:
         self.targets, self.crit, self.reliable, self.timeout_s = targets, crit, reliable, timeout_s
         self.group = group is not None  # the last of hdrs/addrs/pieces is the group
         self.slots = [sender.peers[t.worker] for t in targets]
+        self.token = sender.tokens(round_)
         for s in self.slots:
-            sender.maps.tx_start(round_, s)
+            sender.maps.tx_start(round_, s, self.token)
         rng = np.random.default_rng(seed if seed is not None else
                                     (round_ * 1_000_003 + targets[0].worker) % 2**32)
         self.order = rng.permutation(layout.nchunks).tolist()
@@ -113,14 +117,17 @@ class Push:
     # ------------------------------------------------------------------ plan
     def _plan_headers(self, group: tuple[str, int] | None) -> tuple[list, list]:
         """Every header of the round, per target ([chunk] -> 32 bytes), and the addresses."""
-        nch, lay, job, r = self.layout.nchunks, self.layout, self.sender.job, self.round_
+        nch, lay, job, r, tok = (self.layout.nchunks, self.layout, self.sender.job, self.round_,
+                                 self.token)
         flags = np.full(nch, W.F_RELIABLE if self.reliable else 0, dtype=np.uint16)
         flags[self.crit] |= W.F_CRITICAL
         flags[-1] |= W.F_LAST
-        hdrs = [memoryview(data_headers(job, r, t.worker, nch, flags, lay)) for t in self.targets]
+        hdrs = [memoryview(data_headers(job, r, t.worker, nch, flags, lay, tok))
+                for t in self.targets]
         addrs = [(t.ip, t.port) for t in self.targets]
         if group is not None:  # one more "target": the group, its headers flagged GROUP
-            hdrs.append(memoryview(data_headers(job, r, 0, nch, flags | W.F_GROUP, lay)))
+            # (the round's token is the same for every member)
+            hdrs.append(memoryview(data_headers(job, r, 0, nch, flags | W.F_GROUP, lay, tok)))
             addrs.append((group[0], int(group[1])))
         return hdrs, addrs
 
@@ -178,7 +185,8 @@ class Push:
         self.sock, self.gso = s.sock, s.gso
         bank = s.maps.bank_index(self.round_)
         txv = s.maps.tx[bank]
-        self.tx32 = txv.view(np.uint32).reshape(txv.shape[0], 4)  # round, closed, rate_kbps, acked
+        # per slot: round, closed, rate_kbps, acked, then the token's two words
+        self.tx32 = txv.view(np.uint32).reshape(txv.shape[0], -1)
         nwords = -(-nch // 64)
         self.words = [s.maps.acked[bank, slot, :nwords] for slot in self.slots]
         self.full = (1 << nch) - 1  # every chunk acked
@@ -248,8 +256,8 @@ class Push:
             raise DeadPeerError(
                 f"round {self.round_}: no answer from {who} for {quiet:.1f}s ({rep.sent} "
                 f"packets sent, {rep.acked} acked): the peer is dead, unreachable, or not "
-                f"taking round {self.round_}", peers=[self.targets[i] for i in dead],
-                report=rep)
+                f"taking round {self.round_} with this job's secret",
+                peers=[self.targets[i] for i in dead], report=rep)
         self._check_critical(acked)
 
     def _check_critical(self, acked: list[int]) -> None:

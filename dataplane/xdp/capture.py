@@ -36,7 +36,7 @@ PACKET_OUTGOING = 4
 LINKTYPE_LINUX_SLL, LINKTYPE_RAW, LINKTYPE_LINUX_SLL2 = 113, 101, 276
 
 #: the LTP header as struct reads it, in LtpHdr's field order (network order)
-HDR = struct.Struct("!" + "".join({1: "B", 2: "H", 4: "I"}[ctypes.sizeof(t)]
+HDR = struct.Struct("!" + "".join({1: "B", 2: "H", 4: "I", 8: "Q"}[ctypes.sizeof(t)]
                                   for _, t in W.LtpHdr._fields_))
 HDR_NAMES = [n for n, _ in W.LtpHdr._fields_]
 _IP = struct.Struct("!BBHHHBBH4s4s")
@@ -102,7 +102,7 @@ def decode(frame: bytes, *, ts_ns: int = 0, wire_len: int | None = None,
               "round": h["round"], "chunk": h["chunk"], "nchunks": h["nchunks"],
               "flags": [n for bit, n in sorted(W.FLAG_NAMES.items()) if h["flags"] & bit],
               "len": h["len"], "payload_bytes": body - W.HDR_LEN,
-              "state": STATES.get(h["state"]), "rate_kbps": h["rate"]})
+              "state": STATES.get(h["state"]), "rate_kbps": h["rate"], "token": h["token"]})
     if h["magic"] != W.MAGIC:
         d["bad"] = f"magic {h['magic']:#06x}"
     elif h["version"] != W.VERSION:

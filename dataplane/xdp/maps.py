@@ -23,7 +23,7 @@ from ... import BPF_DIR
 from ...errors import DataplaneError
 from .. import clib
 from . import headers
-from .wire import PORT, LtpHdr
+from .wire import PORT, LtpHdr, token_word
 
 _D = headers.defines("ltp_maps.h")
 #: enum ltp_counter, in order; the maps bpf/ltp_maps.h declares, in order
@@ -89,7 +89,8 @@ class Cfg(ctypes.Structure):
 
 class Bank(ctypes.Structure):
     _fields_ = [("round", ctypes.c_uint32), ("state", ctypes.c_uint32),
-                ("nchunks", ctypes.c_uint32), ("last_len", ctypes.c_uint32)]
+                ("nchunks", ctypes.c_uint32), ("last_len", ctypes.c_uint32),
+                ("token", ctypes.c_uint64)]  # wire.token_word of the round's token
 
 
 class Progress(ctypes.Structure):
@@ -108,7 +109,8 @@ class SlotStats(ctypes.Structure):
 
 class Tx(ctypes.Structure):
     _fields_ = [("round", ctypes.c_uint32), ("closed", ctypes.c_uint32),
-                ("rate_kbps", ctypes.c_uint32), ("acked", ctypes.c_uint32)]
+                ("rate_kbps", ctypes.c_uint32), ("acked", ctypes.c_uint32),
+                ("token", ctypes.c_uint64)]  # wire.token_word of the round's token
 
 
 #: Round outcomes, as Receiver.collect decides them; field names of RoundStats.
@@ -198,7 +200,7 @@ class LtpMaps:
         self.claim = view("ltp_claim", 8 * words * g.banks * g.slots, np.uint64, bm_shape)
         self.done = view("ltp_done", 8 * words * g.banks * g.slots, np.uint64, bm_shape)
         self.acked = view("ltp_acked", 8 * words * g.banks * g.slots, np.uint64, bm_shape)
-        #: sender state [bank, slot] (round, closed, rate_kbps, acked), read with no syscall
+        #: sender state [bank, slot] (round, closed, rate_kbps, acked, token), read with no syscall
         self.tx = view("ltp_tx", TX_DTYPE.itemsize * g.banks * g.slots, TX_DTYPE,
                        (g.banks, g.slots))
         self.progress = view("ltp_progress", PROGRESS_DTYPE.itemsize * g.banks * g.slots,
@@ -294,26 +296,30 @@ class LtpMaps:
         return round_ % self.geometry.banks
 
     def open_bank(self, round_: int, nchunks: int, last_len: int, share_kbps: int = 0,
-                  flows: int = 1) -> int:
+                  flows: int = 1, token: int = 0) -> int:
         """Make round `round_` writable in its bank; returns the bank index.
 
         The bank is marked FREE while its bitmaps are cleared, so no packet
         of the old or new round lands in between. share_kbps: the capacity its
-        ACKs divide among the `flows` senders not yet finished (see set_share)."""
+        ACKs divide among the `flows` senders not yet finished (see set_share).
+        token: the round's; DATA carrying another is dropped as bad_token."""
         g = self.geometry
+        word = token_word(token)
         if not 1 <= nchunks <= g.max_chunks:
             raise ValueError(f"nchunks must be in 1..{g.max_chunks}, got {nchunks}")
         if not 0 < last_len <= g.chunk_bytes or last_len % 4:
             raise ValueError(f"last chunk length must be a multiple of 4 in 4..{g.chunk_bytes}")
         b = self.bank_index(round_)
-        self.banks.set(b, Bank(round=round_, state=BANK_FREE, nchunks=nchunks, last_len=last_len))
+        self.banks.set(b, Bank(round=round_, state=BANK_FREE, nchunks=nchunks, last_len=last_len,
+                               token=word))
         self.claim[b] = 0
         self.done[b] = 0
         self.progress[b] = 0
         if self.share is not None:
             self.share[b]["share_kbps"] = max(0, min(int(share_kbps), 2**32 - 1))
             self.share[b]["active"] = max(1, int(flows))
-        self.banks.set(b, Bank(round=round_, state=BANK_OPEN, nchunks=nchunks, last_len=last_len))
+        self.banks.set(b, Bank(round=round_, state=BANK_OPEN, nchunks=nchunks, last_len=last_len,
+                               token=word))
         return b
 
     def close_bank(self, round_: int, settle_s: float = 0.01) -> None:
@@ -343,18 +349,20 @@ class LtpMaps:
         return self.mem[self.bank_index(round_), slot, :nelems]
 
     # --- sender state -------------------------------------------------
-    def tx_start(self, round_: int, slot: int) -> None:
-        """Start sending round_ to `slot`: ACKs of other rounds are ignored."""
+    def tx_start(self, round_: int, slot: int, token: int = 0) -> None:
+        """Start sending round_ to `slot`: ACKs of other rounds, or without
+        the round's `token`, are ignored."""
         b = self.bank_index(round_)
         t = self.tx[b, slot]
         t["round"] = (round_ + 1) % 2**32  # park: no ACK matches while resetting
         self.acked[b, slot] = 0
         t["closed"] = 0
         t["acked"] = 0
+        t["token"] = token_word(token)
         t["round"] = round_
 
     def tx_state(self, round_: int, slot: int) -> np.void:
-        """(round, closed, rate_kbps, acked) of round_ toward `slot`; a live view."""
+        """(round, closed, rate_kbps, acked, token) of round_ toward `slot`; a live view."""
         return self.tx[self.bank_index(round_), slot]
 
     def acked_mask(self, round_: int, slot: int, nchunks: int) -> np.ndarray:

@@ -8,10 +8,11 @@ All header fields are big-endian on the wire.
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import numpy as np
-from scapy.fields import (ByteEnumField, ByteField, FlagsField, IntField, ShortField,
-                          XShortField)
+from scapy.fields import (ByteEnumField, ByteField, FlagsField, IntField, LongField, ShortField,
+                          XLongField, XShortField)
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
 
@@ -61,6 +62,7 @@ class LtpHdr(ctypes.BigEndianStructure):
         ("state", ctypes.c_uint8),
         ("pad", ctypes.c_uint8),
         ("rate", ctypes.c_uint32),
+        ("token", ctypes.c_uint64),
     ]
 
 
@@ -74,13 +76,22 @@ OFF = {name: getattr(LtpHdr, name).offset for name, _ in LtpHdr._fields_}
 
 def pack_header(*, type: int = T_DATA, flags: int = 0, worker: int = 0, job: int = 0,
                 round: int = 0, chunk: int = 0, nchunks: int = 1, length: int = 0,
-                state: int = 0, rate: int = 0, magic: int = MAGIC,
+                state: int = 0, rate: int = 0, token: int = 0, magic: int = MAGIC,
                 version: int = VERSION) -> bytes:
-    """The 32 header bytes; the sender's hot path uses this (no scapy)."""
+    """The HDR_LEN header bytes of one packet (no scapy)."""
     h = LtpHdr(magic=magic, version=version, type=type, flags=flags, worker=worker, job=job,
                round=round, chunk=chunk, nchunks=nchunks, len=length, state=state, pad=0,
-               rate=rate)
+               rate=rate, token=token)
     return bytes(h)
+
+
+def token_word(token: int) -> int:
+    """The u64 a map holds for `token` (struct ltp_bank/ltp_tx .token): its
+    bytes in network order, as the header carries them, so the XDP program
+    compares the two as they are."""
+    if not 0 <= token < 2**64:
+        raise ValueError(f"a token must fit 64 bits, got {token}")
+    return int.from_bytes(token.to_bytes(8, "big"), sys.byteorder)
 
 
 def unpack_header(data: bytes | memoryview) -> LtpHdr:
@@ -90,7 +101,7 @@ def unpack_header(data: bytes | memoryview) -> LtpHdr:
 
 
 # the scapy field of each LtpHdr field, by size; some get a richer kind
-_SCAPY_BY_SIZE = {1: ByteField, 2: ShortField, 4: IntField}
+_SCAPY_BY_SIZE = {1: ByteField, 2: ShortField, 4: IntField, 8: LongField}
 _SCAPY_SPECIAL = {
     "magic": lambda n: XShortField(n, MAGIC),
     "version": lambda n: ByteField(n, VERSION),
@@ -98,6 +109,7 @@ _SCAPY_SPECIAL = {
     "flags": lambda n: FlagsField(n, 0, 16, [FLAG_NAMES.get(1 << b, f"b{b}") for b in range(9)]),
     "nchunks": lambda n: IntField(n, 1),
     "len": lambda n: ShortField(n, None),
+    "token": lambda n: XLongField(n, 0),
     "state": lambda n: ByteEnumField(n, 0, {0: "-", RS_OPEN: "open", RS_CLOSED: "closed"}),
 }
 

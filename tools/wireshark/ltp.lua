@@ -6,15 +6,15 @@
 --
 -- Registered as "ltpx" on UDP port 7410 (Preferences > Protocols > LTPX to
 -- change it; `-d udp.port==N,ltpx` on the command line). The header is
--- bpf/ltp_wire.h's struct ltp_hdr: 32 bytes, every field big-endian. FIELDS
+-- bpf/ltp_wire.h's struct ltp_hdr: 40 bytes, every field big-endian. FIELDS
 -- below follows the Python description dataplane/xdp/wire.LtpHdr field by
 -- field (tests/test_capture.py holds the two equal); filter names are
 -- ltpx.<field>, ltpx.flags.<flag>, ltpx.payload_len.
 
 local PORT = 7410
 local MAGIC = 0x4c54
-local VERSION = 1
-local HDR_LEN = 32
+local VERSION = 2
+local HDR_LEN = 40
 
 local TYPES = {[1] = "DATA", [2] = "ACK"}
 for t = 3, 15 do TYPES[t] = "CTRL" .. t end    -- control types, passed to user space
@@ -45,10 +45,12 @@ local FIELDS = {
     {"state", 1, "Receiver state", base.DEC, STATES},
     {"pad", 1, "Pad", base.DEC},
     {"rate", 4, "Advertised rate (kbit/s)", base.DEC},
+    {"token", 8, "Round token", base.HEX},
 }
 
 local ltpx = Proto("ltpx", "LTP (ltpx)")
-local pf, uint = {}, {[1] = ProtoField.uint8, [2] = ProtoField.uint16, [4] = ProtoField.uint32}
+local pf, uint = {}, {[1] = ProtoField.uint8, [2] = ProtoField.uint16, [4] = ProtoField.uint32,
+                      [8] = ProtoField.uint64}
 for _, f in ipairs(FIELDS) do
     pf[f[1]] = uint[f[2]]("ltpx." .. f[1], f[3], f[4], f[5])
 end
@@ -86,7 +88,8 @@ function ltpx.dissector(tvb, pinfo, tree)
     local v = {}
     local off = 0
     for _, f in ipairs(FIELDS) do
-        v[f[1]] = tvb(off, f[2]):uint()
+        local r = tvb(off, f[2])
+        v[f[1]] = f[2] == 8 and r:uint64() or r:uint()
         off = off + f[2]
     end
     local tname = TYPES[v.type] or ("TYPE" .. v.type)
