@@ -146,6 +146,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.synced = False
         self.wait_s = 0.0
         job.optimizers.append(self)
+        # The model and its optimizer exist: collect once and freeze what is
+        # alive, so no full collection walks them during training (one
+        # stalled a round by up to 0.7 s; the collection itself takes ~0.3 s,
+        # here rather than inside the first step)
+        quiet_gc()
 
     @staticmethod
     def check_options(sync, bubble, early_close, downlink, bucket_mb, passes, warn_every) -> None:
@@ -260,8 +265,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         rep.step = self.steps     # this optimizer's step (the server counts every step op)
         self.note(rep)
         self.synced = True
-        if self.steps == 1:
-            quiet_gc()   # set-up is done: never scan its objects again
 
     def step(self, closure=None):
         """Exchange the gradients (unless synchronize() did) and step the wrapped
