@@ -21,6 +21,7 @@ from ...dataplane.xdp import wire as W
 from ...errors import CommError
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer
+from ..transport.tokens import new_secret
 from .links import Gathered, chunk_bytes_for
 from .settings import Settings
 
@@ -43,9 +44,12 @@ class LtpServerLink:
         self.log = bool(os.environ.get("LTPX_ROUND_LOG"))
         self.policies: dict = {}     # round kind -> its EarlyClose (see policy())
         self.keys: dict[int, object] = {}   # open round -> its kind
+        # the job's secret: made here, handed to the workers in this rank's
+        # store record (address()); every round's token derives from it
+        self.secret = new_secret()
 
     def address(self) -> dict:
-        return {}
+        return {"secret": self.secret.hex()}
 
     def connect(self, metas: dict[int, dict]) -> None:
         self.peers = [Peer(w, metas[w]["ip"]) for w in self.ids]
@@ -62,7 +66,8 @@ class LtpServerLink:
                            ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
                            chunk_bytes=chunk_bytes_for(s.mtu),
                            early_close=self.early_config(self.early_close),
-                           bubble_strategy="zero" if self.bubble == "stale" else self.bubble)
+                           bubble_strategy="zero" if self.bubble == "stale" else self.bubble,
+                           secret=self.secret)
         self.size = size
         return True
 
@@ -130,12 +135,14 @@ class LtpWorkerLink:
         self.size = 0
         self.ps: Peer | None = None
         self.wait_s = min(s.timeout, ROUND_LIMIT_S)
+        self.secret: bytes | None = None   # the server's, from its store record
 
     def address(self) -> dict:
         return {}
 
     def connect(self, server: dict) -> None:
         self.ps = Peer(self.id, server["ip"])
+        self.secret = bytes.fromhex(server["secret"])
 
     def ensure(self, nelems: int) -> bool:
         if self.ep is not None and nelems <= self.size:
@@ -148,7 +155,8 @@ class LtpWorkerLink:
                            chunk_bytes=chunk_bytes_for(s.mtu),
                            early_close=EarlyCloseConfig(hard_timeout_s=self.wait_s),
                            initial_rate_bps=s.capacity / max(1, self.workers),
-                           self_id=self.id)   # group-sent answers are taken as its own
+                           self_id=self.id,   # group-sent answers are taken as its own
+                           secret=self.secret)
         self.size = size
         return True
 

@@ -20,7 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-IP_UDP_LTP = 20 + 8 + 32          # IPv4 + UDP + LTP header bytes per datagram
+from ...dataplane.xdp.headers import defines
+
+# IPv4 + UDP + LTP header bytes per datagram (the header's length from bpf/ltp_wire.h)
+IP_UDP_LTP = 20 + 8 + defines("ltp_wire.h")["LTP_HDR_LEN"]
 
 
 def chunk_bytes_for(mtu: int) -> int:

@@ -32,7 +32,7 @@ class Settings:
     ip: str | None = None           # this rank's IPv4 address on it (default: dev's)
     xdp_mode: str = "native"        # native | skb (drivers without native XDP)
     capacity: float = 1e9           # bit/s into the server: rate shares, Early Close deadlines
-    mtu: int = 1500                 # path MTU: chunk size = MTU - 60, in float64 pairs
+    mtu: int = 1500                 # path MTU: chunk size = MTU - 68, in float64 pairs
     group: str | None = None        # downlink group address (default: dev's broadcast address)
     downlink: str = "group"         # group | unicast: how answers reach the workers
     servers: int = 1                # ranks 0..servers-1 serve; only 1 for now
