@@ -25,7 +25,7 @@ _STATS = {"packets": "rx_packets", "bytes": "rx_bytes", "acks": "acks_tx", "dup"
           "delivered": "delivered", "acks_rx": "acks_rx", "acks_stale": "acks_stale"}
 #: program-wide drop classes shown in the totals line
 PROGRAM_DROPS = ("malformed", "foreign_job", "bad_magic", "bad_version", "unknown_worker",
-                 "ack_fail")
+                 "ack_fail", "bad_token")
 #: row fields that `rates` turns into per-second values
 RATE_FIELDS = ("packets", "bytes", "acks", "dup", "late", "out_of_range", "delivered", "acks_rx")
 
