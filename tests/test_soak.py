@@ -6,10 +6,13 @@ soak is flat is not asserted (that is the benchmark's finding), only that
 the exit code agrees with the report."""
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -45,10 +48,13 @@ def _namespaces(rig: str) -> list[str]:
 
 
 def _gone(rig: str) -> None:
-    """Whatever a failed test left of rig `rig` is removed."""
+    """Whatever a test left of rig `rig` is removed, and the log folders an
+    interrupted `ltp train` keeps."""
     from ltpx.dataplane.rig.star import Rig
     if Rig.exists(rig):
         Rig.destroy(rig)
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), f"ltp-train-{rig}-*")):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("args", [
@@ -88,6 +94,7 @@ def test_short_soak_reports_the_real_job():
         _gone(RIG)
     assert proc.returncode in (0, 1), (proc.returncode, out, err[-2000:])
     rep = json.loads(out)
+    assert "error" not in rep, rep
     assert (proc.returncode == 0) == rep["flat"] == (not rep["grew"])
 
     # every rank was sampled through the judged part, and they are the job's real processes
@@ -120,8 +127,12 @@ def test_short_soak_reports_the_real_job():
     # LTP records: one per rank's endpoint, none left
     assert rep["records"]["job_records"]["start"] == WORKERS + 1
     assert rep["records"]["job_records"]["after"] == 0
-    assert rep["leftovers"] == {"progs": [], "maps": [], "records": [], "processes": [],
-                                "rig": False}
+    left = rep["leftovers"]
+    assert {k: left[k] for k in ("progs", "maps", "records", "processes", "rig")} == {
+        "progs": [], "maps": [], "records": [], "processes": [], "rig": False}
+    # every process of the job was seen to exit after the SIGTERM
+    assert all(p["exit_after_sigterm_s"] is not None for p in rep["processes"]
+               if p["last_s"] == rep["job"]["end_s"])
     assert not _namespaces(RIG)
 
 

@@ -141,11 +141,11 @@ def cmd_soak(args) -> int:
     loss = check_loss(args.loss)
     need_root("ltp bench soak")
     need_bcc()
-    from ..control.bench import soak
+    from ..control.bench import soak, soak_report
     cfg = soak.SoakConfig(minutes=args.minutes, workers=args.workers, loss=loss,
                           sample_s=args.sample_s, warmup_s=args.warmup_s, name=args.name or "")
     res = soak.run(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    emit(args, res, soak.table)
+    emit(args, res, soak_report.table)
     if not res["flat"] and wants_json(args):
         print(f"ltp: soak not flat: {'; '.join(res['grew'])}", file=sys.stderr)
     return 0 if res["flat"] else 1

@@ -35,9 +35,10 @@ class ProcSample:
         return self.pid, self.start
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(comm, ppid, start time) from /proc/PID/stat, None if it is gone.
-    comm may hold spaces and parentheses: the fields start after the last ')'."""
+def _stat(pid: int) -> tuple[str, int, int, str] | None:
+    """(comm, ppid, start time, state) from /proc/PID/stat, None if it is
+    gone. comm may hold spaces and parentheses: the fields start after the
+    last ')'."""
     try:
         with open(f"{PROC}/{pid}/stat") as f:
             text = f.read()
@@ -45,7 +46,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
         return None
     head, _, rest = text.rpartition(")")
     fields = rest.split()
-    return head.partition("(")[2], int(fields[1]), int(fields[19])
+    return head.partition("(")[2], int(fields[1]), int(fields[19]), fields[0]
 
 
 def parents() -> dict[int, int]:
@@ -70,9 +71,11 @@ def descendants(root: int) -> list[int]:
     return out
 
 
-def process_start(pid: int) -> int | None:
+def running(pid: int, start: int) -> bool:
+    """Is the process `pid` that started at `start` still running (not
+    gone, not a zombie waiting for its parent)?"""
     st = _stat(pid)
-    return st[2] if st else None
+    return st is not None and st[2] == start and st[3] != "Z"
 
 
 def _rss_kb(pid: int) -> int:

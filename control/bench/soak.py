@@ -24,6 +24,7 @@ who holds the objects (procscan.holders), not by the count alone.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import signal
@@ -40,8 +41,9 @@ from ...dataplane.rig.star import Rig
 from ...dataplane.xdp import registry
 from ...errors import BenchError
 from . import procscan
+from .soak_report import (RSS_GROWTH_LIMIT_PCT, growth, judge, process_figures, progress_line,
+                          stats)
 
-RSS_GROWTH_LIMIT_PCT = 5.0
 STOP_GRACE_S = 60.0        # SIGTERM to SIGKILL: the job detaches its programs, removes its rig
 SETTLE_S = 10.0            # the kernel frees a closed program or map a little later
 ITERATIONS_PER_S_BOUND = 1000   # far above what the job runs: it never finishes on its own
@@ -79,7 +81,9 @@ class Track:
     label: str
     pid: int
     rank: int | None
+    start: int                      # its start time: a reused pid is another process
     points: list[tuple[float, int, int]] = field(default_factory=list)
+    exit_s: float | None = None     # seconds from the job's SIGTERM to its exit
 
 
 class Soak:
@@ -148,7 +152,7 @@ class Soak:
         for s in procs:
             tr = self.tracks.get(s.key)
             if tr is None:
-                tr = self.tracks[s.key] = Track(_label(s, self.job.pid), s.pid, s.rank)
+                tr = self.tracks[s.key] = Track(_label(s, self.job.pid), s.pid, s.rank, s.start)
             tr.points.append((round(t, 2), s.rss_kb, s.fds))
         progs = set().union(*(s.progs for s in procs))
         maps = set().union(*(s.maps for s in procs)) | procscan.maps_of(progs)
@@ -167,7 +171,7 @@ class Soak:
                  "job_records": sum(r["netns"].startswith(self.prefix) for r in m["rows"]),
                  "progs": len(m["progs"]), "maps": len(m["maps"]), "records": len(m["rows"])}
         self.series.append(point)
-        self.say(_progress_line(point, self.cfg.workers + 1))
+        self.say(progress_line(point, self.cfg.workers + 1))
 
     def _machine(self) -> dict:
         progs, maps = procscan.machine_ids()
@@ -179,25 +183,32 @@ class Soak:
         self._terminate()
 
     def _terminate(self) -> None:
+        """SIGTERM, SIGKILL after STOP_GRACE_S; notes when each process of
+        the job exits (a rank that does not unwind shows here)."""
         if self.job is None or self.job.poll() is not None:
             return
+        live = [tr for tr in self.tracks.values() if procscan.running(tr.pid, tr.start)]
         t = time.monotonic()
         self.job.send_signal(signal.SIGTERM)
         self.stopped_by = "SIGTERM"
-        try:
-            self.job.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
+        while self.job.poll() is None and time.monotonic() < t + STOP_GRACE_S:
+            for tr in [tr for tr in live if not procscan.running(tr.pid, tr.start)]:
+                tr.exit_s = round(time.monotonic() - t, 2)
+                live.remove(tr)
+            time.sleep(0.05)
+        if self.job.poll() is None:
             self.job.kill()
             self.job.wait()
             self.stopped_by = "SIGKILL"
         self.stop_s = round(time.monotonic() - t, 2)
+        for tr in live:
+            tr.exit_s = tr.exit_s or self.stop_s
 
     def _cleanup(self) -> dict:
         """Stop the job if it still runs (Ctrl-C, an error), then note and
         remove what it left: live processes of its tree, its rig."""
         self._terminate()
-        procs = [tr for key, tr in self.tracks.items()
-                 if procscan.process_start(key[0]) == key[1]]
+        procs = [tr for tr in self.tracks.values() if procscan.running(tr.pid, tr.start)]
         for tr in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(tr.pid, signal.SIGKILL)
@@ -247,12 +258,14 @@ class Soak:
                              f"--minutes more than {(self.ready_s + cfg.warmup_s) / 60 * 1.5:.1f}")
         judged = self.series[b:]
         t_start = judged[0]["t"]
-        procs = [_process(tr, t_start) for tr in self.tracks.values()]
+        procs = [process_figures(tr, t_start) for tr in self.tracks.values()]
         leftovers = {
             "progs": sorted(after["progs"] & self.ever_progs),
             "maps": sorted(after["maps"] & self.ever_maps),
             "records": [f"{r['netns']}/{r['dev']}" for r in after["rows"]
                         if r["netns"].startswith(self.prefix)],
+            "log_dirs": sorted(glob.glob(os.path.join(tempfile.gettempdir(),
+                                                      f"ltp-train-{cfg.name}-*"))),
             **left}
         out = {
             "config": {"minutes": cfg.minutes, "workers": cfg.workers, "loss": cfg.loss,
@@ -265,11 +278,11 @@ class Soak:
                     "end_s": judged[-1]["t"]},
             "samples": len(self.series), "samples_judged": len(judged),
             "processes": procs,
-            "rss_kb": _stats([p["rss_kb"] for p in judged]),
-            "fds": _stats([p["fds"] for p in judged]),
-            "bpf": {k: _stats([p[k] for p in judged]) for k in ("job_progs", "job_maps",
+            "rss_kb": stats([p["rss_kb"] for p in judged]),
+            "fds": stats([p["fds"] for p in judged]),
+            "bpf": {k: stats([p[k] for p in judged]) for k in ("job_progs", "job_maps",
                                                                "progs", "maps")},
-            "records": {k: _stats([p[k] for p in judged]) for k in ("job_records", "records")},
+            "records": {k: stats([p[k] for p in judged]) for k in ("job_records", "records")},
             "leftovers": leftovers,
             "series": self.series,
         }
@@ -278,7 +291,7 @@ class Soak:
             out["bpf"][f"job_{k}"].update(rest=0, after=len(leftovers[k]))
         out["records"]["records"].update(rest=len(rest["rows"]), after=len(after["rows"]))
         out["records"]["job_records"].update(rest=0, after=len(leftovers["records"]))
-        out["rss_kb"]["growth_pct"] = _growth(out["rss_kb"])
+        out["rss_kb"]["growth_pct"] = growth(out["rss_kb"])
         out["grew"], out["notes"] = judge(out, rest, after)
         out["flat"] = not out["grew"]
         return out
@@ -290,126 +303,6 @@ def _label(s: procscan.ProcSample, root: int) -> str:
     if s.rank is not None:
         return f"rank {s.rank}" + (" (ps)" if s.rank == 0 else f" (w{s.rank - 1})")
     return f"{s.comm} {s.pid}"
-
-
-def _stats(values: list[int]) -> dict:
-    return {"start": values[0], "end": values[-1], "max": max(values), "min": min(values)}
-
-
-def _growth(st: dict) -> float:
-    return round(100.0 * (st["end"] - st["start"]) / st["start"], 2) if st["start"] else 0.0
-
-
-def _process(tr: Track, t_start: float) -> dict:
-    """A process's figures: `first` its first sample, the rest from the
-    judged part of the soak (its samples at or after t_start)."""
-    judged = [p for p in tr.points if p[0] >= t_start]
-    out = {"label": tr.label, "pid": tr.pid, "rank": tr.rank, "samples": len(tr.points),
-           "samples_judged": len(judged), "first_s": tr.points[0][0],
-           "last_s": tr.points[-1][0]}
-    for i, key in ((1, "rss_kb"), (2, "fds")):
-        out[key] = dict(first=tr.points[0][i], **(_stats([p[i] for p in judged]) if judged
-                                                 else {}))
-    out["rss_growth_pct"] = _growth(out["rss_kb"]) if judged else None
-    return out
-
-
-def judge(rep: dict, rest: dict, after: dict) -> tuple[list[str], list[str]]:
-    """(what grew or was left behind, notes that change no verdict)."""
-    grew, notes = [], []
-    start_s, end_s = rep["job"]["start_s"], rep["job"]["end_s"]
-    for p in rep["processes"]:
-        if p["last_s"] < start_s:
-            continue          # a helper that came and went before judging began
-        if p["first_s"] > start_s or p["last_s"] < end_s:
-            what = "started after warm-up" if p["first_s"] > start_s else "exited during the soak"
-            (grew if p["rank"] is not None or p["label"] == "ltp train" else notes).append(
-                f"{p['label']} (pid {p['pid']}) {what}")
-            continue
-        r, f = p["rss_kb"], p["fds"]
-        if p["rss_growth_pct"] > RSS_GROWTH_LIMIT_PCT:
-            grew.append(f"{p['label']} RSS +{p['rss_growth_pct']:.1f} % "
-                        f"({r['start'] / 1024:.0f} -> {r['end'] / 1024:.0f} MiB)")
-        if f["max"] != f["start"] or f["min"] != f["start"]:
-            grew.append(f"{p['label']} fds {f['start']} -> {f['end']} (range {f['min']}-{f['max']})")
-    for key, what in (("job_progs", "the job's BPF programs"), ("job_maps", "the job's BPF maps")):
-        s = rep["bpf"][key]
-        if s["max"] != s["start"] or s["min"] != s["start"]:
-            grew.append(f"{what} {s['start']} -> {s['end']} (range {s['min']}-{s['max']})")
-    s = rep["records"]["job_records"]
-    if s["max"] != s["start"] or s["min"] != s["start"]:
-        grew.append(f"the job's LTP records {s['start']} -> {s['end']}")
-    left = rep["leftovers"]
-    for key, what in (("progs", "BPF programs"), ("maps", "BPF maps"), ("records", "LTP records"),
-                      ("processes", "processes")):
-        if left[key]:
-            grew.append(f"left behind after the job: {len(left[key])} {what} "
-                        f"({', '.join(map(str, left[key][:6]))})")
-    if left["rig"]:
-        grew.append(f"left behind after the job: rig {rep['config']['rig']} (removed by the soak)")
-    notes += _machine_notes(rep, rest, after)
-    return grew, notes
-
-
-def _machine_notes(rep: dict, rest: dict, after: dict) -> list[str]:
-    """Why the machine's counts moved, when they did: whose objects they are."""
-    notes = []
-    for key, what in (("progs", "programs"), ("maps", "maps")):
-        s = rep["bpf"][key]
-        if s["min"] != s["start"] or s["max"] != s["start"]:
-            notes.append(f"the machine's BPF {what} varied {s['min']}-{s['max']} while the "
-                         f"job's stayed {rep['bpf']['job_' + key]['start']}: other processes")
-    new_p = after["progs"] - rest["progs"] - set(rep["leftovers"]["progs"])
-    new_m = after["maps"] - rest["maps"] - set(rep["leftovers"]["maps"])
-    if new_p or new_m:
-        held = procscan.holders(new_p, new_m)
-        who = sorted({w for ws in held.values() for w in ws})
-        notes.append(f"after the job the machine has {len(new_p)} programs and {len(new_m)} "
-                     f"maps that were not there at rest and never the job's; "
-                     f"{len(held)} of them held by {', '.join(who[:5]) or 'no process'}, the "
-                     f"rest attached or pinned by others (the job's rig and records are gone)")
-    gone = (len(rest["progs"] - after["progs"]), len(rest["maps"] - after["maps"]))
-    if any(gone):
-        notes.append(f"{gone[0]} programs and {gone[1]} maps present at rest were freed by "
-                     f"others during the soak")
-    return notes
-
-
-def _progress_line(p: dict, nranks: int) -> str:
-    return (f"{p['t']:7.1f}s {p['phase']:<8} ranks {p['ranks']}/{nranks}  "
-            f"rss {p['rss_kb'] / 1024:7.1f} MiB  fds {p['fds']:4d}  "
-            f"job bpf {p['job_progs']} progs {p['job_maps']} maps  "
-            f"machine {p['progs']} progs {p['maps']} maps  "
-            f"records {p['job_records']}/{p['records']}")
-
-
-def table(rep: dict) -> str:
-    """The report as text: a line per process, then BPF and records."""
-    c, j = rep["config"], rep["job"]
-    lines = [f"ltp bench soak: {c['minutes']:g} min of ltp train, {c['workers']} workers, loss "
-             f"{c['loss']:g}; ready at {j['ready_s']:.0f} s, judged from {j['start_s']:.0f} s "
-             f"to {j['end_s']:.0f} s ({rep['samples_judged']} of {rep['samples']} samples); "
-             f"stopped by {j['stopped_by']} in {j['stop_s']:.1f} s (exit {j['exit_code']})", "",
-             f"{'process':<16} {'pid':>7} {'RSS MiB start':>14} {'end':>8} {'max':>8} "
-             f"{'growth':>8} {'fds start':>10} {'end':>5} {'max':>5}"]
-    for p in rep["processes"]:
-        if not p["samples_judged"]:
-            continue
-        r, f = p["rss_kb"], p["fds"]
-        lines.append(f"{p['label']:<16} {p['pid']:>7} {r['start'] / 1024:>14.1f} "
-                     f"{r['end'] / 1024:>8.1f} {r['max'] / 1024:>8.1f} "
-                     f"{p['rss_growth_pct']:>+7.2f}% {f['start']:>10} {f['end']:>5} {f['max']:>5}")
-    lines += ["", f"{'':<24} {'rest':>6} {'start':>6} {'end':>6} {'max':>6} {'after':>6}"]
-    rows = [("job BPF programs", rep["bpf"]["job_progs"]), ("job BPF maps", rep["bpf"]["job_maps"]),
-            ("machine BPF programs", rep["bpf"]["progs"]), ("machine BPF maps", rep["bpf"]["maps"]),
-            ("job LTP records", rep["records"]["job_records"]),
-            ("machine LTP records", rep["records"]["records"])]
-    lines += [f"{name:<24} {s['rest']:>6} {s['start']:>6} {s['end']:>6} {s['max']:>6} "
-              f"{s['after']:>6}" for name, s in rows]
-    lines += [""] + [f"note: {n}" for n in rep["notes"]]
-    lines.append("flat: RSS growth <= 5 %, fds and BPF objects constant, nothing left behind"
-                 if rep["flat"] else "NOT flat: " + "; ".join(rep["grew"]))
-    return "\n".join(lines)
 
 
 def run(cfg: SoakConfig, progress: Callable[[str], None] | None = None) -> dict:
