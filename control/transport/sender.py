@@ -116,7 +116,7 @@ class Push:
 
     # ------------------------------------------------------------------ plan
     def _plan_headers(self, group: tuple[str, int] | None) -> tuple[list, list]:
-        """Every header of the round, per target ([chunk] -> 32 bytes), and the addresses."""
+        """Every header of the round, per target ([chunk] -> HDR_LEN bytes), and the addresses."""
         nch, lay, job, r, tok = (self.layout.nchunks, self.layout, self.sender.job, self.round_,
                                  self.token)
         flags = np.full(nch, W.F_RELIABLE if self.reliable else 0, dtype=np.uint16)
