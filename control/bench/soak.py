@@ -148,12 +148,13 @@ class Soak:
             time.sleep(max(0.0, nxt - time.monotonic()))
 
     def _sample(self, t: float) -> None:
+        t = round(t, 2)            # as reported: a sample at ready + warm-up is judged
         procs = [s for s in map(procscan.sample, procscan.descendants(self.job.pid)) if s]
         for s in procs:
             tr = self.tracks.get(s.key)
             if tr is None:
                 tr = self.tracks[s.key] = Track(_label(s, self.job.pid), s.pid, s.rank, s.start)
-            tr.points.append((round(t, 2), s.rss_kb, s.fds))
+            tr.points.append((t, s.rss_kb, s.fds))
         progs = set().union(*(s.progs for s in procs))
         maps = set().union(*(s.maps for s in procs)) | procscan.maps_of(progs)
         self.ever_progs |= progs
@@ -165,7 +166,7 @@ class Soak:
             self.ready_s = t
         phase = ("starting" if self.ready_s is None else
                  "warm-up" if t < self.ready_s + self.cfg.warmup_s else "soak")
-        point = {"t": round(t, 2), "phase": phase, "processes": len(procs), "ranks": len(ranks),
+        point = {"t": t, "phase": phase, "processes": len(procs), "ranks": len(ranks),
                  "rss_kb": sum(s.rss_kb for s in procs), "fds": sum(s.fds for s in procs),
                  "job_progs": len(progs), "job_maps": len(maps),
                  "job_records": sum(r["netns"].startswith(self.prefix) for r in m["rows"]),
