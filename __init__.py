@@ -17,4 +17,7 @@ BPF_DIR = Path(__file__).resolve().parent / "bpf"
 # whenever the root is on sys.path (as under pytest), and a folder on
 # __path__ is found the same way from the source tree, an editable install
 # and a wheel.
-__path__.append(str(Path(__file__).parent / "control" / "torchapi" / "alias"))
+# pytest also imports this file as a plain module (named `__init__`) when the
+# checkout's folder name is not an identifier; such a module has no __path__.
+if "__path__" in globals():
+    __path__.append(str(Path(__file__).parent / "control" / "torchapi" / "alias"))
