@@ -24,15 +24,15 @@ from .common import UsageError, add_command, add_json, need_bcc, need_root, want
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
                     check_name, check_rate, check_workers)
 
-EPILOG = """examples:
-  sudo ltp launch --workers 4 -- python docs/examples/digits_cnn.py
-  sudo ltp launch --workers 8 --loss 0.01 -j -- python docs/examples/big_model.py --epochs 2
-  sudo ltp launch --workers 2 --transport tcp -- python my_train.py
-  sudo ltp launch --workers 4 --rig myrig --keep -- python my_train.py   (rig stays)
-
-The command runs once per rank: `python` and a leading .py file mean this
+EPILOG = """The command runs once per rank: `python` and a leading .py file mean this
 interpreter (the one with torch and ltpx). In the script, `lt.init()` finds
 everything it needs in the environment (docs/training.md, "Your own model").
+
+examples:
+  sudo ltp launch --workers 4 -- python docs/examples/digits_cnn.py
+  sudo ltp launch --workers 8 --loss 0.01 -j -- python docs/examples/big_model.py --epochs 1
+  sudo ltp launch --workers 2 --transport tcp -- python my_train.py
+  sudo ltp launch --workers 4 --rig myrig --keep -- python my_train.py     (the rig stays)
 """
 
 
