@@ -33,6 +33,21 @@ def reap_rig_owner(proc, rig_cls, name: str) -> None:
         rig_cls.destroy(name)
 
 
+def finish_all(procs, timeout: float) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each process of a job, once all exited 0; any still
+    running when one fails or the time is up is killed and reaped."""
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    return outs
+
+
 @pytest.fixture(scope="session")
 def small_geometry():
     """Geometry for packet tests: 4 slots, 64 chunks of 1424 bytes, 2 banks."""

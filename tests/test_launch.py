@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import requires_bpf
+from conftest import finish_all, requires_bpf
 from test_torch_api import check_cases
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,15 +109,7 @@ def test_documented_torchrun_command_inside_rig_namespaces(rig):
          "-m", "ltpx.control.training", "--transport", "ltp", "--dev", h.ifname,
          "--capacity", "1e9", "--epochs", "1", "--seed", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r, h in enumerate(hosts)]
-    try:
-        outs = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+    outs = finish_all(procs, timeout=240)
     result = json.loads(outs[1][0].strip().splitlines()[-1])     # worker 0 reports
     assert result["event"] == "result" and result["transport"] == "ltp"
     assert result["replicas_identical"] and result["workers"] == 2

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import finish_all
+
 ROOT = Path(__file__).resolve().parent.parent
 JOB = Path(__file__).resolve().parent / "torch_api_job.py"
 
@@ -170,15 +172,7 @@ def run_local_job(cases: str, workers: int = 2, timeout: float = 240) -> list[di
     procs = [subprocess.Popen([sys.executable, str(JOB), cases], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(workers + 1)]
-    try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+    outs = finish_all(procs, timeout=timeout)
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs[1:]]
 
 

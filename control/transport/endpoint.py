@@ -64,6 +64,12 @@ def _udp_socket(ip: str, ns: str | None) -> socket.socket:
     return sock
 
 
+
+def _on(part: str, name: str, doc: str) -> property:
+    """An attribute of the endpoint that lives on its receiver or sender."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value), doc=doc)
+
 class Endpoint:
     """One host's LTP endpoint: XDP program on `dev` plus a UDP socket.
 
@@ -155,33 +161,11 @@ class Endpoint:
             self._published = None
 
     # The receive policies live with the receiver; tests and callers swap them here.
-    @property
-    def early(self) -> EarlyClose:
-        return self.receiver.early
-
-    @early.setter
-    def early(self, value: EarlyClose) -> None:
-        self.receiver.early = value
-
-    @property
-    def share(self) -> SharePolicy:
-        return self.receiver.share
-
-    @share.setter
-    def share(self, value: SharePolicy) -> None:
-        self.receiver.share = value
-
-    @property
-    def bubble_strategy(self) -> str:
-        return self.receiver.bubble_strategy
-
-    @bubble_strategy.setter
-    def bubble_strategy(self, value: str) -> None:
-        self.receiver.bubble_strategy = value
-
-    @property
-    def initial_rate_bps(self) -> float:
-        return self.sender.initial_rate_bps
+    early = _on("receiver", "early", "the Early Close state (EarlyClose)")
+    share = _on("receiver", "share", "the rate share policy (SharePolicy)")
+    bubble_strategy = _on("receiver", "bubble_strategy", "how holes are filled (bubble.STRATEGIES)")
+    initial_rate_bps = property(lambda self: self.sender.initial_rate_bps,
+                                doc="the rate a first push to a peer starts at")
 
     # ------------------------------------------------------------------ receive
     def open_round(self, round_: int, nelems: int, workers: list[int] | None = None,

@@ -176,15 +176,22 @@ class RigBase:
         the ones it is known to have); raise one RigError listing what failed."""
         raise NotImplementedError
 
-    @staticmethod
-    def _exists_error(name: str) -> str:
-        """The message when `up` finds a rig `name` there already."""
-        raise NotImplementedError
+    #: what the rig is called in messages, and the command that removes one
+    KIND = "rig"
+    DOWN = "ltp rig down"
 
-    @staticmethod
-    def _incomplete_error(name: str, missing: list[str]) -> str:
+    @classmethod
+    def _exists_error(cls, name: str) -> str:
+        """The message when `up` finds a rig `name` there already."""
+        return (f"a {cls.KIND} named {name!r} exists already: use it (--name {name}), "
+                f"pick another name, or `{cls.DOWN} --name {name}`")
+
+    @classmethod
+    def _incomplete_error(cls, name: str, missing: list[str]) -> str:
         """The message when `attach` finds namespaces of rig `name` missing."""
-        raise NotImplementedError
+        return (f"{cls.KIND} {name!r} is incomplete (missing namespaces: "
+                f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
+                f"`{cls.DOWN} --name {name}` removes what is left")
 
     # ---- the owner: the process building the rig, or inside its `with` block
     @classmethod

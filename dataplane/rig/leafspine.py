@@ -69,6 +69,9 @@ class LeafSpine(RigBase):
     it (exceptions, Ctrl-C, SIGTERM); `LeafSpine(cfg).up()` builds one that
     stays; `LeafSpine.attach(name)` reconnects; `down()` removes."""
 
+    KIND = "leaf-spine rig"
+    DOWN = "ltp paths down"
+
     def __init__(self, config: LeafSpineConfig | None = None, **kw: Any):
         super().__init__()
         self.config = config or LeafSpineConfig(**kw)
@@ -135,15 +138,6 @@ class LeafSpine(RigBase):
     def _remove(name: str, namespaces: Sequence[str] = ()) -> None:
         teardown.remove_leafspine(name)       # finds the namespaces by their names
 
-    @staticmethod
-    def _exists_error(name: str) -> str:
-        return (f"a leaf-spine rig named {name!r} exists already: pick another "
-                f"name or `ltp paths down --name {name}`")
-
-    @staticmethod
-    def _incomplete_error(name: str, missing: list[str]) -> str:
-        return (f"leaf-spine rig {name!r} is incomplete (missing {missing[0]}...); "
-                f"`ltp paths down --name {name}` removes what is left")
 
     @staticmethod
     def names() -> list[str]:

@@ -149,16 +149,6 @@ class Rig(RigBase):
     def _found_namespaces(name: str) -> list[str]:
         return namespaces_by_rig().get(name, [])
 
-    @staticmethod
-    def _exists_error(name: str) -> str:
-        return (f"a rig named {name!r} exists already: use it (--name {name}), "
-                f"pick another name, or `ltp rig down --name {name}`")
-
-    @staticmethod
-    def _incomplete_error(name: str, missing: list[str]) -> str:
-        return (f"rig {name!r} is incomplete (missing namespaces: "
-                f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
-                f"`ltp rig down --name {name}` removes what is left")
 
     def _restore(self, state: dict[str, Any]) -> None:
         super()._restore(state)
