@@ -152,11 +152,6 @@ def assign(spines: int, flows: Iterable[Flow]) -> Assignment:
     return a
 
 
-def ecmp_link_bytes(flows: Iterable[Flow], spine_of: dict[Flow, int]) -> dict[LinkId, int]:
-    """Bytes per link for an observed (e.g. ECMP-hashed) flow -> spine map."""
-    return Assignment(0, "observed", dict(spine_of)).link_bytes()
-
-
 # --------------------------------------------------------------------------- on a leaf-spine rig
 # The functions below apply the policy above to a dataplane.rig.leafspine.LeafSpine:
 # probing each flow's leaf hash, writing pins, reading per-link counters.

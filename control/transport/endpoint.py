@@ -114,6 +114,7 @@ class Endpoint:
         if not peers:
             raise ValueError("an endpoint needs at least one peer")
         tokens = RoundTokens(secret, job, f"Endpoint({dev!r})")  # checked before the compile
+        share, early = SharePolicy(capacity_bps), EarlyClose(capacity_bps, early_close)
         self.ip, self.ns, self.job, self.port = ip, ns, job, port
         self.peers = dict(peers)
         self.slots = max(peers.values()) + 1
@@ -134,19 +135,20 @@ class Endpoint:
             self.sock = _udp_socket(ip, ns)
             if self_id is not None:
                 self.maps.set_self(self_id, ip, _device_mac(self.sock, dev))
-        except BaseException:
+            self.receiver = Receiver(self.maps, self.peers, self.slots, chunk_bytes=chunk_bytes,
+                                     max_elems=max_elems, capacity_bps=capacity_bps,
+                                     share=share, early=early,
+                                     bubble_strategy=bubble_strategy, tokens=tokens)
+            self.sender = Sender(self.sock, self.maps, self.peers, job=job,
+                                 chunk_bytes=chunk_bytes, max_elems=max_elems, initial_rate_bps=(
+                                     initial_rate_bps or capacity_bps / max(1, len(peers))),
+                                 tokens=tokens)
+        except BaseException:  # nothing of a half-made endpoint stays attached or listed
+            if getattr(self, "sock", None) is not None:
+                self.sock.close()
             self._withdraw()
             self.dp.close()
             raise
-        self.receiver = Receiver(self.maps, self.peers, self.slots, chunk_bytes=chunk_bytes,
-                                 max_elems=max_elems, capacity_bps=capacity_bps,
-                                 share=SharePolicy(capacity_bps),
-                                 early=EarlyClose(capacity_bps, early_close),
-                                 bubble_strategy=bubble_strategy, tokens=tokens)
-        self.sender = Sender(self.sock, self.maps, self.peers, job=job, chunk_bytes=chunk_bytes,
-                             max_elems=max_elems, initial_rate_bps=(
-                                 initial_rate_bps or capacity_bps / max(1, len(peers))),
-                             tokens=tokens)
         self.protected = tokens.protected
         fine_timer_slack()
 

@@ -382,5 +382,3 @@ class Push:
                           closed_by_receiver=all(bool(tx32[s, 1]) for s in self.slots),
                           duration_s=time.perf_counter() - self.t0, passes=self.passes)
 
-
-PushPlan = Push  # the name of a prepared push before it became the Push itself

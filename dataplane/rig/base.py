@@ -99,10 +99,6 @@ class Host:
     port: str
     prefixlen: int = 24
 
-    @property
-    def cidr(self) -> str:
-        return f"{self.ip}/{self.prefixlen}"
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -29,7 +29,6 @@ XDP_FLAGS_SKB_MODE = 1 << 1
 XDP_FLAGS_DRV_MODE = 1 << 2
 MODES = {"native": XDP_FLAGS_DRV_MODE, "skb": XDP_FLAGS_SKB_MODE}
 
-BPFFS = "/sys/fs/bpf"
 NATIVE_HINT = " (native mode needs MTU <= ~3500 on veth)"
 
 
@@ -199,11 +198,6 @@ def pin_fd(fd: int, path: str) -> None:
         raise DataplaneError(f"pinning {path} failed: {e.strerror}"
                              + (" (mount bpffs: `ltp doctor --fix`)"
                                 if e.errno in (errno.EPERM, errno.EINVAL) else "")) from e
-
-
-def open_pinned(path: str) -> int:
-    """fd of a pinned map or program; raises FileNotFoundError if absent."""
-    return clib.obj_get(path)
 
 
 class Dataplane:

@@ -80,7 +80,6 @@ class Geometry:
         return asdict(self)
 
 
-
 class Cfg(ctypes.Structure):
     _fields_ = [("job", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                 ("self_ip", ctypes.c_uint8 * 4), ("self_worker", ctypes.c_uint16),
@@ -273,9 +272,6 @@ class LtpMaps:
             if not 0 <= slot < self.geometry.slots:
                 raise ValueError(f"slot must be in 0..{self.geometry.slots - 1}, got {slot}")
             self.peers.set(worker, ctypes.c_uint32(slot + 1))
-
-    def remove_peer(self, worker: int) -> None:
-        self.peers.set(worker, ctypes.c_uint32(0))
 
     def set_rate(self, slot: int, kbps: int) -> None:
         self.rate.set(slot, ctypes.c_uint32(max(0, min(int(kbps), 2**32 - 1))))

@@ -30,22 +30,6 @@ class RunResult:
         return VERDICTS.get(self.verdict, str(self.verdict))
 
 
-BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
-
-
-def run_xdp_live(prog_fd: int, packet: bytes, repeat: int, batch_size: int = 64) -> int:
-    """Run `prog_fd` `repeat` times on fresh copies of `packet` in live-frame
-    mode (XDP_TX really transmits on the calling thread's namespace's
-    loopback, where it is dropped): returns the kernel's mean ns per run.
-    Call it inside a private network namespace."""
-    inbuf = ctypes.create_string_buffer(bytes(packet), len(packet))
-    opts = TestRunOpts(sz=ctypes.sizeof(TestRunOpts), data_in=ctypes.addressof(inbuf),
-                 data_size_in=len(packet), repeat=repeat, flags=BPF_F_TEST_XDP_LIVE_FRAMES,
-                 batch_size=batch_size)
-    prog_test_run(prog_fd, opts)
-    return opts.duration
-
-
 def run_xdp(prog_fd: int, packet: bytes, repeat: int = 1) -> RunResult:
     """Run the XDP program `prog_fd` on `packet` (bytes from the Ethernet header)."""
     inbuf = ctypes.create_string_buffer(bytes(packet), len(packet))
