@@ -21,10 +21,10 @@ import struct
 import subprocess
 import sys
 
+from ...dataplane.xdp.doctor import BPFFS, bpffs_mounted
 from ...errors import UsageError, DataplaneError
 
 SIOCGIFADDR, SIOCGIFBRDADDR = 0x8915, 0x8919
-BPFFS = "/sys/fs/bpf"
 
 
 def _ifreq_ipv4(dev: str, request: int) -> str:
@@ -53,15 +53,6 @@ def dev_broadcast(dev: str) -> str | None:
     except OSError:
         return None
     return None if addr == "0.0.0.0" else addr
-
-
-def bpffs_mounted() -> bool:
-    """Is a bpffs mounted on /sys/fs/bpf in this process's mount namespace?"""
-    try:
-        with open("/proc/self/mounts") as f:
-            return any(ln.split()[1:3] == [BPFFS, "bpf"] for ln in f if len(ln.split()) > 2)
-    except OSError:
-        return False
 
 
 def ensure_bpffs() -> str | None:

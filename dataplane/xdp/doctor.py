@@ -47,9 +47,10 @@ def fallback_headers() -> tuple[str, str] | None:
 
 
 def bpffs_mounted() -> bool:
+    """Is a bpffs mounted on /sys/fs/bpf in this process's mount namespace?"""
     try:
         with open("/proc/self/mounts") as f:
-            return any(line.split()[1] == BPFFS and line.split()[2] == "bpf" for line in f)
+            return any(ln.split()[1:3] == [BPFFS, "bpf"] for ln in f)
     except OSError:
         return False
 
