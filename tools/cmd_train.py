@@ -29,6 +29,7 @@ EPILOG = """examples:
   sudo ltp train --transport tcp --cc bbr --epochs 5
   sudo ltp train --downlink unicast               parameters sent to each worker in turn
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
+  sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
 
 Ranks start as `python -m ltpx.control.training` with torch.distributed env://
 variables, so the same entry point runs under torchrun on real hosts (rank 0 = PS;
@@ -59,6 +60,13 @@ def register(sub) -> None:
                    "tcp:CC, gloo (default none)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many "
                    "seconds per run (default 900)")
+    out = p.add_argument_group("curves")
+    out.add_argument("--tensorboard", metavar="DIR", default=None,
+                     help="write TensorBoard scalars as the runs go, one folder per run "
+                     "(DIR/ltp, DIR/tcp-cubic, ...)")
+    out.add_argument("--plot", metavar="FILE.png", default=None,
+                     help="draw accuracy and loss against training time, one line per run "
+                     "(.png, .svg or .pdf)")
     add_json(p)
     p.set_defaults(func=cmd_train)
 
@@ -111,6 +119,8 @@ def _validate(args) -> tuple:
         raise UsageError(f"--straggler: worker {bad[0]} does not exist (--workers "
                          f"{args.workers}: 0..{args.workers - 1})")
     runs = _runs(args)
+    from ..control.training.curves import check_outputs
+    check_outputs(args.tensorboard, args.plot)
     if args.sync == "wbsp" and any(r["transport"] == "gloo" for r in runs):
         raise UsageError("--sync wbsp needs a parameter server: gloo all-reduce (--transport/"
                          "--compare gloo) is bsp only")
@@ -132,17 +142,25 @@ def cmd_train(args) -> int:
         need_bcc()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
     from ..control.training.args import config_from_args
+    from ..control.training.curves import Curves, run_label
     from ..control.training.onrig import train_on_rig
 
     results = []
     progress = _Progress(quiet=False)
+    curves = Curves(args.tensorboard, args.plot)
+
+    def on_event(ev: dict) -> None:
+        progress.event(ev)
+        curves.event(ev)
     try:   # LaunchError, RigError, BenchError are LtpErrors: common.run reports them
         for run in runs:
             cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
             rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
             progress.begin(_label(cfg.transport, cfg.cc))
+            curves.begin(run_label(_label(cfg.transport, cfg.cc)))
             with rig:
-                res = train_on_rig(rig, cfg, workers=args.workers, progress=progress.event,
+                res = train_on_rig(rig, cfg, workers=args.workers,
+                                   progress=on_event,
                                    timeout_s=args.timeout, deadline_min_s=args.deadline_min)
                 res["rig"] = {"name": rig.name, "mode": rig.config.mode,
                               "rate_bps": rig.config.rate_bps,
@@ -153,7 +171,12 @@ def cmd_train(args) -> int:
             results.append(res)
     finally:
         progress.close()
+        written = curves.close()
     out = {k: v for k, v in results[0].items() if k != "event"}
+    if written:
+        out["plot"] = written
+    if args.tensorboard:
+        out["tensorboard"] = args.tensorboard
     if len(results) > 1:
         out["compare"] = results[1:]
         out["speedup"] = {_label(r["transport"], r.get("cc")): _ratio(results[0], r)
