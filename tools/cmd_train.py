@@ -308,6 +308,12 @@ def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str
     if any(x for _, x in ratios):
         lines.append("")
     lines += [f"{cols[0]}: {x:.2f}x the rounds/s of {c}" for c, x in ratios if x]
+    if args.plot or args.tensorboard:
+        lines.append("")
+    if args.plot:
+        lines.append(f"plot: {args.plot}")
+    if args.tensorboard:
+        lines.append(f"tensorboard: {args.tensorboard} (tensorboard --logdir {args.tensorboard})")
     return "\n".join(lines)
 
 
