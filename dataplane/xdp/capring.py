@@ -245,10 +245,16 @@ class RingCapture:
             raise CaptureError(f"a capture is running on this program already (pid {cur.owner});"
                                " stop it first (one capture per program)")
         self.ring = Ring(self.maps.fds["ltp_capring"], self.maps.ring_bytes)
-        self.ring.skip()                # what a killed capture left
-        self._base = (*self.maps.stat_totals(), self.maps.ingress_frames())
-        self.on_ns = now
-        self._renew(now)
+        try:
+            self.ring.skip()                # what a killed capture left
+            self._base = (*self.maps.stat_totals(), self.maps.ingress_frames())
+            self.on_ns = now
+            self._renew(now)
+        except BaseException:   # __exit__ does not run when __enter__ raises
+            self.maps.cfg.set(0, CapCfg())
+            self.ring.close()
+            self.ring = None
+            raise
         return self
 
     def renew(self) -> None:
