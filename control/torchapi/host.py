@@ -15,14 +15,16 @@ doctor --fix` would.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 import struct
 import subprocess
-import sys
 
 from ...dataplane.xdp.doctor import BPFFS, bpffs_mounted
 from ...errors import UsageError, DataplaneError
+
+log = logging.getLogger("ltpx.torch.host")   # users configure "ltpx.torch"
 
 SIOCGIFADDR, SIOCGIFBRDADDR = 0x8915, 0x8919
 
@@ -73,5 +75,5 @@ def ensure_bpffs() -> str | None:
                              f"{out.stderr.strip() or out.returncode} (needs root)")
     note = (f"ltpx: mounted bpffs on {BPFFS}: none was mounted in this mount namespace "
             "(`ip netns exec` hides the host's)")
-    print(note, file=sys.stderr)
+    log.warning(note)
     return note
