@@ -33,6 +33,7 @@ examples:
   sudo ltp launch --workers 8 --loss 0.01 -j -- python docs/examples/big_model.py --epochs 1
   sudo ltp launch --workers 2 --transport tcp -- python my_train.py
   sudo ltp launch --workers 4 --rig myrig --keep -- python my_train.py     (the rig stays)
+  sudo ltp launch --workers 8 --servers 2 -- python my_train.py   (2 servers, a slice each)
 """
 
 
@@ -45,8 +46,9 @@ def register(sub) -> None:
                     epilog=EPILOG)
     p.add_argument("--workers", type=int, default=2, help=f"worker ranks, 1..{MAX_WORKERS} "
                    "(default 2)")
-    p.add_argument("--servers", type=int, default=1, help="server ranks (default 1; only 1 "
-                   "for now)")
+    p.add_argument("--servers", type=int, default=1, help="server ranks, 1..8, each on a host "
+                   "of its own summing a slice of every bucket (default 1; a new rig gets "
+                   "that many server hosts, `ltp rig up --servers S`)")
     p.add_argument("--transport", choices=("ltp", "tcp"), default="ltp",
                    help="ltp (default), or the same server over TCP (an skb-mode rig)")
     add_rate(p)
@@ -76,9 +78,6 @@ def _check(args) -> list[str]:
         raise UsageError("launch: give the command after --, e.g. "
                          "`ltp launch --workers 2 -- python train.py`")
     check_workers(args.workers)
-    if args.servers != 1:
-        raise UsageError(f"--servers: must be 1 (one server rank holds every bucket), "
-                         f"got {args.servers}")
     check_name(args.rig, "--rig")
     if args.timeout < 0 or args.grace < 0:
         raise UsageError("--timeout and --grace: seconds, at least 0")
@@ -89,7 +88,7 @@ def _check(args) -> list[str]:
         args.rig_config = rig_config(args.rig or "check", args.transport,
                                      workers=args.workers, rate_bps=args.rate_bps,
                                      buffer_bytes=args.buffer_bytes, loss=args.loss_p,
-                                     mtu=args.mtu)
+                                     mtu=args.mtu, servers=args.servers)
     except ValueError as e:
         raise UsageError(f"--{e}") from None
     return cmd
@@ -109,6 +108,9 @@ def cmd_launch(args) -> int:
         rig = Rig.attach(args.rig)
         if len(rig.workers) < args.workers:
             raise UsageError(f"--workers: rig {args.rig} has only {len(rig.workers)} workers")
+        if args.servers > 1 and len(rig.servers) < args.servers:
+            raise UsageError(f"--servers: rig {args.rig} has {len(rig.servers)} server "
+                             f"host(s); build it with `ltp rig up --servers {args.servers}`")
     else:
         name = args.rig or f"ln{os.getpid() % 1000000}"
         rig = Rig(dataclasses.replace(args.rig_config, name=name))

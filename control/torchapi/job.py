@@ -60,6 +60,10 @@ class Job:
                              "rank(s) and at least one worker")
         self.is_server = self.global_rank < s.servers
         self.rank = None if self.is_server else self.global_rank - s.servers
+        if s.servers > 1:   # sharded servers: shards.py sets up coord, links, exchange
+            from .shards import start_sharded
+            start_sharded(self)
+            return
         self.coord = Coord(self.store, self.workers, s.timeout)
         self.link = self.make_link()
         me = {"rank": self.global_rank, "role": "server" if self.is_server else "worker",

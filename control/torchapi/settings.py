@@ -13,6 +13,7 @@ from ...errors import UsageError
 TRANSPORTS = ("ltp", "tcp")
 XDP_MODES = ("native", "skb")
 DOWNLINKS = ("group", "unicast")
+MAX_SERVERS = 8
 
 # keyword -> environment variable
 ENV = {"transport": "LTP_TRANSPORT", "dev": "LTP_DEV", "ip": "LTP_IP",
@@ -35,7 +36,7 @@ class Settings:
     mtu: int = 1500                 # path MTU: chunk size = MTU - 68, in float64 pairs
     group: str | None = None        # downlink group address (default: dev's broadcast address)
     downlink: str = "group"         # group | unicast: how answers reach the workers
-    servers: int = 1                # ranks 0..servers-1 serve; only 1 for now
+    servers: int = 1                # ranks 0..servers-1 serve, each a slice (shards.py)
     netns: str | None = None        # this rank's network namespace (names its pins)
     store_netns: str | None = None  # open the store connection inside this namespace
     timeout: float = 300.0          # seconds any one wait may take
@@ -79,8 +80,9 @@ class Settings:
             bad("capacity", f"must be positive bit/s, got {self.capacity}")
         if not 576 <= self.mtu <= 9000:
             bad("mtu", f"must be in 576..9000, got {self.mtu}")
-        if self.servers != 1:
-            bad("servers", f"must be 1 (one server rank holds every bucket), got {self.servers}")
+        if not 1 <= self.servers <= MAX_SERVERS:
+            bad("servers", f"must be in 1..{MAX_SERVERS} (ranks 0..servers-1 serve, each a "
+                f"slice of every bucket: shards.py), got {self.servers}")
         if not self.timeout > 0:
             bad("timeout", f"must be positive seconds, got {self.timeout}")
         if not self.bucket_mb > 0:

@@ -9,8 +9,9 @@ MASTER_PORT, LOCAL_RANK, TORCHELASTIC_USE_AGENT_STORE=True) and what
 `ltpx.torch.init()` reads (LTP_DEV, LTP_IP, LTP_XDP_MODE, LTP_CAPACITY,
 LTP_MTU, LTP_GROUP, LTP_NETNS, LTP_STORE_NETNS, LTP_SERVERS, ...).
 
-Ranks 0..servers-1 run on the rig's PS host, rank servers+i on worker i's
-host. Their stdout and stderr are read line by line as they come
+Ranks 0..servers-1 run on the rig's server hosts (ps, ps1, ...: `ltp rig up
+--servers S`; a one-server rig runs them all on ps), rank servers+i on
+worker i's host. Their stdout and stderr are read line by line as they come
 (`RigJob.pump` hands each line to a callback); when a rank fails the
 others get `grace_s` to notice, then SIGTERM (a rank unwinds and detaches
 its XDP program), then SIGKILL. `ltp launch` (tools/cmd_launch.py) and
@@ -28,7 +29,7 @@ from datetime import timedelta
 from typing import Callable
 
 from ...dataplane import netns
-from ...dataplane.rig.star import BROADCAST
+from ...dataplane.rig.star import broadcast_of
 from ..procs import stop_all
 
 RC_KILLED = -1000   # a rank this launcher stopped (another one failed first, or the timeout)
@@ -56,11 +57,16 @@ class Rank:
 
 
 def plan_ranks(rig, workers: int, servers: int = 1) -> list[Rank]:
-    """Servers on the rig's PS host, then one worker per worker host."""
+    """Servers on the rig's server hosts (several servers need as many:
+    each a host of its own), then one worker per worker host."""
     if not 1 <= workers <= len(rig.workers):
         raise ValueError(f"workers: rig {rig.name} has {len(rig.workers)} workers, asked "
                          f"for {workers}")
-    ranks = [Rank(i, "server", i, rig.ps) for i in range(servers)]
+    hosts = getattr(rig, "servers", [rig.ps])
+    if servers > 1 and len(hosts) < servers:
+        raise ValueError(f"servers: rig {rig.name} has {len(hosts)} server host(s), asked "
+                         f"for {servers} (`ltp rig up --servers {servers}`)")
+    ranks = [Rank(i, "server", i, hosts[i] if servers > 1 else rig.ps) for i in range(servers)]
     return ranks + [Rank(servers + i, "worker", i, h) for i, h in enumerate(rig.workers[:workers])]
 
 
@@ -79,7 +85,7 @@ def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
                LTP_STORE_NETNS=rig.ps.netns, LTP_SERVERS=str(servers))
     env.pop("LTP_GROUP", None)
     if group:   # the rig's bridge floods its subnet broadcast to every host
-        env["LTP_GROUP"] = BROADCAST
+        env["LTP_GROUP"] = broadcast_of(h)
     if timeout_s is not None:
         env["LTP_TIMEOUT"] = str(timeout_s)
     return env

@@ -32,11 +32,12 @@ def rig_mode_for(transport: str) -> str:
 
 
 def rig_config(name: str, transport: str, *, workers: int, rate_bps: int, buffer_bytes: int,
-               loss: float, mtu: int = 1500):
+               loss: float, mtu: int = 1500, servers: int = 1):
     """The RigConfig a run of `transport` should build (see the module docstring)."""
     from ...dataplane.rig.star import RigConfig
     return RigConfig(name=name, workers=workers, rate_bps=rate_bps, buffer_bytes=buffer_bytes,
-                     loss=loss, shape="all", loss_on="all", mode=rig_mode_for(transport), mtu=mtu)
+                     loss=loss, shape="all", loss_on="all", mode=rig_mode_for(transport), mtu=mtu,
+                     servers=servers)
 
 
 def rank_argv(cfg: TrainConfig, rank_timeout_s: float, deadline_min_s: float | None,

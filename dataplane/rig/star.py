@@ -42,16 +42,17 @@ from .. import netns
 from . import bpf, loss, netlink, teardown
 from .base import RigBase, RigError, saved_names
 from .netlink import NUD_NOARP, NUD_PERMANENT, TC_EGRESS
-from .star_plan import (BRIDGE, BROADCAST, DEFAULT_NAME, MAX_RATE_BPS, MAX_WORKERS,
-                        MIN_RATE_BPS, NAME_RE, PIN_ROOT, PREFIXLEN, PS_IP, STATE_DIR, SUBNET,
-                        WORKER_BASE, Host, RigConfig, namespaces_by_rig, pin_dir, plan_hosts,
-                        state_path, switch_ns)
+from .star_plan import (BRIDGE, BROADCAST, DEFAULT_NAME, MAX_RATE_BPS, MAX_SERVERS,
+                        MAX_WORKERS, MIN_RATE_BPS, NAME_RE, PIN_ROOT, PREFIXLEN, PS_IP, STATE_DIR,
+                        SUBNET, WORKER_BASE, Host, RigConfig, bridge_of, broadcast_of,
+                        namespaces_by_rig, pin_dir, plan_hosts, plan_nics, state_path, switch_ns)
 from .teardown import remove_all
 from .traffic import measure_rate, udp_blast
 
 LOSS_STATS = loss.STATS
 
-__all__ = ["BRIDGE", "BROADCAST", "DEFAULT_NAME", "LOSS_STATS", "MAX_RATE_BPS", "MAX_WORKERS",
+__all__ = ["BRIDGE", "BROADCAST", "DEFAULT_NAME", "LOSS_STATS", "MAX_RATE_BPS", "MAX_SERVERS",
+           "MAX_WORKERS", "broadcast_of",
            "MIN_RATE_BPS", "NUD_NOARP", "NUD_PERMANENT", "PIN_ROOT", "PREFIXLEN", "PS_IP",
            "STATE_DIR", "SUBNET", "TC_EGRESS", "WORKER_BASE", "Host", "Rig", "RigConfig",
            "RigError", "measure_rate", "pin_dir", "plan_hosts", "remove_all", "state_path",
@@ -74,7 +75,8 @@ class Rig(RigBase):
             raise TypeError("pass a RigConfig or keyword arguments, not both")
         super().__init__()
         self.config = config
-        self.hosts: list[Host] = plan_hosts(config.name, config.workers)
+        self.hosts: list[Host] = plan_hosts(config.name, config.workers, config.servers)
+        self.nics: list[Host] = plan_nics(config.name, config.workers, config.servers)
         self.switch_ns = switch_ns(config.name)
         self.created: float | None = None
 
@@ -84,12 +86,29 @@ class Rig(RigBase):
         return self.hosts[0]
 
     @property
+    def servers(self) -> list[Host]:
+        """The server hosts: ps, then ps1, ps2, ... (RigConfig.servers)."""
+        return [h for h in self.hosts if h.role == "ps"]
+
+    @property
     def workers(self) -> list[Host]:
-        return self.hosts[1:]
+        return [h for h in self.hosts if h.role == "worker"]
+
+    def nics_of(self, worker: HostKey) -> list[Host]:
+        """A worker's devices, one per server in server order (the first is the host's own)."""
+        w = self.host(worker)
+        return [w] + [n for n in self.nics if n.index == w.index]
+
+    @property
+    def bridges(self) -> list[str]:
+        return [BRIDGE] + [f"br{i}" for i in range(1, self.config.servers)]
 
     def _ports(self, which: str) -> list[str]:
-        """Switch ports a per-port option ("ps" or "all") applies to."""
-        return [h.port for h in self.hosts] if which == "all" else [self.ps.port]
+        """Switch ports a per-port option ("ps" or "all") applies to: every
+        server's, or every port (the workers' extra devices' included)."""
+        if which == "all":
+            return [h.port for h in self.hosts + self.nics]
+        return [h.port for h in self.servers]
 
     @property
     def shaped_ports(self) -> list[str]:
@@ -125,16 +144,19 @@ class Rig(RigBase):
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "version": 1, "config": self.config.to_dict(),
                 "created": self.created, "switch_ns": self.switch_ns, "bridge": BRIDGE,
+                "bridges": self.bridges,
                 "subnet": f"{SUBNET}/{PREFIXLEN}", "shaped_ports": self.shaped_ports,
                 "loss_ports": self.loss_ports,
-                "xdp_pass_ports": [h.port for h in self.hosts] if self.config.mode == "native" else [],
+                "xdp_pass_ports": ([h.port for h in self.hosts + self.nics]
+                                   if self.config.mode == "native" else []),
                 "pins": self.pins, "state": "up" if self._is_up else "building",
                 "owner_pid": self.owner_pid,
-                "hosts": [h.to_dict() for h in self.hosts]}
+                "hosts": [h.to_dict() for h in self.hosts],
+                "nics": [h.to_dict() for h in self.nics]}
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"Rig({c.name!r}, workers={c.workers}, rate={c.rate_bps}, buffer={c.buffer_bytes}, "
+        return (f"Rig({c.name!r}, workers={c.workers}, servers={c.servers}, rate={c.rate_bps}, buffer={c.buffer_bytes}, "
                 f"loss={c.loss}, shape={c.shape}, mode={c.mode}, up={self._is_up})")
 
     # ---- lifecycle (the rest is RigBase's)
@@ -178,24 +200,25 @@ class Rig(RigBase):
                        missing_ok=True)
         self._build_switch()
         if self.config.mode == "native":
-            bpf.xdp_pass((h.port, self.switch_ns) for h in self.hosts)
+            bpf.xdp_pass((h.port, self.switch_ns) for h in self.hosts + self.nics)
         self._built()
 
     def _build_switch(self) -> None:
         """The bridge and its ports, the hosts' ends, TBF and the loss injector."""
         cfg = self.config
         with netlink.iproute(self.switch_ns) as sw:
-            br = netlink.add_bridge(sw, BRIDGE)
+            brs = {b: netlink.add_bridge(sw, b) for b in self.bridges}   # one per server subnet
             ports = {}
-            for h in self.hosts:
+            for h in self.hosts + self.nics:
                 idx = ports[h.port] = netlink.add_veth(sw, h.port, mtu=cfg.mtu, peer=h.ifname,
                                                        peer_ns=h.netns, peer_mac=h.mac)
-                sw.link("set", index=idx, master=br, state="up")
+                sw.link("set", index=idx, master=brs[bridge_of(h)], state="up")
                 netlink.no_udp_gso(self.switch_ns, h.port)
                 # static FDB: frames to a host never flood, even before it talked
                 sw.fdb("add", ifindex=idx, lladdr=h.mac, state=NUD_NOARP)
-            sw.link("set", index=br, state="up")
-            for h in self.hosts:
+            for br in brs.values():
+                sw.link("set", index=br, state="up")
+            for h in self.hosts + self.nics:
                 self._host_up(h)
             for port in self.shaped_ports:
                 netlink.add_tbf(sw, ports[port], cfg)
@@ -204,9 +227,9 @@ class Rig(RigBase):
     def _host_up(self, h: Host) -> None:
         with netlink.iproute(h.netns) as ipr:
             # the broadcast address: the PS's group sends (Endpoint.push group=)
-            idx = netlink.address_up(ipr, h.ifname, h.ip, h.prefixlen, broadcast=BROADCAST)
-            for other in self.hosts:       # MACs known up front: no ARP on the bottleneck
-                if other is not h:
+            idx = netlink.address_up(ipr, h.ifname, h.ip, h.prefixlen, broadcast=broadcast_of(h))
+            for other in self.hosts + self.nics:   # MACs known up front: no ARP on the bottleneck
+                if other is not h and bridge_of(other) == bridge_of(h):
                     netlink.static_neighbour(ipr, idx, other.ip, other.mac)
 
     def has_broadcast(self) -> bool:
@@ -325,7 +348,7 @@ class Rig(RigBase):
         with netlink.iproute(self.switch_ns) as sw:
             for link in sw.get_links():
                 name = link.get_attr("IFLA_IFNAME")
-                if name in ("lo", BRIDGE):
+                if name == "lo" or name in self.bridges:
                     continue
                 xdp = link.get_attr("IFLA_XDP")
                 out[name] = {"xdp_prog_id": xdp.get_attr("IFLA_XDP_PROG_ID") if xdp else None,

@@ -1,0 +1,378 @@
+"""Sharded servers (BytePS's split): S server ranks, each summing a slice of every piece.
+
+With `servers=S` (LTP_SERVERS) ranks 0..S-1 serve. Every piece of every op
+(a step's bucket, a broadcast's buffer) is cut into S contiguous slices
+balanced by bytes (`plan_slices`: sizes differ by at most one float32); server
+i gets slice i of each, so every server sees every op, with the same op and
+round numbers, and runs the ordinary server loop (server.py) unchanged: Early
+Close and Bubble Filling per server, its answer over the reliable class.
+
+Each server has its own coordination namespace (the store under prefix
+"s<i>", so coord.py's keys never collide) and its own link. A worker holds S
+links and S exchange.Exchange objects behind one `ShardedExchange`, which
+looks like one Exchange to the optimizer and the collectives: it splits each
+piece, pushes slice i to server i from shard i's own thread (all S at once),
+pulls the S answers and joins them, with one StepReport merged from the S.
+Replicas stay bit-identical: every worker joins the same S answers.
+
+An LTP endpoint owns its device's XDP program, so a worker needs a device
+per server: the one its route to that server leaves by (`route_to`). The
+rig (`ltp rig up --servers S`) gives every worker a device on each server's
+subnet. The root store (no prefix) keeps every rank's meta and what code
+above the API stores (`user/...`); the servers' summaries are merged too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import socket
+import threading
+import time
+
+import numpy as np
+
+from ...errors import UsageError
+from .coord import Coord
+from .exchange import Exchange
+from .ops import REASONS, SHUTDOWN, STEP, Op, StepReport
+
+
+def plan_slices(n: int, servers: int) -> list[tuple[int, int]]:
+    """[lo, hi) of each server's slice of an n-element piece: contiguous,
+    in server order, covering 0..n, sizes differing by at most one (the first
+    n % servers slices are one larger). UsageError when a server would get
+    nothing (n < servers)."""
+    if servers < 1:
+        raise UsageError(f"servers: must be at least 1, got {servers}")
+    if n < servers:
+        raise UsageError(f"cannot cut {n} element(s) into {servers} server slices: every "
+                         "server needs at least one element")
+    q, r = divmod(n, servers)
+    out, lo = [], 0
+    for i in range(servers):
+        hi = lo + q + (1 if i < r else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+@dataclasses.dataclass
+class ShardRun:
+    """One op in flight on a sharded worker: the op, and each shard's Run."""
+
+    op: Op
+    runs: list                      # exchange.Run per shard
+    slices: list[list[tuple[int, int]]]   # per piece: [lo, hi) per shard (of the padded piece)
+
+    @property
+    def seq(self) -> int:
+        return self.runs[0].seq      # every shard numbers every op alike
+
+
+def split_op(op: Op, servers: int) -> tuple[list[Op], list[list[tuple[int, int]]]]:
+    """Each shard's op (its slice of every piece) and the slices per piece.
+    A piece shorter than `servers` is padded with zeros to one element per
+    server, so every server still sees every piece."""
+    slices = [plan_slices(max(n, servers), servers) for n in op.sizes]
+    subs = [dataclasses.replace(op, sizes=tuple(sl[i][1] - sl[i][0] for sl in slices))
+            for i in range(servers)]
+    return subs, slices
+
+
+def merge_reports(reps: list[StepReport], workers: int) -> StepReport:
+    """One step's report from the S servers' (each saw a slice of every bucket):
+    per bucket the worst close, per worker the mean delivered fraction and
+    the summed filled chunks and wholly filled bucket slices, the longest
+    gather time."""
+    B = len(reps[0].reasons)
+    reasons = [max((r.reasons[b] for r in reps), key=REASONS.index) for b in range(B)]
+    ws = range(workers)
+    return StepReport(step=reps[0].step, reasons=reasons,
+                      delivered={w: float(np.mean([r.delivered[w] for r in reps])) for w in ws},
+                      filled_chunks={w: sum(r.filled_chunks[w] for r in reps) for w in ws},
+                      wholly_filled={w: sum(r.wholly_filled[w] for r in reps) for w in ws},
+                      ks=list(reps[0].ks), gather_s=max(r.gather_s for r in reps))
+
+
+def merge_summaries(sums: list[dict]) -> dict:
+    """The servers' summaries as one (their own under "servers")."""
+    reasons: dict[str, int] = {}
+    for s in sums:
+        for k, v in (s.get("rounds_by_reason") or {}).items():
+            reasons[k] = reasons.get(k, 0) + v
+    times = {k: round(max(s.get("ps_times", {}).get(k, 0.0) for s in sums), 4)
+             for k in sums[0].get("ps_times", {})}
+    medians = [s["round_s_median"] for s in sums if s.get("round_s_median") is not None]
+    return {"steps": sums[0].get("steps"), "ops": sums[0].get("ops"), "ps_times": times,
+            "rounds_by_reason": reasons,
+            "delivered_fraction": float(np.mean([s.get("delivered_fraction", 1.0)
+                                                 for s in sums])),
+            "round_s_median": max(medians) if medians else None,
+            "servers": sums}
+
+
+class ShardThread:
+    """One daemon thread running a shard's calls in order; wait() returns
+    when every call so far is done and raises the first error."""
+
+    def __init__(self, i: int):
+        self.q: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self.loop, name=f"ltpx-shard{i}", daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        while True:
+            fn = self.q.get()
+            try:
+                if fn is None:
+                    return
+                if self.error is None:
+                    fn()
+            except BaseException as e:   # handed over by wait()
+                self.error = e
+            finally:
+                self.q.task_done()
+
+    def submit(self, fn, *args) -> None:
+        self.q.put(lambda: fn(*args))
+
+    def wait(self) -> None:
+        self.q.join()
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+
+    def close(self) -> None:
+        self.q.put(None)
+
+
+class ShardCoord:
+    """What the optimizer asks of `exchange.co` (wbsp), over every shard's Coord."""
+
+    def __init__(self, coords: list[Coord]):
+        self.coords = coords
+
+    def gone(self, s: int) -> bool:
+        return all(c.gone(s) for c in self.coords)
+
+    def set_k(self, s: int, w: int, k: int) -> None:
+        for c in self.coords:
+            c.set_k(s, w, k)
+
+
+class ShardedExchange:
+    """S exchanges (one per server) that look like one Exchange (exchange.py)."""
+
+    def __init__(self, exchanges: list[Exchange], worker: int, workers: int):
+        self.exs, self.id, self.workers = exchanges, worker, workers
+        self.S = len(exchanges)
+        self.co = ShardCoord([ex.co for ex in exchanges])
+        self.threads = [ShardThread(i) for i in range(self.S)]
+        self.answers: dict[int, list[np.ndarray]] = {}   # per shard: answer buffers by size
+        self.barrier_s = 0.0
+
+    @property
+    def times(self) -> dict:
+        """Seconds at barriers, and the longest shard's pushing and pulling."""
+        return {"barrier_s": self.barrier_s,
+                "push_s": max(ex.times["push_s"] for ex in self.exs),
+                "pull_s": max(ex.times["pull_s"] for ex in self.exs)}
+
+    def plan(self, op: Op) -> ShardRun:
+        subs, slices = split_op(op, self.S)
+        return ShardRun(op, [ex.plan(sub) for ex, sub in zip(self.exs, subs)], slices)
+
+    def prepare(self, run: ShardRun) -> None:
+        for ex, r in zip(self.exs, run.runs):
+            ex.prepare(r)
+
+    def arrive(self, run: ShardRun) -> bool:
+        last = [ex.arrive(r) for ex, r in zip(self.exs, run.runs)]
+        return last[0]
+
+    def barrier(self, run: ShardRun) -> None:
+        """Arrive at every server's barrier, then wait for each to lift."""
+        t0 = time.perf_counter()
+        for ex, r in zip(self.exs, run.runs):
+            ex.co.arrive(r.seq, r.op)
+        for ex, r in zip(self.exs, run.runs):
+            ex.co.wait_go(r.seq)
+        self.barrier_s += time.perf_counter() - t0
+
+    def push(self, run: ShardRun, i: int, piece: np.ndarray) -> None:
+        """Piece i: slice s to server s, from shard s's thread (returns at once;
+        finish() waits). `piece` must not change before finish()."""
+        sl = run.slices[i]
+        if len(piece) < sl[-1][1]:     # shorter than the servers: padded with zeros
+            padded = np.zeros(sl[-1][1], dtype=np.float32)
+            padded[:len(piece)] = piece
+            piece = padded
+        for s, (ex, r) in enumerate(zip(self.exs, run.runs)):
+            lo, hi = sl[s]
+            self.threads[s].submit(ex.push, r, i, piece[lo:hi])
+
+    def finish(self, run: ShardRun, out: np.ndarray) -> np.ndarray:
+        """Every server's answer, joined into out[:down_elems] (returned)."""
+        bufs = []
+        for s, (ex, r) in enumerate(zip(self.exs, run.runs)):
+            buf = self.buffer(s, r.op.down_elems(self.workers))
+            bufs.append(buf)
+            self.threads[s].submit(ex.finish, r, buf)
+        self.wait()
+        return self.join(run, bufs, out)
+
+    def buffer(self, s: int, n: int) -> np.ndarray:
+        have = self.answers.setdefault(s, [])
+        for b in have:
+            if len(b) == n:
+                return b
+        b = np.empty(n, dtype=np.float32)
+        have.append(b)
+        return b
+
+    def join(self, run: ShardRun, bufs: list[np.ndarray], out: np.ndarray) -> np.ndarray:
+        op = run.op
+        view = out[:op.down_elems(self.workers)]
+        offs = op.offsets()
+        sub_offs = [r.op.offsets() for r in run.runs]
+        for i, n in enumerate(op.sizes):
+            for s, (lo, hi) in enumerate(run.slices[i]):
+                if lo >= n:
+                    break                 # padding
+                a = sub_offs[s][i]
+                k = min(hi, n) - lo
+                view[offs[i] + lo:offs[i] + lo + k] = bufs[s][a:a + k]
+        if op.kind == STEP:
+            total = sum(op.sizes)
+            reps = [StepReport.decode(b[sum(r.op.sizes):]) for b, r in zip(bufs, run.runs)]
+            merge_reports(reps, self.workers).encode(view[total:])
+        return view
+
+    def wait(self) -> None:
+        errors = []
+        for t in self.threads:
+            try:
+                t.wait()
+            except BaseException as e:   # every shard drained before one error is raised
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def run(self, op: Op, pieces: list[np.ndarray] | None, out: np.ndarray) -> np.ndarray:
+        """A whole op (pieces: this worker's, None if it sends none)."""
+        run = self.plan(op)
+        self.prepare(run)
+        self.barrier(run)
+        for i, piece in enumerate(pieces or []):
+            self.push(run, i, piece)
+        return self.finish(run, out)
+
+    def shutdown(self) -> dict:
+        """Every server's last op; their summaries merged."""
+        self.wait()
+        runs = [ex.plan(Op(SHUTDOWN)) for ex in self.exs]
+        for ex, r in zip(self.exs, runs):
+            ex.co.arrive(r.seq, r.op)
+        sums = [ex.co.get_json("fin") for ex in self.exs]
+        self.close()
+        return merge_summaries(sums)
+
+    def close(self) -> None:
+        for t in self.threads:
+            t.close()
+        self.threads = []
+
+
+class ShardLinks:
+    """A sharded worker's links, closed together (job.link)."""
+
+    def __init__(self, links: list):
+        self.links = links
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()
+
+
+def route_to(ip: str) -> tuple[str, str]:
+    """(device, source address) this namespace's route to `ip` leaves by."""
+    from pyroute2 import IPRoute
+    with IPRoute() as ipr:
+        try:
+            r = ipr.route("get", dst=ip)[0]
+        except Exception as e:   # pyroute2's NetlinkError: no route
+            raise UsageError(f"no route to server {ip}: {e}") from None
+        dev = ipr.get_links(r.get_attr("RTA_OIF"))[0].get_attr("IFLA_IFNAME")
+        return dev, r.get_attr("RTA_PREFSRC")
+
+
+def _store(store, i: int):
+    import torch.distributed as dist
+    return dist.PrefixStore(f"s{i}", store)
+
+
+def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]:
+    """One link per server, each on the device its route leaves by."""
+    s = job.s
+    from ...dataplane import netns
+    with netns.inside(s.netns if s.netns and s.netns != netns.current() else None):
+        nets = [route_to(m["ip"]) for m in servers]
+    devs = [d for d, _ in nets]
+    if s.transport == "ltp" and len(set(devs)) < len(devs):
+        raise UsageError(f"servers={len(servers)}: LTP needs a device per server on each "
+                         f"worker (an endpoint owns its device's XDP program), but the routes "
+                         f"to {', '.join(m['ip'] for m in servers)} leave by {', '.join(devs)}; "
+                         "`ltp rig up --servers S` gives each worker one per server subnet")
+    links = []
+    try:
+        for dev, ip in nets:
+            sub = dataclasses.replace(s, dev=dev, ip=ip)
+            if s.transport == "tcp":
+                from .link_tcp import TcpWorkerLink
+                links.append(TcpWorkerLink(sub, job.rank, job.workers))
+            else:
+                from .link_ltp import LtpWorkerLink
+                links.append(LtpWorkerLink(sub, job.rank, job.workers))
+    except BaseException:
+        for link in links:
+            link.close()
+        raise
+    return links, nets
+
+
+def start_sharded(job) -> None:
+    """job.Job.start for servers > 1 (after the rendezvous): coordination,
+    links and, on a worker, the ShardedExchange."""
+    s, S, W = job.s, job.s.servers, job.workers
+    root = Coord(job.store, W, s.timeout)
+    me = {"rank": job.global_rank, "role": "server" if job.is_server else "worker",
+          "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid()}
+    if job.is_server:
+        i = job.global_rank
+        job.coord = Coord(_store(job.store, i), W, s.timeout)
+        job.link = job.make_link()
+        root.set_json(f"meta/{i}", {**me, "shard": i, **job.link.address()})
+        metas = root.get_many([f"meta/{r}" for r in range(job.world)])
+        job.local_rank = 0
+        job.link.connect({w: dict(metas[S + w], ip=metas[S + w]["shard_ips"][i])
+                          for w in range(W)})
+        return
+    job.coord = root
+    servers = root.get_many([f"meta/{i}" for i in range(S)])
+    links, nets = worker_links(job, servers)
+    job.link = ShardLinks(links)
+    root.set_json(f"meta/{job.global_rank}", {**me, "shard_ips": [ip for _, ip in nets],
+                                              "shard_devs": [d for d, _ in nets]})
+    metas = root.get_many([f"meta/{r}" for r in range(job.world)])
+    job.local_rank = job.local_index(metas)
+    for link, m in zip(links, servers):
+        link.connect(m)
+    job.exchange = ShardedExchange(
+        [Exchange(link, Coord(_store(job.store, i), W, s.timeout), job.rank, W)
+         for i, link in enumerate(links)], job.rank, W)
+
+
+__all__ = ["plan_slices", "split_op", "merge_reports", "merge_summaries", "ShardedExchange",
+           "ShardRun", "route_to", "start_sharded"]
