@@ -1,10 +1,12 @@
-"""The one ctypes binding of the C libraries LTP calls: libbpf and libc.
+"""The one ctypes binding of the C libraries LTP calls: libbpf, libc, libbcc.
 
 libbpf.so.1 gives the BPF syscalls on file descriptors (pins, kernel ids,
 map elements, object info, links, BPF_PROG_TEST_RUN), so the same code serves
 the process that loaded a program and one that opened it by pin or by id.
-libc gives setns(2) and prctl(2). Every other module calls these functions;
-none loads a library.
+libc gives setns(2) and prctl(2). libbcc (bcc's own library, opened here a
+second time with its own signatures) is read only for what the compile cache
+keeps of a compiled module: its tables and its functions' instructions. Every
+other module calls these functions; none loads a library.
 
 Failures raise OSError with the errno and the call's name (FileNotFoundError
 for ENOENT, as Python does); callers turn them into their own LtpError with
@@ -46,6 +48,29 @@ class TestRunOpts(ctypes.Structure):
     ]
 
 
+class MapCreateOpts(ctypes.Structure):
+    """struct bpf_map_create_opts (libbpf 1.x) up to `map_flags`."""
+
+    _fields_ = [("sz", ctypes.c_size_t), ("btf_fd", _c_uint32), ("btf_key_type_id", _c_uint32),
+                ("btf_value_type_id", _c_uint32), ("btf_vmlinux_value_type_id", _c_uint32),
+                ("inner_map_fd", _c_uint32), ("map_flags", _c_uint32)]
+
+
+class ProgLoadOpts(ctypes.Structure):
+    """struct bpf_prog_load_opts (libbpf 1.0-1.1 layout; later versions only append)."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t), ("attempts", _c_int), ("expected_attach_type", _c_uint32),
+        ("prog_btf_fd", _c_uint32), ("prog_flags", _c_uint32), ("prog_ifindex", _c_uint32),
+        ("kern_version", _c_uint32), ("attach_btf_id", _c_uint32),
+        ("attach_prog_fd", _c_uint32), ("attach_btf_obj_fd", _c_uint32),
+        ("fd_array", _vp), ("func_info", _vp),
+        ("func_info_cnt", _c_uint32), ("func_info_rec_size", _c_uint32),
+        ("line_info", _vp), ("line_info_cnt", _c_uint32), ("line_info_rec_size", _c_uint32),
+        ("log_level", _c_uint32), ("log_size", _c_uint32), ("log_buf", _vp),
+    ]
+
+
 # name -> (restype, argtypes) of every libbpf function used
 _LIBBPF = {
     "bpf_obj_pin": (_c_int, [_c_int, ctypes.c_char_p]),
@@ -65,6 +90,24 @@ _LIBBPF = {
     "bpf_map_get_next_id": (_c_int, [_c_uint32, ctypes.POINTER(_c_uint32)]),
     "bpf_link_create": (_c_int, [_c_int, _c_int, _c_int, _vp]),
     "bpf_link_detach": (_c_int, [_c_int]),
+    "bpf_map_create": (_c_int, [_c_int, ctypes.c_char_p, _c_uint32, _c_uint32, _c_uint32, _vp]),
+    "bpf_prog_load": (_c_int, [_c_int, ctypes.c_char_p, ctypes.c_char_p, _vp, ctypes.c_size_t,
+                               _vp]),
+}
+
+# name -> (restype, argtypes) of the libbcc functions the compile cache reads a module with
+_LIBBCC = {
+    "bpf_num_tables": (ctypes.c_size_t, [_vp]),
+    "bpf_table_name": (ctypes.c_char_p, [_vp, ctypes.c_size_t]),
+    "bpf_table_fd_id": (_c_int, [_vp, ctypes.c_size_t]),
+    "bpf_table_key_desc_id": (ctypes.c_char_p, [_vp, ctypes.c_size_t]),
+    "bpf_table_leaf_desc_id": (ctypes.c_char_p, [_vp, ctypes.c_size_t]),
+    "bpf_num_functions": (ctypes.c_size_t, [_vp]),
+    "bpf_function_name": (ctypes.c_char_p, [_vp, ctypes.c_size_t]),
+    "bpf_function_start": (_vp, [_vp, ctypes.c_char_p]),
+    "bpf_function_size": (ctypes.c_size_t, [_vp, ctypes.c_char_p]),
+    "bpf_module_license": (ctypes.c_char_p, [_vp]),
+    "bpf_module_kern_version": (_c_uint32, [_vp]),
 }
 
 
@@ -77,6 +120,18 @@ def libbpf():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         _libs["bpf"] = lib
+    return lib
+
+
+def libbcc():
+    """bcc's libbcc.so.0 with the signatures above (OSError if it is not installed)."""
+    lib = _libs.get("bcc")
+    if lib is None:
+        lib = ctypes.CDLL("libbcc.so.0", use_errno=True)
+        for name, (res, args) in _LIBBCC.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        _libs["bcc"] = lib
     return lib
 
 
@@ -226,6 +281,68 @@ def prog_test_run(fd: int, opts: TestRunOpts) -> None:
     if libbpf().bpf_prog_test_run_opts(fd, ctypes.byref(opts)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"BPF_PROG_TEST_RUN: {os.strerror(err)}")
+
+
+LOG_BYTES = 1 << 22     # the verifier's log of a rejected program (its tail is reported)
+
+
+def map_create(map_type: int, name: str, key_size: int, value_size: int, max_entries: int,
+               flags: int = 0) -> int:
+    """BPF_MAP_CREATE: fd of a new map (no BTF)."""
+    opts = MapCreateOpts(sz=ctypes.sizeof(MapCreateOpts), map_flags=flags)
+    return _check(libbpf().bpf_map_create(map_type, name.encode(), key_size, value_size,
+                                          max_entries, ctypes.byref(opts)),
+                  f"creating map {name}")
+
+
+def prog_load(prog_type: int, name: str, license: str, insns: bytes,
+              kern_version: int = 0) -> int:
+    """BPF_PROG_LOAD of raw instructions: the program's fd. A rejection is
+    retried once with the verifier's log, whose tail ends the OSError's message."""
+    lib, buf = libbpf(), ctypes.create_string_buffer(insns, len(insns))
+    opts = ProgLoadOpts(sz=ctypes.sizeof(ProgLoadOpts), kern_version=kern_version)
+    fd = lib.bpf_prog_load(prog_type, name.encode(), license.encode(), buf, len(insns) // 8,
+                           ctypes.byref(opts))
+    if fd >= 0:
+        return fd
+    err = ctypes.get_errno() or -fd
+    log = ctypes.create_string_buffer(LOG_BYTES)
+    opts.log_level, opts.log_size, opts.log_buf = 1, LOG_BYTES, ctypes.addressof(log)
+    fd = lib.bpf_prog_load(prog_type, name.encode(), license.encode(), buf, len(insns) // 8,
+                           ctypes.byref(opts))
+    if fd >= 0:                    # loaded on the second try (EAGAIN and the like)
+        return fd
+    tail = " | ".join(log.value.decode(errors="replace").strip().splitlines()[-6:])
+    raise OSError(err, f"loading program {name}: {os.strerror(err)}"
+                  + (f" (verifier: {tail})" if tail else ""))
+
+
+# --- bcc modules (what the compile cache keeps) -----------------------------------
+
+def bcc_tables(module: int) -> list[dict[str, Any]]:
+    """Every table of a compiled bcc module: name, fd, key and leaf descriptions (JSON)."""
+    lib = libbcc()
+    return [{"name": lib.bpf_table_name(module, i).decode(), "fd": lib.bpf_table_fd_id(module, i),
+             "key_desc": (lib.bpf_table_key_desc_id(module, i) or b"").decode(),
+             "leaf_desc": (lib.bpf_table_leaf_desc_id(module, i) or b"").decode()}
+            for i in range(lib.bpf_num_tables(module))]
+
+
+def bcc_functions(module: int) -> dict[str, bytes]:
+    """Every function of a compiled bcc module -> its instructions (map fds in place)."""
+    lib, out = libbcc(), {}
+    for i in range(lib.bpf_num_functions(module)):
+        name = lib.bpf_function_name(module, i)
+        start, size = lib.bpf_function_start(module, name), lib.bpf_function_size(module, name)
+        if start:
+            out[name.decode()] = ctypes.string_at(start, size)
+    return out
+
+
+def bcc_license(module: int) -> tuple[str, int]:
+    """(license, kern_version) of a compiled bcc module."""
+    lib = libbcc()
+    return (lib.bpf_module_license(module) or b"GPL").decode(), lib.bpf_module_kern_version(module)
 
 
 # --- links -------------------------------------------------------------------

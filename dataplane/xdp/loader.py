@@ -1,5 +1,8 @@
 """Compile, attach, detach and pin the LTP XDP program (and its helpers).
 
+Compiling goes through the compile cache (bpfcache): a program is compiled
+once per machine and source, and every later process only loads it.
+
 `Dataplane` owns one compiled ltp_xdp program and its maps; geometry (slots,
 chunks, chunk size, banks, port) is compiled in as -D defines. Attaching works
 in native or skb mode on a device inside a named network namespace, through a
@@ -19,7 +22,7 @@ from typing import Any
 
 from ... import BPF_DIR
 from .. import clib, netns
-from . import lookup
+from . import bpfcache, lookup
 from .maps import MAP_NAMES, Geometry, LtpMaps
 from .records import where
 from ...errors import DataplaneError
@@ -43,24 +46,27 @@ def _bcc():
 
 def compile_program(source: str, func: str, cflags: list[str] | None = None,
                     prog_type: str = "XDP"):
-    """Compile bpf/<source> with bcc and load `func` as a program of
-    `prog_type` (a bcc.BPF attribute: "XDP", "SCHED_CLS", ...).
+    """bpf/<source> compiled (by bcc, or taken from the compile cache:
+    dataplane.xdp.bpfcache) with `func` loaded as a program of `prog_type`
+    (a bcc.BPF attribute: "XDP", "SCHED_CLS", ...).
 
-    Returns (bpf, function)."""
+    Returns (bpf, function): bpf answers obj[b"table"] (get_fd, Key, Leaf),
+    load_func and cleanup() as a bcc.BPF does."""
     bcc = _bcc()
     if os.geteuid() != 0:
         raise DataplaneError("loading BPF programs needs root: run with sudo")
     path = BPF_DIR / source
+    flags = list(cflags or [f"-I{BPF_DIR}", "-Wno-ignored-attributes"])
     try:
-        b = bcc.BPF(src_file=str(path).encode(),
-                    cflags=cflags or [f"-I{BPF_DIR}", "-Wno-ignored-attributes"])
-        fn = b.load_func(func.encode(), getattr(bcc.BPF, prog_type))
+        return bpfcache.obtain(path, flags, func, getattr(bcc.BPF, prog_type),
+                               lambda: bcc.BPF(src_file=str(path).encode(), cflags=flags))
+    except DataplaneError:
+        raise
     except Exception as e:
         hint = ""
         if not os.path.exists(f"/lib/modules/{os.uname().release}/build"):
             hint = " (kernel headers missing: run `ltp doctor --fix`)"
         raise DataplaneError(f"compiling {path.name} failed: {e}{hint}") from e
-    return b, fn
 
 
 def _ifindex(dev: str, ns: str | None) -> int:
