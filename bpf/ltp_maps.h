@@ -49,6 +49,13 @@ enum ltp_counter {
 	LTP_C_ACK_FAIL,        /* could not build the ACK (tail adjust failed) */
 	LTP_C_BAD_TOKEN,       /* DATA or ACK whose token is not its round's: a spoof, or a peer
 	                          with another secret; never written, never ACKed */
+	LTP_C_CLOCK_TX,        /* sender: ACKs turned into the flow's next DATA (XDP_TX) */
+	LTP_C_CLOCK_STOP,      /* sender: ACKs consumed because the receiver's credit said STOP */
+	LTP_C_CLOCK_IDLE,      /* sender: ACKs consumed with nothing to send (all handed out,
+	                          round closed, or a second ACK of one chunk) */
+	LTP_C_GROW_FAIL,       /* sender: an ACK could not grow into DATA (bpf_xdp_adjust_tail
+	                          or the payload copy failed; the device cannot run the clock) */
+	LTP_C_CREDIT_STOP,     /* receiver: ACKs that told a clocked flow to STOP */
 	LTP_C_MAX,
 };
 
@@ -88,6 +95,7 @@ struct ltp_progress {
 	__u64 last_ns;         /* ... of the latest */
 	__u64 flow;            /* LTP_FLOW_*: set once each (64 bits: bcc's target
 	                          has a 64-bit fetch-or only) */
+	__u64 stops;           /* STOPs this flow's ACKs carried (the credit, ltp_xdp.c) */
 };
 
 #define LTP_FLOW_DONE    2ULL    /* every chunk delivered: taken off ltp_share.active */
@@ -141,6 +149,10 @@ struct ltp_round_stats {
 struct ltp_share {
 	__u32 active;          /* flows not finished: set at open, XDP decrements */
 	__u32 share_kbps;      /* control plane: capacity divided among active flows */
+	__u32 window;          /* control plane: packets all clocked flows together may keep
+	                          in flight (bottleneck buffer + one BDP); each active flow's
+	                          credit is window / active (at least 1); 0 = no limit */
+	__u32 pad;
 };
 
 struct ltp_tx {
@@ -149,6 +161,30 @@ struct ltp_tx {
 	__u32 rate_kbps;       /* latest advertised rate */
 	__u32 acked;           /* distinct chunks acked */
 	__be64 token;          /* the round's token as its ACKs carry it (network order) */
+	/* The ACK clock (docs/transport.md). The control plane writes clock,
+	 * flags, nchunks, last_len, tail and added; XDP the rest. */
+	__u32 clock;           /* 1: XDP turns this flow's clocked ACKs into its next DATA */
+	__u32 flags;           /* LTP_F_* every DATA of the round carries (host order) */
+	__u32 nchunks;         /* chunk count of the round's buffer */
+	__u32 last_len;        /* payload bytes of its last chunk */
+	__u32 tail;            /* XDP sends order positions [next, tail); the control plane
+	                          takes positions from the tail down for a growing window */
+	__u32 window;          /* the latest credit (packets) an ACK carried */
+	__u64 next;            /* next order position XDP sends (fetch-add) */
+	__u64 added;           /* packets the control plane put in flight (priming, growth) */
+	__u64 consumed;        /* ACKs XDP consumed: in flight = added - consumed */
+	__u64 stops;           /* STOP ACKs received (stamped into DATA, LTP_CLOCK_STAMP) */
+	__u64 sent;            /* DATA XDP made from ACKs */
+};
+
+/* ltp_sendorder entries: the chunk at a send position, and its payload's
+ * checksum (16-bit ones' complement sum of its native 16-bit words, so XDP
+ * completes the UDP checksum without reading the payload) */
+#define LTP_SO_CHUNK     0x00ffffff
+#define LTP_SO_CRITICAL  0x80000000 /* the chunk is critical (DATA flagged LTP_F_CRITICAL) */
+struct ltp_sendslot {
+	__u32 chunk;           /* chunk index | LTP_SO_CRITICAL */
+	__u32 csum;            /* payload sum, folded to 16 bits */
 };
 
 /* Capture at the NIC (`ltp capture`, dataplane/xdp/capring.py). While
@@ -228,6 +264,10 @@ BPF_PERCPU_ARRAY(ltp_stats, struct ltp_slot_stats, LTP_SLOTS);
 BPF_F_TABLE("array", u32, struct ltp_tx, ltp_tx, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_acked: XDP sets a chunk's bit when its ACK arrives; sender control plane reads */
 BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_acked, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+/* ltp_sendbuf: sender control plane writes the round's payload per [bank][chunk] (mmapped); XDP copies it into the DATA it makes of ACKs */
+BPF_F_TABLE("array", u32, struct ltp_chunk, ltp_sendbuf, LTP_BANKS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
+/* ltp_sendorder: sender control plane writes the round's send order per [bank][position] (mmapped); XDP reads it */
+BPF_F_TABLE("array", u32, struct ltp_sendslot, ltp_sendorder, LTP_BANKS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
 /* ltp_rounds: control plane writes per slot as it closes a round (LtpMaps.record_round); `ltp flows` reads; XDP never touches it */
 BPF_ARRAY(ltp_rounds, struct ltp_round_stats, LTP_SLOTS);
 /* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why); CLI reads */

@@ -32,7 +32,15 @@
 #define LTP_F_GROUP      0x0010 /* DATA sent to a group (broadcast/multicast) address: each
                                    receiver takes it for its own id and ACKs from its own
                                    addresses (ltp_cfg.self_*) */
+#define LTP_F_CLOCK      0x0020 /* DATA of an ACK-clocked sender (docs/transport.md): its
+                                   `rate` carries the sender's window stamp
+                                   (LTP_CLOCK_STAMP), its ACK the receiver's credit
+                                   (window in packets, in `rate`) and LTP_F_STOP; the
+                                   sender's XDP program turns that ACK into its next DATA */
 #define LTP_F_DUP        0x0100 /* ACK: the receiver already had this chunk */
+#define LTP_F_STOP       0x0200 /* ACK of clocked DATA: the flow has more in flight than the
+                                   receiver's credit allows: the sender consumes this ACK
+                                   instead of sending its next chunk */
 
 /* receiver round state carried in an ACK (ltp_hdr.state) */
 #define LTP_RS_OPEN      1
@@ -51,13 +59,21 @@ struct ltp_hdr {
 	__be16 len;      /* payload bytes following the header (0 in an ACK) */
 	__u8   state;    /* ACK: receiver's round state LTP_RS_*; DATA: 0 */
 	__u8   pad;      /* zero */
-	__be32 rate;     /* ACK: advertised send rate for this worker, kbit/s (0 = none) */
+	__be32 rate;     /* ACK: advertised send rate for this worker, kbit/s (0 = none);
+	                    ACK of LTP_F_CLOCK DATA: the flow's window, packets;
+	                    DATA with LTP_F_CLOCK: the sender's stamp (LTP_CLOCK_STAMP) */
 	__be64 token;    /* the round's token, derived by the members from the job's secret:
 	                    a receiver drops DATA, a sender ACKs, whose token is not the one its
 	                    control plane set for that round (ltp_banks, ltp_tx), so a host off
 	                    the path cannot forge either, as TCP's sequence numbers stop blind
 	                    injection. An ACK carries its DATA's. 0: the job has no secret */
 } __attribute__((packed));
+
+/* The stamp clocked DATA carries in `rate`: the packets its flow had in
+ * flight when it left (high 16 bits) and the STOPs its sender had received
+ * by then (low 16 bits, wrapping). The receiver subtracts the STOPs it sent
+ * since, so packets already in flight do not shed the same excess twice. */
+#define LTP_CLOCK_STAMP(inflight, stops) (((inflight) << 16) | ((stops) & 0xffff))
 
 /* A multiple of 8; with a 1424-byte chunk a frame is 20 + 8 + 40 + 1424 = 1492
  * IP bytes, inside a 1500-byte MTU. */

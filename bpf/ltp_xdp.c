@@ -6,7 +6,10 @@
  *          DATA flagged GROUP (one packet to many receivers) is taken
  *          for this host's own worker id (ltp_cfg.self_*).
  * ACK   -> record the chunk as acknowledged for the sender (ltp_acked,
- *          ltp_tx) and XDP_DROP.
+ *          ltp_tx) and XDP_DROP; the ACK of clocked DATA (LTP_F_CLOCK) is
+ *          instead grown into the flow's next chunk from ltp_sendbuf and
+ *          sent with XDP_TX, unless the receiver's credit said STOP or
+ *          nothing is left (the ACK clock, docs/transport.md).
  * Both must carry the round's token (ltp_hdr.token, set per round by the
  * control plane in ltp_banks and ltp_tx); others are dropped as bad_token.
  * other -> XDP_PASS untouched (LTP control types are passed up too).
@@ -80,6 +83,38 @@ struct pseudo_hdr {
 	__be16 len;
 };
 
+/* The credit of a clocked flow (LTP_F_CLOCK DATA), as the ACK carries it:
+ * each flow not finished may keep window / active packets in flight (at
+ * least 1), so all of them together keep about the bank's window (the
+ * bottleneck's buffer plus one BDP). The DATA's stamp says how many its flow
+ * had in flight when it left and how many STOPs its sender had seen; less
+ * the STOPs sent since, that is what it has now. More than its credit: this
+ * ACK says STOP (the sender consumes it: one packet fewer in flight). */
+static __always_inline u32 credit(struct ltp_hdr *h, u32 bank, u32 slot, u16 *extra)
+{
+	struct ltp_share *sh = ltp_share.lookup(&bank);
+	u32 window = sh ? sh->window : 0;
+	if (!window)
+		return 0xffff;
+	u32 active = sh->active;
+	u32 allow = window / (active ? active : 1);
+	if (!allow)
+		allow = 1;
+	u32 bidx = bank * LTP_SLOTS + slot;
+	struct ltp_progress *pr = ltp_progress.lookup(&bidx);
+	if (!pr)
+		return allow;
+	u32 stamp = bpf_ntohl(h->rate);
+	u32 owed = ((u32)pr->stops - stamp) & 0xffff;  /* STOPs it had not seen */
+	u32 inflight = stamp >> 16;
+	if (inflight > owed && inflight - owed > allow) {
+		__sync_fetch_and_add(&pr->stops, 1);
+		count(LTP_C_CREDIT_STOP);
+		*extra |= LTP_F_STOP;
+	}
+	return allow;
+}
+
 /* Turn the DATA packet at ctx into its ACK in place and return XDP_TX:
  * addresses and ports swapped, payload cut off, IP and UDP checksums right. */
 static __always_inline int send_ack(struct xdp_md *ctx, struct ethhdr *eth,
@@ -106,10 +141,15 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ethhdr *eth,
 	udp->len = bpf_htons(sizeof(struct udphdr) + sizeof(struct ltp_hdr));
 
 	/* The rate this sender may use: its share of the bank's capacity among
-	 * the flows active right now, or the per-slot rate if none is set. */
+	 * the flows active right now, or the per-slot rate if none is set; a
+	 * clocked flow's credit instead (in packets). */
 	u32 rate = 0;
 	struct ltp_share *sh = ltp_share.lookup(&bank);
-	if (sh && sh->share_kbps) {
+	if ((h->flags & bpf_htons(LTP_F_CLOCK)) && rstate == LTP_RS_OPEN) {
+		u16 more = 0;
+		rate = credit(h, bank, slot, &more);
+		extra_flags |= more;
+	} else if (sh && sh->share_kbps) {
 		u32 active = sh->active;
 		rate = sh->share_kbps / (active ? active : 1);
 	} else {
@@ -283,14 +323,124 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 	return send_ack(ctx, eth, iph, udp, h, LTP_RS_OPEN, 0, slot, bank);
 }
 
-static __always_inline int on_ack(struct ltp_hdr *h)
+/* ---- the ACK clock (sender side; docs/transport.md) ---- */
+
+/* An ACK the clock does not turn into DATA: the packet it stood for leaves
+ * the flow's flight. */
+static __always_inline int clock_consume(struct ltp_tx *tx, u32 why)
+{
+	__sync_fetch_and_add(&tx->consumed, 1);
+	count(why);
+	return XDP_DROP;
+}
+
+/* Rewrite the frame at ctx, an ACK grown to hold `len` payload bytes, into
+ * DATA of `chunk` back to where the ACK came from; XDP_TX. */
+static __always_inline int clock_headers(struct xdp_md *ctx, struct ltp_tx *tx,
+					 struct ltp_sendslot *so, u32 chunk, u32 len)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *iph = (void *)(eth + 1);
+	struct udphdr *udp = (void *)(iph + 1);
+	struct ltp_hdr *h = (void *)(udp + 1);
+	if ((void *)(h + 1) > data_end)
+		return clock_consume(tx, LTP_C_GROW_FAIL);
+	unsigned char mac[ETH_ALEN];
+	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+	__be32 a = iph->saddr;
+	iph->saddr = iph->daddr;
+	iph->daddr = a;
+	iph->tot_len = bpf_htons(sizeof(*iph) + sizeof(*udp) + sizeof(*h) + len);
+	iph->ttl = 64;
+	iph->check = 0;
+	iph->check = ltp_csum_fold(bpf_csum_diff(0, 0, (__be32 *)iph, sizeof(*iph), 0));
+	__be16 p = udp->source;
+	udp->source = udp->dest;
+	udp->dest = p;
+	udp->len = bpf_htons(sizeof(*udp) + sizeof(*h) + len);
+
+	u32 flags = tx->flags | LTP_F_CLOCK;
+	if (so->chunk & LTP_SO_CRITICAL)
+		flags |= LTP_F_CRITICAL;
+	if (chunk + 1 == tx->nchunks)
+		flags |= LTP_F_LAST;
+	u64 inflight = tx->added - tx->consumed;
+	h->type = LTP_T_DATA;
+	h->flags = bpf_htons(flags);
+	h->chunk = bpf_htonl(chunk);
+	h->len = bpf_htons(len);
+	h->state = 0;
+	h->pad = 0;
+	h->rate = bpf_htonl(LTP_CLOCK_STAMP((u32)(inflight > 0xffff ? 0xffff : inflight),
+					    (u32)tx->stops));
+	struct pseudo_hdr ph = {
+		.saddr = iph->saddr,
+		.daddr = iph->daddr,
+		.zero = 0,
+		.proto = IPPROTO_UDP,
+		.len = udp->len,
+	};
+	udp->check = 0;
+	u64 sum = (u32)bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
+	sum = (u32)bpf_csum_diff(0, 0, (__be32 *)udp, sizeof(*udp) + sizeof(*h), (u32)sum);
+	sum += so->csum;  /* the payload's, from the control plane */
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	__u16 c = ltp_csum_fold((u32)sum);
+	udp->check = c ? c : 0xffff;
+	__sync_fetch_and_add(&tx->sent, 1);
+	count(LTP_C_CLOCK_TX);
+	return XDP_TX;
+}
+
+/* Turn the ACK at ctx into the flow's next chunk: the next order position
+ * handed out (fetch-add, so two CPUs never send the same one), grown, its
+ * payload copied from ltp_sendbuf; consumed when none is left. */
+static __always_inline int clock_send(struct xdp_md *ctx, struct ltp_tx *tx, u32 bank)
+{
+	u64 pos = __sync_fetch_and_add(&tx->next, 1);
+	if (pos >= tx->tail || pos >= LTP_MAX_CHUNKS)
+		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+	u32 oidx = bank * LTP_MAX_CHUNKS + (u32)pos;
+	struct ltp_sendslot *so = ltp_sendorder.lookup(&oidx);
+	if (!so)
+		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+	u32 chunk = so->chunk & LTP_SO_CHUNK;
+	u32 nch = tx->nchunks;
+	if (chunk >= nch || chunk >= LTP_MAX_CHUNKS)
+		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+	u32 sidx = bank * LTP_MAX_CHUNKS + chunk;
+	struct ltp_chunk *src = ltp_sendbuf.lookup(&sidx);
+	if (!src)
+		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+	u64 n = chunk + 1 == nch ? tx->last_len : LTP_CHUNK_BYTES;
+	asm volatile("" : "+r"(n));
+	if (n > LTP_CHUNK_BYTES)
+		return clock_consume(tx, LTP_C_GROW_FAIL);
+	asm volatile("" : "+r"(n));  /* keeps clang from merging the two tests */
+	if (n < 4)
+		return clock_consume(tx, LTP_C_GROW_FAIL);
+	u32 plen = ctx->data_end - ctx->data;
+	asm volatile("" : "+r"(plen));  /* a length, not pointer arithmetic on pkt_end */
+	if (bpf_xdp_adjust_tail(ctx, (int)(PAY_OFF + n) - (int)plen))
+		return clock_consume(tx, LTP_C_GROW_FAIL);
+	if (bpf_xdp_store_bytes(ctx, PAY_OFF, src, n))
+		return clock_consume(tx, LTP_C_GROW_FAIL);
+	return clock_headers(ctx, tx, so, chunk, (u32)n);
+}
+
+static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 {
 	u32 slot;
 	if (peer_slot(h, &slot))
 		return drop(LTP_C_UNKNOWN_WORKER, h);
 	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
 	u32 round = bpf_ntohl(h->round);
-	u32 bidx = (round % LTP_BANKS) * LTP_SLOTS + slot;
+	u32 bank = round % LTP_BANKS;
+	u32 bidx = bank * LTP_SLOTS + slot;
 	struct ltp_tx *tx = ltp_tx.lookup(&bidx);
 	struct ltp_bitmap *acked = ltp_acked.lookup(&bidx);
 	if (!tx || !acked || !st)
@@ -303,23 +453,42 @@ static __always_inline int on_ack(struct ltp_hdr *h)
 	 * neither closes the round nor marks a chunk nor sets the rate. */
 	if (h->token != tx->token)
 		return drop(LTP_C_BAD_TOKEN, h);
+	u16 hflags = bpf_ntohs(h->flags);
 	if (h->state == LTP_RS_CLOSED)
 		tx->closed = 1;
-	tx->rate_kbps = bpf_ntohl(h->rate);
+	if (hflags & LTP_F_CLOCK)
+		tx->window = bpf_ntohl(h->rate);
+	else
+		tx->rate_kbps = bpf_ntohl(h->rate);
 	st->acks_rx += 1;
 	count(LTP_C_ACK_RX);
 	u32 chunk = bpf_ntohl(h->chunk);
-	if (chunk < LTP_MAX_CHUNKS) {
-		u64 word = bitmap_word(chunk);
-		if (word >= LTP_BM_WORDS)
-			return XDP_DROP;
-		u64 bit = 1ULL << (chunk & 63);
-		/* A CLOSED ACK for a late chunk does not mean it was delivered. */
-		if (h->state != LTP_RS_CLOSED &&
-		    !(__sync_fetch_and_or(&acked->w[word], bit) & bit))
+	if (chunk >= LTP_MAX_CHUNKS)
+		return XDP_DROP;
+	u64 word = bitmap_word(chunk);
+	if (word >= LTP_BM_WORDS)
+		return XDP_DROP;
+	u64 bit = 1ULL << (chunk & 63);
+	u64 had = 0;
+	/* A CLOSED ACK for a late chunk does not mean it was delivered. */
+	if (h->state != LTP_RS_CLOSED) {
+		had = __sync_fetch_and_or(&acked->w[word], bit) & bit;
+		if (!had)
 			__sync_fetch_and_add(&tx->acked, 1);
 	}
-	return XDP_DROP;
+	if (!(hflags & LTP_F_CLOCK) || !tx->clock)
+		return XDP_DROP;
+	if (tx->closed)
+		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+	/* A second ACK of one chunk (a re-send the first ACK overtook): the
+	 * first kept the clock going, this copy leaves the flight. */
+	if (had)
+		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+	if (hflags & LTP_F_STOP) {
+		__sync_fetch_and_add(&tx->stops, 1);
+		return clock_consume(tx, LTP_C_CLOCK_STOP);
+	}
+	return clock_send(ctx, tx, bank);
 }
 
 /* The program proper: parse, dispatch, and the verdict. */
@@ -361,7 +530,7 @@ static __always_inline int ltp_run(struct xdp_md *ctx)
 	if (h->type == LTP_T_DATA && udp->dest == bpf_htons(LTP_PORT))
 		return on_data(ctx, eth, iph, udp, h, cfg);
 	if (h->type == LTP_T_ACK && udp->source == bpf_htons(LTP_PORT))
-		return on_ack(h);
+		return on_ack(ctx, h);
 	if (h->type >= LTP_T_CTRL_MIN && h->type <= LTP_T_CTRL_MAX) {
 		count(LTP_C_CTRL);
 		return XDP_PASS;

@@ -1,6 +1,6 @@
 """Typed views of the LTP maps (bpf/ltp_maps.h), from bcc or from pins.
 
-The value structs here must agree with bpf/ltp_maps.h; tests/test_wire.py
+The value structs live in mapstructs.py (re-exported here); tests/test_wire.py
 checks them against the ctypes types bcc generates from the C. Mmapable maps
 (reassembly memory, bitmaps, progress) are numpy views with no copy; the rest
 go through libbpf's bpf_map_lookup_elem/bpf_map_update_elem by fd, so the same
@@ -10,163 +10,25 @@ from __future__ import annotations
 
 import bisect
 import ctypes
-import mmap
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
 from typing import Iterable
 
 import numpy as np
 
-from ... import BPF_DIR
 from ...errors import DataplaneError
 from .. import clib
 from . import headers
-from .wire import PORT, LtpHdr, token_word
+from .mapstructs import (BANK_CLOSED, BANK_FREE, BANK_OPEN, BANK_STATES, CFG_SELF,  # noqa: F401
+                         PROGRESS_DTYPE, ROUND_REASONS, ROUND_TIME_BOUNDS_S, ROUND_TIME_BUCKETS,
+                         SENDSLOT_DTYPE, SHARE_DTYPE, SLOT_STATS, TX_DTYPE, Bank, Cfg, FdMap,
+                         Geometry, Progress, RoundStats, SendSlot, Share, SlotStats, Tx, mmap_rw)
+from .wire import LtpHdr, token_word
 
-_D = headers.defines("ltp_maps.h")
 #: enum ltp_counter, in order; the maps bpf/ltp_maps.h declares, in order
 COUNTERS = headers.enum_members("ltp_maps.h", "ltp_counter", "LTP_C_")
 MAP_NAMES = headers.map_names("ltp_maps.h")
-
-BANK_FREE, BANK_OPEN, BANK_CLOSED = _D["LTP_BANK_FREE"], _D["LTP_BANK_OPEN"], _D["LTP_BANK_CLOSED"]
-BANK_STATES = {BANK_FREE: "free", BANK_OPEN: "open", BANK_CLOSED: "closed"}
-CFG_SELF = _D["LTP_CFG_SELF"]  # self_* set: group DATA accepted
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Size of the reassembly memory; compiled into the program.
-
-    slots: peers this host receives from (workers on a PS, 1 on a worker).
-    max_chunks: most chunks one round's buffer may have (rounded up to 64).
-    chunk_bytes: payload bytes per chunk; 1424 fits a 1500-byte MTU and is a
-    multiple of 8, so the mapped memory of one slot is one contiguous run of
-    float32 elements.
-    """
-
-    slots: int = 16
-    max_chunks: int = 256
-    chunk_bytes: int = 1424
-    banks: int = 2
-    port: int = PORT
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.slots <= 1024:
-            raise ValueError(f"slots must be in 1..1024, got {self.slots}")
-        if self.max_chunks < 1 or self.max_chunks > 1 << 20:
-            raise ValueError(f"max_chunks must be in 1..{1 << 20}, got {self.max_chunks}")
-        if self.chunk_bytes % 8 or not 8 <= self.chunk_bytes <= 8192:
-            raise ValueError(f"chunk_bytes must be a multiple of 8 in 8..8192, got {self.chunk_bytes}")
-        if self.banks not in (2, 4, 8):
-            raise ValueError(f"banks must be 2, 4 or 8, got {self.banks}")
-        if not 1 <= self.port <= 65535:
-            raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if self.max_chunks % 64:
-            object.__setattr__(self, "max_chunks", (self.max_chunks + 63) // 64 * 64)
-
-    @property
-    def mem_bytes(self) -> int:
-        return self.banks * self.slots * self.max_chunks * self.chunk_bytes
-
-    def cflags(self) -> list[str]:
-        return [f"-I{BPF_DIR}", f"-DLTP_SLOTS={self.slots}",
-                f"-DLTP_MAX_CHUNKS={self.max_chunks}", f"-DLTP_CHUNK_BYTES={self.chunk_bytes}",
-                f"-DLTP_BANKS={self.banks}", f"-DLTP_PORT={self.port}",
-                "-Wno-ignored-attributes"]
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
-class Cfg(ctypes.Structure):
-    _fields_ = [("job", ctypes.c_uint32), ("flags", ctypes.c_uint32),
-                ("self_ip", ctypes.c_uint8 * 4), ("self_worker", ctypes.c_uint16),
-                ("self_mac", ctypes.c_uint8 * 6)]
-
-
-class Bank(ctypes.Structure):
-    _fields_ = [("round", ctypes.c_uint32), ("state", ctypes.c_uint32),
-                ("nchunks", ctypes.c_uint32), ("last_len", ctypes.c_uint32),
-                ("token", ctypes.c_uint64)]  # wire.token_word of the round's token
-
-
-class Progress(ctypes.Structure):
-    _fields_ = [("chunks", ctypes.c_uint32), ("retx", ctypes.c_uint32),
-                ("bytes", ctypes.c_uint64), ("first_ns", ctypes.c_uint64),
-                ("last_ns", ctypes.c_uint64), ("flow", ctypes.c_uint64)]
-
-
-SLOT_STATS = ["rx_packets", "rx_bytes", "delivered", "acks_tx", "dup", "late", "stale",
-              "future", "out_of_range", "acks_rx", "acks_stale"]
-
-
-class SlotStats(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in SLOT_STATS]
-
-
-class Tx(ctypes.Structure):
-    _fields_ = [("round", ctypes.c_uint32), ("closed", ctypes.c_uint32),
-                ("rate_kbps", ctypes.c_uint32), ("acked", ctypes.c_uint32),
-                ("token", ctypes.c_uint64)]  # wire.token_word of the round's token
-
-
-#: Round outcomes, as Receiver.collect decides them; field names of RoundStats.
-ROUND_REASONS = ("complete", "early", "deadline", "timeout")
-ROUND_TIME_BUCKETS = _D["LTP_ROUND_TIME_BUCKETS"]
-#: upper bounds (seconds) of RoundStats.time_hist's buckets but the last,
-#: which takes every longer round
-ROUND_TIME_BOUNDS_S = tuple((_D["LTP_ROUND_TIME_BASE_US"] << i) / 1e6
-                            for i in range(ROUND_TIME_BUCKETS - 1))
-
-
-class RoundStats(ctypes.Structure):
-    """struct ltp_round_stats: one slot's round outcomes (written by user space)."""
-
-    _fields_ = [*((n, ctypes.c_uint64) for n in ROUND_REASONS),
-                ("delivered", ctypes.c_uint64), ("filled", ctypes.c_uint64),
-                ("last_round", ctypes.c_uint32), ("last_delivered", ctypes.c_uint32),
-                ("last_filled", ctypes.c_uint32), ("pad", ctypes.c_uint32),
-                ("time_us", ctypes.c_uint64), ("time_hist", ctypes.c_uint64 * ROUND_TIME_BUCKETS)]
-
-
-class Share(ctypes.Structure):
-    _fields_ = [("active", ctypes.c_uint32), ("share_kbps", ctypes.c_uint32)]
-
-
-# numpy views of the mmapable maps use the same layouts
-SHARE_DTYPE = np.dtype(Share)
-TX_DTYPE = np.dtype(Tx)
-PROGRESS_DTYPE = np.dtype(Progress)
-
-
-class FdMap:
-    """An array map by fd: lookup/update of ctypes values, per-CPU aware."""
-
-    def __init__(self, fd: int, value_type, percpu: bool = False):
-        self.fd, self.value_type, self.percpu = fd, value_type, percpu
-        self.ncpu = clib.num_possible_cpus() if percpu else 1
-        self.stride = (ctypes.sizeof(value_type) + 7) // 8 * 8
-
-    def get(self, index: int):
-        buf = ctypes.create_string_buffer(self.stride * self.ncpu)
-        clib.map_lookup(self.fd, index, buf)
-        vals = [self.value_type.from_buffer_copy(buf.raw[i * self.stride:
-                                                         i * self.stride + ctypes.sizeof(self.value_type)])
-                for i in range(self.ncpu)]
-        return vals if self.percpu else vals[0]
-
-    def set(self, index: int, value) -> None:
-        if self.percpu:
-            raise TypeError("per-CPU maps are written by the kernel only here")
-        clib.map_update(self.fd, index, value)
-
-
-def _mmap(fd: int, nbytes: int) -> mmap.mmap:
-    page = mmap.PAGESIZE
-    return mmap.mmap(fd, (nbytes + page - 1) // page * page, mmap.MAP_SHARED,
-                     mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 class LtpMaps:
@@ -188,7 +50,7 @@ class LtpMaps:
         self._mm = {}
 
         def view(name, nbytes, dtype, shape):
-            mm = self._mm[name] = _mmap(fds[name], nbytes)
+            mm = self._mm[name] = mmap_rw(fds[name], nbytes)
             return np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
         self.mem_bytes = view("ltp_mem", g.mem_bytes, np.uint8,
@@ -208,6 +70,14 @@ class LtpMaps:
         #: pinned before the map existed
         self.share = (view("ltp_share", SHARE_DTYPE.itemsize * g.banks, SHARE_DTYPE, (g.banks,))
                       if "ltp_share" in fds else None)
+        #: the ACK clock's send side [bank, ...]: payload bytes per chunk (uint8,
+        #: chunks back to back) and the send order; None in fd sets made before them
+        self.sendbuf = self.sendorder = None
+        if "ltp_sendbuf" in fds and "ltp_sendorder" in fds:
+            self.sendbuf = view("ltp_sendbuf", g.banks * g.max_chunks * g.chunk_bytes, np.uint8,
+                                (g.banks, g.max_chunks * g.chunk_bytes))
+            self.sendorder = view("ltp_sendorder", SENDSLOT_DTYPE.itemsize * g.banks * g.max_chunks,
+                                  SENDSLOT_DTYPE, (g.banks, g.max_chunks))
 
     @classmethod
     def from_bpf(cls, bpf, geometry) -> "LtpMaps":
@@ -227,7 +97,8 @@ class LtpMaps:
 
     def close(self) -> None:
         # Views must go before their mmaps can close.
-        for attr in ("mem", "mem_bytes", "claim", "done", "acked", "progress", "tx", "share"):
+        for attr in ("mem", "mem_bytes", "claim", "done", "acked", "progress", "tx", "share",
+                     "sendbuf", "sendorder"):
             self.__dict__.pop(attr, None)
         for mm in self._mm.values():
             try:
@@ -292,13 +163,15 @@ class LtpMaps:
         return round_ % self.geometry.banks
 
     def open_bank(self, round_: int, nchunks: int, last_len: int, share_kbps: int = 0,
-                  flows: int = 1, token: int = 0) -> int:
+                  flows: int = 1, token: int = 0, window: int = 0) -> int:
         """Make round `round_` writable in its bank; returns the bank index.
 
         The bank is marked FREE while its bitmaps are cleared, so no packet
         of the old or new round lands in between. share_kbps: the capacity its
         ACKs divide among the `flows` senders not yet finished (see set_share).
-        token: the round's; DATA carrying another is dropped as bad_token."""
+        token: the round's; DATA carrying another is dropped as bad_token.
+        window: packets the round's clocked flows may keep in flight together
+        (each active one window / active, at least 1; 0: no credit limit)."""
         g = self.geometry
         word = token_word(token)
         if not 1 <= nchunks <= g.max_chunks:
@@ -314,6 +187,7 @@ class LtpMaps:
         if self.share is not None:
             self.share[b]["share_kbps"] = max(0, min(int(share_kbps), 2**32 - 1))
             self.share[b]["active"] = max(1, int(flows))
+            self.share[b]["window"] = max(0, min(int(window), 2**32 - 1))
         self.banks.set(b, Bank(round=round_, state=BANK_OPEN, nchunks=nchunks, last_len=last_len,
                                token=word))
         return b
@@ -354,6 +228,8 @@ class LtpMaps:
         self.acked[b, slot] = 0
         t["closed"] = 0
         t["acked"] = 0
+        for name in ("clock", "tail", "window", "next", "added", "consumed", "stops", "sent"):
+            t[name] = 0
         t["token"] = token_word(token)
         t["round"] = round_
 

@@ -30,10 +30,11 @@ class RunResult:
         return VERDICTS.get(self.verdict, str(self.verdict))
 
 
-def run_xdp(prog_fd: int, packet: bytes, repeat: int = 1) -> RunResult:
-    """Run the XDP program `prog_fd` on `packet` (bytes from the Ethernet header)."""
+def run_xdp(prog_fd: int, packet: bytes, repeat: int = 1, grow: int = 0) -> RunResult:
+    """Run the XDP program `prog_fd` on `packet` (bytes from the Ethernet header);
+    `grow`: room for that many more bytes out (a program that grows the frame)."""
     inbuf = ctypes.create_string_buffer(bytes(packet), len(packet))
-    outbuf = ctypes.create_string_buffer(len(packet) + OUT_SPARE)
+    outbuf = ctypes.create_string_buffer(len(packet) + OUT_SPARE + max(0, grow))
     opts = TestRunOpts(sz=ctypes.sizeof(TestRunOpts), data_in=ctypes.addressof(inbuf),
                  data_out=ctypes.addressof(outbuf), data_size_in=len(packet),
                  data_size_out=len(outbuf), repeat=repeat)

@@ -35,13 +35,15 @@ F_RELIABLE = _C["LTP_F_RELIABLE"]
 F_RETX = _C["LTP_F_RETX"]
 F_GROUP = _C["LTP_F_GROUP"]
 F_DUP = _C["LTP_F_DUP"]
+F_CLOCK = _C["LTP_F_CLOCK"]  # DATA of the ACK clock; its ACK carries the credit
+F_STOP = _C["LTP_F_STOP"]    # ACK: the credit says consume this packet
 
 RS_OPEN = _C["LTP_RS_OPEN"]
 RS_CLOSED = _C["LTP_RS_CLOSED"]
 
 TYPE_NAMES = {T_DATA: "DATA", T_ACK: "ACK"}
 FLAG_NAMES = {F_CRITICAL: "critical", F_LAST: "last", F_RELIABLE: "reliable", F_RETX: "retx",
-              F_GROUP: "group", F_DUP: "dup"}
+              F_GROUP: "group", F_DUP: "dup", F_CLOCK: "clock", F_STOP: "stop"}
 
 
 class LtpHdr(ctypes.BigEndianStructure):
@@ -85,6 +87,12 @@ def pack_header(*, type: int = T_DATA, flags: int = 0, worker: int = 0, job: int
     return bytes(h)
 
 
+def clock_stamp(inflight: int, stops: int) -> int:
+    """What clocked DATA carries in `rate` (LTP_CLOCK_STAMP in bpf/ltp_wire.h):
+    its flow's packets in flight and the STOPs its sender had received."""
+    return (min(int(inflight), 0xffff) << 16) | (int(stops) & 0xffff)
+
+
 def token_word(token: int) -> int:
     """The u64 a map holds for `token` (struct ltp_bank/ltp_tx .token): its
     bytes in network order, as the header carries them, so the XDP program
@@ -106,7 +114,7 @@ _SCAPY_SPECIAL = {
     "magic": lambda n: XShortField(n, MAGIC),
     "version": lambda n: ByteField(n, VERSION),
     "type": lambda n: ByteEnumField(n, T_DATA, TYPE_NAMES),
-    "flags": lambda n: FlagsField(n, 0, 16, [FLAG_NAMES.get(1 << b, f"b{b}") for b in range(9)]),
+    "flags": lambda n: FlagsField(n, 0, 16, [FLAG_NAMES.get(1 << b, f"b{b}") for b in range(10)]),
     "nchunks": lambda n: IntField(n, 1),
     "len": lambda n: ShortField(n, None),
     "token": lambda n: XLongField(n, 0),

@@ -27,7 +27,9 @@ local FLAGS = {
     {"reliable", 0x0004, "the whole round is critical (parameter downlink)"},
     {"retx", 0x0008, "a re-send"},
     {"group", 0x0010, "DATA sent to a group address: each receiver takes it for its own id"},
+    {"clock", 0x0020, "ACK-clocked DATA (rate = stamp) or its ACK (rate = credit, packets)"},
     {"dup", 0x0100, "ACK: the receiver already had this chunk"},
+    {"stop", 0x0200, "ACK: over the credit: the sender consumes it instead of sending on"},
 }
 
 -- header field, size in bytes, label, display base, value names: struct ltp_hdr in order
@@ -44,7 +46,7 @@ local FIELDS = {
     {"len", 2, "Payload length", base.DEC},
     {"state", 1, "Receiver state", base.DEC, STATES},
     {"pad", 1, "Pad", base.DEC},
-    {"rate", 4, "Advertised rate (kbit/s)", base.DEC},
+    {"rate", 4, "Advertised rate (kbit/s); clocked: credit (ACK) or stamp (DATA)", base.DEC},
     {"token", 8, "Round token", base.HEX},
 }
 

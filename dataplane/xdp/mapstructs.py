@@ -1,0 +1,181 @@
+"""The value structs of the LTP maps (bpf/ltp_maps.h) as ctypes and numpy
+dtypes, the compiled-in geometry, and array maps by fd.
+
+tests/test_wire.py checks every struct here against the ctypes types bcc
+generates from the C; maps.py builds the typed views of one program's maps
+from them (and re-exports them, where callers take them).
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ... import BPF_DIR
+from .. import clib
+from . import headers
+from .wire import PORT
+
+_D = headers.defines("ltp_maps.h")
+
+BANK_FREE, BANK_OPEN, BANK_CLOSED = _D["LTP_BANK_FREE"], _D["LTP_BANK_OPEN"], _D["LTP_BANK_CLOSED"]
+BANK_STATES = {BANK_FREE: "free", BANK_OPEN: "open", BANK_CLOSED: "closed"}
+CFG_SELF = _D["LTP_CFG_SELF"]  # self_* set: group DATA accepted
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Size of the reassembly memory; compiled into the program.
+
+    slots: peers this host receives from (workers on a PS, 1 on a worker).
+    max_chunks: most chunks one round's buffer may have (rounded up to 64).
+    chunk_bytes: payload bytes per chunk; 1424 fits a 1500-byte MTU and is a
+    multiple of 8, so the mapped memory of one slot is one contiguous run of
+    float32 elements.
+    """
+
+    slots: int = 16
+    max_chunks: int = 256
+    chunk_bytes: int = 1424
+    banks: int = 2
+    port: int = PORT
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.slots <= 1024:
+            raise ValueError(f"slots must be in 1..1024, got {self.slots}")
+        if self.max_chunks < 1 or self.max_chunks > 1 << 20:
+            raise ValueError(f"max_chunks must be in 1..{1 << 20}, got {self.max_chunks}")
+        if self.chunk_bytes % 8 or not 8 <= self.chunk_bytes <= 8192:
+            raise ValueError(f"chunk_bytes must be a multiple of 8 in 8..8192, got {self.chunk_bytes}")
+        if self.banks not in (2, 4, 8):
+            raise ValueError(f"banks must be 2, 4 or 8, got {self.banks}")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.max_chunks % 64:
+            object.__setattr__(self, "max_chunks", (self.max_chunks + 63) // 64 * 64)
+
+    @property
+    def mem_bytes(self) -> int:
+        return self.banks * self.slots * self.max_chunks * self.chunk_bytes
+
+    def cflags(self) -> list[str]:
+        return [f"-I{BPF_DIR}", f"-DLTP_SLOTS={self.slots}",
+                f"-DLTP_MAX_CHUNKS={self.max_chunks}", f"-DLTP_CHUNK_BYTES={self.chunk_bytes}",
+                f"-DLTP_BANKS={self.banks}", f"-DLTP_PORT={self.port}",
+                "-Wno-ignored-attributes"]
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Cfg(ctypes.Structure):
+    _fields_ = [("job", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("self_ip", ctypes.c_uint8 * 4), ("self_worker", ctypes.c_uint16),
+                ("self_mac", ctypes.c_uint8 * 6)]
+
+
+class Bank(ctypes.Structure):
+    _fields_ = [("round", ctypes.c_uint32), ("state", ctypes.c_uint32),
+                ("nchunks", ctypes.c_uint32), ("last_len", ctypes.c_uint32),
+                ("token", ctypes.c_uint64)]  # wire.token_word of the round's token
+
+
+class Progress(ctypes.Structure):
+    _fields_ = [("chunks", ctypes.c_uint32), ("retx", ctypes.c_uint32),
+                ("bytes", ctypes.c_uint64), ("first_ns", ctypes.c_uint64),
+                ("last_ns", ctypes.c_uint64), ("flow", ctypes.c_uint64),
+                ("stops", ctypes.c_uint64)]
+
+
+SLOT_STATS = ["rx_packets", "rx_bytes", "delivered", "acks_tx", "dup", "late", "stale",
+              "future", "out_of_range", "acks_rx", "acks_stale"]
+
+
+class SlotStats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in SLOT_STATS]
+
+
+#: the ACK clock's fields of struct ltp_tx, after the token (docs/transport.md)
+TX_CLOCK_FIELDS = [("clock", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                   ("nchunks", ctypes.c_uint32), ("last_len", ctypes.c_uint32),
+                   ("tail", ctypes.c_uint32), ("window", ctypes.c_uint32),
+                   ("next", ctypes.c_uint64), ("added", ctypes.c_uint64),
+                   ("consumed", ctypes.c_uint64), ("stops", ctypes.c_uint64),
+                   ("sent", ctypes.c_uint64)]
+
+
+class Tx(ctypes.Structure):
+    _fields_ = [("round", ctypes.c_uint32), ("closed", ctypes.c_uint32),
+                ("rate_kbps", ctypes.c_uint32), ("acked", ctypes.c_uint32),
+                ("token", ctypes.c_uint64),  # wire.token_word of the round's token
+                *TX_CLOCK_FIELDS]
+
+
+#: Round outcomes, as Receiver.collect decides them; field names of RoundStats.
+ROUND_REASONS = ("complete", "early", "deadline", "timeout")
+ROUND_TIME_BUCKETS = _D["LTP_ROUND_TIME_BUCKETS"]
+#: upper bounds (seconds) of RoundStats.time_hist's buckets but the last,
+#: which takes every longer round
+ROUND_TIME_BOUNDS_S = tuple((_D["LTP_ROUND_TIME_BASE_US"] << i) / 1e6
+                            for i in range(ROUND_TIME_BUCKETS - 1))
+
+
+class RoundStats(ctypes.Structure):
+    """struct ltp_round_stats: one slot's round outcomes (written by user space)."""
+
+    _fields_ = [*((n, ctypes.c_uint64) for n in ROUND_REASONS),
+                ("delivered", ctypes.c_uint64), ("filled", ctypes.c_uint64),
+                ("last_round", ctypes.c_uint32), ("last_delivered", ctypes.c_uint32),
+                ("last_filled", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("time_us", ctypes.c_uint64), ("time_hist", ctypes.c_uint64 * ROUND_TIME_BUCKETS)]
+
+
+class Share(ctypes.Structure):
+    _fields_ = [("active", ctypes.c_uint32), ("share_kbps", ctypes.c_uint32),
+                ("window", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
+class SendSlot(ctypes.Structure):
+    """struct ltp_sendslot: the chunk at one send position, and its payload's sum."""
+
+    _fields_ = [("chunk", ctypes.c_uint32), ("csum", ctypes.c_uint32)]
+
+
+SO_CHUNK, SO_CRITICAL = _D["LTP_SO_CHUNK"], _D["LTP_SO_CRITICAL"]
+
+
+# numpy views of the mmapable maps use the same layouts
+SHARE_DTYPE = np.dtype(Share)
+TX_DTYPE = np.dtype(Tx)
+SENDSLOT_DTYPE = np.dtype(SendSlot)
+PROGRESS_DTYPE = np.dtype(Progress)
+
+
+class FdMap:
+    """An array map by fd: lookup/update of ctypes values, per-CPU aware."""
+
+    def __init__(self, fd: int, value_type, percpu: bool = False):
+        self.fd, self.value_type, self.percpu = fd, value_type, percpu
+        self.ncpu = clib.num_possible_cpus() if percpu else 1
+        self.stride = (ctypes.sizeof(value_type) + 7) // 8 * 8
+
+    def get(self, index: int):
+        buf = ctypes.create_string_buffer(self.stride * self.ncpu)
+        clib.map_lookup(self.fd, index, buf)
+        vals = [self.value_type.from_buffer_copy(buf.raw[i * self.stride:
+                                                         i * self.stride + ctypes.sizeof(self.value_type)])
+                for i in range(self.ncpu)]
+        return vals if self.percpu else vals[0]
+
+    def set(self, index: int, value) -> None:
+        if self.percpu:
+            raise TypeError("per-CPU maps are written by the kernel only here")
+        clib.map_update(self.fd, index, value)
+
+
+def mmap_rw(fd: int, nbytes: int) -> mmap.mmap:
+    page = mmap.PAGESIZE
+    return mmap.mmap(fd, (nbytes + page - 1) // page * page, mmap.MAP_SHARED,
+                     mmap.PROT_READ | mmap.PROT_WRITE)

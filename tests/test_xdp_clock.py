@@ -1,0 +1,288 @@
+"""The ACK clock (docs/transport.md), packet by packet through
+BPF_PROG_TEST_RUN: the sender's program turning an ACK into the flow's next
+DATA, or consuming it (credit said STOP, round closed, nothing left, a
+second ACK), and the receiver's program deciding each clocked flow's credit.
+
+Sender set-up (each case): worker 3 is slot 1; round 9 is being sent with
+the clock, 4 chunks (the last 8 bytes) in the order ORDER, chunk 2
+critical, position 0 primed (in flight 1). Receiver set-up: round 5 open in
+bank 1 with a window of 4 packets shared by 2 flows (credit 2 each).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scapy.layers.inet import IP, UDP, Ether
+from scapy.packet import Raw
+
+from conftest import requires_bpf
+from ltpx.control.transport import tokens
+from ltpx.dataplane.xdp import clock
+from ltpx.dataplane.xdp import wire as W
+from ltpx.dataplane.xdp.testrun import XDP_DROP, XDP_TX, run_xdp
+
+pytestmark = requires_bpf
+
+JOB, CHUNK, LAST, NCH = 7, 1424, 8, 4
+ORDER = [2, 0, 3, 1]
+CRIT = np.array([False, False, True, False])
+WORKER_MAC, PS_MAC = "02:00:00:00:00:0a", "02:00:00:00:00:01"
+WORKER_IP, PS_IP = "198.18.0.10", "198.18.0.1"
+SECRET = bytes(range(16))
+GROW = CHUNK + 64
+
+
+def tok(r: int) -> int:
+    return tokens.derive(SECRET, JOB, r)
+
+
+def gradient(nelems: int = (3 * CHUNK + LAST) // 4, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(nelems).astype(np.float32)
+
+
+def ack(chunk=2, round_=9, flags=W.F_CLOCK, state=W.RS_OPEN, rate=2, token=None, worker=3):
+    return (Ether(src=PS_MAC, dst=WORKER_MAC) / IP(src=PS_IP, dst=WORKER_IP, id=1) /
+            UDP(sport=W.PORT, dport=40000) /
+            W.LTP(type=W.T_ACK, worker=worker, job=JOB, round=round_, chunk=chunk,
+                  nchunks=NCH, state=state, rate=rate, flags=flags, len=0,
+                  token=tok(round_) if token is None else token))
+
+
+def clocked_data(chunk=1, stamp=(1, 0), round_=5, worker=3, nchunks=NCH, body=None):
+    if body is None:
+        body = np.arange((LAST if chunk == nchunks - 1 else CHUNK) // 4, dtype=np.float32).tobytes()
+    return (Ether(src=WORKER_MAC, dst=PS_MAC) / IP(src=WORKER_IP, dst=PS_IP, id=2) /
+            UDP(sport=40000, dport=W.PORT) /
+            W.LTP(worker=worker, job=JOB, round=round_, chunk=chunk, nchunks=nchunks,
+                  flags=W.F_CLOCK, rate=W.clock_stamp(*stamp), token=tok(round_)) / Raw(body))
+
+
+@pytest.fixture(scope="module")
+def dp(small_geometry):
+    from ltpx.dataplane.xdp.loader import Dataplane
+    with Dataplane(small_geometry, job=JOB) as d:
+        d.maps().set_peers({3: 1, 9: 2})
+        yield d
+
+
+def start_round(m, round_=9, grad=None, primed=1, flags=0):
+    grad = gradient() if grad is None else grad
+    m.tx_start(round_, 1, tok(round_))
+    clock.load(m, round_, grad.view(np.uint8), ORDER, CRIT, CHUNK)
+    clock.start(m, round_, 1, nchunks=NCH, last_len=LAST, flags=flags, primed=primed)
+    return grad
+
+
+@pytest.fixture
+def maps(dp):
+    m = dp.maps()
+    m.open_bank(5, NCH, LAST, token=tok(5), flows=2, window=4)
+    start_round(m)
+    return m
+
+
+def run(dp, pkt):
+    return run_xdp(dp.prog_fd, bytes(pkt), grow=GROW)
+
+
+def delta(m, before):
+    after = m.counters()
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def tx(m, round_=9):
+    t = m.tx_state(round_, 1)
+    return {k: int(t[k]) for k in ("next", "added", "consumed", "stops", "sent", "window",
+                                   "closed")}
+
+
+def chunk_bytes(grad, c):
+    raw = grad.view(np.uint8)
+    return raw[c * CHUNK:c * CHUNK + (LAST if c == NCH - 1 else CHUNK)].tobytes()
+
+
+def assert_checksums_right(frame: bytes):
+    got = Ether(frame)
+    del got[IP].chksum, got[UDP].chksum  # scapy recomputes both and must agree
+    assert bytes(Ether(bytes(got))) == frame
+
+
+# --- the sender: what an ACK becomes -------------------------------------------
+
+def test_ack_becomes_the_next_chunk(dp, maps):
+    grad = start_round(maps)
+    before = maps.counters()
+    res = run(dp, ack(chunk=ORDER[0]))
+    assert res.verdict == XDP_TX
+    assert delta(maps, before) == {"ack_rx": 1, "clock_tx": 1}
+    out = Ether(res.data)
+    assert (out.src, out.dst, out[IP].src, out[IP].dst) == (WORKER_MAC, PS_MAC, WORKER_IP, PS_IP)
+    assert (out[UDP].sport, out[UDP].dport) == (40000, W.PORT)
+    h = out[W.LTP]
+    assert (h.type, h.chunk, h.len, h.round, h.worker, h.nchunks, h.token, h.state) == \
+        (W.T_DATA, ORDER[1], CHUNK, 9, 3, NCH, tok(9), 0)
+    assert int(h.flags) == W.F_CLOCK
+    assert h.rate == W.clock_stamp(1, 0)  # one packet in flight, no STOP seen
+    assert bytes(h.payload) == chunk_bytes(grad, ORDER[1])
+    assert_checksums_right(res.data)
+    assert maps.acked_mask(9, 1, NCH).tolist() == [False, False, True, False]
+    assert tx(maps)["next"] == 2 and tx(maps)["sent"] == 1
+    assert tx(maps)["window"] == 2 and tx(maps)["consumed"] == 0
+
+
+def test_short_last_chunk_and_critical_flag(dp, maps):
+    grad = start_round(maps, primed=2, flags=W.F_RELIABLE)  # next position: chunk 3 (the last)
+    res = run(dp, ack(chunk=ORDER[0]))
+    h = Ether(res.data)[W.LTP]
+    assert res.verdict == XDP_TX and h.chunk == 3 and h.len == LAST
+    assert int(h.flags) == W.F_CLOCK | W.F_LAST | W.F_RELIABLE
+    assert bytes(h.payload) == chunk_bytes(grad, 3) and len(res.data) == 14 + 20 + 8 + 40 + LAST
+    assert_checksums_right(res.data)
+    res = run(dp, ack(chunk=ORDER[1]))  # position 3 (chunk 1), then ...
+    assert Ether(res.data)[W.LTP].chunk == 1
+    start_round(maps, primed=0)
+    h = Ether(run(dp, ack(chunk=1)).data)[W.LTP]  # position 0 is chunk 2, critical
+    assert h.chunk == 2 and int(h.flags) == W.F_CLOCK | W.F_CRITICAL
+
+
+CONSUMED = [
+    ("credit exhausted: STOP is consumed", ack(flags=W.F_CLOCK | W.F_STOP), None,
+     {"ack_rx": 1, "clock_stop": 1}, {"consumed": 1, "stops": 1, "next": 1}),
+    ("round closed: consumed, the flow stops", ack(state=W.RS_CLOSED), None,
+     {"ack_rx": 1, "clock_idle": 1}, {"consumed": 1, "closed": 1, "next": 1}),
+    ("nothing left to send: consumed", ack(), lambda m: clock.take_tail(m, 9, 1, 3),
+     {"ack_rx": 1, "clock_idle": 1}, {"consumed": 1, "next": 2, "added": 4}),
+    ("stale bank (an older round's ACK): dropped, the flow untouched", ack(round_=7), None,
+     {"ack_stale": 1}, {}),
+    ("ACK without the round's token: dropped, the flow untouched", ack(token=1), None,
+     {"bad_token": 1}, {}),
+    ("unclocked ACK (a socket push): recorded, never sent on", ack(flags=0), None,
+     {"ack_rx": 1}, {}),
+    ("flow not clocked: its ACK is only recorded", ack(),
+     lambda m: clock.stop(m, 9, 1), {"ack_rx": 1}, {}),
+]
+
+
+@pytest.mark.parametrize("desc,pkt,before,counters,changes", CONSUMED,
+                         ids=[c[0] for c in CONSUMED])
+def test_ack_is_consumed(dp, maps, desc, pkt, before, counters, changes):
+    if before:
+        before(maps)
+    t0, c0 = tx(maps), maps.counters()
+    res = run(dp, pkt)
+    assert res.verdict == XDP_DROP and res.data == bytes(pkt)
+    assert delta(maps, c0) == counters
+    t1 = tx(maps)
+    for k in ("window",):
+        t0.pop(k), t1.pop(k)
+    assert {k: t1[k] for k in t1 if t1[k] != t0[k]} == \
+        {k: v for k, v in changes.items() if v != t0[k]}
+
+
+def test_a_second_ack_of_one_chunk_is_consumed(dp, maps):
+    """A re-send the first ACK overtook: the first kept the clock going, the
+    second's packet leaves the flight."""
+    assert run(dp, ack(chunk=2)).verdict == XDP_TX
+    c0 = maps.counters()
+    assert run(dp, ack(chunk=2, flags=W.F_CLOCK | W.F_DUP)).verdict == XDP_DROP
+    assert delta(maps, c0) == {"ack_rx": 1, "clock_idle": 1}
+    assert tx(maps)["consumed"] == 1 and tx(maps)["next"] == 2
+
+
+def test_positions_from_the_tail_are_not_sent_by_the_clock(dp, maps):
+    assert clock.take_tail(maps, 9, 1, 2) == [2, 3]
+    assert Ether(run(dp, ack(chunk=2)).data)[W.LTP].chunk == ORDER[1]
+    assert run(dp, ack(chunk=ORDER[1])).verdict == XDP_DROP  # positions 2, 3 are Python's
+    assert tx(maps)["added"] == 3 and tx(maps)["consumed"] == 1
+
+
+# --- the receiver: the credit -------------------------------------------------
+
+def ack_of(res):
+    assert res.verdict == XDP_TX
+    return Ether(res.data)[W.LTP]
+
+
+def test_credit_within_window_keeps_the_packet(dp, maps):
+    c0 = maps.counters()
+    h = ack_of(run(dp, clocked_data(chunk=0, stamp=(2, 0))))
+    assert h.rate == 2 and not h.flags.stop and h.flags.clock
+    assert delta(maps, c0) == {"data": 1, "ack_tx": 1}
+    assert maps.progress[1, 1]["stops"] == 0
+
+
+def test_credit_over_window_says_stop_once_per_excess_packet(dp, maps):
+    """Flow at 4 in flight, credit 2: the first two of its packets in flight
+    (stamped before the sender saw any STOP) shed one each; the third is
+    then within the credit."""
+    c0 = maps.counters()
+    flags = [ack_of(run(dp, clocked_data(chunk=c, stamp=(4, 0)))).flags.stop for c in range(3)]
+    assert flags == [True, True, False]
+    assert delta(maps, c0) == {"data": 3, "ack_tx": 3, "credit_stop": 2}
+    assert maps.progress[1, 1]["stops"] == 2
+    # sent after the sender saw both STOPs: 2 in flight, within its credit
+    assert not ack_of(run(dp, clocked_data(chunk=3, stamp=(2, 2)))).flags.stop
+
+
+def test_credit_grows_when_a_flow_finishes(dp, maps):
+    """Worker 9 finishes its round: worker 3 alone shares the window of 4."""
+    for c in range(NCH):
+        ack_of(run(dp, clocked_data(worker=9, chunk=c, stamp=(2, 0))))
+    assert maps.active_flows(5) == 1
+    h = ack_of(run(dp, clocked_data(worker=3, chunk=0, stamp=(4, 0))))
+    assert h.rate == 4 and not h.flags.stop
+
+
+def test_no_window_no_limit(dp, maps):
+    maps.open_bank(5, NCH, LAST, token=tok(5), flows=2, window=0)
+    h = ack_of(run(dp, clocked_data(chunk=0, stamp=(500, 0))))
+    assert h.rate == 0xffff and not h.flags.stop
+
+
+def test_unclocked_data_gets_a_rate_not_a_credit(dp, maps):
+    maps.set_share(5, 900_000)
+    pkt = clocked_data(chunk=0, stamp=(9, 0))
+    pkt[W.LTP].flags = 0
+    h = ack_of(run(dp, pkt))
+    assert h.rate == 450_000 and not h.flags.stop
+
+
+# --- a round through both programs --------------------------------------------
+
+def test_a_round_clocked_through_two_programs_is_bit_exact(small_geometry):
+    """A worker's program and a PS's program, their frames handed across by
+    hand: two primed DATA packets, then the clock alone carries the round;
+    the PS's memory holds the gradient bit for bit, and every ACK past the
+    last chunk is consumed."""
+    from ltpx.control.transport.layout import ChunkLayout
+    from ltpx.dataplane.xdp.loader import Dataplane, Geometry
+    g = Geometry(slots=2, max_chunks=64)
+    grad = gradient(40 * CHUNK // 4 + 6, seed=3)
+    lay = ChunkLayout(grad.size, CHUNK)
+    order = np.random.default_rng(5).permutation(lay.nchunks).tolist()
+    with Dataplane(g, job=JOB) as wk, Dataplane(g, job=JOB) as ps:
+        wm, pm = wk.maps(), ps.maps()
+        wm.set_peers({3: 0})
+        pm.set_peers({3: 0})
+        pm.open_bank(9, lay.nchunks, lay.last_len, token=tok(9), flows=1, window=8)
+        wm.tx_start(9, 0, tok(9))
+        clock.load(wm, 9, grad.view(np.uint8), order, np.zeros(lay.nchunks, bool), CHUNK)
+        clock.start(wm, 9, 0, nchunks=lay.nchunks, last_len=lay.last_len, flags=0, primed=2)
+        raw = grad.view(np.uint8)
+        wire = [clocked_data(round_=9, chunk=c, nchunks=lay.nchunks, stamp=(2, 0),
+                             body=raw[c * CHUNK:c * CHUNK + lay.chunk_len(c)].tobytes())
+                for c in order[:2]]
+        tx_frames = 0
+        while wire:
+            a = run_xdp(ps.prog_fd, bytes(wire.pop(0)), grow=GROW)
+            assert a.verdict == XDP_TX
+            d = run_xdp(wk.prog_fd, a.data, grow=GROW)
+            if d.verdict == XDP_TX:
+                tx_frames += 1
+                wire.append(Ether(d.data))
+        assert pm.done_mask(9, 0, lay.nchunks).all()
+        assert np.array_equal(pm.slot_values(9, 0, grad.size), grad)
+        t = wm.tx_state(9, 0)
+        assert tx_frames == lay.nchunks - 2 and int(t["consumed"]) == 2
+        assert wm.acked_mask(9, 0, lay.nchunks).all()
+        assert pm.counters()["malformed"] == 0 and pm.counters()["credit_stop"] == 0
