@@ -3,8 +3,8 @@ bottleneck, loss injector). See docs/rig.md. This module builds, shows, uses
 and removes rigs; the measurements on a rig (check, incast-tcp) are in
 cmd_rig_measure.py, registered here under the same `ltp rig`.
 
-  ltp rig up [--name NAME] [--workers N] [--rate 1gbit] [--buffer 30kb] [--loss P]
-             [--shape ps|all] [--mode native|skb]
+  ltp rig up [--name NAME] [--workers N] [--servers S] [--rate 1gbit] [--buffer 30kb]
+             [--loss P] [--shape ps|all] [--mode native|skb]
   ltp rig status [--name NAME] [-j]
   ltp rig exec [--name NAME] HOST -- CMD...
   ltp rig down [--name NAME | --all]
@@ -25,6 +25,7 @@ from .flags import (add_loss, add_rig_name, add_shape, add_switch_mode, check_by
 
 RIG_EPILOG = """examples:
   sudo ltp rig up --workers 8 --rate 1gbit --buffer 30kb --loss 0.01
+  sudo ltp rig up --workers 8 --servers 2   two server hosts, ps and ps1 (sharded training)
   ltp rig status -j
   ltp rig exec w0 -- ip -br addr
   ltp rig exec ps -- python3 -c 'print(1)'
@@ -35,6 +36,9 @@ RIG_EPILOG = """examples:
 Hosts are "ps" and "w0".."wN-1" (namespaces ltp-<name>-ps, ltp-<name>-w3, switch
 ltp-<name>-sw); the PS is 198.18.0.1, worker i is 198.18.0.(10+i), all in 198.18.0.0/24
 with no route out. The loss injector drops only IPv4 UDP/TCP (never ARP or ICMP).
+With --servers S, server i ("ps<i>", 198.18.<i>.1) has a subnet and bridge of its own
+and every worker a device on it (ltp-w<j>s<i>, 198.18.<i>.(10+j)): --shape ps shapes
+every server's port.
 """
 
 
@@ -61,6 +65,10 @@ def _register_up(action) -> None:
                 "  sudo ltp rig up --shape all --mode skb\n")
     add_rig_name(up, "new")
     add_shape(up, workers=4)
+    up.add_argument("--servers", type=int, default=1,
+                    help="server hosts, 1..8 (default 1): each on its own subnet and switch "
+                    "port (shaped and lossy like the PS's), every worker with a device on each "
+                    "(sharded training: ltp launch/train --servers)")
     up.add_argument("--topology", choices=("star", "leaf-spine"), default="star",
                     help="star: one switch (default); leaf-spine: leaf and spine routers, "
                     "jobs' hosts on the leaves, every leaf-spine link shaped to --rate "
@@ -112,9 +120,13 @@ def _register_use(action) -> None:
 
 def cmd_up(args) -> int | None:
     if getattr(args, "topology", "star") == "leaf-spine":
+        if getattr(args, "servers", 1) != 1:
+            raise UsageError("--servers: the leaf-spine rig has one PS per job; several "
+                             "servers per job are built on the star rig only (for now)")
         return _up_leaf_spine(args)
     cfg = rigs.star_config(name=check_name(args.name), **rigs.shaped(args), shape=args.shape,
-                           loss_on=args.loss_on, mode=args.mode)
+                           loss_on=args.loss_on, mode=args.mode,
+                           servers=getattr(args, "servers", 1))
     rigs.prepare()
     from ..dataplane.rig.star import Rig
     emit(args, _bring_up(Rig(cfg)), _up_text)
@@ -149,10 +161,14 @@ def _bring_up(rig) -> dict:
 
 def _up_text(s: dict) -> str:
     c = s["config"]
-    last = s["hosts"][-1]
-    return (f"rig {s['name']} is up: PS {s['hosts'][0]['ip']} ({s['hosts'][0]['netns']}), "
-            f"{c['workers']} workers {s['hosts'][1]['ip']}..{last['ip']} "
-            f"({s['hosts'][1]['netns']}..{last['name']})\n"
+    ps = [h for h in s["hosts"] if h["role"] == "ps"]
+    ws = [h for h in s["hosts"] if h["role"] == "worker"]
+    return (f"rig {s['name']} is up: PS {', '.join(h['ip'] for h in ps)} "
+            f"({', '.join(h['netns'] for h in ps)}), "
+            f"{c['workers']} workers {ws[0]['ip']}..{ws[-1]['ip']} "
+            f"({ws[0]['netns']}..{ws[-1]['name']})"
+            + (f", each with a device per server ({len(s.get('nics', []))} more)"
+               if s.get("nics") else "") + "\n"
             f"bottleneck {rigs.fmt_rate(c['rate_bps'])}, buffer {c['buffer_bytes']} B, burst "
             f"{c['burst_bytes']} B on {', '.join(s['shaped_ports'])}; loss {c['loss']:g} on "
             f"{', '.join(s['loss_ports'])}; mode {c['mode']}\n"
@@ -186,8 +202,12 @@ def _status_text(s: dict) -> str:
     c = s["config"]
     when = (datetime.datetime.fromtimestamp(s["created"]).strftime("%Y-%m-%d %H:%M:%S")
             if s.get("created") else "?")
-    lines = [f"rig {s['name']}: {c['workers']} workers, mode {c['mode']}, subnet {s['subnet']}, "
-             f"switch {s['switch_ns']} ({s['bridge']}), up since {when}"
+    servers = c.get("servers", 1)
+    lines = [f"rig {s['name']}: {c['workers']} workers, "
+             + (f"{servers} servers (subnets 198.18.0-{servers - 1}.0/24), " if servers > 1
+                else "")
+             + f"mode {c['mode']}, subnet {s['subnet']}, switch {s['switch_ns']} "
+             f"({', '.join(s.get('bridges') or [s['bridge']])}), up since {when}"
              + ("" if s.get("namespaces_present") else "  [INCOMPLETE: namespaces missing]")]
     lines += _bottleneck_lines(s.get("bottleneck"))
     li = s.get("loss_injector", {})
@@ -200,7 +220,7 @@ def _status_text(s: dict) -> str:
                      f"(ARP, ICMP, ...) {li['other']}")
     w = max(len(h["netns"]) for h in s["hosts"])
     lines.append(f"{'HOST':5} {'ROLE':6} {'NAMESPACE':{w}} {'ADDRESS':16} {'IFNAME':8} MAC")
-    for h in s["hosts"]:
+    for h in s["hosts"] + s.get("nics", []):
         lines.append(f"{h['name']:5} {h['role']:6} {h['netns']:{w}} "
                      f"{h['ip'] + '/' + str(h['prefixlen']):16} {h['ifname']:8} {h['mac']}")
     return "\n".join(lines)

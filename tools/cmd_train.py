@@ -28,6 +28,8 @@ EPILOG = """examples:
   sudo ltp train --sync wbsp --straggler 1:3      fast workers keep computing
   sudo ltp train --transport tcp --cc bbr --epochs 5
   sudo ltp train --downlink unicast               parameters sent to each worker in turn
+  sudo ltp train --workers 8 --servers 2 --compare ltp:servers=1,tcp:cubic
+                                                  2 sharded servers, against 1 and TCP x2
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
 
@@ -57,7 +59,9 @@ def register(sub) -> None:
                      "kept if it did)")
     p.add_argument("--compare", default="none", metavar="LIST",
                    help="baselines to run after the main run, comma-separated: ltp, tcp, "
-                   "tcp:CC, gloo (default none)")
+                   "tcp:CC, gloo, each optionally with :KEY=VALUE settings (servers=S), e.g. "
+                   "ltp:servers=1,tcp:cubic:servers=2 (default none; a run takes the main "
+                   "run's settings unless it names them)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many "
                    "seconds per run (default 900)")
     out = p.add_argument_group("curves")
@@ -75,22 +79,49 @@ def register(sub) -> None:
 
 def _runs(args) -> list[dict]:
     """The runs to make: the main one, then each --compare item."""
-    main = {"transport": args.transport, "cc": args.cc}
+    main = {"transport": args.transport, "cc": args.cc, "servers": args.servers}
     runs = [main]
     if args.compare.strip().lower() in ("", "none"):
         return runs
     for item in args.compare.split(","):
-        item = item.strip().lower()
-        tr, _, cc = item.partition(":")
-        if tr not in ("ltp", "tcp", "gloo") or (cc and (tr != "tcp" or cc not in CCS)):
-            raise UsageError(f"--compare: cannot read {item!r} (items: ltp, tcp, "
-                             f"tcp:{'|'.join(CCS)}, gloo)")
-        run = {"transport": tr, "cc": cc or args.cc}
-        key = (run["transport"], run["cc"] if tr == "tcp" else None)
-        if key in [(r["transport"], r["cc"] if r["transport"] == "tcp" else None) for r in runs]:
-            raise UsageError(f"--compare: {item!r} is already in the runs")
+        run = _compare_item(item.strip().lower(), args)
+        if _run_key(run) in [_run_key(r) for r in runs]:
+            raise UsageError(f"--compare: {item.strip()!r} is already in the runs")
         runs.append(run)
     return runs
+
+
+# --compare KEY=VALUE settings: key -> (parse: the value or None, what it takes)
+COMPARE_KEYS = {"servers": (lambda v: int(v) if v.isdigit() and 1 <= int(v) <= 8 else None,
+                            "1..8")}
+
+
+def _compare_item(item: str, args) -> dict:
+    """One --compare item, TRANSPORT[:CC][:KEY=VALUE...], as a run dict."""
+    tr, *parts = item.split(":")
+    run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers}
+    usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
+             f"each with optional :KEY=VALUE, keys {', '.join(COMPARE_KEYS)})")
+    if tr not in ("ltp", "tcp", "gloo"):
+        raise UsageError(usage)
+    for i, part in enumerate(parts):
+        key, eq, val = part.partition("=")
+        if not eq:
+            if i or tr != "tcp" or part not in CCS:
+                raise UsageError(usage)
+            run["cc"] = part
+        elif key not in COMPARE_KEYS:
+            raise UsageError(usage)
+        elif COMPARE_KEYS[key][0](val) is None:
+            raise UsageError(f"--compare: {item!r}: {key} takes {COMPARE_KEYS[key][1]}")
+        else:
+            run[key] = COMPARE_KEYS[key][0](val)
+    return run
+
+
+def _run_key(run: dict) -> tuple:
+    return tuple(sorted((k, v) for k, v in run.items()
+                        if k != "cc" or run["transport"] == "tcp"))
 
 
 def _validate(args) -> tuple:
@@ -119,6 +150,9 @@ def _validate(args) -> tuple:
         raise UsageError(f"--straggler: worker {bad[0]} does not exist (--workers "
                          f"{args.workers}: 0..{args.workers - 1})")
     runs = _runs(args)
+    if any(r["transport"] == "gloo" and r["servers"] > 1 for r in runs):
+        raise UsageError("--servers: gloo all-reduce has no servers (run gloo with --servers 1, "
+                         "or compare ltp:servers=S and tcp:servers=S)")
     from ..control.training.curves import check_outputs
     check_outputs(args.tensorboard, args.plot)
     if args.sync == "wbsp" and any(r["transport"] == "gloo" for r in runs):
@@ -155,9 +189,10 @@ def cmd_train(args) -> int:
     try:   # LaunchError, RigError, BenchError are LtpErrors: common.run reports them
         for run in runs:
             cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
+            cfg = dataclasses.replace(cfg, servers=run["servers"])
             rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
-            progress.begin(_label(cfg.transport, cfg.cc))
-            curves.begin(run_label(_label(cfg.transport, cfg.cc)))
+            progress.begin(_label(cfg.transport, cfg.cc, cfg.servers))
+            curves.begin(run_label(_label(cfg.transport, cfg.cc, cfg.servers)))
             with rig:
                 res = train_on_rig(rig, cfg, workers=args.workers,
                                    progress=on_event,
@@ -166,7 +201,8 @@ def cmd_train(args) -> int:
                               "rate_bps": rig.config.rate_bps,
                               "buffer_bytes": rig.config.buffer_bytes, "loss": rig.config.loss,
                               "shape": rig.config.shape, "loss_on": rig.config.loss_on,
-                              "mtu": rig.config.mtu}
+                              "mtu": rig.config.mtu, "servers": rig.config.servers}
+                res["servers"] = cfg.servers
             progress.end(res)
             results.append(res)
     finally:
@@ -179,8 +215,8 @@ def cmd_train(args) -> int:
         out["tensorboard"] = args.tensorboard
     if len(results) > 1:
         out["compare"] = results[1:]
-        out["speedup"] = {_label(r["transport"], r.get("cc")): _ratio(results[0], r)
-                          for r in results[1:]}
+        out["speedup"] = {_label(r["transport"], r.get("cc"), r.get("servers", 1)):
+                          _ratio(results[0], r) for r in results[1:]}
     emit(args, out, lambda o: _text(results, args, loss, rate, buffer))
     broken = [r for r in results if not r.get("replicas_identical")]
     if broken:
@@ -198,11 +234,15 @@ def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
     if not (args.name and Rig.exists(args.name)):
         name = args.name or f"tr{os.getpid() % 1000000}"
         return Rig(rig_config(name, cfg.transport, workers=args.workers, rate_bps=rate,
-                              buffer_bytes=buffer, loss=loss, mtu=args.mtu)), cfg
+                              buffer_bytes=buffer, loss=loss, mtu=args.mtu,
+                              servers=cfg.servers)), cfg
     rig = Rig.attach(args.name)
     if len(rig.workers) < args.workers:
         raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "
                          f"workers, asked for {args.workers}")
+    if cfg.servers > 1 and len(rig.servers) < cfg.servers:
+        raise UsageError(f"--servers: rig {args.name} has {len(rig.servers)} server host(s), "
+                         f"asked for {cfg.servers} (`ltp rig up --servers {cfg.servers}`)")
     if cfg.downlink == "group" and not rig.has_broadcast():
         cfg = dataclasses.replace(cfg, downlink="unicast")
         progress.note(f"note: rig {args.name} predates group sends (no broadcast "
@@ -216,8 +256,9 @@ def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
     return rig, cfg
 
 
-def _label(transport: str, cc: str | None) -> str:
-    return f"tcp ({cc})" if transport == "tcp" else transport
+def _label(transport: str, cc: str | None, servers: int = 1) -> str:
+    base = f"tcp ({cc})" if transport == "tcp" else transport
+    return f"{base} x{servers}" if servers > 1 else base
 
 
 def _ratio(a: dict, b: dict) -> float | None:
@@ -278,7 +319,7 @@ def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str
              f"{rc.get('buffer_bytes', buffer) / 1000:g} KB queue, loss "
              f"{rc.get('loss', loss):g} on "
              f"{'every port' if rc.get('loss_on') == 'all' else 'the PS port'}")
-    cols = [_label(r["transport"], r.get("cc")) for r in results]
+    cols = [_label(r["transport"], r.get("cc"), r.get("servers", 1)) for r in results]
 
     def early(r):
         return f"{r['rounds_early_closed']}/{r['iterations']}" if r["transport"] == "ltp" else "-"

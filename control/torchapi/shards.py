@@ -84,15 +84,16 @@ def merge_reports(reps: list[StepReport], workers: int) -> StepReport:
     """One step's report from the S servers' (each saw a slice of every bucket):
     per bucket the worst close, per worker the mean delivered fraction and
     the summed filled chunks and wholly filled bucket slices, the longest
-    gather time."""
+    gather time; anything else (step, ks, ...) as server 0 says."""
     B = len(reps[0].reasons)
     reasons = [max((r.reasons[b] for r in reps), key=REASONS.index) for b in range(B)]
     ws = range(workers)
-    return StepReport(step=reps[0].step, reasons=reasons,
-                      delivered={w: float(np.mean([r.delivered[w] for r in reps])) for w in ws},
-                      filled_chunks={w: sum(r.filled_chunks[w] for r in reps) for w in ws},
-                      wholly_filled={w: sum(r.wholly_filled[w] for r in reps) for w in ws},
-                      ks=list(reps[0].ks), gather_s=max(r.gather_s for r in reps))
+    return dataclasses.replace(
+        reps[0], reasons=reasons,
+        delivered={w: float(np.mean([r.delivered[w] for r in reps])) for w in ws},
+        filled_chunks={w: sum(r.filled_chunks[w] for r in reps) for w in ws},
+        wholly_filled={w: sum(r.wholly_filled[w] for r in reps) for w in ws},
+        gather_s=max(r.gather_s for r in reps))
 
 
 def merge_summaries(sums: list[dict]) -> dict:

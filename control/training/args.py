@@ -59,6 +59,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="report the training time until the test accuracy reaches this")
     p.add_argument("--deadline-min", type=float, default=None,
                    help="LTP Early Close minimum deadline, seconds (default: the transport's)")
+    p.add_argument("--servers", type=int, default=1,
+                   help="server ranks, 1..8, each summing a contiguous slice of every bucket "
+                   "on a host of its own (default %(default)s; docs/training.md)")
     p.add_argument("--verify-versions", action="store_true",
                    help="hash every parameter version on every rank and compare "
                    "(costs ~1 ms/MB each)")
@@ -124,7 +127,8 @@ def config_from_args(a: argparse.Namespace, *, transport: str | None = None,
                       straggler=parse_straggler(a.straggler), eval_every=a.eval_every,
                       target_accuracy=a.target_accuracy, cc=cc or a.cc,
                       verify_versions=a.verify_versions,
-                      downlink=a.downlink if transport == "ltp" else "unicast")
+                      downlink=a.downlink if transport == "ltp" else "unicast",
+                      servers=getattr(a, "servers", 1) if transport != "gloo" else 1)
     try:
         cfg.validate()
     except ValueError as e:     # its messages start with the field: make that the flag

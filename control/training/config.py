@@ -47,6 +47,7 @@ class TrainConfig:
     # ("group", LTP only), or to each worker ("unicast"). None: DEFAULT_DOWNLINK
     # for LTP, unicast for the others (they have no group sends).
     downlink: str | None = None
+    servers: int = 1                    # server ranks, each summing a slice (torchapi/shards.py)
 
     def __post_init__(self):
         if self.downlink is None:
@@ -71,6 +72,9 @@ class TrainConfig:
             raise ValueError(f"downlink: one of {', '.join(DOWNLINKS)}, got {self.downlink!r}")
         if self.downlink == "group" and self.transport != "ltp":
             raise ValueError("downlink: group sends need the ltp transport")
+        if not 1 <= self.servers <= 8 or (self.servers > 1 and self.transport == "gloo"):
+            raise ValueError(f"servers: 1..8 server ranks (ltp or tcp; gloo has none), got "
+                             f"{self.servers}")
         for w, f in self.straggler.items():
             if f < 1:
                 raise ValueError(f"straggler: factor for worker {w} must be >= 1, got {f}")

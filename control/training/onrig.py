@@ -111,7 +111,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     if cfg.transport == "tcp":
         from ...dataplane.tcp_cc import ensure_cc
         ensure_cc(cfg.cc)
-    servers = 0 if cfg.transport == "gloo" else 1
+    servers = 0 if cfg.transport == "gloo" else cfg.servers
     ranks = plan_ranks(rig, W, servers)
     job = RigJob(rig, ranks, rank_timeout_s)
     logdir = tempfile.mkdtemp(prefix=f"ltp-train-{rig.name}-")
