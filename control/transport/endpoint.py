@@ -28,7 +28,8 @@ from ...errors import DeadPeerError, TransportError
 from .bubble import STRATEGIES
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
 from .layout import ChunkLayout
-from .rate import SharePolicy, fine_timer_slack
+from .rate import SharePolicy, credit_window, fine_timer_slack
+from .clock import ClockPush
 from .receiver import Receiver
 from .results import Peer, PushReport, RoundResult
 from .sender import Push, Sender
@@ -36,6 +37,9 @@ from .tokens import RoundTokens
 
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
+#: how pushes leave: "socket" (paced sendmsg, sender.Push) or "xdp" (the ACK
+#: clock: the XDP program turns each ACK into the next DATA, clock.ClockPush)
+SENDERS = ("socket", "xdp")
 
 
 def _device_mac(sock: socket.socket, dev: str) -> str:
@@ -88,6 +92,10 @@ class Endpoint:
     (`bad_token`), so a host off the path cannot forge them. Without one the
     tokens are 0 and only the job cookie is checked (`protected` is False;
     the first such endpoint of a process warns: tokens.UnprotectedWarning).
+    sender: "socket" (default) or "xdp", how this endpoint's pushes leave
+    (SENDERS; docs/transport.md, "The ACK clock"). credit_bytes: what the
+    clocked senders pushing to this endpoint may keep in flight together,
+    the bottleneck's buffer plus one BDP (default: rate.credit_window's).
     force: take `dev` even if it carries an XDP program (another endpoint's,
     `ltp load`'s, anyone's). Without it such a device is refused at once,
     before compiling, with an error naming what holds it.
@@ -104,11 +112,14 @@ class Endpoint:
                  early_close: EarlyCloseConfig | None = None, bubble_strategy: str = "mean",
                  initial_rate_bps: float | None = None, publish: bool = True,
                  self_id: int | None = None, role: str | None = None, force: bool = False,
-                 secret: bytes | None = None):
+                 secret: bytes | None = None, sender: str = "socket",
+                 credit_bytes: float | None = None):
         if role not in (None, "ps", "worker"):
             raise ValueError(f"role must be ps or worker, got {role!r}")
         if self_id is not None and self_id not in peers:
             raise ValueError(f"self_id {self_id} must be one of the peers {sorted(peers)}")
+        if sender not in SENDERS:
+            raise ValueError(f"sender must be one of {', '.join(SENDERS)}, got {sender!r}")
         if bubble_strategy not in STRATEGIES:
             raise ValueError(f"unknown bubble strategy {bubble_strategy!r}")
         if not peers:
@@ -138,11 +149,13 @@ class Endpoint:
             self.receiver = Receiver(self.maps, self.peers, self.slots, chunk_bytes=chunk_bytes,
                                      max_elems=max_elems, capacity_bps=capacity_bps,
                                      share=share, early=early,
-                                     bubble_strategy=bubble_strategy, tokens=tokens)
+                                     bubble_strategy=bubble_strategy, tokens=tokens,
+                                     window=credit_window(capacity_bps, chunk_bytes,
+                                                          credit_bytes))
             self.sender = Sender(self.sock, self.maps, self.peers, job=job,
                                  chunk_bytes=chunk_bytes, max_elems=max_elems, initial_rate_bps=(
                                      initial_rate_bps or capacity_bps / max(1, len(peers))),
-                                 tokens=tokens)
+                                 tokens=tokens, kind=ClockPush if sender == "xdp" else Push)
         except BaseException:  # nothing of a half-made endpoint stays attached or listed
             if getattr(self, "sock", None) is not None:
                 self.sock.close()

@@ -110,6 +110,23 @@ class Pacer:
             time.sleep((self.burst - self.tokens) * self.gap)
 
 
+CREDIT_RTT_S = 200e-6     # the base round trip the default credit covers
+CREDIT_BUFFER = 32 * 1024  # ... and the bottleneck buffer it assumes
+
+
+def credit_window(capacity_bps: float, chunk_bytes: int, credit_bytes: float | None = None) -> int:
+    """Packets all ACK-clocked flows into one receiver may keep in flight
+    together: credit_bytes (the bottleneck's buffer plus one BDP) in full
+    frames; by default one BDP at CREDIT_RTT_S plus CREDIT_BUFFER. Each
+    active flow's credit is this divided by the active flows, at least 1."""
+    from .layout import FRAME_OVERHEAD
+    if credit_bytes is None:
+        credit_bytes = capacity_bps * CREDIT_RTT_S / 8 + CREDIT_BUFFER
+    if credit_bytes <= 0:
+        raise ValueError(f"credit must be positive (bytes), got {credit_bytes}")
+    return max(1, int(credit_bytes // (chunk_bytes + FRAME_OVERHEAD)))
+
+
 def quiet_gc() -> None:
     """Collect once, then freeze what is alive (gc.freeze): the objects of the
     set-up (torch, numpy, the model, the endpoint) are never scanned again.

@@ -92,9 +92,10 @@ class Receiver:
 
     def __init__(self, maps, peers: dict[int, int], nslots: int, *, chunk_bytes: int,
                  max_elems: int, capacity_bps: float, share: SharePolicy, early: EarlyClose,
-                 bubble_strategy: str, tokens=lambda round_: 0):
+                 bubble_strategy: str, tokens=lambda round_: 0, window: int = 0):
         self.maps, self.peers, self.nslots = maps, peers, nslots
         self.tokens = tokens  # round -> its token (tokens.RoundTokens)
+        self.window = window  # packets clocked senders may keep in flight together (the credit)
         self.chunk_bytes, self.max_elems, self.capacity_bps = chunk_bytes, max_elems, capacity_bps
         self.share, self.early, self.bubble_strategy = share, early, bubble_strategy
         self.rounds: dict[int, OpenRound] = {}
@@ -121,7 +122,7 @@ class Receiver:
         # (the XDP program counts them down); share_kbps(1) is the whole of it.
         self.maps.open_bank(round_, layout.nchunks, layout.last_len,
                             share_kbps=self.share.share_kbps(1), flows=len(workers),
-                            token=self.tokens(round_))
+                            token=self.tokens(round_), window=self.window)
         self.early.start_round(layout.nbytes * len(workers))
         st = OpenRound(round_, layout, workers, [self.peers[w] for w in workers], critical,
                        reliable, time.perf_counter())

@@ -46,12 +46,14 @@ class Sender:
 
     def __init__(self, sock: socket.socket, maps, peers: dict[int, int], *, job: int,
                  chunk_bytes: int, max_elems: int, initial_rate_bps: float,
-                 tokens=lambda round_: 0):
+                 tokens=lambda round_: 0, kind=None):
         self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
         self.tokens = tokens  # round -> its token (tokens.RoundTokens)
         self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
         self.initial_rate_bps = initial_rate_bps
         self.rate_hint: dict[int, float] = {}
+        self.window_hint: dict[int, int] = {}  # the ACK clock's: packets to prime with
+        self.kind = kind  # what plans a push: Push, or the ACK clock's clock.ClockPush
         self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
 
     def prepare(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
@@ -73,8 +75,8 @@ class Sender:
             np.zeros(nch, dtype=bool) if critical is None else np.asarray(critical, dtype=bool))
         if crit.shape != (nch,):
             raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
-        return Push(self, round_, arr, layout, targets, crit, reliable=reliable,
-                    timeout_s=timeout_s, seed=seed, group=group)
+        return (self.kind or Push)(self, round_, arr, layout, targets, crit, reliable=reliable,
+                                          timeout_s=timeout_s, seed=seed, group=group)
 
     def start_rate(self, targets: list[Peer], group: bool) -> float:
         hints = [self.rate_hint.get(t.worker, self.initial_rate_bps) for t in targets]
@@ -84,6 +86,13 @@ class Sender:
         for t, r in zip(targets, low_kbps):
             if r:
                 self.rate_hint[t.worker] = r * 1000
+
+    def learn_windows(self, targets: list[Peer], low: list[int]) -> None:
+        """The ACK clock: the smallest credit each target gave (its share
+        with every flow active) is what its next push is primed with."""
+        for t, w in zip(targets, low):
+            if w and w != 0xffff:
+                self.window_hint[t.worker] = w
 
 
 class Push:

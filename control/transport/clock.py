@@ -1,0 +1,219 @@
+"""The ACK-clocked sender (`Endpoint(sender="xdp")`, docs/transport.md).
+
+Python hands the round's payload and send order to the XDP program
+(dataplane/xdp/clock.py) and primes each flow with a few DATA packets from
+the socket; from then on every ACK the receiver's program sends back is
+turned by this host's program into the flow's next chunk (XDP_TX), so no
+user-space work is done per packet. The receiver's credit (a window in
+packets, in every ACK; STOP when a flow has more in flight) sizes each flow.
+
+Python keeps the policy, polling the maps about every POLL_S:
+- growth: an ACK turns into at most one DATA, so a window grows only by a
+  new send; while the credit exceeds what is in flight, positions are taken
+  from the tail of the order and sent from the socket;
+- recovery, RACK-style: each chunk has a send key (its order position when
+  the clock sent it; for a socket send, the clock's position at that time);
+  a chunk unacknowledged while one keyed more than REORDER later is acked
+  was lost (its DATA or its ACK) and is re-sent from the socket, flagged
+  RETX, taking the lost packet's place in flight; with no progress for an
+  RTO, the oldest outstanding chunks are re-sent (tail loss);
+- the end: every chunk acked, or the receiver closed the round (Early Close,
+  the reliable class), or the timeout (a silent target is a DeadPeerError).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ...dataplane.xdp import clock as C
+from ...dataplane.xdp import wire as W
+from ...errors import DeadPeerError
+from .sender import RETX_BYTE, Push
+
+INITIAL_WINDOW = 2  # packets a flow is primed with before it learned its credit
+MAX_WINDOW = 64     # growth stops here when the receiver sets no credit
+GROW_BATCH = 8      # most packets one poll adds to a window
+REORDER = 3         # RACK's reordering allowance, in send keys
+POLL_S = 0.0005
+RTO_MIN = 0.004     # s without progress before the oldest outstanding chunks are re-sent
+RATE = W.OFF["rate"]
+FLAGS_LO = W.OFF["flags"] + 1
+assert W.F_CLOCK < 0x100
+
+
+class ClockPush(Push):
+    """One push through the ACK clock (planned like a `Push`: order,
+    headers, iovecs; the headers carry LTP_F_CLOCK). The send buffer is
+    written into the program's maps when planned, so `buf` may change after
+    that; the bank's previous round must be done."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        s, lay, nt = self.sender, self.layout, len(self.targets)
+        for h in self.hdrs:  # every planned header is clocked DATA
+            np.frombuffer(h, dtype=np.uint8).reshape(lay.nchunks, W.HDR_LEN)[:, FLAGS_LO] |= \
+                W.F_CLOCK
+        C.load(s.maps, self.round_, np.frombuffer(memoryview(self.buf).cast("B"), np.uint8),
+               self.order, self.crit, s.chunk_bytes)
+        nch = lay.nchunks
+        self.pos_of = np.empty(nch, dtype=np.int64)
+        self.pos_of[self.order] = np.arange(nch)
+        self.order_arr = np.asarray(self.order, dtype=np.int64)
+        # per target: send key of each chunk (-1: not sent by the socket yet)
+        self.key = np.full((nt, nch), -1, dtype=np.int64)
+        self.base_flags = W.F_RELIABLE if self.reliable else 0
+        self.max_over_credit = 0
+        self.stops = 0
+
+    # ------------------------------------------------------------------ send
+    def send(self):
+        self._start()
+        s, nch, nt = self.sender, self.layout.nchunks, len(self.targets)
+        bank = s.maps.bank_index(self.round_)
+        self.txv = s.maps.tx[bank]
+        w0 = min(nch, max(1, s.window_hint.get(self.targets[0].worker, INITIAL_WINDOW)))
+        for i, slot in enumerate(self.slots):
+            C.start(s.maps, self.round_, slot, nchunks=nch, last_len=self.layout.last_len,
+                    flags=self.base_flags, primed=w0)
+        self._prime(w0)
+        self.progress_t = [self.t0] * nt
+        self.heard = [0] * nt
+        self.rto = [RTO_MIN] * nt
+        self.low_window = [0] * nt
+        try:
+            while True:
+                closed = [bool(self.txv[sl]["closed"]) for sl in self.slots]
+                if self._settle(closed, self.acked()):
+                    break
+                acked, now = self._acked_bits(), time.perf_counter()
+                if now - self.t0 > self.timeout_s:
+                    self._timeout(acked, now)
+                    break
+                for i in range(nt):
+                    if not self.done_t[i]:
+                        self._tend(i, acked[i], now)
+                time.sleep(POLL_S)
+        finally:
+            for slot in self.slots:
+                C.stop(s.maps, self.round_, slot)
+        s.learn_windows(self.targets, self.low_window)
+        return self._clock_report()
+
+    def _acked_bits(self) -> list[np.ndarray]:
+        nch = self.layout.nchunks
+        return [np.unpackbits(w.view(np.uint8), bitorder="little")[:nch].astype(bool)
+                for w in self.words]
+
+    # ---------------------------------------------------------------- priming
+    def _prime(self, w0: int) -> None:
+        """The first w0 positions, from the socket: to the group once if
+        there is one, else to each target."""
+        first = [int(c) for c in self.order[:w0]]
+        tgts = [len(self.targets)] if self.group else range(len(self.targets))
+        for i in range(len(self.targets)):
+            self.key[i, first] = self.pos_of[first]
+        for t in tgts:
+            self._stamp(t, first, w0, 0)
+            self._send_chunks(t, first)
+        self.passes = 1
+
+    def _send_chunks(self, tgt: int, chunks: list[int]) -> None:
+        """Send chunks to target tgt from the socket, in GSO batches (the
+        short last chunk ends a batch); waits out a full local queue."""
+        short = self.layout.nchunks - 1 if self.layout.last_len != self.sender.chunk_bytes else -1
+        batch: list[int] = []
+        for c in chunks + [None]:
+            if c is not None:
+                batch.append(c)
+            if batch and (c is None or c == short or len(batch) >= 16):
+                while not self._send_batch(tgt, batch):
+                    time.sleep(0.0002)
+                    if time.perf_counter() - self.t0 > self.timeout_s:
+                        return
+                self.sent += len(batch)
+                batch = []
+
+    def _stamp(self, tgt: int, chunks: list[int], inflight: int, stops: int) -> None:
+        """Write the clock stamp into the chunks' headers toward tgt."""
+        hv = self.hdr_u8[tgt]
+        hv[chunks, RATE:RATE + 4] = np.frombuffer(
+            W.clock_stamp(inflight, stops).to_bytes(4, "big"), dtype=np.uint8)
+
+    # ---------------------------------------------------------------- tending
+    def _tend(self, i: int, acked: np.ndarray, now: float) -> None:
+        """One poll of target i: credit bookkeeping, losses, growth."""
+        t, slot = self.txv[self.slots[i]], self.slots[i]
+        nxt, tail = int(t["next"]), int(t["tail"])
+        inflight = int(t["added"]) - int(t["consumed"])
+        window = int(t["window"])
+        stops = int(t["stops"])
+        if window:
+            if not self.low_window[i] or window < self.low_window[i]:
+                self.low_window[i] = window
+            if self.heard[i]:  # past the first RTT, in flight never exceeds the credit
+                self.max_over_credit = max(self.max_over_credit, inflight - window)
+        n_acked = int(acked.sum())
+        if n_acked != self.heard[i]:
+            self.heard[i], self.progress_t[i], self.rto[i] = n_acked, now, RTO_MIN
+        key = self.key[i]
+        handed = self.pos_of < min(nxt, tail)
+        key_now = np.where(key >= 0, key, np.where(handed, self.pos_of, -1))
+        sent = key_now >= 0
+        lost = self._lost(key_now, sent, acked)
+        if lost.size == 0 and now - self.progress_t[i] > self.rto[i]:
+            out = np.flatnonzero(sent & ~acked)  # tail loss: the oldest outstanding
+            lost = out[np.argsort(key_now[out])][:max(2, window or 2)]
+            self.progress_t[i], self.rto[i] = now, min(0.2, self.rto[i] * 2)
+        if lost.size:
+            self._resend(i, lost.tolist(), nxt, inflight, stops)
+        cap = window if window and window != 0xffff else MAX_WINDOW
+        if window and inflight < cap and tail > nxt:
+            pos = C.take_tail(self.sender.maps, self.round_, slot,
+                              min(cap - inflight, GROW_BATCH))
+            if pos:
+                chunks = self.order_arr[pos].tolist()
+                key[chunks] = nxt
+                self._stamp(i, chunks, inflight + len(pos), stops)
+                self._send_chunks(i, chunks)
+
+    @staticmethod
+    def _lost(key: np.ndarray, sent: np.ndarray, acked: np.ndarray) -> np.ndarray:
+        ack_keys = key[sent & acked]
+        if ack_keys.size == 0:
+            return ack_keys
+        return np.flatnonzero(sent & ~acked & (key < ack_keys.max() - REORDER))
+
+    def _resend(self, i: int, chunks: list[int], nxt: int, inflight: int, stops: int) -> None:
+        """Re-send lost chunks to target i from the socket, flagged RETX; each
+        takes its lost packet's place in flight."""
+        self.key[i, chunks] = nxt
+        self.hdr_u8[i][chunks, RETX_BYTE] |= W.F_RETX
+        self._stamp(i, chunks, inflight, stops)
+        self._send_chunks(i, chunks)
+        self.resent += len(chunks)
+
+    # -------------------------------------------------------------------- end
+    def _timeout(self, acked: list[np.ndarray], now: float) -> None:
+        """At the timeout: DeadPeerError if a target never answered, else the
+        rule for critical chunks."""
+        dead = [i for i, d in enumerate(self.done_t) if not d and not self.heard[i]
+                and not bool(self.txv[self.slots[i]]["closed"])]
+        if dead:
+            who = ", ".join(f"{self.targets[i].ip} (worker {self.targets[i].worker})"
+                            for i in dead)
+            rep = self._clock_report()
+            raise DeadPeerError(
+                f"round {self.round_}: no answer from {who} for {now - self.t0:.1f}s "
+                f"({rep.sent} packets sent, {rep.acked} acked): the peer is dead, unreachable, "
+                f"or not taking round {self.round_} with this job's secret",
+                peers=[self.targets[i] for i in dead], report=rep)
+        self._check_critical(self.acked())
+
+    def _clock_report(self):
+        rep = self._report()
+        clocked = sum(int(self.txv[s]["sent"]) for s in self.slots)
+        rep.sent += clocked
+        rep.sender, rep.clock_tx, rep.max_over_credit = "xdp", clocked, self.max_over_credit
+        rep.stops = sum(int(self.txv[s]["stops"]) for s in self.slots)
+        return rep
