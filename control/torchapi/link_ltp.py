@@ -22,6 +22,7 @@ from ...errors import CommError
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer
 from ..transport.tokens import new_secret
+from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, chunk_bytes_for
 from .settings import Settings
 
@@ -47,9 +48,12 @@ class LtpServerLink:
         # the job's secret: made here, handed to the workers in this rank's
         # store record (address()); every round's token derives from it
         self.secret = new_secret()
+        codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
+        self.codec = codec and ServerCodec(codec, s.error_feedback)
 
     def address(self) -> dict:
-        return {"secret": self.secret.hex()}
+        return {"secret": self.secret.hex(), "compress": self.s.compress,
+                "chunk_bytes": chunk_bytes_for(self.s.mtu)}
 
     def connect(self, metas: dict[int, dict]) -> None:
         self.peers = [Peer(w, metas[w]["ip"]) for w in self.ids]
@@ -66,7 +70,7 @@ class LtpServerLink:
                            ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
                            chunk_bytes=chunk_bytes_for(s.mtu),
                            early_close=self.early_config(self.early_close),
-                           bubble_strategy="zero" if self.bubble == "stale" else self.bubble,
+                           bubble_strategy=self.endpoint_bubble(self.bubble),
                            secret=self.secret)
         self.size = size
         return True
@@ -77,11 +81,16 @@ class LtpServerLink:
     def configure(self, bubble: str, early_close: str) -> None:
         """A step's Bubble Filling and Early Close settings, from its op."""
         if bubble != self.bubble:
-            self.ep.bubble_strategy = "zero" if bubble == "stale" else bubble
+            self.ep.bubble_strategy = self.endpoint_bubble(bubble)
             self.bubble = bubble
         if early_close != self.early_close:
             self.early_close = early_close
             self.policies = {}
+
+    def endpoint_bubble(self, bubble: str) -> str:
+        """What the endpoint fills: "stale" is server.py's, and compressed
+        rounds are filled once decoded (ServerCodec), so zeros then."""
+        return "zero" if bubble == "stale" or self.codec else bubble
 
     def policy(self, key) -> EarlyClose:
         """The Early Close state of one kind of round (a step's bucket i).
@@ -98,10 +107,14 @@ class LtpServerLink:
     def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
         self.keys[r] = key
         self.ep.early = self.policy(key)
+        if self.codec:
+            nelems = self.codec.open(r, nelems, reliable)
         self.ep.open_round(r, nelems, workers=workers, reliable=reliable)
 
     def cancel(self, r: int) -> None:
         self.keys.pop(r, None)
+        if self.codec:
+            self.codec.cancel(r)
         self.ep.cancel_round(r)
 
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
@@ -109,13 +122,19 @@ class LtpServerLink:
         res = self.ep.wait_round(r)
         if self.log:   # LTPX_ROUND_LOG=1: one JSON line per uplink round on stderr
             print(json.dumps({"round_log": res.report()}), file=sys.stderr, flush=True)
-        return Gathered(round=r, values=res.values, workers=list(res.workers),
+        values, chunk_elems = res.values, res.layout.chunk_elems
+        if self.codec and self.codec.compressed(r):
+            values = self.codec.decode(r, values, res.masks, self.bubble)
+            chunk_elems = self.codec.codec.per_chunk
+        return Gathered(round=r, values=values, workers=list(res.workers),
                         delivered=res.masks.sum(axis=1), chunks=res.layout.nchunks,
                         filled=np.asarray(res.filled), reason=res.reason,
-                        chunk_elems=res.layout.chunk_elems, masks=res.masks,
+                        chunk_elems=chunk_elems, masks=res.masks,
                         duration_s=res.duration_s)
 
     def send(self, d: int, buf: np.ndarray, group: bool) -> None:
+        if self.codec:
+            buf = self.codec.answer(buf)
         self.ep.push_reliable(d, buf, self.peers, timeout_s=self.wait_s,
                               group=self.group if group else None)
 
@@ -136,11 +155,14 @@ class LtpWorkerLink:
         self.ps: Peer | None = None
         self.wait_s = min(s.timeout, ROUND_LIMIT_S)
         self.secret: bytes | None = None   # the server's, from its store record
+        codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
+        self.codec = codec and WorkerCodec(codec)
 
     def address(self) -> dict:
         return {}
 
     def connect(self, server: dict) -> None:
+        check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server)
         self.ps = Peer(self.id, server["ip"])
         self.secret = bytes.fromhex(server["secret"])
 
@@ -160,12 +182,20 @@ class LtpWorkerLink:
         self.size = size
         return True
 
+    def expect_compressed(self, d: int, n: int) -> None:
+        """Answer d starts with n compressed elements (a step's aggregate)."""
+        self.codec.expect(d, n)
+
     def expect(self, d: int, nelems: int) -> None:
+        if self.codec:
+            nelems = self.codec.wire_elems(d, nelems)
         self.ep.expect(d, nelems, self.id)
 
     def push(self, r: int, buf: np.ndarray, reliable: bool) -> bool:
         """Send this worker's piece of round r; True when the server closed the
         round before all of it arrived (the server may wait for word of that)."""
+        if self.codec and not reliable:   # buf is left holding the rounding error
+            buf = self.codec.piece(buf)
         rep = self.ep.push(r, buf, self.ps, reliable=reliable, timeout_s=self.wait_s)
         return rep.closed_by_receiver and rep.acked < rep.chunks
 
@@ -176,7 +206,10 @@ class LtpWorkerLink:
             raise CommError(f"the server's answer {d} is incomplete after "
                             f"{res.duration_s:.2f}s: {int(res.masks.sum())}/{res.masks.size} "
                             "chunks (is the server alive? is its --capacity right?)")
-        np.copyto(out, res.values[0])
+        if self.codec:
+            self.codec.decode(d, res.values[0], out)
+        else:
+            np.copyto(out, res.values[0])
 
     def close(self) -> None:
         if self.ep is not None:

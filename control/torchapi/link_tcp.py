@@ -1,7 +1,8 @@
 """The TCP links: the same server and workers over one TCP connection per worker
 (the baseline; links.py says what each call does).
 
-Each piece is a 12-byte header (magic, round, bytes) and the float32 body;
+Each piece is a 12-byte header (magic, round, bytes) and the float32 body
+(compressed, a step's pieces and answers are codec.py's words, as over LTP);
 the congestion control is set per socket. Nothing is opened or lost: every
 round is complete. The server reads its workers at once (non-blocking, epoll)
 and writes the answer to all of them at once.
@@ -19,7 +20,8 @@ import numpy as np
 
 from ...dataplane.tcp_cc import set_cc
 from ...errors import CommError
-from .links import Gathered
+from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
+from .links import Gathered, chunk_bytes_for
 from .settings import Settings
 
 TCP_MAGIC = 0x4C545054            # "LTPT"
@@ -44,9 +46,13 @@ class TcpServerLink:
             raise
         self.port = self.ls.getsockname()[1]
         self.conns: list[socket.socket] = []
+        # compressed, pieces are the same words as over LTP (its chunk size for the MTU)
+        self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
+        codec = make_codec(s.compress, self.chunk_bytes)
+        self.codec = codec and ServerCodec(codec, s.error_feedback)
 
     def address(self) -> dict:
-        return {"port": self.port}
+        return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes}
 
     def connect(self, metas: dict[int, dict]) -> None:
         """Accept one connection per worker; each says its id first."""
@@ -78,10 +84,12 @@ class TcpServerLink:
         pass   # nothing is lost over TCP
 
     def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
-        pass   # a connection is always open
+        if self.codec:   # a connection is always open; only the piece's form is noted
+            self.codec.open(r, nelems, reliable)
 
     def cancel(self, r: int) -> None:
-        pass
+        if self.codec:
+            self.codec.cancel(r)
 
     def _ready(self, event: int, idx: list[int], done: set[int],
                stalled: Callable[[], str]) -> Iterator[int]:
@@ -114,6 +122,9 @@ class TcpServerLink:
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
         """Read round r's header and piece from every worker in `workers` at once."""
         t0 = time.perf_counter()
+        n = nelems
+        if self.codec and self.codec.compressed(r):
+            nelems = self.codec.codec.words(n)
         self.ensure(nelems)
         need = nelems * 4
         hdrs = {i: bytearray(HDR.size) for i in workers}
@@ -141,15 +152,19 @@ class TcpServerLink:
                 continue
             if got[i] == need and hgot[i] == HDR.size:
                 done.add(i)
-        n = len(workers)
+        k = len(workers)
         rows = self.values[workers, :nelems] if workers != self.ids else self.values[:, :nelems]
+        if n != nelems:
+            rows = self.codec.decode(r, rows, None, "zero")
         return Gathered(round=r, values=rows, workers=list(workers),
-                        delivered=np.ones(n, dtype=np.int64), chunks=1,
-                        filled=np.zeros(n, dtype=np.int64),
+                        delivered=np.ones(k, dtype=np.int64), chunks=1,
+                        filled=np.zeros(k, dtype=np.int64),
                         duration_s=time.perf_counter() - t0)
 
     def send(self, d: int, buf: np.ndarray, group: bool) -> None:
         """The answer to every worker at once (non-blocking writes)."""
+        if self.codec:
+            buf = self.codec.answer(buf)
         body = memoryview(np.ascontiguousarray(buf)).cast("B")
         hdr = HDR.pack(TCP_MAGIC, d, len(body))
         total = len(hdr) + len(body)
@@ -184,11 +199,16 @@ class TcpWorkerLink:
     def __init__(self, s: Settings, worker: int, workers: int):
         self.id, self.cc, self.timeout_s = worker, s.cc, s.timeout
         self.sock: socket.socket | None = None
+        self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
+        codec = make_codec(s.compress, self.chunk_bytes)
+        self.codec = codec and WorkerCodec(codec)
+        self.wire = np.empty(0, dtype=np.float32)   # a compressed answer's words
 
     def address(self) -> dict:
         return {}
 
     def connect(self, server: dict) -> None:
+        check_peer(self.compress, self.chunk_bytes, server)
         deadline = time.monotonic() + self.timeout_s
         while True:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -210,10 +230,16 @@ class TcpWorkerLink:
     def ensure(self, nelems: int) -> bool:
         return False
 
+    def expect_compressed(self, d: int, n: int) -> None:
+        """Answer d starts with n compressed elements (a step's aggregate)."""
+        self.codec.expect(d, n)
+
     def expect(self, d: int, nelems: int) -> None:
         pass
 
     def push(self, r: int, buf: np.ndarray, reliable: bool) -> bool:
+        if self.codec and not reliable:   # buf is left holding the rounding error
+            buf = self.codec.piece(buf)
         body = memoryview(np.ascontiguousarray(buf)).cast("B")
         hdr = HDR.pack(TCP_MAGIC, r, len(body))
         total, sent = len(hdr) + len(body), 0
@@ -222,11 +248,22 @@ class TcpWorkerLink:
         return False
 
     def pull(self, d: int, out: np.ndarray) -> None:
+        into = out
+        if self.codec:   # the words on the wire, decoded into out below
+            words = self.codec.wire_elems(d, len(out))
+            if len(self.wire) < words:
+                self.wire = np.empty(words, dtype=np.float32)
+            into = self.wire[:words]
         magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
-        if magic != TCP_MAGIC or rnd != d or nbytes != out.nbytes:
+        if magic != TCP_MAGIC or rnd != d or nbytes != into.nbytes:
             raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
-                            f"({out.nbytes} bytes)")
-        view = memoryview(out).cast("B")
+                            f"({into.nbytes} bytes)")
+        self.recv_into(into, nbytes)
+        if self.codec:
+            self.codec.decode(d, into, out)
+
+    def recv_into(self, into: np.ndarray, nbytes: int) -> None:
+        view = memoryview(into).cast("B")
         got = 0
         while got < nbytes:
             k = self.sock.recv_into(view[got:])

@@ -17,6 +17,11 @@ schedulers, state_dict and zero_grad work as before) and, per step:
       mini-batch); then it pushes the mean of its k gradients, reports k,
       and applies the answer. `steps` counts the moves.
 
+With lt.init(compress="uint8") each bucket goes up as 8-bit codes, a min
+and a scale per LTP chunk (codec.py), and the aggregate comes back the same
+way; with error_feedback (the default) what rounding left out of a bucket
+is added to the same bucket's next gradient.
+
 Every step's StepReport is `last_report`; when a worker's whole
 contribution to a bucket was Bubble-Filled a `FilledWarning` says so on
 worker 0 and on that worker, at the first time and every `warn_every`-th.
@@ -41,6 +46,9 @@ from ..transport.bubble import STRATEGIES
 from ..transport.early_close import EarlyCloseConfig
 from ..transport.rate import quiet_gc
 from .buckets import BucketPlan, named_params
+from .codec import make_codec
+from .links import chunk_bytes_for
+from .shards import split_op
 from .job import current
 from .ops import STEP, Op, StepReport
 
@@ -101,13 +109,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """See the module docstring. Options: sync (bsp | wbsp), bubble (mean | zero
     | stale), early_close (EarlyCloseConfig fields, e.g. {"threshold_min": 0.97}),
     downlink (group | unicast), bucket_mb, overlap, backward_passes_per_step,
-    warn_every."""
+    warn_every, error_feedback (compressed jobs; default: lt.init's)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, *,
                  sync: str = "bsp", bubble: str = "mean", early_close: dict | None = None,
                  downlink: str | None = None, bucket_mb: float | None = None,
                  overlap: bool = True, backward_passes_per_step: int = 1,
-                 warn_every: int = 10):
+                 warn_every: int = 10, error_feedback: bool | None = None):
         job = current()
         if job.is_server:
             raise UsageError("DistributedOptimizer: this rank is a server (lt.is_server()); "
@@ -134,6 +142,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.send_t = torch.from_numpy(self.send)
         self.answer = np.zeros(self.op.down_elems(job.workers), dtype=np.float32)
         self.answer_t = torch.from_numpy(self.answer)
+        self.setup_codec(job.s, error_feedback)
         self.overlap = overlap and sync == "bsp"
         self.passes, self.warn_every = backward_passes_per_step, warn_every
         self.cur: StepState | None = None
@@ -172,11 +181,52 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise UsageError("DistributedOptimizer: backward_passes_per_step and warn_every "
                              "must be at least 1")
 
+    def setup_codec(self, s, error_feedback: bool | None) -> None:
+        """Compressed (s.compress), each link encodes the buckets it pushes and
+        leaves the rounding error in the send buffer; with error feedback it
+        is kept (`residual`) and added to the next gradient of its bucket."""
+        self.codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
+        self.error_feedback = s.error_feedback if error_feedback is None else bool(error_feedback)
+        self.residual = None
+        if self.codec is not None and self.error_feedback:
+            self.residual = np.zeros(self.plan.numel, dtype=np.float32)
+            # a sharded push pads a bucket smaller than the servers (a copy): no
+            # rounding error comes back for it
+            self.ef_buckets = [b for b in self.plan.buckets if b.numel >= s.servers]
+
+    def push(self, run, i: int) -> None:
+        b = self.plan.buckets[i]
+        piece = self.send[b.lo:b.hi]
+        if self.residual is not None:
+            piece += self.residual[b.lo:b.hi]
+        self.ex.push(run, i, piece)
+
+    def keep_residual(self) -> None:
+        """After a step's pushes: what the links left in the send buffer."""
+        if self.residual is not None:
+            for b in self.ef_buckets:
+                np.copyto(self.residual[b.lo:b.hi], self.send[b.lo:b.hi])
+
+    def plan_run(self):
+        """The next op's run; compressed, its answer (each server's, sharded)
+        starts with the aggregate's codes, and the links must know that."""
+        run = self.ex.plan(self.op)
+        if self.codec is not None:
+            links = getattr(self.job.link, "links", [self.job.link])
+            if len(links) == 1:
+                heads = [self.plan.numel]
+            else:
+                subs, _ = split_op(self.op, len(links))
+                heads = [sum(sub.sizes) for sub in subs]
+            for link, n in zip(links, heads):
+                link.expect_compressed(run.seq, n)
+        return run
+
     # ------------------------------------------------------------------ backward
     def begin_step(self) -> StepState:
         if self.cur is None:
             B = len(self.plan)
-            self.cur = StepState(self.ex.plan(self.op),
+            self.cur = StepState(self.plan_run(),
                                  [len(b.params) * self.passes for b in self.plan.buckets],
                                  [False] * B)
         return self.cur
@@ -195,14 +245,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def hand_over(self, st: StepState) -> None:
         """Queue the ready buckets, in order, for the communication thread."""
-        ex, B = self.ex, len(self.plan)
+        B = len(self.plan)
         while st.next < B and st.ready[st.next]:
             i = st.next
             st.next += 1
             if i == 0:
                 self.comm.submit(functools.partial(self.first_push, st.run))
-            b = self.plan.buckets[i]
-            self.comm.submit(functools.partial(ex.push, st.run, i, self.send[b.lo:b.hi]))
+            self.comm.submit(functools.partial(self.push, st.run, i))
 
     def first_push(self, run) -> None:
         self.ex.prepare(run)
@@ -231,7 +280,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.ex.prepare(st.run)
             self.ex.barrier(st.run)
             for b in self.plan.buckets:
-                self.ex.push(st.run, b.index, self.send[b.lo:b.hi])
+                self.push(st.run, b.index)
         self.cur = None
         self.ks.append(1)
         self.apply(self.ex.finish(st.run, self.answer))
@@ -242,7 +291,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             b.pack(self.send_t, add=self.k > 0)
         self.k += 1
         if self.k == 1:
-            self.wrun = self.ex.plan(self.op)
+            self.wrun = self.plan_run()
             self.ex.prepare(self.wrun)
             self.ex.arrive(self.wrun)
         if not self.ex.co.gone(self.wrun.seq):
@@ -251,13 +300,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.send_t.div_(self.k)
         self.ex.co.set_k(self.wrun.seq, self.rank, self.k)
         for b in self.plan.buckets:
-            self.ex.push(self.wrun, b.index, self.send[b.lo:b.hi])
+            self.push(self.wrun, b.index)
         self.ks.append(self.k)
         self.k = 0
         self.apply(self.ex.finish(self.wrun, self.answer))
         return True
 
     def apply(self, answer: np.ndarray) -> None:
+        self.keep_residual()
         rep = StepReport.decode(answer[self.plan.numel:])
         for b in self.plan.buckets:
             b.apply(self.answer_t)

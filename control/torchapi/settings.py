@@ -14,6 +14,7 @@ TRANSPORTS = ("ltp", "tcp")
 XDP_MODES = ("native", "skb")
 DOWNLINKS = ("group", "unicast")
 MAX_SERVERS = 8
+COMPRESS = ("none", "uint8")      # codec.KINDS (that module needs numpy)
 
 # keyword -> environment variable
 ENV = {"transport": "LTP_TRANSPORT", "dev": "LTP_DEV", "ip": "LTP_IP",
@@ -21,7 +22,8 @@ ENV = {"transport": "LTP_TRANSPORT", "dev": "LTP_DEV", "ip": "LTP_IP",
        "group": "LTP_GROUP", "downlink": "LTP_DOWNLINK", "servers": "LTP_SERVERS",
        "netns": "LTP_NETNS", "store_netns": "LTP_STORE_NETNS", "timeout": "LTP_TIMEOUT",
        "cc": "LTP_CC", "job": "LTP_JOB", "tcp_port": "LTP_TCP_PORT",
-       "bucket_mb": "LTP_BUCKET_MB"}
+       "bucket_mb": "LTP_BUCKET_MB", "compress": "LTP_COMPRESS",
+       "error_feedback": "LTP_ERROR_FEEDBACK"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Settings:
     job: int = 0x7472               # the LTP job cookie (every rank alike)
     tcp_port: int = 0               # the TCP server's port (0: any)
     bucket_mb: float = 4.0          # default gradient bucket size of DistributedOptimizer
+    compress: str = "none"          # none | uint8: a step's gradients as 8-bit codes (codec.py)
+    error_feedback: bool = True     # uint8: carry each rounding error into the next step
 
     @classmethod
     def resolve(cls, options: dict) -> "Settings":
@@ -87,11 +91,19 @@ class Settings:
             bad("timeout", f"must be positive seconds, got {self.timeout}")
         if not self.bucket_mb > 0:
             bad("bucket_mb", f"must be positive, got {self.bucket_mb}")
+        if self.compress not in COMPRESS:
+            bad("compress", f"must be one of {', '.join(COMPRESS)}, got {self.compress!r}")
 
 
 def _convert(name: str, typ, raw, where: str):
     kind = str(typ)
     try:
+        if kind == "bool":
+            if str(raw).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(raw).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
         if "float" in kind:
             return float(raw)
         if "int" in kind:

@@ -1,0 +1,276 @@
+"""8-bit min-max compression of gradients (BAGUA's MinMaxUInt8), loss-tolerant per chunk.
+
+A float32 vector of n elements is cut into pieces of `per_chunk` elements
+(the LTP chunk size less an 8-byte head), each encoded on its own:
+
+    | base (float32) | scale (float32) | code (uint8) x per_chunk |   x ~ base + code * scale
+
+so every encoded piece is exactly one LTP chunk of the round that carries
+it (the last piece is shorter: its codes padded with zeros to whole 4-byte
+words), and a lost chunk costs only its own elements: the receiver decodes
+what arrived and Bubble-Fills the decoded values. Rounding is to the
+nearest code, so an element is off by at most scale / 2 (plus float32
+rounding of base + code * scale). base is the piece's min and scale
+(max - min) / 255, except for a piece with min <= 0 <= max: there scale is
+(max - min) / 254 and base = -z * scale for a whole z, so a zero decodes as
+exactly zero (an unused parameter's gradient stays zero). A piece whose
+elements are all equal has scale 0 and decodes exactly. A piece holding a NaN or an infinity is sent
+as min = scale = NaN and decodes to NaN in every element: a non-finite
+gradient stays visible in the aggregate (as it is in float32, so overflow
+checks such as GradScaler's still see it), only spread over its piece.
+
+The encoded vector is handled as float32 words (the transports move
+float32 buffers): `words(n)` of them. Encoding and decoding are numpy
+passes over all pieces at once, one for the whole pieces and one for the
+last; nothing loops over elements or chunks in Python.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import UsageError
+from .settings import COMPRESS as KINDS
+HEAD = 8          # bytes before a piece's codes: base and scale, float32 little-endian
+HEAD_WORDS = HEAD // 4
+LEVELS = 255
+
+
+def check_kind(kind: str, where: str = "compress") -> str:
+    if kind not in KINDS:
+        raise UsageError(f"{where}: one of {', '.join(KINDS)}, got {kind!r}")
+    return kind
+
+
+class MinMaxUInt8:
+    """The codec for one chunk size (the LTP chunk the pieces must fill)."""
+
+    name = "uint8"
+
+    def __init__(self, chunk_bytes: int):
+        if chunk_bytes % 4 or chunk_bytes <= HEAD:
+            raise ValueError(f"chunk_bytes must be a multiple of 4 above {HEAD}, got {chunk_bytes}")
+        self.chunk_bytes = chunk_bytes
+        self.chunk_words = chunk_bytes // 4
+        self.per_chunk = chunk_bytes - HEAD          # elements (codes) per whole piece
+
+    # ------------------------------------------------------------------ sizes
+    def chunks(self, n: int) -> int:
+        return max(1, -(-n // self.per_chunk))
+
+    def split(self, n: int) -> tuple[int, int]:
+        """(whole pieces, elements of the last piece)."""
+        c = self.chunks(n)
+        return c - 1, n - (c - 1) * self.per_chunk
+
+    def words(self, n: int) -> int:
+        """float32 words the encoding of n elements takes."""
+        full, last = self.split(n)
+        return full * self.chunk_words + HEAD_WORDS + -(-last // 4)
+
+    def decoded_span(self, n: int) -> int:
+        """Elements of a padded decode buffer: whole pieces of n (chunks x per_chunk)."""
+        return self.chunks(n) * self.per_chunk
+
+    # ------------------------------------------------------------------ encode
+    def encode(self, x: np.ndarray, out: np.ndarray, residual: np.ndarray | None = None) -> None:
+        """Encode float32 x [n] into out (float32 [words(n)]). With `residual`
+        ([n] float32), write x - decode(encode(x)) there (error feedback;
+        zero where a piece was not finite)."""
+        n = x.shape[-1]
+        full, last = self.split(n)
+        q, cw = self.per_chunk, self.chunk_words
+        cut = full * q
+        with np.errstate(over="ignore", invalid="ignore"):
+            if full:
+                self._encode_rows(rows(x[:cut], full, q), rows(out[:full * cw], full, cw),
+                                  None if residual is None else rows(residual[:cut], full, q))
+            self._encode_rows(rows(x[cut:], 1, last), rows(out[full * cw:self.words(n)], 1, -1),
+                              None if residual is None else rows(residual[cut:], 1, last))
+
+    @staticmethod
+    def _encode_rows(x: np.ndarray, w: np.ndarray, residual: np.ndarray | None) -> None:
+        """Pieces x [R, L] into words w [R, HEAD_WORDS + ceil(L/4)]."""
+        L = x.shape[1]
+        mn, mx = x.min(axis=1), x.max(axis=1)                   # NaN propagates
+        ok = np.isfinite(mn) & np.isfinite(mx)
+        # a piece spanning 0 gets a grid through 0 (zero stays exactly zero:
+        # an unused parameter's gradient, padding), one step finer to keep
+        # its ends within half a step
+        zero = ok & (mn <= 0) & (mx >= 0)
+        span = mx.astype(np.float64) - mn
+        scale = (span / np.where(zero, LEVELS - 1, LEVELS)).astype(np.float32)
+        pos = ok & (scale > 0)
+        inv = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=pos)
+        zp = np.where(zero & pos, np.rint(-mn * inv), np.float32(0))
+        base = np.where(zero & pos, -(zp * scale), np.where(ok, mn, np.float32(np.nan)))
+        t = x - np.where(ok, base, 0)[:, None]
+        t *= inv[:, None]
+        t[~ok] = 0.0
+        np.rint(t, out=t)
+        np.clip(t, 0, LEVELS, out=t)
+        codes = w[:, HEAD_WORDS:].view(np.uint8)
+        codes[:, L:] = 0
+        codes[:, :L] = t          # float -> uint8: t is whole numbers in 0..255
+        w[:, 0] = base
+        w[:, 1] = np.where(ok, scale, np.float32(np.nan))
+        if residual is not None:
+            dec = codes[:, :L] * w[:, 1:2]
+            dec += w[:, 0:1]
+            np.subtract(x, dec, out=residual)
+            residual[~ok] = 0.0
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, enc: np.ndarray, n: int, out: np.ndarray) -> None:
+        """Decode rows enc [k, >= words(n)] (float32 words) into out [k, >= n]."""
+        full, last = self.split(n)
+        q, cw = self.per_chunk, self.chunk_words
+        k = enc.shape[0]
+        if full:
+            self._decode_rows(rows(enc[:, :full * cw], k, full, cw),
+                              rows(out[:, :full * q], k, full, q))
+        base = full * cw
+        self._decode_rows(rows(enc[:, base:base + HEAD_WORDS + -(-last // 4)], k, 1, -1),
+                          rows(out[:, full * q:n], k, 1, last))
+
+    @staticmethod
+    def _decode_rows(w: np.ndarray, out: np.ndarray) -> None:
+        """Words w [k, R, HEAD_WORDS + ...] into out [k, R, L]."""
+        L = out.shape[-1]
+        codes = w[..., HEAD_WORDS:].view(np.uint8)[..., :L]
+        np.multiply(codes, w[..., 1:2], out=out)
+        out += w[..., 0:1]
+
+
+def rows(a: np.ndarray, *shape: int) -> np.ndarray:
+    """a reshaped as a view (ValueError rather than a silent copy the writes would miss)."""
+    return a.reshape(shape, copy=False)
+
+
+def make_codec(kind: str, chunk_bytes: int) -> MinMaxUInt8 | None:
+    """The codec of a `compress` setting (None for "none")."""
+    check_kind(kind)
+    return MinMaxUInt8(chunk_bytes) if kind == "uint8" else None
+
+
+class ServerCodec:
+    """A server link's side of compression (link_ltp.py and link_tcp.py alike).
+
+    Uplink: a round opened as tolerable (a step's bucket) carries the codec's
+    words; `decode` turns what arrived into float32 rows and Bubble-Fills
+    them (mean | zero; "stale" is server.py's, on these decoded values).
+    Downlink: the answer that follows a step's rounds starts with their
+    aggregate, as many elements as those rounds had, and ends with the step's
+    report; `answer` encodes that aggregate (with error feedback: what
+    rounding left out of one answer is added to the next) and keeps the
+    report's words as they are, so every worker decodes the same bytes and
+    the replicas stay bit-identical."""
+
+    def __init__(self, codec: MinMaxUInt8, error_feedback: bool = True):
+        self.codec, self.error_feedback = codec, error_feedback
+        self.rounds: dict[int, int] = {}      # open compressed round -> its elements
+        self.pending = 0                      # elements gathered compressed since the last answer
+        self.bufs: dict[tuple, np.ndarray] = {}
+        self.residual: dict[int, np.ndarray] = {}
+
+    def buf(self, key, shape) -> np.ndarray:
+        b = self.bufs.get(key)
+        if b is None or b.shape != shape:
+            b = self.bufs[key] = np.zeros(shape, dtype=np.float32)
+        return b
+
+    def open(self, r: int, nelems: int, reliable: bool) -> int:
+        """Round r's size on the wire (words when it is compressed)."""
+        if reliable:
+            self.rounds.pop(r, None)
+            return nelems
+        self.rounds[r] = nelems
+        return self.codec.words(nelems)
+
+    def cancel(self, r: int) -> None:
+        self.rounds.pop(r, None)
+
+    def compressed(self, r: int) -> bool:
+        return r in self.rounds
+
+    def decode(self, r: int, enc: np.ndarray, masks: np.ndarray | None,
+               bubble: str) -> np.ndarray:
+        """float32 [k, n] rows of round r from its words, holes filled."""
+        from ..transport.bubble import fill
+        n = self.rounds.pop(r)
+        self.pending += n
+        k, c = enc.shape[0], self.codec.chunks(n)
+        out = self.buf(("up", k), (k, c * self.codec.per_chunk))
+        self.codec.decode(enc, n, out)
+        if masks is not None and not masks.all():
+            fill(rows(out, k, c, self.codec.per_chunk), masks,
+                 "zero" if bubble == "stale" else bubble)
+        return out[:, :n]
+
+    def answer(self, buf: np.ndarray) -> np.ndarray:
+        """What goes on the wire for the answer `buf` (unchanged when no
+        compressed round preceded it)."""
+        n, self.pending = self.pending, 0
+        if n == 0:
+            return buf
+        words = self.codec.words(n)
+        wire = self.buf("down", (words + len(buf) - n,))
+        v = self.buf("ef", (n,))
+        np.copyto(v, buf[:n])
+        res = self.residual.get(n) if self.error_feedback else None
+        if self.error_feedback and res is None:
+            res = self.residual[n] = np.zeros(n, dtype=np.float32)
+        if res is not None:
+            v += res
+        self.codec.encode(v, wire[:words], residual=res)
+        wire[words:] = buf[n:]
+        return wire
+
+
+class WorkerCodec:
+    """A worker link's side: a tolerable piece (a step's bucket, or a server's
+    slice of it) goes up as words, and its rounding error is left in the
+    piece's buffer (the optimizer keeps it for error feedback); which answers
+    start with a compressed aggregate, the optimizer says before the step's
+    answer round is expected."""
+
+    def __init__(self, codec: MinMaxUInt8):
+        self.codec = codec
+        self.answers: dict[int, int] = {}    # answer d -> compressed elements at its head
+        self.wire = np.empty(0, dtype=np.float32)
+
+    def piece(self, buf: np.ndarray) -> np.ndarray:
+        """buf's words (valid until the next call); buf becomes buf - decoded."""
+        words = self.codec.words(len(buf))
+        if len(self.wire) < words:
+            self.wire = np.empty(words, dtype=np.float32)
+        out = self.wire[:words]
+        self.codec.encode(buf, out, residual=buf)
+        return out
+
+    def expect(self, d: int, n: int) -> None:
+        self.answers[d] = n
+
+    def wire_elems(self, d: int, nelems: int) -> int:
+        n = self.answers.get(d)
+        return nelems if n is None else self.codec.words(n) + nelems - n
+
+    def decode(self, d: int, wire: np.ndarray, out: np.ndarray) -> None:
+        """The answer d's words into out (float32 [nelems])."""
+        n = self.answers.pop(d, None)
+        if n is None:
+            np.copyto(out, wire)
+            return
+        words = self.codec.words(n)
+        self.codec.decode(wire[None, :words], n, out[None, :n])
+        out[n:] = wire[words:]
+
+
+def check_peer(mine: str, chunk_bytes: int, server: dict) -> None:
+    """A worker's compression must be its server's (and, compressed, its chunk size)."""
+    theirs = server.get("compress", "none")
+    if theirs != mine:
+        raise UsageError(f"compress: this worker has {mine!r}, the server {theirs!r}; give every "
+                         "rank the same (init(compress=...) or LTP_COMPRESS)")
+    if mine != "none" and server.get("chunk_bytes") != chunk_bytes:
+        raise UsageError(f"compress: this worker's chunks are {chunk_bytes} bytes, the server's "
+                         f"{server.get('chunk_bytes')}; give every rank the same mtu")
