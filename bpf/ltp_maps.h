@@ -170,6 +170,9 @@ struct ltp_tx {
 	__u32 tail;            /* XDP sends order positions [next, tail); the control plane
 	                          takes positions from the tail down for a growing window */
 	__u32 window;          /* the latest credit (packets) an ACK carried */
+	__u32 window_min;      /* the smallest (the share with every flow active): what the
+	                          next push primes with */
+	__u32 pad;
 	__u64 next;            /* next order position XDP sends (fetch-add) */
 	__u64 added;           /* packets the control plane put in flight (priming, growth) */
 	__u64 consumed;        /* ACKs XDP consumed: in flight = added - consumed */

@@ -456,10 +456,14 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 	u16 hflags = bpf_ntohs(h->flags);
 	if (h->state == LTP_RS_CLOSED)
 		tx->closed = 1;
-	if (hflags & LTP_F_CLOCK)
-		tx->window = bpf_ntohl(h->rate);
-	else
-		tx->rate_kbps = bpf_ntohl(h->rate);
+	u32 rate = bpf_ntohl(h->rate);
+	if (!(hflags & LTP_F_CLOCK)) {
+		tx->rate_kbps = rate;
+	} else if (h->state == LTP_RS_OPEN) {  /* a credit, in packets */
+		tx->window = rate;
+		if (!tx->window_min || rate < tx->window_min)
+			tx->window_min = rate;
+	}
 	st->acks_rx += 1;
 	count(LTP_C_ACK_RX);
 	u32 chunk = bpf_ntohl(h->chunk);

@@ -24,7 +24,7 @@ from ...dataplane import netns
 from ...errors import BenchError
 from ...dataplane.xdp import wire as W
 from ..transport.early_close import EarlyCloseConfig
-from ..transport.rate import quiet_gc
+from ..transport.rate import CREDIT_RTT_S, quiet_gc
 from ..transport.endpoint import Endpoint, Peer, PushReport, RoundResult
 from ..transport.tokens import new_secret
 
@@ -75,7 +75,7 @@ class LtpCluster:
     def __init__(self, rig, max_elems: int, *, job: int = 0x17, capacity_bps: float | None = None,
                  bubble: str = "mean", early_close: EarlyCloseConfig | None = None,
                  workers: Iterable[int] | None = None, mode: str | None = None,
-                 chunk_bytes: int | None = None, warmup: bool = True):
+                 chunk_bytes: int | None = None, warmup: bool = True, sender: str = "socket"):
         self.rig = rig
         cfg = rig.config
         self.mode = mode or cfg.mode
@@ -92,7 +92,9 @@ class LtpCluster:
                            max_elems, ns=rig.ps.netns, mode=self.mode, job=job,
                            capacity_bps=self.capacity, bubble_strategy=bubble,
                            early_close=early_close, chunk_bytes=self.chunk_bytes,
-                           secret=self.secret)
+                           secret=self.secret, sender=sender,
+                           credit_bytes=cfg.buffer_bytes + self.capacity * CREDIT_RTT_S / 8)
+        self.sender = sender  # how every push leaves: "socket" or "xdp" (the ACK clock)
         self.procs: list[WorkerProc] = []
         try:
             for h in hosts:
@@ -102,7 +104,7 @@ class LtpCluster:
                     "--max-elems", str(max_elems), "--mode", self.mode,
                     "--capacity", str(self.capacity), "--ps-ip", rig.ps.ip,
                     "--workers", str(len(hosts)), "--chunk-bytes", str(self.chunk_bytes),
-                    "--secret", self.secret.hex()]))
+                    "--secret", self.secret.hex(), "--sender", sender]))
             for p in self.procs:
                 p.recv(timeout=120)  # "ready": program compiled and attached
             if warmup:  # round 0, not reported: first-touch and first-call costs

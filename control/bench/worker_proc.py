@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--chunk-bytes", type=int, default=1424)
     ap.add_argument("--secret", type=bytes.fromhex, default=None, help="the job secret, hex")
+    ap.add_argument("--sender", default="socket", help="socket, or xdp (the ACK clock)")
     a = ap.parse_args(argv)
 
     out = sys.stdout
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, ns=a.netns, mode=a.mode, job=a.job,
                       capacity_bps=a.capacity, initial_rate_bps=a.capacity / a.workers,
-                      chunk_bytes=a.chunk_bytes, self_id=a.id, secret=a.secret)
+                      chunk_bytes=a.chunk_bytes, self_id=a.id, secret=a.secret, sender=a.sender)
     except Exception as e:  # report, then exit
         reply({"error": f"endpoint: {e}"})
         return 1

@@ -72,7 +72,7 @@ class ClockPush(Push):
         s, nch, nt = self.sender, self.layout.nchunks, len(self.targets)
         bank = s.maps.bank_index(self.round_)
         self.txv = s.maps.tx[bank]
-        w0 = min(nch, max(1, s.window_hint.get(self.targets[0].worker, INITIAL_WINDOW)))
+        w0 = min(nch, max(1, min(s.prime_window(t, INITIAL_WINDOW) for t in self.targets)))
         for i, slot in enumerate(self.slots):
             C.start(s.maps, self.round_, slot, nchunks=nch, last_len=self.layout.last_len,
                     flags=self.base_flags, primed=w0)
@@ -149,8 +149,7 @@ class ClockPush(Push):
         window = int(t["window"])
         stops = int(t["stops"])
         if window:
-            if not self.low_window[i] or window < self.low_window[i]:
-                self.low_window[i] = window
+            self.low_window[i] = int(t["window_min"])
             if self.heard[i]:  # past the first RTT, in flight never exceeds the credit
                 self.max_over_credit = max(self.max_over_credit, inflight - window)
         n_acked = int(acked.sum())

@@ -2,6 +2,7 @@
 and sends them, paced, re-sending what is lost while the receivers want it."""
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import operator
@@ -52,7 +53,8 @@ class Sender:
         self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
         self.initial_rate_bps = initial_rate_bps
         self.rate_hint: dict[int, float] = {}
-        self.window_hint: dict[int, int] = {}  # the ACK clock's: packets to prime with
+        # the ACK clock's: the credits (with every flow active) of a target's last pushes
+        self.window_hint: dict[int, collections.deque] = {}
         self.kind = kind  # what plans a push: Push, or the ACK clock's clock.ClockPush
         self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
 
@@ -92,7 +94,14 @@ class Sender:
         with every flow active) is what its next push is primed with."""
         for t, w in zip(targets, low):
             if w and w != 0xffff:
-                self.window_hint[t.worker] = w
+                self.window_hint.setdefault(t.worker, collections.deque(maxlen=4)).append(w)
+
+    def prime_window(self, target: Peer, default: int) -> int:
+        """Packets to prime a clocked push to `target` with: the smallest
+        credit of its last four pushes (one whose flow started late saw a
+        larger share), `default` before it gave one."""
+        hint = self.window_hint.get(target.worker)
+        return min(hint) if hint else default
 
 
 class Push:

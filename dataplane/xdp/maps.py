@@ -228,7 +228,8 @@ class LtpMaps:
         self.acked[b, slot] = 0
         t["closed"] = 0
         t["acked"] = 0
-        for name in ("clock", "tail", "window", "next", "added", "consumed", "stops", "sent"):
+        for name in ("clock", "tail", "window", "window_min", "next", "added", "consumed",
+                     "stops", "sent"):
             t[name] = 0
         t["token"] = token_word(token)
         t["round"] = round_

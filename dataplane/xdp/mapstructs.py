@@ -101,6 +101,7 @@ class SlotStats(ctypes.Structure):
 TX_CLOCK_FIELDS = [("clock", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                    ("nchunks", ctypes.c_uint32), ("last_len", ctypes.c_uint32),
                    ("tail", ctypes.c_uint32), ("window", ctypes.c_uint32),
+                   ("window_min", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                    ("next", ctypes.c_uint64), ("added", ctypes.c_uint64),
                    ("consumed", ctypes.c_uint64), ("stops", ctypes.c_uint64),
                    ("sent", ctypes.c_uint64)]
