@@ -94,13 +94,34 @@ def run_checks(compile_test: bool = True) -> list[Check]:
     if compile_test and root and have_bcc and has_headers:
         try:
             from .loader import Dataplane, Geometry
-            with Dataplane(Geometry(slots=1, max_chunks=64)):
-                pass
-            checks.append(Check("load", True, "ltp_xdp compiles and passes the verifier"))
+            with Dataplane(Geometry(slots=1, max_chunks=64)) as dp:
+                how = {"hit": " (from the compile cache)", "miss": " (compiled, now cached)"}
+                origin = how.get(getattr(dp.bpf, "origin", ""), " (compiled by bcc, not cached)")
+            checks.append(Check("load", True, "ltp_xdp compiles and passes the verifier" + origin))
         except Exception as e:  # report, do not crash the doctor
             checks.append(Check("load", False, f"ltp_xdp failed to load: {e}",
                                 "see the message; `ltp doctor` checks above name missing pieces"))
+    if have_bcc:
+        checks.append(cache_check())
     return checks
+
+
+def cache_check() -> Check:
+    """The BPF compile cache: its folder, entries and counts. An unusable
+    folder is no failure (every process compiles, as without a cache), so
+    the check stays ok and says what to do."""
+    from . import bpfcache
+    s = bpfcache.summary()
+    if not s["usable"]:
+        return Check("bpf-cache", True, f"unusable, every process compiles (~2 s CPU): "
+                     f"{s['reason']}; set {bpfcache.ENV} to a root-owned folder others "
+                     f"cannot write")
+    st = s["stats"]
+    return Check("bpf-cache", True,
+                 f"{s['dir']}: {s['entries']} entries, {s['bytes'] // 1024} KiB; "
+                 f"{st.get('hits', 0)} hits, {st.get('misses', 0)} misses, "
+                 f"{st.get('recompiled', 0)} recompiled"
+                 + (f" since {st['since']}" if "since" in st else ""))
 
 
 def fix() -> list[str]:
