@@ -326,10 +326,21 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 /* ---- the ACK clock (sender side; docs/transport.md) ---- */
 
 /* An ACK the clock does not turn into DATA: the packet it stood for leaves
- * the flow's flight. */
+ * the flight, counted in `consumed`. */
 static __always_inline int clock_consume(struct ltp_tx *tx, u32 why)
 {
 	__sync_fetch_and_add(&tx->consumed, 1);
+	count(why);
+	return XDP_DROP;
+}
+
+/* An ACK dropped without counting it in `consumed`: its packet takes the
+ * place of one the control plane re-sent in place of a lost one without
+ * counting it in `added` (a re-send the first ACK overtook), or the chunk
+ * was not sent (a failed grow) and the control plane's re-send of it will
+ * take this packet's place. */
+static __always_inline int clock_drop(u32 why)
+{
 	count(why);
 	return XDP_DROP;
 }
@@ -368,7 +379,8 @@ static __always_inline int clock_headers(struct xdp_md *ctx, struct ltp_tx *tx,
 		flags |= LTP_F_CRITICAL;
 	if (chunk + 1 == tx->nchunks)
 		flags |= LTP_F_LAST;
-	u64 inflight = tx->added - tx->consumed;
+	u64 added = tx->added, consumed = tx->consumed;
+	u64 inflight = added > consumed ? added - consumed : 0;
 	h->type = LTP_T_DATA;
 	h->flags = bpf_htons(flags);
 	h->chunk = bpf_htonl(chunk);
@@ -426,9 +438,9 @@ static __always_inline int clock_send(struct xdp_md *ctx, struct ltp_tx *tx, u32
 	u32 plen = ctx->data_end - ctx->data;
 	asm volatile("" : "+r"(plen));  /* a length, not pointer arithmetic on pkt_end */
 	if (bpf_xdp_adjust_tail(ctx, (int)(PAY_OFF + n) - (int)plen))
-		return clock_consume(tx, LTP_C_GROW_FAIL);
+		return clock_drop(LTP_C_GROW_FAIL);
 	if (bpf_xdp_store_bytes(ctx, PAY_OFF, src, n))
-		return clock_consume(tx, LTP_C_GROW_FAIL);
+		return clock_drop(LTP_C_GROW_FAIL);
 	return clock_headers(ctx, tx, so, chunk, (u32)n);
 }
 
@@ -487,7 +499,7 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 	/* A second ACK of one chunk (a re-send the first ACK overtook): the
 	 * first kept the clock going, this copy leaves the flight. */
 	if (had)
-		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+		return clock_drop(LTP_C_CLOCK_IDLE);
 	if (hflags & LTP_F_STOP) {
 		__sync_fetch_and_add(&tx->stops, 1);
 		return clock_consume(tx, LTP_C_CLOCK_STOP);

@@ -90,7 +90,7 @@ def pack_header(*, type: int = T_DATA, flags: int = 0, worker: int = 0, job: int
 def clock_stamp(inflight: int, stops: int) -> int:
     """What clocked DATA carries in `rate` (LTP_CLOCK_STAMP in bpf/ltp_wire.h):
     its flow's packets in flight and the STOPs its sender had received."""
-    return (min(int(inflight), 0xffff) << 16) | (int(stops) & 0xffff)
+    return (max(0, min(int(inflight), 0xffff)) << 16) | (int(stops) & 0xffff)
 
 
 def token_word(token: int) -> int:
