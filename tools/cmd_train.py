@@ -30,6 +30,8 @@ EPILOG = """examples:
   sudo ltp train --downlink unicast               parameters sent to each worker in turn
   sudo ltp train --workers 8 --servers 2 --compare ltp:servers=1,tcp:cubic
                                                   2 sharded servers, against 1 and TCP x2
+  sudo ltp train --rate 100mbit --compare ltp,ltp:compress=uint8,tcp:cubic:compress=uint8
+                                                  float32 against 8-bit codes, LTP and TCP
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
 
@@ -59,9 +61,10 @@ def register(sub) -> None:
                      "kept if it did)")
     p.add_argument("--compare", default="none", metavar="LIST",
                    help="baselines to run after the main run, comma-separated: ltp, tcp, "
-                   "tcp:CC, gloo, each optionally with :KEY=VALUE settings (servers=S), e.g. "
-                   "ltp:servers=1,tcp:cubic:servers=2 (default none; a run takes the main "
-                   "run's settings unless it names them)")
+                   "tcp:CC, gloo, each optionally with :KEY=VALUE settings (servers=S, "
+                   "compress=none|uint8), e.g. ltp:servers=1,tcp:cubic:servers=2 (default none; "
+                   "a run takes the main run's settings unless it names them; an item equal to "
+                   "the main run names it: ltp,ltp:compress=uint8)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many "
                    "seconds per run (default 900)")
     out = p.add_argument_group("curves")
@@ -79,12 +82,15 @@ def register(sub) -> None:
 
 def _runs(args) -> list[dict]:
     """The runs to make: the main one, then each --compare item."""
-    main = {"transport": args.transport, "cc": args.cc, "servers": args.servers}
+    main = {"transport": args.transport, "cc": args.cc, "servers": args.servers,
+            "compress": args.compress}
     runs = [main]
     if args.compare.strip().lower() in ("", "none"):
         return runs
-    for item in args.compare.split(","):
+    for i, item in enumerate(args.compare.split(",")):
         run = _compare_item(item.strip().lower(), args)
+        if i == 0 and _run_key(run) == _run_key(main):
+            continue   # the main run, named first: --compare ltp,ltp:compress=uint8
         if _run_key(run) in [_run_key(r) for r in runs]:
             raise UsageError(f"--compare: {item.strip()!r} is already in the runs")
         runs.append(run)
@@ -93,13 +99,15 @@ def _runs(args) -> list[dict]:
 
 # --compare KEY=VALUE settings: key -> (parse: the value or None, what it takes)
 COMPARE_KEYS = {"servers": (lambda v: int(v) if v.isdigit() and 1 <= int(v) <= 8 else None,
-                            "1..8")}
+                            "1..8"),
+                "compress": (lambda v: v if v in ("none", "uint8") else None, "none or uint8")}
 
 
 def _compare_item(item: str, args) -> dict:
     """One --compare item, TRANSPORT[:CC][:KEY=VALUE...], as a run dict."""
     tr, *parts = item.split(":")
-    run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers}
+    run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers,
+           "compress": "none" if tr == "gloo" else args.compress}
     usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
              f"each with optional :KEY=VALUE, keys {', '.join(COMPARE_KEYS)})")
     if tr not in ("ltp", "tcp", "gloo"):
@@ -153,6 +161,9 @@ def _validate(args) -> tuple:
     if any(r["transport"] == "gloo" and r["servers"] > 1 for r in runs):
         raise UsageError("--servers: gloo all-reduce has no servers (run gloo with --servers 1, "
                          "or compare ltp:servers=S and tcp:servers=S)")
+    if any(r["transport"] == "gloo" and r["compress"] != "none" for r in runs):
+        raise UsageError("--compress: gloo all-reduce sends float32 (compare ltp:compress=uint8 "
+                         "and tcp:compress=uint8)")
     from ..control.training.curves import check_outputs
     check_outputs(args.tensorboard, args.plot)
     if args.sync == "wbsp" and any(r["transport"] == "gloo" for r in runs):
@@ -189,10 +200,10 @@ def cmd_train(args) -> int:
     try:   # LaunchError, RigError, BenchError are LtpErrors: common.run reports them
         for run in runs:
             cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
-            cfg = dataclasses.replace(cfg, servers=run["servers"])
+            cfg = dataclasses.replace(cfg, servers=run["servers"], compress=run["compress"])
             rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
-            progress.begin(_label(cfg.transport, cfg.cc, cfg.servers))
-            curves.begin(run_label(_label(cfg.transport, cfg.cc, cfg.servers)))
+            progress.begin(_label(cfg.transport, cfg.cc, cfg.servers, cfg.compress))
+            curves.begin(run_label(_label(cfg.transport, cfg.cc, cfg.servers, cfg.compress)))
             with rig:
                 res = train_on_rig(rig, cfg, workers=args.workers,
                                    progress=on_event,
@@ -203,6 +214,7 @@ def cmd_train(args) -> int:
                               "shape": rig.config.shape, "loss_on": rig.config.loss_on,
                               "mtu": rig.config.mtu, "servers": rig.config.servers}
                 res["servers"] = cfg.servers
+                res["compress"] = cfg.compress
             progress.end(res)
             results.append(res)
     finally:
@@ -215,7 +227,8 @@ def cmd_train(args) -> int:
         out["tensorboard"] = args.tensorboard
     if len(results) > 1:
         out["compare"] = results[1:]
-        out["speedup"] = {_label(r["transport"], r.get("cc"), r.get("servers", 1)):
+        out["speedup"] = {_label(r["transport"], r.get("cc"), r.get("servers", 1),
+                                 r.get("compress", "none")):
                           _ratio(results[0], r) for r in results[1:]}
     emit(args, out, lambda o: _text(results, args, loss, rate, buffer))
     broken = [r for r in results if not r.get("replicas_identical")]
@@ -256,9 +269,10 @@ def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
     return rig, cfg
 
 
-def _label(transport: str, cc: str | None, servers: int = 1) -> str:
+def _label(transport: str, cc: str | None, servers: int = 1, compress: str = "none") -> str:
     base = f"tcp ({cc})" if transport == "tcp" else transport
-    return f"{base} x{servers}" if servers > 1 else base
+    base = f"{base} x{servers}" if servers > 1 else base
+    return base if compress == "none" else f"{base} {compress}"
 
 
 def _ratio(a: dict, b: dict) -> float | None:
@@ -319,7 +333,8 @@ def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str
              f"{rc.get('buffer_bytes', buffer) / 1000:g} KB queue, loss "
              f"{rc.get('loss', loss):g} on "
              f"{'every port' if rc.get('loss_on') == 'all' else 'the PS port'}")
-    cols = [_label(r["transport"], r.get("cc"), r.get("servers", 1)) for r in results]
+    cols = [_label(r["transport"], r.get("cc"), r.get("servers", 1), r.get("compress", "none"))
+            for r in results]
 
     def early(r):
         return f"{r['rounds_early_closed']}/{r['iterations']}" if r["transport"] == "ltp" else "-"

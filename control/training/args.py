@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from .config import (BUBBLES, DEFAULT_DOWNLINK, DEFAULT_HIDDEN, DOWNLINKS, SYNCS, TRANSPORTS,
-                     TrainConfig)
+from .config import (BUBBLES, COMPRESS, DEFAULT_DOWNLINK, DEFAULT_HIDDEN, DOWNLINKS, SYNCS,
+                     TRANSPORTS, TrainConfig)
 
 MAX_WIDTH = 65536   # widest hidden layer the flags accept
 
@@ -62,6 +62,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", type=int, default=1,
                    help="server ranks, 1..8, each summing a contiguous slice of every bucket "
                    "on a host of its own (default %(default)s; docs/training.md)")
+    p.add_argument("--compress", choices=COMPRESS, default="none",
+                   help="gradients as 8-bit codes with a min and a scale per LTP chunk, about "
+                   "a quarter of the bytes each way (ltp and tcp; default %(default)s; "
+                   "docs/training.md, Compression)")
     p.add_argument("--verify-versions", action="store_true",
                    help="hash every parameter version on every rank and compare "
                    "(costs ~1 ms/MB each)")
@@ -128,7 +132,8 @@ def config_from_args(a: argparse.Namespace, *, transport: str | None = None,
                       target_accuracy=a.target_accuracy, cc=cc or a.cc,
                       verify_versions=a.verify_versions,
                       downlink=a.downlink if transport == "ltp" else "unicast",
-                      servers=getattr(a, "servers", 1) if transport != "gloo" else 1)
+                      servers=getattr(a, "servers", 1) if transport != "gloo" else 1,
+                      compress=getattr(a, "compress", "none") if transport != "gloo" else "none")
     try:
         cfg.validate()
     except ValueError as e:     # its messages start with the field: make that the flag

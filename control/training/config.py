@@ -12,6 +12,7 @@ TRANSPORTS = ("ltp", "tcp", "gloo")
 SYNCS = ("bsp", "wbsp")
 DOWNLINKS = ("unicast", "group")
 BUBBLES = ("mean", "zero", "stale")
+COMPRESS = ("none", "uint8")   # ltpx.torch's compress (torchapi/codec.py)
 DEFAULT_HIDDEN = (512, 384)   # 234,122 parameters: a 0.94 MB gradient
 # LTP's parameter downlink unless told otherwise (flags and TrainConfig alike):
 # one packet per chunk for all workers; the PS finds the address (rank.py)
@@ -48,6 +49,7 @@ class TrainConfig:
     # for LTP, unicast for the others (they have no group sends).
     downlink: str | None = None
     servers: int = 1                    # server ranks, each summing a slice (torchapi/shards.py)
+    compress: str = "none"              # none | uint8: gradients as 8-bit codes (torchapi/codec.py)
 
     def __post_init__(self):
         if self.downlink is None:
@@ -75,6 +77,9 @@ class TrainConfig:
         if not 1 <= self.servers <= 8 or (self.servers > 1 and self.transport == "gloo"):
             raise ValueError(f"servers: 1..8 server ranks (ltp or tcp; gloo has none), got "
                              f"{self.servers}")
+        if self.compress not in COMPRESS or (self.compress != "none" and self.transport == "gloo"):
+            raise ValueError(f"compress: one of {', '.join(COMPRESS)} (ltp or tcp; gloo sends "
+                             f"float32), got {self.compress!r}")
         for w, f in self.straggler.items():
             if f < 1:
                 raise ValueError(f"straggler: factor for worker {w} must be >= 1, got {f}")

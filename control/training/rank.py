@@ -106,7 +106,8 @@ def run_api(a: argparse.Namespace, cfg: TrainConfig, early_close: dict) -> dict:
     init(transport=cfg.transport, dev=a.dev, ip=a.ip, xdp_mode=a.xdp_mode,
          capacity=a.capacity, mtu=a.mtu, group=a.group, downlink=cfg.downlink,
          netns=a.netns, store_netns=a.store_netns, timeout=a.timeout, cc=cfg.cc, job=a.job,
-         tcp_port=a.tcp_port, servers=cfg.servers if cfg.servers > 1 else None)
+         tcp_port=a.tcp_port, servers=cfg.servers if cfg.servers > 1 else None,
+         compress=cfg.compress)
     return run_demo(cfg, early_close, emit)
 
 
