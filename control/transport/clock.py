@@ -36,7 +36,8 @@ MAX_WINDOW = 64     # growth stops here when the receiver sets no credit
 GROW_BATCH = 8      # most packets one poll adds to a window
 REORDER = 3         # RACK's reordering allowance, in send keys
 POLL_S = 0.0005
-RTO_MIN = 0.004     # s without progress before the oldest outstanding chunks are re-sent
+RTO_MIN = 0.002     # s without progress before the oldest outstanding chunks are re-sent
+RTO_MAX = 0.05
 RATE = W.OFF["rate"]
 FLAGS_LO = W.OFF["flags"] + 1
 assert W.F_CLOCK < 0x100
@@ -62,6 +63,7 @@ class ClockPush(Push):
         self.order_arr = np.asarray(self.order, dtype=np.int64)
         # per target: send key of each chunk (-1: not sent by the socket yet)
         self.key = np.full((nt, nch), -1, dtype=np.int64)
+        self.seq = [0] * nt  # the last key a socket send took (from the clock's position on)
         self.base_flags = W.F_RELIABLE if self.reliable else 0
         self.max_over_credit = 0
         self.stops = 0
@@ -163,7 +165,7 @@ class ClockPush(Push):
         if lost.size == 0 and now - self.progress_t[i] > self.rto[i]:
             out = np.flatnonzero(sent & ~acked)  # tail loss: the oldest outstanding
             lost = out[np.argsort(key_now[out])][:max(2, window or 2)]
-            self.progress_t[i], self.rto[i] = now, min(0.2, self.rto[i] * 2)
+            self.progress_t[i], self.rto[i] = now, min(RTO_MAX, self.rto[i] * 1.5)
         if lost.size:
             self._resend(i, lost.tolist(), nxt, inflight, stops)
         cap = window if window and window != 0xffff else MAX_WINDOW
@@ -172,9 +174,16 @@ class ClockPush(Push):
                               min(cap - inflight, GROW_BATCH))
             if pos:
                 chunks = self.order_arr[pos].tolist()
-                key[chunks] = nxt
+                self._keys(i, chunks, nxt)
                 self._stamp(i, chunks, inflight + len(pos), stops)
                 self._send_chunks(i, chunks)
+
+    def _keys(self, i: int, chunks: list[int], nxt: int) -> None:
+        """Send keys for chunks the socket sends now: after every key taken
+        so far and from the clock's position on, in sending order."""
+        first = max(self.seq[i], nxt) + 1
+        self.key[i, chunks] = np.arange(first, first + len(chunks))
+        self.seq[i] = first + len(chunks) - 1
 
     @staticmethod
     def _lost(key: np.ndarray, sent: np.ndarray, acked: np.ndarray) -> np.ndarray:
@@ -186,7 +195,7 @@ class ClockPush(Push):
     def _resend(self, i: int, chunks: list[int], nxt: int, inflight: int, stops: int) -> None:
         """Re-send lost chunks to target i from the socket, flagged RETX; each
         takes its lost packet's place in flight."""
-        self.key[i, chunks] = nxt
+        self._keys(i, chunks, nxt)
         self.hdr_u8[i][chunks, RETX_BYTE] |= W.F_RETX
         self._stamp(i, chunks, inflight, stops)
         self._send_chunks(i, chunks)
