@@ -394,3 +394,18 @@ def test_rig_window_never_exceeds_the_credit(fresh):
         res, reps = cl.run_round(next(_rounds), NEL, seed=7)
         assert res.reason == "complete"
         assert all(p.max_over_credit <= 0 for p in reps.values()), reps
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["unicast", "group"])
+def test_rig_reliable_downlink_through_the_clock(rig, fresh, group):
+    """The PS pushes the reliable class through its clock to every worker
+    (primed once to the rig's broadcast address with group=True); at 5%
+    loss every worker gets every byte."""
+    import hashlib
+    cl = fresh
+    rig.set_loss(0.05)
+    params = np.random.default_rng(11).standard_normal(NEL).astype(np.float32)
+    rep, digests = cl.downlink(next(_rounds), params, group=group)
+    want = hashlib.sha256(params.tobytes()).hexdigest()
+    assert digests == {w: want for w in cl.ids}
+    assert rep.sender == "xdp" and rep.clock_tx > 0
