@@ -3,8 +3,10 @@ asserted against goals: speed belongs to the benchmark, not the tests)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -13,16 +15,41 @@ from conftest import requires_bpf
 LTP = [sys.executable, "-m", "ltpx.tools.cli"]
 
 
+def bench(*argv: str) -> tuple[dict, float]:
+    """(JSON, wall seconds) of `ltp bench incast ARGV -j` on a rig of this file's own."""
+    t0 = time.monotonic()
+    out = subprocess.run(LTP + ["bench", "incast", "--name", "hdbench", "-j", *argv],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout), time.monotonic() - t0
+
+
+def check_cpu_and_goodput(res: dict, wall_s: float) -> None:
+    """cpu_s_per_round and goodput_bps are there and plausible: positive, CPU no
+    more than the machine has over the whole command, goodput no more than the
+    payload of a round over its fastest time."""
+    c = res["config"]
+    ncpu = os.cpu_count()
+    assert c["ncpu"] == ncpu
+    bits = c["workers"] * c["size_bytes"] * 8
+    for name, r in res["results"].items():
+        assert r["rounds"] == c["rounds"], name
+        assert 0 < r["cpu_s_per_round"] <= wall_s * ncpu / r["rounds"], (name, r)
+        assert 0 < r["goodput_bps"] <= bits / min(r["round_s"]) * 1.0001, (name, r)
+    for t, o in res["ltp_over"].items():
+        r, ltp = res["results"][t], res["results"]["ltp"]
+        assert o["goodput"] == pytest.approx(ltp["goodput_bps"] / r["goodput_bps"])
+        assert o["cpu_s_per_round"] == pytest.approx(ltp["cpu_s_per_round"] /
+                                                     r["cpu_s_per_round"])
+
+
 @requires_bpf
 def test_small_incast_bench_gives_documented_json_and_a_plot(tmp_path):
     png = tmp_path / "incast.png"
-    out = subprocess.run(LTP + ["bench", "incast", "--workers", "2", "--rounds", "3",
-                                "--size", "64KiB", "-j", "--plot", str(png)],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    res = json.loads(out.stdout)
-    assert set(res) >= {"config", "limit_s", "results", "speedup"}
-    assert res["limit_s"] == pytest.approx(2 * 65536 * 8 / 1e9)
+    # rounds of a few ms or more: /proc/stat counts CPU time in 10 ms ticks
+    res, wall = bench("--workers", "2", "--rounds", "3", "--size", "1MiB", "--plot", str(png))
+    assert set(res) >= {"config", "limit_s", "results", "speedup", "ltp_over"}
+    assert res["limit_s"] == pytest.approx(2 * (1 << 20) * 8 / 1e9)
     assert set(res["results"]) == {"ltp", "tcp-cubic", "tcp-bbr"}
     for name, r in res["results"].items():
         assert {"median_s", "p99_s", "max_s", "median_over_limit", "p99_over_limit",
@@ -30,17 +57,30 @@ def test_small_incast_bench_gives_documented_json_and_a_plot(tmp_path):
         assert 0.0 <= r["delivered"] <= 1.0
         assert 0 < r["median_s"] <= r["p99_s"] <= r["max_s"]
         assert r["median_over_limit"] == pytest.approx(r["median_s"] / res["limit_s"])
-    assert set(res["speedup"]) == {"tcp-cubic", "tcp-bbr"}
+    assert set(res["speedup"]) == set(res["ltp_over"]) == {"tcp-cubic", "tcp-bbr"}
+    check_cpu_and_goodput(res, wall)
     import matplotlib.image as mpimg
     img = mpimg.imread(png)
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+@requires_bpf
+def test_one_worker_is_a_single_flow_measurement():
+    """--workers 1: one flow, uncongested; every figure of both transports is there."""
+    res, wall = bench("--workers", "1", "--rounds", "3", "--size", "4MiB", "--rate", "32gbit",
+                      "--buffer", "4mb", "--transports", "ltp,tcp-cubic")
+    assert res["config"]["workers"] == 1
+    assert res["limit_s"] == pytest.approx((4 << 20) * 8 / 32e9)
+    assert set(res["results"]) == {"ltp", "tcp-cubic"}
+    assert res["results"]["tcp-cubic"]["delivered"] == 1.0
+    check_cpu_and_goodput(res, wall)
 
 
 def test_bad_flags_are_usage_errors():
     for argv, word in ((["--transports", "ltp,quic"], "--transports"),
                        (["--size", "10"], "--size"), (["--loss", "1.5"], "--loss"),
                        (["--sweep-workers", "4,x"], "--sweep-workers"),
-                       (["--rate", "fast"], "--rate")):
+                       (["--rate", "fast"], "--rate"), (["--name", "Bad-Name"], "--name")):
         out = subprocess.run(LTP + ["bench", "incast", *argv], capture_output=True, text=True)
         assert out.returncode == 2, (argv, out.stderr)
         assert word in out.stderr

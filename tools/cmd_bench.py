@@ -24,7 +24,14 @@ INCAST_EPILOG = """examples:
 
 Builds one fresh rig per configuration (every worker pushes SIZE bytes to the PS
 through a TBF bottleneck toward the PS); transports take turns in blocks of
-rounds, each block after warm-up rounds that are not counted.
+rounds, each block after warm-up rounds that are not counted. --workers 1 is a
+single-flow measurement (e.g. --workers 1 --rate 32gbit --buffer 4mb --size 16MiB).
+
+JSON keys: config, limit_s, results (per transport: median_s, p99_s, max_s,
+median_over_limit, p99_over_limit, delivered, rounds, goodput_bps: payload bits
+delivered / round time, cpu_s_per_round: the machine's busy CPU seconds from
+/proc/stat per counted round), speedup (median over LTP's), ltp_over (LTP's
+goodput and cpu_s_per_round over each other transport's).
 """
 
 PATHS_EPILOG = """examples:
@@ -70,6 +77,8 @@ def _register_incast(bsub) -> None:
                    help="repeat over these worker counts and report the scaling")
     i.add_argument("--mtu", type=int, default=1500, help="rig MTU (1280..3500, default 1500)")
     i.add_argument("--plot", metavar="FILE.png", help="write a CDF (and scaling) plot")
+    i.add_argument("--name", default="bench", help="name of the rig it builds (default bench; "
+                   "must not exist)")
     add_json(i)
     i.set_defaults(func=cmd_incast)
 
@@ -207,6 +216,9 @@ def cmd_incast(args) -> None:
         raise UsageError(f"--workers/--sweep-workers: each count must be in 1..{MAX_WORKERS}")
     if not 1280 <= args.mtu <= 3500:
         raise UsageError("--mtu must be in 1280..3500")
+    from ..dataplane.rig.base import NAME_RE
+    if not NAME_RE.match(args.name):
+        raise UsageError(f"--name: a-z 0-9 _ up to 12 characters, got {args.name!r}")
     need_root("ltp bench incast")
     need_bcc()
     from ..control.bench import incast as bench_incast
@@ -221,7 +233,7 @@ def cmd_incast(args) -> None:
 
             results.append(bench_incast.run_config(
                 workers=n, rate_bps=rate, buffer_bytes=buf, size=size, rounds=args.rounds,
-                loss=loss, transports=transports, mtu=args.mtu, progress=tick))
+                loss=loss, transports=transports, mtu=args.mtu, name=args.name, progress=tick))
     if args.plot:
         bench_incast.plot(results, args.plot)
     out = results[0] if len(results) == 1 else {"sweep": results}

@@ -27,6 +27,7 @@ from ..transport.early_close import EarlyCloseConfig
 from ..transport.rate import CREDIT_RTT_S, quiet_gc
 from ..transport.endpoint import Endpoint, Peer, PushReport, RoundResult
 from ..transport.tokens import new_secret
+from .cpustat import busy_s
 
 
 def worker_tensor(seed: int, worker: int, round_: int, nelems: int) -> np.ndarray:
@@ -84,6 +85,7 @@ class LtpCluster:
         self.hosts = hosts
         self.ids = [h.index for h in hosts]
         self.max_elems = max_elems
+        self.last_cpu_s = 0.0
         # The largest chunk a frame of the rig's MTU carries (whole float64 pairs).
         self.chunk_bytes = chunk_bytes or (cfg.mtu - 20 - 8 - W.HDR_LEN) // 8 * 8
         # a fresh job secret per cluster: its rounds carry tokens, as training's do
@@ -117,7 +119,9 @@ class LtpCluster:
     def run_round(self, round_: int, nelems: int, seed: int = 0, *, critical=None,
                   silent: Iterable[int] = (), reliable_ok: bool = False
                   ) -> tuple[RoundResult, dict[int, PushReport | None]]:
-        """One barrier-synchronised push round. Workers in `silent` send nothing."""
+        """One barrier-synchronised push round. Workers in `silent` send nothing.
+        `last_cpu_s` is then the machine's busy CPU seconds from opening the
+        round to the last worker's report (the gradients are made before)."""
         silent = set(silent)
         crit = None if critical is None else np.asarray(critical, dtype=bool).tolist()
         pushing = [p for p in self.procs if p.worker not in silent]
@@ -126,6 +130,7 @@ class LtpCluster:
                     "critical": crit})
         for p in pushing:
             p.recv()
+        busy0 = busy_s()
         self.ps.open_round(round_, nelems, self.ids, critical=critical)
         for p in pushing:
             p.send({"cmd": "push", "round": round_})
@@ -136,6 +141,7 @@ class LtpCluster:
                 reports[p.worker] = None
                 continue
             reports[p.worker] = PushReport(**p.recv()["report"])
+        self.last_cpu_s = busy_s() - busy0
         return res, reports
 
     def downlink(self, round_: int, params: np.ndarray, timeout_s: float = 20.0,

@@ -8,6 +8,13 @@ that are not counted. Round time is measured at the PS: for LTP from opening
 the round (just before the workers are told to go) to Early Close; for TCP
 from the "go" byte to the last byte (control/bench/tcp.py).
 
+Each transport also gets `goodput_bps` (payload bits delivered over its
+counted rounds / their time) and `cpu_s_per_round` (the machine's busy CPU
+seconds, /proc/stat, over its counted rounds only: for LTP from opening the
+round to the last worker's report, for TCP from "go" to the last byte; the
+whole machine, so on a shared one the alternating blocks matter). With one
+worker a configuration is a single-flow measurement: its goodput is the flow's.
+
 The rig is built without XDP on the switch ports (mode "skb") so the hosts'
 veths keep TSO for TCP as a real NIC would; LTP's endpoints run native XDP on
 the hosts, and the one switch port that must deliver the PS's XDP_TX ACKs
@@ -16,6 +23,7 @@ gets an XDP_PASS program.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -27,12 +35,33 @@ def _pct(xs, q) -> float:
     return float(np.percentile(np.asarray(xs, dtype=float), q))
 
 
-def _summary(times: list[float], limit: float, delivered: float) -> dict:
+@dataclass
+class Rounds:
+    """Counted rounds of one transport: times, delivered fractions, and the
+    machine's busy CPU seconds over each round."""
+
+    times: list[float] = field(default_factory=list)
+    delivered: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+
+    def extend(self, other: "Rounds") -> None:
+        self.times += other.times
+        self.delivered += other.delivered
+        self.cpu_s += other.cpu_s
+
+
+def _summary(r: Rounds, limit: float, round_bits: int) -> dict:
+    """The documented per-transport figures. goodput_bps: payload bits
+    delivered over the counted rounds / their summed time; cpu_s_per_round:
+    busy CPU seconds of the whole machine per counted round."""
+    times = r.times
     med = statistics.median(times)
     p99 = _pct(times, 99)
     return {"median_s": med, "p99_s": p99, "max_s": max(times),
             "median_over_limit": med / limit, "p99_over_limit": p99 / limit,
-            "delivered": delivered, "rounds": len(times), "round_s": times}
+            "delivered": float(np.mean(r.delivered)), "rounds": len(times),
+            "goodput_bps": round_bits * sum(r.delivered) / sum(times),
+            "cpu_s_per_round": sum(r.cpu_s) / len(times), "round_s": times}
 
 
 def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rounds: int,
@@ -42,6 +71,7 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
     """One configuration on one fresh rig; returns the documented JSON object."""
     from ...dataplane.tcp_cc import ensure_cc
     from ...dataplane.rig.star import Rig, RigConfig
+    from .cpustat import ncpu
 
     for t in transports:
         if t not in TRANSPORTS:
@@ -56,34 +86,42 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
     tally = _Tally(transports, rounds, progress)
     with Rig(cfg) as rig:
         _take_turns(rig, tally, size=size, block=block, warmup=warmup)
-    results = {t: _summary(tally.times[t], limit, float(np.mean(tally.delivered[t])))
-               for t in transports}
-    speedup = {}
-    if "ltp" in results:
-        for t in transports:
-            if t != "ltp":
-                speedup[t] = results[t]["median_s"] / results["ltp"]["median_s"]
+    results = {t: _summary(tally.rounds[t], limit, workers * size * 8) for t in transports}
     return {"config": {"workers": workers, "rate_bps": rate_bps, "buffer_bytes": buffer_bytes,
                        "size_bytes": size, "rounds": rounds, "loss": loss, "mtu": mtu,
-                       "transports": list(transports), "block": block, "warmup": warmup},
-            "limit_s": limit, "results": results, "speedup": speedup}
+                       "transports": list(transports), "block": block, "warmup": warmup,
+                       "ncpu": ncpu()},
+            "limit_s": limit, "results": results, **_ratios(results)}
+
+
+def _ratios(results: dict) -> dict:
+    """speedup: each other transport's median round over LTP's; ltp_over:
+    LTP's goodput and CPU per round over each other transport's."""
+    speedup, over = {}, {}
+    if "ltp" in results:
+        ltp = results["ltp"]
+        for t, r in results.items():
+            if t != "ltp":
+                speedup[t] = r["median_s"] / ltp["median_s"]
+                over[t] = {"goodput": ltp["goodput_bps"] / r["goodput_bps"],
+                           "cpu_s_per_round": (ltp["cpu_s_per_round"] / r["cpu_s_per_round"]
+                                               if r["cpu_s_per_round"] > 0 else None)}
+    return {"speedup": speedup, "ltp_over": over}
 
 
 class _Tally:
-    """Counted round times and delivered fractions per transport, and progress."""
+    """Counted rounds per transport, and progress."""
 
     def __init__(self, transports: list[str], rounds: int,
                  progress: Callable[[str, int, int], None] | None):
-        self.transports, self.rounds, self.progress = transports, rounds, progress
-        self.times: dict[str, list[float]] = {t: [] for t in transports}
-        self.delivered: dict[str, list[float]] = {t: [] for t in transports}
+        self.transports, self.target, self.progress = transports, rounds, progress
+        self.rounds: dict[str, Rounds] = {t: Rounds() for t in transports}
         self.done = 0
         self.total = rounds * len(transports)
 
-    def add(self, t: str, times: list[float], delivered: list[float]) -> None:
-        self.times[t].extend(times)
-        self.delivered[t].extend(delivered)
-        self.done += len(times)
+    def add(self, t: str, got: Rounds) -> None:
+        self.rounds[t].extend(got)
+        self.done += len(got.times)
         self.tick(t, 0)
 
     def tick(self, t: str, ahead: int) -> None:
@@ -92,48 +130,91 @@ class _Tally:
 
     def owed(self, t: str, block: int) -> int:
         """How many counted rounds transport t runs in its next block."""
-        return min(block, self.rounds - len(self.times[t]))
+        return min(block, self.target - len(self.rounds[t].times))
+
+
+class LtpRunner:
+    """LTP's side: one cluster (PS endpoint + worker processes) for the whole
+    run, its round numbers going on across blocks."""
+
+    def __init__(self, rig, size: int, warmup: int):
+        from ...dataplane.xdp.loader import attach_pass, detach
+        from .cluster import LtpCluster
+        self.rig, self.size, self.warmup, self.r = rig, size, warmup, 0
+        self._detach = lambda: detach(rig.ps.port, rig.switch_ns, "native")
+        # the switch port toward the PS must pass the PS's XDP_TX ACKs
+        attach_pass(rig.ps.port, rig.switch_ns, "native")
+        try:
+            self.cluster = LtpCluster(rig, size // 4, mode="native")
+        except BaseException:
+            self._detach()
+            raise
+
+    def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
+        out = Rounds()
+        for i in range(self.warmup + n):
+            self.r += 1
+            res, _ = self.cluster.run_round(self.r, self.size // 4, seed=self.r)
+            if i >= self.warmup:
+                out.times.append(res.duration_s)
+                out.delivered.append(res.delivered_fraction)
+                out.cpu_s.append(self.cluster.last_cpu_s)
+                tick(len(out.times))
+        return out
+
+    def close(self) -> None:
+        try:
+            self.cluster.close()
+        finally:
+            self._detach()
+
+
+class TcpRunner:
+    """A TCP congestion control's side: agents started anew for each block."""
+
+    def __init__(self, rig, size: int, warmup: int, cc: str):
+        self.rig, self.size, self.warmup, self.cc = rig, size, warmup, cc
+
+    def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
+        from .tcp import run_tcp_incast
+        out = run_tcp_incast(self.rig, size=self.size, rounds=n, cc=self.cc, warmup=self.warmup,
+                             progress=lambda k, _n, _t: tick(k))
+        return Rounds(list(out["round_s"]), [1.0] * n, list(out["cpu_s"]))
+
+    def close(self) -> None:
+        pass
+
+
+def make_runner(t: str, rig, size: int, warmup: int):
+    """The runner of transport `t` (one of TRANSPORTS)."""
+    if t == "ltp":
+        return LtpRunner(rig, size, warmup)
+    return TcpRunner(rig, size, warmup, cc=t[len("tcp-"):])
 
 
 def _take_turns(rig, tally: _Tally, *, size: int, block: int, warmup: int) -> None:
     """The transports in blocks of rounds, LTP, cubic, BBR, LTP, ..., until each has
     its rounds. LTP's endpoints stay up between its blocks; TCP's start anew."""
-    from ...dataplane.xdp.loader import attach_pass, detach
-    from .cluster import LtpCluster
-    from .tcp import run_tcp_incast
-    ltp = "ltp" in tally.transports
-    cluster = None
+    runners: dict = {}
     try:
-        if ltp:   # the switch port toward the PS must pass the PS's XDP_TX ACKs
-            attach_pass(rig.ps.port, rig.switch_ns, "native")
-            cluster = LtpCluster(rig, size // 4, mode="native")
-        r = 0
+        for t in tally.transports:
+            runners[t] = make_runner(t, rig, size, warmup)
         while any(tally.owed(t, block) > 0 for t in tally.transports):
             for t in tally.transports:
                 n = tally.owed(t, block)
-                if n <= 0:
-                    continue
-                if t != "ltp":
-                    out = run_tcp_incast(rig, size=size, rounds=n, cc=t[4:], warmup=warmup,
-                                         progress=lambda k, _n, _t, t=t: tally.tick(t, k))
-                    tally.add(t, out["round_s"], [1.0] * n)
-                    continue
-                for i in range(warmup + n):
-                    r += 1
-                    res, _ = cluster.run_round(r, size // 4, seed=r)
-                    if i >= warmup:
-                        tally.add(t, [res.duration_s], [res.delivered_fraction])
+                if n > 0:
+                    tally.add(t, runners[t].block(n, lambda k, t=t: tally.tick(t, k)))
     finally:
-        if cluster is not None:
-            cluster.close()
-        if ltp:
-            detach(rig.ps.port, rig.switch_ns, "native")
+        for r in runners.values():
+            r.close()
 
 
 def table(res: dict) -> str:
-    """An 80-column table of one configuration."""
+    """An 80-column table of one configuration: round times, then goodput
+    and the machine's CPU per round (with LTP's ratio to each)."""
     c = res["config"]
-    lines = [f"{c['workers']} workers x {c['size_bytes'] // 1024} KiB, "
+    who = "1 flow" if c["workers"] == 1 else f"{c['workers']} workers"
+    lines = [f"{who} x {c['size_bytes'] // 1024} KiB, "
              f"{c['rate_bps'] / 1e9:g} Gbit/s, buffer {c['buffer_bytes'] // 1000} kB, "
              f"loss {c['loss']:g}: limit {res['limit_s'] * 1e3:.1f} ms",
              f"{'transport':<10} {'median ms':>10} {'p99 ms':>9} {'max ms':>9} "
@@ -144,6 +225,14 @@ def table(res: dict) -> str:
                      f"{r['max_s'] * 1e3:>9.1f} {r['median_over_limit']:>8.2f} "
                      f"{r['p99_over_limit']:>8.2f} {r['delivered']:>7.4f} "
                      f"{(f'{sp:.1f}x' if sp else '-'):>8}")
+    lines.append(f"{'transport':<10} {'goodput Gbit/s':>15} {'cpu ms/round':>13} "
+                 f"{'ltp goodput/x':>14} {'ltp cpu/x':>10}   ({c.get('ncpu', '?')} CPUs)")
+    for t, r in res["results"].items():
+        o = res.get("ltp_over", {}).get(t, {})
+        g, u = o.get("goodput"), o.get("cpu_s_per_round")
+        lines.append(f"{t:<10} {r['goodput_bps'] / 1e9:>15.3f} "
+                     f"{r['cpu_s_per_round'] * 1e3:>13.1f} "
+                     f"{(f'{g:.2f}x' if g else '-'):>14} {(f'{u:.2f}x' if u else '-'):>10}")
     return "\n".join(lines)
 
 

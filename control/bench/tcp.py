@@ -9,7 +9,8 @@ agent, each `python -m ltpx.control.bench.tcp ...` inside a rig namespace:
   worker says its index first), then per round writes one "go" byte on every
   connection and reads until each connection has delivered SIZE bytes. The
   round time is from just before the first "go" to the arrival of the last
-  byte, measured at the PS (one clock). It prints one JSON line per round.
+  byte, measured at the PS (one clock). It prints one JSON line per round,
+  with the machine's busy CPU seconds over the same span (cpustat.busy_s).
 - a worker agent connects (with the requested TCP congestion control, set
   per socket with TCP_CONGESTION), then waits for "go" and sends SIZE bytes,
   until it reads "q" or EOF.
@@ -35,6 +36,7 @@ from typing import Any, Callable
 from ...errors import BenchError, LtpError
 from ..procs import stop_all
 from ...dataplane.tcp_cc import ensure_cc, set_cc
+from .cpustat import busy_s
 
 DEFAULT_PORT = 5201
 def _percentile(xs: list[float], q: float) -> float:
@@ -92,6 +94,7 @@ def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cub
                                        rig.ps.ip, "--id", str(w.index), *common],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         times: list[float] = []
+        cpu: list[float] = []
         while True:
             line = _readline(ps, round_timeout + 30.0)
             if not line:
@@ -104,6 +107,7 @@ def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cub
             if "round" in msg:
                 if msg["round"] >= warmup:
                     times.append(msg["t"])
+                    cpu.append(msg["cpu_s"])
                     if progress:
                         progress(len(times), rounds, msg["t"])
             if msg.get("done"):
@@ -113,7 +117,7 @@ def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cub
         stop_all(procs, grace_s=5.0)
     res = summarize(times, workers=len(workers), size=size, rate_bps=rig.config.rate_bps, cc=cc)
     res.update({"warmup_rounds": warmup, "buffer_bytes": rig.config.buffer_bytes,
-                "loss": rig.config.loss})
+                "loss": rig.config.loss, "cpu_s": cpu})
     return res
 
 
@@ -191,6 +195,7 @@ def _ps_agent(a: argparse.Namespace) -> int:
     for r in range(a.rounds):
         got = dict.fromkeys(fdmap, 0)
         pending = len(socks)
+        b0 = busy_s()
         t0 = time.perf_counter()
         for s in socks:
             s.sendall(b"g")
@@ -212,7 +217,8 @@ def _ps_agent(a: argparse.Namespace) -> int:
                 elif got[fd] > a.size:
                     _emit({"error": "a worker sent more than SIZE bytes"})
                     return 1
-        _emit({"round": r, "t": time.perf_counter() - t0})
+        t = time.perf_counter() - t0
+        _emit({"round": r, "t": t, "cpu_s": busy_s() - b0})
     for s in socks:
         try:
             s.sendall(b"q")
