@@ -173,6 +173,23 @@ class ShardedExchange:
         self.threads = [ShardThread(i) for i in range(self.S)]
         self.answers: dict[int, list[np.ndarray]] = {}   # per shard: answer buffers by size
         self.barrier_s = 0.0
+        self.donations: dict = {}   # elastic.py's: rejoining is one-server only (see joining)
+
+    def __getattr__(self, name: str):
+        """What else an Exchange has (membership: lost, rejoined, ...) as shard 0's
+        Exchange sees it: every server sees the same workers."""
+        if name.startswith("__") or name == "exs":
+            raise AttributeError(name)
+        return getattr(self.exs[0], name)
+
+    @property
+    def joining(self) -> bool:
+        """A worker restarted into a running job (elastic.py) rejoins an
+        unsharded one only: with several servers that is refused."""
+        if any(getattr(ex, "joining", False) for ex in self.exs):
+            raise UsageError("this worker started after the job began: rejoining is "
+                             "supported with one server only (servers=1)")
+        return False
 
     @property
     def times(self) -> dict:

@@ -1,0 +1,158 @@
+"""Sharded parameter servers (control/torchapi/shards.py, `ltp rig up/launch/train --servers`).
+
+Units: the slice plan (balanced, contiguous, covering, refusing more servers
+than elements), each shard's op, the merged step report, the settings and
+flag checks. On a rig (root, bcc): a 2-server rig's up/status/down through
+the CLI, and one 2-server, 2-worker native rig that `ltp launch --servers 2`
+(the CNN example) and `ltp train --servers 2` (the built-in job, 1 % loss)
+both use: replicas identical, accuracy reached. About two minutes on 2 cores.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import requires_bpf
+from ltpx.control.torchapi.ops import STEP, Op, StepReport, report_words
+from ltpx.control.torchapi.settings import Settings
+from ltpx.control.torchapi.shards import merge_reports, plan_slices, split_op
+from ltpx.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+LTP = str(Path(sys.executable).with_name("ltp"))
+TAG = f"{os.getpid() % 10000}"
+RIG = f"hcs{TAG}"
+
+
+def ltp(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([LTP, *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+# --------------------------------------------------------------------------- units
+
+@pytest.mark.parametrize("n,S", [(1, 1), (10, 3), (234_122, 2), (234_122, 4), (7, 7), (1000, 8)])
+def test_slices_are_balanced_contiguous_and_cover_everything(n, S):
+    sl = plan_slices(n, S)
+    assert len(sl) == S and sl[0][0] == 0 and sl[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(sl, sl[1:]))          # contiguous, in order
+    sizes = [hi - lo for lo, hi in sl]
+    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1      # balanced by bytes
+    assert sorted(sizes, reverse=True) == sizes                    # the larger ones first
+
+
+@pytest.mark.parametrize("n,S", [(1, 2), (3, 4), (0, 1), (5, 0)])
+def test_more_servers_than_elements_is_refused(n, S):
+    with pytest.raises(UsageError, match="server"):
+        plan_slices(n, S)
+
+
+def test_each_shard_gets_a_slice_of_every_piece_and_short_pieces_are_padded():
+    op = Op(STEP, sizes=(1001, 3, 50))
+    subs, slices = split_op(op, 4)
+    assert [s.sizes for s in subs] == [(251, 1, 13), (250, 1, 13), (250, 1, 12), (250, 1, 12)]
+    assert all(s.kind == STEP and s.bubble == op.bubble for s in subs)
+    assert slices[1][-1][1] == 4                   # 3 elements padded to one per server
+    assert sum(s.sizes[0] for s in subs) == 1001
+
+
+def test_merged_report_takes_the_worst_close_and_sums_what_was_filled():
+    a = StepReport(step=5, reasons=["complete", "early"], delivered={0: 1.0, 1: 0.5},
+                   filled_chunks={0: 0, 1: 4}, wholly_filled={0: 0, 1: 1}, ks=[1, 1],
+                   gather_s=0.02)
+    b = StepReport(step=5, reasons=["deadline", "complete"], delivered={0: 1.0, 1: 1.0},
+                   filled_chunks={0: 0, 1: 0}, wholly_filled={0: 0, 1: 0}, ks=[1, 1],
+                   gather_s=0.03)
+    m = merge_reports([a, b], 2)
+    assert m.reasons == ["deadline", "early"] and m.step == 5
+    assert m.delivered == {0: 1.0, 1: 0.75} and m.filled_chunks == {0: 0, 1: 4}
+    assert m.wholly_filled == {0: 0, 1: 1} and m.gather_s == 0.03
+    words = np.zeros(report_words(2, 2), dtype=np.float32)   # it travels as the answer's tail
+    m.encode(words)
+    back = StepReport.decode(words)
+    assert back.reasons == m.reasons and back.filled_chunks == m.filled_chunks
+
+
+def test_servers_setting_and_flags_are_checked():
+    assert Settings.resolve({"servers": 4}).servers == 4
+    with pytest.raises(UsageError, match="servers"):
+        Settings.resolve({"servers": 9})
+    for argv in (["train", "--compare", "ltp:servers=9"], ["train", "--compare", "ltp:x=1"],
+                 ["train", "--servers", "2", "--transport", "gloo"],
+                 ["launch", "--servers", "0", "--", "true"],
+                 ["rig", "up", "--topology", "leaf-spine", "--servers", "2"],
+                 ["rig", "up", "--servers", "9"]):
+        r = ltp(*argv)
+        assert r.returncode == 2 and "servers" in r.stderr, (argv, r.stderr)
+
+
+# --------------------------------------------------------------------------- on a rig
+
+@requires_bpf
+@pytest.mark.rig
+def test_rig_with_two_servers_up_status_down():
+    name = f"hcu{TAG}"
+    try:
+        r = ltp("rig", "up", "--name", name, "--workers", "2", "--servers", "2", "--mode", "skb",
+                "-j")
+        assert r.returncode == 0, r.stderr
+        st = json.loads(ltp("rig", "status", "--name", name, "-j").stdout)
+        assert [h["name"] for h in st["hosts"]] == ["ps", "ps1", "w0", "w1"]
+        assert [(n["name"], n["ip"]) for n in st["nics"]] == [("w0s1", "198.18.1.10"),
+                                                              ("w1s1", "198.18.1.11")]
+        assert [q["port"] for q in st["bottleneck"] if q["present"]] == ["sw-ps", "sw-ps1"]
+        assert st["bridges"] == ["br0", "br1"] and st["config"]["servers"] == 2
+        addrs = ltp("rig", "exec", "--name", name, "w1", "--", "ip", "-br", "addr").stdout
+        assert "198.18.0.11/24" in addrs and "198.18.1.11/24" in addrs
+        assert "ps1" in ltp("rig", "status", "--name", name).stdout
+    finally:
+        r = ltp("rig", "down", "--name", name)
+    assert r.returncode == 0, r.stderr
+    left = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
+    assert f"ltp-{name}-" not in left
+    assert not os.path.exists(f"/run/ltp/rigs/{name}.json")
+
+
+@pytest.fixture(scope="module")
+def rig():
+    from ltpx.control.training.onrig import rig_config
+    from ltpx.dataplane.rig.star import Rig
+    with Rig(rig_config(RIG, "ltp", workers=2, rate_bps=10**9, buffer_bytes=30_000,
+                        loss=0.0, servers=2)) as r:
+        yield r
+
+
+@requires_bpf
+@pytest.mark.rig
+def test_launch_two_servers_identical_replicas(rig):
+    r = ltp("launch", "--rig", RIG, "--workers", "2", "--servers", "2", "-j", "--",
+            "python", "docs/examples/digits_cnn.py", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)
+    assert [(x["label"], x["host"]) for x in s["ranks"]] == [("s0", "ps"), ("s1", "ps1"),
+                                                            ("w0", "w0"), ("w1", "w1")]
+    res = [x["last_json"] for x in s["ranks"] if x["role"] == "worker"]
+    assert all(x["accuracy"] >= 0.95 for x in res), [x["accuracy"] for x in res]
+    assert len({x["digest"] for x in res}) == 1
+
+
+@requires_bpf
+@pytest.mark.rig
+def test_train_two_servers_under_loss_reaches_accuracy(rig):
+    rig.set_loss(0.01)
+    try:
+        r = ltp("train", "--name", RIG, "--workers", "2", "--servers", "2", "--epochs", "3",
+                "--target-accuracy", "0.9", "-j", timeout=400)
+    finally:
+        rig.set_loss(0.0)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert res["servers"] == 2 and res["rig"]["servers"] == 2
+    assert res["replicas_identical"], res["worker_digests"]
+    assert res["final_accuracy"] >= 0.9 and res["time_to_target"] is not None
+    assert res["delivered_fraction"] < 1.0          # chunks were lost and filled on the way
