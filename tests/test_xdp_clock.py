@@ -409,3 +409,15 @@ def test_rig_reliable_downlink_through_the_clock(rig, fresh, group):
     want = hashlib.sha256(params.tobytes()).hexdigest()
     assert digests == {w: want for w in cl.ids}
     assert rep.sender == "xdp" and rep.clock_tx > 0
+
+
+def test_doctor_reports_that_frames_grow_on_veth():
+    """`ltp doctor`'s ack-clock check runs the clock on a veth pair of its own
+    (namespaces ltp-g<pid>-*) and leaves nothing behind."""
+    import subprocess
+    from ltpx.dataplane.xdp.doctor import clock_check
+    chk = clock_check("native")
+    assert chk.ok, chk.detail
+    assert "7 of 7 ACKs grown" in chk.detail and "0 failed grows" in chk.detail
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"ltp-g{__import__('os').getpid()}" not in left

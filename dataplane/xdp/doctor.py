@@ -103,7 +103,21 @@ def run_checks(compile_test: bool = True) -> list[Check]:
                                 "see the message; `ltp doctor` checks above name missing pieces"))
     if have_bcc:
         checks.append(cache_check())
+    if compile_test and root and have_bcc and has_headers:
+        checks.append(clock_check())
     return checks
+
+
+def clock_check(mode: str = "native") -> Check:
+    """Does a frame grow on a veth device (the ACK clock, `sender="xdp"`)?
+    A failure leaves the socket sender as the one to use."""
+    try:
+        from .growcheck import grow_check
+        ok, detail = grow_check(mode)
+    except Exception as e:  # report, do not crash the doctor
+        ok, detail = False, f"the check could not run: {e}"
+    return Check("ack-clock", ok, detail,
+                 "" if ok else "use the socket sender (--sender socket, the default)")
 
 
 def cache_check() -> Check:
