@@ -76,6 +76,8 @@ def _register_incast(bsub) -> None:
     i.add_argument("--sweep-workers", default="", metavar="N,N,...",
                    help="repeat over these worker counts and report the scaling")
     i.add_argument("--mtu", type=int, default=1500, help="rig MTU (1280..3500, default 1500)")
+    i.add_argument("--sender", choices=("socket", "xdp"), default="socket",
+                   help="how LTP's pushes leave: socket (paced, default) or xdp (the ACK clock)")
     i.add_argument("--plot", metavar="FILE.png", help="write a CDF (and scaling) plot")
     i.add_argument("--name", default="bench", help="name of the rig it builds (default bench; "
                    "must not exist)")
@@ -233,7 +235,8 @@ def cmd_incast(args) -> None:
 
             results.append(bench_incast.run_config(
                 workers=n, rate_bps=rate, buffer_bytes=buf, size=size, rounds=args.rounds,
-                loss=loss, transports=transports, mtu=args.mtu, name=args.name, progress=tick))
+                loss=loss, transports=transports, mtu=args.mtu, name=args.name,
+                sender=args.sender, progress=tick))
     if args.plot:
         bench_incast.plot(results, args.plot)
     out = results[0] if len(results) == 1 else {"sweep": results}

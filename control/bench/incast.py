@@ -66,7 +66,7 @@ def _summary(r: Rounds, limit: float, round_bits: int) -> dict:
 
 def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rounds: int,
                loss: float, transports: list[str], block: int = 10, warmup: int = 2,
-               mtu: int = 1500, name: str = "bench",
+               mtu: int = 1500, name: str = "bench", sender: str = "socket",
                progress: Callable[[str, int, int], None] | None = None) -> dict:
     """One configuration on one fresh rig; returns the documented JSON object."""
     from ...dataplane.tcp_cc import ensure_cc
@@ -85,10 +85,11 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
                     loss=loss, mode="skb", mtu=mtu)
     tally = _Tally(transports, rounds, progress)
     with Rig(cfg) as rig:
-        _take_turns(rig, tally, size=size, block=block, warmup=warmup)
+        _take_turns(rig, tally, size=size, block=block, warmup=warmup, sender=sender)
     results = {t: _summary(tally.rounds[t], limit, workers * size * 8) for t in transports}
     return {"config": {"workers": workers, "rate_bps": rate_bps, "buffer_bytes": buffer_bytes,
                        "size_bytes": size, "rounds": rounds, "loss": loss, "mtu": mtu,
+                       "sender": sender,
                        "transports": list(transports), "block": block, "warmup": warmup,
                        "ncpu": ncpu()},
             "limit_s": limit, "results": results, **_ratios(results)}
@@ -137,15 +138,18 @@ class LtpRunner:
     """LTP's side: one cluster (PS endpoint + worker processes) for the whole
     run, its round numbers going on across blocks."""
 
-    def __init__(self, rig, size: int, warmup: int):
+    def __init__(self, rig, size: int, warmup: int, sender: str = "socket"):
         from ...dataplane.xdp.loader import attach_pass, detach
         from .cluster import LtpCluster
         self.rig, self.size, self.warmup, self.r = rig, size, warmup, 0
-        self._detach = lambda: detach(rig.ps.port, rig.switch_ns, "native")
-        # the switch port toward the PS must pass the PS's XDP_TX ACKs
-        attach_pass(rig.ps.port, rig.switch_ns, "native")
+        # the switch port toward the PS must pass the PS's XDP_TX ACKs; with the
+        # ACK clock (sender xdp) the workers' ports pass their XDP_TX DATA too
+        ports = [rig.ps.port] + ([w.port for w in rig.workers] if sender == "xdp" else [])
+        self._detach = lambda: [detach(p, rig.switch_ns, "native") for p in ports]
         try:
-            self.cluster = LtpCluster(rig, size // 4, mode="native")
+            for p in ports:
+                attach_pass(p, rig.switch_ns, "native")
+            self.cluster = LtpCluster(rig, size // 4, mode="native", sender=sender)
         except BaseException:
             self._detach()
             raise
@@ -185,20 +189,22 @@ class TcpRunner:
         pass
 
 
-def make_runner(t: str, rig, size: int, warmup: int):
-    """The runner of transport `t` (one of TRANSPORTS)."""
+def make_runner(t: str, rig, size: int, warmup: int, sender: str = "socket"):
+    """The runner of transport `t` (one of TRANSPORTS); LTP's pushes leave
+    through `sender` (socket, or xdp: the ACK clock)."""
     if t == "ltp":
-        return LtpRunner(rig, size, warmup)
+        return LtpRunner(rig, size, warmup, sender)
     return TcpRunner(rig, size, warmup, cc=t[len("tcp-"):])
 
 
-def _take_turns(rig, tally: _Tally, *, size: int, block: int, warmup: int) -> None:
+def _take_turns(rig, tally: _Tally, *, size: int, block: int, warmup: int,
+                sender: str = "socket") -> None:
     """The transports in blocks of rounds, LTP, cubic, BBR, LTP, ..., until each has
     its rounds. LTP's endpoints stay up between its blocks; TCP's start anew."""
     runners: dict = {}
     try:
         for t in tally.transports:
-            runners[t] = make_runner(t, rig, size, warmup)
+            runners[t] = make_runner(t, rig, size, warmup, sender)
         while any(tally.owed(t, block) > 0 for t in tally.transports):
             for t in tally.transports:
                 n = tally.owed(t, block)
