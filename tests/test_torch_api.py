@@ -143,7 +143,7 @@ def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_step():
     from ltpx.control.torchapi.ops import BROADCAST, STEP, Op, RoundClock, preopened
     step = Op(STEP, sizes=(10, 20, 30))
     assert Op.from_json(step.to_json()) == step
-    assert step.down_elems(4) == 60 + 4 + 3 + 16 + 1 and step.max_elems(4) == 84
+    assert step.down_elems(4) == 60 + 4 + 3 + 20 + 1 and step.max_elems(4) == 88
     assert step.offsets() == [0, 10, 30]
     c = RoundClock()
     assert c.rounds(step) == [1, 2, 3]

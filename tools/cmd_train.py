@@ -67,6 +67,13 @@ def register(sub) -> None:
                    "the main run names it: ltp,ltp:compress=uint8)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many "
                    "seconds per run (default 900)")
+    fx = p.add_argument_group("faults (the main run; docs/training.md, Faults)")
+    fx.add_argument("--kill", action="append", metavar="ROLE:ID@ITER",
+                    help="SIGKILL a rank once the lead reports iteration ITER: worker:2@10, "
+                    "server:0@20 (repeatable)")
+    fx.add_argument("--restart", action="store_true",
+                    help="start a dead worker again (it rejoins with the current state); a "
+                    "dead server restarts the job (it resumes from --checkpoint-dir)")
     out = p.add_argument_group("curves")
     out.add_argument("--tensorboard", metavar="DIR", default=None,
                      help="write TensorBoard scalars as the runs go, one folder per run "
@@ -158,6 +165,13 @@ def _validate(args) -> tuple:
         raise UsageError(f"--straggler: worker {bad[0]} does not exist (--workers "
                          f"{args.workers}: 0..{args.workers - 1})")
     runs = _runs(args)
+    from ..control.training.faults import parse_kills
+    try:
+        args.kills = parse_kills(args.kill, args.workers)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if (args.kills or args.restart) and runs[0]["transport"] != "ltp":
+        raise UsageError("--kill/--restart: the main run must be LTP (--transport ltp)")
     if any(r["transport"] == "gloo" and r["servers"] > 1 for r in runs):
         raise UsageError("--servers: gloo all-reduce has no servers (run gloo with --servers 1, "
                          "or compare ltp:servers=S and tcp:servers=S)")
@@ -204,9 +218,13 @@ def cmd_train(args) -> int:
             rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
             progress.begin(_label(cfg.transport, cfg.cc, cfg.servers, cfg.compress))
             curves.begin(run_label(_label(cfg.transport, cfg.cc, cfg.servers, cfg.compress)))
+            faults = None
+            if run is runs[0] and (args.kills or args.restart):
+                from ..control.training.faults import Faults
+                faults = Faults(args.kills, restart=args.restart, servers=cfg.servers)
             with rig:
                 res = train_on_rig(rig, cfg, workers=args.workers,
-                                   progress=on_event,
+                                   progress=on_event, faults=faults,
                                    timeout_s=args.timeout, deadline_min_s=args.deadline_min)
                 res["rig"] = {"name": rig.name, "mode": rig.config.mode,
                               "rate_bps": rig.config.rate_bps,

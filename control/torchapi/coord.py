@@ -3,8 +3,16 @@
 Keys (under ltpx/job/<TORCHELASTIC_RESTART_COUNT>/, so a restarted job never
 sees a stale barrier):
   meta/<rank>      each rank's role, address, device, host, pid
-  ready/<s>, go/<s>  op s's barrier: a counter, and the op's description
-                   (ops.Op JSON) set by the last worker to arrive
+  hb/<rank>        its heartbeat counter (liveness.py)
+  ready/<s>/<g>    op s's arrivals: bit w % 62 of group g = w // 62, added
+                   by worker w (one store add gives count and identity)
+  desc/<s>         the op's description, set by the first worker to arrive
+  post/<s>         a counter: who adds 1 first posts go/<s> (the last worker
+                   to arrive, or the server going on without dead ones)
+  go/<s>           op s's barrier value (ops.Go JSON: the op, the absent)
+  join, join/<n>   a (re)started or excluded worker's request to come back:
+                   ticket n from the counter, its worker id under join/<n>
+  sync/<n>         the state a member hands the worker holding ticket n
   open/<r>         the server opened uplink round r (a round it did not open
                    ahead of its op's barrier)
   ack/<r>/<w>      worker w's push of round r ended on the server's close; the
@@ -19,21 +27,71 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import timedelta
 
 from ...errors import CommError
-from .ops import Op
+from .liveness import Beat, Watch
+from .ops import Go, Members, Op
 
 KEY = f"ltpx/job/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+GROUP_BITS = 62    # arrival bits per int64 counter
+SLICE_S = 0.25     # a wait that watches liveness looks this often
+
+
+class Excluded(CommError):
+    """This worker is not in the job any more (the barrier went on without it,
+    or the server dropped it): it must rejoin (elastic.py) before its next op."""
+
+
+class PeerGone(CommError):
+    """A rank this one waits for stopped beating (liveness.py)."""
+
+
+def _timed_out(e: RuntimeError) -> bool:
+    return "timeout" in str(e).lower() or "timed out" in str(e).lower()
+
+
+def _bits(masks: list[int]) -> set[int]:
+    return {g * GROUP_BITS + b for g, m in enumerate(masks) for b in range(GROUP_BITS)
+            if m >> b & 1}
 
 
 class Coord:
-    """Barriers and metadata through the store (a torch.distributed Store)."""
+    """Barriers and metadata through the store (a torch.distributed Store).
 
-    def __init__(self, store, workers: int, timeout_s: float):
+    `me` is this worker's id (None on a server); `view` the membership it
+    keeps (ops.Members); `watch` reads heartbeats once start_liveness ran
+    (without it, waits take the store's timeout as before)."""
+
+    def __init__(self, store, workers: int, timeout_s: float, servers: int = 1):
         self.store, self.workers, self.timeout_s = store, workers, timeout_s
+        self.servers = servers
         self.timeout = timedelta(seconds=timeout_s)
         store.set_timeout(self.timeout)
+        self.me: int | None = None
+        self.view = Members(workers)
+        self.watch: Watch | None = None
+        self.beat: Beat | None = None
+        self.tickets_seen = 0
+        self.joins: dict[int, int] = {}   # the server's: worker -> ticket, not yet admitted
+
+    def start_liveness(self, rank: int, store_netns: str | None = None) -> None:
+        """Beat this rank's heartbeat and watch the others'."""
+        self.beat = Beat(self.store, f"{KEY}hb/{rank}", store_netns)
+        self.watch = Watch(self.store, KEY)
+
+    def stop_liveness(self) -> None:
+        if self.beat is not None:
+            self.beat.stop()
+            self.beat = None
+
+    def worker_alive(self, w: int) -> bool:
+        return self.watch is None or self.watch.alive(self.servers + w)
+
+    def started(self) -> bool:
+        """Has op 0's barrier lifted (so a worker starting now is a rejoining one)?"""
+        return self.store.check([f"{KEY}go/0"])
 
     # ------------------------------------------------------------------ metadata
     def set_json(self, key: str, obj) -> None:
@@ -47,55 +105,175 @@ class Coord:
         self.wait(keys)
         return [json.loads(v) for v in self.store.multi_get([KEY + k for k in keys])]
 
-    def wait(self, keys: list[str], timeout_s: float | None = None) -> None:
-        t = self.timeout if timeout_s is None else timedelta(seconds=timeout_s)
+    def wait(self, keys: list[str], timeout_s: float | None = None,
+             server: bool = False) -> None:
+        """Wait for keys; with server=True (and a watch) give up as soon as the
+        server stops beating, not at the timeout."""
+        total = self.timeout_s if timeout_s is None else timeout_s
+        if not server or self.watch is None:
+            self._wait(keys, total)
+            return
+        end = time.monotonic() + total
+        while True:
+            left = end - time.monotonic()
+            if self._wait(keys, min(SLICE_S, max(left, 0.001)), quiet=left > SLICE_S):
+                return
+            if not self.watch.alive(0):
+                raise PeerGone(f"the server (rank 0) stopped beating "
+                               f"{self.watch.silent_s(0):.1f}s ago while this rank waited "
+                               f"for {', '.join(keys)}: it died or hangs")
+
+    def _wait(self, keys: list[str], seconds: float, quiet: bool = False) -> bool:
+        """True when the keys are there; on a timeout False if quiet, else CommError."""
         try:
-            self.store.wait([KEY + k for k in keys], t)
+            self.store.wait([KEY + k for k in keys], timedelta(seconds=seconds))
+            return True
         except RuntimeError as e:   # torch's DistStoreError: a timeout or a lost store
-            if "timeout" in str(e).lower() or "timed out" in str(e).lower():
-                raise CommError(f"waited {t.total_seconds():g}s for {', '.join(keys)} in the "
+            if _timed_out(e):
+                if quiet:
+                    return False
+                raise CommError(f"waited {seconds:g}s for {', '.join(keys)} in the "
                                 "rendezvous store: a rank is stuck or gone") from None
             raise CommError(f"the rendezvous store failed: {e}") from None
 
     # ------------------------------------------------------------------ op barrier
+    def arrived(self, s: int) -> set[int]:
+        groups = -(-self.workers // GROUP_BITS)
+        return _bits([self.store.add(f"{KEY}ready/{s}/{g}", 0) for g in range(groups)])
+
     def arrive(self, s: int, op: Op) -> bool:
-        """This worker is at op s; True if it was the last (it posts the op)."""
-        if self.store.add(f"{KEY}ready/{s}", 1) == self.workers:
-            self.store.set(f"{KEY}go/{s}", op.to_json())
+        """This worker is at op s; True if it was the last the barrier waits for
+        (it posts go/<s>). Excluded if it is no longer expected."""
+        w = self.me
+        if w not in self.view.expect():
+            raise Excluded(f"worker {w} is not among op {s}'s workers (dropped or left "
+                           "behind): it must rejoin")
+        g, bit = divmod(w, GROUP_BITS)
+        mine = self.store.add(f"{KEY}ready/{s}/{g}", 1 << bit)
+        groups = -(-self.workers // GROUP_BITS)
+        here = _bits([mine if k == g else self.store.add(f"{KEY}ready/{s}/{k}", 0)
+                      for k in range(groups)])
+        if here == {w}:
+            self.store.set(f"{KEY}desc/{s}", op.to_json())
+        if self.view.expect() <= here and self.store.add(f"{KEY}post/{s}", 1) == 1:
+            self.store.set(f"{KEY}go/{s}", Go(op, tuple(sorted(self.view.absent))).to_json())
             return True
         return False
 
-    def wait_go(self, s: int) -> None:
-        self.wait([f"go/{s}"])
+    def read_go(self, s: int) -> Go:
+        """Op s's barrier value (after it lifted); the view follows it. Excluded
+        when the barrier went on without this worker."""
+        go = Go.from_json(self.store.get(f"{KEY}go/{s}"))
+        self.view.after_go(go)
+        if self.me is not None and self.me in go.absent:
+            raise Excluded(f"op {s}'s barrier went on without worker {self.me} (it was "
+                           "taken for dead): it must rejoin")
+        return go
+
+    def wait_go(self, s: int) -> Go:
+        self.wait([f"go/{s}"], server=True)
+        return self.read_go(s)
 
     def gone(self, s: int) -> bool:
         return self.store.check([f"{KEY}go/{s}"])
 
-    def next_op(self, s: int, idle_s: float = 86400.0) -> Op:
+    def next_op(self, s: int, idle_s: float = 86400.0) -> Go:
         """The server's wait for op s: as long as the workers take (they may
         evaluate or save between steps; a launcher ends a job whose rank
-        failed), at most idle_s seconds."""
-        self.wait([f"go/{s}"], idle_s)
-        return Op.from_json(self.store.get(f"{KEY}go/{s}"))
+        failed), at most idle_s seconds. Once the workers it waits for are
+        all either there or dead (no heartbeat for liveness.DEAD_S), it lifts
+        the barrier itself, naming the dead as absent."""
+        end = time.monotonic() + idle_s
+        while not self._wait([f"go/{s}"], SLICE_S, quiet=True):
+            if time.monotonic() > end:
+                raise CommError(f"no op {s} from the workers after {idle_s:g}s")
+            if self.watch is not None:
+                self.release_without_dead(s)
+        return self.read_go(s)
+
+    def release_without_dead(self, s: int) -> None:
+        expect = self.view.expect()
+        here = self.arrived(s)
+        self.poll_joins()     # a worker asking to come back will not arrive either
+        dead = {w for w in expect - here if w in self.joins or not self.worker_alive(w)}
+        if not dead or not (expect - dead) <= here or not (here & expect):
+            return
+        if self.store.add(f"{KEY}post/{s}", 1) != 1:
+            return                              # the last worker posted first
+        self.wait([f"desc/{s}"])
+        op = Op.from_json(self.store.get(f"{KEY}desc/{s}"))
+        absent = tuple(sorted(self.view.absent | dead))
+        self.store.set(f"{KEY}go/{s}", Go(op, absent).to_json())
+
+    # ------------------------------------------------------------------ membership
+    def request_join(self, w: int) -> int:
+        """Ask to be admitted back; the ticket (sync/<ticket> will hold the state)."""
+        n = self.store.add(f"{KEY}join", 1)
+        self.store.set(f"{KEY}join/{n}", str(w))
+        return n
+
+    def poll_joins(self) -> None:
+        """The server's look at join requests since its last (one store read)."""
+        n = self.store.add(f"{KEY}join", 0)
+        for t in range(self.tickets_seen + 1, n + 1):
+            self.wait([f"join/{t}"])
+            self.joins[int(self.store.get(f"{KEY}join/{t}"))] = t
+        self.tickets_seen = n
+
+    def take_joins(self) -> dict[int, int]:
+        """Worker -> ticket of every request not admitted yet; they are now."""
+        self.poll_joins()
+        out, self.joins = self.joins, {}
+        return out
+
+    def put_sync(self, ticket: int, blob: bytes) -> None:
+        self.store.set(f"{KEY}sync/{ticket}", blob)
+
+    def take_sync(self, ticket: int, timeout_s: float | None = None) -> bytes | None:
+        """The state for `ticket`; None if the job ended first (its summary is in)."""
+        end = time.monotonic() + (timeout_s or self.timeout_s)
+        while not self._wait([f"sync/{ticket}"], SLICE_S, quiet=True):
+            if self.store.check([f"{KEY}fin"]):
+                return None
+            if self.watch is not None and not self.watch.alive(0):
+                raise PeerGone("the server (rank 0) stopped beating while this worker "
+                               "waited to be admitted back")
+            if time.monotonic() > end:
+                raise CommError(f"not admitted back after {timeout_s or self.timeout_s:g}s "
+                                f"(ticket {ticket})")
+        return self.store.get(f"{KEY}sync/{ticket}")
 
     # ------------------------------------------------------------------ rounds
     def announce_open(self, r: int) -> None:
         self.store.set(f"{KEY}open/{r}", "1")
 
     def wait_open(self, r: int) -> None:
-        self.wait([f"open/{r}"])
+        self.wait([f"open/{r}"], server=True)
 
     def ack(self, r: int, w: int) -> None:
         self.store.set(f"{KEY}ack/{r}/{w}", "1")
 
     def wait_acks(self, r: int, workers: list[int]) -> None:
-        self.wait([f"ack/{r}/{w}" for w in workers])
+        """Each worker's word on round r; a worker that stopped beating has none
+        to give (its endpoint died with it) and is not waited for."""
+        for w in workers:
+            end = time.monotonic() + self.timeout_s
+            while not self._wait([f"ack/{r}/{w}"], SLICE_S, quiet=True):
+                if not self.worker_alive(w):
+                    break
+                if time.monotonic() > end:
+                    raise CommError(f"no word from worker {w} on round {r} after "
+                                    f"{self.timeout_s:g}s")
 
     # ------------------------------------------------------------------ wbsp
     def set_k(self, s: int, w: int, k: int) -> None:
         self.store.set(f"{KEY}k/{s}/{w}", str(k))
 
     def get_k(self, s: int, ids: list[int]) -> list[int]:
-        keys = [f"k/{s}/{w}" for w in ids]
+        """The k of each worker in ids; 0 for the absent (the k-weighted mean is
+        over the present workers)."""
+        present = [w for w in ids if w not in self.view.absent]
+        keys = [f"k/{s}/{w}" for w in present]
         self.wait(keys)
-        return [int(v) for v in self.store.multi_get([KEY + k for k in keys])]
+        got = dict(zip(present, (int(v) for v in self.store.multi_get([KEY + k for k in keys]))))
+        return [got.get(w, 0) for w in ids]

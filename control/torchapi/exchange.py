@@ -11,6 +11,14 @@ goes on, then takes the answer in step()):
   barrier(run)    arrive; wait until every worker has (wbsp: arrive, and ask `gone`)
   push(run, i)    piece i, once the server has opened its round
   finish(run)     the answer, into the caller's buffer; the clock moves on
+
+Membership (ops.Members, kept in coord.view): each barrier's value names
+the absent, each step's report the dropped and the admitted. A worker the
+job went on without raises coord.Excluded at its next op; it (like a
+restarted worker, which finds the job already running: `joining`) comes
+back through elastic.py: a join ticket, the state a present member hands it
+(`snapshot`/`restore` carry this side's part: clock and membership), then
+the next op as a member.
 """
 from __future__ import annotations
 
@@ -19,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ops import Op, RoundClock, SHUTDOWN, preopened
+from .coord import Excluded
+from .ops import STEP, Go, Op, RoundClock, SHUTDOWN, StepReport, preopened
 
 
 @dataclass
@@ -30,6 +39,7 @@ class Run:
     seq: int                 # the op's number; its answer is downlink round seq
     rounds: list[int]        # its uplink rounds
     npre: int                # how many of them the server opened before the barrier
+    go: Go | None = None     # the barrier's value, once read
 
 
 class Exchange:
@@ -37,9 +47,20 @@ class Exchange:
 
     def __init__(self, link, coord, worker: int, workers: int):
         self.link, self.co, self.id, self.workers = link, coord, worker, workers
+        coord.me = worker
         self.clock = RoundClock()
         self.prev: Op | None = None
         self.times = dict.fromkeys(("barrier_s", "push_s", "pull_s"), 0.0)
+        # the job ran before this process joined it: it must be admitted first
+        self.joining = coord.started()
+        self.donations: dict[int, int] = {}   # worker -> ticket this worker owes its state
+        self.lost: set[int] = set()           # workers dropped, as this worker saw it
+        self.rejoined: set[int] = set()       # workers admitted back
+
+    def check_member(self) -> None:
+        if self.joining:
+            raise Excluded(f"worker {self.id} joined a running job: it must be admitted "
+                           "first (elastic.rejoin)")
 
     def plan(self, op: Op) -> Run:
         """Number the next op; the clock moves on now, so a later op can be
@@ -54,17 +75,21 @@ class Exchange:
         self.link.expect(run.seq, run.op.down_elems(self.workers))
 
     def arrive(self, run: Run) -> bool:
+        self.check_member()
         return self.co.arrive(run.seq, run.op)
 
     def barrier(self, run: Run) -> None:
         t0 = time.perf_counter()
+        self.check_member()
         self.co.arrive(run.seq, run.op)
-        self.co.wait_go(run.seq)
+        run.go = self.co.wait_go(run.seq)
         self.times["barrier_s"] += time.perf_counter() - t0
 
     def push(self, run: Run, i: int, piece: np.ndarray) -> None:
         """Piece i of the op (one bucket of a step) into its uplink round."""
         t0 = time.perf_counter()
+        if run.go is None:      # wbsp: arrived, saw the barrier lift (coord.gone)
+            run.go = self.co.read_go(run.seq)
         r = run.rounds[i]
         if self.link.opens and i >= run.npre:
             self.co.wait_open(r)
@@ -80,7 +105,36 @@ class Exchange:
         view = out[:run.op.down_elems(self.workers)]
         self.link.pull(run.seq, view)
         self.times["pull_s"] += time.perf_counter() - t0
+        if run.op.kind == STEP:
+            self.follow(StepReport.decode(view[sum(run.op.sizes):]))
         return view
+
+    def follow(self, rep: StepReport) -> None:
+        """A step's membership changes: drops, admissions, and whom this worker
+        (the lowest present member) owes its state."""
+        donor = self.co.view.donor()
+        self.co.view.after_report(rep)
+        self.lost |= set(rep.dropped)
+        self.rejoined |= set(rep.admitted)
+        if donor == self.id:
+            self.donations.update(rep.admitted)
+
+    # ------------------------------------------------------------------ rejoin
+    def snapshot(self) -> dict:
+        """This side of the state a joiner takes (after this worker's last op)."""
+        return {"seq": self.clock.seq, "up": self.clock.up,
+                "prev": self.prev.to_json() if self.prev else None,
+                "view": self.co.view.snapshot(), "lost": sorted(self.lost),
+                "rejoined": sorted(self.rejoined)}
+
+    def restore(self, d: dict) -> None:
+        """Take a member's snapshot: the next op is the member's next op."""
+        self.clock.seq, self.clock.up = d["seq"], d["up"]
+        self.prev = Op.from_json(d["prev"]) if d["prev"] else None
+        self.co.view.restore(d["view"])
+        self.lost, self.rejoined = set(d["lost"]), set(d["rejoined"])
+        self.joining = False
+        self.donations = {}
 
     def run(self, op: Op, pieces: list[np.ndarray] | None, out: np.ndarray) -> np.ndarray:
         """A whole op in this thread (pieces: this worker's, None if it sends none)."""
@@ -95,5 +149,7 @@ class Exchange:
         """The last op: arrive, then wait for the server's summary (until then
         this worker's endpoint still answers re-sends of the last answer)."""
         run = self.plan(Op(SHUTDOWN))
-        self.co.arrive(run.seq, run.op)
+        if not self.joining and self.id in self.co.view.expect():
+            self.co.arrive(run.seq, run.op)
+        self.co.wait(["fin"], server=True)
         return self.co.get_json("fin")

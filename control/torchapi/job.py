@@ -65,6 +65,7 @@ class Job:
             start_sharded(self)
             return
         self.coord = Coord(self.store, self.workers, s.timeout)
+        self.coord.start_liveness(self.global_rank, s.store_netns)   # heartbeats: liveness.py
         self.link = self.make_link()
         me = {"rank": self.global_rank, "role": "server" if self.is_server else "worker",
               "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid(),
@@ -111,6 +112,8 @@ class Job:
             opt.drain()
 
     def close(self) -> None:
+        if getattr(self, "coord", None) is not None:
+            self.coord.stop_liveness()
         for opt in self.optimizers:
             opt.close()
         self.optimizers = []
@@ -205,9 +208,17 @@ def _install_exit_handlers(job: Job) -> None:
 
         def on_sigterm(signum, frame):   # unwind, so the endpoint detaches its XDP program
             if os.getpid() == pid:
+                job.crashed = True       # and no goodbye at exit: the job is ending
                 raise KeyboardInterrupt
         signal.signal(signal.SIGTERM, on_sigterm)
     atexit.register(_at_exit, job)
+
+
+def abandon() -> None:
+    """This process is dying (a signal, a launcher stopping it): at exit close
+    the endpoint only, without shutdown()'s barrier and its wait for the server."""
+    if _job is not None:
+        _job.crashed = True
 
 
 def _at_exit(job: Job) -> None:

@@ -9,8 +9,17 @@ barrier stores the op's description as the value of `go/<s>`; the server
 reads it there and needs no model of its own.
 
 A step's answer is the aggregate gradient followed by a `StepReport` as
-float32 words (`REPORT_WORDS` + 4 per worker + 1 per bucket), so every
-worker learns what happened to the round at no extra cost.
+float32 words (`REPORT_WORDS` + 5 per worker + 1 per bucket + 1), so every
+worker learns what happened to the round at no extra cost, membership
+changes included (`status`: a worker dropped after too many missed steps, or
+admitted back with its join ticket).
+
+Membership (`Members`, kept alike by every rank): the workers of the job
+(`members`) and those of them the last barrier went on without (`absent`:
+dead, or late past the server's patience). A step's rounds include every
+member, absent ones too, until the server drops one (`--max-missed`); other
+ops include the members present. Each op's barrier value (`Go`) carries the
+absent set; each step's report carries the drops and admissions.
 """
 from __future__ import annotations
 
@@ -24,6 +33,8 @@ KINDS = (STEP, BROADCAST, ALLREDUCE, SHUTDOWN)
 REASONS = ("complete", "early", "deadline", "timeout")   # a round's close, worst last
 REPORT_MAGIC = 0x1CE
 REPORT_WORDS = 4            # magic, step, buckets, workers; then the per-bucket and per-worker words
+PER_WORKER = 5              # delivered, filled, wholly filled, k, status
+DROPPED = -1                # status: no longer a member (missed --max-missed steps, or gone)
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,68 @@ class RoundClock:
 
 
 def report_words(buckets: int, workers: int) -> int:
-    return REPORT_WORDS + buckets + 4 * workers + 1
+    return REPORT_WORDS + buckets + PER_WORKER * workers + 1
+
+
+@dataclass(frozen=True)
+class Go:
+    """The value of op s's barrier: the op, and the members it went on without."""
+
+    op: Op
+    absent: tuple[int, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps({"op": asdict(self.op), "absent": list(self.absent)},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Go":
+        d = json.loads(text)
+        return cls(Op.from_json(json.dumps(d["op"])), tuple(d.get("absent", ())))
+
+
+class Members:
+    """Who takes part in the next op, as every rank computes it alike."""
+
+    def __init__(self, workers: int):
+        self.members: set[int] = set(range(workers))
+        self.absent: set[int] = set()
+
+    def expect(self) -> set[int]:
+        """The workers the next barrier waits for."""
+        return self.members - self.absent
+
+    def participants(self, op: Op) -> list[int]:
+        """Whose rows op's uplink rounds hold: a step's every member (absent ones
+        until dropped), a broadcast its root, an all-reduce the present members."""
+        if op.kind == BROADCAST:
+            return [op.root]
+        if op.kind == STEP:
+            return sorted(self.members)
+        return sorted(self.expect())
+
+    def after_go(self, go: Go) -> None:
+        self.absent = set(go.absent) & self.members
+
+    def after_report(self, rep: "StepReport") -> None:
+        for w, st in rep.status.items():
+            if st == DROPPED:
+                self.members.discard(w)
+                self.absent.discard(w)
+            elif st > 0:     # admitted with ticket st
+                self.members.add(w)
+                self.absent.discard(w)
+
+    def donor(self) -> int | None:
+        """The present member that hands its state to joiners (the lowest)."""
+        present = self.expect()
+        return min(present) if present else None
+
+    def snapshot(self) -> dict:
+        return {"members": sorted(self.members), "absent": sorted(self.absent)}
+
+    def restore(self, d: dict) -> None:
+        self.members, self.absent = set(d["members"]), set(d["absent"])
 
 
 @dataclass
@@ -122,6 +194,19 @@ class StepReport:
     gather_s: float
     wholly_filled_total: int = 0       # this worker's count of such events over the job
     extra: dict = field(default_factory=dict)
+    # per worker: 0 as before, DROPPED (no longer a member), or n > 0 (admitted
+    # back with join ticket n); absent ones: not at this step's barrier
+    status: dict[int, int] = field(default_factory=dict)
+    absent: list[int] = field(default_factory=list)
+
+    @property
+    def dropped(self) -> list[int]:
+        return sorted(w for w, s in self.status.items() if s == DROPPED)
+
+    @property
+    def admitted(self) -> dict[int, int]:
+        """Worker -> join ticket, of the workers admitted back after this step."""
+        return {w: s for w, s in sorted(self.status.items()) if s > 0}
 
     @property
     def early_closed(self) -> bool:
@@ -149,7 +234,8 @@ class StepReport:
                 "missing_workers": self.missing_workers,
                 "wholly_filled": {str(w): v for w, v in self.wholly_filled.items()},
                 "wholly_filled_total": self.wholly_filled_total, "ks": self.ks,
-                "gather_s": round(self.gather_s, 6)}
+                "gather_s": round(self.gather_s, 6), "absent": self.absent,
+                "dropped": self.dropped, "admitted": sorted(self.admitted)}
 
     def encode(self, out: np.ndarray) -> None:
         """Write the report into `out` (float32 [report_words(B, W)])."""
@@ -157,7 +243,9 @@ class StepReport:
         ids = sorted(self.delivered)
         words = [REPORT_MAGIC, self.step, B, W, *(REASONS.index(r) for r in self.reasons),
                  *(self.delivered[w] for w in ids), *(self.filled_chunks[w] for w in ids),
-                 *(self.wholly_filled[w] for w in ids), *self.ks, self.gather_s]
+                 *(self.wholly_filled[w] for w in ids), *self.ks,
+                 *(-2 if w in self.absent and not self.status.get(w) else self.status.get(w, 0)
+                   for w in ids), self.gather_s]
         out[:] = np.asarray(words, dtype=np.float32)
 
     @classmethod
@@ -170,9 +258,12 @@ class StepReport:
         i = REPORT_WORDS
         reasons = [REASONS[int(x)] for x in w[i:i + B]]
         i += B
-        per = [w[i + k * W:i + (k + 1) * W] for k in range(4)]
+        per = [w[i + k * W:i + (k + 1) * W] for k in range(PER_WORKER)]
+        st = [int(x) for x in per[4]]
         return cls(step=step, reasons=reasons,
                    delivered={k: per[0][k] for k in range(W)},
                    filled_chunks={k: int(per[1][k]) for k in range(W)},
                    wholly_filled={k: int(per[2][k]) for k in range(W)},
-                   ks=[int(x) for x in per[3]], gather_s=w[i + 4 * W])
+                   ks=[int(x) for x in per[3]], gather_s=w[i + PER_WORKER * W],
+                   status={k: v for k, v in enumerate(st) if v != -2},
+                   absent=[k for k, v in enumerate(st) if v == -2])

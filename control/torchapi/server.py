@@ -15,6 +15,17 @@ every worker over the reliable class:
 
 After a step it opens the first two rounds of the same step again, before it
 answers: a worker may push the next step the moment it has the answer.
+
+Faults (Hoplite's rule): a worker that delivers nothing of a step is
+missing there (the report names it); after `max_missed` such steps in a row
+(LTP_MAX_MISSED) the server drops it (status DROPPED in that step's report),
+and later steps neither include nor wait for it. The op barrier goes on
+without workers that stopped beating (coord.py); they stay in a step's
+rounds, weighted 0, until dropped. A worker that asks to come back
+(coord.request_join) is admitted in the next step's report; the lowest
+present worker then hands it its state (elastic.py). A worker silent to
+an answer's downlink for FIRST_TRY_S is left out of it and dropped at the
+next step.
 """
 from __future__ import annotations
 
@@ -23,8 +34,12 @@ import time
 
 import numpy as np
 
+from ...errors import DeadPeerError, TransportError
 from ..transport.rate import quiet_gc
-from .ops import ALLREDUCE, BROADCAST, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
+from .ops import (ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport,
+                  preopened)
+
+FIRST_TRY_S = 3.0   # an answer's first try: long enough for a live worker to answer
 
 
 def aggregate_into(out: np.ndarray, values: np.ndarray, weights: list[int] | None = None) -> None:
@@ -55,28 +70,37 @@ class StepTally:
         self.gather_s = 0.0
 
     def add(self, g, seconds: float) -> None:
+        ids = np.asarray(g.workers, dtype=np.int64)   # the round's rows, by worker id
         self.reasons.append(g.reason)
-        self.delivered += g.delivered
+        self.delivered[ids] += g.delivered
         self.chunks += g.chunks
-        self.filled += g.filled
-        self.wholly += g.delivered == 0
+        self.filled[ids] += g.filled
+        self.wholly[ids] += g.delivered == 0
         self.gather_s += seconds
 
-    def report(self, step: int, ks: list[int]) -> StepReport:
+    def report(self, step: int, ws: list[int], ks: list[int]) -> StepReport:
         W = len(self.delivered)
+        kw = dict(zip(ws, ks))
         return StepReport(step=step, reasons=self.reasons,
                           delivered={w: float(self.delivered[w]) / max(1, self.chunks)
                                      for w in range(W)},
                           filled_chunks={w: int(self.filled[w]) for w in range(W)},
                           wholly_filled={w: int(self.wholly[w]) for w in range(W)},
-                          ks=list(ks), gather_s=self.gather_s)
+                          ks=[kw.get(w, 0) for w in range(W)], gather_s=self.gather_s)
 
 
 class Server:
     """The server's op loop over `link` (link_ltp / link_tcp) and `coord`."""
 
-    def __init__(self, link, coord, workers: int, group_ok: bool):
+    def __init__(self, link, coord, workers: int, group_ok: bool, max_missed: int = 3):
         self.link, self.co, self.W = link, coord, workers
+        self.view = coord.view          # membership (ops.Members), as every rank keeps it
+        self.max_missed = max_missed
+        self.missed = [0] * workers     # steps in a row a worker delivered nothing of
+        self.silent: set[int] = set()   # left out of an answer: dropped at the next step
+        self.all_peers = list(getattr(link, "peers", []))
+        self.lost: list[int] = []
+        self.rejoined: list[int] = []
         self.group_ok = group_ok        # an address every worker receives exists
         self.clock = RoundClock()
         self.prev: Op | None = None
@@ -94,7 +118,7 @@ class Server:
         """Serve until the workers shut the job down; returns the summary."""
         try:
             while True:
-                op = self.co.next_op(self.clock.seq)
+                op = self.co.next_op(self.clock.seq).op
                 if op.kind == SHUTDOWN:
                     break
                 self.execute(op)
@@ -117,7 +141,8 @@ class Server:
             for r in self.pre:
                 self.link.cancel(r)
         self.pre = []
-        ws = op.participants(self.W)
+        ws, absent = self.view.participants(op), set(self.view.absent)
+        targets = sorted(self.view.expect())     # who gets the answer: the present
         if op.kind == STEP:
             self.link.configure(op.bubble, op.early_close)
         for i in range(npre, min(2, n)):
@@ -128,9 +153,11 @@ class Server:
             g = self.link.gather(r, op.sizes[i], ws)
             t1 = time.perf_counter()
             if op.kind == STEP and ks is None:
-                ks = self.co.get_k(seq, ws) if op.sync == "wbsp" else [1] * len(ws)
-            if g.missing and self.link.opens:
-                self.pending[r] = g.missing
+                ks = self.co.get_k(seq, ws) if op.sync == "wbsp" else \
+                    [0 if w in absent else 1 for w in ws]
+            missing = [w for w in g.missing if w not in absent]   # the absent push nothing
+            if missing and self.link.opens:
+                self.pending[r] = missing
             self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + op.sizes[i]])
             tally.add(g, t1 - t0)
             if i + 2 < n:
@@ -140,8 +167,10 @@ class Server:
         t2 = time.perf_counter()
         if op.kind == STEP:
             self.steps += 1
-            rep = tally.report(self.steps, ks)
+            rep = tally.report(self.steps, ws, ks)
+            rep.status, rep.absent = self.changes(tally, ws, n), sorted(absent & set(ws))
             rep.encode(self.answer[sum(op.sizes):op.down_elems(self.W)])
+            self.view.after_report(rep)
             self.note(rep)
             # the likely next op is this one again: open its first rounds now
             nxt = rounds[-1] + 1
@@ -149,12 +178,56 @@ class Server:
                 self.open(nxt + j, op, j, announce=False)
                 self.pre.append(nxt + j)
         t3 = time.perf_counter()
-        self.link.send(seq, self.answer[:op.down_elems(self.W)],
+        self.answer_to(targets, seq, self.answer[:op.down_elems(self.W)],
                        group=self.group_ok and op.downlink == "group")
         self.times["update_s"] += t3 - t2
         self.times["broadcast_s"] += time.perf_counter() - t3
         self.clock.advance(op)
         self.prev = op
+
+    def changes(self, tally: StepTally, ws: list[int], buckets: int) -> dict[int, int]:
+        """This step's membership changes: worker -> DROPPED or its join ticket."""
+        status = {}
+        for w in ws:
+            self.missed[w] = self.missed[w] + 1 if tally.wholly[w] >= buckets else 0
+            if self.missed[w] >= self.max_missed or w in self.silent:
+                status[w] = DROPPED
+                self.lost.append(w)
+        self.silent.clear()
+        for w, ticket in self.co.take_joins().items():
+            status[w] = ticket
+            self.missed[w] = 0
+            self.rejoined.append(w)
+        for w in [w for w, st in status.items() if st == DROPPED]:
+            for r in list(self.pending):   # no word on its rounds will come
+                self.pending[r] = [x for x in self.pending[r] if x != w]
+        return status
+
+    def answer_to(self, targets: list[int], d: int, buf: np.ndarray, group: bool) -> None:
+        """Send answer d to the present workers. A worker silent to it for
+        FIRST_TRY_S (dead since the barrier) is left out, and dropped at the
+        next step; the others get it within the link's own time limit."""
+        if not hasattr(self.link, "peers"):
+            self.link.send(d, buf, group=group)
+            return
+        self.link.peers = [p for p in self.all_peers if p.worker in targets]
+        full = self.link.wait_s
+        self.link.wait_s = min(full, FIRST_TRY_S)
+        try:
+            self.link.send(d, buf, group=group)
+            return
+        except DeadPeerError as e:
+            gone = {p.worker for p in e.peers}
+            self.silent |= gone
+            print(f"ltpx.torch server: worker(s) {sorted(gone)} silent to answer {d}: left "
+                  "out, dropped at the next step", file=sys.stderr)
+            self.link.peers = [p for p in self.link.peers if p.worker not in gone]
+        except TransportError:
+            pass                 # slow, not silent: try again with the full time
+        finally:
+            self.link.wait_s = full
+        if self.link.peers:
+            self.link.send(d, buf, group=group)
 
     def open(self, r: int, op: Op, i: int, announce: bool) -> None:
         """Open uplink round r, op's piece i. A worker that sent nothing of an
@@ -162,7 +235,7 @@ class Server:
         (coord.py, ack)."""
         for old in [k for k in self.pending if k <= r - 2]:
             self.co.wait_acks(old, self.pending.pop(old))
-        self.link.open(r, op.sizes[i], op.participants(self.W), op.reliable,
+        self.link.open(r, op.sizes[i], self.view.participants(op), op.reliable,
                        key=(op.kind, i, op.sizes[i]))
         if announce and self.link.opens:
             self.co.announce_open(r)
@@ -205,14 +278,16 @@ class Server:
                 "ps_times": {k: round(v, 4) for k, v in self.times.items()},
                 "rounds_by_reason": self.reasons,
                 "delivered_fraction": float(np.mean(self.delivered)) if self.delivered else 1.0,
-                "round_s_median": float(np.median(self.round_s)) if self.round_s else None}
+                "round_s_median": float(np.median(self.round_s)) if self.round_s else None,
+                "workers_lost": self.lost, "workers_rejoined": self.rejoined}
 
 
 def run_server(job) -> int:
     """Serve `job` (a job.Job of a server rank); 0 at a clean shutdown, 1 on an
     error (one line on stderr)."""
     from ...errors import LtpError
-    srv = Server(job.link, job.coord, job.workers, group_ok=job.group is not None)
+    srv = Server(job.link, job.coord, job.workers, group_ok=job.group is not None,
+                 max_missed=getattr(job.s, "max_missed", 3))
     try:
         job.summary = srv.run()
         return 0

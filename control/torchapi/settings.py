@@ -23,7 +23,7 @@ ENV = {"transport": "LTP_TRANSPORT", "dev": "LTP_DEV", "ip": "LTP_IP",
        "netns": "LTP_NETNS", "store_netns": "LTP_STORE_NETNS", "timeout": "LTP_TIMEOUT",
        "cc": "LTP_CC", "job": "LTP_JOB", "tcp_port": "LTP_TCP_PORT",
        "bucket_mb": "LTP_BUCKET_MB", "compress": "LTP_COMPRESS",
-       "error_feedback": "LTP_ERROR_FEEDBACK"}
+       "error_feedback": "LTP_ERROR_FEEDBACK", "max_missed": "LTP_MAX_MISSED"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class Settings:
     bucket_mb: float = 4.0          # default gradient bucket size of DistributedOptimizer
     compress: str = "none"          # none | uint8: a step's gradients as 8-bit codes (codec.py)
     error_feedback: bool = True     # uint8: carry each rounding error into the next step
+    max_missed: int = 3             # steps in a row a worker may deliver nothing before it is dropped
 
     @classmethod
     def resolve(cls, options: dict) -> "Settings":
@@ -91,6 +92,8 @@ class Settings:
             bad("timeout", f"must be positive seconds, got {self.timeout}")
         if not self.bucket_mb > 0:
             bad("bucket_mb", f"must be positive, got {self.bucket_mb}")
+        if self.max_missed < 1:
+            bad("max_missed", f"must be at least 1, got {self.max_missed}")
         if self.compress not in COMPRESS:
             bad("compress", f"must be one of {', '.join(COMPRESS)}, got {self.compress!r}")
 

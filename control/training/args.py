@@ -8,6 +8,7 @@ Importing this module needs no torch, so both answer --help without it.
 from __future__ import annotations
 
 import argparse
+import os
 
 from .config import (BUBBLES, COMPRESS, DEFAULT_DOWNLINK, DEFAULT_HIDDEN, DOWNLINKS, SYNCS,
                      TRANSPORTS, TrainConfig)
@@ -66,6 +67,15 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="gradients as 8-bit codes with a min and a scale per LTP chunk, about "
                    "a quarter of the bytes each way (ltp and tcp; default %(default)s; "
                    "docs/training.md, Compression)")
+    p.add_argument("--max-missed", type=int, default=3, metavar="K",
+                   help="drop a worker that delivered nothing of K steps in a row; training "
+                   "goes on without it until it rejoins (default %(default)s; LTP_MAX_MISSED)")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="worker 0 saves model and optimizer every N steps to "
+                   "--checkpoint-dir; a job started again resumes from the newest (default: "
+                   "never)")
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="where checkpoints go and are resumed from")
     p.add_argument("--verify-versions", action="store_true",
                    help="hash every parameter version on every rank and compare "
                    "(costs ~1 ms/MB each)")

@@ -50,6 +50,11 @@ class TrainConfig:
     downlink: str | None = None
     servers: int = 1                    # server ranks, each summing a slice (torchapi/shards.py)
     compress: str = "none"              # none | uint8: gradients as 8-bit codes (torchapi/codec.py)
+    # faults: a worker missing this many steps in a row is dropped (LTP_MAX_MISSED);
+    # worker 0 checkpoints every N steps to the folder, a new job resumes from it
+    max_missed: int = 3
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
 
     def __post_init__(self):
         if self.downlink is None:
@@ -80,6 +85,10 @@ class TrainConfig:
         if self.compress not in COMPRESS or (self.compress != "none" and self.transport == "gloo"):
             raise ValueError(f"compress: one of {', '.join(COMPRESS)} (ltp or tcp; gloo sends "
                              f"float32), got {self.compress!r}")
+        if self.max_missed < 1 or self.checkpoint_every < 0:
+            raise ValueError("max-missed: must be at least 1 (and checkpoint-every >= 0)")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("checkpoint-every: needs --checkpoint-dir")
         for w, f in self.straggler.items():
             if f < 1:
                 raise ValueError(f"straggler: factor for worker {w} must be >= 1, got {f}")

@@ -13,9 +13,19 @@ every worker's summary (digest, version chain, local steps, times, through
 the store) and the server's times. Its replica is the one evaluated, so its
 digest is reported as `ps_digest` (the key the PS's model had before the
 server stopped keeping one).
+
+Faults: a worker the job went on without (coord.Excluded at its step) or
+one restarted into a running job (elastic.joining) rejoins with the state
+the lowest present worker hands it (elastic.py; every worker calls
+`donate` after its step); with --checkpoint-every N worker 0 saves a
+checkpoint every N steps to --checkpoint-dir, and a new job resumes from the
+newest (checkpoint.py). The result names the workers lost and rejoined and
+the step resumed from.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from array import array
 
 import numpy as np
@@ -23,6 +33,8 @@ import torch
 
 from ..torchapi import (DistributedOptimizer, broadcast_parameters, digest, rank, shutdown,
                         size)
+from ..torchapi import checkpoint, elastic
+from ..torchapi.coord import Excluded
 from ..torchapi.job import current
 from .config import TrainConfig, iterations_per_epoch
 from .data import BatchStream, split
@@ -57,21 +69,26 @@ class Demo:
         self.round_s = array("d")      # 8 bytes a round, for the median
         self.last_report = None
         self.loss_sum, self.loss_n = 0.0, 0
+        self.resumed_from: int | None = None
+        self.wall0 = 0.0            # training seconds before the checkpoint resumed from
 
     def run(self) -> dict:
         cfg, module = self.cfg, self.module
-        broadcast_parameters(module.state_dict(), root_rank=0)
         opt = DistributedOptimizer(
             torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=cfg.momentum),
             named_parameters=module.named_parameters(), sync=cfg.sync, bubble=cfg.bubble,
             early_close=self.early_close, downlink=cfg.downlink)
         ev = self.ev = Evaluator(module, self.data, self.clock, self.emit,
                                  cfg.target_accuracy) if self.lead else None
+        if not self.begin(opt):
+            return self.leave()
         if self.lead:
             self.emit({"event": "start", "transport": cfg.transport, "sync": cfg.sync,
                        "workers": self.W, "iterations": self.total,
-                       "iterations_per_epoch": self.ipe, "params": self.params})
-            ev(0, 0.0)
+                       "iterations_per_epoch": self.ipe, "params": self.params,
+                       "resumed_from": self.resumed_from})
+            if not ev.curve:
+                ev(0, 0.0)
         self.add_version()
         self.clock.start()
         while opt.steps < self.total:
@@ -79,19 +96,86 @@ class Demo:
             self.loss_sum += self.stepper.step(self.stream)
             self.loss_n += 1
             before = opt.steps
-            opt.step()
+            try:
+                opt.step()
+            except Excluded:           # the job went on without this worker: come back
+                if not self.synced(elastic.rejoin(opt)):
+                    return self.leave()
+                continue
             if opt.steps > before:
                 self.stepped(opt, ev)
-        wall = self.clock.elapsed()
+            elastic.donate(opt, self.extra())
+            self.maybe_save(opt)
+        return self.finish(opt)
+
+    def begin(self, opt) -> bool:
+        """The replicas' first state: a member's (this worker rejoins a running
+        job), a checkpoint's (a restarted job), or worker 0's. False if the job
+        ended before this worker was admitted."""
+        if elastic.joining():
+            return self.synced(elastic.rejoin(opt))
+        if self.cfg.checkpoint_dir and self.synced(
+                checkpoint.resume(opt, self.cfg.checkpoint_dir, self.fingerprint())):
+            return True
+        broadcast_parameters(self.module.state_dict(), root_rank=0)
+        return True
+
+    def synced(self, extra: dict | None) -> bool:
+        """Take the script's part of a state this worker was handed."""
+        if extra is None:
+            return False
+        self.stream = BatchStream(self.data, self.wid, self.W, self.cfg.batch, self.cfg.seed)
+        for _ in range(extra.get("drawn", 0)):   # where this worker's batches would be
+            self.stream.next()
+        if "resumed_from" in extra:
+            self.resumed_from = extra["resumed_from"]
+            if self.lead:
+                self.ev.curve = list(extra.get("curve", []))
+                self.wall0 = extra.get("wall", 0.0)
+        return True
+
+    def extra(self) -> dict:
+        """The script's part of the state a joiner or a checkpoint takes (bsp:
+        every worker has drawn one batch per step)."""
+        return {"drawn": self.stream.drawn}
+
+    def fingerprint(self) -> str:
+        """What a checkpoint must match to be resumed from: the job's config."""
+        d = json.loads(self.cfg.to_json())
+        for k in ("checkpoint_dir", "checkpoint_every", "max_missed"):
+            d.pop(k, None)
+        d["workers"] = self.W
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def maybe_save(self, opt) -> None:
+        every = self.cfg.checkpoint_every
+        if self.lead and every and self.cfg.checkpoint_dir and opt.steps % every == 0 \
+                and opt.steps < self.total:
+            checkpoint.save(self.cfg.checkpoint_dir, opt,
+                            {**self.extra(), "curve": self.ev.curve,
+                             "wall": self.wall0 + self.clock.elapsed()}, self.fingerprint())
+
+    def leave(self) -> dict:
+        """The job ended before this worker was admitted back."""
+        shutdown()
+        return {"event": "worker_done", "worker": self.wid, "rejoined": False}
+
+    def finish(self, opt) -> dict:
+        wall = self.wall0 + self.clock.elapsed()
         mine = self.summary(opt)
         co = current().coord
         co.set_json(f"user/train/done/{self.wid}", mine)
         if not self.lead:
             shutdown()
             return {"event": "worker_done", **mine}
-        done = {w: co.get_json(f"user/train/done/{w}") for w in range(self.W)}
+        ex = current().exchange
+        ids = sorted(co.view.members)
+        done = {w: co.get_json(f"user/train/done/{w}") for w in ids}
         server = shutdown() or {}
-        return self.result(done, server, wall)
+        res = self.result(done, server, wall)
+        res.update(workers_lost=sorted(ex.lost), workers_rejoined=sorted(ex.rejoined),
+                   resumed_from=self.resumed_from, workers_present=ids)
+        return res
 
     def add_version(self) -> None:
         if self.cfg.verify_versions:
@@ -126,7 +210,7 @@ class Demo:
                 "times": {k: round(v, 4) for k, v in times.items()}}
 
     def result(self, done: dict[int, dict], server: dict, wall: float) -> dict:
-        cfg, ids = self.cfg, range(self.W)
+        cfg, ids = self.cfg, sorted(done)
         ltp = cfg.transport == "ltp"
         reasons, n = self.reasons, len(self.round_s)
         mine = done[0]

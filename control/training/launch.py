@@ -50,6 +50,8 @@ class Rank:
     killed: bool = False
     last_json: dict | None = None
     bufs: dict = field(default_factory=dict)   # fd -> partial line
+    settled: bool = False       # died, and the job goes on without it (faults.py)
+    starts: int = 0             # processes started for this rank
 
     @property
     def label(self) -> str:
@@ -109,15 +111,31 @@ class RigJob:
 
     def start(self, argv_for: Callable[[Rank], list[str]],
               env_for: Callable[[Rank], dict]) -> None:
+        self.argv_for, self.env_for = argv_for, env_for
         for r in self.ranks:
-            r.proc = netns.popen(r.host.netns, argv_for(r), env=env_for(r),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 stdin=subprocess.DEVNULL)
-            r.t0 = time.monotonic()
-            for stream, f in (("stdout", r.proc.stdout), ("stderr", r.proc.stderr)):
-                os.set_blocking(f.fileno(), False)
-                r.bufs[f.fileno()] = b""
-                self.sel.register(f, selectors.EVENT_READ, (r, stream))
+            self.spawn(r)
+
+    def spawn(self, r: Rank) -> None:
+        """Start rank r's process (again, after it died: the same argv and
+        environment in the same namespace, as torchrun's agent restarts one)."""
+        r.proc = netns.popen(r.host.netns, self.argv_for(r), env=self.env_for(r),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL)
+        r.t0, r.code, r.wall_s, r.killed, r.settled = time.monotonic(), None, None, False, False
+        r.starts += 1
+        for stream, f in (("stdout", r.proc.stdout), ("stderr", r.proc.stderr)):
+            os.set_blocking(f.fileno(), False)
+            r.bufs[f.fileno()] = b""
+            self.sel.register(f, selectors.EVENT_READ, (r, stream))
+
+    def respawn(self, r: Rank) -> None:
+        """Start a rank whose process has exited and been reaped again."""
+        for f in (r.proc.stdout, r.proc.stderr):
+            if f and not f.closed:
+                if f in self.sel.get_map():
+                    self.sel.unregister(f)
+                f.close()
+        self.spawn(r)
 
     def pump(self, on_line: Callable[[Rank, str, str], None], wait_s: float = 0.2) -> None:
         """Read what is there (waiting up to wait_s) and hand over whole lines;
@@ -149,7 +167,8 @@ class RigJob:
         return [r for r in self.ranks if r.code is None]
 
     def failed(self) -> list[Rank]:
-        return [r for r in self.ranks if r.code not in (None, 0) and not r.killed]
+        return [r for r in self.ranks if r.code not in (None, 0) and not r.killed
+                and not r.settled]
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop every rank still running (SIGTERM, SIGKILL after grace_s)."""

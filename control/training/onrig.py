@@ -24,6 +24,7 @@ from typing import Callable
 
 from ...errors import LaunchError
 from .config import TrainConfig
+from .faults import Faults, RestartJob
 from .launch import RigJob, job_env, plan_ranks
 
 
@@ -80,7 +81,7 @@ class Follow:
         if f is None:
             f = self.files[(r.rank, stream)] = open(
                 os.path.join(self.logdir, f"rank{r.rank}.{'err' if stream == 'stderr' else 'out'}"),
-                "w")
+                "a")      # a restarted rank (or job) writes on
         f.write(line + "\n")
         f.flush()
         if stream == "stdout" and '"error"' in line and self.error is None:
@@ -97,12 +98,13 @@ class Follow:
 def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
                  progress: Callable[[dict], None] | None = None, timeout_s: float = 900.0,
                  rank_timeout_s: float = 120.0, deadline_min_s: float | None = None,
-                 early_close: dict | None = None) -> dict:
+                 early_close: dict | None = None, faults: Faults | None = None) -> dict:
     """Run one training job on `rig` (a dataplane.rig.Rig); returns the lead's
     result dict. `progress(event)` sees every event it prints (start, iter,
     eval). `early_close`: EarlyCloseConfig fields for the LTP server (e.g.
-    threshold 1.0: rounds close only complete). Every process started here is
-    gone when this returns or raises."""
+    threshold 1.0: rounds close only complete). `faults`: kills to fire and
+    the restart policy (faults.py; the result then has a "faults" entry).
+    Every process started here is gone when this returns or raises."""
     cfg.validate()
     W = workers or len(rig.workers)
     bad = [w for w in cfg.straggler if w >= W]
@@ -112,39 +114,54 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
         from ...dataplane.tcp_cc import ensure_cc
         ensure_cc(cfg.cc)
     servers = 0 if cfg.transport == "gloo" else cfg.servers
-    ranks = plan_ranks(rig, W, servers)
-    job = RigJob(rig, ranks, rank_timeout_s)
+    fx = faults or Faults([])
     logdir = tempfile.mkdtemp(prefix=f"ltp-train-{rig.name}-")
-    follow = Follow(ranks[servers], logdir, progress)
+    argv = rank_argv(cfg, rank_timeout_s, deadline_min_s, early_close)
     ok = False
-    try:
-        argv = rank_argv(cfg, rank_timeout_s, deadline_min_s, early_close)
-        job.start(lambda r: argv, lambda r: job_env(
-            rig, r, len(ranks), job.port, servers=servers,
-            transport="tcp" if cfg.transport == "tcp" else "ltp",
-            group=cfg.downlink == "group"))
-        result = _follow(job, follow, logdir, timeout_s)
-        ok = True
-        return result
-    finally:
-        job.close()
-        follow.close()
-        if ok:
-            shutil.rmtree(logdir, ignore_errors=True)
+    while True:      # once, or again after the server died under --restart
+        ranks = plan_ranks(rig, W, servers)
+        job = RigJob(rig, ranks, rank_timeout_s)
+
+        def events(ev: dict, job=job) -> None:
+            fx.on_event(job, ev)
+            if progress:
+                progress(ev)
+        follow = Follow(ranks[servers], logdir, events)
+        try:
+            job.start(lambda r: argv, lambda r: job_env(
+                rig, r, len(ranks), job.port, servers=servers,
+                transport="tcp" if cfg.transport == "tcp" else "ltp",
+                group=cfg.downlink == "group"))
+            result = _follow(job, follow, logdir, timeout_s, fx)
+            if fx.kills or fx.restart:
+                result["faults"] = fx.report()
+            ok = True
+            return result
+        except RestartJob:
+            continue
+        finally:
+            job.close()
+            follow.close()
+            if ok:
+                shutil.rmtree(logdir, ignore_errors=True)
 
 
-def _follow(job: RigJob, follow: Follow, logdir: str, timeout_s: float) -> dict:
-    """Pump until every rank exited with 0 (within a minute of the lead's result)."""
+def _follow(job: RigJob, follow: Follow, logdir: str, timeout_s: float,
+            faults: Faults) -> dict:
+    """Pump until every rank exited with 0 (within a minute of the lead's
+    result); ranks that die go to `faults` first (restarted, let go, or the
+    whole job restarted: RestartJob)."""
     deadline = time.monotonic() + timeout_s
     while job.running():
         job.pump(follow)
-        failed = job.failed()
-        if failed or follow.error:
+        failed = faults.settle(job) + job.failed()
+        if failed or (follow.error and not faults.restart):
             r, err = follow.error or (failed[0], None)
             time.sleep(0.5)
             job.pump(follow)
             job.stop(grace_s=5.0)
             raise LaunchError(_describe(r, logdir, err))
+        follow.error = None if faults.restart else follow.error
         if follow.result is not None:
             deadline = min(deadline, time.monotonic() + 60.0)
         if time.monotonic() > deadline:

@@ -107,7 +107,8 @@ def run_api(a: argparse.Namespace, cfg: TrainConfig, early_close: dict) -> dict:
          capacity=a.capacity, mtu=a.mtu, group=a.group, downlink=cfg.downlink,
          netns=a.netns, store_netns=a.store_netns, timeout=a.timeout, cc=cfg.cc, job=a.job,
          tcp_port=a.tcp_port, servers=cfg.servers if cfg.servers > 1 else None,
-         compress=cfg.compress)
+         compress=cfg.compress,
+         max_missed=cfg.max_missed)
     return run_demo(cfg, early_close, emit)
 
 
@@ -138,6 +139,13 @@ def emit(obj: dict) -> None:
     sys.stdout.flush()
 
 
+def _abandon() -> None:
+    """A failing rank exits at once: no shutdown barrier at exit (ltpx.torch's
+    goodbye would wait for a server that may be gone or going)."""
+    from ..torchapi.job import abandon
+    abandon()
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     p = build_parser()
@@ -155,9 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         emit(run_gloo_rank(a, cfg) if cfg.transport == "gloo" else run_api(a, cfg, early_close))
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:   # SIGTERM: stop now, no goodbye to a server that is going too
+        _abandon()
         return 130
     except LtpError as e:
+        _abandon()
         emit({"event": "error", "error": str(e)})
         print(str(e), file=sys.stderr)
         return e.exit_code
@@ -168,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         raise
     except Exception as e:  # one line for the launcher, the trace for the log
+        _abandon()
         traceback.print_exc()
         emit({"event": "error", "error": f"{type(e).__name__}: {e}"})
         return 1

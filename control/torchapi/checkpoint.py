@@ -1,0 +1,97 @@
+"""Checkpoints for a job whose server may die: worker 0 writes them, every worker resumes from them.
+
+The server holds no model and no optimizer: what it keeps between steps
+(the round clock, Early Close's learned rates, "stale" filling's last
+values) is rebuilt by a new job in a few rounds, and none of it changes
+the parameters. The state that matters is the workers', and every replica
+holds all of it, bit-identical (each steps its own optimizer with the same
+answer). So worker 0 saves it: `save()` every N steps to
+<dir>/ckpt-<step>.pt, written to a temporary name and renamed (a kill
+mid-write leaves the last good one), the last KEEP kept.
+
+A restarted job (every rank new: the server's death ends the job, and
+`ltp train --restart` or torchrun --max-restarts starts it again) calls
+`resume()` on every worker before its first op: worker 0 reads the newest
+checkpoint whose fingerprint matches the job, and broadcasts it to the
+others over LTP's reliable class (its length first, then its bytes), so
+only worker 0 needs the directory; everyone loads the same bytes. Then the
+replicas are where they were at that step, and training goes on from there
+on the same trajectory.
+"""
+from __future__ import annotations
+
+import glob
+import io
+import os
+
+import torch
+
+from .collectives import broadcast_parameters
+from .elastic import state_blob
+from .job import current
+
+KEEP = 2
+
+
+def path_for(ckdir: str, step: int) -> str:
+    return os.path.join(ckdir, f"ckpt-{step:08d}.pt")
+
+
+def latest(ckdir: str, fingerprint: str | None = None) -> str | None:
+    """The newest checkpoint in ckdir (of this fingerprint), or None."""
+    for path in sorted(glob.glob(os.path.join(ckdir, "ckpt-*.pt")), reverse=True):
+        if fingerprint is None or _fingerprint(path) == fingerprint:
+            return path
+    return None
+
+
+def _fingerprint(path: str) -> str | None:
+    try:
+        return torch.load(path, weights_only=True).get("fingerprint")
+    except Exception:   # a torn or foreign file is not a checkpoint
+        return None
+
+
+def save(ckdir: str, opt, extra: dict, fingerprint: str) -> str:
+    """Worker 0's checkpoint of this step (atomic: temporary file, rename)."""
+    os.makedirs(ckdir, exist_ok=True)
+    path = path_for(ckdir, opt.steps)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    torch.save({"fingerprint": fingerprint, "blob": state_blob(opt, extra)}, tmp)
+    os.replace(tmp, path)
+    for old in sorted(glob.glob(os.path.join(ckdir, "ckpt-*.pt")))[:-KEEP]:
+        os.unlink(old)
+    return path
+
+
+def resume(opt, ckdir: str | None, fingerprint: str) -> dict | None:
+    """Every worker, before its first op: the newest matching checkpoint, from
+    worker 0 to all; its `extra` (None: there was none, start afresh)."""
+    lead = current().rank == 0
+    blob = b""
+    if lead and ckdir:
+        path = latest(ckdir, fingerprint)
+        if path is not None:
+            blob = torch.load(path, weights_only=True)["blob"]
+    n = torch.tensor([len(blob)], dtype=torch.int64)
+    broadcast_parameters([n], root_rank=0)
+    if int(n) == 0:
+        return None
+    data = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if lead else \
+        torch.zeros(int(n), dtype=torch.uint8)
+    broadcast_parameters([data], root_rank=0)
+    return _load(opt, data.numpy().tobytes())
+
+
+def _load(opt, blob: bytes) -> dict:
+    """Parameters, optimizer state and step from a checkpoint's blob (the
+    exchange's clock stays this job's own: a new job numbers ops afresh)."""
+    st = torch.load(io.BytesIO(blob), weights_only=True)
+    with torch.no_grad():
+        for p, v in zip([p for g in opt.param_groups for p in g["params"]], st["params"]):
+            p.copy_(v)
+    opt.inner.load_state_dict(st["optimizer"])
+    opt.steps, opt.ks = st["steps"], list(st["ks"])
+    extra = dict(st["extra"])
+    extra["resumed_from"] = st["steps"]
+    return extra

@@ -1,0 +1,95 @@
+"""Who is alive: every rank beats a counter in the rendezvous store; the others watch it.
+
+A rank's `Beat` is a daemon thread with its own store connection (a
+`store.clone()`, made in the store's namespace, so a main thread blocked in
+a store wait never holds it up) that adds 1 to `hb/<rank>` every BEAT_S.
+Compute does not stop it (torch releases the GIL), a killed process does.
+
+A `Watch` reads those counters when asked and remembers, per rank, the
+value it last saw and when that value first appeared; a rank whose counter
+has not moved for `dead_s` (LTP_DEAD_S, default DEAD_S) is dead. A rank
+seen for the first time gets the benefit of the doubt (its clock starts
+then), and a dead rank whose counter moves again is alive again (a
+restarted worker beats the same key). Wall clocks of other hosts are never
+compared: only this process's monotonic clock.
+
+Who uses it: the server's op barrier (coord.py) releases the workers that
+arrived once the missing ones are dead; a worker's waits for the server give
+up as soon as the server is (instead of at the store's timeout).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from datetime import timedelta
+
+BEAT_S = 0.2
+DEAD_S = 2.0
+
+
+def dead_after_s() -> float:
+    """Seconds of silence that make a rank dead (LTP_DEAD_S overrides DEAD_S)."""
+    try:
+        v = float(os.environ.get("LTP_DEAD_S", DEAD_S))
+    except ValueError:
+        return DEAD_S
+    return v if v > 0 else DEAD_S
+
+
+class Beat:
+    """This rank's heartbeat thread."""
+
+    def __init__(self, store, key: str, store_netns: str | None = None):
+        from ...dataplane import netns
+        with netns.inside(store_netns):   # a connection of its own
+            self.store = store.clone()
+        # never blocked for long in a call (a thread inside one at exit aborts the process)
+        self.store.set_timeout(timedelta(seconds=1))
+        self.key = key
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.loop, name="ltpx-heartbeat", daemon=True)
+        self.thread.start()
+        atexit.register(self.stop)
+
+    def loop(self) -> None:
+        store = self.store
+        while not self.stopped.is_set():
+            try:
+                store.add(self.key, 1)
+            except Exception:   # the store is gone: the job is over, nobody watches
+                return
+            self.stopped.wait(BEAT_S)
+
+    def stop(self) -> None:
+        """End the thread and wait for it (a thread left inside a store call
+        while the interpreter exits can abort the process)."""
+        self.stopped.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=2.0)
+        self.store = None    # its connection closes now, not during the interpreter's teardown
+
+
+class Watch:
+    """The other ranks' heartbeats as this rank sees them."""
+
+    def __init__(self, store, prefix: str, dead_s: float | None = None):
+        self.store, self.prefix = store, prefix
+        self.dead_s = dead_after_s() if dead_s is None else dead_s
+        self.seen: dict[int, tuple[int, float]] = {}   # rank -> (value, since)
+
+    def alive(self, rank: int) -> bool:
+        """Has rank's counter moved within dead_s (one store read)?"""
+        v = self.store.add(f"{self.prefix}hb/{rank}", 0)
+        now = time.monotonic()
+        last = self.seen.get(rank)
+        if last is None or last[0] != v:
+            self.seen[rank] = (v, now)
+            return True
+        return now - last[1] < self.dead_s
+
+    def silent_s(self, rank: int) -> float:
+        """Seconds since rank's counter last moved, as far as this watch knows."""
+        last = self.seen.get(rank)
+        return 0.0 if last is None else time.monotonic() - last[1]
