@@ -36,11 +36,19 @@ def check_cpu_and_goodput(res: dict, wall_s: float) -> None:
         assert r["rounds"] == c["rounds"], name
         assert 0 < r["cpu_s_per_round"] <= wall_s * ncpu / r["rounds"], (name, r)
         assert 0 < r["goodput_bps"] <= bits / min(r["round_s"]) * 1.0001, (name, r)
+    first = next(t for t in res["results"] if t.startswith("ltp"))
     for t, o in res["ltp_over"].items():
-        r, ltp = res["results"][t], res["results"]["ltp"]
+        r, ltp = res["results"][t], res["results"][first]
         assert o["goodput"] == pytest.approx(ltp["goodput_bps"] / r["goodput_bps"])
         assert o["cpu_s_per_round"] == pytest.approx(ltp["cpu_s_per_round"] /
                                                      r["cpu_s_per_round"])
+    for a, row in res["ratios"].items():  # every LTP transport over every other one
+        assert a.startswith("ltp") and set(row) == set(res["results"]) - {a}
+        for b, q in row.items():
+            ra, rb = res["results"][a], res["results"][b]
+            assert q["median"] == pytest.approx(ra["median_s"] / rb["median_s"])
+            assert q["p99"] == pytest.approx(ra["p99_s"] / rb["p99_s"])
+            assert q["goodput"] == pytest.approx(ra["goodput_bps"] / rb["goodput_bps"])
 
 
 @requires_bpf
@@ -76,8 +84,36 @@ def test_one_worker_is_a_single_flow_measurement():
     check_cpu_and_goodput(res, wall)
 
 
+@requires_bpf
+def test_both_senders_and_cubic_take_turns_in_one_run():
+    """--transports ltp-xdp,ltp-socket,tcp-cubic: blocks alternate in that
+    order on one rig, the clock's rounds are made by the clock and the
+    socket's by the socket, and each LTP sender gets its ratios to cubic."""
+    res, wall = bench("--workers", "2", "--rounds", "4", "--block", "2", "--size", "1MiB",
+                      "--transports", "ltp-xdp,ltp-socket,tcp-cubic")
+    order = ["ltp-xdp", "ltp-socket", "tcp-cubic"]
+    assert list(res["results"]) == order and res["config"]["block"] == 2
+    assert res["schedule"] == [[t, 2] for t in order] * 2
+    xdp, sock = res["results"]["ltp-xdp"], res["results"]["ltp-socket"]
+    assert (xdp["sender"], sock["sender"]) == ("xdp", "socket")
+    assert xdp["sent"] > 0 and sock["sent"] > 0
+    assert xdp["clock_share"] > 0.5  # most DATA grew out of ACKs in XDP
+    assert sock["clock_share"] == 0.0
+    for t in order[:2]:
+        assert sum(res["results"][t]["reasons"].values()) == 4
+        assert res["ratios"][t]["tcp-cubic"]["goodput"] > 0
+    assert set(res["ratios"]) == {"ltp-xdp", "ltp-socket"}
+    assert set(res["speedup"]) == {"ltp-socket", "tcp-cubic"}  # against the first LTP's
+    check_cpu_and_goodput(res, wall)
+
+
 def test_bad_flags_are_usage_errors():
-    for argv, word in ((["--transports", "ltp,quic"], "--transports"),
+    for argv, word in ((["--sender", "xdp,socket"], "--transports ltp-xdp,ltp-socket"),
+                       (["--sender", "xdp", "--transports", "ltp-xdp,tcp-cubic"], "ltp only"),
+                       (["--transports", "ltp,ltp-xdp"], "cannot be combined"),
+                       (["--transports", "ltp-xdp,ltp-xdp"], "twice"),
+                       (["--block", "0"], "--block"),
+                       (["--transports", "ltp,quic"], "--transports"),
                        (["--size", "10"], "--size"), (["--loss", "1.5"], "--loss"),
                        (["--sweep-workers", "4,x"], "--sweep-workers"),
                        (["--rate", "fast"], "--rate"), (["--name", "Bad-Name"], "--name")):

@@ -21,17 +21,24 @@ INCAST_EPILOG = """examples:
   ltp bench incast --workers 8 --rounds 20 --loss 0.01 -j
   ltp bench incast --sweep-workers 4,8,16,32 --plot incast.png
   ltp bench incast --transports ltp,tcp-cubic --size 1MiB
+  ltp bench incast --transports ltp-xdp,ltp-socket,tcp-cubic --rounds 20
 
 Builds one fresh rig per configuration (every worker pushes SIZE bytes to the PS
 through a TBF bottleneck toward the PS); transports take turns in blocks of
-rounds, each block after warm-up rounds that are not counted. --workers 1 is a
-single-flow measurement (e.g. --workers 1 --rate 32gbit --buffer 4mb --size 16MiB).
+--block rounds, each block after warm-up rounds that are not counted. --workers 1
+is a single-flow measurement (e.g. --workers 1 --rate 32gbit --buffer 4mb --size
+16MiB). LTP's senders: ltp-socket (the paced socket) and ltp-xdp (the ACK clock)
+A/B both in one run on the same endpoints; plain ltp uses --sender's.
 
 JSON keys: config, limit_s, results (per transport: median_s, p99_s, max_s,
 median_over_limit, p99_over_limit, delivered, rounds, goodput_bps: payload bits
 delivered / round time, cpu_s_per_round: the machine's busy CPU seconds from
-/proc/stat per counted round), speedup (median over LTP's), ltp_over (LTP's
-goodput and cpu_s_per_round over each other transport's).
+/proc/stat per counted round, reasons: rounds per close reason; LTP's also
+sender, sent, clock_share: DATA the ACK clock made / DATA sent), ratios (per LTP
+transport, per other transport: median, p99, goodput, cpu_s_per_round, this
+over that), schedule ([transport, rounds] per block, in the order run),
+speedup and ltp_over (the first LTP transport's: each other's median over
+its; its goodput and cpu_s_per_round over each other's).
 """
 
 PATHS_EPILOG = """examples:
@@ -72,12 +79,16 @@ def _register_incast(bsub) -> None:
     i.add_argument("--rounds", type=int, default=30, help="counted rounds per transport (30)")
     add_loss(i)
     i.add_argument("--transports", default="ltp,tcp-cubic,tcp-bbr",
-                   help="comma list of ltp, tcp-cubic, tcp-bbr")
+                   help="comma list of ltp, ltp-socket, ltp-xdp, tcp-cubic, tcp-bbr, run in "
+                   "this order in each turn")
+    i.add_argument("--block", type=int, default=10,
+                   help="counted rounds per block before the next transport's turn (10)")
     i.add_argument("--sweep-workers", default="", metavar="N,N,...",
                    help="repeat over these worker counts and report the scaling")
     i.add_argument("--mtu", type=int, default=1500, help="rig MTU (1280..3500, default 1500)")
-    i.add_argument("--sender", choices=("socket", "xdp"), default="socket",
-                   help="how LTP's pushes leave: socket (paced, default) or xdp (the ACK clock)")
+    i.add_argument("--sender", default=None, metavar="socket|xdp",
+                   help="how plain ltp's pushes leave: socket (paced, default) or xdp (the ACK "
+                   "clock); to A/B both: --transports ltp-xdp,ltp-socket,...")
     i.add_argument("--plot", metavar="FILE.png", help="write a CDF (and scaling) plot")
     i.add_argument("--name", default="bench", help="name of the rig it builds (default bench; "
                    "must not exist)")
@@ -197,7 +208,7 @@ def cmd_xdp(args) -> None:
 
 
 def cmd_incast(args) -> None:
-    from ..control.bench.incast import TRANSPORTS
+    from ..control.bench.incast import check_transports
     rate = check_rate(args.rate)
     buf = check_bytes(args.buffer, "--buffer")
     size = parse_size(args.size, "--size")
@@ -207,9 +218,13 @@ def cmd_incast(args) -> None:
     if args.rounds < 1:
         raise UsageError("--rounds must be at least 1")
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    bad = [t for t in transports if t not in TRANSPORTS]
-    if bad or not transports:
-        raise UsageError(f"--transports: unknown {bad}; choose from {', '.join(TRANSPORTS)}")
+    try:
+        check_transports(transports)
+    except ValueError as e:
+        raise UsageError(f"--transports: {e}") from None
+    sender = _check_sender(args.sender, transports)
+    if args.block < 1:
+        raise UsageError(f"--block must be at least 1, got {args.block}")
     try:
         counts = [int(x) for x in args.sweep_workers.split(",") if x.strip()] or [args.workers]
     except ValueError:
@@ -236,12 +251,28 @@ def cmd_incast(args) -> None:
             results.append(bench_incast.run_config(
                 workers=n, rate_bps=rate, buffer_bytes=buf, size=size, rounds=args.rounds,
                 loss=loss, transports=transports, mtu=args.mtu, name=args.name,
-                sender=args.sender, progress=tick))
+                sender=sender, block=args.block, progress=tick))
     if args.plot:
         bench_incast.plot(results, args.plot)
     out = results[0] if len(results) == 1 else {"sweep": results}
     emit(args, out, lambda o: "\n\n".join(bench_incast.table(r) for r in results) +
          (f"\nplot: {args.plot}" if args.plot else ""))
+
+
+def _check_sender(sender: str | None, transports: list[str]) -> str:
+    """Plain ltp's sender. One of socket and xdp; a list is the transports'
+    job, and so is a sender for ltp-socket/ltp-xdp."""
+    if sender is None:
+        return "socket"
+    if "," in sender:
+        raise UsageError(f"--sender takes one sender, got {sender!r}; to A/B the senders in one "
+                         "run name them as transports: --transports ltp-xdp,ltp-socket,tcp-cubic")
+    if sender not in ("socket", "xdp"):
+        raise UsageError(f"--sender: socket or xdp, got {sender!r}")
+    if "ltp" not in transports:
+        raise UsageError(f"--sender applies to the transport ltp only, not in --transports "
+                         f"{','.join(transports)} (ltp-socket and ltp-xdp name their sender)")
+    return sender
 
 
 def _progress(args):

@@ -86,6 +86,7 @@ class LtpCluster:
         self.ids = [h.index for h in hosts]
         self.max_elems = max_elems
         self.last_cpu_s = 0.0
+        self.round_no = 0  # the last round a caller numbered (callers that take turns go on from it)
         # The largest chunk a frame of the rig's MTU carries (whole float64 pairs).
         self.chunk_bytes = chunk_bytes or (cfg.mtu - 20 - 8 - W.HDR_LEN) // 8 * 8
         # a fresh job secret per cluster: its rounds carry tokens, as training's do
@@ -117,17 +118,20 @@ class LtpCluster:
             raise
 
     def run_round(self, round_: int, nelems: int, seed: int = 0, *, critical=None,
-                  silent: Iterable[int] = (), reliable_ok: bool = False
+                  silent: Iterable[int] = (), reliable_ok: bool = False,
+                  sender: str | None = None
                   ) -> tuple[RoundResult, dict[int, PushReport | None]]:
         """One barrier-synchronised push round. Workers in `silent` send nothing.
         `last_cpu_s` is then the machine's busy CPU seconds from opening the
-        round to the last worker's report (the gradients are made before)."""
+        round to the last worker's report (the gradients are made before).
+        sender: "socket" or "xdp" plans this round's pushes (and the workers'
+        later ones) with that sender; None keeps the one they have."""
         silent = set(silent)
         crit = None if critical is None else np.asarray(critical, dtype=bool).tolist()
         pushing = [p for p in self.procs if p.worker not in silent]
         for p in pushing:  # gradients ready before the barrier, as after backward()
             p.send({"cmd": "prepare", "round": round_, "nelems": nelems, "seed": seed,
-                    "critical": crit})
+                    "critical": crit, "sender": sender})
         for p in pushing:
             p.recv()
         busy0 = busy_s()

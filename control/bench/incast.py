@@ -15,53 +15,67 @@ round to the last worker's report, for TCP from "go" to the last byte; the
 whole machine, so on a shared one the alternating blocks matter). With one
 worker a configuration is a single-flow measurement: its goodput is the flow's.
 
+LTP's two senders can be A/B'd in one run: `ltp-socket` (the paced socket)
+and `ltp-xdp` (the ACK clock) take turns on the same endpoints with the
+other transports (`--transports ltp-xdp,ltp-socket,tcp-cubic`), and
+`ratios` gives each one's median, p99, goodput and CPU per round over every
+other transport's, all from the same run. Plain `ltp` is LTP with the
+sender `--sender` picks (socket by default).
+
 The rig is built without XDP on the switch ports (mode "skb") so the hosts'
 veths keep TSO for TCP as a real NIC would; LTP's endpoints run native XDP on
-the hosts, and the one switch port that must deliver the PS's XDP_TX ACKs
-gets an XDP_PASS program.
+the hosts, and the switch ports that must deliver XDP_TX frames get an
+XDP_PASS program: the PS's (ACKs) always, the workers' (the ACK clock's
+DATA) during ACK-clock blocks only (control/bench/runners.py).
 """
 from __future__ import annotations
 
+import collections
 import statistics
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-TRANSPORTS = ("ltp", "tcp-cubic", "tcp-bbr")
+from .runners import LTP_SENDERS, Rounds, is_ltp, make_runners
+
+TRANSPORTS = ("ltp", "ltp-socket", "ltp-xdp", "tcp-cubic", "tcp-bbr")
 
 
 def _pct(xs, q) -> float:
     return float(np.percentile(np.asarray(xs, dtype=float), q))
 
 
-@dataclass
-class Rounds:
-    """Counted rounds of one transport: times, delivered fractions, and the
-    machine's busy CPU seconds over each round."""
-
-    times: list[float] = field(default_factory=list)
-    delivered: list[float] = field(default_factory=list)
-    cpu_s: list[float] = field(default_factory=list)
-
-    def extend(self, other: "Rounds") -> None:
-        self.times += other.times
-        self.delivered += other.delivered
-        self.cpu_s += other.cpu_s
+def check_transports(transports: list[str]) -> None:
+    """ValueError naming what is wrong with a transport list."""
+    bad = [t for t in transports if t not in TRANSPORTS]
+    if bad or not transports:
+        raise ValueError(f"unknown transport(s) {bad}; choose from {', '.join(TRANSPORTS)}")
+    if len(set(transports)) != len(transports):
+        raise ValueError(f"a transport is named twice in {','.join(transports)}")
+    if "ltp" in transports and any(t in LTP_SENDERS for t in transports):
+        raise ValueError("ltp (whose sender --sender picks) cannot be combined with "
+                         f"{' or '.join(LTP_SENDERS)}: name each sender's transport instead, "
+                         "e.g. ltp-xdp,ltp-socket,tcp-cubic")
 
 
-def _summary(r: Rounds, limit: float, round_bits: int) -> dict:
+def _summary(r: Rounds, limit: float, round_bits: int, label: str, sender: str) -> dict:
     """The documented per-transport figures. goodput_bps: payload bits
     delivered over the counted rounds / their summed time; cpu_s_per_round:
-    busy CPU seconds of the whole machine per counted round."""
+    busy CPU seconds of the whole machine per counted round; LTP's also say
+    their sender and the share of DATA the ACK clock made (clock_share)."""
     times = r.times
     med = statistics.median(times)
     p99 = _pct(times, 99)
-    return {"median_s": med, "p99_s": p99, "max_s": max(times),
-            "median_over_limit": med / limit, "p99_over_limit": p99 / limit,
-            "delivered": float(np.mean(r.delivered)), "rounds": len(times),
-            "goodput_bps": round_bits * sum(r.delivered) / sum(times),
-            "cpu_s_per_round": sum(r.cpu_s) / len(times), "round_s": times}
+    out = {"median_s": med, "p99_s": p99, "max_s": max(times),
+           "median_over_limit": med / limit, "p99_over_limit": p99 / limit,
+           "delivered": float(np.mean(r.delivered)), "rounds": len(times),
+           "goodput_bps": round_bits * sum(r.delivered) / sum(times),
+           "cpu_s_per_round": sum(r.cpu_s) / len(times), "round_s": times,
+           "reasons": dict(collections.Counter(r.reasons))}
+    if is_ltp(label):
+        out.update(sender=LTP_SENDERS.get(label, sender), sent=r.sent,
+                   clock_share=r.clock_tx / r.sent if r.sent else 0.0)
+    return out
 
 
 def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rounds: int,
@@ -73,55 +87,69 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
     from ...dataplane.rig.star import Rig, RigConfig
     from .cpustat import ncpu
 
+    check_transports(transports)
     for t in transports:
-        if t not in TRANSPORTS:
-            raise ValueError(f"unknown transport {t!r}; choose from {', '.join(TRANSPORTS)}")
         if t.startswith("tcp-"):
             ensure_cc(t[4:])
     if size % 4:
         raise ValueError("size must be a multiple of 4 bytes (whole float32 elements)")
+    if block < 1 or warmup < 0:
+        raise ValueError(f"block must be >= 1 and warmup >= 0, got {block} and {warmup}")
     limit = workers * size * 8 / rate_bps
     cfg = RigConfig(name=name, workers=workers, rate_bps=rate_bps, buffer_bytes=buffer_bytes,
                     loss=loss, mode="skb", mtu=mtu)
     tally = _Tally(transports, rounds, progress)
     with Rig(cfg) as rig:
         _take_turns(rig, tally, size=size, block=block, warmup=warmup, sender=sender)
-    results = {t: _summary(tally.rounds[t], limit, workers * size * 8) for t in transports}
+    results = {t: _summary(tally.rounds[t], limit, workers * size * 8, t, sender)
+               for t in transports}
     return {"config": {"workers": workers, "rate_bps": rate_bps, "buffer_bytes": buffer_bytes,
                        "size_bytes": size, "rounds": rounds, "loss": loss, "mtu": mtu,
                        "sender": sender,
                        "transports": list(transports), "block": block, "warmup": warmup,
                        "ncpu": ncpu()},
-            "limit_s": limit, "results": results, **_ratios(results)}
+            "limit_s": limit, "results": results, "schedule": tally.schedule,
+            **_ratios(results)}
+
+
+def _ratio(a: dict, b: dict) -> dict:
+    """a's figures over b's, measured in the same run."""
+    return {"median": a["median_s"] / b["median_s"], "p99": a["p99_s"] / b["p99_s"],
+            "goodput": a["goodput_bps"] / b["goodput_bps"],
+            "cpu_s_per_round": (a["cpu_s_per_round"] / b["cpu_s_per_round"]
+                                if b["cpu_s_per_round"] > 0 else None)}
 
 
 def _ratios(results: dict) -> dict:
-    """speedup: each other transport's median round over LTP's; ltp_over:
-    LTP's goodput and CPU per round over each other transport's."""
+    """ratios: every LTP transport's median, p99, goodput and CPU per round
+    over every other transport's. speedup (each other transport's median
+    over LTP's) and ltp_over (LTP's goodput and CPU over each other's) are
+    taken against the first LTP transport of the run."""
+    ltps = [t for t in results if is_ltp(t)]
+    ratios = {a: {b: _ratio(results[a], results[b]) for b in results if b != a} for a in ltps}
     speedup, over = {}, {}
-    if "ltp" in results:
-        ltp = results["ltp"]
-        for t, r in results.items():
-            if t != "ltp":
-                speedup[t] = r["median_s"] / ltp["median_s"]
-                over[t] = {"goodput": ltp["goodput_bps"] / r["goodput_bps"],
-                           "cpu_s_per_round": (ltp["cpu_s_per_round"] / r["cpu_s_per_round"]
-                                               if r["cpu_s_per_round"] > 0 else None)}
-    return {"speedup": speedup, "ltp_over": over}
+    if ltps:
+        base = ratios[ltps[0]]
+        for t, r in base.items():
+            speedup[t] = 1 / r["median"]
+            over[t] = {"goodput": r["goodput"], "cpu_s_per_round": r["cpu_s_per_round"]}
+    return {"ratios": ratios, "speedup": speedup, "ltp_over": over}
 
 
 class _Tally:
-    """Counted rounds per transport, and progress."""
+    """Counted rounds per transport, the blocks in the order they ran, and progress."""
 
     def __init__(self, transports: list[str], rounds: int,
                  progress: Callable[[str, int, int], None] | None):
         self.transports, self.target, self.progress = transports, rounds, progress
         self.rounds: dict[str, Rounds] = {t: Rounds() for t in transports}
+        self.schedule: list[list] = []  # [transport, counted rounds] per block, in order
         self.done = 0
         self.total = rounds * len(transports)
 
     def add(self, t: str, got: Rounds) -> None:
         self.rounds[t].extend(got)
+        self.schedule.append([t, len(got.times)])
         self.done += len(got.times)
         self.tick(t, 0)
 
@@ -134,90 +162,26 @@ class _Tally:
         return min(block, self.target - len(self.rounds[t].times))
 
 
-class LtpRunner:
-    """LTP's side: one cluster (PS endpoint + worker processes) for the whole
-    run, its round numbers going on across blocks."""
-
-    def __init__(self, rig, size: int, warmup: int, sender: str = "socket"):
-        from ...dataplane.xdp.loader import attach_pass, detach
-        from .cluster import LtpCluster
-        self.rig, self.size, self.warmup, self.r = rig, size, warmup, 0
-        # the switch port toward the PS must pass the PS's XDP_TX ACKs; with the
-        # ACK clock (sender xdp) the workers' ports pass their XDP_TX DATA too
-        ports = [rig.ps.port] + ([w.port for w in rig.workers] if sender == "xdp" else [])
-        self._detach = lambda: [detach(p, rig.switch_ns, "native") for p in ports]
-        try:
-            for p in ports:
-                attach_pass(p, rig.switch_ns, "native")
-            self.cluster = LtpCluster(rig, size // 4, mode="native", sender=sender)
-        except BaseException:
-            self._detach()
-            raise
-
-    def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
-        out = Rounds()
-        for i in range(self.warmup + n):
-            self.r += 1
-            res, _ = self.cluster.run_round(self.r, self.size // 4, seed=self.r)
-            if i >= self.warmup:
-                out.times.append(res.duration_s)
-                out.delivered.append(res.delivered_fraction)
-                out.cpu_s.append(self.cluster.last_cpu_s)
-                tick(len(out.times))
-        return out
-
-    def close(self) -> None:
-        try:
-            self.cluster.close()
-        finally:
-            self._detach()
-
-
-class TcpRunner:
-    """A TCP congestion control's side: agents started anew for each block."""
-
-    def __init__(self, rig, size: int, warmup: int, cc: str):
-        self.rig, self.size, self.warmup, self.cc = rig, size, warmup, cc
-
-    def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
-        from .tcp import run_tcp_incast
-        out = run_tcp_incast(self.rig, size=self.size, rounds=n, cc=self.cc, warmup=self.warmup,
-                             progress=lambda k, _n, _t: tick(k))
-        return Rounds(list(out["round_s"]), [1.0] * n, list(out["cpu_s"]))
-
-    def close(self) -> None:
-        pass
-
-
-def make_runner(t: str, rig, size: int, warmup: int, sender: str = "socket"):
-    """The runner of transport `t` (one of TRANSPORTS); LTP's pushes leave
-    through `sender` (socket, or xdp: the ACK clock)."""
-    if t == "ltp":
-        return LtpRunner(rig, size, warmup, sender)
-    return TcpRunner(rig, size, warmup, cc=t[len("tcp-"):])
-
-
 def _take_turns(rig, tally: _Tally, *, size: int, block: int, warmup: int,
                 sender: str = "socket") -> None:
-    """The transports in blocks of rounds, LTP, cubic, BBR, LTP, ..., until each has
-    its rounds. LTP's endpoints stay up between its blocks; TCP's start anew."""
-    runners: dict = {}
+    """The transports in blocks of rounds, in the order given (e.g. ltp-xdp,
+    ltp-socket, cubic, ltp-xdp, ...), until each has its rounds. LTP's
+    endpoints stay up between its blocks; TCP's start anew."""
+    runners, close = make_runners(tally.transports, rig, size, warmup, sender)
     try:
-        for t in tally.transports:
-            runners[t] = make_runner(t, rig, size, warmup, sender)
         while any(tally.owed(t, block) > 0 for t in tally.transports):
             for t in tally.transports:
                 n = tally.owed(t, block)
                 if n > 0:
                     tally.add(t, runners[t].block(n, lambda k, t=t: tally.tick(t, k)))
     finally:
-        for r in runners.values():
-            r.close()
+        close()
 
 
 def table(res: dict) -> str:
-    """An 80-column table of one configuration: round times, then goodput
-    and the machine's CPU per round (with LTP's ratio to each)."""
+    """An 80-column table of one configuration: round times (speedup: each
+    transport's median over the first LTP's), goodput and the machine's CPU
+    per round, then every LTP transport's ratios to the others."""
     c = res["config"]
     who = "1 flow" if c["workers"] == 1 else f"{c['workers']} workers"
     lines = [f"{who} x {c['size_bytes'] // 1024} KiB, "
@@ -232,13 +196,20 @@ def table(res: dict) -> str:
                      f"{r['p99_over_limit']:>8.2f} {r['delivered']:>7.4f} "
                      f"{(f'{sp:.1f}x' if sp else '-'):>8}")
     lines.append(f"{'transport':<10} {'goodput Gbit/s':>15} {'cpu ms/round':>13} "
-                 f"{'ltp goodput/x':>14} {'ltp cpu/x':>10}   ({c.get('ncpu', '?')} CPUs)")
+                 f"{'sender':>7} {'clock share':>12}   ({c.get('ncpu', '?')} CPUs)")
     for t, r in res["results"].items():
-        o = res.get("ltp_over", {}).get(t, {})
-        g, u = o.get("goodput"), o.get("cpu_s_per_round")
+        share = f"{r['clock_share']:.2f}" if "clock_share" in r else "-"
         lines.append(f"{t:<10} {r['goodput_bps'] / 1e9:>15.3f} "
-                     f"{r['cpu_s_per_round'] * 1e3:>13.1f} "
-                     f"{(f'{g:.2f}x' if g else '-'):>14} {(f'{u:.2f}x' if u else '-'):>10}")
+                     f"{r['cpu_s_per_round'] * 1e3:>13.1f} {r.get('sender', '-'):>7} "
+                     f"{share:>12}")
+    if res.get("ratios"):
+        lines.append(f"{'same run: a / b':<23} {'median':>8} {'p99':>8} {'goodput':>8} "
+                     f"{'cpu/round':>10}")
+        for a, row in res["ratios"].items():
+            for b, q in row.items():
+                u = q["cpu_s_per_round"]
+                lines.append(f"{a + ' / ' + b:<23} {q['median']:>8.2f} {q['p99']:>8.2f} "
+                             f"{q['goodput']:>7.2f}x {(f'{u:.2f}x' if u else '-'):>10}")
     return "\n".join(lines)
 
 

@@ -2,7 +2,8 @@
 
 Started by control/bench/cluster.py inside the worker's network namespace. Reads one
 JSON command per line and answers one JSON line:
-  prepare {"round", "nelems", "seed", "critical"} -> {"ready": true}
+  prepare {"round", "nelems", "seed", "critical", "sender"} -> {"ready": true}
+          (sender, when not null: socket or xdp plans this push and later ones)
   push    {"round"}                                -> {"report": PushReport}
   expect  {"round", "nelems", "timeout"}          -> {"ready": true}, then after
           the reliable round completes             -> {"sha256": hex}
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     from .cluster import worker_tensor
     from ..transport.rate import quiet_gc
     from ..transport.endpoint import Endpoint, Peer
+    from ..transport.clock import ClockPush
+    from ..transport.sender import Push
+    kinds = {"socket": Push, "xdp": ClockPush}
     try:
         ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, ns=a.netns, mode=a.mode, job=a.job,
                       capacity_bps=a.capacity, initial_rate_bps=a.capacity / a.workers,
@@ -61,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                 if cmd == "quit":
                     break
                 if cmd == "prepare":  # the gradient and the push, ready before the barrier
+                    if msg.get("sender"):  # a bench taking turns between the senders
+                        ep.sender.kind = kinds[msg["sender"]]
                     g = worker_tensor(msg["seed"], a.id, msg["round"], msg["nelems"])
                     prepared[msg["round"]] = ep.prepare_push(msg["round"], g, ps,
                                                              critical=msg.get("critical"))

@@ -1,0 +1,163 @@
+"""The transports of `ltp bench incast`, one runner each (`make_runners`).
+
+A runner runs a block of counted rounds (after its warm-up rounds) and
+returns them as `Rounds`. TCP's agents start anew for each block. Every LTP
+variant of a run shares one `LtpCluster` (the PS endpoint and one process per
+worker stay up across blocks, round numbers go on): only one XDP program can
+hold a device, so two senders A/B'd in one rig take turns on the same
+endpoints. A variant names
+
+- its sender: "socket" (the paced socket) or "xdp" (the ACK clock): each
+  worker plans that block's pushes with it (worker_proc's `prepare`);
+- its own Early Close state: the PS swaps it in for the variant's blocks,
+  so each learns from its own rounds only.
+
+The switch port toward the PS carries an XDP_PASS program for the whole run
+(the PS's XDP_TX ACKs must be delivered); the workers' ports carry one only
+during an ACK-clock block (their XDP_TX DATA), since XDP on a veth takes GSO
+from its peer, and TCP's blocks keep the hosts' TSO as a real NIC would.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+LTP_SENDERS = {"ltp-socket": "socket", "ltp-xdp": "xdp"}
+
+
+@dataclass
+class Rounds:
+    """Counted rounds of one transport: times, delivered fractions, the
+    machine's busy CPU seconds over each round, and (LTP) the DATA the
+    workers sent and how much of it the ACK clock made."""
+
+    times: list[float] = field(default_factory=list)
+    delivered: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    sent: int = 0
+    clock_tx: int = 0
+
+    def extend(self, other: "Rounds") -> None:
+        self.times += other.times
+        self.delivered += other.delivered
+        self.cpu_s += other.cpu_s
+        self.reasons += other.reasons
+        self.sent += other.sent
+        self.clock_tx += other.clock_tx
+
+
+def is_ltp(t: str) -> bool:
+    """Is transport label `t` one of LTP's (ltp, ltp-socket, ltp-xdp)?"""
+    return t == "ltp" or t in LTP_SENDERS
+
+
+class _Shared:
+    """What every LTP variant of a run shares: the cluster, the PS port's
+    XDP_PASS, and which worker ports carry one now."""
+
+    def __init__(self, rig, size: int, sender: str):
+        from ...dataplane.xdp.loader import attach_pass
+        from .cluster import LtpCluster
+        self.rig, self.cluster, self.clock_ports = rig, None, False
+        attach_pass(rig.ps.port, rig.switch_ns, "native")
+        try:
+            self.clock_on(sender == "xdp")
+            self.cluster = LtpCluster(rig, size // 4, mode="native", sender=sender)
+        except BaseException:
+            self.close()
+            raise
+
+    def clock_on(self, on: bool) -> None:
+        """XDP_PASS on the workers' switch ports (the ACK clock's DATA is
+        XDP_TX'd by the workers' programs), or none."""
+        from ...dataplane.xdp.loader import attach_pass, detach
+        if on == self.clock_ports:
+            return
+        self.clock_ports = on
+        for w in self.rig.workers:
+            if on:
+                attach_pass(w.port, self.rig.switch_ns, "native")
+            else:
+                detach(w.port, self.rig.switch_ns, "native")
+
+    def close(self) -> None:
+        from ...dataplane.xdp.loader import detach
+        try:
+            if self.cluster is not None:
+                self.cluster.close()
+        finally:
+            self.cluster = None
+            self.clock_on(False)
+            detach(self.rig.ps.port, self.rig.switch_ns, "native")
+
+
+class LtpRunner:
+    """One LTP variant (its sender) on the run's shared cluster."""
+
+    def __init__(self, shared: _Shared, size: int, warmup: int, sender: str):
+        from ..transport.early_close import EarlyClose
+        self.shared, self.size, self.warmup, self.sender = shared, size, warmup, sender
+        ps = shared.cluster.ps
+        self.early = EarlyClose(ps.capacity_bps, ps.early.cfg)
+
+    def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
+        sh = self.shared
+        sh.clock_on(self.sender == "xdp")
+        cl = sh.cluster
+        cl.ps.early = self.early  # this variant's Early Close state, learning from its rounds
+        out = Rounds()
+        for i in range(self.warmup + n):
+            cl.round_no += 1
+            r = cl.round_no
+            res, reports = cl.run_round(r, self.size // 4, seed=r, sender=self.sender)
+            if i >= self.warmup:
+                out.times.append(res.duration_s)
+                out.delivered.append(res.delivered_fraction)
+                out.cpu_s.append(cl.last_cpu_s)
+                out.reasons.append(res.reason)
+                out.sent += sum(p.sent for p in reports.values() if p)
+                out.clock_tx += sum(p.clock_tx for p in reports.values() if p)
+                tick(len(out.times))
+        return out
+
+    def close(self) -> None:
+        pass  # the shared cluster is closed once, by make_runners' closer
+
+
+class TcpRunner:
+    """A TCP congestion control's side: agents started anew for each block."""
+
+    def __init__(self, rig, size: int, warmup: int, cc: str):
+        self.rig, self.size, self.warmup, self.cc = rig, size, warmup, cc
+
+    def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
+        from .tcp import run_tcp_incast
+        out = run_tcp_incast(self.rig, size=self.size, rounds=n, cc=self.cc, warmup=self.warmup,
+                             progress=lambda k, _n, _t: tick(k))
+        return Rounds(list(out["round_s"]), [1.0] * n, list(out["cpu_s"]), ["complete"] * n)
+
+    def close(self) -> None:
+        pass
+
+
+def make_runners(labels: list[str], rig, size: int, warmup: int, sender: str = "socket"
+                 ) -> tuple[dict, Callable[[], None]]:
+    """A runner per transport label, and the function that closes them all.
+    `sender` is plain ltp's; ltp-socket and ltp-xdp name theirs."""
+    runners: dict = {}
+    shared: _Shared | None = None
+    try:
+        for t in labels:
+            if is_ltp(t):
+                s = LTP_SENDERS.get(t, sender)
+                if shared is None:
+                    shared = _Shared(rig, size, s)
+                runners[t] = LtpRunner(shared, size, warmup, s)
+            else:
+                runners[t] = TcpRunner(rig, size, warmup, cc=t[len("tcp-"):])
+    except BaseException:
+        if shared is not None:
+            shared.close()
+        raise
+    return runners, (shared.close if shared is not None else lambda: None)
