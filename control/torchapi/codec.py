@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import UsageError
+from ..transport.bubble import fill
 from .settings import COMPRESS as KINDS
 HEAD = 8          # bytes before a piece's codes: base and scale, float32 little-endian
 HEAD_WORDS = HEAD // 4
@@ -195,7 +196,6 @@ class ServerCodec:
     def decode(self, r: int, enc: np.ndarray, masks: np.ndarray | None,
                bubble: str) -> np.ndarray:
         """float32 [k, n] rows of round r from its words, holes filled."""
-        from ..transport.bubble import fill
         n = self.rounds.pop(r)
         self.pending += n
         k, c = enc.shape[0], self.codec.chunks(n)
@@ -216,10 +216,11 @@ class ServerCodec:
         wire = self.buf("down", (words + len(buf) - n,))
         v = self.buf("ef", (n,))
         np.copyto(v, buf[:n])
-        res = self.residual.get(n) if self.error_feedback else None
-        if self.error_feedback and res is None:
-            res = self.residual[n] = np.zeros(n, dtype=np.float32)
-        if res is not None:
+        res = None
+        if self.error_feedback:
+            res = self.residual.get(n)
+            if res is None:
+                res = self.residual[n] = np.zeros(n, dtype=np.float32)
             v += res
         self.codec.encode(v, wire[:words], residual=res)
         wire[words:] = buf[n:]
