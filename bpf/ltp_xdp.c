@@ -188,6 +188,23 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ethhdr *eth,
 	return XDP_TX;
 }
 
+/* Is the receiving control plane's heartbeat (ltp_live) older than its
+ * limit? Sets *now when it read the clock. No heartbeat yet, or no limit:
+ * not stale (programs nobody beats for, e.g. `ltp load`ed ones, ACK as
+ * before). Signed, so a beat a little ahead of this CPU's clock is fresh. */
+static __always_inline int owner_stale(u64 *now)
+{
+	u32 zero = 0;
+	struct ltp_live *lv = ltp_live.lookup(&zero);
+	if (!lv)
+		return 0;
+	u64 beat = lv->beat_ns, limit = lv->limit_ns;
+	if (!beat || !limit)
+		return 0;
+	*now = bpf_ktime_get_ns();
+	return (s64)(*now - beat) > (s64)limit;
+}
+
 /* The slot of the packet's worker id; nonzero if the worker is unknown. */
 static __always_inline int peer_slot(struct ltp_hdr *h, u32 *slot)
 {
@@ -253,6 +270,11 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 		count(LTP_C_LATE);
 		return send_ack(ctx, eth, iph, udp, h, LTP_RS_CLOSED, 0, slot, bank);
 	}
+	/* An ACK promises a live reader: with a stale heartbeat the round's
+	 * owner is hung, and its senders must hear nothing. */
+	u64 now = 0;
+	if (owner_stale(&now))
+		return drop(LTP_C_STALE_OWNER, h);
 
 	u32 chunk = bpf_ntohl(h->chunk);
 	u32 nchunks = b->nchunks;
@@ -314,7 +336,8 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 	if (h->flags & bpf_htons(LTP_F_RETX))
 		__sync_fetch_and_add(&pr->retx, 1);
 	__sync_fetch_and_add(&pr->bytes, len);
-	u64 now = bpf_ktime_get_ns();
+	if (!now)
+		now = bpf_ktime_get_ns();
 	if (!pr->first_ns)
 		pr->first_ns = now;
 	pr->last_ns = now;

@@ -34,7 +34,8 @@ NEL = 262_144                      # 737 chunks of 1424 bytes
 NCH = -(-NEL * 4 // 1424)
 SLOW = 20e6                        # the PS's capacity: 10 Mbit/s per worker, 0.9 s a push
 
-# An endpoint in a process of its own: prints what it holds, then waits to be killed.
+# An endpoint in a process of its own: prints what it holds, waits for its
+# round if it opened one, then waits to be killed.
 HOLDER = r"""
 import json, os, sys, time
 from ltpx.control.transport import Endpoint
@@ -47,6 +48,8 @@ if round_ >= 0:
     ep.open_round(round_, %d)
 print(json.dumps({"pid": os.getpid(), "prog_id": lookup.prog_id(ep.dp.prog_fd),
                   "link_id": ep.dp.link_id(), "map_ids": ep.dp.map_ids()}), flush=True)
+if round_ >= 0:  # waits as a PS does: its heartbeat keeps its program ACKing
+    ep.wait_round(round_)
 time.sleep(3600)
 """ % (NEL, NEL)
 

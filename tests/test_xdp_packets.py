@@ -10,6 +10,7 @@ token unless a case says otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import time
 from typing import Callable
 
 import numpy as np
@@ -105,6 +106,29 @@ def standard(m):
     open_bank(m, 4)
     open_bank(m, 5)
     m.set_rate(1, 0)
+    m.live[0] = 0           # no heartbeat yet, as after `ltp load` ...
+    m.set_liveness(1.0)     # ... with an endpoint's limit: DATA is ACKed
+
+
+def beat_at(age_s: float, limit_s: float = 1.0):
+    """A heartbeat age_s old (negative: ahead of the program's clock)."""
+    def before(m):
+        m.set_liveness(limit_s)
+        m.live[0] = time.monotonic_ns() - int(age_s * 1e9)
+    return before
+
+
+def written(m, res, pkt):
+    """data()'s chunk is in memory and counted (lands_in_memory less the
+    slot statistics, which add up over the module's cases)."""
+    assert m.done_mask(5, 1, NCHUNKS).tolist() == [False, True, False, False]
+    assert m.mem_bytes[1, 1, CHUNK:2 * CHUNK].tobytes() == payload(CHUNK)
+    assert m.progress[1, 1]["chunks"] == 1
+
+
+def nothing_written(m, res, pkt):
+    unchanged_memory(m, res, pkt)
+    assert not m.progress["chunks"].any() and res.data == bytes(pkt)
 
 
 @pytest.fixture
@@ -282,6 +306,28 @@ CASES = [
     Case("CLOSED ACK with another round's token does not close it",
          ack(state=W.RS_CLOSED, token=tok(7)), XDP_DROP, {"bad_token": 1}, tx_untouched,
          before=start_tx),
+    # --- liveness: a hung receiver (its heartbeat in ltp_live is stale) stops ACKing
+    Case("fresh heartbeat: DATA is written and ACKed", data(), XDP_TX,
+         {"data": 1, "ack_tx": 1}, lambda m, r, p: (written(m, r, p),
+                                                    is_ack_of()(m, r, p)),
+         before=beat_at(0.01)),
+    Case("stale heartbeat: DATA dropped without an ACK, counted, nothing written", data(),
+         XDP_DROP, {"stale_owner": 1}, nothing_written, before=beat_at(1.5)),
+    Case("stale under a shorter limit", data(), XDP_DROP, {"stale_owner": 1}, nothing_written,
+         before=beat_at(0.3, limit_s=0.2)),
+    Case("heartbeat a little ahead of the program's clock is fresh", data(), XDP_TX,
+         {"data": 1, "ack_tx": 1}, written, before=beat_at(-0.005)),
+    Case("stale heartbeat but no limit (liveness off): ACKed", data(), XDP_TX,
+         {"data": 1, "ack_tx": 1}, written, before=beat_at(5.0, limit_s=0)),
+    Case("stale heartbeat: a late packet of a closed round is still ACKed CLOSED",
+         data(round_=4, chunk=1), XDP_TX, {"late": 1, "ack_tx": 1},
+         is_ack_of(state=W.RS_CLOSED),
+         before=lambda m: (close_round_4(m), beat_at(1.5)(m))),
+    Case("stale heartbeat: DATA without the token is counted bad_token first",
+         data(token=0), XDP_DROP, {"bad_token": 1}, nothing_written, before=beat_at(1.5)),
+    Case("stale heartbeat: ACKs are still recorded (the sender side)", ack(rate=5000),
+         XDP_DROP, {"ack_rx": 1}, ack_recorded(rate=5000),
+         before=lambda m: (start_tx(m), beat_at(1.5)(m))),
     Case("ARP passes", Ether(src=WORKER_MAC, dst="ff:ff:ff:ff:ff:ff") /
          ARP(psrc=WORKER_IP, pdst=PS_IP), XDP_PASS, {"pass": 1}, untouched),
     Case("TCP passes", Ether() / IP(src=WORKER_IP, dst=PS_IP) / TCP(dport=W.PORT) / Raw(b"x" * 40),

@@ -141,7 +141,8 @@ def _program_title(s: dict) -> str:
 
 _DROP_NAMES = {"malformed": "malformed", "foreign_job": "foreign-job",
                "unknown_worker": "unknown-worker", "bad_magic": "bad-magic",
-               "bad_version": "bad-version", "ack_fail": "ack-fail", "bad_token": "bad-token"}
+               "bad_version": "bad-version", "ack_fail": "ack-fail", "bad_token": "bad-token",
+               "stale_owner": "stale-owner"}
 
 
 def _program_line(t: dict) -> str:

@@ -18,7 +18,8 @@ Python keeps the policy, polling the maps about every POLL_S:
   RETX, taking the lost packet's place in flight; with no progress for an
   RTO, the oldest outstanding chunks are re-sent (tail loss);
 - the end: every chunk acked, or the receiver closed the round (Early Close,
-  the reliable class), or the timeout (a silent target is a DeadPeerError).
+  the reliable class), or the timeout (a target that never answered, or
+  whose last QUIET_SENDS RTO re-sends went unanswered, is a DeadPeerError).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ REORDER = 3         # RACK's reordering allowance, in send keys
 POLL_S = 0.00025
 RTO_MIN = 0.002     # s without progress before the oldest outstanding chunks are re-sent
 RTO_MAX = 0.05
+QUIET_SENDS = 2     # RTO re-sends left unanswered in a row that make a target silent
 RATE = W.OFF["rate"]
 FLAGS_LO = W.OFF["flags"] + 1
 assert W.F_CLOCK < 0x100
@@ -81,10 +83,13 @@ class ClockPush(Push):
         self._prime(w0)
         self.progress_t = [self.t0] * nt
         self.heard = [0] * nt
+        self.heard_t = [self.t0] * nt  # when its acked count last grew
+        self.quiet = [0] * nt          # RTO re-sends since then
         self.rto = [RTO_MIN] * nt
         self.low_window = [0] * nt
         try:
             while True:
+                s.maps.beat()  # this endpoint's control thread runs (a hung receiver)
                 closed = [bool(self.txv[sl]["closed"]) for sl in self.slots]
                 if self._settle(closed, self.acked()):
                     break
@@ -157,6 +162,7 @@ class ClockPush(Push):
         n_acked = int(acked.sum())
         if n_acked != self.heard[i]:
             self.heard[i], self.progress_t[i], self.rto[i] = n_acked, now, RTO_MIN
+            self.heard_t[i], self.quiet[i] = now, 0
         key = self.key[i]
         handed = self.pos_of < min(nxt, tail)
         key_now = np.where(key >= 0, key, np.where(handed, self.pos_of, -1))
@@ -166,6 +172,7 @@ class ClockPush(Push):
             out = np.flatnonzero(sent & ~acked)  # tail loss: the oldest outstanding
             lost = out[np.argsort(key_now[out])][:max(2, window or 2)]
             self.progress_t[i], self.rto[i] = now, min(RTO_MAX, self.rto[i] * 1.5)
+            self.quiet[i] += 1
         if lost.size:
             self._resend(i, lost.tolist(), nxt, inflight, stops)
         cap = window if window and window != 0xffff else MAX_WINDOW
@@ -203,16 +210,19 @@ class ClockPush(Push):
 
     # -------------------------------------------------------------------- end
     def _timeout(self, acked: list[np.ndarray], now: float) -> None:
-        """At the timeout: DeadPeerError if a target never answered, else the
-        rule for critical chunks."""
-        dead = [i for i, d in enumerate(self.done_t) if not d and not self.heard[i]
+        """At the timeout: DeadPeerError if a target never answered, or fell
+        silent (its last QUIET_SENDS re-sends after an RTO unanswered: a dead
+        or hung receiver), else the rule for critical chunks."""
+        dead = [i for i, d in enumerate(self.done_t) if not d
+                and (not self.heard[i] or self.quiet[i] >= QUIET_SENDS)
                 and not bool(self.txv[self.slots[i]]["closed"])]
         if dead:
             who = ", ".join(f"{self.targets[i].ip} (worker {self.targets[i].worker})"
                             for i in dead)
             rep = self._clock_report()
+            quiet = now - min(self.heard_t[i] for i in dead)
             raise DeadPeerError(
-                f"round {self.round_}: no answer from {who} for {now - self.t0:.1f}s "
+                f"round {self.round_}: no answer from {who} for {quiet:.1f}s "
                 f"({rep.sent} packets sent, {rep.acked} acked): the peer is dead, unreachable, "
                 f"or not taking round {self.round_} with this job's secret",
                 peers=[self.targets[i] for i in dead], report=rep)

@@ -37,6 +37,8 @@ from .tokens import RoundTokens
 
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
+#: seconds a heartbeat counts (Endpoint(liveness_s=), docs/transport.md "A hung receiver")
+LIVENESS_S = 1.0
 #: how pushes leave: "socket" (paced sendmsg, sender.Push) or "xdp" (the ACK
 #: clock: the XDP program turns each ACK into the next DATA, clock.ClockPush)
 SENDERS = ("socket", "xdp")
@@ -96,6 +98,11 @@ class Endpoint:
     (SENDERS; docs/transport.md, "The ACK clock"). credit_bytes: what the
     clocked senders pushing to this endpoint may keep in flight together,
     the bottleneck's buffer plus one BDP (default: rate.credit_window's).
+    liveness_s: DATA of an open round is ACKed only while this endpoint's
+    control thread beat the program's heartbeat at most that long ago (it
+    beats when it opens a round, while it waits for one and while it
+    pushes; `beat()` between), so a hung or stopped process stops ACKing
+    and its senders get DeadPeerError; None or 0 turns the check off.
     force: take `dev` even if it carries an XDP program (another endpoint's,
     `ltp load`'s, anyone's). Without it such a device is refused at once,
     before compiling, with an error naming what holds it.
@@ -113,7 +120,7 @@ class Endpoint:
                  initial_rate_bps: float | None = None, publish: bool = True,
                  self_id: int | None = None, role: str | None = None, force: bool = False,
                  secret: bytes | None = None, sender: str = "socket",
-                 credit_bytes: float | None = None):
+                 credit_bytes: float | None = None, liveness_s: float | None = LIVENESS_S):
         if role not in (None, "ps", "worker"):
             raise ValueError(f"role must be ps or worker, got {role!r}")
         if self_id is not None and self_id not in peers:
@@ -124,6 +131,8 @@ class Endpoint:
             raise ValueError(f"unknown bubble strategy {bubble_strategy!r}")
         if not peers:
             raise ValueError("an endpoint needs at least one peer")
+        if liveness_s is not None and not liveness_s >= 0:
+            raise ValueError(f"liveness_s must be >= 0 seconds or None, got {liveness_s!r}")
         tokens = RoundTokens(secret, job, f"Endpoint({dev!r})")  # checked before the compile
         share, early = SharePolicy(capacity_bps), EarlyClose(capacity_bps, early_close)
         self.ip, self.ns, self.job, self.port = ip, ns, job, port
@@ -140,6 +149,7 @@ class Endpoint:
         try:
             self.maps = self.dp.maps()
             self.maps.set_peers(self.peers)
+            self.maps.set_liveness(liveness_s)
             self.dp.attach(dev, ns, mode, force=force, fix=FORCE_FIX)
             if publish:  # a record: `ltp status/flows/top` see this endpoint
                 self._publish(dev, ns, mode)
@@ -273,6 +283,12 @@ class Endpoint:
         return res.values[0].copy()
 
     # ------------------------------------------------------------------- misc
+    def beat(self) -> None:
+        """Tell the XDP program this endpoint is alive (see liveness_s): for
+        a caller that keeps a round open while it does something else for
+        longer than liveness_s (its waits and pushes beat by themselves)."""
+        self.maps.beat()
+
     def counters(self) -> dict[str, int]:
         return self.maps.counters()
 

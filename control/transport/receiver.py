@@ -118,6 +118,7 @@ class Receiver:
             critical = np.asarray(critical, dtype=bool)
             if critical.shape != (layout.nchunks,):
                 raise ValueError(f"critical mask needs {layout.nchunks} entries, got {critical.shape}")
+        self.maps.beat()  # the round's reader is alive (docs/transport.md, a hung receiver)
         # ACKs divide the capacity among the flows not finished at that moment
         # (the XDP program counts them down); share_kbps(1) is the whole of it.
         self.maps.open_bank(round_, layout.nchunks, layout.last_len,
@@ -165,7 +166,9 @@ class Receiver:
         # seconds per chunk at line rate, and the longest sleep
         chunk_s = (self.chunk_bytes + FRAME_OVERHEAD) * 8 / self.capacity_bps
         max_sleep = max(poll_s, 0.005 if reliable else 0.001)
+        beat = self.maps.beat
         while True:
+            beat()  # its DATA is ACKed only while this loop (or a push) runs
             chunks = prog["chunks"][rows]
             done = int(chunks.sum())
             now = time.perf_counter() - t_open

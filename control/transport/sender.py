@@ -232,6 +232,7 @@ class Push:
         """Closed flags; sets the pacer to the sum of the advertised rates
         (their minimum during a group pass)."""
         tx32, low = self.tx32, self.low
+        self.sender.maps.beat()  # this endpoint's control thread runs (a hung receiver)
         closed = [bool(tx32[s, 1]) for s in self.slots]
         rates = [int(tx32[s, 2]) for s in self.slots]
         for i, r in enumerate(rates):

@@ -4,7 +4,8 @@ One row per peer slot (a worker on a PS; the host's own id on a worker):
 what XDP counted (ltp_stats), what the control plane recorded about closed
 rounds (ltp_rounds), and the progress of the newest bank. Drop classes that
 have no slot (malformed, foreign job, bad magic...) are program-wide
-(ltp_counters) and go in `totals`. `rates` turns two snapshots into per-second
+(ltp_counters) and go in `totals`; so does `stale_owner` (DATA a hung
+receiver did not ACK: its heartbeat was stale). `rates` turns two snapshots into per-second
 rates for `ltp top`.
 
 Loss estimate of a slot: filled / (delivered + filled) over the rounds the
@@ -25,7 +26,7 @@ _STATS = {"packets": "rx_packets", "bytes": "rx_bytes", "acks": "acks_tx", "dup"
           "delivered": "delivered", "acks_rx": "acks_rx", "acks_stale": "acks_stale"}
 #: program-wide drop classes shown in the totals line
 PROGRAM_DROPS = ("malformed", "foreign_job", "bad_magic", "bad_version", "unknown_worker",
-                 "ack_fail", "bad_token")
+                 "ack_fail", "bad_token", "stale_owner")
 #: row fields that `rates` turns into per-second values
 RATE_FIELDS = ("packets", "bytes", "acks", "dup", "late", "out_of_range", "delivered", "acks_rx")
 

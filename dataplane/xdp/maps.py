@@ -21,9 +21,9 @@ from ...errors import DataplaneError
 from .. import clib
 from . import headers
 from .mapstructs import (BANK_CLOSED, BANK_FREE, BANK_OPEN, BANK_STATES, CFG_SELF,  # noqa: F401
-                         PROGRESS_DTYPE, ROUND_REASONS, ROUND_TIME_BOUNDS_S, ROUND_TIME_BUCKETS,
+                         LIVE_DTYPE, PROGRESS_DTYPE, ROUND_REASONS, ROUND_TIME_BOUNDS_S, ROUND_TIME_BUCKETS,
                          SENDSLOT_DTYPE, SHARE_DTYPE, SLOT_STATS, TX_DTYPE, Bank, Cfg, FdMap,
-                         Geometry, Progress, RoundStats, SendSlot, Share, SlotStats, Tx, mmap_rw)
+                         Geometry, Live, Progress, RoundStats, SendSlot, Share, SlotStats, Tx, mmap_rw)
 from .wire import LtpHdr, token_word
 
 #: enum ltp_counter, in order; the maps bpf/ltp_maps.h declares, in order
@@ -79,6 +79,11 @@ class LtpMaps:
             self.sendorder = view("ltp_sendorder", SENDSLOT_DTYPE.itemsize * g.banks * g.max_chunks,
                                   SENDSLOT_DTYPE, (g.banks, g.max_chunks))
 
+        #: the receiving control plane's heartbeat [beat_ns, limit_ns] (ltp_live);
+        #: None in fd sets made before it
+        self.live = (view("ltp_live", LIVE_DTYPE.itemsize, np.uint64, (2,))
+                     if "ltp_live" in fds else None)
+
     @classmethod
     def from_bpf(cls, bpf, geometry) -> "LtpMaps":
         return cls({n: bpf[n.encode()].get_fd() for n in MAP_NAMES}, geometry)
@@ -98,7 +103,7 @@ class LtpMaps:
     def close(self) -> None:
         # Views must go before their mmaps can close.
         for attr in ("mem", "mem_bytes", "claim", "done", "acked", "progress", "tx", "share",
-                     "sendbuf", "sendorder"):
+                     "sendbuf", "sendorder", "live"):
             self.__dict__.pop(attr, None)
         for mm in self._mm.values():
             try:
@@ -157,6 +162,27 @@ class LtpMaps:
     def active_flows(self, round_: int) -> int:
         """Flows of round_ not finished (set at open, counted down by XDP)."""
         return 0 if self.share is None else int(self.share[self.bank_index(round_)]["active"])
+
+    # --- liveness (ltp_live) --------------------------------------------
+    def set_liveness(self, limit_s: float | None) -> None:
+        """DATA of an open round is ACKed only while the heartbeat is at most
+        limit_s old (None or 0: always, the check is off)."""
+        if limit_s is not None and limit_s < 0:
+            raise ValueError(f"liveness limit must be >= 0 seconds, got {limit_s}")
+        if self.live is not None:
+            self.live[1] = round((limit_s or 0) * 1e9)
+
+    def beat(self) -> None:
+        """The receiving control plane is alive now (a store into mapped
+        memory, no system call; bpf_ktime_get_ns reads CLOCK_MONOTONIC too)."""
+        if self.live is not None:
+            self.live[0] = time.monotonic_ns()
+
+    def heartbeat_age_s(self) -> float | None:
+        """Seconds since the last heartbeat; None if nothing ever beat."""
+        if self.live is None or not self.live[0]:
+            return None
+        return (time.monotonic_ns() - int(self.live[0])) / 1e9
 
     # --- receiver rounds ----------------------------------------------
     def bank_index(self, round_: int) -> int:

@@ -133,6 +133,12 @@ class RoundStats(ctypes.Structure):
                 ("time_us", ctypes.c_uint64), ("time_hist", ctypes.c_uint64 * ROUND_TIME_BUCKETS)]
 
 
+class Live(ctypes.Structure):
+    """struct ltp_live: the receiving control plane's heartbeat and its limit (ns)."""
+
+    _fields_ = [("beat_ns", ctypes.c_uint64), ("limit_ns", ctypes.c_uint64)]
+
+
 class Share(ctypes.Structure):
     _fields_ = [("active", ctypes.c_uint32), ("share_kbps", ctypes.c_uint32),
                 ("window", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
@@ -149,6 +155,7 @@ SO_CHUNK, SO_CRITICAL = _D["LTP_SO_CHUNK"], _D["LTP_SO_CRITICAL"]
 
 # numpy views of the mmapable maps use the same layouts
 SHARE_DTYPE = np.dtype(Share)
+LIVE_DTYPE = np.dtype(Live)
 TX_DTYPE = np.dtype(Tx)
 SENDSLOT_DTYPE = np.dtype(SendSlot)
 PROGRESS_DTYPE = np.dtype(Progress)
