@@ -48,7 +48,7 @@ enum ltp_counter {
 	LTP_C_ACK_STALE,       /* ACK for a round this sender is not sending */
 	LTP_C_ACK_FAIL,        /* could not build the ACK (tail adjust failed) */
 	LTP_C_BAD_TOKEN,       /* DATA or ACK whose token is not its round's: a spoof, or a peer
-	                          with another secret; never written, never ACKed */
+	                          with another secret; never written, never ACKed, no header kept */
 	LTP_C_CLOCK_TX,        /* sender: ACKs turned into the flow's next DATA (XDP_TX) */
 	LTP_C_CLOCK_STOP,      /* sender: ACKs consumed because the receiver's credit said STOP */
 	LTP_C_CLOCK_IDLE,      /* sender: ACKs consumed with nothing to send (all handed out,
@@ -291,7 +291,7 @@ BPF_F_TABLE("array", u32, struct ltp_chunk, ltp_sendbuf, LTP_BANKS * LTP_MAX_CHU
 BPF_F_TABLE("array", u32, struct ltp_sendslot, ltp_sendorder, LTP_BANKS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
 /* ltp_rounds: control plane writes per slot as it closes a round (LtpMaps.record_round); `ltp flows` reads; XDP never touches it */
 BPF_ARRAY(ltp_rounds, struct ltp_round_stats, LTP_SLOTS);
-/* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why); CLI reads */
+/* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why; never for bad_token: a spoof writes nothing but its per-CPU count); CLI reads */
 BPF_ARRAY(ltp_lasthdr, struct ltp_hdr, LTP_C_MAX);
 
 /* ltp_capcfg: `ltp capture` writes (on/off lease, snaplen, filters); XDP reads every packet */

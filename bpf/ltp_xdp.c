@@ -58,6 +58,15 @@ static __always_inline int drop(u32 idx, struct ltp_hdr *h)
 	return XDP_DROP;
 }
 
+/* A packet without its round's token: counted (per CPU) and nothing else.
+ * No header is kept (ltp_lasthdr is shared by every CPU and read by the
+ * operator's tools): a spoofer cannot write anything anyone reads. */
+static __always_inline int drop_spoof(void)
+{
+	count(LTP_C_BAD_TOKEN);
+	return XDP_DROP;
+}
+
 /* Bitmap word of a chunk, opaque to clang so the bound test that follows
  * stays in the program for the verifier (LTP_BM_WORDS need not be a power
  * of two). */
@@ -262,7 +271,7 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 	/* Before anything is written or ACKed, closed rounds included: without
 	 * the round's token a packet is a spoof (or from another secret). */
 	if (h->token != b->token)
-		return drop(LTP_C_BAD_TOKEN, h);
+		return drop_spoof();
 	if (b->state != LTP_BANK_OPEN) {
 		/* Late for a closed round: never written, but ACKed CLOSED so the
 		 * sender stops at once. */
@@ -487,7 +496,7 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 	/* Only an ACK built from our own DATA carries the token: a spoofed one
 	 * neither closes the round nor marks a chunk nor sets the rate. */
 	if (h->token != tx->token)
-		return drop(LTP_C_BAD_TOKEN, h);
+		return drop_spoof();
 	u16 hflags = bpf_ntohs(h->flags);
 	if (h->state == LTP_RS_CLOSED)
 		tx->closed = 1;
