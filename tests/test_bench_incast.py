@@ -76,10 +76,14 @@ def test_small_incast_bench_gives_documented_json_and_a_plot(tmp_path):
 def test_one_worker_is_a_single_flow_measurement():
     """--workers 1: one flow, uncongested; every figure of both transports is there."""
     res, wall = bench("--workers", "1", "--rounds", "3", "--size", "4MiB", "--rate", "32gbit",
-                      "--buffer", "4mb", "--transports", "ltp,tcp-cubic")
+                      "--buffer", "4mb", "--transports", "ltp,tcp-cubic",
+                      "--early-close", "progress,capacity")
     assert res["config"]["workers"] == 1
     assert res["limit_s"] == pytest.approx((4 << 20) * 8 / 32e9)
-    assert set(res["results"]) == {"ltp", "tcp-cubic"}
+    # LTP once under each Early Close rule, in alternating blocks
+    assert list(res["results"]) == ["ltp@progress", "ltp@capacity", "tcp-cubic"]
+    assert [res["results"][t]["early_close"] for t in ("ltp@progress", "ltp@capacity")] == \
+        ["progress", "capacity"]
     assert res["results"]["tcp-cubic"]["delivered"] == 1.0
     check_cpu_and_goodput(res, wall)
 
@@ -113,6 +117,8 @@ def test_bad_flags_are_usage_errors():
                        (["--transports", "ltp,ltp-xdp"], "cannot be combined"),
                        (["--transports", "ltp-xdp,ltp-xdp"], "twice"),
                        (["--block", "0"], "--block"),
+                       (["--early-close", "progress,fast"], "--early-close"),
+                       (["--early-close", "capacity,capacity"], "--early-close"),
                        (["--transports", "ltp,quic"], "--transports"),
                        (["--size", "10"], "--size"), (["--loss", "1.5"], "--loss"),
                        (["--sweep-workers", "4,x"], "--sweep-workers"),

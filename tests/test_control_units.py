@@ -110,8 +110,9 @@ def test_deadline_and_absent_worker():
     # worker 1 sent nothing; worker 0 is done: wait absent_factor x deadline
     assert ec.decide(0.020, np.array([0.0, nan]), np.array([1.0, 0.0]), True) is None
     assert ec.decide(0.033, np.array([0.0, nan]), np.array([1.0, 0.0]), True) == "deadline"
-    # a worker stuck below the threshold past its own deadline
+    # a worker stuck below the threshold past its own deadline (seen stuck since 10 ms)
     ec = _ec()
+    assert ec.decide(0.010, np.array([0.0, 0.0]), np.array([1.0, 0.5]), True) is None
     assert ec.decide(0.017, np.array([0.0, 0.0]), np.array([1.0, 0.5]), True) == "deadline"
 
 

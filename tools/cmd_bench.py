@@ -37,6 +37,8 @@ delivered / round time, cpu_s_per_round: the machine's busy CPU seconds from
 sender, sent, clock_share: DATA the ACK clock made / DATA sent), ratios (per LTP
 transport, per other transport: median, p99, goodput, cpu_s_per_round, this
 over that), schedule ([transport, rounds] per block, in the order run),
+early_close (LTP's rule; with --early-close progress,capacity every LTP
+transport runs under both, labelled e.g. ltp-socket@capacity),
 speedup and ltp_over (the first LTP transport's: each other's median over
 its; its goodput and cpu_s_per_round over each other's).
 """
@@ -89,6 +91,10 @@ def _register_incast(bsub) -> None:
     i.add_argument("--sender", default=None, metavar="socket|xdp",
                    help="how plain ltp's pushes leave: socket (paced, default) or xdp (the ACK "
                    "clock); to A/B both: --transports ltp-xdp,ltp-socket,...")
+    i.add_argument("--early-close", default="progress", metavar="RULE[,RULE]",
+                   help="Early Close deadline rule(s) of LTP: progress (default) or capacity "
+                   "(the rule before issue 15); two run every LTP transport under each, "
+                   "labelled TRANSPORT@RULE, in alternating blocks")
     i.add_argument("--plot", metavar="FILE.png", help="write a CDF (and scaling) plot")
     i.add_argument("--name", default="bench", help="name of the rig it builds (default bench; "
                    "must not exist)")
@@ -208,7 +214,7 @@ def cmd_xdp(args) -> None:
 
 
 def cmd_incast(args) -> None:
-    from ..control.bench.incast import check_transports
+    from ..control.bench.incast import check_transports, labels
     rate = check_rate(args.rate)
     buf = check_bytes(args.buffer, "--buffer")
     size = parse_size(args.size, "--size")
@@ -223,6 +229,11 @@ def cmd_incast(args) -> None:
     except ValueError as e:
         raise UsageError(f"--transports: {e}") from None
     sender = _check_sender(args.sender, transports)
+    rules = [r.strip() for r in args.early_close.split(",") if r.strip()]
+    try:
+        labels(transports, rules)
+    except ValueError as e:
+        raise UsageError(f"--early-close: {e}") from None
     if args.block < 1:
         raise UsageError(f"--block must be at least 1, got {args.block}")
     try:
@@ -243,7 +254,8 @@ def cmd_incast(args) -> None:
     results = []
     with Progress(transient=True, disable=False, console=_stderr_console()) as prog:
         for n in counts:
-            task = prog.add_task(f"{n} workers", total=args.rounds * len(transports))
+            task = prog.add_task(f"{n} workers",
+                                 total=args.rounds * len(labels(transports, rules)))
 
             def tick(t, done, total, task=task, n=n):
                 prog.update(task, completed=done, description=f"{n} workers: {t}")
@@ -251,7 +263,7 @@ def cmd_incast(args) -> None:
             results.append(bench_incast.run_config(
                 workers=n, rate_bps=rate, buffer_bytes=buf, size=size, rounds=args.rounds,
                 loss=loss, transports=transports, mtu=args.mtu, name=args.name,
-                sender=sender, block=args.block, progress=tick))
+                sender=sender, block=args.block, rules=rules, progress=tick))
     if args.plot:
         bench_incast.plot(results, args.plot)
     out = results[0] if len(results) == 1 else {"sweep": results}

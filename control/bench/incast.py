@@ -36,7 +36,8 @@ from typing import Callable
 
 import numpy as np
 
-from .runners import LTP_SENDERS, Rounds, is_ltp, make_runners
+from ..transport.early_close import RULES
+from .runners import LTP_SENDERS, Rounds, is_ltp, make_runners, variant
 
 TRANSPORTS = ("ltp", "ltp-socket", "ltp-xdp", "tcp-cubic", "tcp-bbr")
 
@@ -58,11 +59,25 @@ def check_transports(transports: list[str]) -> None:
                          "e.g. ltp-xdp,ltp-socket,tcp-cubic")
 
 
-def _summary(r: Rounds, limit: float, round_bits: int, label: str, sender: str) -> dict:
+def labels(transports: list[str], rules: list[str]) -> list[str]:
+    """The run's transport labels: with more than one Early Close rule, every
+    LTP transport once per rule (ltp-socket@progress, ltp-socket@capacity)."""
+    bad = [r for r in rules if r not in RULES]
+    if bad or not rules or len(set(rules)) != len(rules):
+        raise ValueError(f"Early Close rules {rules}: each once, from {', '.join(RULES)}")
+    if len(rules) == 1:
+        return list(transports)
+    return [f"{t}@{r}" if is_ltp(t) else t for t in transports
+            for r in (rules if is_ltp(t) else [None])]
+
+
+def _summary(r: Rounds, limit: float, round_bits: int, label: str, sender: str,
+             rule: str) -> dict:
     """The documented per-transport figures. goodput_bps: payload bits
     delivered over the counted rounds / their summed time; cpu_s_per_round:
     busy CPU seconds of the whole machine per counted round; LTP's also say
-    their sender and the share of DATA the ACK clock made (clock_share)."""
+    their sender, the share of DATA the ACK clock made (clock_share) and
+    their Early Close rule."""
     times = r.times
     med = statistics.median(times)
     p99 = _pct(times, 99)
@@ -73,7 +88,8 @@ def _summary(r: Rounds, limit: float, round_bits: int, label: str, sender: str) 
            "cpu_s_per_round": sum(r.cpu_s) / len(times), "round_s": times,
            "reasons": dict(collections.Counter(r.reasons))}
     if is_ltp(label):
-        out.update(sender=LTP_SENDERS.get(label, sender), sent=r.sent,
+        s, rule = variant(label, sender, rule)
+        out.update(sender=s, early_close=rule, sent=r.sent,
                    clock_share=r.clock_tx / r.sent if r.sent else 0.0)
     return out
 
@@ -81,13 +97,18 @@ def _summary(r: Rounds, limit: float, round_bits: int, label: str, sender: str) 
 def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rounds: int,
                loss: float, transports: list[str], block: int = 10, warmup: int = 2,
                mtu: int = 1500, name: str = "bench", sender: str = "socket",
+               rules: list[str] | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> dict:
-    """One configuration on one fresh rig; returns the documented JSON object."""
+    """One configuration on one fresh rig; returns the documented JSON object.
+    rules: Early Close rules (RULES) every LTP transport runs under, each
+    its own label when there are several (default: progress)."""
     from ...dataplane.tcp_cc import ensure_cc
     from ...dataplane.rig.star import Rig, RigConfig
     from .cpustat import ncpu
 
     check_transports(transports)
+    rules = list(rules or ["progress"])
+    names = labels(transports, rules)
     for t in transports:
         if t.startswith("tcp-"):
             ensure_cc(t[4:])
@@ -98,14 +119,15 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
     limit = workers * size * 8 / rate_bps
     cfg = RigConfig(name=name, workers=workers, rate_bps=rate_bps, buffer_bytes=buffer_bytes,
                     loss=loss, mode="skb", mtu=mtu)
-    tally = _Tally(transports, rounds, progress)
+    tally = _Tally(names, rounds, progress)
     with Rig(cfg) as rig:
-        _take_turns(rig, tally, size=size, block=block, warmup=warmup, sender=sender)
-    results = {t: _summary(tally.rounds[t], limit, workers * size * 8, t, sender)
-               for t in transports}
+        _take_turns(rig, tally, size=size, block=block, warmup=warmup, sender=sender,
+                    rule=rules[0])
+    results = {t: _summary(tally.rounds[t], limit, workers * size * 8, t, sender, rules[0])
+               for t in names}
     return {"config": {"workers": workers, "rate_bps": rate_bps, "buffer_bytes": buffer_bytes,
                        "size_bytes": size, "rounds": rounds, "loss": loss, "mtu": mtu,
-                       "sender": sender,
+                       "sender": sender, "early_close": rules,
                        "transports": list(transports), "block": block, "warmup": warmup,
                        "ncpu": ncpu()},
             "limit_s": limit, "results": results, "schedule": tally.schedule,
@@ -163,11 +185,11 @@ class _Tally:
 
 
 def _take_turns(rig, tally: _Tally, *, size: int, block: int, warmup: int,
-                sender: str = "socket") -> None:
+                sender: str = "socket", rule: str = "progress") -> None:
     """The transports in blocks of rounds, in the order given (e.g. ltp-xdp,
     ltp-socket, cubic, ltp-xdp, ...), until each has its rounds. LTP's
     endpoints stay up between its blocks; TCP's start anew."""
-    runners, close = make_runners(tally.transports, rig, size, warmup, sender)
+    runners, close = make_runners(tally.transports, rig, size, warmup, sender, rule)
     try:
         while any(tally.owed(t, block) > 0 for t in tally.transports):
             for t in tally.transports:
@@ -183,34 +205,49 @@ def table(res: dict) -> str:
     transport's median over the first LTP's), goodput and the machine's CPU
     per round, then every LTP transport's ratios to the others."""
     c = res["config"]
+    w = max(10, *(len(t) for t in res["results"]))
     who = "1 flow" if c["workers"] == 1 else f"{c['workers']} workers"
     lines = [f"{who} x {c['size_bytes'] // 1024} KiB, "
              f"{c['rate_bps'] / 1e9:g} Gbit/s, buffer {c['buffer_bytes'] // 1000} kB, "
              f"loss {c['loss']:g}: limit {res['limit_s'] * 1e3:.1f} ms",
-             f"{'transport':<10} {'median ms':>10} {'p99 ms':>9} {'max ms':>9} "
+             f"{'transport':<{w}} {'median ms':>10} {'p99 ms':>9} {'max ms':>9} "
              f"{'med/lim':>8} {'p99/lim':>8} {'deliv':>7} {'speedup':>8}"]
     for t, r in res["results"].items():
         sp = res["speedup"].get(t)
-        lines.append(f"{t:<10} {r['median_s'] * 1e3:>10.1f} {r['p99_s'] * 1e3:>9.1f} "
+        lines.append(f"{t:<{w}} {r['median_s'] * 1e3:>10.1f} {r['p99_s'] * 1e3:>9.1f} "
                      f"{r['max_s'] * 1e3:>9.1f} {r['median_over_limit']:>8.2f} "
                      f"{r['p99_over_limit']:>8.2f} {r['delivered']:>7.4f} "
                      f"{(f'{sp:.1f}x' if sp else '-'):>8}")
-    lines.append(f"{'transport':<10} {'goodput Gbit/s':>15} {'cpu ms/round':>13} "
+    lines.append(f"{'transport':<{w}} {'goodput Gbit/s':>15} {'cpu ms/round':>13} "
                  f"{'sender':>7} {'clock share':>12}   ({c.get('ncpu', '?')} CPUs)")
     for t, r in res["results"].items():
         share = f"{r['clock_share']:.2f}" if "clock_share" in r else "-"
-        lines.append(f"{t:<10} {r['goodput_bps'] / 1e9:>15.3f} "
+        lines.append(f"{t:<{w}} {r['goodput_bps'] / 1e9:>15.3f} "
                      f"{r['cpu_s_per_round'] * 1e3:>13.1f} {r.get('sender', '-'):>7} "
                      f"{share:>12}")
-    if res.get("ratios"):
-        lines.append(f"{'same run: a / b':<23} {'median':>8} {'p99':>8} {'goodput':>8} "
+    pairs = [(a, b, q) for a, row in res.get("ratios", {}).items() for b, q in row.items()
+             if _compared(res["results"], a, b)]
+    if pairs:
+        v = max(23, *(len(a) + len(b) + 3 for a, b, _ in pairs))
+        lines.append(f"{'same run: a / b':<{v}} {'median':>8} {'p99':>8} {'goodput':>8} "
                      f"{'cpu/round':>10}")
-        for a, row in res["ratios"].items():
-            for b, q in row.items():
-                u = q["cpu_s_per_round"]
-                lines.append(f"{a + ' / ' + b:<23} {q['median']:>8.2f} {q['p99']:>8.2f} "
-                             f"{q['goodput']:>7.2f}x {(f'{u:.2f}x' if u else '-'):>10}")
+        for a, b, q in pairs:
+            u = q["cpu_s_per_round"]
+            lines.append(f"{a + ' / ' + b:<{v}} {q['median']:>8.2f} {q['p99']:>8.2f} "
+                         f"{q['goodput']:>7.2f}x {(f'{u:.2f}x' if u else '-'):>10}")
     return "\n".join(lines)
+
+
+def _compared(results: dict, a: str, b: str) -> bool:
+    """Which of the ratios the table shows (the JSON has all): an LTP
+    transport over each other kind, and over a later LTP one that differs
+    only in its sender or only in its Early Close rule."""
+    if not is_ltp(b):
+        return True
+    names = list(results)
+    ra, rb = results[a], results[b]
+    return names.index(b) > names.index(a) and (ra["sender"] == rb["sender"] or
+                                                 ra["early_close"] == rb["early_close"])
 
 
 def plot(results: list[dict], path: str) -> None:

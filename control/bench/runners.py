@@ -9,8 +9,9 @@ endpoints. A variant names
 
 - its sender: "socket" (the paced socket) or "xdp" (the ACK clock): each
   worker plans that block's pushes with it (worker_proc's `prepare`);
-- its own Early Close state: the PS swaps it in for the variant's blocks,
-  so each learns from its own rounds only.
+- its Early Close rule (`EarlyCloseConfig.rule`, a label's @RULE): the PS
+  keeps one Early Close state per variant and swaps it in for the
+  variant's blocks, so each learns from its own rounds only.
 
 The switch port toward the PS carries an XDP_PASS program for the whole run
 (the PS's XDP_TX ACKs must be delivered); the workers' ports carry one only
@@ -48,8 +49,18 @@ class Rounds:
 
 
 def is_ltp(t: str) -> bool:
-    """Is transport label `t` one of LTP's (ltp, ltp-socket, ltp-xdp)?"""
-    return t == "ltp" or t in LTP_SENDERS
+    """Is transport label `t` one of LTP's (ltp, ltp-socket, ltp-xdp, with
+    an @RULE or not)?"""
+    name = t.partition("@")[0]
+    return name == "ltp" or name in LTP_SENDERS
+
+
+def variant(label: str, sender: str, rule: str) -> tuple[str, str]:
+    """(sender, Early Close rule) of an LTP label: plain ltp takes `sender`,
+    ltp-socket and ltp-xdp name theirs; an @RULE suffix names the rule,
+    else it is `rule`."""
+    name, _, own = label.partition("@")
+    return LTP_SENDERS.get(name, sender), own or rule
 
 
 class _Shared:
@@ -93,13 +104,14 @@ class _Shared:
 
 
 class LtpRunner:
-    """One LTP variant (its sender) on the run's shared cluster."""
+    """One LTP variant (sender, Early Close rule) on the run's shared cluster."""
 
-    def __init__(self, shared: _Shared, size: int, warmup: int, sender: str):
+    def __init__(self, shared: _Shared, size: int, warmup: int, sender: str, rule: str):
+        import dataclasses
         from ..transport.early_close import EarlyClose
         self.shared, self.size, self.warmup, self.sender = shared, size, warmup, sender
         ps = shared.cluster.ps
-        self.early = EarlyClose(ps.capacity_bps, ps.early.cfg)
+        self.early = EarlyClose(ps.capacity_bps, dataclasses.replace(ps.early.cfg, rule=rule))
 
     def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
         sh = self.shared
@@ -141,19 +153,19 @@ class TcpRunner:
         pass
 
 
-def make_runners(labels: list[str], rig, size: int, warmup: int, sender: str = "socket"
-                 ) -> tuple[dict, Callable[[], None]]:
-    """A runner per transport label, and the function that closes them all.
-    `sender` is plain ltp's; ltp-socket and ltp-xdp name theirs."""
+def make_runners(labels: list[str], rig, size: int, warmup: int, sender: str = "socket",
+                 rule: str = "progress") -> tuple[dict, Callable[[], None]]:
+    """A runner per transport label, and the function that closes them all
+    (see `variant` for `sender` and `rule`)."""
     runners: dict = {}
     shared: _Shared | None = None
     try:
         for t in labels:
             if is_ltp(t):
-                s = LTP_SENDERS.get(t, sender)
+                s, r = variant(t, sender, rule)
                 if shared is None:
                     shared = _Shared(rig, size, s)
-                runners[t] = LtpRunner(shared, size, warmup, s)
+                runners[t] = LtpRunner(shared, size, warmup, s, r)
             else:
                 runners[t] = TcpRunner(rig, size, warmup, cc=t[len("tcp-"):])
     except BaseException:
