@@ -59,6 +59,8 @@ enum ltp_counter {
 	LTP_C_STALE_OWNER,     /* receiver: DATA of an open round dropped without an ACK because
 	                          the control plane's heartbeat (ltp_live) is older than its
 	                          limit: the process that would read it is hung or stopped */
+	LTP_C_CLOCK_RETX,      /* sender: ACKs turned into a re-send of a chunk RACK found lost
+	                          (also in clock_tx) */
 	LTP_C_MAX,
 };
 
@@ -194,7 +196,22 @@ struct ltp_tx {
 	__u64 consumed;        /* ACKs XDP consumed: in flight = added - consumed */
 	__u64 stops;           /* STOP ACKs received (stamped into DATA, LTP_CLOCK_STAMP) */
 	__u64 sent;            /* DATA XDP made from ACKs */
+	/* Recovery in XDP (rack = 1, docs/transport.md): every DATA XDP sends is
+	 * logged (ltp_sendlog: its order position at log index xseq, and
+	 * ltp_sentat[chunk] = xseq + 1); an ACK is turned into a re-send of a
+	 * logged chunk still unacknowledged and more than LTP_RACK_REORDER log
+	 * entries older than the newest acked one, before any new chunk. */
+	__u64 xseq;            /* XDP: DATA logged so far (the log's head) */
+	__u64 scan;            /* XDP: the oldest log entry not yet judged */
+	__u64 newest;          /* XDP: the newest log entry acked */
+	__u64 rexmit;          /* XDP: re-sends it made */
+	__u32 rack;            /* control plane: 1 lets XDP recover this flow's losses */
+	__u32 pad2;
 };
+
+#define LTP_RACK_REORDER 3       /* log entries an ACK may overtake before loss is judged */
+#define LTP_RACK_SCAN    8       /* log entries one ACK looks at, at most */
+#define LTP_SENDLOG      (2 * LTP_MAX_CHUNKS)  /* log entries per flow (a ring) */
 
 /* ltp_sendorder entries: the chunk at a send position, and its payload's
  * checksum (16-bit ones' complement sum of its native 16-bit words, so XDP
@@ -289,6 +306,10 @@ BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_acked, LTP_BANKS * LTP_SLOTS, B
 BPF_F_TABLE("array", u32, struct ltp_chunk, ltp_sendbuf, LTP_BANKS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
 /* ltp_sendorder: sender control plane writes the round's send order per [bank][position] (mmapped); XDP reads it */
 BPF_F_TABLE("array", u32, struct ltp_sendslot, ltp_sendorder, LTP_BANKS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
+/* ltp_sendlog: XDP logs the order position of each DATA it sends per [bank][slot][seq % LTP_SENDLOG]; XDP reads it to find losses */
+BPF_ARRAY(ltp_sendlog, __u32, LTP_BANKS * LTP_SLOTS * LTP_SENDLOG);
+/* ltp_sentat: XDP writes per [bank][slot][chunk] its latest log seq + 1 (u64: an array map's values are 8-byte aligned, so the mmapped view is dense); the control plane reads it (mmapped) and writes 0 when it re-sends the chunk itself (it then owns its recovery) and at the push's start */
+BPF_F_TABLE("array", u32, __u64, ltp_sentat, LTP_BANKS * LTP_SLOTS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
 /* ltp_rounds: control plane writes per slot as it closes a round (LtpMaps.record_round); `ltp flows` reads; XDP never touches it */
 BPF_ARRAY(ltp_rounds, struct ltp_round_stats, LTP_SLOTS);
 /* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why; never for bad_token: a spoof writes nothing but its per-CPU count); CLI reads */

@@ -380,7 +380,7 @@ static __always_inline int clock_drop(u32 why)
 /* Rewrite the frame at ctx, an ACK grown to hold `len` payload bytes, into
  * DATA of `chunk` back to where the ACK came from; XDP_TX. */
 static __always_inline int clock_headers(struct xdp_md *ctx, struct ltp_tx *tx,
-					 struct ltp_sendslot *so, u32 chunk, u32 len)
+					 struct ltp_sendslot *so, u32 chunk, u32 len, u32 more_flags)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -406,7 +406,7 @@ static __always_inline int clock_headers(struct xdp_md *ctx, struct ltp_tx *tx,
 	udp->dest = p;
 	udp->len = bpf_htons(sizeof(*udp) + sizeof(*h) + len);
 
-	u32 flags = tx->flags | LTP_F_CLOCK;
+	u32 flags = tx->flags | LTP_F_CLOCK | more_flags;
 	if (so->chunk & LTP_SO_CRITICAL)
 		flags |= LTP_F_CRITICAL;
 	if (chunk + 1 == tx->nchunks)
@@ -440,40 +440,141 @@ static __always_inline int clock_headers(struct xdp_md *ctx, struct ltp_tx *tx,
 	return XDP_TX;
 }
 
-/* Turn the ACK at ctx into the flow's next chunk: the next order position
- * handed out (fetch-add, so two CPUs never send the same one), grown, its
- * payload copied from ltp_sendbuf; consumed when none is left. */
-static __always_inline int clock_send(struct xdp_md *ctx, struct ltp_tx *tx, u32 bank)
+/* Log a DATA this flow sends (order position pos, chunk), for RACK in XDP:
+ * the log's next seq (fetch-add, so two CPUs never share one) holds pos,
+ * and the chunk's ltp_sentat entry names that seq (+ 1): an older entry of
+ * the chunk is superseded. */
+static __always_inline void clock_log(struct ltp_tx *tx, u32 flow, u32 pos, u32 chunk)
 {
-	u64 pos = __sync_fetch_and_add(&tx->next, 1);
-	if (pos >= tx->tail || pos >= LTP_MAX_CHUNKS)
-		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+	u64 seq = __sync_fetch_and_add(&tx->xseq, 1);
+	u32 lidx = flow * LTP_SENDLOG + (u32)(seq % LTP_SENDLOG);
+	u32 *l = ltp_sendlog.lookup(&lidx);
+	if (l)
+		*l = pos;
+	u32 sidx = flow * LTP_MAX_CHUNKS + chunk;
+	u64 *sa = ltp_sentat.lookup(&sidx);
+	if (sa)
+		*sa = seq + 1;
+}
+
+/* An ACK that could not become the DATA it was to carry: consumed, unless
+ * it was to carry a re-send, for which it was counted consumed already. */
+static __always_inline int clock_give_up(struct ltp_tx *tx, u32 why, u32 more_flags)
+{
+	if (more_flags & LTP_F_RETX)
+		return clock_drop(why);
+	return clock_consume(tx, why);
+}
+
+/* Grow the ACK at ctx into DATA of order position pos (its payload from
+ * ltp_sendbuf), logged for RACK when the flow has it on; XDP_TX. */
+static __always_inline int clock_emit(struct xdp_md *ctx, struct ltp_tx *tx, u32 bank,
+				      u32 flow, u64 pos, u32 more_flags)
+{
+	if (pos >= LTP_MAX_CHUNKS)
+		return clock_give_up(tx, LTP_C_CLOCK_IDLE, more_flags);
 	u32 oidx = bank * LTP_MAX_CHUNKS + (u32)pos;
 	struct ltp_sendslot *so = ltp_sendorder.lookup(&oidx);
 	if (!so)
-		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+		return clock_give_up(tx, LTP_C_CLOCK_IDLE, more_flags);
 	u32 chunk = so->chunk & LTP_SO_CHUNK;
 	u32 nch = tx->nchunks;
 	if (chunk >= nch || chunk >= LTP_MAX_CHUNKS)
-		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+		return clock_give_up(tx, LTP_C_CLOCK_IDLE, more_flags);
 	u32 sidx = bank * LTP_MAX_CHUNKS + chunk;
 	struct ltp_chunk *src = ltp_sendbuf.lookup(&sidx);
 	if (!src)
-		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+		return clock_give_up(tx, LTP_C_CLOCK_IDLE, more_flags);
 	u64 n = chunk + 1 == nch ? tx->last_len : LTP_CHUNK_BYTES;
 	asm volatile("" : "+r"(n));
 	if (n > LTP_CHUNK_BYTES)
-		return clock_consume(tx, LTP_C_GROW_FAIL);
+		return clock_give_up(tx, LTP_C_GROW_FAIL, more_flags);
 	asm volatile("" : "+r"(n));  /* keeps clang from merging the two tests */
 	if (n < 4)
-		return clock_consume(tx, LTP_C_GROW_FAIL);
+		return clock_give_up(tx, LTP_C_GROW_FAIL, more_flags);
 	u32 plen = ctx->data_end - ctx->data;
 	asm volatile("" : "+r"(plen));  /* a length, not pointer arithmetic on pkt_end */
 	if (bpf_xdp_adjust_tail(ctx, (int)(PAY_OFF + n) - (int)plen))
 		return clock_drop(LTP_C_GROW_FAIL);
 	if (bpf_xdp_store_bytes(ctx, PAY_OFF, src, n))
 		return clock_drop(LTP_C_GROW_FAIL);
-	return clock_headers(ctx, tx, so, chunk, (u32)n);
+	if (tx->rack)
+		clock_log(tx, flow, (u32)pos, chunk);
+	return clock_headers(ctx, tx, so, chunk, (u32)n, more_flags);
+}
+
+/* RACK over the flow's log: the order position of the oldest logged DATA
+ * still unacknowledged while one logged more than LTP_RACK_REORDER later
+ * was acked (lost: its DATA or its ACK), or -1. Looks at LTP_RACK_SCAN
+ * entries at most, moving `scan` past those judged: acked ones, and those
+ * superseded (sent again since, by XDP or by the control plane, which
+ * zeroes ltp_sentat when it takes a chunk over). Two CPUs judging at once
+ * may pick one entry twice: a duplicate re-send, never a lost one. */
+static __always_inline s64 rack_lost(struct ltp_tx *tx, struct ltp_bitmap *acked,
+				     u32 bank, u32 flow)
+{
+	for (int i = 0; i < LTP_RACK_SCAN; i++) {
+		u64 at = tx->scan;
+		if (at >= tx->xseq || at + LTP_RACK_REORDER >= tx->newest)
+			return -1;
+		tx->scan = at + 1;
+		u32 lidx = flow * LTP_SENDLOG + (u32)(at % LTP_SENDLOG);
+		u32 *l = ltp_sendlog.lookup(&lidx);
+		if (!l)
+			return -1;
+		u32 pos = *l;
+		if (pos >= LTP_MAX_CHUNKS)
+			continue;
+		u32 oidx = bank * LTP_MAX_CHUNKS + pos;
+		struct ltp_sendslot *so = ltp_sendorder.lookup(&oidx);
+		if (!so)
+			continue;
+		u32 chunk = so->chunk & LTP_SO_CHUNK;
+		u32 sidx = flow * LTP_MAX_CHUNKS + chunk;
+		u64 *sa = ltp_sentat.lookup(&sidx);
+		if (!sa || *sa != at + 1)
+			continue;  /* superseded */
+		u64 word = bitmap_word(chunk);
+		if (word >= LTP_BM_WORDS)
+			continue;
+		if (acked->w[word] & (1ULL << (chunk & 63)))
+			continue;
+		return pos;
+	}
+	return -1;
+}
+
+/* Turn the ACK at ctx into DATA: first a re-send of a chunk RACK finds
+ * lost, as TCP re-sends first (the ACK's packet leaves the flight and the
+ * re-send takes the lost one's place, so the flow's clock keeps its ticks
+ * and the control plane sees the true count in flight); else the next
+ * order position (fetch-add, so two CPUs never send the same one); the ACK
+ * is consumed when the order is exhausted. */
+static __always_inline int clock_send(struct xdp_md *ctx, struct ltp_tx *tx,
+				      struct ltp_bitmap *acked, u32 bank, u32 flow)
+{
+	if (tx->rack) {
+		s64 lost = rack_lost(tx, acked, bank, flow);
+		if (lost >= 0) {
+			__sync_fetch_and_add(&tx->consumed, 1);
+			__sync_fetch_and_add(&tx->rexmit, 1);
+			count(LTP_C_CLOCK_RETX);
+			return clock_emit(ctx, tx, bank, flow, (u64)lost, LTP_F_RETX);
+		}
+	}
+	u64 pos = __sync_fetch_and_add(&tx->next, 1);
+	if (pos < tx->tail)
+		return clock_emit(ctx, tx, bank, flow, pos, 0);
+	return clock_consume(tx, LTP_C_CLOCK_IDLE);
+}
+
+/* The newest log entry an ACK of `chunk` acknowledges (RACK's clock). */
+static __always_inline void rack_acked(struct ltp_tx *tx, u32 flow, u32 chunk)
+{
+	u32 sidx = flow * LTP_MAX_CHUNKS + chunk;
+	u64 *sa = ltp_sentat.lookup(&sidx);
+	if (sa && *sa && *sa - 1 > tx->newest)
+		tx->newest = *sa - 1;
 }
 
 static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
@@ -532,11 +633,13 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 	 * first kept the clock going, this copy leaves the flight. */
 	if (had)
 		return clock_drop(LTP_C_CLOCK_IDLE);
+	if (tx->rack)
+		rack_acked(tx, bidx, chunk);
 	if (hflags & LTP_F_STOP) {
 		__sync_fetch_and_add(&tx->stops, 1);
 		return clock_consume(tx, LTP_C_CLOCK_STOP);
 	}
-	return clock_send(ctx, tx, bank);
+	return clock_send(ctx, tx, acked, bank, bidx);
 }
 
 /* The program proper: parse, dispatch, and the verdict. */

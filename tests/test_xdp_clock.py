@@ -197,6 +197,81 @@ def test_positions_from_the_tail_are_not_sent_by_the_clock(dp, maps):
     assert tx(maps)["added"] == 3 and tx(maps)["consumed"] == 1
 
 
+# --- recovery in XDP: RACK over the send log, re-sends before new chunks -------
+# A 12-chunk round in order 0..11, chunks 0 and 1 primed from the socket; the
+# clock sends chunk c as log entry c - 2. Chunk LOST's DATA (entry 2) is
+# lost: it is never ACKed, while every other chunk is, in order. Entry 2 is
+# judged lost once entry 6 (chunk 8) is acked: 6 - 2 > LTP_RACK_REORDER.
+
+RACK_N, LOST = 12, 4
+
+
+def rack_round(m, rack=True):
+    grad = gradient((RACK_N - 1) * CHUNK // 4 + LAST // 4, seed=4)
+    m.tx_start(9, 1, tok(9))
+    clock.load(m, 9, grad.view(np.uint8), list(range(RACK_N)), np.zeros(RACK_N, bool), CHUNK)
+    clock.start(m, 9, 1, nchunks=RACK_N, last_len=LAST, flags=0, primed=2, rack=rack)
+    return grad
+
+
+def ack_all_but(dp, lost, upto):
+    """ACK chunks 0..upto-1 but `lost` in order: each becomes the next chunk
+    (nothing judged lost yet)."""
+    nxt = 2
+    for c in range(upto):
+        if c not in lost:
+            res = run(dp, ack(chunk=c))
+            h = Ether(res.data)[W.LTP]
+            assert res.verdict == XDP_TX and h.chunk == nxt and not h.flags.retx, c
+            nxt += 1
+
+
+def rack_payload(grad, c):
+    raw = grad.view(np.uint8)
+    return raw[c * CHUNK:c * CHUNK + (LAST if c == RACK_N - 1 else CHUNK)].tobytes()
+
+
+def test_rack_resends_a_lost_chunk_before_the_next_one(dp, maps):
+    grad = rack_round(maps)
+    ack_all_but(dp, {LOST}, upto=8)        # the last of them (chunk 7) was inside the window
+    t0, c0 = tx(maps), maps.counters()
+    res = run(dp, ack(chunk=8))
+    assert res.verdict == XDP_TX
+    h = Ether(res.data)[W.LTP]
+    assert (h.type, h.chunk, h.len, h.token) == (W.T_DATA, LOST, CHUNK, tok(9))
+    assert int(h.flags) == W.F_CLOCK | W.F_RETX
+    assert bytes(h.payload) == rack_payload(grad, LOST)
+    assert_checksums_right(res.data)
+    assert delta(maps, c0) == {"ack_rx": 1, "clock_tx": 1, "clock_retx": 1}
+    t1 = maps.tx_state(9, 1)
+    # the ACK's packet left the flight, the re-send took the lost one's place;
+    # the order did not move
+    assert tx(maps)["consumed"] == t0["consumed"] + 1 and int(t1["rexmit"]) == 1
+    assert tx(maps)["next"] == t0["next"]
+    assert maps.sentat[1, 1, LOST] == int(t1["xseq"])      # logged again, as the newest
+    # the re-send's ACK: the order goes on; at its end ACKs are consumed
+    assert Ether(run(dp, ack(chunk=LOST)).data)[W.LTP].chunk == 9
+    for c in (9, 10):
+        assert Ether(run(dp, ack(chunk=c)).data)[W.LTP].chunk == c + 1
+    c0 = maps.counters()
+    assert run(dp, ack(chunk=11)).verdict == XDP_DROP
+    assert delta(maps, c0) == {"ack_rx": 1, "clock_idle": 1}
+    assert maps.acked_mask(9, 1, RACK_N)[2:].all()
+
+
+@pytest.mark.parametrize("how", ["taken over by the control plane", "rack off"])
+def test_rack_leaves_what_is_not_its_own(dp, maps, how):
+    """A chunk the control plane re-sent itself (it zeroes ltp_sentat), and a
+    flow without XDP recovery: the ACK carries the next chunk, no re-send."""
+    rack_round(maps, rack=how != "rack off")
+    ack_all_but(dp, {LOST}, upto=8)
+    if how != "rack off":
+        clock.take_over(maps, 9, 1, [LOST])
+    h = Ether(run(dp, ack(chunk=8)).data)[W.LTP]
+    assert h.chunk == 9 and not h.flags.retx
+    assert int(maps.tx_state(9, 1)["rexmit"]) == 0
+
+
 # --- the receiver: the credit -------------------------------------------------
 
 def ack_of(res):
@@ -250,11 +325,15 @@ def test_unclocked_data_gets_a_rate_not_a_credit(dp, maps):
 
 # --- a round through both programs --------------------------------------------
 
-def test_a_round_clocked_through_two_programs_is_bit_exact(small_geometry):
+@pytest.mark.parametrize("lose", [(), (5, 17)], ids=["no loss", "two DATA lost"])
+def test_a_round_clocked_through_two_programs_is_bit_exact(small_geometry, lose):
     """A worker's program and a PS's program, their frames handed across by
-    hand: two primed DATA packets, then the clock alone carries the round;
+    hand: four primed DATA packets, then the clock alone carries the round;
     the PS's memory holds the gradient bit for bit, and every ACK past the
-    last chunk is consumed."""
+    last chunk is consumed. With DATA frames lost on the way (the clock's
+    5th and 17th: each takes one of the four packets in flight with it),
+    XDP alone re-sends them from later ACKs (RACK over its send log): no
+    control plane at all."""
     from ltpx.control.transport.layout import ChunkLayout
     from ltpx.dataplane.xdp.loader import Dataplane, Geometry
     g = Geometry(slots=2, max_chunks=64)
@@ -268,11 +347,12 @@ def test_a_round_clocked_through_two_programs_is_bit_exact(small_geometry):
         pm.open_bank(9, lay.nchunks, lay.last_len, token=tok(9), flows=1, window=8)
         wm.tx_start(9, 0, tok(9))
         clock.load(wm, 9, grad.view(np.uint8), order, np.zeros(lay.nchunks, bool), CHUNK)
-        clock.start(wm, 9, 0, nchunks=lay.nchunks, last_len=lay.last_len, flags=0, primed=2)
+        clock.start(wm, 9, 0, nchunks=lay.nchunks, last_len=lay.last_len, flags=0, primed=4,
+                    rack=True)
         raw = grad.view(np.uint8)
-        wire = [clocked_data(round_=9, chunk=c, nchunks=lay.nchunks, stamp=(2, 0),
+        wire = [clocked_data(round_=9, chunk=c, nchunks=lay.nchunks, stamp=(4, 0),
                              body=raw[c * CHUNK:c * CHUNK + lay.chunk_len(c)].tobytes())
-                for c in order[:2]]
+                for c in order[:4]]
         tx_frames = 0
         while wire:
             a = run_xdp(ps.prog_fd, bytes(wire.pop(0)), grow=GROW)
@@ -280,11 +360,16 @@ def test_a_round_clocked_through_two_programs_is_bit_exact(small_geometry):
             d = run_xdp(wk.prog_fd, a.data, grow=GROW)
             if d.verdict == XDP_TX:
                 tx_frames += 1
-                wire.append(Ether(d.data))
+                if tx_frames not in lose:
+                    wire.append(Ether(d.data))
         assert pm.done_mask(9, 0, lay.nchunks).all()
         assert np.array_equal(pm.slot_values(9, 0, grad.size), grad)
         t = wm.tx_state(9, 0)
-        assert tx_frames == lay.nchunks - 2 and int(t["consumed"]) == 2
+        assert tx_frames == lay.nchunks - 4 + len(lose)
+        assert int(t["rexmit"]) == pm.progress[1, 0]["retx"] == len(lose)
+        # in flight at the end: none. The 4 primed, less an ACK consumed at the end
+        # by each flow that lived, less each ACK that carried a re-send
+        assert int(t["added"]) - int(t["consumed"]) == 0
         assert wm.acked_mask(9, 0, lay.nchunks).all()
         assert pm.counters()["malformed"] == 0 and pm.counters()["credit_stop"] == 0
 

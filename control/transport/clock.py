@@ -49,7 +49,14 @@ class ClockPush(Push):
     """One push through the ACK clock (planned like a `Push`: order,
     headers, iovecs; the headers carry LTP_F_CLOCK). The send buffer is
     written into the program's maps when planned, so `buf` may change after
-    that; the bank's previous round must be done."""
+    that; the bank's previous round must be done.
+
+    xdp_recovery: the XDP program recovers the losses of what it sent (RACK
+    over its send log, before new chunks) and this loop only those
+    of its own socket sends and the RTO; False leaves all recovery to this
+    loop (the class attribute is the default; the recovery A/B sets it)."""
+
+    xdp_recovery = True
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -79,7 +86,8 @@ class ClockPush(Push):
         w0 = min(nch, max(1, min(s.prime_window(t, INITIAL_WINDOW) for t in self.targets)))
         for i, slot in enumerate(self.slots):
             C.start(s.maps, self.round_, slot, nchunks=nch, last_len=self.layout.last_len,
-                    flags=self.base_flags, primed=w0)
+                    flags=self.base_flags, primed=w0, rack=self.xdp_recovery)
+        self.rack = bool(self.txv[self.slots[0]]["rack"])
         self._prime(w0)
         self.progress_t = [self.t0] * nt
         self.heard = [0] * nt
@@ -167,7 +175,9 @@ class ClockPush(Push):
         handed = self.pos_of < min(nxt, tail)
         key_now = np.where(key >= 0, key, np.where(handed, self.pos_of, -1))
         sent = key_now >= 0
-        lost = self._lost(key_now, sent, acked)
+        # what XDP sent last is XDP's to recover (RACK in XDP); the RTO below is for all
+        mine = ~C.xdp_owned(self.sender.maps, self.round_, slot, len(key)) if self.rack else sent
+        lost = self._lost(key_now, sent, acked, mine)
         if lost.size == 0 and now - self.progress_t[i] > self.rto[i]:
             out = np.flatnonzero(sent & ~acked)  # tail loss: the oldest outstanding
             lost = out[np.argsort(key_now[out])][:max(2, window or 2)]
@@ -193,15 +203,20 @@ class ClockPush(Push):
         self.seq[i] = first + len(chunks) - 1
 
     @staticmethod
-    def _lost(key: np.ndarray, sent: np.ndarray, acked: np.ndarray) -> np.ndarray:
+    def _lost(key: np.ndarray, sent: np.ndarray, acked: np.ndarray,
+              mine: np.ndarray) -> np.ndarray:
+        """RACK: chunks of `mine` still unacked while one keyed more than
+        REORDER later was acked."""
         ack_keys = key[sent & acked]
         if ack_keys.size == 0:
             return ack_keys
-        return np.flatnonzero(sent & ~acked & (key < ack_keys.max() - REORDER))
+        return np.flatnonzero(sent & mine & ~acked & (key < ack_keys.max() - REORDER))
 
     def _resend(self, i: int, chunks: list[int], nxt: int, inflight: int, stops: int) -> None:
         """Re-send lost chunks to target i from the socket, flagged RETX; each
         takes its lost packet's place in flight."""
+        if self.rack:  # from now on this loop recovers them, not XDP
+            C.take_over(self.sender.maps, self.round_, self.slots[i], chunks)
         self._keys(i, chunks, nxt)
         self.hdr_u8[i][chunks, RETX_BYTE] |= W.F_RETX
         self._stamp(i, chunks, inflight, stops)
@@ -234,4 +249,5 @@ class ClockPush(Push):
         rep.sent += clocked
         rep.sender, rep.clock_tx, rep.max_over_credit = "xdp", clocked, self.max_over_credit
         rep.stops = sum(int(self.txv[s]["stops"]) for s in self.slots)
+        rep.clock_retx = sum(int(self.txv[s]["rexmit"]) for s in self.slots)
         return rep

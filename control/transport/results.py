@@ -34,6 +34,7 @@ class PushReport:
     clock_tx: int = 0                # DATA the XDP program made of ACKs (in `sent`)
     stops: int = 0                   # ACKs the receiver's credit told to stop
     max_over_credit: int = 0         # most packets in flight above the credit, after the first ACK
+    clock_retx: int = 0              # re-sends the XDP program made of ACKs (RACK in XDP; in clock_tx)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

@@ -52,12 +52,15 @@ def load(maps, round_: int, payload: np.ndarray, order: list[int] | np.ndarray,
 
 
 def start(maps, round_: int, slot: int, *, nchunks: int, last_len: int, flags: int,
-          primed: int) -> None:
+          primed: int, rack: bool = False) -> None:
     """Hand round_'s flow toward `slot` to the clock: positions [primed,
     nchunks) are XDP's to send, the first `primed` the caller sends itself.
-    Call after maps.tx_start (which resets the flow) and before the first
-    DATA goes out."""
+    rack: XDP also re-sends the chunks it sent and finds lost, before new
+    ones (`xdp_owned`; the caller recovers the rest). Call
+    after maps.tx_start (which resets the flow) and before the first DATA
+    goes out."""
     t = maps.tx[maps.bank_index(round_), slot]
+    t["rack"] = int(bool(rack)) if maps.sentat is not None else 0
     t["nchunks"], t["last_len"], t["flags"] = nchunks, last_len, flags
     t["tail"] = nchunks
     t["next"] = primed
@@ -90,3 +93,16 @@ def add_inflight(maps, round_: int, slot: int, k: int) -> None:
     """Count k more packets in flight (the caller sent them itself)."""
     t = maps.tx[maps.bank_index(round_), slot]
     t["added"] = int(t["added"]) + k
+
+
+def xdp_owned(maps, round_: int, slot: int, nchunks: int) -> np.ndarray:
+    """bool[nchunks]: chunks whose latest DATA the XDP program sent and whose
+    recovery is its own (RACK in XDP); a live view would change under the
+    caller, so this is a copy."""
+    return maps.sentat[maps.bank_index(round_), slot, :nchunks] != 0
+
+
+def take_over(maps, round_: int, slot: int, chunks) -> None:
+    """The caller re-sends these chunks itself: XDP no longer judges them
+    (its log entries of them are superseded)."""
+    maps.sentat[maps.bank_index(round_), slot, chunks] = 0

@@ -79,6 +79,10 @@ class LtpMaps:
             self.sendorder = view("ltp_sendorder", SENDSLOT_DTYPE.itemsize * g.banks * g.max_chunks,
                                   SENDSLOT_DTYPE, (g.banks, g.max_chunks))
 
+        #: per [bank, slot, chunk]: the XDP send log's seq + 1 of the chunk's latest
+        #: DATA from XDP (0: not XDP's to recover); None in fd sets made before it
+        self.sentat = (view("ltp_sentat", 8 * g.banks * g.slots * g.max_chunks, np.uint64,
+                            (g.banks, g.slots, g.max_chunks)) if "ltp_sentat" in fds else None)
         #: the receiving control plane's heartbeat [beat_ns, limit_ns] (ltp_live);
         #: None in fd sets made before it
         self.live = (view("ltp_live", LIVE_DTYPE.itemsize, np.uint64, (2,))
@@ -103,7 +107,7 @@ class LtpMaps:
     def close(self) -> None:
         # Views must go before their mmaps can close.
         for attr in ("mem", "mem_bytes", "claim", "done", "acked", "progress", "tx", "share",
-                     "sendbuf", "sendorder", "live"):
+                     "sendbuf", "sendorder", "live", "sentat"):
             self.__dict__.pop(attr, None)
         for mm in self._mm.values():
             try:
@@ -255,8 +259,10 @@ class LtpMaps:
         t["closed"] = 0
         t["acked"] = 0
         for name in ("clock", "tail", "window", "window_min", "next", "added", "consumed",
-                     "stops", "sent"):
+                     "stops", "sent", "xseq", "scan", "newest", "rexmit", "rack"):
             t[name] = 0
+        if self.sentat is not None:
+            self.sentat[b, slot] = 0
         t["token"] = token_word(token)
         t["round"] = round_
 

@@ -104,7 +104,11 @@ TX_CLOCK_FIELDS = [("clock", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                    ("window_min", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                    ("next", ctypes.c_uint64), ("added", ctypes.c_uint64),
                    ("consumed", ctypes.c_uint64), ("stops", ctypes.c_uint64),
-                   ("sent", ctypes.c_uint64)]
+                   ("sent", ctypes.c_uint64),
+                   # recovery in XDP (RACK over its send log)
+                   ("xseq", ctypes.c_uint64), ("scan", ctypes.c_uint64),
+                   ("newest", ctypes.c_uint64), ("rexmit", ctypes.c_uint64),
+                   ("rack", ctypes.c_uint32), ("pad2", ctypes.c_uint32)]
 
 
 class Tx(ctypes.Structure):
