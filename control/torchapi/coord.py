@@ -89,6 +89,26 @@ class Coord:
     def worker_alive(self, w: int) -> bool:
         return self.watch is None or self.watch.alive(self.servers + w)
 
+    def dead_workers(self, ws) -> set[int]:
+        """Which of ws are dead: watched until each counter moves or stays
+        still for the watch's dead_s (at most that long, plus a beat)."""
+        if self.watch is None:
+            return set()
+        for w in ws:                     # a first sighting starts each one's clock
+            self.worker_alive(w)
+        pending, dead = set(ws), set()
+        end = time.monotonic() + self.watch.dead_s + 2 * SLICE_S
+        while pending and time.monotonic() < end:
+            time.sleep(SLICE_S)
+            for w in list(pending):
+                before = self.watch.seen.get(self.servers + w)
+                if not self.worker_alive(w):
+                    dead.add(w)
+                    pending.discard(w)
+                elif self.watch.seen.get(self.servers + w) != before:
+                    pending.discard(w)   # it beat: alive
+        return dead | pending
+
     def started(self) -> bool:
         """Has op 0's barrier lifted (so a worker starting now is a rejoining one)?"""
         return self.store.check([f"{KEY}go/0"])

@@ -54,8 +54,8 @@ class Exchange:
         # the job ran before this process joined it: it must be admitted first
         self.joining = coord.started()
         self.donations: dict[int, int] = {}   # worker -> ticket this worker owes its state
-        self.lost: set[int] = set()           # workers dropped, as this worker saw it
-        self.rejoined: set[int] = set()       # workers admitted back
+        self.lost: dict[int, int] = {}        # worker -> the step it was dropped at
+        self.rejoined: dict[int, int] = {}    # worker -> the step it was admitted back at
 
     def check_member(self) -> None:
         if self.joining:
@@ -114,8 +114,8 @@ class Exchange:
         (the lowest present member) owes its state."""
         donor = self.co.view.donor()
         self.co.view.after_report(rep)
-        self.lost |= set(rep.dropped)
-        self.rejoined |= set(rep.admitted)
+        self.lost.update({w: rep.step for w in rep.dropped})
+        self.rejoined.update({w: rep.step for w in rep.admitted})
         if donor == self.id:
             self.donations.update(rep.admitted)
 
@@ -124,15 +124,15 @@ class Exchange:
         """This side of the state a joiner takes (after this worker's last op)."""
         return {"seq": self.clock.seq, "up": self.clock.up,
                 "prev": self.prev.to_json() if self.prev else None,
-                "view": self.co.view.snapshot(), "lost": sorted(self.lost),
-                "rejoined": sorted(self.rejoined)}
+                "view": self.co.view.snapshot(), "lost": dict(self.lost),
+                "rejoined": dict(self.rejoined)}
 
     def restore(self, d: dict) -> None:
         """Take a member's snapshot: the next op is the member's next op."""
         self.clock.seq, self.clock.up = d["seq"], d["up"]
         self.prev = Op.from_json(d["prev"]) if d["prev"] else None
         self.co.view.restore(d["view"])
-        self.lost, self.rejoined = set(d["lost"]), set(d["rejoined"])
+        self.lost, self.rejoined = dict(d["lost"]), dict(d["rejoined"])
         self.joining = False
         self.donations = {}
 

@@ -216,11 +216,12 @@ class Server:
         try:
             self.link.send(d, buf, group=group)
             return
-        except DeadPeerError as e:
-            gone = {p.worker for p in e.peers}
+        except DeadPeerError as e:     # silent: left out only if its heartbeat stopped too
+            gone = self.co.dead_workers([p.worker for p in e.peers])
             self.silent |= gone
-            print(f"ltpx.torch server: worker(s) {sorted(gone)} silent to answer {d}: left "
-                  "out, dropped at the next step", file=sys.stderr)
+            if gone:
+                print(f"ltpx.torch server: worker(s) {sorted(gone)} dead and silent to answer "
+                      f"{d}: left out, dropped at the next step", file=sys.stderr)
             self.link.peers = [p for p in self.link.peers if p.worker not in gone]
         except TransportError:
             pass                 # slow, not silent: try again with the full time

@@ -76,6 +76,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    "never)")
     p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="where checkpoints go and are resumed from")
+    p.add_argument("--pace", type=float, default=0.0, metavar="S",
+                   help="make every step take at least S seconds (a job long enough to watch, "
+                   "or to kill a rank of and see it rejoin; default 0)")
     p.add_argument("--verify-versions", action="store_true",
                    help="hash every parameter version on every rank and compare "
                    "(costs ~1 ms/MB each)")
@@ -143,7 +146,10 @@ def config_from_args(a: argparse.Namespace, *, transport: str | None = None,
                       verify_versions=a.verify_versions,
                       downlink=a.downlink if transport == "ltp" else "unicast",
                       servers=getattr(a, "servers", 1) if transport != "gloo" else 1,
-                      compress=getattr(a, "compress", "none") if transport != "gloo" else "none")
+                      compress=getattr(a, "compress", "none") if transport != "gloo" else "none",
+                      max_missed=a.max_missed, checkpoint_every=a.checkpoint_every,
+                      checkpoint_dir=os.path.abspath(a.checkpoint_dir) if a.checkpoint_dir
+                      else None, pace_s=max(0.0, a.pace))
     try:
         cfg.validate()
     except ValueError as e:     # its messages start with the field: make that the flag

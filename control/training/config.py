@@ -55,6 +55,7 @@ class TrainConfig:
     max_missed: int = 3
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
+    pace_s: float = 0.0                 # at least this many seconds per step (a job to watch)
 
     def __post_init__(self):
         if self.downlink is None:

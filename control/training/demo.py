@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from array import array
 
 import numpy as np
@@ -70,6 +71,7 @@ class Demo:
         self.last_report = None
         self.loss_sum, self.loss_n = 0.0, 0
         self.resumed_from: int | None = None
+        self.missing: dict[int, int] = {}   # worker -> steps it was named missing in
         self.wall0 = 0.0            # training seconds before the checkpoint resumed from
 
     def run(self) -> dict:
@@ -92,6 +94,7 @@ class Demo:
         self.add_version()
         self.clock.start()
         while opt.steps < self.total:
+            t_step = time.monotonic()
             opt.zero_grad()
             self.loss_sum += self.stepper.step(self.stream)
             self.loss_n += 1
@@ -106,6 +109,8 @@ class Demo:
                 self.stepped(opt, ev)
             elastic.donate(opt, self.extra())
             self.maybe_save(opt)
+            if cfg.pace_s:
+                time.sleep(max(0.0, cfg.pace_s - (time.monotonic() - t_step)))
         return self.finish(opt)
 
     def begin(self, opt) -> bool:
@@ -174,7 +179,10 @@ class Demo:
         server = shutdown() or {}
         res = self.result(done, server, wall)
         res.update(workers_lost=sorted(ex.lost), workers_rejoined=sorted(ex.rejoined),
-                   resumed_from=self.resumed_from, workers_present=ids)
+                   resumed_from=self.resumed_from, workers_present=ids,
+                   lost_at={str(w): t for w, t in sorted(ex.lost.items())},
+                   rejoined_at={str(w): t for w, t in sorted(ex.rejoined.items())},
+                   missing_steps={str(w): n for w, n in sorted(self.missing.items())})
         return res
 
     def add_version(self) -> None:
@@ -186,6 +194,8 @@ class Demo:
         t, rep = opt.steps, opt.last_report
         self.add_version()
         self.reasons[rep.reason] = self.reasons.get(rep.reason, 0) + 1
+        for w in rep.missing_workers:    # named missing: nothing of it arrived in a round
+            self.missing[w] = self.missing.get(w, 0) + 1
         self.delivered_sum += rep.delivered_fraction
         self.round_s.append(rep.gather_s)
         self.last_report = rep

@@ -142,7 +142,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
         finally:
             job.close()
             follow.close()
-            if ok:
+            if ok and not os.environ.get("LTP_KEEP_LOGS"):
                 shutil.rmtree(logdir, ignore_errors=True)
 
 
