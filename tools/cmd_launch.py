@@ -213,7 +213,8 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool) -> in
     c = rig.config
     summary = {"exit_code": worst, "timed_out": timed_out, "command": cmd,
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
-                       "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu},
+                       "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,
+                       "servers": c.servers},
                "ranks": [{"rank": r.rank, "role": r.role, "label": r.label, "host": r.host.name,
                           "netns": r.host.netns, "exit_code": exit_code(r.code),
                           "killed": r.killed,
