@@ -57,7 +57,7 @@ enum ltp_counter {
 	                          or the payload copy failed; the device cannot run the clock) */
 	LTP_C_CREDIT_STOP,     /* receiver: ACKs that told a clocked flow to STOP */
 	LTP_C_STALE_OWNER,     /* receiver: DATA of an open round dropped without an ACK because
-	                          the control plane's heartbeat (ltp_live) is older than its
+	                          the control plane's heartbeat (ltp_cfg.beat_ns) is older than its
 	                          limit: the process that would read it is hung or stopped */
 	LTP_C_CLOCK_RETX,      /* sender: ACKs turned into a re-send of a chunk RACK found lost
 	                          (also in clock_tx) */
@@ -67,25 +67,26 @@ enum ltp_counter {
 /* ltp_cfg.flags */
 #define LTP_CFG_SELF     1       /* self_* below are set: group DATA is accepted */
 
-/* receiver config, written by the control plane at load */
+/* receiver config, written by the control plane at load; mmapable for the
+ * heartbeat.
+ *
+ * Liveness of the receiving control plane (docs/transport.md, "A hung
+ * receiver"). While its rounds are open, the endpoint's control thread
+ * writes beat_ns (CLOCK_MONOTONIC, which bpf_ktime_get_ns reads) from the
+ * loops that drive them (waiting for a round, pushing); XDP ACKs DATA of an
+ * open round only while now - beat_ns <= limit_ns, and drops it as
+ * stale_owner otherwise, so the senders of a hung receiver hear nothing and
+ * end in DeadPeerError. beat_ns 0 (nothing ever beat: `ltp load`, tests of
+ * the packet path) or limit_ns 0 turns the check off. In this map, which
+ * XDP looks up for every packet anyway, the check costs two loads. */
 struct ltp_cfg {
 	__u32 job;             /* job cookie in host order; 0 accepts any job */
 	__u32 flags;           /* LTP_CFG_* */
 	__be32 self_ip;        /* this host's address, network order ... */
 	__u16 self_worker;     /* ... its worker id, host order ... */
 	__u8 self_mac[6];      /* ... and its device's MAC: what a group DATA's ACK comes from */
-};
-
-/* Liveness of the receiving control plane (docs/transport.md, "A hung
- * receiver"). While its rounds are open, the endpoint's control thread writes
- * beat_ns (CLOCK_MONOTONIC, which bpf_ktime_get_ns reads) from the loops that
- * drive them (waiting for a round, pushing); XDP ACKs DATA of an open round
- * only while now - beat_ns <= limit_ns, and drops it as stale_owner
- * otherwise, so the senders of a hung receiver hear nothing and end in
- * DeadPeerError. beat_ns 0 (nothing ever beat: `ltp load`, tests of the
- * packet path) or limit_ns 0 turns the check off. */
-struct ltp_live {
-	__u64 beat_ns;         /* control plane: the latest heartbeat */
+	__u32 pad;
+	__u64 beat_ns;         /* control plane (mmapped): the latest heartbeat */
 	__u64 limit_ns;        /* control plane: the oldest heartbeat that still counts */
 };
 
@@ -274,10 +275,8 @@ struct ltp_cap_stats {
 	__u64 lost;            /* records the ring had no room for (the capture's drops) */
 };
 
-/* ltp_cfg: control plane writes at load; XDP reads every packet */
-BPF_ARRAY(ltp_cfg, struct ltp_cfg, 1);
-/* ltp_live: the receiving control plane beats it (mmapped) while it drives rounds; XDP reads it before ACKing DATA of an open round */
-BPF_F_TABLE("array", u32, struct ltp_live, ltp_live, 1, BPF_F_MMAPABLE);
+/* ltp_cfg: control plane writes at load, and beats beat_ns (mmapped) while it drives rounds; XDP reads every packet */
+BPF_F_TABLE("array", u32, struct ltp_cfg, ltp_cfg, 1, BPF_F_MMAPABLE);
 /* ltp_peers: control plane writes worker id -> slot + 1 (0 = unknown); XDP reads */
 BPF_ARRAY(ltp_peers, __u32, LTP_MAX_WORKER_ID);
 /* ltp_banks: control plane opens/closes rounds; XDP reads to validate DATA */

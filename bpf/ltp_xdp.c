@@ -197,17 +197,13 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ethhdr *eth,
 	return XDP_TX;
 }
 
-/* Is the receiving control plane's heartbeat (ltp_live) older than its
- * limit? Sets *now when it read the clock. No heartbeat yet, or no limit:
- * not stale (programs nobody beats for, e.g. `ltp load`ed ones, ACK as
- * before). Signed, so a beat a little ahead of this CPU's clock is fresh. */
-static __always_inline int owner_stale(u64 *now)
+/* Is the receiving control plane's heartbeat (ltp_cfg.beat_ns) older than
+ * its limit? Sets *now when it read the clock. No heartbeat yet, or no
+ * limit: not stale (programs nobody beats for, e.g. `ltp load`ed ones, ACK
+ * as before). Signed, so a beat a little ahead of this CPU's clock is fresh. */
+static __always_inline int owner_stale(struct ltp_cfg *cfg, u64 *now)
 {
-	u32 zero = 0;
-	struct ltp_live *lv = ltp_live.lookup(&zero);
-	if (!lv)
-		return 0;
-	u64 beat = lv->beat_ns, limit = lv->limit_ns;
+	u64 beat = cfg->beat_ns, limit = cfg->limit_ns;
 	if (!beat || !limit)
 		return 0;
 	*now = bpf_ktime_get_ns();
@@ -282,7 +278,7 @@ static __always_inline int on_data(struct xdp_md *ctx, struct ethhdr *eth,
 	/* An ACK promises a live reader: with a stale heartbeat the round's
 	 * owner is hung, and its senders must hear nothing. */
 	u64 now = 0;
-	if (owner_stale(&now))
+	if (owner_stale(cfg, &now))
 		return drop(LTP_C_STALE_OWNER, h);
 
 	u32 chunk = bpf_ntohl(h->chunk);

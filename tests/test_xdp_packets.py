@@ -306,7 +306,7 @@ CASES = [
     Case("CLOSED ACK with another round's token does not close it",
          ack(state=W.RS_CLOSED, token=tok(7)), XDP_DROP, {"bad_token": 1}, tx_untouched,
          before=start_tx),
-    # --- liveness: a hung receiver (its heartbeat in ltp_live is stale) stops ACKing
+    # --- liveness: a hung receiver (its heartbeat in ltp_cfg is stale) stops ACKing
     Case("fresh heartbeat: DATA is written and ACKed", data(), XDP_TX,
          {"data": 1, "ack_tx": 1}, lambda m, r, p: (written(m, r, p),
                                                     is_ack_of()(m, r, p)),

@@ -15,7 +15,11 @@ once, the PS waits for it to close (Early Close as configured; --complete:
 only when complete). Blocks of `--block` rounds per arm alternate (ABBA...),
 after `--warmup` rounds of each. The rig (star, `hfrec`, 1 Gbit/s toward
 the PS with a 30 kB buffer, loss on every port both ways) is built and
-removed by the run. Prints a table and, with -j, JSON.
+removed by the run. Per arm: the PS's round time (open to close), the
+slowest push, the machine's busy CPU per round (cpustat: neighbours
+included, so only alternating arms compare), what arrived, and re-sends
+from the socket (resent) and from XDP (xdp retx). Prints a table and,
+with -j, JSON.
 """
 from __future__ import annotations
 
@@ -97,12 +101,14 @@ class _Worker:
 
 # ------------------------------------------------------------------ the run
 def _round(ps, workers, ids, r: int, nelems: int, arm: str) -> dict:
+    from .cpustat import busy_s
+    busy0 = busy_s()
     ps.open_round(r, nelems, ids)
     for w in workers:
         w.send({"round": r, "nelems": nelems, "arm": arm})
     res = ps.wait_round(r)
     reps = [w.recv() for w in workers]
-    return {"arm": arm, "round_s": res.duration_s, "delivered": float(res.delivered_fraction),
+    return {"arm": arm, "round_s": res.duration_s, "cpu_s": busy_s() - busy0, "delivered": float(res.delivered_fraction),
             "reason": res.reason, "push_s": max(p["push_s"] for p in reps),
             "resent": sum(p["resent"] for p in reps),
             "clock_retx": sum(p.get("clock_retx", 0) for p in reps),
@@ -119,7 +125,7 @@ def _plan(arms: tuple[str, ...], blocks: int) -> list[str]:
 
 def run(workers: int = 4, kib: int = 256, loss: float = 0.05, blocks: int = 4, block: int = 5,
         warmup: int = 2, complete: bool = False, socket_arm: bool = False,
-        name: str = "hfrec") -> dict:
+        name: str = "hfrec", credit_bytes: float | None = None) -> dict:
     from ...dataplane.rig.star import Rig, RigConfig
     from ..transport.early_close import EarlyCloseConfig
     from ..transport.endpoint import Endpoint
@@ -138,7 +144,8 @@ def run(workers: int = 4, kib: int = 256, loss: float = 0.05, blocks: int = 4, b
         procs: list[_Worker] = []
         with Endpoint(rig.ps.ifname, rig.ps.ip, {w: i for i, w in enumerate(ids)}, nelems,
                       ns=rig.ps.netns, capacity_bps=cap, secret=secret, early_close=early,
-                      credit_bytes=cfg.buffer_bytes + cap * CREDIT_RTT_S / 8) as ps:
+                      credit_bytes=credit_bytes or cfg.buffer_bytes + cap * CREDIT_RTT_S / 8
+                      ) as ps:
             try:
                 for h in rig.workers:
                     procs.append(_Worker(h, [h.ifname, h.ip, str(h.index), rig.ps.ip,
@@ -159,7 +166,7 @@ def run(workers: int = 4, kib: int = 256, loss: float = 0.05, blocks: int = 4, b
                 for p in procs:
                     p.stop()
     return _summary(rounds, arms, dict(workers=workers, kib=kib, loss=loss, blocks=blocks,
-                                       block=block, complete=complete))
+                                       block=block, complete=complete, credit_bytes=credit_bytes))
 
 
 def _summary(rounds: list[dict], arms: tuple[str, ...], config: dict) -> dict:
@@ -173,13 +180,15 @@ def _summary(rounds: list[dict], arms: tuple[str, ...], config: dict) -> dict:
             "round_ms_p90": 1e3 * float(np.percentile(t, 90)),
             "round_ms_min": 1e3 * float(t.min()), "round_ms_max": 1e3 * float(t.max()),
             "push_ms_median": 1e3 * float(np.median(p)),
+            "cpu_ms_per_round": 1e3 * float(np.mean([x["cpu_s"] for x in rs])),
             "delivered_min": min(x["delivered"] for x in rs),
             "complete": sum(x["reason"] == "complete" for x in rs),
             "resent_per_round": float(np.mean([x["resent"] for x in rs])),
             "clock_retx_per_round": float(np.mean([x["clock_retx"] for x in rs]))}
     a, b = out["arms"]["xdp"], out["arms"]["python"]
     out["xdp_over_python"] = {k: a[k] / b[k] for k in ("round_ms_median", "round_ms_p90",
-                                                      "push_ms_median") if b[k]}
+                                                      "push_ms_median", "cpu_ms_per_round")
+                              if b[k]}
     out["rounds"] = rounds
     return out
 
@@ -190,12 +199,13 @@ def _table(s: dict) -> str:
              f"{'complete rounds' if c['complete'] else 'Early Close'}, "
              f"{c['blocks']} blocks of {c['block']} rounds per arm",
              f"{'arm':<8}{'rounds':>7}{'median ms':>11}{'p90 ms':>9}{'min..max ms':>15}"
-             f"{'push ms':>9}{'delivered':>10}{'resent':>8}{'xdp retx':>9}"]
+             f"{'push ms':>9}{'cpu ms':>8}{'delivered':>10}{'resent':>8}{'xdp retx':>9}"]
     for arm, a in s["arms"].items():
         lines.append(f"{arm:<8}{a['rounds']:>7}{a['round_ms_median']:>11.1f}"
                      f"{a['round_ms_p90']:>9.1f}"
                      f"{a['round_ms_min']:>7.1f}..{a['round_ms_max']:<6.1f}"
-                     f"{a['push_ms_median']:>9.1f}{a['delivered_min']:>10.3f}"
+                     f"{a['push_ms_median']:>9.1f}{a['cpu_ms_per_round']:>8.1f}"
+                     f"{a['delivered_min']:>10.3f}"
                      f"{a['resent_per_round']:>8.1f}{a['clock_retx_per_round']:>9.1f}")
     lines.append("xdp / python: " + ", ".join(f"{k} {v:.2f}"
                                              for k, v in s["xdp_over_python"].items()))
@@ -217,9 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--complete", action="store_true", help="rounds close only when complete")
     ap.add_argument("--socket", action="store_true", help="the socket sender as a third arm")
     ap.add_argument("--name", default="hfrec", help="rig name")
+    ap.add_argument("--credit-kib", type=float, default=None,
+                    help="the PS's credit (default: the rig's buffer plus one BDP, as LtpCluster)")
     ap.add_argument("-j", "--json", action="store_true")
     a = ap.parse_args(argv)
-    s = run(a.workers, a.kib, a.loss, a.blocks, a.block, a.warmup, a.complete, a.socket, a.name)
+    s = run(a.workers, a.kib, a.loss, a.blocks, a.block, a.warmup, a.complete, a.socket, a.name,
+            a.credit_kib and a.credit_kib * 1024)
     print(json.dumps(s) if a.json else _table(s))
     return 0
 

@@ -21,9 +21,9 @@ from ...errors import DataplaneError
 from .. import clib
 from . import headers
 from .mapstructs import (BANK_CLOSED, BANK_FREE, BANK_OPEN, BANK_STATES, CFG_SELF,  # noqa: F401
-                         LIVE_DTYPE, PROGRESS_DTYPE, ROUND_REASONS, ROUND_TIME_BOUNDS_S, ROUND_TIME_BUCKETS,
+                         PROGRESS_DTYPE, ROUND_REASONS, ROUND_TIME_BOUNDS_S, ROUND_TIME_BUCKETS,
                          SENDSLOT_DTYPE, SHARE_DTYPE, SLOT_STATS, TX_DTYPE, Bank, Cfg, FdMap,
-                         Geometry, Live, Progress, RoundStats, SendSlot, Share, SlotStats, Tx, mmap_rw)
+                         Geometry, Progress, RoundStats, SendSlot, Share, SlotStats, Tx, mmap_rw)
 from .wire import LtpHdr, token_word
 
 #: enum ltp_counter, in order; the maps bpf/ltp_maps.h declares, in order
@@ -83,10 +83,14 @@ class LtpMaps:
         #: DATA from XDP (0: not XDP's to recover); None in fd sets made before it
         self.sentat = (view("ltp_sentat", 8 * g.banks * g.slots * g.max_chunks, np.uint64,
                             (g.banks, g.slots, g.max_chunks)) if "ltp_sentat" in fds else None)
-        #: the receiving control plane's heartbeat [beat_ns, limit_ns] (ltp_live);
-        #: None in fd sets made before it
-        self.live = (view("ltp_live", LIVE_DTYPE.itemsize, np.uint64, (2,))
-                     if "ltp_live" in fds else None)
+        #: the receiving control plane's heartbeat [beat_ns, limit_ns] (in ltp_cfg,
+        #: mmapped); None for a program built before ltp_cfg was mmapable
+        self.live = None
+        try:
+            self.live = view("ltp_cfg", ctypes.sizeof(Cfg), np.uint64,
+                             (ctypes.sizeof(Cfg) // 8,))[Cfg.beat_ns.offset // 8:][:2]
+        except (OSError, ValueError):
+            pass
 
     @classmethod
     def from_bpf(cls, bpf, geometry) -> "LtpMaps":
@@ -167,7 +171,7 @@ class LtpMaps:
         """Flows of round_ not finished (set at open, counted down by XDP)."""
         return 0 if self.share is None else int(self.share[self.bank_index(round_)]["active"])
 
-    # --- liveness (ltp_live) --------------------------------------------
+    # --- liveness (ltp_cfg.beat_ns, limit_ns) ----------------------------
     def set_liveness(self, limit_s: float | None) -> None:
         """DATA of an open round is ACKed only while the heartbeat is at most
         limit_s old (None or 0: always, the check is off)."""

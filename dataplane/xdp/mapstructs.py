@@ -73,7 +73,8 @@ class Geometry:
 class Cfg(ctypes.Structure):
     _fields_ = [("job", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                 ("self_ip", ctypes.c_uint8 * 4), ("self_worker", ctypes.c_uint16),
-                ("self_mac", ctypes.c_uint8 * 6)]
+                ("self_mac", ctypes.c_uint8 * 6), ("pad", ctypes.c_uint32),
+                ("beat_ns", ctypes.c_uint64), ("limit_ns", ctypes.c_uint64)]
 
 
 class Bank(ctypes.Structure):
@@ -137,12 +138,6 @@ class RoundStats(ctypes.Structure):
                 ("time_us", ctypes.c_uint64), ("time_hist", ctypes.c_uint64 * ROUND_TIME_BUCKETS)]
 
 
-class Live(ctypes.Structure):
-    """struct ltp_live: the receiving control plane's heartbeat and its limit (ns)."""
-
-    _fields_ = [("beat_ns", ctypes.c_uint64), ("limit_ns", ctypes.c_uint64)]
-
-
 class Share(ctypes.Structure):
     _fields_ = [("active", ctypes.c_uint32), ("share_kbps", ctypes.c_uint32),
                 ("window", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
@@ -159,7 +154,6 @@ SO_CHUNK, SO_CRITICAL = _D["LTP_SO_CHUNK"], _D["LTP_SO_CRITICAL"]
 
 # numpy views of the mmapable maps use the same layouts
 SHARE_DTYPE = np.dtype(Share)
-LIVE_DTYPE = np.dtype(Live)
 TX_DTYPE = np.dtype(Tx)
 SENDSLOT_DTYPE = np.dtype(SendSlot)
 PROGRESS_DTYPE = np.dtype(Progress)
