@@ -54,7 +54,8 @@ class Exchange:
         # the job ran before this process joined it: it must be admitted first
         self.joining = coord.started()
         self.donations: dict[int, int] = {}   # worker -> ticket this worker owes its state
-        self.lost: dict[int, int] = {}        # worker -> the step it was dropped at
+        self.lost: dict[int, int] = {}        # worker -> the first step that went on without it
+        self.dropped: dict[int, int] = {}     # worker -> the step the server dropped it at
         self.rejoined: dict[int, int] = {}    # worker -> the step it was admitted back at
 
     def check_member(self) -> None:
@@ -114,7 +115,9 @@ class Exchange:
         (the lowest present member) owes its state."""
         donor = self.co.view.donor()
         self.co.view.after_report(rep)
-        self.lost.update({w: rep.step for w in rep.dropped})
+        for w in set(rep.absent) | set(rep.dropped) | set(rep.admitted):   # it was out
+            self.lost.setdefault(w, rep.step)
+        self.dropped.update({w: rep.step for w in rep.dropped})
         self.rejoined.update({w: rep.step for w in rep.admitted})
         if donor == self.id:
             self.donations.update(rep.admitted)
@@ -125,7 +128,7 @@ class Exchange:
         return {"seq": self.clock.seq, "up": self.clock.up,
                 "prev": self.prev.to_json() if self.prev else None,
                 "view": self.co.view.snapshot(), "lost": dict(self.lost),
-                "rejoined": dict(self.rejoined)}
+                "dropped": dict(self.dropped), "rejoined": dict(self.rejoined)}
 
     def restore(self, d: dict) -> None:
         """Take a member's snapshot: the next op is the member's next op."""
@@ -133,6 +136,7 @@ class Exchange:
         self.prev = Op.from_json(d["prev"]) if d["prev"] else None
         self.co.view.restore(d["view"])
         self.lost, self.rejoined = dict(d["lost"]), dict(d["rejoined"])
+        self.dropped = dict(d["dropped"])
         self.joining = False
         self.donations = {}
 

@@ -215,10 +215,11 @@ def _install_exit_handlers(job: Job) -> None:
 
 
 def abandon() -> None:
-    """This process is dying (a signal, a launcher stopping it): at exit close
-    the endpoint only, without shutdown()'s barrier and its wait for the server."""
+    """This process is dying (a signal, a launcher stopping it): close the
+    endpoint now, without shutdown()'s barrier and its wait for the server."""
     if _job is not None:
         _job.crashed = True
+        _end(_job)
 
 
 def _at_exit(job: Job) -> None:

@@ -9,7 +9,8 @@ A `Watch` reads those counters when asked and remembers, per rank, the
 value it last saw and when that value first appeared; a rank whose counter
 has not moved for `dead_s` (LTP_DEAD_S, default DEAD_S) is dead. A rank
 seen for the first time gets the benefit of the doubt (its clock starts
-then), and a dead rank whose counter moves again is alive again (a
+then), as does one that never beat (still starting: a launcher's timeout
+judges those), and a dead rank whose counter moves again is alive again (a
 restarted worker beats the same key). Wall clocks of other hosts are never
 compared: only this process's monotonic clock.
 
@@ -82,6 +83,8 @@ class Watch:
     def alive(self, rank: int) -> bool:
         """Has rank's counter moved within dead_s (one store read)?"""
         v = self.store.add(f"{self.prefix}hb/{rank}", 0)
+        if v == 0:       # it has not beaten yet: still starting, not dead
+            return True
         now = time.monotonic()
         last = self.seen.get(rank)
         if last is None or last[0] != v:

@@ -1,6 +1,4 @@
 """`python -m ltpx.control.training`: one training rank (see rank.py)."""
-import sys
+from .rank import run_main
 
-from .rank import main
-
-sys.exit(main())
+run_main()

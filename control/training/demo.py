@@ -181,6 +181,7 @@ class Demo:
         res.update(workers_lost=sorted(ex.lost), workers_rejoined=sorted(ex.rejoined),
                    resumed_from=self.resumed_from, workers_present=ids,
                    lost_at={str(w): t for w, t in sorted(ex.lost.items())},
+                   dropped_at={str(w): t for w, t in sorted(ex.dropped.items())},
                    rejoined_at={str(w): t for w, t in sorted(ex.rejoined.items())},
                    missing_steps={str(w): n for w, n in sorted(self.missing.items())})
         return res

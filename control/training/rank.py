@@ -184,5 +184,25 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def exit_now(code: int) -> None:
+    """End the rank's process with `code` once its output is out and its job
+    closed, skipping the interpreter's teardown (torch's C++ teardown after
+    the store's host has gone sometimes aborts a finished rank: exit -6)."""
+    _abandon()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_main() -> None:
+    """The entry point: main(), then exit_now (a server rank leaves main with
+    SystemExit once the job is over)."""
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    exit_now(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main()

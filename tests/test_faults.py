@@ -1,0 +1,221 @@
+"""Faults: a worker that dies and comes back, a server that dies and the job resumes, and a
+dying job that stops at once.
+
+Units first (the report's membership words, the kill specs, the op barrier
+on a real store with real worker processes, one of them killed). Then the
+rig: `ltp train --kill ... --restart -j` and train_on_rig with real
+processes, real SIGKILLs and real packets through the XDP programs, on one
+3-worker native-mode rig named ha<pid> (short runs: a small MLP, tens of
+iterations, --pace so a restarted worker has time to come back).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+from conftest import requires_bpf
+
+WORKERS = 3
+SMALL = dict(hidden=(64,), seed=3)
+
+
+# --------------------------------------------------------------------------- units
+
+def test_report_carries_absent_dropped_and_admitted_workers():
+    from ltpx.control.torchapi.ops import DROPPED, Members, StepReport, report_words
+    rep = StepReport(step=7, reasons=["deadline"], delivered={0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0},
+                     filled_chunks={0: 0, 1: 9, 2: 0, 3: 9},
+                     wholly_filled={0: 0, 1: 1, 2: 0, 3: 1}, ks=[1, 0, 1, 0], gather_s=0.1,
+                     status={1: DROPPED, 3: 5}, absent=[1, 3])
+    words = np.zeros(report_words(1, 4), dtype=np.float32)
+    rep.encode(words)
+    back = StepReport.decode(words)
+    assert back.dropped == [1] and back.admitted == {3: 5} and back.missing_workers == [1, 3]
+    m = Members(4)
+    m.absent = {1, 3}
+    from ltpx.control.torchapi.ops import STEP, ALLREDUCE, Op
+    assert m.participants(Op(STEP, sizes=(4,))) == [0, 1, 2, 3]       # absent: until dropped
+    assert m.participants(Op(ALLREDUCE, sizes=(4,))) == [0, 2]        # the present only
+    m.after_report(back)
+    assert m.members == {0, 2, 3} and m.absent == set() and m.expect() == {0, 2, 3}
+    assert m.donor() == 0
+
+
+def test_kill_specs_are_checked():
+    from ltpx.control.training.faults import parse_kills
+    ks = parse_kills(["worker:2@10", "server:0@20"], workers=8)
+    assert [(k.role, k.id, k.at) for k in ks] == [("worker", 2, 10), ("server", 0, 20)]
+    for bad in ("worker:8@1", "server:1@3", "worker:1@0", "worker2@3", "gpu:0@1"):
+        with pytest.raises(ValueError, match="--kill"):
+            parse_kills([bad], workers=8)
+
+
+def test_bad_fault_flags_exit_2(capsys):
+    from ltpx.tools.cli import main
+    for argv, word in ((["--kill", "worker:9@3"], "--kill"),
+                       (["--checkpoint-every", "5"], "checkpoint"),
+                       (["--max-missed", "0"], "max-missed")):
+        assert main(["train", "-j", *argv]) == 2
+        assert word in json.loads(capsys.readouterr().out)["error"]
+
+
+BARRIER_WORKER = r"""
+import json, os, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from ltpx.control.torchapi.coord import Coord
+from ltpx.control.torchapi.ops import Op, STEP
+w, port, ops = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+co = Coord(store, 3, 30.0)
+co.me = w
+co.start_liveness(1 + w)
+for s in range(ops):
+    co.arrive(s, Op(STEP, sizes=(4,)))
+    go = co.wait_go(s)
+    print(json.dumps({"s": s, "absent": list(go.absent)}), flush=True)
+    time.sleep(0.05)
+co.stop_liveness()
+"""
+
+
+def test_barrier_goes_on_without_a_killed_worker(tmp_path):
+    # A real store, three real worker processes; worker 2 is SIGKILLed before
+    # op 2. The server's wait for op 2 lifts the barrier once worker 2's
+    # heartbeat has stopped, naming it absent; the others pass every op.
+    import torch.distributed as dist
+    from ltpx.control.torchapi.coord import Coord
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
+                          wait_for_workers=False)
+    srv = Coord(store, 3, 30.0)
+    srv.start_liveness(0)
+    script = tmp_path / "w.py"
+    script.write_text(BARRIER_WORKER)
+    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", LTP_DEAD_S="1.0")
+    procs = [subprocess.Popen([sys.executable, str(script), str(w), str(store.port),
+                               "5" if w < 2 else "2"], env=env, stdout=subprocess.PIPE,
+                              text=True) for w in range(3)]
+    try:
+        assert [srv.next_op(s, idle_s=60).absent for s in range(2)] == [(), ()]
+        procs[2].kill()            # it ran ops 0 and 1; it will never arrive at op 2
+        procs[2].wait()
+        gos = [srv.next_op(s, idle_s=60) for s in range(2, 5)]
+        assert [g.absent for g in gos] == [(2,), (2,), (2,)]
+        outs = [p.communicate(timeout=60)[0] for p in procs[:2]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        srv.stop_liveness()
+    for p, out in zip(procs[:2], outs):
+        assert p.returncode == 0
+        lines = [json.loads(x) for x in out.splitlines()]
+        assert [x["s"] for x in lines] == [0, 1, 2, 3, 4] and lines[-1]["absent"] == [2]
+
+
+# --------------------------------------------------------------------------- on the rig
+
+@pytest.fixture(scope="module")
+def rig():
+    from conftest import WHY_NOT_BPF
+    if WHY_NOT_BPF:
+        pytest.skip(WHY_NOT_BPF)
+    from ltpx.control.training.onrig import rig_config
+    from ltpx.dataplane.rig.star import Rig
+    with Rig(rig_config(f"ha{os.getpid() % 100000}", "ltp", workers=WORKERS,
+                        rate_bps=10**9, buffer_bytes=30_000, loss=0.0)) as r:
+        yield r
+
+
+def _train(rig, faults=None, **kw):
+    from ltpx.control.training.config import TrainConfig
+    from ltpx.control.training.onrig import train_on_rig
+    cfg = TrainConfig(**{**SMALL, **kw})
+    return train_on_rig(rig, cfg, timeout_s=600, faults=faults)
+
+
+@requires_bpf
+def test_killed_worker_is_named_dropped_restarted_and_rejoins(rig):
+    # ltp train --kill worker:1@5 --restart -j on the rig: worker 1 is named
+    # missing, left behind by the barrier (dropped after --max-missed 2 steps
+    # if it is not back by then), started again, admitted back with the
+    # current state, and ends bit-identical to the others.
+    out = subprocess.run(
+        [sys.executable, "-m", "ltpx.tools.cli", "train", "--name", rig.name, "--workers",
+         str(WORKERS), "--iterations", "160", "--hidden", "64", "--pace", "0.06",
+         "--max-missed", "2", "--kill", "worker:1@5", "--restart", "-j"],
+        capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    assert r["iterations"] == 160 and r["faults"]["kills"][0]["fired"]
+    assert r["faults"]["worker_restarts"] == {"2": 1} and r["faults"]["job_restarts"] == 0
+    assert r["missing_steps"]["1"] >= 1          # named missing in its steps
+    # lost (the barrier went on without it), dropped unless it was back first
+    assert r["workers_lost"] == [1] and r["workers_rejoined"] == [1]
+    assert r["lost_at"]["1"] <= r["rejoined_at"]["1"] < 160
+    assert set(r["dropped_at"]) <= {"1"}
+    assert r["workers_present"] == [0, 1, 2] and r["replicas_identical"]
+    assert r["resumed_from"] is None
+
+
+@requires_bpf
+def test_killed_worker_without_restart_the_job_goes_on_with_the_rest(rig):
+    from ltpx.control.training.faults import Faults, parse_kills
+    fx = Faults(parse_kills(["worker:2@4"], WORKERS))
+    r = _train(rig, fx, iterations=24, max_missed=2)
+    assert r["workers_lost"] == [2] and r["workers_rejoined"] == [] and "2" in r["dropped_at"]
+    assert r["workers_present"] == [0, 1] and r["replicas_identical"]
+    assert set(r["worker_digests"]) == {"0", "1"} and r["iterations"] == 24
+    assert r["final_train_loss"] < r["initial_train_loss"]
+
+
+@requires_bpf
+def test_killed_server_the_job_resumes_from_the_checkpoint_on_the_same_trajectory(rig, tmp_path):
+    from ltpx.control.training.faults import Faults, parse_kills
+    unbroken = _train(rig, iterations=24)
+    fx = Faults(parse_kills(["server:0@12"], WORKERS), restart=True)
+    r = _train(rig, fx, iterations=24, checkpoint_every=5, checkpoint_dir=str(tmp_path),
+               pace_s=0.02)
+    assert r["faults"]["job_restarts"] == 1 and r["resumed_from"] == 10
+    assert r["iterations"] == 24 and r["replicas_identical"]
+    # nothing was lost on the rig: the resumed job retraces the unbroken one bit for bit
+    assert r["ps_digest"] == unbroken["ps_digest"]
+    assert r["final_accuracy"] == unbroken["final_accuracy"]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000015.pt", "ckpt-00000020.pt"]
+
+
+@requires_bpf
+def test_sigterm_stops_every_rank_on_its_own(rig):
+    # ltp train stops a job with SIGTERM: each rank unwinds (its XDP program
+    # detaches) and exits 130 by itself; none waits for a goodbye from a
+    # server that is stopping too, so none is left for SIGKILL (-9).
+    from ltpx.control.training.config import TrainConfig
+    from ltpx.control.training.launch import RigJob, job_env, plan_ranks
+    from ltpx.control.training.onrig import rank_argv
+    cfg = TrainConfig(**SMALL, iterations=100000, pace_s=0.02)
+    ranks = plan_ranks(rig, WORKERS, 1)
+    job = RigJob(rig, ranks, 120.0)
+    seen = []
+    try:
+        job.start(lambda r: rank_argv(cfg, 120.0, None, None),
+                  lambda r: job_env(rig, r, len(ranks), job.port, servers=1))
+        end = time.monotonic() + 300
+        while not any('"event": "iter"' in ln for ln in seen) and time.monotonic() < end:
+            job.pump(lambda r, stream, line: seen.append(line))
+            assert not job.failed()
+        procs = [r.proc for r in ranks]
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        job.close()
+    assert codes == [130] * len(ranks)
