@@ -57,8 +57,15 @@ def save(ckdir: str, opt, extra: dict, fingerprint: str) -> str:
     os.makedirs(ckdir, exist_ok=True)
     path = path_for(ckdir, opt.steps)
     tmp = f"{path}.tmp.{os.getpid()}"
-    torch.save({"fingerprint": fingerprint, "blob": state_blob(opt, extra)}, tmp)
-    os.replace(tmp, path)
+    for torn in glob.glob(os.path.join(ckdir, "ckpt-*.pt.tmp.*")):   # a killed writer's
+        os.unlink(torn)
+    try:
+        torch.save({"fingerprint": fingerprint, "blob": state_blob(opt, extra)}, tmp)
+        os.replace(tmp, path)
+    except BaseException:        # stopped mid-write (SIGTERM): leave no torn file
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     for old in sorted(glob.glob(os.path.join(ckdir, "ckpt-*.pt")))[:-KEEP]:
         os.unlink(old)
     return path
