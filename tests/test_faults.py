@@ -219,3 +219,38 @@ def test_sigterm_stops_every_rank_on_its_own(rig):
     finally:
         job.close()
     assert codes == [130] * len(ranks)
+
+
+@requires_bpf
+def test_workers_end_by_themselves_when_the_server_is_killed(rig):
+    # The server is SIGKILLed mid-training and nobody stops the workers: each
+    # sees the server's heartbeat stop, in a push or a pull (it ends itself as
+    # SIGTERM would: 130) or in a store wait (PeerGone: 1), instead of failing
+    # at its round's 60 s limit ("no answer ... for 60.0s").
+    from ltpx.control.training.config import TrainConfig
+    from ltpx.control.training.launch import RigJob, job_env, plan_ranks
+    from ltpx.control.training.onrig import rank_argv
+    cfg = TrainConfig(**SMALL, iterations=100000, pace_s=0.01)
+    ranks = plan_ranks(rig, WORKERS, 1)
+    job = RigJob(rig, ranks, 120.0)
+    seen = []
+    try:
+        job.start(lambda r: rank_argv(cfg, 120.0, None, None),
+                  lambda r: job_env(rig, r, len(ranks), job.port, servers=1))
+        end = time.monotonic() + 300
+        while sum('"event": "iter"' in ln for ln in seen) < 5 and time.monotonic() < end:
+            job.pump(lambda r, stream, line: seen.append(line))
+            assert not job.failed()
+        ranks[0].proc.kill()
+        late = []
+        end = time.monotonic() + 120
+        while any(r.code is None for r in ranks[1:]) and time.monotonic() < end:
+            job.pump(lambda r, stream, line: late.append(line))
+        codes = [r.code for r in ranks[1:]]
+    finally:
+        job.close()
+    # 130: ended itself in a push or a pull; 1: a store wait raised PeerGone
+    assert set(codes) <= {130, 1} and None not in codes, (codes, late[-6:])
+    said = [ln for ln in late if "error" in ln or "ending" in ln]
+    assert all("stopped beating" in ln for ln in said), said
+    assert not any("60.0s" in ln for ln in late)

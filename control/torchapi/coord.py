@@ -74,11 +74,14 @@ class Coord:
         self.watch: Watch | None = None
         self.beat: Beat | None = None
         self.tickets_seen = 0
+        self.on_server_dead = None   # called once (heartbeat thread) when the server stops
         self.joins: dict[int, int] = {}   # the server's: worker -> ticket, not yet admitted
 
     def start_liveness(self, rank: int, store_netns: str | None = None) -> None:
         """Beat this rank's heartbeat and watch the others'."""
-        self.beat = Beat(self.store, f"{KEY}hb/{rank}", store_netns)
+        self.beat = Beat(self.store, f"{KEY}hb/{rank}", store_netns,
+                         watch_key=f"{KEY}hb/0" if rank >= self.servers else None,
+                         on_dead=lambda: self.on_server_dead and self.on_server_dead())
         self.watch = Watch(self.store, KEY)
 
     def stop_liveness(self) -> None:

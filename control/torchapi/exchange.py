@@ -22,12 +22,17 @@ the next op as a member.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .coord import Excluded
+from .coord import Excluded, PeerGone
 from .ops import STEP, Go, Op, RoundClock, SHUTDOWN, StepReport, preopened
 
 
@@ -48,6 +53,9 @@ class Exchange:
     def __init__(self, link, coord, worker: int, workers: int):
         self.link, self.co, self.id, self.workers = link, coord, worker, workers
         coord.me = worker
+        self.busy: set[int] = set()  # threads pushing or pulling (they wait on rounds, not the store)
+        self.server_gone = False
+        coord.on_server_dead = self.server_dead
         self.clock = RoundClock()
         self.prev: Op | None = None
         self.times = dict.fromkeys(("barrier_s", "push_s", "pull_s"), 0.0)
@@ -94,7 +102,9 @@ class Exchange:
         r = run.rounds[i]
         if self.link.opens and i >= run.npre:
             self.co.wait_open(r)
-        if self.link.push(r, piece, run.op.reliable):
+        with self.on_rounds():
+            closed_early = self.link.push(r, piece, run.op.reliable)
+        if closed_early:
             # the server closed r before all of this arrived: say so, it may be
             # waiting for that before it reuses r's bank (coord.py, ack/<r>/<w>)
             self.co.ack(r, self.id)
@@ -104,11 +114,37 @@ class Exchange:
         """The op's answer, copied into out[:down_elems] (returned)."""
         t0 = time.perf_counter()
         view = out[:run.op.down_elems(self.workers)]
-        self.link.pull(run.seq, view)
+        with self.on_rounds():
+            self.link.pull(run.seq, view)
         self.times["pull_s"] += time.perf_counter() - t0
         if run.op.kind == STEP:
             self.follow(StepReport.decode(view[sum(run.op.sizes):]))
         return view
+
+    def server_dead(self) -> None:
+        """The heartbeat thread saw the server stop. A push or a pull waits on a
+        round, not on the store, and would take the round's whole time limit
+        (60 s): end this process as a SIGTERM would (it unwinds and detaches
+        its XDP program); the launcher restarts the job, or reports it. Later
+        pushes and pulls raise PeerGone at once."""
+        self.server_gone = True
+        if self.busy:
+            print(f"ltpx.torch worker {self.id}: the server stopped beating while this "
+                  "worker was sending to it or waiting for its answer: ending",
+                  file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    @contextlib.contextmanager
+    def on_rounds(self):
+        """Around a push or a pull: the server must still be beating."""
+        me = threading.get_ident()
+        self.busy.add(me)
+        try:
+            if self.server_gone:
+                raise PeerGone(f"worker {self.id}: the server (rank 0) stopped beating")
+            yield
+        finally:
+            self.busy.discard(me)
 
     def follow(self, rep: StepReport) -> None:
         """A step's membership changes: drops, admissions, and whom this worker

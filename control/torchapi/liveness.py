@@ -16,7 +16,9 @@ compared: only this process's monotonic clock.
 
 Who uses it: the server's op barrier (coord.py) releases the workers that
 arrived once the missing ones are dead; a worker's waits for the server give
-up as soon as the server is (instead of at the store's timeout).
+up as soon as the server is (instead of at the store's timeout), and its
+heartbeat thread also watches the server's counter, for the one wait that
+is not on the store: the answer's round (exchange.py).
 """
 from __future__ import annotations
 
@@ -42,25 +44,37 @@ def dead_after_s() -> float:
 class Beat:
     """This rank's heartbeat thread."""
 
-    def __init__(self, store, key: str, store_netns: str | None = None):
+    def __init__(self, store, key: str, store_netns: str | None = None,
+                 watch_key: str | None = None, on_dead=None):
         from ...dataplane import netns
         with netns.inside(store_netns):   # a connection of its own
             self.store = store.clone()
         # never blocked for long in a call (a thread inside one at exit aborts the process)
         self.store.set_timeout(timedelta(seconds=1))
         self.key = key
+        # another rank's counter this thread watches (a worker: the server's),
+        # and what it calls once when that counter stops for dead_after_s()
+        self.watch_key, self.on_dead = watch_key, on_dead
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.loop, name="ltpx-heartbeat", daemon=True)
         self.thread.start()
         atexit.register(self.stop)
 
     def loop(self) -> None:
-        store = self.store
+        store, dead_s = self.store, dead_after_s()
+        last, since = 0, time.monotonic()
         while not self.stopped.is_set():
             try:
                 store.add(self.key, 1)
+                v = store.add(self.watch_key, 0) if self.watch_key else 0
             except Exception:   # the store is gone: the job is over, nobody watches
                 return
+            now = time.monotonic()
+            if v != last:
+                last, since = v, now
+            elif v and now - since > dead_s and self.on_dead is not None:
+                on_dead, self.on_dead = self.on_dead, None
+                on_dead()
             self.stopped.wait(BEAT_S)
 
     def stop(self) -> None:

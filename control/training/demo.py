@@ -89,8 +89,8 @@ class Demo:
                        "workers": self.W, "iterations": self.total,
                        "iterations_per_epoch": self.ipe, "params": self.params,
                        "resumed_from": self.resumed_from})
-            if not ev.curve:
-                ev(0, 0.0)
+            if not ev.curve and not current().exchange.rejoined:
+                ev(0, 0.0)     # (a lead that rejoined has no curve: it starts mid-job)
         self.add_version()
         self.clock.start()
         while opt.steps < self.total:
