@@ -2,8 +2,12 @@
 
 This process hosts the rendezvous store (a TCPStore on the PS namespace's
 loopback, so coordination never crosses the measured network) and starts
-one process per rank with `dataplane.netns.popen`, which enters only the
-network namespace: the rank sees the host's /sys and its bpffs. Each rank
+one process per rank in its host's network namespace only (the rank sees
+the host's /sys and its bpffs): forked from the fork server (forkserver.py:
+torch and the job's modules imported once, before the rig was built when a
+command called `forkserver.warm()`), or as a new interpreter with
+`dataplane.netns.popen` (LTPX_FORKSERVER=0, a command that is not a Python
+module or script, or the fork server failing). Each rank
 gets torchrun's env:// variables (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, LOCAL_RANK, TORCHELASTIC_USE_AGENT_STORE=True) and what
 `ltpx.torch.init()` reads (LTP_DEV, LTP_IP, LTP_XDP_MODE, LTP_CAPACITY,
@@ -31,6 +35,7 @@ from typing import Callable
 from ...dataplane import netns
 from ...dataplane.rig.star import broadcast_of
 from ..procs import stop_all
+from . import forkserver
 
 RC_KILLED = -1000   # a rank this launcher stopped (another one failed first, or the timeout)
 
@@ -43,7 +48,7 @@ class Rank:
     role: str                   # server | worker
     index: int                  # among the servers, or the workers (lt.rank())
     host: object                # the rig host it runs on
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | forkserver.ZygoteProc | None = None
     t0: float = 0.0
     wall_s: float | None = None
     code: int | None = None
@@ -52,6 +57,7 @@ class Rank:
     bufs: dict = field(default_factory=dict)   # fd -> partial line
     settled: bool = False       # died, and the job goes on without it (faults.py)
     starts: int = 0             # processes started for this rank
+    forked: bool = False        # its process came from the fork server
 
     @property
     def label(self) -> str:
@@ -81,7 +87,7 @@ def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
                RANK=str(r.rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
                LOCAL_WORLD_SIZE="1", GROUP_RANK=str(r.rank), TORCHELASTIC_USE_AGENT_STORE="True",
-               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR", PYTHONUNBUFFERED="1",
+               **forkserver.IMPORT_ENV,        # OMP_NUM_THREADS=1, TORCH_CPP_LOG_LEVEL, ...
                LTP_TRANSPORT=transport, LTP_DEV=h.ifname, LTP_IP=h.ip, LTP_XDP_MODE=c.mode,
                LTP_CAPACITY=str(c.rate_bps), LTP_MTU=str(c.mtu), LTP_NETNS=h.netns,
                LTP_STORE_NETNS=rig.ps.netns, LTP_SERVERS=str(servers))
@@ -104,6 +110,8 @@ class RigJob:
                                        timedelta(seconds=store_timeout_s),
                                        wait_for_workers=False)
         self.sel = selectors.DefaultSelector()
+        self.zygote: forkserver.Zygote | None = None
+        self.zygote_asked = False
 
     @property
     def port(self) -> int:
@@ -118,15 +126,28 @@ class RigJob:
     def spawn(self, r: Rank) -> None:
         """Start rank r's process (again, after it died: the same argv and
         environment in the same namespace, as torchrun's agent restarts one)."""
-        r.proc = netns.popen(r.host.netns, self.argv_for(r), env=self.env_for(r),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             stdin=subprocess.DEVNULL)
+        argv, env = self.argv_for(r), self.env_for(r)
+        r.proc = self.fork(r, argv, env)
+        r.forked = r.proc is not None
+        if r.proc is None:
+            r.proc = netns.popen(r.host.netns, argv, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         r.t0, r.code, r.wall_s, r.killed, r.settled = time.monotonic(), None, None, False, False
         r.starts += 1
         for stream, f in (("stdout", r.proc.stdout), ("stderr", r.proc.stderr)):
             os.set_blocking(f.fileno(), False)
             r.bufs[f.fileno()] = b""
             self.sel.register(f, selectors.EVENT_READ, (r, stream))
+
+    def fork(self, r: Rank, argv: list[str], env: dict):
+        """Rank r's process from the fork server (taken at the first rank it can
+        run), or None: start it as a new interpreter."""
+        if not netns.exists(r.host.netns) or forkserver.plan(argv) is None:
+            return None      # (netns.popen names a missing namespace)
+        if not self.zygote_asked:
+            self.zygote_asked = True
+            self.zygote = forkserver.take()
+        return self.zygote.spawn(argv, env, netns=r.host.netns) if self.zygote else None
 
     def respawn(self, r: Rank) -> None:
         """Start a rank whose process has exited and been reaped again."""
@@ -183,6 +204,8 @@ class RigJob:
 
     def close(self) -> None:
         self.stop()
+        if self.zygote is not None:
+            self.zygote.close()
         self.sel.close()
         del self.store
 
