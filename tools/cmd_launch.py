@@ -100,7 +100,10 @@ def cmd_launch(args) -> int:
     if args.transport == "ltp":
         need_bcc()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
+    from ..control.training import forkserver
     from ..control.training.launch import python_argv
+    if forkserver.plan(python_argv(cmd)):
+        forkserver.warm()      # torch and ltpx.torch imported while the rig is built
     from ..dataplane.rig.star import Rig
     import dataclasses
     kept = bool(args.rig and Rig.exists(args.rig))

@@ -200,6 +200,8 @@ def cmd_train(args) -> int:
     if any(r["transport"] == "ltp" for r in runs):
         need_bcc()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
+    from ..control.training import forkserver
+    forkserver.warm()          # the ranks' imports, while the rig is built
     from ..control.training.args import config_from_args
     from ..control.training.curves import Curves, run_label
     from ..control.training.onrig import train_on_rig

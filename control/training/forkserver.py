@@ -283,12 +283,15 @@ def warm() -> None:
     atexit.register(_close_parked)
 
 
-def take() -> Zygote | None:
-    """The warmed zygote, or a new one (None with LTPX_FORKSERVER=0); the caller closes it."""
+def take(new: bool = True) -> Zygote | None:
+    """The warmed zygote, else a new one (new=False: None); None with
+    LTPX_FORKSERVER=0. The caller closes it."""
     if not enabled():
         return None
     if _PARKED:
         return _PARKED.pop()
+    if not new:
+        return None
     try:
         return Zygote()
     except OSError as e:

@@ -1,7 +1,8 @@
 """Start every rank of a job inside a rig's namespaces and follow their output: torchrun for rigs.
 
-This process hosts the rendezvous store (a TCPStore on the PS namespace's
-loopback, so coordination never crosses the measured network) and starts
+The rendezvous store is a TCPStore on the PS namespace's loopback (so
+coordination never crosses the measured network), hosted by a process
+forked from the fork server (storehost.py) or by this one. RigJob starts
 one process per rank in its host's network namespace only (the rank sees
 the host's /sys and its bpffs): forked from the fork server (forkserver.py:
 torch and the job's modules imported once, before the rig was built when a
@@ -23,7 +24,9 @@ its XDP program), then SIGKILL. `ltp launch` (tools/cmd_launch.py) and
 """
 from __future__ import annotations
 
+import json
 import os
+import select
 import selectors
 import subprocess
 import sys
@@ -37,6 +40,7 @@ from ...dataplane.rig.star import broadcast_of
 from ..procs import stop_all
 from . import forkserver
 
+STORE_MODULE = "ltpx.control.training.storehost"
 RC_KILLED = -1000   # a rank this launcher stopped (another one failed first, or the timeout)
 
 
@@ -103,18 +107,31 @@ class RigJob:
     """The ranks of one job on a rig: start, pump their output, stop."""
 
     def __init__(self, rig, ranks: list[Rank], store_timeout_s: float = 300.0):
-        import torch.distributed as dist
         self.rig, self.ranks = rig, ranks
-        with netns.inside(rig.ps.netns):
-            self.store = dist.TCPStore("127.0.0.1", 0, None, True,
-                                       timedelta(seconds=store_timeout_s),
-                                       wait_for_workers=False)
         self.sel = selectors.DefaultSelector()
-        self.zygote: forkserver.Zygote | None = None
-        self.zygote_asked = False
+        self.zygote = forkserver.take(new=False)      # the one warm() started, if any
+        self.zygote_asked = self.zygote is not None
+        self.store = self.store_proc = None
+        self.port = self.host_store(store_timeout_s)
 
-    @property
-    def port(self) -> int:
+    def host_store(self, timeout_s: float) -> int:
+        """The rendezvous store on the PS namespace's loopback; its port. Forked
+        from the fork server (storehost.py: this process then never imports
+        torch), else hosted here."""
+        if self.zygote is not None:
+            p = self.zygote.spawn([sys.executable, "-m", STORE_MODULE, str(timeout_s)],
+                                  dict(self.zygote.env), netns=self.rig.ps.netns)
+            port = _port_of(p) if p is not None else None
+            if port:
+                self.store_proc = p
+                return port
+            if p is not None:
+                stop_all([p], grace_s=1.0)
+                forkserver.note("the store did not start there; hosting it here")
+        import torch.distributed as dist
+        with netns.inside(self.rig.ps.netns):
+            self.store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s),
+                                       wait_for_workers=False)
         return self.store.port
 
     def start(self, argv_for: Callable[[Rank], list[str]],
@@ -204,10 +221,22 @@ class RigJob:
 
     def close(self) -> None:
         self.stop()
+        if self.store_proc is not None:
+            stop_all([self.store_proc], grace_s=2.0)
         if self.zygote is not None:
             self.zygote.close()
         self.sel.close()
-        del self.store
+        self.store = None
+
+
+def _port_of(p, wait_s: float = 60.0) -> int | None:
+    """The port a storehost process prints first (None if it exits instead)."""
+    if not select.select([p.stdout], [], [], wait_s)[0]:
+        return None
+    try:
+        return int(json.loads(p.stdout.readline())["port"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def exit_code(code: int | None) -> int:

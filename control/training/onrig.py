@@ -4,7 +4,9 @@ launch.RigJob, the lead's JSON events followed, the others' output kept in logs.
 The lead is worker 0 (it evaluates and reports; with gloo, rank 0). Its
 stdout (JSON lines: start, iter, eval, result) drives the progress bar;
 every rank's other output goes to a log directory that is removed on
-success and named in the error otherwise.
+success and named in the error otherwise. The result's "startup" says when
+the lead's "start" and first "iter" events came, in seconds since this
+process started, and how many ranks were forked from the fork server.
 
 Rigs for comparisons: every switch port is shaped and lossy alike
 (shape="all", loss_on="all"); LTP runs on a native-mode rig (XDP_TX needs
@@ -61,6 +63,7 @@ class Follow:
         self.files: dict = {}
         self.result: dict | None = None
         self.error: tuple | None = None
+        self.marks: dict[str, float] = {}    # the lead's first start / iter: process age
 
     def __call__(self, r, stream: str, line: str) -> None:
         if r is self.lead and stream == "stdout":
@@ -70,6 +73,8 @@ class Follow:
                 msg = None
             if isinstance(msg, dict):
                 ev = msg.get("event")
+                if ev in ("start", "iter") and ev not in self.marks:
+                    self.marks[ev] = round(process_age(), 3)
                 if ev == "result":
                     self.result = msg
                 elif ev == "error":
@@ -133,6 +138,10 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
                 transport="tcp" if cfg.transport == "tcp" else "ltp",
                 group=cfg.downlink == "group"))
             result = _follow(job, follow, logdir, timeout_s, fx)
+            result["startup"] = {"start_s": follow.marks.get("start"),
+                                 "first_iter_s": follow.marks.get("iter"),
+                                 "forked_ranks": sum(r.forked for r in ranks),
+                                 "ranks": len(ranks)}
             if fx.kills or fx.restart:
                 result["faults"] = fx.report()
             ok = True
@@ -172,6 +181,14 @@ def _follow(job: RigJob, follow: Follow, logdir: str, timeout_s: float,
     if follow.result is None:
         raise LaunchError(_describe(follow.lead, logdir, "exited without a result"))
     return follow.result
+
+
+def process_age() -> float:
+    """Seconds since this process started (its start time in /proc/self/stat,
+    clock ticks since boot)."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _describe(r, logdir: str, error: str | None = None) -> str:
