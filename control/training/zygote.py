@@ -12,8 +12,9 @@ it the job, main() runs it at the top), enters the request's network
 namespace (setns, as dataplane/netns.py does), takes the pipes as fds 1 and
 2 (stdin /dev/null), the environment (os.environ replaced), cwd, sys.argv,
 sys.path[0] and the signal dispositions a new interpreter would have,
-reseeds numpy's global generator (Python's `random` reseeds itself at fork;
-torch's generator is untouched, as in a new interpreter), and runs the
+reseeds numpy's and torch's global generators from the OS's entropy, as a
+new interpreter has them (Python's `random` reseeds itself at fork; a
+job's own seeds come later and win), and runs the
 module or script with runpy as __main__. It then exits as `python -m mod`
 or `python script.py` would (finish(): SystemExit's code, 1 and a
 traceback for an exception, non-daemon threads joined and atexit handlers
@@ -131,6 +132,8 @@ class Job:
         rng = sys.modules.get("numpy.random")
         if rng is not None:
             rng.seed()      # from the OS's entropy, as a new interpreter's
+        if "torch" in sys.modules:
+            sys.modules["torch"].seed()     # likewise (torch 2.13 seeds each process anew)
 
 
 def stdio(unbuffered: bool) -> None:
