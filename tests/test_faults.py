@@ -87,6 +87,28 @@ co.stop_liveness()
 """
 
 
+def test_a_server_beats_its_link_while_it_waits_in_the_store():
+    """Coord.on_wait (the server's link beat) runs through a store wait at
+    least every SLICE_S, and a wait that times out still names its total."""
+    import threading
+    import torch.distributed as dist
+    from ltpx.control.torchapi.coord import KEY, SLICE_S, Coord
+    from ltpx.errors import CommError
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
+                          wait_for_workers=False)
+    co = Coord(store, workers=1, timeout_s=30)
+    beats: list[float] = []
+    co.on_wait = lambda: beats.append(time.monotonic())
+    threading.Timer(1.2, lambda: store.set(KEY + "late", "1")).start()
+    t0 = time.monotonic()
+    co.wait(["late"])
+    assert time.monotonic() - t0 >= 1.1
+    gaps = np.diff([t0, *beats, time.monotonic()])
+    assert len(beats) >= 4 and gaps.max() < SLICE_S + 0.2, gaps
+    with pytest.raises(CommError, match="waited 0.6s for never"):
+        co.wait(["never"], timeout_s=0.6)
+
+
 def test_barrier_goes_on_without_a_killed_worker(tmp_path):
     # A real store, three real worker processes; worker 2 is SIGKILLed before
     # op 2. The server's wait for op 2 lifts the barrier once worker 2's

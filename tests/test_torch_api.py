@@ -81,7 +81,8 @@ def test_settings_keyword_over_environment_over_default(monkeypatch):
     s = Settings.resolve({"mtu": 1400})
     assert (s.capacity, s.mtu, s.transport, s.downlink) == (25e9, 1400, "ltp", "group")
     for bad, word in (({"mtu": 100}, "mtu"), ({"transport": "udp"}, "transport"),
-                      ({"servers": 2}, "servers"), ({"nope": 1}, "nope")):
+                      ({"servers": 0}, "servers"), ({"servers": 9}, "servers"),
+                      ({"nope": 1}, "nope")):
         with pytest.raises(UsageError, match=word):
             Settings.resolve(bad)
     monkeypatch.setenv("LTP_TIMEOUT", "soon")
@@ -219,7 +220,7 @@ def test_half_precision_and_unused_parameters(tcp_job):
 
 @pytest.mark.parametrize("argv, flag", [
     (["--workers", "0", "--", "python", "x.py"], "--workers"),
-    (["--servers", "2", "--", "python", "x.py"], "--servers"),
+    (["--servers", "0", "--", "python", "x.py"], "--servers"),
     (["--loss", "2", "--", "python", "x.py"], "--loss"),
     (["--rate", "fast", "--", "python", "x.py"], "--rate"),
     (["--rig", "Bad-Name", "--", "python", "x.py"], "--rig"),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from ...errors import CommError
@@ -76,6 +77,7 @@ class Coord:
         self.tickets_seen = 0
         self.on_server_dead = None   # called once (heartbeat thread) when the server stops
         self.joins: dict[int, int] = {}   # the server's: worker -> ticket, not yet admitted
+        self.on_wait: Callable[[], None] | None = None   # called during waits (server: beat)
 
     def start_liveness(self, rank: int, store_netns: str | None = None) -> None:
         """Beat this rank's heartbeat and watch the others'."""
@@ -147,7 +149,22 @@ class Coord:
                                f"for {', '.join(keys)}: it died or hangs")
 
     def _wait(self, keys: list[str], seconds: float, quiet: bool = False) -> bool:
-        """True when the keys are there; on a timeout False if quiet, else CommError."""
+        """True when the keys are there; on a timeout False if quiet, else
+        CommError. With on_wait set (a server's link beat) the wait is cut
+        into slices, on_wait() before each: an open round's XDP program
+        keeps ACKing while this process waits here (ltp_cfg's heartbeat)."""
+        if self.on_wait is None:
+            return self._store_wait(keys, seconds, seconds, quiet)
+        end = time.monotonic() + seconds
+        while True:
+            self.on_wait()
+            left = end - time.monotonic()
+            if left <= SLICE_S:
+                return self._store_wait(keys, max(left, 0.001), seconds, quiet)
+            if self._store_wait(keys, SLICE_S, seconds, quiet=True):
+                return True
+
+    def _store_wait(self, keys: list[str], seconds: float, total: float, quiet: bool) -> bool:
         try:
             self.store.wait([KEY + k for k in keys], timedelta(seconds=seconds))
             return True
@@ -155,7 +172,7 @@ class Coord:
             if _timed_out(e):
                 if quiet:
                     return False
-                raise CommError(f"waited {seconds:g}s for {', '.join(keys)} in the "
+                raise CommError(f"waited {total:g}s for {', '.join(keys)} in the "
                                 "rendezvous store: a rank is stuck or gone") from None
             raise CommError(f"the rendezvous store failed: {e}") from None
 

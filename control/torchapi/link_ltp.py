@@ -111,6 +111,12 @@ class LtpServerLink:
             nelems = self.codec.open(r, nelems, reliable)
         self.ep.open_round(r, nelems, workers=workers, reliable=reliable)
 
+    def beat(self) -> None:
+        """Keep the XDP program ACKing open rounds while the server waits
+        elsewhere (coord.on_wait; Endpoint.beat)."""
+        if self.ep is not None:
+            self.ep.beat()
+
     def cancel(self, r: int) -> None:
         self.keys.pop(r, None)
         if self.codec:
@@ -178,7 +184,11 @@ class LtpWorkerLink:
                            early_close=EarlyCloseConfig(hard_timeout_s=self.wait_s),
                            initial_rate_bps=s.capacity / max(1, self.workers),
                            self_id=self.id,   # group-sent answers are taken as its own
-                           secret=self.secret)
+                           secret=self.secret,
+                           # a worker computes between its pull and the next answer
+                           # (wbsp: while the answer comes): only the server proves
+                           # liveness to senders; a dead worker shows in the store
+                           liveness_s=None)
         self.size = size
         return True
 

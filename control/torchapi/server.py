@@ -94,6 +94,8 @@ class Server:
 
     def __init__(self, link, coord, workers: int, group_ok: bool, max_missed: int = 3):
         self.link, self.co, self.W = link, coord, workers
+        # an LTP link's open rounds stay ACKed while the loop waits in the store
+        self.co.on_wait = getattr(link, "beat", None)
         self.view = coord.view          # membership (ops.Members), as every rank keeps it
         self.max_missed = max_missed
         self.missed = [0] * workers     # steps in a row a worker delivered nothing of
