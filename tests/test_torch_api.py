@@ -164,17 +164,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_local_job(cases: str, workers: int = 2, timeout: float = 240) -> list[dict]:
-    """Start the server and the workers of a TCP job on loopback; each worker's
-    last JSON line."""
+def start_local_job(cases: str, workers: int = 2, timeout: float = 240,
+                    **env_extra: str) -> list[tuple[str, str]]:
+    """Run the server and the workers of a TCP job on loopback; (stdout, stderr)
+    of each rank, the server's first."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                WORLD_SIZE=str(workers + 1), LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1",
-               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
+               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR", **env_extra)
     procs = [subprocess.Popen([sys.executable, str(JOB), cases], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(workers + 1)]
-    outs = finish_all(procs, timeout=timeout)
+    return finish_all(procs, timeout=timeout)
+
+
+def run_local_job(cases: str, workers: int = 2, timeout: float = 240) -> list[dict]:
+    """Each worker's last JSON line of a TCP job on loopback."""
+    outs = start_local_job(cases, workers, timeout)
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs[1:]]
+
+
+def test_ltpx_torch_logs_through_logging():
+    """A script that configures logging gets ltpx.torch's lines in its format."""
+    outs = start_local_job("set_to_none", workers=1, JOB_LOG="1")
+    assert "INFO ltpx.torch: rank 0 of 2: server over tcp (127.0.0.1)" in outs[0][1]
+    assert "INFO ltpx.torch: rank 1 of 2: worker 0 over tcp (127.0.0.1)" in outs[1][1]
 
 
 @pytest.fixture(scope="module")

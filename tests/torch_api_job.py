@@ -16,6 +16,8 @@ prints one JSON line per case ({"case": ..., "digest": ..., ...}), then
                counts it and a FilledWarning says so
 """
 import json
+import logging
+import os
 import sys
 import time
 import warnings
@@ -24,6 +26,9 @@ import torch
 import torch.nn.functional as F
 
 import ltpx.torch as lt
+
+if os.environ.get("JOB_LOG"):   # a script that configures logging sees ltpx.torch's lines
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 D, B, CLASSES = 12, 24, 3   # B divides by 2, 3, 4: equal shares of every batch
 WHOLE = {"threshold_min": 1.0, "threshold_max": 1.0, "min_deadline_s": 2.0}

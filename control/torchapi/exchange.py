@@ -23,9 +23,9 @@ the next op as a member.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +34,8 @@ import numpy as np
 
 from .coord import Excluded, PeerGone
 from .ops import STEP, Go, Op, RoundClock, SHUTDOWN, StepReport, preopened
+
+log = logging.getLogger("ltpx.torch.exchange")
 
 
 @dataclass
@@ -129,9 +131,8 @@ class Exchange:
         pushes and pulls raise PeerGone at once."""
         self.server_gone = True
         if self.busy:
-            print(f"ltpx.torch worker {self.id}: the server stopped beating while this "
-                  "worker was sending to it or waiting for its answer: ending",
-                  file=sys.stderr, flush=True)
+            log.error("ltpx.torch worker %s: the server stopped beating while this worker "
+                      "was sending to it or waiting for its answer: ending", self.id)
             os.kill(os.getpid(), signal.SIGTERM)
 
     @contextlib.contextmanager

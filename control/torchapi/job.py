@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
 import os
 import signal
 import socket
@@ -28,6 +29,8 @@ from ...errors import UsageError
 from .coord import Coord
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs
 from .settings import Settings
+
+log = logging.getLogger("ltpx.torch")   # the API's logger; modules log under it
 
 _job: "Job | None" = None
 
@@ -94,8 +97,8 @@ class Job:
         if self.is_server:
             self.group = s.group or dev_broadcast(s.dev)
             if self.group is None:
-                print(f"ltpx: {s.dev} has no IPv4 broadcast address and no group was given: "
-                      "answers go to each worker (unicast)", file=sys.stderr)
+                log.warning("ltpx: %s has no IPv4 broadcast address and no group was given: "
+                            "answers go to each worker (unicast)", s.dev)
             return LtpServerLink(s, self.workers, self.group)
         return LtpWorkerLink(s, self.rank, self.workers)
 
@@ -154,6 +157,10 @@ def init(*, serve: bool = True, **options) -> None:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     job = Job(Settings.resolve(options))
     job.start()
+    s = job.s
+    log.info("rank %d of %d: %s over %s%s", job.global_rank, job.world,
+             "server" if job.is_server else f"worker {job.rank}", s.transport,
+             f" on {s.dev} ({s.ip})" if s.dev else f" ({s.ip})" if s.ip else "")
     _job = job
     _install_exit_handlers(job)
     if job.is_server and serve:
@@ -231,7 +238,7 @@ def _at_exit(job: Job) -> None:
     try:
         shutdown()
     except Exception as e:   # at exit, a failed goodbye is only worth a line
-        print(f"ltpx.torch: shutdown at exit failed: {e}", file=sys.stderr)
+        log.warning("ltpx.torch: shutdown at exit failed: %s", e)
         _end(job)
 
 

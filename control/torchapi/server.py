@@ -29,7 +29,7 @@ next step.
 """
 from __future__ import annotations
 
-import sys
+import logging
 import time
 
 import numpy as np
@@ -40,6 +40,8 @@ from .ops import (ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock,
                   preopened)
 
 FIRST_TRY_S = 3.0   # an answer's first try: long enough for a live worker to answer
+
+log = logging.getLogger("ltpx.torch.server")
 
 
 def aggregate_into(out: np.ndarray, values: np.ndarray, weights: list[int] | None = None) -> None:
@@ -222,8 +224,8 @@ class Server:
             gone = self.co.dead_workers([p.worker for p in e.peers])
             self.silent |= gone
             if gone:
-                print(f"ltpx.torch server: worker(s) {sorted(gone)} dead and silent to answer "
-                      f"{d}: left out, dropped at the next step", file=sys.stderr)
+                log.warning("ltpx.torch server: worker(s) %s dead and silent to answer %s: "
+                            "left out, dropped at the next step", sorted(gone), d)
             self.link.peers = [p for p in self.link.peers if p.worker not in gone]
         except TransportError:
             pass                 # slow, not silent: try again with the full time
@@ -295,5 +297,5 @@ def run_server(job) -> int:
         job.summary = srv.run()
         return 0
     except LtpError as e:
-        print(f"ltpx.torch server (rank {job.global_rank}): error: {e}", file=sys.stderr)
+        log.error("ltpx.torch server (rank %s): error: %s", job.global_rank, e)
         return 1
