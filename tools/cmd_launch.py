@@ -220,7 +220,7 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool) -> in
                        "servers": c.servers},
                "ranks": [{"rank": r.rank, "role": r.role, "label": r.label, "host": r.host.name,
                           "netns": r.host.netns, "exit_code": exit_code(r.code),
-                          "killed": r.killed,
+                          "killed": r.killed, "forked": r.forked,
                           "wall_s": round(r.wall_s, 3) if r.wall_s is not None else None,
                           "last_json": r.last_json} for r in ranks]}
     if wants_json(args):

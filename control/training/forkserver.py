@@ -280,6 +280,7 @@ def warm() -> None:
     except OSError as e:
         note(f"cannot start ({e}); ranks start as new processes")
         return
+    atexit.unregister(_close_parked)     # once
     atexit.register(_close_parked)
 
 

@@ -26,6 +26,7 @@ from typing import Callable
 
 from ...errors import LaunchError
 from .config import TrainConfig
+from . import forkserver
 from .faults import Faults, RestartJob
 from .launch import RigJob, job_env, plan_ranks
 
@@ -125,6 +126,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     ok = False
     while True:      # once, or again after the server died under --restart
         ranks = plan_ranks(rig, W, servers)
+        forkserver.warm()      # (a no-op if `ltp train` warmed it before the rig)
         job = RigJob(rig, ranks, rank_timeout_s)
 
         def events(ev: dict, job=job) -> None:
