@@ -199,6 +199,23 @@ def test_what_cannot_be_forked_is_refused(zygote, tmp_path):
     assert zygote.ready() and not zygote.broken          # and it still serves the others
 
 
+@pytest.mark.parametrize("body,says", [
+    ("import sys\nprint('hhbad: cannot', file=sys.stderr)\nsys.exit(5)", "hhbad: cannot"),
+    ("import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True)"
+     ".start()", "2 threads after the imports"),
+])
+def test_a_failing_zygote_falls_back_with_one_note(tmp_path, monkeypatch, capfd, body, says):
+    (tmp_path / "hhbad.py").write_text(body + "\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    z = forkserver.Zygote(preload=("hhbad",))
+    assert z.spawn([PY, str(tmp_path / "x.py")], z.env) is None
+    assert z.spawn([PY, str(tmp_path / "x.py")], z.env) is None
+    assert z.broken and says in z.broken
+    assert z.proc.poll() is not None
+    notes = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("note: fork")]
+    assert len(notes) == 1 and says in notes[0] and "new processes" in notes[0]
+
+
 def test_close_ends_the_zygote_and_its_children(tmp_path):
     z = forkserver.Zygote(preload=())
     script = tmp_path / "sleep.py"

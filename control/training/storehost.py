@@ -21,8 +21,11 @@ def main() -> None:
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s),
                           wait_for_workers=False)
     print(json.dumps({"port": store.port}), flush=True)
-    while True:     # until SIGTERM or SIGKILL (or the fork server's end)
-        signal.pause()
+    try:
+        while True:     # until SIGTERM or SIGKILL (or the fork server's end)
+            signal.pause()
+    except KeyboardInterrupt:   # Ctrl-C reaches the whole process group: the launcher ends it
+        pass
 
 
 if __name__ == "__main__":
