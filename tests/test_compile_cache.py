@@ -282,3 +282,18 @@ def test_doctor_reports_the_cache(cache, src):
     assert check.ok
     assert str(cache) in check.detail and "1 entries" in check.detail
     assert "1 hits" in check.detail and "1 misses" in check.detail
+
+
+def test_a_dataplane_whose_setup_fails_closes_its_program_and_maps(cache):
+    import gc
+    from ltpx.dataplane.xdp.loader import Dataplane, Geometry
+    g = Geometry(slots=2, max_chunks=64)
+    with Dataplane(g, job=JOB):
+        pass                                  # compiled: the failing ones below load it
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(2):
+        with pytest.raises((ValueError, OverflowError)):
+            Dataplane(g, job=2 ** 33)             # does not fit the job field
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before

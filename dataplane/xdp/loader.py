@@ -220,7 +220,11 @@ class Dataplane:
         self.attached: tuple[str, str | None, str] | None = None
         self.link_fd: int | None = None
         self._maps = None
-        self.maps().set_job(job)
+        try:
+            self.maps().set_job(job)
+        except BaseException:
+            self.close()   # the program and its maps: nobody else holds them
+            raise
 
     @property
     def prog_fd(self) -> int:
