@@ -223,3 +223,57 @@ def test_ltp_train_compressed_reaches_its_target_with_identical_replicas(tmp_pat
     r = json.loads(out.stdout)
     assert r["compress"] == "uint8" and r["replicas_identical"]
     assert r["final_accuracy"] >= 0.9 and r["time_to_target"]
+
+
+def compressed_answer(srv: ServerCodec, n: int, tail: int) -> np.ndarray:
+    """One compressed round gathered by srv, and the answer that follows it."""
+    wk = WorkerCodec(MinMaxUInt8(CB))
+    buf = np.random.default_rng(5).standard_normal(n).astype(np.float32)
+    words = wk.piece(buf).copy()
+    srv.open(4, n, reliable=False)
+    rows = srv.decode(4, words[None, :], np.ones((1, srv.codec.chunks(n)), bool), "zero")
+    return np.concatenate([rows[0], np.arange(tail, dtype=np.float32)])
+
+
+def test_a_retried_answer_goes_out_in_the_same_words():
+    """server.answer_to sends an answer again when a worker was slow: the
+    retry must be the compressed words the workers opened d for, not the raw
+    floats, and error feedback must count it once."""
+    n, tail = 5000, 7
+    srv = ServerCodec(MinMaxUInt8(CB))
+    answer = compressed_answer(srv, n, tail)
+    first = srv.answer(answer, 11).copy()
+    again = srv.answer(answer, 11)
+    assert len(first) == MinMaxUInt8(CB).words(n) + tail < len(answer)
+    assert np.array_equal(first.view(np.uint32), again.view(np.uint32))
+    residual = srv.residual[n].copy()
+    srv.answer(answer, 11)
+    assert np.array_equal(srv.residual[n], residual)
+    nxt = compressed_answer(srv, n, tail)   # the next answer is encoded afresh
+    assert not np.shares_memory(srv.answer(nxt, 12), nxt) and srv.sent[0] == 12
+
+
+def test_tcp_server_link_sends_a_retried_answer_in_the_same_bytes():
+    import socket
+    import struct
+    from ltpx.control.torchapi.link_tcp import TcpServerLink
+    n, tail = 5000, 7
+    link = TcpServerLink(Settings.resolve({"compress": "uint8", "ip": "127.0.0.1"}), 1)
+    c = socket.create_connection(("127.0.0.1", link.port), timeout=10)
+    try:
+        c.sendall(struct.pack(">I", 0))
+        link.connect({})
+        link.codec.codec = MinMaxUInt8(CB)
+        answer = compressed_answer(link.codec, n, tail)
+        link.send(11, answer, group=False)
+        link.send(11, answer, group=False)   # the retry
+        f = c.makefile("rb")
+        got = []
+        for _ in range(2):
+            magic, d, size = struct.unpack(">III", f.read(12))
+            got.append((d, f.read(size)))
+        assert got[0] == got[1] and got[0][0] == 11
+        assert len(got[0][1]) == 4 * (MinMaxUInt8(CB).words(n) + tail)
+    finally:
+        c.close()
+        link.close()

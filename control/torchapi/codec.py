@@ -172,6 +172,7 @@ class ServerCodec:
         self.pending = 0                      # elements gathered compressed since the last answer
         self.bufs: dict[tuple, np.ndarray] = {}
         self.residual: dict[int, np.ndarray] = {}
+        self.sent: tuple[int, np.ndarray] | None = None   # (answer d, its wire) for a retry
 
     def buf(self, key, shape) -> np.ndarray:
         b = self.bufs.get(key)
@@ -198,6 +199,7 @@ class ServerCodec:
         """float32 [k, n] rows of round r from its words, holes filled."""
         n = self.rounds.pop(r)
         self.pending += n
+        self.sent = None   # a new answer is on its way
         k, c = enc.shape[0], self.codec.chunks(n)
         out = self.buf(("up", k), (k, c * self.codec.per_chunk))
         self.codec.decode(enc, n, out)
@@ -206,9 +208,13 @@ class ServerCodec:
                  "zero" if bubble == "stale" else bubble)
         return out[:, :n]
 
-    def answer(self, buf: np.ndarray) -> np.ndarray:
+    def answer(self, buf: np.ndarray, d: int | None = None) -> np.ndarray:
         """What goes on the wire for the answer `buf` (unchanged when no
-        compressed round preceded it)."""
+        compressed round preceded it). A second call for the same answer d (a
+        retry, server.answer_to) gets the same words again: the workers opened
+        d for their count, and error feedback must count the answer once."""
+        if d is not None and self.sent is not None and self.sent[0] == d:
+            return self.sent[1]
         n, self.pending = self.pending, 0
         if n == 0:
             return buf
@@ -224,6 +230,8 @@ class ServerCodec:
             v += res
         self.codec.encode(v, wire[:words], residual=res)
         wire[words:] = buf[n:]
+        if d is not None:
+            self.sent = (d, wire)
         return wire
 
 

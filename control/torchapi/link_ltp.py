@@ -140,7 +140,7 @@ class LtpServerLink:
 
     def send(self, d: int, buf: np.ndarray, group: bool) -> None:
         if self.codec:
-            buf = self.codec.answer(buf)
+            buf = self.codec.answer(buf, d)
         self.ep.push_reliable(d, buf, self.peers, timeout_s=self.wait_s,
                               group=self.group if group else None)
 

@@ -164,7 +164,7 @@ class TcpServerLink:
     def send(self, d: int, buf: np.ndarray, group: bool) -> None:
         """The answer to every worker at once (non-blocking writes)."""
         if self.codec:
-            buf = self.codec.answer(buf)
+            buf = self.codec.answer(buf, d)
         body = memoryview(np.ascontiguousarray(buf)).cast("B")
         hdr = HDR.pack(TCP_MAGIC, d, len(body))
         total = len(hdr) + len(body)
