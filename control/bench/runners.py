@@ -138,13 +138,18 @@ class LtpRunner:
 
 
 class TcpRunner:
-    """A TCP congestion control's side: agents started anew for each block."""
+    """A TCP congestion control's side: agents started anew for each block.
+    `shared` (make_runners sets it when the run has LTP variants too) is
+    told to take the workers' XDP_PASS off first, so TCP keeps TSO."""
 
     def __init__(self, rig, size: int, warmup: int, cc: str):
         self.rig, self.size, self.warmup, self.cc = rig, size, warmup, cc
+        self.shared: _Shared | None = None
 
     def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
         from .tcp import run_tcp_incast
+        if self.shared is not None:
+            self.shared.clock_on(False)
         out = run_tcp_incast(self.rig, size=self.size, rounds=n, cc=self.cc, warmup=self.warmup,
                              progress=lambda k, _n, _t: tick(k))
         return Rounds(list(out["round_s"]), [1.0] * n, list(out["cpu_s"]), ["complete"] * n)
@@ -172,4 +177,7 @@ def make_runners(labels: list[str], rig, size: int, warmup: int, sender: str = "
         if shared is not None:
             shared.close()
         raise
+    for r in runners.values():
+        if isinstance(r, TcpRunner):
+            r.shared = shared
     return runners, (shared.close if shared is not None else lambda: None)
