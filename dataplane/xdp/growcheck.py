@@ -19,12 +19,15 @@ from . import clock
 from . import wire as W
 
 CHUNKS = 8
+DEADLINE_S = 5.0   # ends as soon as all chunks are in; generous for a loaded machine
 
 
 def grow_check(mode: str = "native", prefix: str | None = None) -> tuple[bool, str]:
     """(ok, what happened) for a veth pair in `mode` (native or skb)."""
     from ..rig.pair import VethPair
-    from .loader import Dataplane, Geometry
+    from .loader import MODES, Dataplane, Geometry
+    if mode not in MODES:
+        raise ValueError(f"mode must be native or skb, got {mode!r}")
     g = Geometry(slots=1, max_chunks=64)
     cb = g.chunk_bytes
     payload = np.arange(CHUNKS * cb // 4, dtype=np.float32).view(np.uint8)
@@ -44,7 +47,7 @@ def grow_check(mode: str = "native", prefix: str | None = None) -> tuple[bool, s
             hdr = W.pack_header(flags=W.F_CLOCK, worker=1, job=1, round=1, chunk=0,
                                 nchunks=CHUNKS, length=cb, rate=W.clock_stamp(1, 0))
             sock.sendto(hdr + payload[:cb].tobytes(), (pair.b.ip, W.PORT))
-            deadline = time.monotonic() + 1.0
+            deadline = time.monotonic() + DEADLINE_S
             while not pm.done_mask(1, 0, CHUNKS).all() and time.monotonic() < deadline:
                 time.sleep(0.005)
         finally:
