@@ -245,3 +245,27 @@ def test_launch_bad_flags_exit_2(argv, flag, capsys):
     assert main(["launch", "-j", *argv]) == 2
     err = json.loads(capsys.readouterr().out)
     assert err["exit_code"] == 2 and flag in err["error"]
+
+
+FAILING_INIT = """
+import json, os, threading
+from datetime import timedelta
+import torch.distributed as dist
+import ltpx.torch as lt
+store = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=30), wait_for_workers=False)
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK="1", WORLD_SIZE="2")
+try:
+    lt.init(transport="tcp", timeout=2)
+    err = None
+except Exception as e:
+    err = type(e).__name__
+print(json.dumps({"err": err, "threads": [t.name for t in threading.enumerate()]}))
+"""
+
+
+def test_a_failed_init_leaves_no_heartbeat_running(tmp_path):
+    """A worker whose server never shows up: init() fails after the heartbeat
+    started (coord.get_many times out), and takes the heartbeat down with it."""
+    got = _py(FAILING_INIT, tmp_path, str(ROOT.parent))
+    assert got["err"] is not None
+    assert not [t for t in got["threads"] if "heartbeat" in t], got["threads"]

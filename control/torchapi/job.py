@@ -156,7 +156,11 @@ def init(*, serve: bool = True, **options) -> None:
         raise UsageError("ltpx.torch: init() was called already")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     job = Job(Settings.resolve(options))
-    job.start()
+    try:
+        job.start()
+    except BaseException:   # no heartbeat thread or open link outlives a failed init
+        job.close()
+        raise
     s = job.s
     log.info("rank %d of %d: %s over %s%s", job.global_rank, job.world,
              "server" if job.is_server else f"worker {job.rank}", s.transport,
