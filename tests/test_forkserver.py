@@ -295,3 +295,64 @@ def test_rigjob_forks_ranks_and_store_and_falls_back(ns, tmp_path, monkeypatch, 
     assert len({g["numpy"] for g in got}) == 3 and len({str(g["torch"]) for g in got}) == 3
     if switch == "1":
         assert job.zygote.proc.poll() is not None and job.store_proc.poll() is not None
+
+
+def test_an_exit_crossing_a_signal_keeps_its_code_and_the_zygote(tmp_path):
+    """One select brings a child's exit and then its owner's SIGTERM order for
+    it (the zygote is stopped while both happen): the exit code comes back,
+    not -9, and the zygote serves the next fork; then the same race left to
+    the scheduler, many times: 3, or -15 when the signal won."""
+    z = forkserver.Zygote(preload=())
+    assert z.ready(), z.last_words()
+    flag = tmp_path / "go"
+    script = tmp_path / "exit3.py"
+    script.write_text(f"import os, sys, time\nprint('up', flush=True)\n"
+                      f"while not os.path.exists({str(flag)!r}):\n    time.sleep(0.001)\n"
+                      "sys.exit(3)\n")
+    try:
+        for _ in range(5):
+            flag.unlink(missing_ok=True)
+            p = z.spawn([PY, str(script)], env())
+            assert p.stdout.readline() == b"up\n"
+            os.kill(z.pid, signal.SIGSTOP)
+            try:
+                flag.touch()
+                end = time.monotonic() + 10
+                while not gone(p.pid) and time.monotonic() < end:
+                    time.sleep(0.005)
+                assert gone(p.pid)          # exited, not yet reaped by the stopped zygote
+                p.terminate()
+            finally:
+                os.kill(z.pid, signal.SIGCONT)
+            assert p.wait(timeout=10) == 3
+            p.stdout.close()
+            p.stderr.close()
+        codes = []
+        for i in range(30):
+            flag.unlink(missing_ok=True)
+            p = z.spawn([PY, str(script)], env())
+            assert p.stdout.readline() == b"up\n"
+            flag.touch()
+            time.sleep(i % 6 * 0.0005)
+            p.terminate()
+            codes.append(p.wait(timeout=10))
+            p.stdout.close()
+            p.stderr.close()
+        assert set(codes) <= {3, -signal.SIGTERM}, codes
+        assert z.proc.poll() is None and not z.broken
+        (tmp_path / "ok.py").write_text("print('next')\n")
+        assert run(z, [PY, str(tmp_path / "ok.py")])[:2] == (0, "next\n")
+    finally:
+        z.close()
+
+
+def test_a_status_reset_behind_an_exit_message_keeps_the_code():
+    """The zygote's end closed with our signal order unread: the kernel resets
+    our end (ECONNRESET) in front of the exit message, which still comes."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    p = forkserver.ZygoteProc(["x"], 1, mine, None, None)
+    p.terminate()                           # unread when the zygote's end closes
+    theirs.send(json.dumps({"exit": 3}).encode())
+    theirs.close()
+    assert p.wait(timeout=5) == 3
+

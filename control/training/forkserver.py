@@ -91,6 +91,21 @@ def import_time_differences(env: dict, base: dict) -> list[str]:
     return sorted(k for k in keys if env.get(k) != base.get(k))
 
 
+def recv_status(sock: socket.socket) -> bytes:
+    """A message from the zygote on a status socket; b"" when it is closed.
+    A reset is the zygote closing its end with our last signal order unread
+    (the child had exited): its exit message still waits behind it."""
+    try:
+        return sock.recv(4096)
+    except ConnectionResetError:
+        try:
+            return sock.recv(4096, socket.MSG_DONTWAIT)
+        except OSError:
+            return b""
+    except OSError:
+        return b""
+
+
 class ZygoteProc:
     """A process forked by the zygote, as a subprocess.Popen: the zygote is
     its parent, so its exit status and signals go through the status socket."""
@@ -111,10 +126,7 @@ class ZygoteProc:
             return
         if not select.select([self.status], [], [], wait_s)[0]:
             return
-        try:
-            data = self.status.recv(4096)
-        except OSError:
-            data = b""
+        data = recv_status(self.status)
         if data:
             msg = json.loads(data)
             if "exit" not in msg:

@@ -64,6 +64,16 @@ def send(sock: socket.socket, msg: dict) -> None:
         pass
 
 
+def drain(sock: socket.socket) -> None:
+    """Read and drop what waits on sock (a child's owner's late signal orders)."""
+    while True:
+        try:
+            if not sock.recv(4096, socket.MSG_DONTWAIT):
+                return
+        except OSError:
+            return
+
+
 @dataclass
 class Job:
     """One rank, in the forked child."""
@@ -178,10 +188,20 @@ class Server:
                     job = self.request()
                     if job is not None or self.ctl.fileno() < 0:
                         return job
+                elif not self.current(key):
+                    continue    # its child was reaped earlier in this batch
                 elif key.data[0] == "exit":
                     self.reap(key.data[1])
                 else:
                     self.order(key.data[1])
+
+    def current(self, key: selectors.SelectorKey) -> bool:
+        """Whether an event is still about a child of ours (one select can bring
+        a child's exit and then its owner's signal for it: reap() went first)."""
+        kid = self.kids.get(key.data[1])
+        if kid is None:
+            return False
+        return key.fileobj is kid[0] if key.data[0] == "order" else key.fileobj == kid[1]
 
     def request(self) -> Job | None:
         try:
@@ -237,6 +257,7 @@ class Server:
         self.sel.unregister(pidfd)
         os.close(pidfd)
         _, st = os.waitpid(pid, 0)
+        drain(status)   # closing it with an unread order would reset the owner's end
         send(status, {"exit": os.waitstatus_to_exitcode(st)})
         if status.fileno() >= 0:
             if status in self.sel.get_map():
