@@ -356,3 +356,12 @@ def test_a_status_reset_behind_an_exit_message_keeps_the_code():
     theirs.close()
     assert p.wait(timeout=5) == 3
 
+
+def test_an_oversized_request_falls_back_for_that_rank_only(zygote, tmp_path, capfd):
+    script = tmp_path / "ok.py"
+    script.write_text("print('ok')\n")
+    assert zygote.spawn([PY, str(script)], env(HH_BIG="x" * (1 << 20))) is None
+    notes = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("note: fork")]
+    assert len(notes) == 1 and "too large" in notes[0] and "this rank" in notes[0]
+    assert not zygote.broken and zygote.proc.poll() is None
+    assert run(zygote, [PY, str(script)])[:2] == (0, "ok\n")

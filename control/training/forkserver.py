@@ -28,12 +28,14 @@ Falling back to a new interpreter (netns.popen): LTPX_FORKSERVER=0; a
 command that is not this interpreter running a module (-m) or a script
 with no other options; a rank whose environment differs from the zygote's
 in a variable read at import time (IMPORT_TIME: OMP_*, TORCH_*, PYTHON*,
-...); and any failure of the zygote (one line on stderr, then every later
+...); a rank whose request (argv and environment) is too large for the
+control socket (EMSGSIZE: a note, that rank only); and any failure of the zygote (one line on stderr, then every later
 rank of that zygote starts the old way).
 """
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import select
@@ -231,12 +233,13 @@ class Zygote:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        too_big = False
         try:
             socket.send_fds(self.ctl, [req], [out_w, err_w, theirs.fileno()])
             got = select.select([mine], [], [], REPLY_S)[0]
             reply = json.loads(mine.recv(MSG_MAX) or b"{}") if got else {}
         except (OSError, ValueError) as e:
-            reply = {"error": str(e)}
+            reply, too_big = {"error": str(e)}, getattr(e, "errno", None) == errno.EMSGSIZE
         finally:
             os.close(out_w)
             os.close(err_w)
@@ -245,6 +248,10 @@ class Zygote:
             for fd in (out_r, err_r):
                 os.close(fd)
             mine.close()
+            if too_big:     # nothing was sent: the zygote serves the others on
+                note(f"a request of {len(req)} bytes (argv and environment) is too large "
+                     "for its socket; this rank starts as a new process")
+                return None
             self.fail(reply.get("error") or self.last_words() or "no answer to a fork")
             return None
         return ZygoteProc(list(argv), int(reply["pid"]), mine, os.fdopen(out_r, "rb"),
