@@ -269,3 +269,41 @@ def test_a_failed_init_leaves_no_heartbeat_running(tmp_path):
     got = _py(FAILING_INIT, tmp_path, str(ROOT.parent))
     assert got["err"] is not None
     assert not [t for t in got["threads"] if "heartbeat" in t], got["threads"]
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+class _Steps:
+    def __init__(self, steps: int):
+        self.steps = steps
+
+
+def test_checkpoints_of_two_jobs_share_a_folder(tmp_path, monkeypatch):
+    """Each job prunes only its own files; latest() picks by name, loading none;
+    a temp file is removed only when its writer's pid is gone."""
+    from ltpx.control.torchapi import checkpoint
+    monkeypatch.setattr(checkpoint, "state_blob", lambda opt, extra: b"state")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        writing = tmp_path / f"ckpt-{checkpoint.tag_for('b')}-00000020.pt.tmp.{live.pid}"
+        torn = tmp_path / f"ckpt-{checkpoint.tag_for('b')}-00000020.pt.tmp.{dead.pid}"
+        writing.write_bytes(b"half")
+        torn.write_bytes(b"half")
+        for step in (5, 10, 15):
+            checkpoint.save(str(tmp_path), _Steps(step), {}, "a")
+            checkpoint.save(str(tmp_path), _Steps(step + 1), {}, "b")
+        assert writing.exists() and not torn.exists()
+    finally:
+        live.kill()
+        live.wait()
+    names = sorted(p.name for p in tmp_path.glob("ckpt-*.pt"))
+    ta, tb = checkpoint.tag_for("a"), checkpoint.tag_for("b")
+    assert names == sorted([f"ckpt-{ta}-00000010.pt", f"ckpt-{ta}-00000015.pt",
+                            f"ckpt-{tb}-00000011.pt", f"ckpt-{tb}-00000016.pt"])
+    assert checkpoint.latest(str(tmp_path), "a").endswith(f"ckpt-{ta}-00000015.pt")
+    assert checkpoint.latest(str(tmp_path)).endswith(f"ckpt-{tb}-00000016.pt")
+    assert checkpoint.latest(str(tmp_path), "c") is None
+    (tmp_path / f"ckpt-{ta}-00000099.pt").write_bytes(b"not a checkpoint")   # never loaded
+    assert checkpoint.latest(str(tmp_path), "a").endswith("-00000099.pt")

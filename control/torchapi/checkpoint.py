@@ -6,8 +6,11 @@ values) is rebuilt by a new job in a few rounds, and none of it changes
 the parameters. The state that matters is the workers', and every replica
 holds all of it, bit-identical (each steps its own optimizer with the same
 answer). So worker 0 saves it: `save()` every N steps to
-<dir>/ckpt-<step>.pt, written to a temporary name and renamed (a kill
-mid-write leaves the last good one), the last KEEP kept.
+<dir>/ckpt-<tag>-<step>.pt (tag: a hash of the job's fingerprint), written
+to a temporary name with the writer's pid and renamed (a kill mid-write
+leaves the last good one), the last KEEP of this fingerprint kept. Jobs
+may share the folder: a job prunes only its own files, and removes a temp
+file only when the pid in its name is gone.
 
 A restarted job (every rank new: the server's death ends the job, and
 `ltp train --restart` or torchrun --max-restarts starts it again) calls
@@ -21,8 +24,10 @@ on the same trajectory.
 from __future__ import annotations
 
 import glob
+import hashlib
 import io
 import os
+import re
 
 import torch
 
@@ -31,34 +36,62 @@ from .elastic import state_blob
 from .job import current
 
 KEEP = 2
+NAME = re.compile(r"ckpt-([0-9a-f]{16})-([0-9]+)\.pt")
 
 
-def path_for(ckdir: str, step: int) -> str:
-    return os.path.join(ckdir, f"ckpt-{step:08d}.pt")
+def tag_for(fingerprint: str) -> str:
+    """The fingerprint as it appears in file names (any string: hashed)."""
+    return hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
+
+
+def path_for(ckdir: str, step: int, fingerprint: str) -> str:
+    return os.path.join(ckdir, f"ckpt-{tag_for(fingerprint)}-{step:08d}.pt")
+
+
+def checkpoints(ckdir: str, fingerprint: str | None = None) -> list[str]:
+    """ckdir's checkpoints (of this fingerprint), newest first, by name alone."""
+    tag = tag_for(fingerprint) if fingerprint is not None else "*"
+    found = []
+    for path in glob.glob(os.path.join(ckdir, f"ckpt-{tag}-*.pt")):
+        m = NAME.fullmatch(os.path.basename(path))
+        if m:
+            found.append((int(m.group(2)), path))
+    return [p for _, p in sorted(found, reverse=True)]
 
 
 def latest(ckdir: str, fingerprint: str | None = None) -> str | None:
     """The newest checkpoint in ckdir (of this fingerprint), or None."""
-    for path in sorted(glob.glob(os.path.join(ckdir, "ckpt-*.pt")), reverse=True):
-        if fingerprint is None or _fingerprint(path) == fingerprint:
-            return path
-    return None
+    found = checkpoints(ckdir, fingerprint)
+    return found[0] if found else None
 
 
-def _fingerprint(path: str) -> str | None:
+def pid_alive(pid: int) -> bool:
     try:
-        return torch.load(path, weights_only=True).get("fingerprint")
-    except Exception:   # a torn or foreign file is not a checkpoint
-        return None
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # someone else's process
+        return True
+    return True
+
+
+def remove_torn(ckdir: str) -> None:
+    """Temporary files whose writer died mid-write (any job's; a live writer's stay)."""
+    for torn in glob.glob(os.path.join(ckdir, "ckpt-*.pt.tmp.*")):
+        pid = torn.rsplit(".", 1)[1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            try:
+                os.unlink(torn)
+            except FileNotFoundError:   # another job removed it first
+                pass
 
 
 def save(ckdir: str, opt, extra: dict, fingerprint: str) -> str:
     """Worker 0's checkpoint of this step (atomic: temporary file, rename)."""
     os.makedirs(ckdir, exist_ok=True)
-    path = path_for(ckdir, opt.steps)
+    path = path_for(ckdir, opt.steps, fingerprint)
     tmp = f"{path}.tmp.{os.getpid()}"
-    for torn in glob.glob(os.path.join(ckdir, "ckpt-*.pt.tmp.*")):   # a killed writer's
-        os.unlink(torn)
+    remove_torn(ckdir)
     try:
         torch.save({"fingerprint": fingerprint, "blob": state_blob(opt, extra)}, tmp)
         os.replace(tmp, path)
@@ -66,7 +99,7 @@ def save(ckdir: str, opt, extra: dict, fingerprint: str) -> str:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    for old in sorted(glob.glob(os.path.join(ckdir, "ckpt-*.pt")))[:-KEEP]:
+    for old in checkpoints(ckdir, fingerprint)[KEEP:]:
         os.unlink(old)
     return path
 
@@ -77,9 +110,14 @@ def resume(opt, ckdir: str | None, fingerprint: str) -> dict | None:
     lead = current().rank == 0
     blob = b""
     if lead and ckdir:
-        path = latest(ckdir, fingerprint)
-        if path is not None:
-            blob = torch.load(path, weights_only=True)["blob"]
+        for path in checkpoints(ckdir, fingerprint):   # newest first; a torn one skipped
+            try:
+                ck = torch.load(path, weights_only=True)
+            except Exception:
+                continue
+            if ck.get("fingerprint") == fingerprint:
+                blob = ck["blob"]
+                break
     n = torch.tensor([len(blob)], dtype=torch.int64)
     broadcast_parameters([n], root_rank=0)
     if int(n) == 0:
