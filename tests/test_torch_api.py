@@ -307,3 +307,52 @@ def test_checkpoints_of_two_jobs_share_a_folder(tmp_path, monkeypatch):
     assert checkpoint.latest(str(tmp_path), "c") is None
     (tmp_path / f"ckpt-{ta}-00000099.pt").write_bytes(b"not a checkpoint")   # never loaded
     assert checkpoint.latest(str(tmp_path), "a").endswith("-00000099.pt")
+
+
+# --------------------------------------------------------------------------- barriers
+
+class _Interleave:
+    """A real store whose add of `key` first runs `then` (another worker's whole
+    arrival, between this one's bit and its look at the other groups)."""
+
+    def __init__(self, store, key: str, then):
+        self.store, self.key, self.then = store, key, then
+
+    def add(self, key: str, n: int) -> int:
+        if key == self.key and n:
+            v = self.store.add(key, n)
+            then, self.then = self.then, None
+            if then:
+                then()
+            return v
+        return self.store.add(key, n)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_the_op_is_described_when_first_arrivals_in_two_groups_race():
+    """64 workers (two arrival groups): worker 0 sets its bit, worker 62 arrives
+    whole before worker 0 reads group 1. Each sees the other; the op's
+    description must be there all the same (the server's release_without_dead
+    waits for it)."""
+    from datetime import timedelta
+    import torch.distributed as dist
+    from ltpx.control.torchapi.coord import KEY, Coord
+    from ltpx.control.torchapi.ops import STEP, Op
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
+                          wait_for_workers=False)
+    op = Op(STEP, sizes=(4,))
+    late = Coord(store, 64, 30.0)
+    late.me = 62
+    first = Coord(_Interleave(store, f"{KEY}ready/0/0", lambda: late.arrive(0, op)), 64, 30.0)
+    first.me = 0
+    assert first.arrive(0, op) is False
+    assert first.arrived(0) == {0, 62}
+    assert store.check([f"{KEY}desc/0"]) and Op.from_json(store.get(f"{KEY}desc/0")) == op
+    for w in range(1, 64):   # the rest arrive; the last posts go/0
+        if w != 62:
+            c = Coord(store, 64, 30.0)
+            c.me = w
+            last = c.arrive(0, op)
+    assert last and first.read_go(0).op == op

@@ -7,6 +7,7 @@ sees a stale barrier):
   ready/<s>/<g>    op s's arrivals: bit w % 62 of group g = w // 62, added
                    by worker w (one store add gives count and identity)
   desc/<s>         the op's description, set by the first worker to arrive
+                   (first/<s>: a counter naming it) before its arrival bit
   post/<s>         a counter: who adds 1 first posts go/<s> (the last worker
                    to arrive, or the server going on without dead ones)
   go/<s>           op s's barrier value (ops.Go JSON: the op, the absent)
@@ -189,12 +190,14 @@ class Coord:
             raise Excluded(f"worker {w} is not among op {s}'s workers (dropped or left "
                            "behind): it must rejoin")
         g, bit = divmod(w, GROUP_BITS)
+        # the first to arrive (by a counter: arrival bits span several keys)
+        # describes the op, before its bit shows: who sees a bit finds desc/<s>
+        if self.store.add(f"{KEY}first/{s}", 1) == 1:
+            self.store.set(f"{KEY}desc/{s}", op.to_json())
         mine = self.store.add(f"{KEY}ready/{s}/{g}", 1 << bit)
         groups = -(-self.workers // GROUP_BITS)
         here = _bits([mine if k == g else self.store.add(f"{KEY}ready/{s}/{k}", 0)
                       for k in range(groups)])
-        if here == {w}:
-            self.store.set(f"{KEY}desc/{s}", op.to_json())
         if self.view.expect() <= here and self.store.add(f"{KEY}post/{s}", 1) == 1:
             self.store.set(f"{KEY}go/{s}", Go(op, tuple(sorted(self.view.absent))).to_json())
             return True
