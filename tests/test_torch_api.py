@@ -356,3 +356,36 @@ def test_the_op_is_described_when_first_arrivals_in_two_groups_race():
             c.me = w
             last = c.arrive(0, op)
     assert last and first.read_go(0).op == op
+
+
+STORE_HOST = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_heartbeat_whose_store_is_gone_says_so_once_and_ends(caplog):
+    import logging
+    from datetime import timedelta
+    import torch.distributed as dist
+    from ltpx.control.torchapi.liveness import Beat
+    host = subprocess.Popen([sys.executable, "-c", STORE_HOST], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(host.stdout.readline())
+        store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=10))
+        with caplog.at_level(logging.INFO, logger="ltpx.torch.liveness"):
+            beat = Beat(store, "hb/7")
+            host.kill()
+            host.wait()
+            beat.thread.join(timeout=30)
+            assert not beat.thread.is_alive()
+        lines = [r for r in caplog.records if r.name == "ltpx.torch.liveness"]
+        assert len(lines) == 1 and "hb/7" in lines[0].getMessage()
+        beat.stop()
+    finally:
+        host.kill()
+        host.wait()

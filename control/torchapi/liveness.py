@@ -23,10 +23,13 @@ is not on the store: the answer's round (exchange.py).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 import time
 from datetime import timedelta
+
+log = logging.getLogger("ltpx.torch.liveness")
 
 BEAT_S = 0.2
 DEAD_S = 2.0
@@ -49,7 +52,9 @@ class Beat:
         from ...dataplane import netns
         with netns.inside(store_netns):   # a connection of its own
             self.store = store.clone()
-        # never blocked for long in a call (a thread inside one at exit aborts the process)
+        # bounds the store's own waits (get/wait) to 1 s; it does not bound a
+        # call on a connection whose server stopped answering (an add was seen
+        # blocked over 60 s against a stopped store): stop() joins for 2 s at most
         self.store.set_timeout(timedelta(seconds=1))
         self.key = key
         # another rank's counter this thread watches (a worker: the server's),
@@ -67,7 +72,9 @@ class Beat:
             try:
                 store.add(self.key, 1)
                 v = store.add(self.watch_key, 0) if self.watch_key else 0
-            except Exception:   # the store is gone: the job is over, nobody watches
+            except Exception as e:   # the store is gone: the job is over, nobody watches
+                if not self.stopped.is_set():
+                    log.info("heartbeat of %s ends: the store is gone (%s)", self.key, e)
                 return
             now = time.monotonic()
             if v != last:
