@@ -17,9 +17,10 @@ next op raises coord.Excluded). Either way it calls `rejoin(opt)`:
      op is the next op of everyone else, as a member.
 
 The state goes once through the store (a few MB for the built-in job), not
-over LTP: the joiner needs no open round to take it, and a member that
-dies meanwhile leaves the joiner waiting on a store key the server's
-liveness watch bounds. Non-parameter buffers (BatchNorm's running stats)
+over LTP: the joiner needs no open round to take it. Its wait on that key
+gives up early only if the server dies (the liveness watch covers the
+server); if the donating member dies instead, the joiner waits until the
+store timeout (`timeout`, 300 s by default). Non-parameter buffers (BatchNorm's running stats)
 travel in `extra` if the script wants them.
 """
 from __future__ import annotations
