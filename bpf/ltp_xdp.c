@@ -92,6 +92,27 @@ struct pseudo_hdr {
 	__be16 len;
 };
 
+/* The UDP checksum of an LTP frame: pseudo header, UDP and LTP headers,
+ * plus the payload's sum (0 for an ACK, which has none). */
+static __always_inline void udp_csum(struct iphdr *iph, struct udphdr *udp, __u32 payload_sum)
+{
+	struct pseudo_hdr ph = {
+		.saddr = iph->saddr,
+		.daddr = iph->daddr,
+		.zero = 0,
+		.proto = IPPROTO_UDP,
+		.len = udp->len,
+	};
+	udp->check = 0;
+	__u64 sum = (__u32)bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
+	sum = (__u32)bpf_csum_diff(0, 0, (__be32 *)udp, sizeof(*udp) + sizeof(struct ltp_hdr),
+				   (__u32)sum);
+	sum += payload_sum;
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	__u16 c = ltp_csum_fold((__u32)sum);
+	udp->check = c ? c : 0xffff;
+}
+
 /* The credit of a clocked flow (LTP_F_CLOCK DATA), as the ACK carries it:
  * each flow not finished may keep window / active packets in flight (at
  * least 1), so all of them together keep about the bank's window (the
@@ -171,19 +192,7 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ethhdr *eth,
 	h->state = rstate;
 	h->pad = 0;
 	h->rate = bpf_htonl(rate);
-
-	struct pseudo_hdr ph = {
-		.saddr = iph->saddr,
-		.daddr = iph->daddr,
-		.zero = 0,
-		.proto = IPPROTO_UDP,
-		.len = udp->len,
-	};
-	udp->check = 0;
-	u32 sum = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
-	sum = bpf_csum_diff(0, 0, (__be32 *)udp, sizeof(*udp) + sizeof(struct ltp_hdr), sum);
-	__u16 c = ltp_csum_fold(sum);
-	udp->check = c ? c : 0xffff;
+	udp_csum(iph, udp, 0);
 
 	int delta = (int)(PAY_OFF) - (int)(ctx->data_end - ctx->data);
 	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta)) {
@@ -373,6 +382,15 @@ static __always_inline int clock_drop(u32 why)
 	return XDP_DROP;
 }
 
+/* An ACK that could not become the DATA it was to carry: consumed, unless
+ * it was to carry a re-send, for which it was counted consumed already. */
+static __always_inline int clock_give_up(struct ltp_tx *tx, u32 why, u32 more_flags)
+{
+	if (more_flags & LTP_F_RETX)
+		return clock_drop(why);
+	return clock_consume(tx, why);
+}
+
 /* Rewrite the frame at ctx, an ACK grown to hold `len` payload bytes, into
  * DATA of `chunk` back to where the ACK came from; XDP_TX. */
 static __always_inline int clock_headers(struct xdp_md *ctx, struct ltp_tx *tx,
@@ -385,7 +403,7 @@ static __always_inline int clock_headers(struct xdp_md *ctx, struct ltp_tx *tx,
 	struct udphdr *udp = (void *)(iph + 1);
 	struct ltp_hdr *h = (void *)(udp + 1);
 	if ((void *)(h + 1) > data_end)
-		return clock_consume(tx, LTP_C_GROW_FAIL);
+		return clock_give_up(tx, LTP_C_GROW_FAIL, more_flags);
 	unsigned char mac[ETH_ALEN];
 	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
@@ -417,20 +435,7 @@ static __always_inline int clock_headers(struct xdp_md *ctx, struct ltp_tx *tx,
 	h->pad = 0;
 	h->rate = bpf_htonl(LTP_CLOCK_STAMP((u32)(inflight > 0xffff ? 0xffff : inflight),
 					    (u32)tx->stops));
-	struct pseudo_hdr ph = {
-		.saddr = iph->saddr,
-		.daddr = iph->daddr,
-		.zero = 0,
-		.proto = IPPROTO_UDP,
-		.len = udp->len,
-	};
-	udp->check = 0;
-	u64 sum = (u32)bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
-	sum = (u32)bpf_csum_diff(0, 0, (__be32 *)udp, sizeof(*udp) + sizeof(*h), (u32)sum);
-	sum += so->csum;  /* the payload's, from the control plane */
-	sum = (sum & 0xffffffff) + (sum >> 32);
-	__u16 c = ltp_csum_fold((u32)sum);
-	udp->check = c ? c : 0xffff;
+	udp_csum(iph, udp, so->csum);  /* the payload's sum, from the control plane */
 	__sync_fetch_and_add(&tx->sent, 1);
 	count(LTP_C_CLOCK_TX);
 	return XDP_TX;
@@ -451,15 +456,6 @@ static __always_inline void clock_log(struct ltp_tx *tx, u32 flow, u32 pos, u32 
 	u64 *sa = ltp_sentat.lookup(&sidx);
 	if (sa)
 		*sa = seq + 1;
-}
-
-/* An ACK that could not become the DATA it was to carry: consumed, unless
- * it was to carry a re-send, for which it was counted consumed already. */
-static __always_inline int clock_give_up(struct ltp_tx *tx, u32 why, u32 more_flags)
-{
-	if (more_flags & LTP_F_RETX)
-		return clock_drop(why);
-	return clock_consume(tx, why);
 }
 
 /* Grow the ACK at ctx into DATA of order position pos (its payload from
