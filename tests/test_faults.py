@@ -213,7 +213,10 @@ def test_killed_server_the_job_resumes_from_the_checkpoint_on_the_same_trajector
     # nothing was lost on the rig: the resumed job retraces the unbroken one bit for bit
     assert r["ps_digest"] == unbroken["ps_digest"]
     assert r["final_accuracy"] == unbroken["final_accuracy"]
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000015.pt", "ckpt-00000020.pt"]
+    # the newest two of this job's checkpoints are kept (ckpt-<job hash>-<step>.pt)
+    names = sorted(os.listdir(tmp_path))
+    assert [n.rsplit("-", 1)[1] for n in names] == ["00000015.pt", "00000020.pt"], names
+    assert len({n.rsplit("-", 1)[0] for n in names}) == 1
 
 
 @requires_bpf
