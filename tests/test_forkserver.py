@@ -365,3 +365,46 @@ def test_an_oversized_request_falls_back_for_that_rank_only(zygote, tmp_path, ca
     assert len(notes) == 1 and "too large" in notes[0] and "this rank" in notes[0]
     assert not zygote.broken and zygote.proc.poll() is None
     assert run(zygote, [PY, str(script)])[:2] == (0, "ok\n")
+
+
+def zygotes_of_mine() -> list[int]:
+    """This process's zygote children (running or unreaped)."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and forkserver.ZYGOTE_MODULE.encode() in cmd:
+            found.append(int(d))
+    return found
+
+
+def test_a_rigjob_that_cannot_host_its_store_ends_its_zygote(tmp_path):
+    """The store's namespace is missing: the forked store fails, the in-process
+    fallback raises, and the zygote RigJob took is gone with the error (so is
+    train_on_rig's empty log directory)."""
+    from ltpx.control.training.config import TrainConfig
+    from ltpx.control.training.launch import Rank, RigJob
+    from ltpx.control.training.onrig import train_on_rig
+    host = SimpleNamespace(netns="hhnope1", name="h")
+    parked = forkserver.take(new=False)        # (one an earlier test left parked)
+    if parked is not None:
+        parked.close()
+    others = set(zygotes_of_mine())             # (the module's fixture)
+    forkserver.warm()
+    assert set(zygotes_of_mine()) - others
+    with pytest.raises(FileNotFoundError, match="hhnope1"):
+        RigJob(SimpleNamespace(ps=host, name="hh"), [Rank(0, "worker", 0, host)],
+               store_timeout_s=5)
+    assert set(zygotes_of_mine()) == others
+    rig = SimpleNamespace(name=f"hhgone{os.getpid()}", ps=host, workers=[host])
+    logs = f"ltp-train-{rig.name}-"
+    with pytest.raises(FileNotFoundError, match="hhnope1"):
+        train_on_rig(rig, TrainConfig(), workers=1)
+    assert set(zygotes_of_mine()) == others
+    import tempfile
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(logs)]

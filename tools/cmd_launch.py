@@ -134,10 +134,10 @@ def cmd_launch(args) -> int:
 def _run(rig, args, argv: list[str], out: "Output"):
     from ..control.training.launch import RigJob, job_env, plan_ranks
     ranks = plan_ranks(rig, args.workers, args.servers)
-    job = RigJob(rig, ranks)
     t_end = time.monotonic() + args.timeout if args.timeout else None
-    timed_out = False
+    timed_out, job = False, None
     try:
+        job = RigJob(rig, ranks)
         job.start(lambda r: argv, lambda r: job_env(rig, r, len(ranks), job.port,
                                                     servers=args.servers,
                                                     transport=args.transport))
@@ -152,7 +152,8 @@ def _run(rig, args, argv: list[str], out: "Output"):
                 timed_out = True
                 break
     finally:
-        job.close()
+        if job is not None:
+            job.close()
     return ranks, timed_out
 
 

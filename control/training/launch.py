@@ -109,10 +109,14 @@ class RigJob:
     def __init__(self, rig, ranks: list[Rank], store_timeout_s: float = 300.0):
         self.rig, self.ranks = rig, ranks
         self.sel = selectors.DefaultSelector()
+        self.store = self.store_proc = None
         self.zygote = forkserver.take(new=False)      # the one warm() started, if any
         self.zygote_asked = self.zygote is not None
-        self.store = self.store_proc = None
-        self.port = self.host_store(store_timeout_s)
+        try:
+            self.port = self.host_store(store_timeout_s)
+        except BaseException:   # the zygote (and a store it forked) end here: no job to close
+            self.close()
+            raise
 
     def host_store(self, timeout_s: float) -> int:
         """The rendezvous store on the PS namespace's loopback; its port. Forked

@@ -127,14 +127,15 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     while True:      # once, or again after the server died under --restart
         ranks = plan_ranks(rig, W, servers)
         forkserver.warm()      # (a no-op if `ltp train` warmed it before the rig)
-        job = RigJob(rig, ranks, rank_timeout_s)
-
-        def events(ev: dict, job=job) -> None:
-            fx.on_event(job, ev)
-            if progress:
-                progress(ev)
-        follow = Follow(ranks[servers], logdir, events)
+        job = follow = None
         try:
+            job = RigJob(rig, ranks, rank_timeout_s)
+
+            def events(ev: dict, job=job) -> None:
+                fx.on_event(job, ev)
+                if progress:
+                    progress(ev)
+            follow = Follow(ranks[servers], logdir, events)
             job.start(lambda r: argv, lambda r: job_env(
                 rig, r, len(ranks), job.port, servers=servers,
                 transport="tcp" if cfg.transport == "tcp" else "ltp",
@@ -151,9 +152,12 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
         except RestartJob:
             continue
         finally:
-            job.close()
-            follow.close()
-            if ok and not os.environ.get("LTP_KEEP_LOGS"):
+            if job is not None:
+                job.close()
+            if follow is not None:
+                follow.close()
+            if (ok and not os.environ.get("LTP_KEEP_LOGS")
+                    or job is None and not os.listdir(logdir)):   # no job started: no logs
                 shutil.rmtree(logdir, ignore_errors=True)
 
 
