@@ -183,7 +183,16 @@ def _bad_instructions(p):
     p.write_bytes(art.to_bytes(meta))
 
 
-@pytest.mark.parametrize("spoil", [_truncate, _flip, _bad_instructions])
+def _owned_by_nobody(p):
+    os.chown(p, 65534, 65534)
+
+
+def _writable_by_all(p):
+    p.chmod(0o666)
+
+
+@pytest.mark.parametrize("spoil", [_truncate, _flip, _bad_instructions, _owned_by_nobody,
+                                   _writable_by_all])
 def test_a_corrupt_entry_is_compiled_again(cache, src, spoil, caplog):
     from ltpx.dataplane.xdp.testrun import XDP_PASS
     runs(*load(src))
@@ -297,3 +306,16 @@ def test_a_dataplane_whose_setup_fails_closes_its_program_and_maps(cache):
             Dataplane(g, job=2 ** 33)             # does not fit the job field
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_the_doctor_makes_no_cache_folder(tmp_path, monkeypatch):
+    from ltpx.dataplane.xdp import doctor
+    d = tmp_path / "not" / "yet"
+    monkeypatch.setenv("LTPX_CACHE_DIR", str(d))
+    (check,) = [c for c in doctor.run_checks(compile_test=False) if c.name == "bpf-cache"]
+    assert check.ok and "not made yet" in check.detail
+    assert not (tmp_path / "not").exists()
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("LTPX_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    (check,) = [c for c in doctor.run_checks(compile_test=False) if c.name == "bpf-cache"]
+    assert "unusable" in check.detail and "is not a folder" in check.detail

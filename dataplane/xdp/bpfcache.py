@@ -266,8 +266,14 @@ def _mtime(p: Path) -> float:
 
 
 def summary() -> dict[str, Any]:
-    """For `ltp doctor`: the folder, whether it is usable, its entries and counts."""
+    """For `ltp doctor`: the folder, whether it is usable, its entries and
+    counts. Makes no folder: one not there yet is left to the first compile."""
     d = cache_dir()
+    if not os.path.lexists(d):
+        up = next(a for a in d.parents if os.path.lexists(a))
+        return {"dir": str(d), "usable": up.is_dir(), "entries": 0, "bytes": 0, "stats": {},
+                "reason": "" if up.is_dir() else f"{up} is not a folder",
+                "session": dict(SESSION), "missing": True}
     try:
         c = Cache(d)
     except Unusable as e:

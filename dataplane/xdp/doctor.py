@@ -135,6 +135,8 @@ def cache_check() -> Check:
         return Check("bpf-cache", True, f"unusable, every process compiles (~2 s CPU): "
                      f"{s['reason']}; set {bpfcache.ENV} to a root-owned folder others "
                      f"cannot write")
+    if s.get("missing"):
+        return Check("bpf-cache", True, f"{s['dir']}: not made yet (the first compile makes it)")
     st = s["stats"]
     return Check("bpf-cache", True,
                  f"{s['dir']}: {s['entries']} entries, {s['bytes'] // 1024} KiB; "
