@@ -31,8 +31,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import queue
-import threading
 import time
 import warnings
 from collections import OrderedDict
@@ -51,48 +49,13 @@ from .links import chunk_bytes_for
 from .shards import split_op
 from .job import current
 from .ops import STEP, Op, StepReport
+from .threads import CallThread
 
 SYNCS = ("bsp", "wbsp")
 
 
 class FilledWarning(UserWarning):
     """A worker's whole contribution to a round was Bubble-Filled."""
-
-
-class CommThread:
-    """One daemon thread running pushes in the order they are given; the
-    first error is raised again by drain()."""
-
-    def __init__(self):
-        self.q: queue.Queue = queue.Queue()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self.loop, name="ltpx-comm", daemon=True)
-        self.thread.start()
-
-    def loop(self) -> None:
-        while True:
-            fn = self.q.get()
-            try:
-                if fn is None:
-                    return
-                if self.error is None:
-                    fn()
-            except BaseException as e:   # handed to the main thread by drain()
-                self.error = e
-            finally:
-                self.q.task_done()
-
-    def submit(self, fn) -> None:
-        self.q.put(fn)
-
-    def drain(self) -> None:
-        self.q.join()
-        if self.error is not None:
-            e, self.error = self.error, None
-            raise e
-
-    def close(self) -> None:
-        self.q.put(None)
 
 
 @dataclass
@@ -146,7 +109,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.overlap = overlap and sync == "bsp"
         self.passes, self.warn_every = backward_passes_per_step, warn_every
         self.cur: StepState | None = None
-        self.comm = CommThread() if self.overlap else None
+        self.comm = CallThread("ltpx-comm") if self.overlap else None
         self.handles = [p.register_post_accumulate_grad_hook(functools.partial(self.on_grad, b.index))
                         for b in self.plan.buckets for p in b.params] if self.overlap else []
         self.steps = self.wholly_filled_total = self.k = 0

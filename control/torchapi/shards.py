@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import queue
 import socket
-import threading
 import time
 
 import numpy as np
@@ -36,6 +34,7 @@ from ...errors import UsageError
 from .coord import Coord
 from .exchange import Exchange
 from .ops import REASONS, SHUTDOWN, STEP, Op, StepReport
+from .threads import CallThread
 
 
 def plan_slices(n: int, servers: int) -> list[tuple[int, int]]:
@@ -113,42 +112,6 @@ def merge_summaries(sums: list[dict]) -> dict:
             "servers": sums}
 
 
-class ShardThread:
-    """One daemon thread running a shard's calls in order; wait() returns
-    when every call so far is done and raises the first error."""
-
-    def __init__(self, i: int):
-        self.q: queue.Queue = queue.Queue()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self.loop, name=f"ltpx-shard{i}", daemon=True)
-        self.thread.start()
-
-    def loop(self) -> None:
-        while True:
-            fn = self.q.get()
-            try:
-                if fn is None:
-                    return
-                if self.error is None:
-                    fn()
-            except BaseException as e:   # handed over by wait()
-                self.error = e
-            finally:
-                self.q.task_done()
-
-    def submit(self, fn, *args) -> None:
-        self.q.put(lambda: fn(*args))
-
-    def wait(self) -> None:
-        self.q.join()
-        if self.error is not None:
-            e, self.error = self.error, None
-            raise e
-
-    def close(self) -> None:
-        self.q.put(None)
-
-
 class ShardCoord:
     """What the optimizer asks of `exchange.co` (wbsp), over every shard's Coord."""
 
@@ -170,7 +133,7 @@ class ShardedExchange:
         self.exs, self.id, self.workers = exchanges, worker, workers
         self.S = len(exchanges)
         self.co = ShardCoord([ex.co for ex in exchanges])
-        self.threads = [ShardThread(i) for i in range(self.S)]
+        self.threads = [CallThread(f"ltpx-shard{i}") for i in range(self.S)]
         self.answers: dict[int, list[np.ndarray]] = {}   # per shard: answer buffers by size
         self.barrier_s = 0.0
         self.donations: dict = {}   # elastic.py's: rejoining is one-server only (see joining)
@@ -272,7 +235,7 @@ class ShardedExchange:
         errors = []
         for t in self.threads:
             try:
-                t.wait()
+                t.drain()
             except BaseException as e:   # every shard drained before one error is raised
                 errors.append(e)
         if errors:
