@@ -111,28 +111,27 @@ _LIBBCC = {
 }
 
 
-def libbpf():
-    """libbpf.so.1 with the signatures above (OSError if it is not installed)."""
-    lib = _libs.get("bpf")
+def _load(key: str, soname: str, signatures: dict) -> Any:
+    """`soname` opened once per process with `signatures` set (OSError if it
+    is not installed)."""
+    lib = _libs.get(key)
     if lib is None:
-        lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-        for name, (res, args) in _LIBBPF.items():
+        lib = ctypes.CDLL(soname, use_errno=True)
+        for name, (res, args) in signatures.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
-        _libs["bpf"] = lib
+        _libs[key] = lib
     return lib
+
+
+def libbpf():
+    """libbpf.so.1 with the signatures above (OSError if it is not installed)."""
+    return _load("bpf", "libbpf.so.1", _LIBBPF)
 
 
 def libbcc():
     """bcc's libbcc.so.0 with the signatures above (OSError if it is not installed)."""
-    lib = _libs.get("bcc")
-    if lib is None:
-        lib = ctypes.CDLL("libbcc.so.0", use_errno=True)
-        for name, (res, args) in _LIBBCC.items():
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-        _libs["bcc"] = lib
-    return lib
+    return _load("bcc", "libbcc.so.0", _LIBBCC)
 
 
 def libc():
