@@ -30,7 +30,8 @@ def cmd_doctor(args) -> int:
     def text(o) -> str:
         lines = [f"fixed: {f}" for f in o["fixed"]]
         for c in o["checks"]:
-            lines.append(f"{'ok ' if c['ok'] else 'BAD'} {c['name']:<15} {c['detail']}"[:200])
+            mark = "BAD" if not c["ok"] else "warn" if c.get("warn") else "ok"
+            lines.append(f"{mark:<4} {c['name']:<15} {c['detail']}"[:200])
             if not c["ok"] and c["fix"]:
                 lines.append(f"    fix: {c['fix']}")
         lines.append("ready" if o["ok"] else "not ready: apply the fixes above")
