@@ -94,6 +94,27 @@ def _named(*sizes):
     return [(f"p{i}", torch.nn.Parameter(torch.zeros(n))) for i, n in enumerate(sizes)]
 
 
+def test_call_thread_runs_in_order_reraises_and_is_gone_after_close():
+    """A communication thread still alive at interpreter exit aborted the
+    process (freeing a tensor as the interpreter ended it): close() joins."""
+    import threading
+    from ltpx.control.torchapi.threads import CallThread
+    t, seen = CallThread("ltpx-test"), []
+    release = threading.Event()
+    t.submit(release.wait)
+    for i in range(5):
+        t.submit(seen.append, i)
+    t.submit(lambda: 1 / 0)
+    t.submit(seen.append, "skipped after the error")
+    release.set()
+    with pytest.raises(ZeroDivisionError):
+        t.drain()
+    assert seen == [0, 1, 2, 3, 4]
+    t.submit(seen.append, 5)
+    t.close()
+    assert not t.thread.is_alive() and seen[-1] == 5
+
+
 def test_buckets_reverse_order_closed_at_the_cap():
     from ltpx.control.torchapi.buckets import BucketPlan
     named = _named(100, 10, 300, 5, 50)

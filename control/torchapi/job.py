@@ -117,8 +117,8 @@ class Job:
     def close(self) -> None:
         if getattr(self, "coord", None) is not None:
             self.coord.stop_liveness()
-        for opt in self.optimizers:
-            opt.close()
+        for opt in self.optimizers:   # a dying rank does not wait for a push under way
+            opt.close(wait_s=1.0 if self.crashed else 10.0)
         self.optimizers = []
         if self.link is not None:
             link, self.link = self.link, None

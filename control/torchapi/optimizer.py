@@ -338,12 +338,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.comm is not None:
             self.comm.drain()
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 10.0) -> None:
+        """Remove the hooks; end the communication thread, waiting up to
+        wait_s for what it still pushes."""
         for h in self.handles:
             h.remove()
         self.handles = []
         if self.comm is not None:
-            self.comm.close()
+            self.comm.close(wait_s)
             self.comm = None
 
     def __repr__(self) -> str:

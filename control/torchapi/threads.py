@@ -4,7 +4,8 @@ The optimizer's communication thread (a bucket is pushed while backward
 goes on) and each server shard's thread (shards.py) are one of these:
 submit(fn, *args) queues a call, drain() returns once every call so far is
 done and raises the first error again in the caller's thread (later calls
-are skipped once one failed), close() ends the thread after the queue.
+are skipped once one failed), close() ends the thread after the queue and
+joins it.
 """
 from __future__ import annotations
 
@@ -41,5 +42,11 @@ class CallThread:
             e, self.error = self.error, None
             raise e
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 10.0) -> None:
+        """End the thread after what is queued, and wait for it: a daemon
+        thread still running at interpreter exit is ended by the interpreter
+        wherever it is, and inside torch code (freeing a tensor) that aborts
+        the process ("terminate called without an active exception")."""
         self.q.put(None)
+        if self.thread is not threading.current_thread():
+            self.thread.join(wait_s)
