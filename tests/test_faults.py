@@ -10,6 +10,7 @@ iterations, --pace so a restarted worker has time to come back).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -219,15 +220,14 @@ def test_killed_server_the_job_resumes_from_the_checkpoint_on_the_same_trajector
     assert len({n.rsplit("-", 1)[0] for n in names}) == 1
 
 
-@requires_bpf
-def test_sigterm_stops_every_rank_on_its_own(rig):
-    # ltp train stops a job with SIGTERM: each rank unwinds (its XDP program
-    # detaches) and exits 130 by itself; none waits for a goodbye from a
-    # server that is stopping too, so none is left for SIGKILL (-9).
+@contextlib.contextmanager
+def _training(rig, pace_s: float, iters: int):
+    """A built-in job's ranks started on `rig` (no launcher to stop them), once
+    the lead has reported `iters` iterations; closed afterwards."""
     from ltpx.control.training.config import TrainConfig
     from ltpx.control.training.launch import RigJob, job_env, plan_ranks
     from ltpx.control.training.onrig import rank_argv
-    cfg = TrainConfig(**SMALL, iterations=100000, pace_s=0.02)
+    cfg = TrainConfig(**SMALL, iterations=100000, pace_s=pace_s)
     ranks = plan_ranks(rig, WORKERS, 1)
     job = RigJob(rig, ranks, 120.0)
     seen = []
@@ -235,15 +235,24 @@ def test_sigterm_stops_every_rank_on_its_own(rig):
         job.start(lambda r: rank_argv(cfg, 120.0, None, None),
                   lambda r: job_env(rig, r, len(ranks), job.port, servers=1))
         end = time.monotonic() + 300
-        while not any('"event": "iter"' in ln for ln in seen) and time.monotonic() < end:
+        while sum('"event": "iter"' in ln for ln in seen) < iters and time.monotonic() < end:
             job.pump(lambda r, stream, line: seen.append(line))
             assert not job.failed()
+        yield job, ranks
+    finally:
+        job.close()
+
+
+@requires_bpf
+def test_sigterm_stops_every_rank_on_its_own(rig):
+    # ltp train stops a job with SIGTERM: each rank unwinds (its XDP program
+    # detaches) and exits 130 by itself; none waits for a goodbye from a
+    # server that is stopping too, so none is left for SIGKILL (-9).
+    with _training(rig, pace_s=0.02, iters=1) as (job, ranks):
         procs = [r.proc for r in ranks]
         for p in procs:
             p.send_signal(signal.SIGTERM)
         codes = [p.wait(timeout=60) for p in procs]
-    finally:
-        job.close()
     assert codes == [130] * len(ranks)
 
 
@@ -253,28 +262,13 @@ def test_workers_end_by_themselves_when_the_server_is_killed(rig):
     # sees the server's heartbeat stop, in a push or a pull (it ends itself as
     # SIGTERM would: 130) or in a store wait (PeerGone: 1), instead of failing
     # at its round's 60 s limit ("no answer ... for 60.0s").
-    from ltpx.control.training.config import TrainConfig
-    from ltpx.control.training.launch import RigJob, job_env, plan_ranks
-    from ltpx.control.training.onrig import rank_argv
-    cfg = TrainConfig(**SMALL, iterations=100000, pace_s=0.01)
-    ranks = plan_ranks(rig, WORKERS, 1)
-    job = RigJob(rig, ranks, 120.0)
-    seen = []
-    try:
-        job.start(lambda r: rank_argv(cfg, 120.0, None, None),
-                  lambda r: job_env(rig, r, len(ranks), job.port, servers=1))
-        end = time.monotonic() + 300
-        while sum('"event": "iter"' in ln for ln in seen) < 5 and time.monotonic() < end:
-            job.pump(lambda r, stream, line: seen.append(line))
-            assert not job.failed()
+    with _training(rig, pace_s=0.01, iters=5) as (job, ranks):
         ranks[0].proc.kill()
         late = []
         end = time.monotonic() + 120
         while any(r.code is None for r in ranks[1:]) and time.monotonic() < end:
             job.pump(lambda r, stream, line: late.append(line))
         codes = [r.code for r in ranks[1:]]
-    finally:
-        job.close()
     # 130: ended itself in a push or a pull; 1: a store wait raised PeerGone
     assert set(codes) <= {130, 1} and None not in codes, (codes, late[-6:])
     said = [ln for ln in late if "error" in ln or "ending" in ln]
