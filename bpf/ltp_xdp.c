@@ -120,6 +120,31 @@ static __always_inline void udp_csum(struct iphdr *iph, struct udphdr *udp, __u3
  * had in flight when it left and how many STOPs its sender had seen; less
  * the STOPs sent since, that is what it has now. More than its credit: this
  * ACK says STOP (the sender consumes it: one packet fewer in flight). */
+/* Turn a frame around: swap MACs, addresses and ports, size it for an LTP
+ * header plus `payload` bytes, and checksum the IP header (the UDP checksum
+ * comes last, once the LTP header is written: udp_csum). */
+static __always_inline void turn_around(struct ethhdr *eth, struct iphdr *iph,
+					struct udphdr *udp, u32 payload)
+{
+	unsigned char mac[ETH_ALEN];
+	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+
+	__be32 a = iph->saddr;
+	iph->saddr = iph->daddr;
+	iph->daddr = a;
+	iph->tot_len = bpf_htons(sizeof(*iph) + sizeof(*udp) + sizeof(struct ltp_hdr) + payload);
+	iph->ttl = 64;
+	iph->check = 0;
+	iph->check = ltp_csum_fold(bpf_csum_diff(0, 0, (__be32 *)iph, sizeof(*iph), 0));
+
+	__be16 p = udp->source;
+	udp->source = udp->dest;
+	udp->dest = p;
+	udp->len = bpf_htons(sizeof(*udp) + sizeof(struct ltp_hdr) + payload);
+}
+
 static __always_inline u32 credit(struct ltp_hdr *h, u32 bank, u32 slot, u16 *extra)
 {
 	struct ltp_share *sh = ltp_share.lookup(&bank);
@@ -152,23 +177,7 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ethhdr *eth,
 				    struct ltp_hdr *h, u8 rstate, u16 extra_flags,
 				    u32 slot, u32 bank)
 {
-	unsigned char mac[ETH_ALEN];
-	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
-	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
-
-	__be32 a = iph->saddr;
-	iph->saddr = iph->daddr;
-	iph->daddr = a;
-	iph->tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct udphdr) + sizeof(struct ltp_hdr));
-	iph->ttl = 64;
-	iph->check = 0;
-	iph->check = ltp_csum_fold(bpf_csum_diff(0, 0, (__be32 *)iph, sizeof(*iph), 0));
-
-	__be16 p = udp->source;
-	udp->source = udp->dest;
-	udp->dest = p;
-	udp->len = bpf_htons(sizeof(struct udphdr) + sizeof(struct ltp_hdr));
+	turn_around(eth, iph, udp, 0);
 
 	/* The rate this sender may use: its share of the bank's capacity among
 	 * the flows active right now, or the per-slot rate if none is set; a
@@ -404,21 +413,7 @@ static __always_inline int clock_headers(struct xdp_md *ctx, struct ltp_tx *tx,
 	struct ltp_hdr *h = (void *)(udp + 1);
 	if ((void *)(h + 1) > data_end)
 		return clock_give_up(tx, LTP_C_GROW_FAIL, more_flags);
-	unsigned char mac[ETH_ALEN];
-	__builtin_memcpy(mac, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, eth->h_dest, ETH_ALEN);
-	__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
-	__be32 a = iph->saddr;
-	iph->saddr = iph->daddr;
-	iph->daddr = a;
-	iph->tot_len = bpf_htons(sizeof(*iph) + sizeof(*udp) + sizeof(*h) + len);
-	iph->ttl = 64;
-	iph->check = 0;
-	iph->check = ltp_csum_fold(bpf_csum_diff(0, 0, (__be32 *)iph, sizeof(*iph), 0));
-	__be16 p = udp->source;
-	udp->source = udp->dest;
-	udp->dest = p;
-	udp->len = bpf_htons(sizeof(*udp) + sizeof(*h) + len);
+	turn_around(eth, iph, udp, len);
 
 	u32 flags = tx->flags | LTP_F_CLOCK | more_flags;
 	if (so->chunk & LTP_SO_CRITICAL)
