@@ -111,6 +111,24 @@ def test_both_senders_and_cubic_take_turns_in_one_run():
     check_cpu_and_goodput(res, wall)
 
 
+@requires_bpf
+def test_a_knob_makes_its_own_variant_in_the_same_run():
+    """ltp-xdp:credit=1 and ltp-xdp take turns on one rig, each with its own
+    credit at the PS (the default: the rig's buffer plus one BDP, at most a
+    receive ring), and both deliver whole rounds."""
+    from ltpx.control.transport.rate import RING_FRAMES
+    res, wall = bench("--workers", "2", "--rounds", "2", "--block", "1", "--size", "256KiB",
+                      "--transports", "ltp-xdp:credit=1,ltp-xdp")
+    assert res["schedule"] == [["ltp-xdp:credit=1", 1], ["ltp-xdp", 1]] * 2
+    capped, plain = res["results"]["ltp-xdp:credit=1"], res["results"]["ltp-xdp"]
+    assert capped["credit_frames"] == 1
+    assert 1 < plain["credit_frames"] <= RING_FRAMES
+    assert capped["sender"] == plain["sender"] == "xdp"
+    assert capped["delivered"] == plain["delivered"] == 1.0
+    assert res["ratios"]["ltp-xdp:credit=1"]["ltp-xdp"]["goodput"] > 0
+    check_cpu_and_goodput(res, wall)
+
+
 def test_bad_flags_are_usage_errors():
     for argv, word in ((["--sender", "xdp,socket"], "--transports ltp-xdp,ltp-socket"),
                        (["--sender", "xdp", "--transports", "ltp-xdp,tcp-cubic"], "ltp only"),
@@ -120,6 +138,11 @@ def test_bad_flags_are_usage_errors():
                        (["--early-close", "progress,fast"], "--early-close"),
                        (["--early-close", "capacity,capacity"], "--early-close"),
                        (["--transports", "ltp,quic"], "--transports"),
+                       (["--transports", "ltp-xdp:window=3"], "not a knob"),
+                       (["--transports", "ltp-xdp:credit=-1"], "not a knob"),
+                       (["--transports", "ltp-xdp:credit=1:credit=2"], "twice"),
+                       (["--transports", "tcp-cubic:credit=1"], "only LTP"),
+                       (["--transports", "ltp-xdp@capacity"], "--transports"),
                        (["--size", "10"], "--size"), (["--loss", "1.5"], "--loss"),
                        (["--sweep-workers", "4,x"], "--sweep-workers"),
                        (["--rate", "fast"], "--rate"), (["--name", "Bad-Name"], "--name")):

@@ -152,6 +152,24 @@ def test_share_policy_and_pacer_bucket():
     assert p.burst == 4  # capped
 
 
+def test_credit_is_buffer_plus_bdp_in_frames_capped_at_a_ring():
+    from ltpx.control.transport.layout import FRAME_OVERHEAD
+    from ltpx.control.transport.rate import RING_FRAMES, credit_window
+    frame = 1424 + FRAME_OVERHEAD
+    assert credit_window(1e9, 1424, 100 * frame) == 100
+    assert credit_window(1e9, 1424, 100 * frame + frame - 1) == 100  # whole frames only
+    assert credit_window(1e9, 1424, 10.0) == 1  # never below one packet
+    # 4 MB + a BDP at 32 Gbit/s is ~3,300 frames: capped at the ring
+    assert credit_window(32e9, 1424, 4.8e6) == RING_FRAMES
+    assert credit_window(32e9, 1424, 4.8e6, ring_frames=0) == int(4.8e6 // frame)
+    assert credit_window(32e9, 1424, 4.8e6, ring_frames=None) == int(4.8e6 // frame)
+    assert credit_window(32e9, 1424, 4.8e6, ring_frames=64) == 64
+    assert credit_window(1e9, 1424) == int((1e9 * 200e-6 / 8 + 32 * 1024) // frame)
+    for bad in ({"credit_bytes": 0}, {"credit_bytes": -5}, {"ring_frames": -1}):
+        with pytest.raises(ValueError):
+            credit_window(1e9, 1424, **bad)
+
+
 def test_vectorised_headers_match_the_wire_packer():
     from ltpx.control.transport.sender import data_headers
     from ltpx.dataplane.xdp import wire as W

@@ -22,19 +22,25 @@ INCAST_EPILOG = """examples:
   ltp bench incast --sweep-workers 4,8,16,32 --plot incast.png
   ltp bench incast --transports ltp,tcp-cubic --size 1MiB
   ltp bench incast --transports ltp-xdp,ltp-socket,tcp-cubic --rounds 20
+  ltp bench incast --workers 1 --rate 32gbit --buffer 4mb --size 16MiB \\
+      --transports ltp-xdp,ltp-xdp:credit=0,tcp-cubic
 
 Builds one fresh rig per configuration (every worker pushes SIZE bytes to the PS
 through a TBF bottleneck toward the PS); transports take turns in blocks of
 --block rounds, each block after warm-up rounds that are not counted. --workers 1
 is a single-flow measurement (e.g. --workers 1 --rate 32gbit --buffer 4mb --size
 16MiB). LTP's senders: ltp-socket (the paced socket) and ltp-xdp (the ACK clock)
-A/B both in one run on the same endpoints; plain ltp uses --sender's.
+A/B both in one run on the same endpoints; plain ltp uses --sender's. An LTP
+transport may carry knobs, each variant its own label in the same run:
+:credit=N caps the PS's credit at N frames (0: no cap; default 256, a receive
+ring).
 
 JSON keys: config, limit_s, results (per transport: median_s, p99_s, max_s,
 median_over_limit, p99_over_limit, delivered, rounds, goodput_bps: payload bits
 delivered / round time, cpu_s_per_round: the machine's busy CPU seconds from
 /proc/stat per counted round, reasons: rounds per close reason; LTP's also
-sender, sent, clock_share: DATA the ACK clock made / DATA sent), ratios (per LTP
+sender, sent, clock_share: DATA the ACK clock made / DATA sent, credit_frames:
+the PS's credit, all flows together), ratios (per LTP
 transport, per other transport: median, p99, goodput, cpu_s_per_round, this
 over that), schedule ([transport, rounds] per block, in the order run),
 early_close (LTP's rule; with --early-close progress,capacity every LTP
@@ -281,7 +287,7 @@ def _check_sender(sender: str | None, transports: list[str]) -> str:
                          "run name them as transports: --transports ltp-xdp,ltp-socket,tcp-cubic")
     if sender not in ("socket", "xdp"):
         raise UsageError(f"--sender: socket or xdp, got {sender!r}")
-    if "ltp" not in transports:
+    if "ltp" not in [t.partition(":")[0] for t in transports]:
         raise UsageError(f"--sender applies to the transport ltp only, not in --transports "
                          f"{','.join(transports)} (ltp-socket and ltp-xdp name their sender)")
     return sender

@@ -91,12 +91,13 @@ class LtpCluster:
         self.chunk_bytes = chunk_bytes or (cfg.mtu - 20 - 8 - W.HDR_LEN) // 8 * 8
         # a fresh job secret per cluster: its rounds carry tokens, as training's do
         self.secret = new_secret()
+        self.credit_bytes = cfg.buffer_bytes + self.capacity * CREDIT_RTT_S / 8  # buffer + BDP
         self.ps = Endpoint(rig.ps.ifname, rig.ps.ip, {w: i for i, w in enumerate(self.ids)},
                            max_elems, ns=rig.ps.netns, mode=self.mode, job=job,
                            capacity_bps=self.capacity, bubble_strategy=bubble,
                            early_close=early_close, chunk_bytes=self.chunk_bytes,
                            secret=self.secret, sender=sender,
-                           credit_bytes=cfg.buffer_bytes + self.capacity * CREDIT_RTT_S / 8)
+                           credit_bytes=self.credit_bytes)
         self.sender = sender  # how every push leaves: "socket" or "xdp" (the ACK clock)
         self.procs: list[WorkerProc] = []
         try:

@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from ..transport.early_close import RULES
-from .runners import LTP_SENDERS, Rounds, is_ltp, make_runners, variant
+from .runners import LTP_SENDERS, Rounds, is_ltp, make_runners, parse_label, variant
 
 TRANSPORTS = ("ltp", "ltp-socket", "ltp-xdp", "tcp-cubic", "tcp-bbr")
 
@@ -47,13 +47,21 @@ def _pct(xs, q) -> float:
 
 
 def check_transports(transports: list[str]) -> None:
-    """ValueError naming what is wrong with a transport list."""
-    bad = [t for t in transports if t not in TRANSPORTS]
+    """ValueError naming what is wrong with a transport list (names, and
+    an LTP label's :KNOB=N, runners.parse_label)."""
+    parsed = [parse_label(t) for t in transports]
+    bad = [t for t, (name, rule, _) in zip(transports, parsed)
+           if name not in TRANSPORTS or rule is not None]
     if bad or not transports:
-        raise ValueError(f"unknown transport(s) {bad}; choose from {', '.join(TRANSPORTS)}")
+        raise ValueError(f"unknown transport(s) {bad}; choose from {', '.join(TRANSPORTS)} "
+                         "(LTP's with :KNOB=N, e.g. ltp-xdp:credit=0)")
+    knobbed = [t for t, (_, _, knobs) in zip(transports, parsed) if knobs and not is_ltp(t)]
+    if knobbed:
+        raise ValueError(f"{', '.join(knobbed)}: only LTP transports take knobs")
     if len(set(transports)) != len(transports):
         raise ValueError(f"a transport is named twice in {','.join(transports)}")
-    if "ltp" in transports and any(t in LTP_SENDERS for t in transports):
+    names = [name for name, _, _ in parsed]
+    if "ltp" in names and any(n in LTP_SENDERS for n in names):
         raise ValueError("ltp (whose sender --sender picks) cannot be combined with "
                          f"{' or '.join(LTP_SENDERS)}: name each sender's transport instead, "
                          "e.g. ltp-xdp,ltp-socket,tcp-cubic")
@@ -89,7 +97,7 @@ def _summary(r: Rounds, limit: float, round_bits: int, label: str, sender: str,
            "reasons": dict(collections.Counter(r.reasons))}
     if is_ltp(label):
         s, rule = variant(label, sender, rule)
-        out.update(sender=s, early_close=rule, sent=r.sent,
+        out.update(sender=s, early_close=rule, sent=r.sent, credit_frames=r.credit_frames,
                    clock_share=r.clock_tx / r.sent if r.sent else 0.0)
     return out
 

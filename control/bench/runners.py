@@ -11,7 +11,9 @@ endpoints. A variant names
   worker plans that block's pushes with it (worker_proc's `prepare`);
 - its Early Close rule (`EarlyCloseConfig.rule`, a label's @RULE): the PS
   keeps one Early Close state per variant and swaps it in for the
-  variant's blocks, so each learns from its own rounds only.
+  variant's blocks, so each learns from its own rounds only;
+- its knobs (a label's :KNOB=N, KNOBS): `credit=N` caps the PS's credit
+  at N frames (0: no cap) in the variant's blocks.
 
 The switch port toward the PS carries an XDP_PASS program for the whole run
 (the PS's XDP_TX ACKs must be delivered); the workers' ports carry one only
@@ -38,6 +40,8 @@ class Rounds:
     reasons: list[str] = field(default_factory=list)
     sent: int = 0
     clock_tx: int = 0
+    credit_frames: int = 0  # the PS's credit (all flows together) in these rounds
+
 
     def extend(self, other: "Rounds") -> None:
         self.times += other.times
@@ -46,12 +50,34 @@ class Rounds:
         self.reasons += other.reasons
         self.sent += other.sent
         self.clock_tx += other.clock_tx
+        self.credit_frames = other.credit_frames or self.credit_frames
+
+
+KNOBS = {"credit": "the PS's credit cap in frames (rate.credit_window's ring_frames; 0: none)"}
+
+
+def parse_label(label: str) -> tuple[str, str | None, dict[str, int]]:
+    """(name, Early Close rule or None, knobs) of a transport label
+    NAME[:KNOB=N...][@RULE], e.g. ltp-xdp:credit=0@progress. ValueError
+    naming what is wrong with a knob (KNOBS: LTP's only, integers >= 0)."""
+    head, _, rule = label.partition("@")
+    name, *kvs = head.split(":")
+    knobs: dict[str, int] = {}
+    for kv in kvs:
+        key, eq, val = kv.partition("=")
+        if key not in KNOBS or not eq or not val.isdigit():
+            raise ValueError(f"{label}: {kv!r} is not a knob; LTP transports take "
+                             + ", ".join(f"{k}=N ({v})" for k, v in KNOBS.items()))
+        if key in knobs:
+            raise ValueError(f"{label}: {key} is given twice")
+        knobs[key] = int(val)
+    return name, rule or None, knobs
 
 
 def is_ltp(t: str) -> bool:
     """Is transport label `t` one of LTP's (ltp, ltp-socket, ltp-xdp, with
-    an @RULE or not)?"""
-    name = t.partition("@")[0]
+    knobs or an @RULE or not)?"""
+    name = t.partition("@")[0].partition(":")[0]
     return name == "ltp" or name in LTP_SENDERS
 
 
@@ -59,7 +85,7 @@ def variant(label: str, sender: str, rule: str) -> tuple[str, str]:
     """(sender, Early Close rule) of an LTP label: plain ltp takes `sender`,
     ltp-socket and ltp-xdp name theirs; an @RULE suffix names the rule,
     else it is `rule`."""
-    name, _, own = label.partition("@")
+    name, own, _ = parse_label(label)
     return LTP_SENDERS.get(name, sender), own or rule
 
 
@@ -75,6 +101,7 @@ class _Shared:
         try:
             self.clock_on(sender == "xdp")
             self.cluster = LtpCluster(rig, size // 4, mode="native", sender=sender)
+            self.window = self.cluster.ps.receiver.window  # the default credit
         except BaseException:
             self.close()
             raise
@@ -106,19 +133,28 @@ class _Shared:
 class LtpRunner:
     """One LTP variant (sender, Early Close rule) on the run's shared cluster."""
 
-    def __init__(self, shared: _Shared, size: int, warmup: int, sender: str, rule: str):
+    def __init__(self, shared: _Shared, size: int, warmup: int, sender: str, rule: str,
+                 knobs: dict[str, int] | None = None):
         import dataclasses
         from ..transport.early_close import EarlyClose
+        from ..transport.rate import credit_window
         self.shared, self.size, self.warmup, self.sender = shared, size, warmup, sender
         ps = shared.cluster.ps
         self.early = EarlyClose(ps.capacity_bps, dataclasses.replace(ps.early.cfg, rule=rule))
+        knobs = knobs or {}
+        self.window = shared.window  # the PS's credit in this variant's blocks
+        if "credit" in knobs:
+            cl = shared.cluster
+            self.window = credit_window(ps.capacity_bps, cl.chunk_bytes, cl.credit_bytes,
+                                        ring_frames=knobs["credit"])
 
     def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
         sh = self.shared
         sh.clock_on(self.sender == "xdp")
         cl = sh.cluster
         cl.ps.early = self.early  # this variant's Early Close state, learning from its rounds
-        out = Rounds()
+        cl.ps.receiver.window = self.window
+        out = Rounds(credit_frames=self.window)
         for i in range(self.warmup + n):
             cl.round_no += 1
             r = cl.round_no
@@ -170,7 +206,7 @@ def make_runners(labels: list[str], rig, size: int, warmup: int, sender: str = "
                 s, r = variant(t, sender, rule)
                 if shared is None:
                     shared = _Shared(rig, size, s)
-                runners[t] = LtpRunner(shared, size, warmup, s, r)
+                runners[t] = LtpRunner(shared, size, warmup, s, r, parse_label(t)[2])
             else:
                 runners[t] = TcpRunner(rig, size, warmup, cc=t[len("tcp-"):])
     except BaseException:

@@ -112,19 +112,31 @@ class Pacer:
 
 CREDIT_RTT_S = 200e-6     # the base round trip the default credit covers
 CREDIT_BUFFER = 32 * 1024  # ... and the bottleneck buffer it assumes
+RING_FRAMES = 256          # a receive ring: veth's (fixed), a NIC's smallest common default
 
 
-def credit_window(capacity_bps: float, chunk_bytes: int, credit_bytes: float | None = None) -> int:
+def credit_window(capacity_bps: float, chunk_bytes: int, credit_bytes: float | None = None,
+                  ring_frames: int | None = RING_FRAMES) -> int:
     """Packets all ACK-clocked flows into one receiver may keep in flight
     together: credit_bytes (the bottleneck's buffer plus one BDP) in full
     frames; by default one BDP at CREDIT_RTT_S plus CREDIT_BUFFER. Each
-    active flow's credit is this divided by the active flows, at least 1."""
+    active flow's credit is this divided by the active flows, at least 1.
+
+    It is at most ring_frames (None or 0: no cap): where the receiving CPU,
+    not the wire, is the bottleneck (a fast link, one flow) the queue builds
+    in the receive ring, not in the switch buffer, and a credit larger than
+    the ring only overflows it: one flow at 32 Gbit/s with a 4 MB buffer
+    kept ~3,300 packets in flight against veth's 256-frame ring, and 43 % of
+    its DATA were re-sends (docs/transport.md, "The credit's ring cap")."""
     from .layout import FRAME_OVERHEAD
     if credit_bytes is None:
         credit_bytes = capacity_bps * CREDIT_RTT_S / 8 + CREDIT_BUFFER
     if credit_bytes <= 0:
         raise ValueError(f"credit must be positive (bytes), got {credit_bytes}")
-    return max(1, int(credit_bytes // (chunk_bytes + FRAME_OVERHEAD)))
+    if ring_frames is not None and ring_frames < 0:
+        raise ValueError(f"ring_frames must be >= 0 (0: no cap), got {ring_frames}")
+    window = max(1, int(credit_bytes // (chunk_bytes + FRAME_OVERHEAD)))
+    return min(window, ring_frames) if ring_frames else window
 
 
 def quiet_gc() -> None:
