@@ -481,7 +481,7 @@ static __always_inline int clock_emit(struct xdp_md *ctx, struct ltp_tx *tx, u32
 		return clock_give_up(tx, LTP_C_GROW_FAIL, more_flags);
 	u32 plen = ctx->data_end - ctx->data;
 	asm volatile("" : "+r"(plen));  /* a length, not pointer arithmetic on pkt_end */
-	if (bpf_xdp_adjust_tail(ctx, (int)(PAY_OFF + n) - (int)plen))
+	if (bpf_xdp_adjust_tail(ctx, (int)(PAY_OFF + n) - (int)plen))  /* a trim: clock_send grew it */
 		return clock_drop(LTP_C_GROW_FAIL);
 	if (bpf_xdp_store_bytes(ctx, PAY_OFF, src, n))
 		return clock_drop(LTP_C_GROW_FAIL);
@@ -540,6 +540,19 @@ static __always_inline s64 rack_lost(struct ltp_tx *tx, struct ltp_bitmap *acked
 static __always_inline int clock_send(struct xdp_md *ctx, struct ltp_tx *tx,
 				      struct ltp_bitmap *acked, u32 bank, u32 flow)
 {
+	/* Grow to a full chunk before anything is taken: a frame that cannot
+	 * grow (too little tailroom) is consumed with nothing handed out, so
+	 * the control plane sees one packet fewer in flight and sends it
+	 * again. Taking a position first and failing after lost that chunk
+	 * until the control plane's RTO (2 ms a round, most often at a flow's
+	 * end). clock_emit trims the frame to the chunk's length. */
+	if (tx->next >= tx->tail && !(tx->rack && tx->scan < tx->xseq &&
+				       tx->scan + LTP_RACK_REORDER < tx->newest))
+		return clock_consume(tx, LTP_C_CLOCK_IDLE);  /* a peek: nothing to send */
+	u32 plen = ctx->data_end - ctx->data;
+	asm volatile("" : "+r"(plen));
+	if (bpf_xdp_adjust_tail(ctx, (int)(PAY_OFF + LTP_CHUNK_BYTES) - (int)plen))
+		return clock_consume(tx, LTP_C_GROW_FAIL);
 	if (tx->rack) {
 		s64 lost = rack_lost(tx, acked, bank, flow);
 		if (lost >= 0) {

@@ -151,7 +151,7 @@ CONSUMED = [
     ("round closed: consumed, the flow stops", ack(state=W.RS_CLOSED), None,
      {"ack_rx": 1, "clock_idle": 1}, {"consumed": 1, "closed": 1, "next": 1}),
     ("nothing left to send: consumed", ack(), lambda m: clock.take_tail(m, 9, 1, 3),
-     {"ack_rx": 1, "clock_idle": 1}, {"consumed": 1, "next": 2, "added": 4}),
+     {"ack_rx": 1, "clock_idle": 1}, {"consumed": 1, "added": 4}),  # no position taken
     ("stale bank (an older round's ACK): dropped, the flow untouched", ack(round_=7), None,
      {"ack_stale": 1}, {}),
     ("ACK without the round's token: dropped, the flow untouched", ack(token=1), None,
@@ -188,6 +188,29 @@ def test_a_second_ack_of_one_chunk_is_consumed(dp, maps):
     assert delta(maps, c0) == {"ack_rx": 1, "clock_idle": 1}
     # not counted as consumed: the re-send was never counted in flight
     assert tx(maps)["consumed"] == 0 and tx(maps)["next"] == 2
+
+
+def test_an_ack_that_cannot_grow_is_consumed_and_hands_nothing_out():
+    """A frame with too little tailroom for a chunk (here: 4000-byte chunks,
+    more than a test-run page holds after the headers): the ACK is consumed
+    (one packet fewer in flight, so the control plane sends again) and no
+    order position is taken, so no chunk waits for the RTO unsent."""
+    from ltpx.dataplane.xdp.loader import Dataplane, Geometry
+    big = 4000
+    with Dataplane(Geometry(slots=4, max_chunks=64, chunk_bytes=big), job=JOB) as d:
+        m = d.maps()
+        m.set_peers({3: 1, 9: 2})
+        grad = np.zeros((3 * big + LAST) // 4, dtype=np.float32)
+        m.tx_start(9, 1, tok(9))
+        clock.load(m, 9, grad.view(np.uint8), ORDER, CRIT, big)
+        clock.start(m, 9, 1, nchunks=NCH, last_len=LAST, flags=0, primed=1)
+        before = m.counters()
+        res = run_xdp(d.prog_fd, bytes(ack(chunk=ORDER[0])), grow=big + 64)
+        assert res.verdict == XDP_DROP
+        assert delta(m, before) == {"ack_rx": 1, "grow_fail": 1}
+        t = m.tx_state(9, 1)
+        assert int(t["next"]) == 1 and int(t["consumed"]) == 1 and int(t["sent"]) == 0
+        assert m.acked_mask(9, 1, NCH).tolist() == [False, False, True, False]
 
 
 def test_positions_from_the_tail_are_not_sent_by_the_clock(dp, maps):

@@ -33,7 +33,7 @@ is a single-flow measurement (e.g. --workers 1 --rate 32gbit --buffer 4mb --size
 A/B both in one run on the same endpoints; plain ltp uses --sender's. An LTP
 transport may carry knobs, each variant its own label in the same run:
 :credit=N caps the PS's credit at N frames (0: no cap; default 256, a receive
-ring).
+ring); :poll=N has the ACK clock poll every N us (0: adaptive, the default).
 
 JSON keys: config, limit_s, results (per transport: median_s, p99_s, max_s,
 median_over_limit, p99_over_limit, delivered, rounds, goodput_bps: payload bits

@@ -13,7 +13,8 @@ endpoints. A variant names
   keeps one Early Close state per variant and swaps it in for the
   variant's blocks, so each learns from its own rounds only;
 - its knobs (a label's :KNOB=N, KNOBS): `credit=N` caps the PS's credit
-  at N frames (0: no cap) in the variant's blocks.
+  at N frames (0: no cap) in the variant's blocks; `poll=N` has the
+  workers' ACK clocks poll every N us (0: adaptive, the default).
 
 The switch port toward the PS carries an XDP_PASS program for the whole run
 (the PS's XDP_TX ACKs must be delivered); the workers' ports carry one only
@@ -53,7 +54,8 @@ class Rounds:
         self.credit_frames = other.credit_frames or self.credit_frames
 
 
-KNOBS = {"credit": "the PS's credit cap in frames (rate.credit_window's ring_frames; 0: none)"}
+KNOBS = {"credit": "the PS's credit cap in frames (rate.credit_window's ring_frames; 0: none)",
+         "poll": "the ACK clock's fixed poll period in us (ClockPush.poll_s; 0: adaptive)"}
 
 
 def parse_label(label: str) -> tuple[str, str | None, dict[str, int]]:
@@ -142,6 +144,7 @@ class LtpRunner:
         ps = shared.cluster.ps
         self.early = EarlyClose(ps.capacity_bps, dataclasses.replace(ps.early.cfg, rule=rule))
         knobs = knobs or {}
+        self.poll_us = knobs.get("poll", 0)
         self.window = shared.window  # the PS's credit in this variant's blocks
         if "credit" in knobs:
             cl = shared.cluster
@@ -158,7 +161,8 @@ class LtpRunner:
         for i in range(self.warmup + n):
             cl.round_no += 1
             r = cl.round_no
-            res, reports = cl.run_round(r, self.size // 4, seed=r, sender=self.sender)
+            res, reports = cl.run_round(r, self.size // 4, seed=r, sender=self.sender,
+                                        poll_us=self.poll_us)
             if i >= self.warmup:
                 out.times.append(res.duration_s)
                 out.delivered.append(res.delivered_fraction)

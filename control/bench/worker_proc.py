@@ -2,8 +2,9 @@
 
 Started by control/bench/cluster.py inside the worker's network namespace. Reads one
 JSON command per line and answers one JSON line:
-  prepare {"round", "nelems", "seed", "critical", "sender"} -> {"ready": true}
-          (sender, when not null: socket or xdp plans this push and later ones)
+  prepare {"round", "nelems", "seed", "critical", "sender"[, "poll_us"]} -> {"ready": true}
+          (sender, when not null: socket or xdp plans this push and later ones;
+          poll_us: the ACK clock's fixed poll period from now on, 0: adaptive)
   push    {"round"}                                -> {"report": PushReport}
   expect  {"round", "nelems", "timeout"}          -> {"ready": true}, then after
           the reliable round completes             -> {"sha256": hex}
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                 if cmd == "prepare":  # the gradient and the push, ready before the barrier
                     if msg.get("sender"):  # a bench taking turns between the senders
                         ep.sender.kind = kinds[msg["sender"]]
+                    if "poll_us" in msg:  # ... or between poll periods of the clock
+                        ClockPush.poll_s = msg["poll_us"] / 1e6 if msg["poll_us"] else None
                     g = worker_tensor(msg["seed"], a.id, msg["round"], msg["nelems"])
                     prepared[msg["round"]] = ep.prepare_push(msg["round"], g, ps,
                                                              critical=msg.get("critical"))

@@ -36,9 +36,11 @@ INITIAL_WINDOW = 2  # packets a flow is primed with before it learned its credit
 MAX_WINDOW = 64     # growth stops here when the receiver sets no credit
 GROW_BATCH = 8      # most packets one poll adds to a window
 REORDER = 3         # RACK's reordering allowance, in send keys
-POLL_S = 0.00025
+POLL_S = 0.00025    # poll period while Python has work in flight (growth, its own re-sends)
+NAP_MAX = 0.001     # longest sleep while the clock runs on its own (RTO_MIN / 2)
 RTO_MIN = 0.002     # s without progress before the oldest outstanding chunks are re-sent
 RTO_MAX = 0.05
+_NONE = np.empty(0, dtype=np.int64)
 QUIET_SENDS = 2     # RTO re-sends left unanswered in a row that make a target silent
 RATE = W.OFF["rate"]
 FLAGS_LO = W.OFF["flags"] + 1
@@ -54,9 +56,16 @@ class ClockPush(Push):
     xdp_recovery: the XDP program recovers the losses of what it sent (RACK
     over its send log, before new chunks) and this loop only those
     of its own socket sends and the RTO; False leaves all recovery to this
-    loop (the class attribute is the default; the recovery A/B sets it)."""
+    loop (the class attribute is the default; the recovery A/B sets it).
+
+    poll_s: None (default) polls every POLL_S while this loop has work of its
+    own in flight (a growth or a re-send just sent) and otherwise sleeps
+    half the time the slowest unfinished target needs at its ACK rate so
+    far, at most NAP_MAX; a number polls at that fixed period (as before:
+    POLL_S), for A/Bs (`ltp bench incast --transports ltp-xdp:poll=250`)."""
 
     xdp_recovery = True
+    poll_s: float | None = None  # a fixed poll period (the A/B's); None: adaptive (`_nap`)
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -95,25 +104,84 @@ class ClockPush(Push):
         self.quiet = [0] * nt          # RTO re-sends since then
         self.rto = [RTO_MIN] * nt
         self.low_window = [0] * nt
+        self.polls = self.idle_polls = 0
         try:
-            while True:
-                s.maps.beat()  # this endpoint's control thread runs (a hung receiver)
-                closed = [bool(self.txv[sl]["closed"]) for sl in self.slots]
-                if self._settle(closed, self.acked()):
-                    break
-                acked, now = self._acked_bits(), time.perf_counter()
-                if now - self.t0 > self.timeout_s:
-                    self._timeout(acked, now)
-                    break
-                for i in range(nt):
-                    if not self.done_t[i]:
-                        self._tend(i, acked[i], now)
-                time.sleep(POLL_S)
+            self._run(nt)
         finally:
             for slot in self.slots:
                 C.stop(s.maps, self.round_, slot)
         s.learn_windows(self.targets, self.low_window)
         return self._clock_report()
+
+    def _run(self, nt: int) -> None:
+        """Poll until every target is done (or the timeout). A poll that
+        finds nothing for this loop to do reads a few counters and sleeps
+        (`_idle`); the others read the ACK bitmaps and tend each target."""
+        s = self.sender
+        while True:
+            s.maps.beat()  # this endpoint's control thread runs (a hung receiver)
+            now = time.perf_counter()
+            self.polls += 1
+            if now - self.t0 <= self.timeout_s and self._idle(now):
+                self.idle_polls += 1
+                time.sleep(self._nap(False, now))
+                continue
+            closed = [bool(self.txv[sl]["closed"]) for sl in self.slots]
+            if self._settle(closed, self.acked()):
+                return
+            acked, now = self._acked_bits(), time.perf_counter()
+            if now - self.t0 > self.timeout_s:
+                self._timeout(acked, now)
+                return
+            busy = False
+            for i in range(nt):
+                if not self.done_t[i]:
+                    busy |= self._tend(i, acked[i], now)
+            time.sleep(self._nap(busy, now))
+
+    def _idle(self, now: float) -> bool:
+        """True when no open target needs this loop now, judged from the tx
+        row's counters alone: not closed, not all acked, nothing of this
+        loop's own outstanding, no RTO due, no room to grow. Keeps the
+        acked-count bookkeeping (`heard`, the RTO's clock) and the credit's."""
+        nch = self.layout.nchunks
+        for i, slot in enumerate(self.slots):
+            if self.done_t[i]:
+                continue
+            t = self.txv[slot]
+            n = int(t["acked"])
+            if t["closed"] or n >= nch or self.own[i].size:
+                return False
+            if n != self.heard[i]:
+                self.heard[i], self.progress_t[i], self.rto[i] = n, now, RTO_MIN
+                self.heard_t[i], self.quiet[i] = now, 0
+            elif now - self.progress_t[i] > self.rto[i]:
+                return False
+            window, tail, nxt = int(t["window"]), int(t["tail"]), int(t["next"])
+            inflight = int(t["added"]) - int(t["consumed"])
+            if window:  # as in _tend
+                self.low_window[i] = int(t["window_min"])
+                if n:
+                    self.max_over_credit = max(self.max_over_credit, inflight - window)
+                if inflight < (window if window != 0xffff else MAX_WINDOW) and tail > nxt:
+                    return False
+        return True
+
+    def _nap(self, busy: bool, now: float) -> float:
+        """How long to sleep before the next poll: POLL_S while this loop's
+        own sends are fresh; else half the time the slowest unfinished
+        target needs at its ACK rate so far, within POLL_S..NAP_MAX (a
+        credit that grew when other flows finished is acted on within 1 ms,
+        and the RTO is never overslept by more than half)."""
+        if self.poll_s is not None:
+            return self.poll_s
+        if busy:
+            return POLL_S
+        elapsed, nch, eta = now - self.t0, self.layout.nchunks, 0.0
+        for i, heard in enumerate(self.heard):
+            if not self.done_t[i]:
+                eta = max(eta, (nch - heard) * elapsed / heard if heard else NAP_MAX)
+        return min(NAP_MAX, max(POLL_S, 0.5 * eta))
 
     def _acked_bits(self) -> list[np.ndarray]:
         nch = self.layout.nchunks
@@ -128,6 +196,8 @@ class ClockPush(Push):
         tgts = [len(self.targets)] if self.group else range(len(self.targets))
         for i in range(len(self.targets)):
             self.key[i, first] = self.pos_of[first]
+        # per target, the chunks this loop sent that are not known acked yet
+        self.own = [np.asarray(first, dtype=np.int64) for _ in self.targets]
         for t in tgts:
             self._stamp(t, first, w0, 0)
             self._send_chunks(t, first)
@@ -156,8 +226,9 @@ class ClockPush(Push):
             W.clock_stamp(inflight, stops).to_bytes(4, "big"), dtype=np.uint8)
 
     # ---------------------------------------------------------------- tending
-    def _tend(self, i: int, acked: np.ndarray, now: float) -> None:
-        """One poll of target i: credit bookkeeping, losses, growth."""
+    def _tend(self, i: int, acked: np.ndarray, now: float) -> bool:
+        """One poll of target i: credit bookkeeping, losses, growth. True if
+        it sent (a re-send or growth: the next poll should come soon)."""
         t, slot = self.txv[self.slots[i]], self.slots[i]
         nxt, tail = int(t["next"]), int(t["tail"])
         inflight = int(t["added"]) - int(t["consumed"])
@@ -171,14 +242,19 @@ class ClockPush(Push):
         if n_acked != self.heard[i]:
             self.heard[i], self.progress_t[i], self.rto[i] = n_acked, now, RTO_MIN
             self.heard_t[i], self.quiet[i] = now, 0
-        key = self.key[i]
-        handed = self.pos_of < min(nxt, tail)
-        key_now = np.where(key >= 0, key, np.where(handed, self.pos_of, -1))
-        sent = key_now >= 0
-        # what XDP sent last is XDP's to recover (RACK in XDP); the RTO below is for all
-        mine = ~C.xdp_owned(self.sender.maps, self.round_, slot, len(key)) if self.rack else sent
-        lost = self._lost(key_now, sent, acked, mine)
-        if lost.size == 0 and now - self.progress_t[i] > self.rto[i]:
+        own = self.own[i]
+        if own.size:
+            own = self.own[i] = own[~acked[own]]
+        lost, keyed = _NONE, None
+        # what XDP sent last is XDP's to recover (RACK in XDP): with nothing of
+        # this loop's own outstanding there is nothing to judge (the cheap poll)
+        if own.size or not self.rack:
+            key_now, sent = keyed = self._keyed(i, nxt, tail)
+            mine = (~C.xdp_owned(self.sender.maps, self.round_, slot, len(key_now))
+                    if self.rack else sent)
+            lost = self._lost(key_now, sent, acked, mine)
+        if lost.size == 0 and now - self.progress_t[i] > self.rto[i]:  # the RTO is for all
+            key_now, sent = keyed or self._keyed(i, nxt, tail)
             out = np.flatnonzero(sent & ~acked)  # tail loss: the oldest outstanding
             lost = out[np.argsort(key_now[out])][:max(2, window or 2)]
             self.progress_t[i], self.rto[i] = now, min(RTO_MAX, self.rto[i] * 1.5)
@@ -194,6 +270,8 @@ class ClockPush(Push):
                 self._keys(i, chunks, nxt)
                 self._stamp(i, chunks, inflight + len(pos), stops)
                 self._send_chunks(i, chunks)
+                return True
+        return bool(lost.size)
 
     def _keys(self, i: int, chunks: list[int], nxt: int) -> None:
         """Send keys for chunks the socket sends now: after every key taken
@@ -201,6 +279,16 @@ class ClockPush(Push):
         first = max(self.seq[i], nxt) + 1
         self.key[i, chunks] = np.arange(first, first + len(chunks))
         self.seq[i] = first + len(chunks) - 1
+        self.own[i] = np.concatenate([self.own[i], np.asarray(chunks, dtype=np.int64)])
+
+    def _keyed(self, i: int, nxt: int, tail: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each chunk's send key toward target i now (-1: not sent), and
+        whether it was sent: the socket's keys, else the order position of
+        what XDP has handed out."""
+        key = self.key[i]
+        handed = self.pos_of < min(nxt, tail)
+        key_now = np.where(key >= 0, key, np.where(handed, self.pos_of, -1))
+        return key_now, key_now >= 0
 
     @staticmethod
     def _lost(key: np.ndarray, sent: np.ndarray, acked: np.ndarray,
