@@ -53,8 +53,9 @@ enum ltp_counter {
 	LTP_C_CLOCK_STOP,      /* sender: ACKs consumed because the receiver's credit said STOP */
 	LTP_C_CLOCK_IDLE,      /* sender: ACKs consumed with nothing to send (all handed out,
 	                          round closed, or a second ACK of one chunk) */
-	LTP_C_GROW_FAIL,       /* sender: an ACK could not grow into DATA (bpf_xdp_adjust_tail
-	                          or the payload copy failed; the device cannot run the clock) */
+	LTP_C_GROW_FAIL,       /* sender: an ACK could not grow into DATA (too little tailroom:
+	                          consumed, nothing handed out; every one: the device cannot
+	                          run the clock; on the rig a few per thousand rounds' ACKs) */
 	LTP_C_CREDIT_STOP,     /* receiver: ACKs that told a clocked flow to STOP */
 	LTP_C_STALE_OWNER,     /* receiver: DATA of an open round dropped without an ACK because
 	                          the control plane's heartbeat (ltp_cfg.beat_ns) is older than its
