@@ -54,8 +54,9 @@ enum ltp_counter {
 	LTP_C_CLOCK_IDLE,      /* sender: ACKs consumed with nothing to send (all handed out,
 	                          round closed, or a second ACK of one chunk) */
 	LTP_C_GROW_FAIL,       /* sender: an ACK could not grow into DATA (too little tailroom:
-	                          consumed, nothing handed out; every one: the device cannot
-	                          run the clock; on the rig about 1 ACK in 10,000) */
+	                          consumed, nothing handed out; on the rig about 1 ACK in 10,000;
+	                          every one: the device cannot run the clock). Also the trim or
+	                          copy after it failing (never seen): that chunk waits for a re-send */
 	LTP_C_CREDIT_STOP,     /* receiver: ACKs that told a clocked flow to STOP */
 	LTP_C_STALE_OWNER,     /* receiver: DATA of an open round dropped without an ACK because
 	                          the control plane's heartbeat (ltp_cfg.beat_ns) is older than its

@@ -481,7 +481,9 @@ static __always_inline int clock_emit(struct xdp_md *ctx, struct ltp_tx *tx, u32
 		return clock_give_up(tx, LTP_C_GROW_FAIL, more_flags);
 	u32 plen = ctx->data_end - ctx->data;
 	asm volatile("" : "+r"(plen));  /* a length, not pointer arithmetic on pkt_end */
-	if (bpf_xdp_adjust_tail(ctx, (int)(PAY_OFF + n) - (int)plen))  /* a trim: clock_send grew it */
+	/* A trim (clock_send grew it) and a copy into the room it made: neither
+	 * fails in practice; if one did, the chunk waits for a re-send. */
+	if (bpf_xdp_adjust_tail(ctx, (int)(PAY_OFF + n) - (int)plen))
 		return clock_drop(LTP_C_GROW_FAIL);
 	if (bpf_xdp_store_bytes(ctx, PAY_OFF, src, n))
 		return clock_drop(LTP_C_GROW_FAIL);

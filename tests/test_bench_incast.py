@@ -117,9 +117,9 @@ def test_a_knob_makes_its_own_variant_in_the_same_run():
     credit at the PS (the default: the rig's buffer plus one BDP, at most a
     receive ring), and both deliver whole rounds."""
     from ltpx.control.transport.rate import RING_FRAMES
-    res, wall = bench("--workers", "2", "--rounds", "2", "--block", "1", "--size", "256KiB",
+    res, wall = bench("--workers", "2", "--rounds", "4", "--block", "2", "--size", "1MiB",
                       "--transports", "ltp-xdp:credit=1,ltp-xdp")
-    assert res["schedule"] == [["ltp-xdp:credit=1", 1], ["ltp-xdp", 1]] * 2
+    assert res["schedule"] == [["ltp-xdp:credit=1", 2], ["ltp-xdp", 2]] * 2
     capped, plain = res["results"]["ltp-xdp:credit=1"], res["results"]["ltp-xdp"]
     assert capped["credit_frames"] == 1
     assert 1 < plain["credit_frames"] <= RING_FRAMES
@@ -141,8 +141,13 @@ def test_bad_flags_are_usage_errors():
                        (["--transports", "ltp-xdp:window=3"], "not a knob"),
                        (["--transports", "ltp-xdp:credit=-1"], "not a knob"),
                        (["--transports", "ltp-xdp:credit=1:credit=2"], "twice"),
-                       (["--transports", "tcp-cubic:credit=1"], "only LTP"),
+                       (["--transports", "tcp-cubic:credit=1"], "ACK clock"),
                        (["--transports", "ltp-xdp@capacity"], "--transports"),
+                       (["--transports", "ltp@"], "--transports"),
+                       (["--transports", "ltp-xdp:credit=\u00b2"], "not a knob"),
+                       (["--transports", "ltp-xdp:poll=20000"], "at most"),
+                       (["--transports", "ltp-socket:credit=1"], "ACK clock"),
+                       (["--transports", "ltp:credit=1"], "--sender xdp"),
                        (["--size", "10"], "--size"), (["--loss", "1.5"], "--loss"),
                        (["--sweep-workers", "4,x"], "--sweep-workers"),
                        (["--rate", "fast"], "--rate"), (["--name", "Bad-Name"], "--name")):

@@ -235,6 +235,9 @@ def cmd_incast(args) -> None:
     except ValueError as e:
         raise UsageError(f"--transports: {e}") from None
     sender = _check_sender(args.sender, transports)
+    if sender != "xdp" and any(t.startswith("ltp:") for t in transports):
+        raise UsageError("--transports: knobs are the ACK clock's: plain ltp takes them with "
+                         "--sender xdp (or name ltp-xdp)")
     rules = [r.strip() for r in args.early_close.split(",") if r.strip()]
     try:
         labels(transports, rules)

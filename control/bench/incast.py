@@ -51,13 +51,15 @@ def check_transports(transports: list[str]) -> None:
     an LTP label's :KNOB=N, runners.parse_label)."""
     parsed = [parse_label(t) for t in transports]
     bad = [t for t, (name, rule, _) in zip(transports, parsed)
-           if name not in TRANSPORTS or rule is not None]
+           if name not in TRANSPORTS or rule is not None]  # rules come from --early-close
     if bad or not transports:
         raise ValueError(f"unknown transport(s) {bad}; choose from {', '.join(TRANSPORTS)} "
                          "(LTP's with :KNOB=N, e.g. ltp-xdp:credit=0)")
-    knobbed = [t for t, (_, _, knobs) in zip(transports, parsed) if knobs and not is_ltp(t)]
+    knobbed = [t for t, (name, _, knobs) in zip(transports, parsed)
+               if knobs and (not is_ltp(t) or name == "ltp-socket")]
     if knobbed:
-        raise ValueError(f"{', '.join(knobbed)}: only LTP transports take knobs")
+        raise ValueError(f"{', '.join(knobbed)}: only the ACK clock's transports take knobs "
+                         "(ltp-xdp, or ltp with --sender xdp)")
     if len(set(transports)) != len(transports):
         raise ValueError(f"a transport is named twice in {','.join(transports)}")
     names = [name for name, _, _ in parsed]

@@ -55,25 +55,29 @@ class Rounds:
 
 
 KNOBS = {"credit": "the PS's credit cap in frames (rate.credit_window's ring_frames; 0: none)",
-         "poll": "the ACK clock's fixed poll period in us (ClockPush.poll_s; 0: adaptive)"}
+         "poll": "the ACK clock's fixed poll period in us, at most 10000 (ClockPush.poll_s; "
+                 "0: adaptive)"}
+KNOB_MAX = {"poll": 10_000}
 
 
 def parse_label(label: str) -> tuple[str, str | None, dict[str, int]]:
     """(name, Early Close rule or None, knobs) of a transport label
     NAME[:KNOB=N...][@RULE], e.g. ltp-xdp:credit=0@progress. ValueError
     naming what is wrong with a knob (KNOBS: LTP's only, integers >= 0)."""
-    head, _, rule = label.partition("@")
+    head, at, rule = label.partition("@")
     name, *kvs = head.split(":")
     knobs: dict[str, int] = {}
     for kv in kvs:
         key, eq, val = kv.partition("=")
-        if key not in KNOBS or not eq or not val.isdigit():
+        if key not in KNOBS or not eq or not (val.isascii() and val.isdigit()):
             raise ValueError(f"{label}: {kv!r} is not a knob; LTP transports take "
                              + ", ".join(f"{k}=N ({v})" for k, v in KNOBS.items()))
         if key in knobs:
             raise ValueError(f"{label}: {key} is given twice")
+        if int(val) > KNOB_MAX.get(key, int(val)):
+            raise ValueError(f"{label}: {key} is at most {KNOB_MAX[key]}")
         knobs[key] = int(val)
-    return name, rule or None, knobs
+    return name, (rule if at else None), knobs
 
 
 def is_ltp(t: str) -> bool:
@@ -162,7 +166,7 @@ class LtpRunner:
             cl.round_no += 1
             r = cl.round_no
             res, reports = cl.run_round(r, self.size // 4, seed=r, sender=self.sender,
-                                        poll_us=self.poll_us)
+                                        poll_us=self.poll_us, forget_windows=i == 0)
             if i >= self.warmup:
                 out.times.append(res.duration_s)
                 out.delivered.append(res.delivered_fraction)

@@ -4,7 +4,8 @@ Started by control/bench/cluster.py inside the worker's network namespace. Reads
 JSON command per line and answers one JSON line:
   prepare {"round", "nelems", "seed", "critical", "sender"[, "poll_us"]} -> {"ready": true}
           (sender, when not null: socket or xdp plans this push and later ones;
-          poll_us: the ACK clock's fixed poll period from now on, 0: adaptive)
+          poll_us: the ACK clock's fixed poll period from now on, 0: adaptive;
+          forget_windows: drop the credits learned so far, a block starts afresh)
   push    {"round"}                                -> {"report": PushReport}
   expect  {"round", "nelems", "timeout"}          -> {"ready": true}, then after
           the reliable round completes             -> {"sha256": hex}
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                         ep.sender.kind = kinds[msg["sender"]]
                     if "poll_us" in msg:  # ... or between poll periods of the clock
                         ClockPush.poll_s = msg["poll_us"] / 1e6 if msg["poll_us"] else None
+                    if msg.get("forget_windows"):  # a variant's block starts afresh
+                        ep.sender.window_hint.clear()
                     g = worker_tensor(msg["seed"], a.id, msg["round"], msg["nelems"])
                     prepared[msg["round"]] = ep.prepare_push(msg["round"], g, ps,
                                                              critical=msg.get("critical"))

@@ -36,7 +36,7 @@ INITIAL_WINDOW = 2  # packets a flow is primed with before it learned its credit
 MAX_WINDOW = 64     # growth stops here when the receiver sets no credit
 GROW_BATCH = 8      # most packets one poll adds to a window
 REORDER = 3         # RACK's reordering allowance, in send keys
-POLL_S = 0.00025    # poll period while Python has work in flight (growth, its own re-sends)
+POLL_S = 0.00025    # poll period while Python's own sends (priming, growth, re-sends) are out
 NAP_MAX = 0.001     # longest sleep while the clock runs on its own (RTO_MIN / 2)
 RTO_MIN = 0.002     # s without progress before the oldest outstanding chunks are re-sent
 RTO_MAX = 0.05
@@ -58,8 +58,8 @@ class ClockPush(Push):
     of its own socket sends and the RTO; False leaves all recovery to this
     loop (the class attribute is the default; the recovery A/B sets it).
 
-    poll_s: None (default) polls every POLL_S while this loop has work of its
-    own in flight (a growth or a re-send just sent) and otherwise sleeps
+    poll_s: None (default) polls every POLL_S while this loop has sends of
+    its own outstanding (priming, growth, re-sends) and otherwise sleeps
     half the time the slowest unfinished target needs at its ACK rate so
     far, at most NAP_MAX; a number polls at that fixed period (as before:
     POLL_S), for A/Bs (`ltp bench incast --transports ltp-xdp:poll=250`)."""
@@ -144,24 +144,26 @@ class ClockPush(Push):
         row's counters alone: not closed, not all acked, nothing of this
         loop's own outstanding, no RTO due, no room to grow. Keeps the
         acked-count bookkeeping (`heard`, the RTO's clock) and the credit's."""
+        if not self.rack:  # every loss is this loop's to find (RACK over all chunks)
+            return False
         nch = self.layout.nchunks
         for i, slot in enumerate(self.slots):
             if self.done_t[i]:
                 continue
             t = self.txv[slot]
-            n = int(t["acked"])
+            n, prev = int(t["acked"]), self.heard[i]
             if t["closed"] or n >= nch or self.own[i].size:
                 return False
-            if n != self.heard[i]:
+            if n != prev:
                 self.heard[i], self.progress_t[i], self.rto[i] = n, now, RTO_MIN
                 self.heard_t[i], self.quiet[i] = now, 0
             elif now - self.progress_t[i] > self.rto[i]:
                 return False
             window, tail, nxt = int(t["window"]), int(t["tail"]), int(t["next"])
             inflight = int(t["added"]) - int(t["consumed"])
-            if window:  # as in _tend
+            if window:  # as in _tend: past the first ACK, in flight never exceeds the credit
                 self.low_window[i] = int(t["window_min"])
-                if n:
+                if prev:
                     self.max_over_credit = max(self.max_over_credit, inflight - window)
                 if inflight < (window if window != 0xffff else MAX_WINDOW) and tail > nxt:
                     return False
@@ -169,7 +171,7 @@ class ClockPush(Push):
 
     def _nap(self, busy: bool, now: float) -> float:
         """How long to sleep before the next poll: POLL_S while this loop's
-        own sends are fresh; else half the time the slowest unfinished
+        own sends are outstanding; else half the time the slowest unfinished
         target needs at its ACK rate so far, within POLL_S..NAP_MAX (a
         credit that grew when other flows finished is acted on within 1 ms,
         and the RTO is never overslept by more than half)."""
@@ -228,7 +230,8 @@ class ClockPush(Push):
     # ---------------------------------------------------------------- tending
     def _tend(self, i: int, acked: np.ndarray, now: float) -> bool:
         """One poll of target i: credit bookkeeping, losses, growth. True if
-        it sent (a re-send or growth: the next poll should come soon)."""
+        it sent (a re-send or growth) or has sends of its own outstanding:
+        the next poll should come soon (RACK over them)."""
         t, slot = self.txv[self.slots[i]], self.slots[i]
         nxt, tail = int(t["next"]), int(t["tail"])
         inflight = int(t["added"]) - int(t["consumed"])
@@ -271,7 +274,7 @@ class ClockPush(Push):
                 self._stamp(i, chunks, inflight + len(pos), stops)
                 self._send_chunks(i, chunks)
                 return True
-        return bool(lost.size)
+        return bool(lost.size) or bool(self.own[i].size)
 
     def _keys(self, i: int, chunks: list[int], nxt: int) -> None:
         """Send keys for chunks the socket sends now: after every key taken

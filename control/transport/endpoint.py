@@ -97,7 +97,9 @@ class Endpoint:
     sender: "socket" (default) or "xdp", how this endpoint's pushes leave
     (SENDERS; docs/transport.md, "The ACK clock"). credit_bytes: what the
     clocked senders pushing to this endpoint may keep in flight together,
-    the bottleneck's buffer plus one BDP (default: rate.credit_window's).
+    the bottleneck's buffer plus one BDP (default: rate.credit_window's),
+    in frames at most rate.RING_FRAMES (one receive ring: with a multi-queue
+    NIC, one ring for all flows together).
     liveness_s: DATA of an open round is ACKed only while this endpoint's
     control thread beat the program's heartbeat at most that long ago (it
     beats when it opens a round, while it waits for one and while it
