@@ -230,6 +230,19 @@ def test_lossless_ltp_and_tcp_train_bit_identical_parameters(rig, ltp_run):
 
 
 @requires_bpf
+def test_the_ack_clock_trains_the_same_parameters(rig, ltp_run):
+    """--sender xdp: every worker's uplink and the server's (unicast)
+    answers leave through the ACK clock; lossless, the parameters are
+    bit-identical to the socket sender's, and the clock made most DATA."""
+    r = _train(rig, transport="ltp", downlink="unicast", early_close=WHOLE, sender="xdp")
+    assert r["sender"] == "xdp" and ltp_run["sender"] == "socket"
+    assert r["replicas_identical"] and r["ps_digest"] == ltp_run["ps_digest"]
+    assert r["version_chain"]["ps"] == ltp_run["version_chain"]["ps"]
+    assert r["uplink_clock_share"] > 0.5
+    assert ltp_run["uplink_clock_share"] == 0.0 and ltp_run["uplink_sent"] > 0
+
+
+@requires_bpf
 def test_wbsp_fast_workers_do_more_local_steps_and_all_pull_the_same_versions(rig):
     # The parameters go once per chunk to the rig's broadcast address here
     # (LTP's default; the other LTP run sends them to each worker): every

@@ -32,6 +32,7 @@ EPILOG = """examples:
                                                   2 sharded servers, against 1 and TCP x2
   sudo ltp train --rate 100mbit --compare ltp,ltp:compress=uint8,tcp:cubic:compress=uint8
                                                   float32 against 8-bit codes, LTP and TCP
+  sudo ltp train --compare ltp,ltp:sender=xdp     the paced socket sender against the ACK clock
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
 
@@ -62,7 +63,8 @@ def register(sub) -> None:
     p.add_argument("--compare", default="none", metavar="LIST",
                    help="baselines to run after the main run, comma-separated: ltp, tcp, "
                    "tcp:CC, gloo, each optionally with :KEY=VALUE settings (servers=S, "
-                   "compress=none|uint8), e.g. ltp:servers=1,tcp:cubic:servers=2 (default none; "
+                   "compress=none|uint8, sender=socket|xdp), e.g. "
+                   "ltp:servers=1,tcp:cubic:servers=2 (default none; "
                    "a run takes the main run's settings unless it names them; an item equal to "
                    "the main run names it: ltp,ltp:compress=uint8)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many "
@@ -90,7 +92,8 @@ def register(sub) -> None:
 def _runs(args) -> list[dict]:
     """The runs to make: the main one, then each --compare item."""
     main = {"transport": args.transport, "cc": args.cc, "servers": args.servers,
-            "compress": args.compress}
+            "compress": args.compress,
+            "sender": args.sender if args.transport == "ltp" else "socket"}
     runs = [main]
     if args.compare.strip().lower() in ("", "none"):
         return runs
@@ -107,14 +110,16 @@ def _runs(args) -> list[dict]:
 # --compare KEY=VALUE settings: key -> (parse: the value or None, what it takes)
 COMPARE_KEYS = {"servers": (lambda v: int(v) if v.isdigit() and 1 <= int(v) <= 8 else None,
                             "1..8"),
-                "compress": (lambda v: v if v in ("none", "uint8") else None, "none or uint8")}
+                "compress": (lambda v: v if v in ("none", "uint8") else None, "none or uint8"),
+                "sender": (lambda v: v if v in ("socket", "xdp") else None, "socket or xdp")}
 
 
 def _compare_item(item: str, args) -> dict:
     """One --compare item, TRANSPORT[:CC][:KEY=VALUE...], as a run dict."""
     tr, *parts = item.split(":")
     run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers,
-           "compress": "none" if tr == "gloo" else args.compress}
+           "compress": "none" if tr == "gloo" else args.compress,
+           "sender": args.sender if tr == "ltp" else "socket"}
     usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
              f"each with optional :KEY=VALUE, keys {', '.join(COMPARE_KEYS)})")
     if tr not in ("ltp", "tcp", "gloo"):
@@ -131,6 +136,8 @@ def _compare_item(item: str, args) -> dict:
             raise UsageError(f"--compare: {item!r}: {key} takes {COMPARE_KEYS[key][1]}")
         else:
             run[key] = COMPARE_KEYS[key][0](val)
+    if run["sender"] != "socket" and tr != "ltp":
+        raise UsageError(f"--compare: {item!r}: sender={run['sender']} is LTP's (the ACK clock)")
     return run
 
 
@@ -144,6 +151,8 @@ def _validate(args) -> tuple:
     from ..control.training.args import config_from_args
     if not 1 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
+    if args.sender != "socket" and args.transport != "ltp":
+        raise UsageError(f"--sender {args.sender}: the ACK clock is LTP's (--transport ltp)")
     try:
         loss = float(args.loss)
     except ValueError:
@@ -216,10 +225,12 @@ def cmd_train(args) -> int:
     try:   # LaunchError, RigError, BenchError are LtpErrors: common.run reports them
         for run in runs:
             cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
-            cfg = dataclasses.replace(cfg, servers=run["servers"], compress=run["compress"])
+            cfg = dataclasses.replace(cfg, servers=run["servers"], compress=run["compress"],
+                                      sender=run["sender"])
             rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
-            progress.begin(_label(cfg.transport, cfg.cc, cfg.servers, cfg.compress))
-            curves.begin(run_label(_label(cfg.transport, cfg.cc, cfg.servers, cfg.compress)))
+            label = _label(cfg.transport, cfg.cc, cfg.servers, cfg.compress, cfg.sender)
+            progress.begin(label)
+            curves.begin(run_label(label))
             faults = None
             if run is runs[0] and (args.kills or args.restart):
                 from ..control.training.faults import Faults
@@ -235,6 +246,7 @@ def cmd_train(args) -> int:
                               "mtu": rig.config.mtu, "servers": rig.config.servers}
                 res["servers"] = cfg.servers
                 res["compress"] = cfg.compress
+                res["sender"] = cfg.sender
             progress.end(res)
             results.append(res)
     finally:
@@ -248,7 +260,7 @@ def cmd_train(args) -> int:
     if len(results) > 1:
         out["compare"] = results[1:]
         out["speedup"] = {_label(r["transport"], r.get("cc"), r.get("servers", 1),
-                                 r.get("compress", "none")):
+                                 r.get("compress", "none"), r.get("sender", "socket")):
                           _ratio(results[0], r) for r in results[1:]}
     emit(args, out, lambda o: _text(results, args, loss, rate, buffer))
     broken = [r for r in results if not r.get("replicas_identical")]
@@ -289,9 +301,11 @@ def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
     return rig, cfg
 
 
-def _label(transport: str, cc: str | None, servers: int = 1, compress: str = "none") -> str:
+def _label(transport: str, cc: str | None, servers: int = 1, compress: str = "none",
+           sender: str = "socket") -> str:
     base = f"tcp ({cc})" if transport == "tcp" else transport
     base = f"{base} x{servers}" if servers > 1 else base
+    base = base if sender == "socket" else f"{base} {sender}-sender"
     return base if compress == "none" else f"{base} {compress}"
 
 
@@ -353,8 +367,8 @@ def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str
              f"{rc.get('buffer_bytes', buffer) / 1000:g} KB queue, loss "
              f"{rc.get('loss', loss):g} on "
              f"{'every port' if rc.get('loss_on') == 'all' else 'the PS port'}")
-    cols = [_label(r["transport"], r.get("cc"), r.get("servers", 1), r.get("compress", "none"))
-            for r in results]
+    cols = [_label(r["transport"], r.get("cc"), r.get("servers", 1), r.get("compress", "none"),
+                   r.get("sender", "socket")) for r in results]
 
     def early(r):
         return f"{r['rounds_early_closed']}/{r['iterations']}" if r["transport"] == "ltp" else "-"

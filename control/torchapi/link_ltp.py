@@ -71,7 +71,10 @@ class LtpServerLink:
                            chunk_bytes=chunk_bytes_for(s.mtu),
                            early_close=self.early_config(self.early_close),
                            bubble_strategy=self.endpoint_bubble(self.bubble),
-                           secret=self.secret)
+                           secret=self.secret,
+                           # the answers' group send goes once to every worker; the
+                           # clock would clock each worker's own unicast copy of it
+                           sender="socket" if s.downlink == "group" else s.sender)
         self.size = size
         return True
 
@@ -163,6 +166,8 @@ class LtpWorkerLink:
         self.secret: bytes | None = None   # the server's, from its store record
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and WorkerCodec(codec)
+        # this worker's pushes so far: DATA sent, and how much of it the ACK clock made
+        self.uplink = {"pushes": 0, "sent": 0, "clock_tx": 0}
 
     def address(self) -> dict:
         return {}
@@ -184,7 +189,7 @@ class LtpWorkerLink:
                            early_close=EarlyCloseConfig(hard_timeout_s=self.wait_s),
                            initial_rate_bps=s.capacity / max(1, self.workers),
                            self_id=self.id,   # group-sent answers are taken as its own
-                           secret=self.secret,
+                           secret=self.secret, sender=s.sender,
                            # a worker computes between its pull and the next answer
                            # (wbsp: while the answer comes): only the server proves
                            # liveness to senders; a dead worker shows in the store
@@ -207,6 +212,9 @@ class LtpWorkerLink:
         if self.codec and not reliable:   # buf is left holding the rounding error
             buf = self.codec.piece(buf)
         rep = self.ep.push(r, buf, self.ps, reliable=reliable, timeout_s=self.wait_s)
+        up = self.uplink
+        up["pushes"], up["sent"], up["clock_tx"] = (up["pushes"] + 1, up["sent"] + rep.sent,
+                                                    up["clock_tx"] + rep.clock_tx)
         return rep.closed_by_receiver and rep.acked < rep.chunks
 
     def pull(self, d: int, out: np.ndarray) -> None:

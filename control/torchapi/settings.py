@@ -15,6 +15,7 @@ XDP_MODES = ("native", "skb")
 DOWNLINKS = ("group", "unicast")
 MAX_SERVERS = 8
 COMPRESS = ("none", "uint8")      # codec.KINDS (that module needs numpy)
+SENDERS = ("socket", "xdp")       # transport.endpoint.SENDERS
 
 # keyword -> environment variable
 ENV = {"transport": "LTP_TRANSPORT", "dev": "LTP_DEV", "ip": "LTP_IP",
@@ -23,7 +24,8 @@ ENV = {"transport": "LTP_TRANSPORT", "dev": "LTP_DEV", "ip": "LTP_IP",
        "netns": "LTP_NETNS", "store_netns": "LTP_STORE_NETNS", "timeout": "LTP_TIMEOUT",
        "cc": "LTP_CC", "job": "LTP_JOB", "tcp_port": "LTP_TCP_PORT",
        "bucket_mb": "LTP_BUCKET_MB", "compress": "LTP_COMPRESS",
-       "error_feedback": "LTP_ERROR_FEEDBACK", "max_missed": "LTP_MAX_MISSED"}
+       "error_feedback": "LTP_ERROR_FEEDBACK", "max_missed": "LTP_MAX_MISSED",
+       "sender": "LTP_SENDER"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Settings:
     compress: str = "none"          # none | uint8: a step's gradients as 8-bit codes (codec.py)
     error_feedback: bool = True     # uint8: carry each rounding error into the next step
     max_missed: int = 3             # steps in a row a worker may deliver nothing before it is dropped
+    sender: str = "socket"          # socket | xdp: how LTP DATA leaves (xdp: the ACK clock)
 
     @classmethod
     def resolve(cls, options: dict) -> "Settings":
@@ -96,6 +99,8 @@ class Settings:
             bad("max_missed", f"must be at least 1, got {self.max_missed}")
         if self.compress not in COMPRESS:
             bad("compress", f"must be one of {', '.join(COMPRESS)}, got {self.compress!r}")
+        if self.sender not in SENDERS:
+            bad("sender", f"must be one of {', '.join(SENDERS)}, got {self.sender!r}")
 
 
 def _convert(name: str, typ, raw, where: str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .config import (BUBBLES, COMPRESS, DEFAULT_DOWNLINK, DEFAULT_HIDDEN, DOWNLINKS, SYNCS,
+from .config import (BUBBLES, COMPRESS, DEFAULT_DOWNLINK, DEFAULT_HIDDEN, DOWNLINKS, SENDERS, SYNCS,
                      TRANSPORTS, TrainConfig)
 
 MAX_WIDTH = 65536   # widest hidden layer the flags accept
@@ -67,6 +67,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="gradients as 8-bit codes with a min and a scale per LTP chunk, about "
                    "a quarter of the bytes each way (ltp and tcp; default %(default)s; "
                    "docs/training.md, Compression)")
+    p.add_argument("--sender", choices=SENDERS, default="socket",
+                   help="how LTP DATA leaves: socket (paced by Python) or xdp (the ACK clock: "
+                   "each ACK turned into the next chunk at the NIC; default %(default)s; "
+                   "docs/transport.md)")
     p.add_argument("--max-missed", type=int, default=3, metavar="K",
                    help="drop a worker that delivered nothing of K steps in a row; training "
                    "goes on without it until it rejoins (default %(default)s; LTP_MAX_MISSED)")
@@ -147,6 +151,7 @@ def config_from_args(a: argparse.Namespace, *, transport: str | None = None,
                       downlink=a.downlink if transport == "ltp" else "unicast",
                       servers=getattr(a, "servers", 1) if transport != "gloo" else 1,
                       compress=getattr(a, "compress", "none") if transport != "gloo" else "none",
+                      sender=getattr(a, "sender", "socket") if transport == "ltp" else "socket",
                       max_missed=a.max_missed, checkpoint_every=a.checkpoint_every,
                       checkpoint_dir=os.path.abspath(a.checkpoint_dir) if a.checkpoint_dir
                       else None, pace_s=max(0.0, a.pace))

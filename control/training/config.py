@@ -13,6 +13,7 @@ SYNCS = ("bsp", "wbsp")
 DOWNLINKS = ("unicast", "group")
 BUBBLES = ("mean", "zero", "stale")
 COMPRESS = ("none", "uint8")   # ltpx.torch's compress (torchapi/codec.py)
+SENDERS = ("socket", "xdp")    # ltpx.torch's sender (transport/endpoint.py)
 DEFAULT_HIDDEN = (512, 384)   # 234,122 parameters: a 0.94 MB gradient
 # LTP's parameter downlink unless told otherwise (flags and TrainConfig alike):
 # one packet per chunk for all workers; the PS finds the address (rank.py)
@@ -50,6 +51,7 @@ class TrainConfig:
     downlink: str | None = None
     servers: int = 1                    # server ranks, each summing a slice (torchapi/shards.py)
     compress: str = "none"              # none | uint8: gradients as 8-bit codes (torchapi/codec.py)
+    sender: str = "socket"              # socket | xdp: how LTP DATA leaves (xdp: the ACK clock)
     # faults: a worker missing this many steps in a row is dropped (LTP_MAX_MISSED);
     # worker 0 checkpoints every N steps to the folder, a new job resumes from it
     max_missed: int = 3
@@ -86,6 +88,9 @@ class TrainConfig:
         if self.compress not in COMPRESS or (self.compress != "none" and self.transport == "gloo"):
             raise ValueError(f"compress: one of {', '.join(COMPRESS)} (ltp or tcp; gloo sends "
                              f"float32), got {self.compress!r}")
+        if self.sender not in SENDERS or (self.sender != "socket" and self.transport != "ltp"):
+            raise ValueError(f"sender: one of {', '.join(SENDERS)} (xdp: ltp only), got "
+                             f"{self.sender!r}")
         if self.max_missed < 1 or self.checkpoint_every < 0:
             raise ValueError("max-missed: must be at least 1 (and checkpoint-every >= 0)")
         if self.checkpoint_every and not self.checkpoint_dir:

@@ -214,11 +214,24 @@ class Demo:
         """What the lead learns of this worker at the end."""
         times = dict(opt.times(), compute_s=self.stepper.compute_s,
                      straggle_s=self.stepper.straggle_s)
+        from ..torchapi.job import current
+        link = current().link
         return {"worker": self.wid, "digest": digest(self.module),
+                "uplink": dict(getattr(link, "uplink", None) or {}),
                 "chain": self.chain.hexdigest(), "local_steps": int(sum(opt.ks)),
                 "ks": opt.ks, "versions": self.total + 1,
                 "mean_loss": self.loss_sum / self.loss_n if self.loss_n else None,
                 "times": {k: round(v, 4) for k, v in times.items()}}
+
+    @staticmethod
+    def uplink_fields(done: dict[int, dict]) -> dict:
+        """LTP: the workers' DATA sent and the share of it the ACK clock made."""
+        ups = [d.get("uplink") or {} for d in done.values()]
+        sent = sum(u.get("sent", 0) for u in ups)
+        if not sent:
+            return {}
+        return {"uplink_sent": sent,
+                "uplink_clock_share": sum(u.get("clock_tx", 0) for u in ups) / sent}
 
     def result(self, done: dict[int, dict], server: dict, wall: float) -> dict:
         cfg, ids = self.cfg, sorted(done)
@@ -246,6 +259,8 @@ class Demo:
             "version_chain": ({"ps": chain, "workers": {str(w): done[w]["chain"] for w in ids}}
                               if chain is not None else None),
             "worker_times": {str(w): done[w]["times"] for w in ids},
+            "sender": cfg.sender,
+            **self.uplink_fields(done),
             "ps_times": server.get("ps_times"),
             **self.ev.tail(cfg),
         }

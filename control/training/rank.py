@@ -107,7 +107,7 @@ def run_api(a: argparse.Namespace, cfg: TrainConfig, early_close: dict) -> dict:
          capacity=a.capacity, mtu=a.mtu, group=a.group, downlink=cfg.downlink,
          netns=a.netns, store_netns=a.store_netns, timeout=a.timeout, cc=cfg.cc, job=a.job,
          tcp_port=a.tcp_port, servers=cfg.servers if cfg.servers > 1 else None,
-         compress=cfg.compress,
+         compress=cfg.compress, sender=cfg.sender,
          max_missed=cfg.max_missed)
     return run_demo(cfg, early_close, emit)
 
