@@ -8,9 +8,13 @@ capacity, MTU, group address). Every line a rank prints comes out prefixed
 with its rank ([s0], [w0], ...); a JSON line {"event": "progress", "step",
 "steps", ...} from worker 0 (lt.report_progress) drives a progress bar on a
 terminal. When a rank fails the others get --grace seconds, then are
-stopped. The rig is removed at the end unless --keep (or it was there
-before). The exit code is the worst rank's; -j prints one JSON summary
-(per rank: exit code, wall time, the last JSON object it printed).
+stopped, unless --max-restarts N allows a restart (faults.RestartPolicy): a
+worker is started again in its namespace and rejoins the running job, a
+server's death (or any rank's in a sharded job) starts every rank again;
+each restart is a `[launch] ...` line on stderr. The rig is removed at the
+end unless --keep (or it was there before). The exit code is the worst
+rank's; -j prints one JSON summary (per rank: exit code, wall time, the last
+JSON object it printed; the restarts).
 """
 from __future__ import annotations
 
@@ -34,6 +38,16 @@ examples:
   sudo ltp launch --workers 2 --transport tcp -- python my_train.py
   sudo ltp launch --workers 4 --rig myrig --keep -- python my_train.py     (the rig stays)
   sudo ltp launch --workers 8 --servers 2 -- python my_train.py   (2 servers, a slice each)
+  sudo ltp launch --workers 4 --max-restarts 2 -- python docs/examples/digits_cnn.py
+
+--max-restarts N: a worker that exits non-zero or dies by a signal is started
+again (at most N times per rank) and rejoins the running job with a live
+worker's state, if the script rejoins (ltpx.torch's elastic.joining/rejoin/
+donate: docs/training.md, "Faults"); a script that does not fails again at its
+first op. A dead server restarts every rank (at most N times per job): a
+script that resumes from a checkpoint (--checkpoint-dir style flags) goes on
+from there, any other starts over. With --servers > 1 any rank's death
+restarts every rank (a worker cannot rejoin a sharded job).
 """
 
 
@@ -64,6 +78,10 @@ def register(sub) -> None:
     p.add_argument("--grace", type=float, default=5.0,
                    help="after a rank fails, seconds the others get before they are stopped "
                    "(default 5)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="restart a failed worker rank (at most N times per rank; it rejoins "
+                   "the running job), or every rank after a server fails (at most N times); "
+                   "default 0: a failed rank stops the others")
     add_json(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
     p.set_defaults(func=cmd_launch)
@@ -81,6 +99,8 @@ def _check(args) -> list[str]:
     check_name(args.rig, "--rig")
     if args.timeout < 0 or args.grace < 0:
         raise UsageError("--timeout and --grace: seconds, at least 0")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts: a count, at least 0, got {args.max_restarts}")
     args.rate_bps, args.loss_p = check_rate(args.rate), check_loss(args.loss)
     args.buffer_bytes = check_bytes(args.buffer, "--buffer")
     from ..control.training.onrig import rig_config
@@ -122,39 +142,39 @@ def cmd_launch(args) -> int:
         if kept or args.keep:
             if not kept:
                 rig.up()
-            ranks, timed_out = _run(rig, args, python_argv(cmd), out)
+            ranks, timed_out, policy = _run(rig, args, python_argv(cmd), out)
         else:
             with rig:
-                ranks, timed_out = _run(rig, args, python_argv(cmd), out)
+                ranks, timed_out, policy = _run(rig, args, python_argv(cmd), out)
     finally:
         out.close()
-    return _report(args, rig, cmd, ranks, timed_out, kept or args.keep)
+    return _report(args, rig, cmd, ranks, timed_out, kept or args.keep, policy)
 
 
 def _run(rig, args, argv: list[str], out: "Output"):
-    from ..control.training.launch import RigJob, job_env, plan_ranks
-    ranks = plan_ranks(rig, args.workers, args.servers)
+    """Run the job to its end: again from the start after a RestartJob (every
+    rank, a new store), as long as the policy allows."""
+    from ..control.training import forkserver
+    from ..control.training.faults import RestartJob, RestartPolicy
+    from ..control.training.launch import RigJob, follow, job_env, plan_ranks
+    policy = RestartPolicy(args.max_restarts, whole_job=args.servers > 1, say=out.note)
     t_end = time.monotonic() + args.timeout if args.timeout else None
-    timed_out, job = False, None
-    try:
-        job = RigJob(rig, ranks)
-        job.start(lambda r: argv, lambda r: job_env(rig, r, len(ranks), job.port,
-                                                    servers=args.servers,
-                                                    transport=args.transport))
-        failed_at = None
-        while job.running():
-            job.pump(out.line)
-            if failed_at is None and job.failed():
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() > failed_at + args.grace:
-                break
-            if t_end is not None and time.monotonic() > t_end:
-                timed_out = True
-                break
-    finally:
-        if job is not None:
-            job.close()
-    return ranks, timed_out
+    while True:
+        ranks = plan_ranks(rig, args.workers, args.servers)
+        if policy.job_restarts and forkserver.plan(argv):
+            forkserver.warm()      # the last job's closed with it
+        job = None
+        try:
+            job = RigJob(rig, ranks)
+            job.start(lambda r: argv, lambda r, port=job.port: job_env(
+                rig, r, len(ranks), port, servers=args.servers, transport=args.transport))
+            timed_out = follow(job, out.line, policy, grace_s=args.grace, t_end=t_end)
+            return ranks, timed_out, policy
+        except RestartJob:
+            continue
+        finally:
+            if job is not None:
+                job.close()
 
 
 class Output:
@@ -182,6 +202,14 @@ class Output:
         else:
             print(line, file=dest, flush=True)
 
+    def note(self, text: str) -> None:
+        """The launcher's own line (a restart), on stderr."""
+        line = f"[launch] {text}"
+        if self.bar is not None and self.task is not None:
+            self.bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
     def progress(self, msg: dict) -> None:
         info = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                          for k, v in msg.items() if k not in ("event", "step", "steps"))
@@ -206,7 +234,7 @@ def _json(text: str) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool) -> int:
+def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, policy) -> int:
     from ..control.training.launch import exit_code
     own = [exit_code(r.code) for r in ranks if not r.killed]
     worst = max(own, default=0)
@@ -215,22 +243,25 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool) -> in
     elif worst == 0 and any(r.killed for r in ranks):
         worst = 143
     c = rig.config
-    summary = {"exit_code": worst, "timed_out": timed_out, "command": cmd,
+    summary = {"exit_code": worst, "timed_out": timed_out, "command": cmd, **policy.report(),
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,
                        "servers": c.servers},
                "ranks": [{"rank": r.rank, "role": r.role, "label": r.label, "host": r.host.name,
                           "netns": r.host.netns, "exit_code": exit_code(r.code),
                           "killed": r.killed, "forked": r.forked,
+                          "restarts": policy.restarts.get(r.rank, 0),
                           "wall_s": round(r.wall_s, 3) if r.wall_s is not None else None,
                           "last_json": r.last_json} for r in ranks]}
     if wants_json(args):
         print(json.dumps(summary))
     else:
         rows = [f"{r['label']:>4}  rank {r['rank']:<3} {r['host']:<5} exit {r['exit_code']:<4}"
-                f"{'(stopped) ' if r['killed'] else ''}{r['wall_s'] or 0:8.2f} s" for r in
+                f"{'(stopped) ' if r['killed'] else ''}{r['wall_s'] or 0:8.2f} s"
+                f"{'  restarted %dx' % r['restarts'] if r['restarts'] else ''}" for r in
                 summary["ranks"]]
         tail = f"rig {rig.name} kept" if kept else f"rig {rig.name} removed"
+        again = f"; the job restarted {policy.job_restarts}x" if policy.job_restarts else ""
         print("\n".join(["", "ltp launch: " + ("timed out; " if timed_out else "") +
-                         f"exit {worst}; {tail}", *rows]), file=sys.stderr)
+                         f"exit {worst}{again}; {tail}", *rows]), file=sys.stderr)
     return worst

@@ -19,8 +19,9 @@ Ranks 0..servers-1 run on the rig's server hosts (ps, ps1, ...: `ltp rig up
 worker i's host. Their stdout and stderr are read line by line as they come
 (`RigJob.pump` hands each line to a callback); when a rank fails the
 others get `grace_s` to notice, then SIGTERM (a rank unwinds and detaches
-its XDP program), then SIGKILL. `ltp launch` (tools/cmd_launch.py) and
-`ltp train` (onrig.py) are its two users.
+its XDP program), then SIGKILL; a rank that died may first be started again
+(`respawn`, as faults.RestartPolicy decides: `follow`). `ltp launch`
+(tools/cmd_launch.py) and `ltp train` (onrig.py) are its two users.
 """
 from __future__ import annotations
 
@@ -231,6 +232,27 @@ class RigJob:
             self.zygote.close()
         self.sel.close()
         self.store = None
+
+
+def follow(job: RigJob, on_line: Callable[[Rank, str, str], None], policy, *,
+           grace_s: float, t_end: float | None = None) -> bool:
+    """Pump `job` until every rank has exited (`ltp launch`). A rank that dies
+    goes to `policy` first (faults.RestartPolicy: restarted in place, or
+    RestartJob, which the caller answers by starting every rank again); a
+    failure gives the others grace_s, then they are left for the caller to
+    stop. True if t_end (time.monotonic) came first."""
+    failed_at = None
+    while job.running():
+        job.pump(on_line)
+        if failed_at is None:
+            policy.settle(job)
+            if job.failed():
+                failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() > failed_at + grace_s:
+            return False
+        if t_end is not None and time.monotonic() > t_end:
+            return True
+    return False
 
 
 def _port_of(p, wait_s: float = 60.0) -> int | None:
