@@ -39,6 +39,8 @@ examples:
   sudo ltp launch --workers 4 --rig myrig --keep -- python my_train.py     (the rig stays)
   sudo ltp launch --workers 8 --servers 2 -- python my_train.py   (2 servers, a slice each)
   sudo ltp launch --workers 4 --max-restarts 2 -- python docs/examples/digits_cnn.py
+      (a dead server: the job starts over, twice at most; digits_cnn.py does not
+      rejoin, so a dead worker's restarts fail at their first op)
 
 --max-restarts N: a worker that exits non-zero or dies by a signal is started
 again (at most N times per rank) and rejoins the running job with a live
