@@ -369,6 +369,7 @@ def link_detach(link_fd: int) -> None:
 
 CLONE_NEWNET = 0x40000000
 PR_SET_TIMERSLACK = 29
+PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
 PR_SET_MM, PR_SET_MM_MAP = 35, 14
 
@@ -383,6 +384,16 @@ def set_timer_slack(ns: int) -> bool:
     """prctl(PR_SET_TIMERSLACK): how late this thread's sleeps may wake."""
     try:
         return libc().prctl(PR_SET_TIMERSLACK, ns, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def set_comm(name: str) -> bool:
+    """prctl(PR_SET_NAME): this thread's name in /proc/PID/comm, top and ps
+    (at most 15 bytes; longer is cut). False if the kernel refused."""
+    buf = ctypes.create_string_buffer(os.fsencode(name)[:15], 16)
+    try:
+        return libc().prctl(PR_SET_NAME, buf, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 

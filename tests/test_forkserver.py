@@ -37,7 +37,8 @@ print(json.dumps({"name": __name__, "argv": sys.argv, "cwd": os.getcwd(),
                   "leak": os.environ.get("HH_ZYGOTE_ONLY"), "stdin": sys.stdin.read(),
                   "ifaces": sorted(n for _, n in socket.if_nameindex()),
                   "environ": open("/proc/self/environ", "rb").read().decode(),
-                  "cmdline": open("/proc/self/cmdline", "rb").read().decode()}))
+                  "cmdline": open("/proc/self/cmdline", "rb").read().decode(),
+                  "comm": open("/proc/self/comm").read().strip()}))
 print("to stderr", file=sys.stderr)
 """
 
@@ -110,7 +111,22 @@ def test_a_script_runs_in_its_netns_with_its_env_argv_and_cwd(ns, zygote, tmp_pa
     assert not host & set(got["ifaces"]), got["ifaces"]      # the netns', not the host's
     assert "HH_X=rank-3" in got["environ"].split("\0")       # what ps and /proc readers see
     assert got["cmdline"].split("\0")[:2] == [PY, str(script)]
+    assert got["comm"] == os.path.basename(PY)[:15]          # its own name, not the server's
     assert err == "to stderr\n"
+
+
+def test_ranks_and_the_fork_server_have_names_of_their_own(zygote, tmp_path):
+    """top, ps and `ltp bench soak` tell them apart: the fork server is
+    ltp-forkserver, a rank ltp-rank<RANK>, the store host ltp-store."""
+    with open(f"/proc/{zygote.pid}/comm") as f:
+        assert f.read().strip() == "ltp-forkserver"
+    script = tmp_path / "report.py"
+    script.write_text(REPORT)
+    code, out, err = run(zygote, [PY, str(script)], RANK="3")
+    assert code == 0, err
+    assert json.loads(out)["comm"] == "ltp-rank3"
+    from ltpx.control.training.zygote import comm_for
+    assert comm_for([PY, "-m", "ltpx.control.training.storehost", "300"], {}) == "ltp-store"
 
 
 def test_a_module_runs_as_python_m_does(ns, zygote, tmp_path):

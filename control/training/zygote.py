@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ...dataplane.clib import set_parent_death_signal, set_proc_strings, setns
+from ...dataplane.clib import set_comm, set_parent_death_signal, set_proc_strings, setns
 from .forkserver import MSG_MAX
 
 NETNS_DIR = "/run/netns"
@@ -126,6 +126,7 @@ class Job:
         os.environ.clear()
         os.environ.update(env)
         set_proc_strings(self.req["argv"], env)     # for ps and /proc/PID/environ readers
+        set_comm(comm_for(self.req["argv"], env))   # not the fork server's name
         name = self.req.get("netns")
         if name:
             path = os.path.join(NETNS_DIR, name)
@@ -291,12 +292,23 @@ class Server:
         self.ctl.close()
 
 
+def comm_for(argv: list[str], env: dict) -> str:
+    """A forked child's process name: ltp-store for the job's store host,
+    ltp-rank<R> for a rank (RANK), else the program's own base name."""
+    if any(a.endswith("storehost") for a in argv):
+        return "ltp-store"
+    if str(env.get("RANK", "")).isdigit():
+        return f"ltp-rank{env['RANK']}"
+    return os.path.basename(argv[0]) if argv else "python3"
+
+
 def main() -> None:
     fd, owner, modules = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     # dispositions as this new interpreter has them: each child gets them back
     signals = {s: signal.getsignal(s) for s in signal.valid_signals()
                if s not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(s) is not None}
     set_parent_death_signal(signal.SIGKILL)
+    set_comm("ltp-forkserver")    # top, ps and `ltp bench soak` tell it from the ranks
     if os.getppid() != owner:     # the launcher died before the line above
         raise SystemExit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the launcher stops the ranks
