@@ -150,7 +150,9 @@ class Faults:
     policy: RestartPolicy = field(init=False)
 
     def __post_init__(self) -> None:
-        self.policy = RestartPolicy(MAX_RESTARTS if self.restart else 0)
+        # a worker cannot rejoin a sharded job: any death there restarts every rank
+        self.policy = RestartPolicy(MAX_RESTARTS if self.restart else 0,
+                                    whole_job=self.servers > 1)
 
     def rank_of(self, k: Kill) -> int:
         return k.id if k.role == "server" else self.servers + k.id
