@@ -78,9 +78,12 @@ def test_settings_keyword_over_environment_over_default(monkeypatch):
     from ltpx.errors import UsageError
     monkeypatch.setenv("LTP_CAPACITY", "25e9")
     monkeypatch.setenv("LTP_MTU", "3000")
+    monkeypatch.setenv("LTP_SENDER", "xdp")
     s = Settings.resolve({"mtu": 1400})
     assert (s.capacity, s.mtu, s.transport, s.downlink) == (25e9, 1400, "ltp", "group")
+    assert s.sender == "xdp" and Settings.resolve({"sender": "socket"}).sender == "socket"
     for bad, word in (({"mtu": 100}, "mtu"), ({"transport": "udp"}, "transport"),
+                      ({"sender": "tc"}, "sender"),
                       ({"servers": 0}, "servers"), ({"servers": 9}, "servers"),
                       ({"nope": 1}, "nope")):
         with pytest.raises(UsageError, match=word):

@@ -158,6 +158,9 @@ def test_rank_bad_flags_exit_2():
     (["--cc", "vegas"], "--cc"),
     (["--epochs", "0"], "--epochs"),
     (["--transport", "gloo", "--sync", "wbsp"], "--sync"),
+    (["--transport", "tcp", "--sender", "xdp"], "--sender"),
+    (["--compare", "tcp:sender=xdp"], "--compare"),
+    (["--compare", "ltp:sender=fast"], "--compare"),
 ])
 def test_bad_values_exit_2_naming_the_flag(argv, flag, capsys):
     from ltpx.tools.cli import main
