@@ -127,6 +127,7 @@ def test_ranks_and_the_fork_server_have_names_of_their_own(zygote, tmp_path):
     assert json.loads(out)["comm"] == "ltp-rank3"
     from ltpx.control.training.zygote import comm_for
     assert comm_for([PY, "-m", "ltpx.control.training.storehost", "300"], {}) == "ltp-store"
+    assert comm_for([PY, "job.py", "--out", "/tmp/storehost"], {}) == os.path.basename(PY)
 
 
 def test_a_module_runs_as_python_m_does(ns, zygote, tmp_path):

@@ -159,6 +159,7 @@ def test_rank_bad_flags_exit_2():
     (["--epochs", "0"], "--epochs"),
     (["--transport", "gloo", "--sync", "wbsp"], "--sync"),
     (["--transport", "tcp", "--sender", "xdp"], "--sender"),
+    (["--servers", "2", "--kill", "worker:0@3"], "--kill"),
     (["--compare", "tcp:sender=xdp"], "--compare"),
     (["--compare", "ltp:sender=fast"], "--compare"),
 ])

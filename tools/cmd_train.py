@@ -75,7 +75,8 @@ def register(sub) -> None:
                     "server:0@20 (repeatable)")
     fx.add_argument("--restart", action="store_true",
                     help="start a dead worker again (it rejoins with the current state); a "
-                    "dead server restarts the job (it resumes from --checkpoint-dir)")
+                    "dead server, or any dead rank of a sharded job (--servers > 1), restarts "
+                    "the job (it resumes from --checkpoint-dir)")
     out = p.add_argument_group("curves")
     out.add_argument("--tensorboard", metavar="DIR", default=None,
                      help="write TensorBoard scalars as the runs go, one folder per run "
@@ -181,6 +182,9 @@ def _validate(args) -> tuple:
         raise UsageError(str(e)) from None
     if (args.kills or args.restart) and runs[0]["transport"] != "ltp":
         raise UsageError("--kill/--restart: the main run must be LTP (--transport ltp)")
+    if args.kills and not args.restart and runs[0]["servers"] > 1:
+        raise UsageError("--kill with --servers > 1 needs --restart: a sharded job cannot go on "
+                         "without a worker (every rank is started again)")
     if any(r["transport"] == "gloo" and r["servers"] > 1 for r in runs):
         raise UsageError("--servers: gloo all-reduce has no servers (run gloo with --servers 1, "
                          "or compare ltp:servers=S and tcp:servers=S)")

@@ -266,6 +266,15 @@ class ShardLinks:
     def __init__(self, links: list):
         self.links = links
 
+    @property
+    def uplink(self) -> dict:
+        """The LTP links' push counters, added up (link_ltp.LtpWorkerLink.uplink)."""
+        out: dict[str, int] = {}
+        for link in self.links:
+            for k, v in (getattr(link, "uplink", None) or {}).items():
+                out[k] = out.get(k, 0) + v
+        return out
+
     def close(self) -> None:
         for link in self.links:
             link.close()

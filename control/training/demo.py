@@ -145,9 +145,10 @@ class Demo:
         return {"drawn": self.stream.drawn}
 
     def fingerprint(self) -> str:
-        """What a checkpoint must match to be resumed from: the job's config."""
+        """What a checkpoint must match to be resumed from: the job's config
+        (not how it was sent: both senders train the same parameters)."""
         d = json.loads(self.cfg.to_json())
-        for k in ("checkpoint_dir", "checkpoint_every", "max_missed"):
+        for k in ("checkpoint_dir", "checkpoint_every", "max_missed", "sender"):
             d.pop(k, None)
         d["workers"] = self.W
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -106,7 +106,13 @@ class RestartPolicy:
             ours = r.rank in self.expected
             self.expected.discard(r.rank)
             what = f"{r.role} {r.index} exited {describe_exit(r.code)}"
-            if r.role == "server" or self.whole_job:
+            if over:   # a server finished the job: nothing is started again
+                if ours:
+                    r.settled = True
+                else:
+                    self.note_spent(what, "", True)
+                    failed.append(r)
+            elif r.role == "server" or self.whole_job:
                 if self.job_restarts < self.limit:
                     self.job_restarts += 1
                     self.note(f"{what}; restarting every rank ({self.job_restarts} of "
@@ -114,14 +120,14 @@ class RestartPolicy:
                     raise RestartJob()
                 self.note_spent(what, "job ")
                 failed.append(r)
-            elif not over and self.restarts.get(r.rank, 0) < self.limit:
+            elif self.restarts.get(r.rank, 0) < self.limit:
                 n = self.restarts[r.rank] = self.restarts.get(r.rank, 0) + 1
                 self.note(f"{what}; restarting ({n} of {self.limit})")
                 job.respawn(r)
             elif ours:
                 r.settled = True      # killed on purpose: the job goes on without it
             else:
-                self.note_spent(what, "", over)
+                self.note_spent(what, "")
                 failed.append(r)
         return failed
 

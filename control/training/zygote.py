@@ -293,12 +293,13 @@ class Server:
 
 
 def comm_for(argv: list[str], env: dict) -> str:
-    """A forked child's process name: ltp-store for the job's store host,
-    ltp-rank<R> for a rank (RANK), else the program's own base name."""
-    if any(a.endswith("storehost") for a in argv):
-        return "ltp-store"
+    """A forked child's process name: ltp-rank<R> for a rank (RANK),
+    ltp-store for the job's store host (python -m ...storehost), else the
+    program's own base name."""
     if str(env.get("RANK", "")).isdigit():
         return f"ltp-rank{env['RANK']}"
+    if argv[1:3] == ["-m", f"{__package__}.storehost"]:
+        return "ltp-store"
     return os.path.basename(argv[0]) if argv else "python3"
 
 
