@@ -104,7 +104,6 @@ class ClockPush(Push):
         self.quiet = [0] * nt          # RTO re-sends since then
         self.rto = [RTO_MIN] * nt
         self.low_window = [0] * nt
-        self.polls = self.idle_polls = 0
         try:
             self._run(nt)
         finally:
@@ -121,9 +120,7 @@ class ClockPush(Push):
         while True:
             s.maps.beat()  # this endpoint's control thread runs (a hung receiver)
             now = time.perf_counter()
-            self.polls += 1
             if now - self.t0 <= self.timeout_s and self._idle(now):
-                self.idle_polls += 1
                 time.sleep(self._nap(False, now))
                 continue
             closed = [bool(self.txv[sl]["closed"]) for sl in self.slots]
@@ -151,23 +148,37 @@ class ClockPush(Push):
             if self.done_t[i]:
                 continue
             t = self.txv[slot]
-            n, prev = int(t["acked"]), self.heard[i]
+            n = int(t["acked"])
             if t["closed"] or n >= nch or self.own[i].size:
                 return False
-            if n != prev:
-                self.heard[i], self.progress_t[i], self.rto[i] = n, now, RTO_MIN
-                self.heard_t[i], self.quiet[i] = now, 0
-            elif now - self.progress_t[i] > self.rto[i]:
+            window, inflight = self._heard(i, t, n, now)
+            if now - self.progress_t[i] > self.rto[i] or \
+                    self._room(window, inflight, int(t["tail"]), int(t["next"])):
                 return False
-            window, tail, nxt = int(t["window"]), int(t["tail"]), int(t["next"])
-            inflight = int(t["added"]) - int(t["consumed"])
-            if window:  # as in _tend: past the first ACK, in flight never exceeds the credit
-                self.low_window[i] = int(t["window_min"])
-                if prev:
-                    self.max_over_credit = max(self.max_over_credit, inflight - window)
-                if inflight < (window if window != 0xffff else MAX_WINDOW) and tail > nxt:
-                    return False
         return True
+
+    def _heard(self, i: int, t, n_acked: int, now: float) -> tuple[int, int]:
+        """Target i's bookkeeping from its tx row `t` and acked count: the
+        credit (the smallest seen; past the first ACK, in flight never
+        exceeds it) and, when the count grew, the RTO's clock. Returns the
+        credit and the packets in flight."""
+        window, inflight = int(t["window"]), int(t["added"]) - int(t["consumed"])
+        if window:
+            self.low_window[i] = int(t["window_min"])
+            if self.heard[i]:
+                self.max_over_credit = max(self.max_over_credit, inflight - window)
+        if n_acked != self.heard[i]:
+            self.heard[i], self.progress_t[i], self.rto[i] = n_acked, now, RTO_MIN
+            self.heard_t[i], self.quiet[i] = now, 0
+        return window, inflight
+
+    @staticmethod
+    def _room(window: int, inflight: int, tail: int, nxt: int) -> int:
+        """Packets a window may grow by now: under the credit (MAX_WINDOW
+        when the receiver sets none) with positions left at the tail."""
+        if not window or tail <= nxt:
+            return 0
+        return max(0, (window if window != 0xffff else MAX_WINDOW) - inflight)
 
     def _nap(self, busy: bool, now: float) -> float:
         """How long to sleep before the next poll: POLL_S while this loop's
@@ -234,17 +245,8 @@ class ClockPush(Push):
         the next poll should come soon (RACK over them)."""
         t, slot = self.txv[self.slots[i]], self.slots[i]
         nxt, tail = int(t["next"]), int(t["tail"])
-        inflight = int(t["added"]) - int(t["consumed"])
-        window = int(t["window"])
         stops = int(t["stops"])
-        if window:
-            self.low_window[i] = int(t["window_min"])
-            if self.heard[i]:  # past the first RTT, in flight never exceeds the credit
-                self.max_over_credit = max(self.max_over_credit, inflight - window)
-        n_acked = int(acked.sum())
-        if n_acked != self.heard[i]:
-            self.heard[i], self.progress_t[i], self.rto[i] = n_acked, now, RTO_MIN
-            self.heard_t[i], self.quiet[i] = now, 0
+        window, inflight = self._heard(i, t, int(acked.sum()), now)
         own = self.own[i]
         if own.size:
             own = self.own[i] = own[~acked[own]]
@@ -264,10 +266,9 @@ class ClockPush(Push):
             self.quiet[i] += 1
         if lost.size:
             self._resend(i, lost.tolist(), nxt, inflight, stops)
-        cap = window if window and window != 0xffff else MAX_WINDOW
-        if window and inflight < cap and tail > nxt:
-            pos = C.take_tail(self.sender.maps, self.round_, slot,
-                              min(cap - inflight, GROW_BATCH))
+        room = self._room(window, inflight, tail, nxt)
+        if room:
+            pos = C.take_tail(self.sender.maps, self.round_, slot, min(room, GROW_BATCH))
             if pos:
                 chunks = self.order_arr[pos].tolist()
                 self._keys(i, chunks, nxt)
