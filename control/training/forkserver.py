@@ -48,6 +48,7 @@ import time
 
 ENV_SWITCH = "LTPX_FORKSERVER"      # "0": ranks start as new interpreters
 ZYGOTE_MODULE = "ltpx.control.training.zygote"
+STORE_MODULE = "ltpx.control.training.storehost"   # the job's store host (storehost.py)
 # set in the zygote before it imports, and in every rank's environment alike
 IMPORT_ENV = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1"}
 # what a rank imports, in this order (a module missing here is skipped)

@@ -41,7 +41,7 @@ from ...dataplane.rig.star import broadcast_of
 from ..procs import stop_all
 from . import forkserver
 
-STORE_MODULE = "ltpx.control.training.storehost"
+STORE_MODULE = forkserver.STORE_MODULE
 RC_KILLED = -1000   # a rank this launcher stopped (another one failed first, or the timeout)
 
 

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 
 from ...dataplane.clib import set_comm, set_parent_death_signal, set_proc_strings, setns
-from .forkserver import MSG_MAX
+from .forkserver import MSG_MAX, STORE_MODULE
 
 NETNS_DIR = "/run/netns"
 
@@ -298,7 +298,7 @@ def comm_for(argv: list[str], env: dict) -> str:
     program's own base name."""
     if str(env.get("RANK", "")).isdigit():
         return f"ltp-rank{env['RANK']}"
-    if argv[1:3] == ["-m", f"{__package__}.storehost"]:
+    if argv[1:3] == ["-m", STORE_MODULE]:
         return "ltp-store"
     return os.path.basename(argv[0]) if argv else "python3"
 
