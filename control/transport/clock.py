@@ -16,7 +16,13 @@ Python keeps the policy, polling the maps about every POLL_S:
   a chunk unacknowledged while one keyed more than REORDER later is acked
   was lost (its DATA or its ACK) and is re-sent from the socket, flagged
   RETX, taking the lost packet's place in flight; with no progress for an
-  RTO, the oldest outstanding chunks are re-sent (tail loss);
+  RTO, the oldest outstanding chunks are re-sent (tail loss). The RTO is
+  RTO_MIN or RTO_RTTS round trips, whichever is longer, a round trip being
+  the flow's packets in flight times its mean time between ACKs so far
+  (Little's law): on a slow link a round trip is longer than RTO_MIN (two
+  flows sharing 10 Mbit/s through a 30 kB queue: ~23 ms), and a fixed 2 ms
+  RTO re-sent a window between every two ACKs, each re-send delaying the
+  next ACK further (2,760 re-sends for 369 chunks);
 - the end: every chunk acked, or the receiver closed the round (Early Close,
   the reliable class), or the timeout (a target that never answered, or
   whose last QUIET_SENDS RTO re-sends went unanswered, is a DeadPeerError).
@@ -38,8 +44,9 @@ GROW_BATCH = 8      # most packets one poll adds to a window
 REORDER = 3         # RACK's reordering allowance, in send keys
 POLL_S = 0.00025    # poll period while Python's own sends (priming, growth, re-sends) are out
 NAP_MAX = 0.001     # longest sleep while the clock runs on its own (RTO_MIN / 2)
-RTO_MIN = 0.002     # s without progress before the oldest outstanding chunks are re-sent
-RTO_MAX = 0.05
+RTO_MIN = 0.002     # s without progress before the oldest outstanding chunks are re-sent ...
+RTO_RTTS = 2        # ... or this many of the flow's round trips, if longer
+RTO_MAX = 0.25
 _NONE = np.empty(0, dtype=np.int64)
 QUIET_SENDS = 2     # RTO re-sends left unanswered in a row that make a target silent
 RATE = W.OFF["rate"]
@@ -102,6 +109,7 @@ class ClockPush(Push):
         self.heard = [0] * nt
         self.heard_t = [self.t0] * nt  # when its acked count last grew
         self.quiet = [0] * nt          # RTO re-sends since then
+        self.first_ack = [(0.0, 0)] * nt  # when its first ACKs were seen, and how many
         self.rto = [RTO_MIN] * nt
         self.low_window = [0] * nt
         try:
@@ -168,9 +176,21 @@ class ClockPush(Push):
             if self.heard[i]:
                 self.max_over_credit = max(self.max_over_credit, inflight - window)
         if n_acked != self.heard[i]:
-            self.heard[i], self.progress_t[i], self.rto[i] = n_acked, now, RTO_MIN
+            if not self.heard[i]:
+                self.first_ack[i] = (now, n_acked)
+            self.heard[i], self.progress_t[i] = n_acked, now
+            self.rto[i] = self._rto(i, now, inflight)
             self.heard_t[i], self.quiet[i] = now, 0
         return window, inflight
+
+    def _rto(self, i: int, now: float, inflight: int) -> float:
+        """Target i's RTO after progress: RTO_RTTS round trips (in flight x
+        the mean time between its ACKs since the first), at least RTO_MIN."""
+        t1, n1 = self.first_ack[i]
+        if self.heard[i] <= n1:
+            return RTO_MIN
+        gap = (now - t1) / (self.heard[i] - n1)
+        return min(RTO_MAX, max(RTO_MIN, RTO_RTTS * max(1, inflight) * gap))
 
     @staticmethod
     def _room(window: int, inflight: int, tail: int, nxt: int) -> int:
