@@ -82,8 +82,16 @@ def test_settings_keyword_over_environment_over_default(monkeypatch):
     s = Settings.resolve({"mtu": 1400})
     assert (s.capacity, s.mtu, s.transport, s.downlink) == (25e9, 1400, "ltp", "group")
     assert s.sender == "xdp" and Settings.resolve({"sender": "socket"}).sender == "socket"
+    monkeypatch.setenv("LTP_BUFFER", "30000")
+    from ltpx.control.torchapi.link_ltp import chunk_bytes_for, credit_bytes
+    from ltpx.control.transport.rate import credit_window
+    s = Settings.resolve({"capacity": 1e9, "mtu": 1500})
+    # the credit follows the bottleneck's buffer: 30 kB + 25 kB at 1 Gbit/s, 36 frames of 1500
+    assert s.buffer == 30000 and credit_bytes(s) == 55_000
+    assert credit_window(1e9, chunk_bytes_for(1500), credit_bytes(s)) == 36
+    assert credit_bytes(Settings.resolve({"buffer": 0})) is None  # the transport's default
     for bad, word in (({"mtu": 100}, "mtu"), ({"transport": "udp"}, "transport"),
-                      ({"sender": "tc"}, "sender"),
+                      ({"sender": "tc"}, "sender"), ({"buffer": -1}, "buffer"),
                       ({"servers": 0}, "servers"), ({"servers": 9}, "servers"),
                       ({"nope": 1}, "nope")):
         with pytest.raises(UsageError, match=word):

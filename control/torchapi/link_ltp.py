@@ -21,6 +21,7 @@ from ...dataplane.xdp import wire as W
 from ...errors import CommError
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer
+from ..transport.rate import CREDIT_RTT_S
 from ..transport.tokens import new_secret
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, chunk_bytes_for
@@ -28,6 +29,13 @@ from .settings import Settings
 
 HEADROOM = 4096        # extra elements an endpoint is made with (a step's report, small ops)
 ROUND_LIMIT_S = 60.0   # one round's hard limit; a rank's waits may be longer (Settings.timeout)
+
+
+def credit_bytes(s: Settings) -> float | None:
+    """What a receiver's clocked flows may keep in flight together: the
+    bottleneck's buffer (setting `buffer`) plus one BDP; None: the
+    transport's default (rate.credit_window)."""
+    return s.buffer + s.capacity * CREDIT_RTT_S / 8 if s.buffer else None
 
 
 class LtpServerLink:
@@ -71,7 +79,7 @@ class LtpServerLink:
                            chunk_bytes=chunk_bytes_for(s.mtu),
                            early_close=self.early_config(self.early_close),
                            bubble_strategy=self.endpoint_bubble(self.bubble),
-                           secret=self.secret,
+                           secret=self.secret, credit_bytes=credit_bytes(s),
                            # the answers' group send goes once to every worker; the
                            # clock would clock each worker's own unicast copy of it
                            sender="socket" if s.downlink == "group" else s.sender)
@@ -189,7 +197,7 @@ class LtpWorkerLink:
                            early_close=EarlyCloseConfig(hard_timeout_s=self.wait_s),
                            initial_rate_bps=s.capacity / max(1, self.workers),
                            self_id=self.id,   # group-sent answers are taken as its own
-                           secret=self.secret, sender=s.sender,
+                           secret=self.secret, sender=s.sender, credit_bytes=credit_bytes(s),
                            # a worker computes between its pull and the next answer
                            # (wbsp: while the answer comes): only the server proves
                            # liveness to senders; a dead worker shows in the store

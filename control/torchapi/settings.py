@@ -25,7 +25,7 @@ ENV = {"transport": "LTP_TRANSPORT", "dev": "LTP_DEV", "ip": "LTP_IP",
        "cc": "LTP_CC", "job": "LTP_JOB", "tcp_port": "LTP_TCP_PORT",
        "bucket_mb": "LTP_BUCKET_MB", "compress": "LTP_COMPRESS",
        "error_feedback": "LTP_ERROR_FEEDBACK", "max_missed": "LTP_MAX_MISSED",
-       "sender": "LTP_SENDER"}
+       "sender": "LTP_SENDER", "buffer": "LTP_BUFFER"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,9 @@ class Settings:
     error_feedback: bool = True     # uint8: carry each rounding error into the next step
     max_missed: int = 3             # steps in a row a worker may deliver nothing before it is dropped
     sender: str = "socket"          # socket | xdp: how LTP DATA leaves (xdp: the ACK clock)
+    # bytes the bottleneck toward a receiver queues: a receiver's credit for clocked
+    # flows is this plus one BDP (0: transport.rate.CREDIT_BUFFER, 32 KiB)
+    buffer: int = 0
 
     @classmethod
     def resolve(cls, options: dict) -> "Settings":
@@ -99,6 +102,8 @@ class Settings:
             bad("max_missed", f"must be at least 1, got {self.max_missed}")
         if self.compress not in COMPRESS:
             bad("compress", f"must be one of {', '.join(COMPRESS)}, got {self.compress!r}")
+        if self.buffer < 0:
+            bad("buffer", f"must be >= 0 bytes (0: the default), got {self.buffer}")
         if self.sender not in SENDERS:
             bad("sender", f"must be one of {', '.join(SENDERS)}, got {self.sender!r}")
 

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="bottleneck rate toward the server in bit/s: LTP rate shares, Early "
                      "Close (LTP_CAPACITY; default 1e9)")
     net.add_argument("--mtu", type=int, default=None, help="path MTU (LTP_MTU; default 1500)")
+    net.add_argument("--buffer", type=int, default=None, metavar="BYTES",
+                     help="the bottleneck's queue in bytes: with --sender xdp a receiver's "
+                     "credit is this plus one BDP (LTP_BUFFER; default 32768)")
     net.add_argument("--group", default=None, metavar="ADDR",
                      help="broadcast or multicast address every worker receives, for "
                      "--downlink group (read by the server; default: --dev's broadcast address)")
@@ -107,7 +110,7 @@ def run_api(a: argparse.Namespace, cfg: TrainConfig, early_close: dict) -> dict:
          capacity=a.capacity, mtu=a.mtu, group=a.group, downlink=cfg.downlink,
          netns=a.netns, store_netns=a.store_netns, timeout=a.timeout, cc=cfg.cc, job=a.job,
          tcp_port=a.tcp_port, servers=cfg.servers if cfg.servers > 1 else None,
-         compress=cfg.compress, sender=cfg.sender,
+         compress=cfg.compress, sender=cfg.sender, buffer=a.buffer,
          max_missed=cfg.max_missed)
     return run_demo(cfg, early_close, emit)
 

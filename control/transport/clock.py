@@ -303,7 +303,7 @@ class ClockPush(Push):
         first = max(self.seq[i], nxt) + 1
         self.key[i, chunks] = np.arange(first, first + len(chunks))
         self.seq[i] = first + len(chunks) - 1
-        self.own[i] = np.concatenate([self.own[i], np.asarray(chunks, dtype=np.int64)])
+        self.own[i] = np.union1d(self.own[i], np.asarray(chunks, dtype=np.int64))  # a set
 
     def _keyed(self, i: int, nxt: int, tail: int) -> tuple[np.ndarray, np.ndarray]:
         """Each chunk's send key toward target i now (-1: not sent), and
