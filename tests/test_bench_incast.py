@@ -146,6 +146,7 @@ def test_bad_flags_are_usage_errors():
                        (["--transports", "ltp@"], "--transports"),
                        (["--transports", "ltp-xdp:credit=\u00b2"], "not a knob"),
                        (["--transports", "ltp-xdp:poll=20000"], "at most"),
+                       (["--transports", "ltp-xdp:rto=17"], "at most"),
                        (["--transports", "ltp-socket:credit=1"], "ACK clock"),
                        (["--transports", "ltp:credit=1"], "--sender xdp"),
                        (["--size", "10"], "--size"), (["--loss", "1.5"], "--loss"),

@@ -121,7 +121,7 @@ class LtpCluster:
     def run_round(self, round_: int, nelems: int, seed: int = 0, *, critical=None,
                   silent: Iterable[int] = (), reliable_ok: bool = False,
                   sender: str | None = None, poll_us: int | None = None,
-                  forget_windows: bool = False
+                  rto_rtts: int | None = None, forget_windows: bool = False
                   ) -> tuple[RoundResult, dict[int, PushReport | None]]:
         """One barrier-synchronised push round. Workers in `silent` send nothing.
         `last_cpu_s` is then the machine's busy CPU seconds from opening the
@@ -129,7 +129,9 @@ class LtpCluster:
         sender: "socket" or "xdp" plans this round's pushes (and the workers'
         later ones) with that sender; None keeps the one they have. poll_us:
         the ACK clock's fixed poll period from now on (0: adaptive, the
-        default; None keeps the one they have). forget_windows: the workers
+        default; None keeps the one they have). rto_rtts: the clock's RTO in
+        round trips from now on (ClockPush.rto_rtts; 0: a fixed 2 ms; None
+        keeps the one they have). forget_windows: the workers
         drop the credits they learned (what a clocked push is primed with),
         so a variant's block does not start from another's."""
         silent = set(silent)
@@ -139,6 +141,7 @@ class LtpCluster:
             p.send({"cmd": "prepare", "round": round_, "nelems": nelems, "seed": seed,
                     "critical": crit, "sender": sender,
                     **({} if poll_us is None else {"poll_us": poll_us}),
+                    **({} if rto_rtts is None else {"rto_rtts": rto_rtts}),
                     **({"forget_windows": True} if forget_windows else {})})
         for p in pushing:
             p.recv()

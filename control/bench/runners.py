@@ -14,7 +14,8 @@ endpoints. A variant names
   variant's blocks, so each learns from its own rounds only;
 - its knobs (a label's :KNOB=N, KNOBS): `credit=N` caps the PS's credit
   at N frames (0: no cap) in the variant's blocks; `poll=N` has the
-  workers' ACK clocks poll every N us (0: adaptive, the default).
+  workers' ACK clocks poll every N us (0: adaptive, the default); `rto=N`
+  makes the clock's RTO N round trips (0: a fixed 2 ms, the rule before).
 
 The switch port toward the PS carries an XDP_PASS program for the whole run
 (the PS's XDP_TX ACKs must be delivered); the workers' ports carry one only
@@ -27,6 +28,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 LTP_SENDERS = {"ltp-socket": "socket", "ltp-xdp": "xdp"}
+#: warm-up rounds added to the first block of each LTP sender in a run: the
+#: run's first clocked rounds ran 1.3-1.7x the limit (first touch of the
+#: rig's page pools and the programs' maps), whichever variant came first,
+#: and made that variant's p99 (docs/benchmarks.md)
+FIRST_WARMUP = 8
 
 
 @dataclass
@@ -56,8 +62,10 @@ class Rounds:
 
 KNOBS = {"credit": "the PS's credit cap in frames (rate.credit_window's ring_frames; 0: none)",
          "poll": "the ACK clock's fixed poll period in us, at most 10000 (ClockPush.poll_s; "
-                 "0: adaptive)"}
-KNOB_MAX = {"poll": 10_000}
+                 "0: adaptive)",
+         "rto": "the ACK clock's RTO in round trips, at most 16 (ClockPush.rto_rtts; "
+                "0: a fixed 2 ms; default 2)"}
+KNOB_MAX = {"poll": 10_000, "rto": 16}
 
 
 def parse_label(label: str) -> tuple[str, str | None, dict[str, int]]:
@@ -103,6 +111,7 @@ class _Shared:
         from ...dataplane.xdp.loader import attach_pass
         from .cluster import LtpCluster
         self.rig, self.cluster, self.clock_ports = rig, None, False
+        self.warmed: set[str] = set()  # senders whose first block ran (FIRST_WARMUP)
         attach_pass(rig.ps.port, rig.switch_ns, "native")
         try:
             self.clock_on(sender == "xdp")
@@ -149,6 +158,8 @@ class LtpRunner:
         self.early = EarlyClose(ps.capacity_bps, dataclasses.replace(ps.early.cfg, rule=rule))
         knobs = knobs or {}
         self.poll_us = knobs.get("poll", 0)
+        from ..transport.clock import RTO_RTTS
+        self.rto_rtts = knobs.get("rto", RTO_RTTS)
         self.window = shared.window  # the PS's credit in this variant's blocks
         if "credit" in knobs:
             cl = shared.cluster
@@ -162,12 +173,15 @@ class LtpRunner:
         cl.ps.early = self.early  # this variant's Early Close state, learning from its rounds
         cl.ps.receiver.window = self.window
         out = Rounds(credit_frames=self.window)
-        for i in range(self.warmup + n):
+        warmup = self.warmup + (0 if self.sender in sh.warmed else FIRST_WARMUP)
+        sh.warmed.add(self.sender)
+        for i in range(warmup + n):
             cl.round_no += 1
             r = cl.round_no
             res, reports = cl.run_round(r, self.size // 4, seed=r, sender=self.sender,
-                                        poll_us=self.poll_us, forget_windows=i == 0)
-            if i >= self.warmup:
+                                        poll_us=self.poll_us, rto_rtts=self.rto_rtts,
+                                        forget_windows=i == 0)
+            if i >= warmup:
                 out.times.append(res.duration_s)
                 out.delivered.append(res.delivered_fraction)
                 out.cpu_s.append(cl.last_cpu_s)

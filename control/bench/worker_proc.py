@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                         ep.sender.kind = kinds[msg["sender"]]
                     if "poll_us" in msg:  # ... or between poll periods of the clock
                         ClockPush.poll_s = msg["poll_us"] / 1e6 if msg["poll_us"] else None
+                    if "rto_rtts" in msg:  # ... or between RTO rules
+                        ClockPush.rto_rtts = msg["rto_rtts"]
                     if msg.get("forget_windows"):  # a variant's block starts afresh
                         ep.sender.window_hint.clear()
                     g = worker_tensor(msg["seed"], a.id, msg["round"], msg["nelems"])

@@ -69,10 +69,14 @@ class ClockPush(Push):
     its own outstanding (priming, growth, re-sends) and otherwise sleeps
     half the time the slowest unfinished target needs at its ACK rate so
     far, at most NAP_MAX; a number polls at that fixed period (as before:
-    POLL_S), for A/Bs (`ltp bench incast --transports ltp-xdp:poll=250`)."""
+    POLL_S), for A/Bs (`ltp bench incast --transports ltp-xdp:poll=250`).
+
+    rto_rtts: the RTO is this many round trips, at least RTO_MIN; 0 is the
+    rule before, RTO_MIN whatever the round trip (`ltp-xdp:rto=0`)."""
 
     xdp_recovery = True
     poll_s: float | None = None  # a fixed poll period (the A/B's); None: adaptive (`_nap`)
+    rto_rtts: int = RTO_RTTS     # round trips in an RTO (0: a fixed RTO_MIN, the A/B's)
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -187,10 +191,10 @@ class ClockPush(Push):
         """Target i's RTO after progress: RTO_RTTS round trips (in flight x
         the mean time between its ACKs since the first), at least RTO_MIN."""
         t1, n1 = self.first_ack[i]
-        if self.heard[i] <= n1:
+        if self.heard[i] <= n1 or not self.rto_rtts:
             return RTO_MIN
         gap = (now - t1) / (self.heard[i] - n1)
-        return min(RTO_MAX, max(RTO_MIN, RTO_RTTS * max(1, inflight) * gap))
+        return min(RTO_MAX, max(RTO_MIN, self.rto_rtts * max(1, inflight) * gap))
 
     @staticmethod
     def _room(window: int, inflight: int, tail: int, nxt: int) -> int:
