@@ -146,6 +146,75 @@ def test_barrier_goes_on_without_a_killed_worker(tmp_path):
         assert [x["s"] for x in lines] == [0, 1, 2, 3, 4] and lines[-1]["absent"] == [2]
 
 
+BEATER = r"""
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from ltpx.control.torchapi.coord import Coord
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timedelta(seconds=30))
+co = Coord(store, 3, 30.0)
+co.start_liveness(int(sys.argv[2]))
+print("beating", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_joiner_whose_donor_dies_asks_again_and_takes_the_new_tickets_state(
+        tmp_path, monkeypatch):
+    # A real store; the server (this process) admits worker 2's ticket and
+    # names worker 0, a real process beating its heartbeat, as its donor. While
+    # worker 0 lives the joiner waits; once it is SIGKILLed, the joiner asks
+    # again with a new ticket (before: it waited out the store timeout, and
+    # the barrier with it), and takes the state put under that ticket only.
+    import threading
+    import torch.distributed as dist
+    from ltpx.control.torchapi.coord import KEY, Coord
+    monkeypatch.setenv("LTP_DEAD_S", "1.0")
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
+                          wait_for_workers=False)
+    srv = Coord(store, 3, 30.0)
+    srv.start_liveness(0)
+    script = tmp_path / "beat.py"
+    script.write_text(BEATER)
+    donor = subprocess.Popen([sys.executable, str(script), str(store.port), "1"],
+                             env=dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR"),
+                             stdout=subprocess.PIPE, text=True)
+    joiner = Coord(store, 3, 30.0)
+    joiner.me = 2
+    out: dict = {}
+    try:
+        assert donor.stdout.readline().strip() == "beating"
+        joiner.start_liveness(3)
+        first = joiner.request_join(2)
+        t = threading.Thread(target=lambda: out.update(
+            blob=joiner.take_sync(first, 30.0, w=2)), daemon=True)
+        t.start()
+        assert srv.take_joins() == {2: first}
+        srv.set_donor(first, 0)
+        time.sleep(2.5)                      # its donor beats: no second request
+        assert store.add(f"{KEY}join", 0) == first and t.is_alive()
+        donor.kill()
+        donor.wait()
+        end = time.monotonic() + 10
+        while not srv.joins and time.monotonic() < end:
+            time.sleep(0.1)
+            srv.poll_joins()
+        (second,) = srv.joins.values()
+        assert list(srv.joins) == [2] and second > first
+        srv.put_sync(first, b"stale")         # too late: the joiner holds the new ticket
+        time.sleep(0.6)
+        srv.put_sync(second, b"fresh")
+        t.join(10)
+        assert out == {"blob": b"fresh"}
+    finally:
+        if donor.poll() is None:
+            donor.kill()
+            donor.wait()
+        donor.stdout.close()
+        joiner.stop_liveness()
+        srv.stop_liveness()
+
+
 # --------------------------------------------------------------------------- on the rig
 
 @pytest.fixture(scope="module")

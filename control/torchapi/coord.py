@@ -14,6 +14,9 @@ sees a stale barrier):
   join, join/<n>   a (re)started or excluded worker's request to come back:
                    ticket n from the counter, its worker id under join/<n>
   sync/<n>         the state a member hands the worker holding ticket n
+  donor/<n>        who owes it (the lowest present member when ticket n was
+                   admitted, as the server saw it); if that worker dies first,
+                   the joiner asks again with a new ticket
   open/<r>         the server opened uplink round r (a round it did not open
                    ahead of its op's barrier)
   ack/<r>/<w>      worker w's push of round r ended on the server's close; the
@@ -27,6 +30,7 @@ sees a stale barrier):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -35,6 +39,8 @@ from datetime import timedelta
 from ...errors import CommError
 from .liveness import Beat, Watch
 from .ops import Go, Members, Op
+
+log = logging.getLogger("ltpx.torch.coord")
 
 KEY = f"ltpx/job/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 GROUP_BITS = 62    # arrival bits per int64 counter
@@ -272,15 +278,33 @@ class Coord:
     def put_sync(self, ticket: int, blob: bytes) -> None:
         self.store.set(f"{KEY}sync/{ticket}", blob)
 
-    def take_sync(self, ticket: int, timeout_s: float | None = None) -> bytes | None:
-        """The state for `ticket`; None if the job ended first (its summary is in)."""
+    def set_donor(self, ticket: int, w: int | None) -> None:
+        """The server's: who owes the state for an admitted ticket."""
+        self.store.set(f"{KEY}donor/{ticket}", "" if w is None else str(w))
+
+    def take_sync(self, ticket: int, timeout_s: float | None = None,
+                  w: int | None = None) -> bytes | None:
+        """The state for `ticket`; None if the job ended first (its summary is in).
+        Worker w (this joiner), if given, asks again with a new ticket when the
+        member that owes it the state dies before handing it over: the
+        server takes a worker asking to join as gone from the barrier, and the
+        next step admits it with a living donor."""
         end = time.monotonic() + (timeout_s or self.timeout_s)
+        donor: int | None = None
         while not self._wait([f"sync/{ticket}"], SLICE_S, quiet=True):
             if self.store.check([f"{KEY}fin"]):
                 return None
             if self.watch is not None and not self.watch.alive(0):
                 raise PeerGone("the server (rank 0) stopped beating while this worker "
                                "waited to be admitted back")
+            if donor is None and self.store.check([f"{KEY}donor/{ticket}"]):
+                donor = int(self.store.get(f"{KEY}donor/{ticket}") or -1)
+            if w is not None and donor is not None and donor >= 0 \
+                    and not self.worker_alive(donor):
+                new = self.request_join(w)
+                log.warning("worker %d: worker %d, which owed it the state (ticket %d), "
+                            "stopped beating; asking again (ticket %d)", w, donor, ticket, new)
+                ticket, donor = new, None
             if time.monotonic() > end:
                 raise CommError(f"not admitted back after {timeout_s or self.timeout_s:g}s "
                                 f"(ticket {ticket})")

@@ -18,10 +18,14 @@ next op raises coord.Excluded). Either way it calls `rejoin(opt)`:
 
 The state goes once through the store (a few MB for the built-in job), not
 over LTP: the joiner needs no open round to take it. Its wait on that key
-gives up early only if the server dies (the liveness watch covers the
-server); if the donating member dies instead, the joiner waits until the
-store timeout (`timeout`, 300 s by default). Non-parameter buffers (BatchNorm's running stats)
-travel in `extra` if the script wants them.
+gives up early if the server dies (the liveness watch covers the server).
+If the member that owes it the state (the server names it under
+donor/<ticket>) dies first, the joiner asks again with a new ticket: the
+barrier takes a worker asking to join as gone, so the others go on, and the
+next step admits it again with a living donor (before, it waited out the
+store timeout, `timeout`, 300 s by default, and the barrier with it).
+Non-parameter buffers (BatchNorm's running stats) travel in `extra` if the
+script wants them.
 """
 from __future__ import annotations
 
@@ -81,7 +85,7 @@ def rejoin(opt, timeout_s: float | None = None) -> dict | None:
     job = current()
     reset(opt)
     ticket = job.coord.request_join(job.exchange.id)
-    blob = job.coord.take_sync(ticket, timeout_s)
+    blob = job.coord.take_sync(ticket, timeout_s, w=job.exchange.id)
     if blob is None:
         return None
     return load_blob(opt, blob)

@@ -198,8 +198,10 @@ class Server:
                 status[w] = DROPPED
                 self.lost.append(w)
         self.silent.clear()
+        donor = self.view.donor()   # as every member sees it before this report
         for w, ticket in self.co.take_joins().items():
             status[w] = ticket
+            self.co.set_donor(ticket, donor)
             self.missed[w] = 0
             self.rejoined.append(w)
         for w in [w for w, st in status.items() if st == DROPPED]:
