@@ -3,10 +3,12 @@
 Two workers push 512 KiB each through the clock into a PS behind a
 10 Mbit/s, 30 kB bottleneck: a flow's ACKs come ~2.3 ms apart and a round
 trip through the full queue takes ~23 ms, both longer than the clock's
-2 ms RTO floor. The RTO follows the flow's round trip, so Python re-sends
-only what was lost; with a fixed 2 ms RTO each worker re-sent a window
-between every two ACKs (up to 2,760 re-sends for 369 chunks), the re-sends
-delayed the ACKs further, and an Early Close could cut the round.
+2 ms RTO floor. The RTO follows the flow's round trip (in flight x its
+mean ACK gap; before a push's own ACKs, the last push's gap), so Python
+re-sends only what was lost; with a fixed 2 ms RTO each worker re-sent a
+window between every two ACKs (up to 2,760 re-sends for 369 chunks), the
+re-sends delayed the ACKs further, and an Early Close could cut the round.
+A first push has no gap to go by: a few of its primed chunks go twice.
 
 Rig `hfslow` (namespaces ltp-hfslow-*).
 """
@@ -42,7 +44,8 @@ def test_a_slow_link_is_clocked_without_spurious_resends(cluster):
         assert np.array_equal(res.values, np.stack([worker_tensor(7, w, r, NEL) for w in cl.ids]))
         for rep in reps.values():
             assert rep.sender == "xdp" and rep.acked == rep.chunks, rep
-            # the clock sent the round; Python re-sent what was lost (priming's
-            # first RTO before any ACK, a queue overflow), not a window per ACK
+            # the clock sent the round; Python re-sent what was lost (a queue
+            # overflow; in the first push, a few primed chunks at the 2 ms RTO
+            # before any gap was known), not a window per ACK
             assert rep.clock_tx >= rep.chunks * 0.8, rep
-            assert rep.resent <= rep.chunks * 0.1, rep
+            assert rep.resent <= rep.chunks * (0.1 if r == 1 else 0.02), rep

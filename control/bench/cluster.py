@@ -132,7 +132,7 @@ class LtpCluster:
         default; None keeps the one they have). rto_rtts: the clock's RTO in
         round trips from now on (ClockPush.rto_rtts; 0: a fixed 2 ms; None
         keeps the one they have). forget_windows: the workers
-        drop the credits they learned (what a clocked push is primed with),
+        drop the credits and RTOs they learned (what a clocked push is primed with),
         so a variant's block does not start from another's."""
         silent = set(silent)
         crit = None if critical is None else np.asarray(critical, dtype=bool).tolist()

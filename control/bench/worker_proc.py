@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                     if "rto_rtts" in msg:  # ... or between RTO rules
                         ClockPush.rto_rtts = msg["rto_rtts"]
                     if msg.get("forget_windows"):  # a variant's block starts afresh
-                        ep.sender.window_hint.clear()
+                        ep.sender.forget()
                     g = worker_tensor(msg["seed"], a.id, msg["round"], msg["nelems"])
                     prepared[msg["round"]] = ep.prepare_push(msg["round"], g, ps,
                                                              critical=msg.get("critical"))

@@ -114,7 +114,10 @@ class ClockPush(Push):
         self.heard_t = [self.t0] * nt  # when its acked count last grew
         self.quiet = [0] * nt          # RTO re-sends since then
         self.first_ack = [(0.0, 0)] * nt  # when its first ACKs were seen, and how many
-        self.rto = [RTO_MIN] * nt
+        # the mean time between ACKs the target's last push saw, this push's
+        # until it has its own (0: none)
+        self.gap = [s.ack_gap(t) for t in self.targets]
+        self.rto = [self._rto(i, w0) for i in range(nt)]
         self.low_window = [0] * nt
         try:
             self._run(nt)
@@ -122,6 +125,7 @@ class ClockPush(Push):
             for slot in self.slots:
                 C.stop(s.maps, self.round_, slot)
         s.learn_windows(self.targets, self.low_window)
+        s.learn_gaps(self.targets, self.gap)
         return self._clock_report()
 
     def _run(self, nt: int) -> None:
@@ -180,21 +184,23 @@ class ClockPush(Push):
             if self.heard[i]:
                 self.max_over_credit = max(self.max_over_credit, inflight - window)
         if n_acked != self.heard[i]:
+            t1, n1 = self.first_ack[i]
             if not self.heard[i]:
                 self.first_ack[i] = (now, n_acked)
+            elif n_acked > n1:
+                self.gap[i] = (now - t1) / (n_acked - n1)
             self.heard[i], self.progress_t[i] = n_acked, now
-            self.rto[i] = self._rto(i, now, inflight)
+            self.rto[i] = self._rto(i, inflight)
             self.heard_t[i], self.quiet[i] = now, 0
         return window, inflight
 
-    def _rto(self, i: int, now: float, inflight: int) -> float:
-        """Target i's RTO after progress: RTO_RTTS round trips (in flight x
-        the mean time between its ACKs since the first), at least RTO_MIN."""
-        t1, n1 = self.first_ack[i]
-        if self.heard[i] <= n1 or not self.rto_rtts:
+    def _rto(self, i: int, inflight: int) -> float:
+        """Target i's RTO: RTO_RTTS round trips (in flight x the mean time
+        between its ACKs: since this push's first, else the last push's), at
+        least RTO_MIN; RTO_MIN with no gap to go by (a first push)."""
+        if not self.rto_rtts:
             return RTO_MIN
-        gap = (now - t1) / (self.heard[i] - n1)
-        return min(RTO_MAX, max(RTO_MIN, self.rto_rtts * max(1, inflight) * gap))
+        return min(RTO_MAX, max(RTO_MIN, self.rto_rtts * max(1, inflight) * self.gap[i]))
 
     @staticmethod
     def _room(window: int, inflight: int, tail: int, nxt: int) -> int:

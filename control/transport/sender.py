@@ -55,6 +55,8 @@ class Sender:
         self.rate_hint: dict[int, float] = {}
         # the ACK clock's: the credits (with every flow active) of a target's last pushes
         self.window_hint: dict[int, collections.deque] = {}
+        # ... and the mean time between the ACKs of its last push
+        self.gap_hint: dict[int, float] = {}
         self.kind = kind  # what plans a push: Push, or the ACK clock's clock.ClockPush
         self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
 
@@ -102,6 +104,22 @@ class Sender:
         larger share), `default` before it gave one."""
         hint = self.window_hint.get(target.worker)
         return min(hint) if hint else default
+
+    def learn_gaps(self, targets: list[Peer], gaps: list[float]) -> None:
+        """The ACK clock: the mean time between the ACKs of each target's
+        push (as TCP keeps a route's RTT) sizes its next push's RTO until
+        that push measures its own."""
+        for t, g in zip(targets, gaps):
+            if g > 0:
+                self.gap_hint[t.worker] = g
+
+    def ack_gap(self, target: Peer) -> float:
+        return self.gap_hint.get(target.worker, 0.0)
+
+    def forget(self) -> None:
+        """Drop what the clock learned of every target (credits, ACK gaps)."""
+        self.window_hint.clear()
+        self.gap_hint.clear()
 
 
 class Push:
