@@ -30,12 +30,14 @@ Python keeps the policy, polling the maps about every POLL_S:
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import numpy as np
 
 from ...dataplane.xdp import clock as C
 from ...dataplane.xdp import wire as W
 from ...errors import DeadPeerError
+from .layout import FRAME_OVERHEAD
 from .sender import RETX_BYTE, Push
 
 INITIAL_WINDOW = 2  # packets a flow is primed with before it learned its credit
@@ -47,6 +49,7 @@ NAP_MAX = 0.001     # longest sleep while the clock runs on its own (RTO_MIN / 2
 RTO_MIN = 0.002     # s without progress before the oldest outstanding chunks are re-sent ...
 RTO_RTTS = 2        # ... or this many of the flow's round trips, if longer
 RTO_MAX = 0.25
+RTO_MAX_FIXED = 0.05  # the back-off's cap under the fixed rule (rto_rtts 0, as before)
 _NONE = np.empty(0, dtype=np.int64)
 QUIET_SENDS = 2     # RTO re-sends left unanswered in a row that make a target silent
 RATE = W.OFF["rate"]
@@ -114,9 +117,15 @@ class ClockPush(Push):
         self.heard_t = [self.t0] * nt  # when its acked count last grew
         self.quiet = [0] * nt          # RTO re-sends since then
         self.first_ack = [(0.0, 0)] * nt  # when its first ACKs were seen, and how many
-        # the mean time between ACKs the target's last push saw, this push's
-        # until it has its own (0: none)
-        self.gap = [s.ack_gap(t) for t in self.targets]
+        # the mean time between a target's ACKs the RTO goes by (`_gap`): the
+        # last push's until this one has its own (0: none)
+        self.hint = [s.ack_gap(t) for t in self.targets]
+        self.gap = list(self.hint)
+        # a first push's gap before it has one: a frame's time at the sender's
+        # rate (its link's, or its share of the receiver's)
+        self.frame_s = (s.chunk_bytes + FRAME_OVERHEAD) * 8 / max(1.0, s.initial_rate_bps)
+        self.marks = [deque() for _ in self.targets]  # (when, acked count) at its progress
+        self.w0 = w0
         self.rto = [self._rto(i, w0) for i in range(nt)]
         self.low_window = [0] * nt
         try:
@@ -125,7 +134,7 @@ class ClockPush(Push):
             for slot in self.slots:
                 C.stop(s.maps, self.round_, slot)
         s.learn_windows(self.targets, self.low_window)
-        s.learn_gaps(self.targets, self.gap)
+        s.learn_gaps(self.targets, [self._mean_gap(i) for i in range(nt)])
         return self._clock_report()
 
     def _run(self, nt: int) -> None:
@@ -184,23 +193,53 @@ class ClockPush(Push):
             if self.heard[i]:
                 self.max_over_credit = max(self.max_over_credit, inflight - window)
         if n_acked != self.heard[i]:
-            t1, n1 = self.first_ack[i]
             if not self.heard[i]:
                 self.first_ack[i] = (now, n_acked)
-            elif n_acked > n1:
-                self.gap[i] = (now - t1) / (n_acked - n1)
+            else:
+                self._gap(i, n_acked, now, inflight)
             self.heard[i], self.progress_t[i] = n_acked, now
             self.rto[i] = self._rto(i, inflight)
             self.heard_t[i], self.quiet[i] = now, 0
         return window, inflight
 
+    def _gap(self, i: int, n_acked: int, now: float, inflight: int) -> None:
+        """Target i's mean ACK gap, after its acked count grew past the
+        first ACKs: over the last round trip's ACKs (at least the packets in
+        flight: a flow's ACKs come in bursts as its window crosses a shared
+        queue, and the time between bursts counts; a stall counts for one
+        round trip, not for the rest of the push), once the primed window is
+        behind it (those packets left back to back, so their ACKs come at
+        the bottleneck's rate, not at the flow's share). Until then the last
+        push's mean gap, else (a first push) the mean since the first ACK."""
+        t1, n1 = self.first_ack[i]
+        dq, span = self.marks[i], max(1, inflight)
+        if n_acked >= n1 + self.w0:
+            dq.append((now, n_acked))
+            while len(dq) > 1 and dq[1][1] <= n_acked - span:
+                dq.popleft()
+            tk, nk = dq[0]
+            if nk <= n_acked - span:
+                self.gap[i] = (now - tk) / (n_acked - nk)
+                return
+        if not self.hint[i]:
+            self.gap[i] = (now - t1) / (n_acked - n1)
+
+    def _mean_gap(self, i: int) -> float:
+        """Target i's mean ACK gap over this push (0: fewer than two ACK
+        counts): what the next push goes by until it has its own. Not the
+        EWMA's last value: a flow that ended alone on the link saw its gap
+        shrink to the bottleneck's, and the next push starts shared again."""
+        t1, n1 = self.first_ack[i]
+        return (self.heard_t[i] - t1) / (self.heard[i] - n1) if self.heard[i] > n1 else 0.0
+
     def _rto(self, i: int, inflight: int) -> float:
-        """Target i's RTO: RTO_RTTS round trips (in flight x the mean time
-        between its ACKs: since this push's first, else the last push's), at
-        least RTO_MIN; RTO_MIN with no gap to go by (a first push)."""
+        """Target i's RTO: RTO_RTTS round trips (in flight x its mean ACK
+        gap, `_gap`; a first push before its second ACK count: a frame's
+        time at the sender's rate), at least RTO_MIN."""
         if not self.rto_rtts:
             return RTO_MIN
-        return min(RTO_MAX, max(RTO_MIN, self.rto_rtts * max(1, inflight) * self.gap[i]))
+        gap = self.gap[i] or self.frame_s
+        return min(RTO_MAX, max(RTO_MIN, self.rto_rtts * max(1, inflight) * gap))
 
     @staticmethod
     def _room(window: int, inflight: int, tail: int, nxt: int) -> int:
@@ -292,7 +331,8 @@ class ClockPush(Push):
             key_now, sent = keyed or self._keyed(i, nxt, tail)
             out = np.flatnonzero(sent & ~acked)  # tail loss: the oldest outstanding
             lost = out[np.argsort(key_now[out])][:max(2, window or 2)]
-            self.progress_t[i], self.rto[i] = now, min(RTO_MAX, self.rto[i] * 1.5)
+            cap = RTO_MAX if self.rto_rtts else RTO_MAX_FIXED
+            self.progress_t[i], self.rto[i] = now, min(cap, self.rto[i] * 1.5)
             self.quiet[i] += 1
         if lost.size:
             self._resend(i, lost.tolist(), nxt, inflight, stops)
