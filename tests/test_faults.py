@@ -165,10 +165,14 @@ def test_a_joiner_whose_donor_dies_asks_again_and_takes_the_new_tickets_state(
     # names worker 0, a real process beating its heartbeat, as its donor. While
     # worker 0 lives the joiner waits; once it is SIGKILLed, the joiner asks
     # again with a new ticket (before: it waited out the store timeout, and
-    # the barrier with it), and takes the state put under that ticket only.
+    # the barrier with it). The next op's barrier goes on with worker 1 alone
+    # (the joiner asking again counts as gone, the donor is dead), the next
+    # admission names worker 1, and the joiner takes the state put under its
+    # new ticket only.
     import threading
     import torch.distributed as dist
     from ltpx.control.torchapi.coord import KEY, Coord
+    from ltpx.control.torchapi.ops import STEP, Op
     monkeypatch.setenv("LTP_DEAD_S", "1.0")
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
                           wait_for_workers=False)
@@ -181,16 +185,19 @@ def test_a_joiner_whose_donor_dies_asks_again_and_takes_the_new_tickets_state(
                              stdout=subprocess.PIPE, text=True)
     joiner = Coord(store, 3, 30.0)
     joiner.me = 2
+    w1 = Coord(store, 3, 30.0)   # a member that stays
+    w1.me = 1
     out: dict = {}
     try:
         assert donor.stdout.readline().strip() == "beating"
         joiner.start_liveness(3)
+        w1.start_liveness(2)
         first = joiner.request_join(2)
         t = threading.Thread(target=lambda: out.update(
             blob=joiner.take_sync(first, 30.0, w=2)), daemon=True)
         t.start()
-        assert srv.take_joins() == {2: first}
-        srv.set_donor(first, 0)
+        assert srv.take_joins(donor=0) == {2: first}
+        assert store.get(f"{KEY}donor/{first}") == b"0"
         time.sleep(2.5)                      # its donor beats: no second request
         assert store.add(f"{KEY}join", 0) == first and t.is_alive()
         donor.kill()
@@ -201,6 +208,12 @@ def test_a_joiner_whose_donor_dies_asks_again_and_takes_the_new_tickets_state(
             srv.poll_joins()
         (second,) = srv.joins.values()
         assert list(srv.joins) == [2] and second > first
+        # op 0: worker 1 arrives; the server's barrier goes on without the dead
+        # donor and the joiner that asked again, and names worker 1 the donor
+        assert not w1.arrive(0, Op(STEP, sizes=(4,)))
+        assert srv.next_op(0, idle_s=30).absent == (0, 2)
+        assert srv.take_joins(donor=srv.view.donor()) == {2: second}
+        assert store.get(f"{KEY}donor/{second}") == b"1"
         srv.put_sync(first, b"stale")         # too late: the joiner holds the new ticket
         time.sleep(0.6)
         srv.put_sync(second, b"fresh")
@@ -212,6 +225,7 @@ def test_a_joiner_whose_donor_dies_asks_again_and_takes_the_new_tickets_state(
             donor.wait()
         donor.stdout.close()
         joiner.stop_liveness()
+        w1.stop_liveness()
         srv.stop_liveness()
 
 

@@ -269,18 +269,18 @@ class Coord:
             self.joins[int(self.store.get(f"{KEY}join/{t}"))] = t
         self.tickets_seen = n
 
-    def take_joins(self) -> dict[int, int]:
-        """Worker -> ticket of every request not admitted yet; they are now."""
+    def take_joins(self, donor: int | None = None) -> dict[int, int]:
+        """Worker -> ticket of every request not admitted yet; they are now,
+        and `donor` (the member that will hand over the state) is named for
+        each under donor/<ticket>."""
         self.poll_joins()
         out, self.joins = self.joins, {}
+        for ticket in out.values():
+            self.store.set(f"{KEY}donor/{ticket}", "" if donor is None else str(donor))
         return out
 
     def put_sync(self, ticket: int, blob: bytes) -> None:
         self.store.set(f"{KEY}sync/{ticket}", blob)
-
-    def set_donor(self, ticket: int, w: int | None) -> None:
-        """The server's: who owes the state for an admitted ticket."""
-        self.store.set(f"{KEY}donor/{ticket}", "" if w is None else str(w))
 
     def take_sync(self, ticket: int, timeout_s: float | None = None,
                   w: int | None = None) -> bytes | None:
@@ -301,6 +301,8 @@ class Coord:
                 donor = int(self.store.get(f"{KEY}donor/{ticket}") or -1)
             if w is not None and donor is not None and donor >= 0 \
                     and not self.worker_alive(donor):
+                if self.store.check([f"{KEY}sync/{ticket}"]):
+                    break                # it handed the state over just before
                 new = self.request_join(w)
                 log.warning("worker %d: worker %d, which owed it the state (ticket %d), "
                             "stopped beating; asking again (ticket %d)", w, donor, ticket, new)

@@ -198,12 +198,12 @@ class Server:
                 status[w] = DROPPED
                 self.lost.append(w)
         self.silent.clear()
-        donor = self.view.donor()   # as every member sees it before this report
-        for w, ticket in self.co.take_joins().items():
+        # the donor as every member sees it before this report (Exchange.follow)
+        for w, ticket in self.co.take_joins(donor=self.view.donor()).items():
             status[w] = ticket
-            self.co.set_donor(ticket, donor)
             self.missed[w] = 0
-            self.rejoined.append(w)
+            if w not in self.rejoined:   # one that asked again (its donor died) once
+                self.rejoined.append(w)
         for w in [w for w, st in status.items() if st == DROPPED]:
             for r in list(self.pending):   # no word on its rounds will come
                 self.pending[r] = [x for x in self.pending[r] if x != w]
