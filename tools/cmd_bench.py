@@ -28,9 +28,9 @@ INCAST_EPILOG = """examples:
 Builds one fresh rig per configuration (every worker pushes SIZE bytes to the PS
 through a TBF bottleneck toward the PS); transports take turns in blocks of
 --block rounds, each block after warm-up rounds that are not counted (the first
-block of each LTP sender after 8 more: a run's first rounds are slow). --workers 1
-is a single-flow measurement (e.g. --workers 1 --rate 32gbit --buffer 4mb --size
-16MiB). LTP's senders: ltp-socket (the paced socket) and ltp-xdp (the ACK clock)
+block of each LTP sender on a rig after 8 more: a rig's first rounds are slow).
+--workers 1 is a single-flow measurement (e.g. --workers 1 --rate 32gbit --buffer
+4mb --size 16MiB). LTP's senders: ltp-socket (the paced socket) and ltp-xdp (the ACK clock)
 A/B both in one run on the same endpoints; plain ltp uses --sender's. An LTP
 transport may carry knobs, each variant its own label in the same run:
 :credit=N caps the PS's credit at N frames (0: no cap; default 256, a receive

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 LTP_SENDERS = {"ltp-socket": "socket", "ltp-xdp": "xdp"}
-#: warm-up rounds added to the first block of each LTP sender in a run: the
-#: run's first clocked rounds ran 1.3-1.7x the limit (first touch of the
+#: warm-up rounds added to the first block of each LTP sender on a rig (a run
+#: of a sweep builds one rig per configuration): a rig's first clocked
+#: rounds ran 1.3-1.7x the limit (first touch of the
 #: rig's page pools and the programs' maps), whichever variant came first,
 #: and made that variant's p99 (docs/benchmarks.md)
 FIRST_WARMUP = 8
