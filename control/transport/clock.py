@@ -227,7 +227,7 @@ class ClockPush(Push):
     def _mean_gap(self, i: int) -> float:
         """Target i's mean ACK gap over this push (0: fewer than two ACK
         counts): what the next push goes by until it has its own. Not the
-        EWMA's last value: a flow that ended alone on the link saw its gap
+        last round trip's: a flow that ended alone on the link saw its gap
         shrink to the bottleneck's, and the next push starts shared again."""
         t1, n1 = self.first_ack[i]
         return (self.heard_t[i] - t1) / (self.heard[i] - n1) if self.heard[i] > n1 else 0.0
