@@ -357,3 +357,23 @@ def test_workers_end_by_themselves_when_the_server_is_killed(rig):
     said = [ln for ln in late if "error" in ln or "ending" in ln]
     assert all("stopped beating" in ln for ln in said), said
     assert not any("60.0s" in ln for ln in late)
+
+
+@requires_bpf
+def test_a_rank_on_the_rig_gets_its_buffer_and_so_its_credit(rig, monkeypatch):
+    # job_env (ltp train, ltp launch) hands each rank the rig's bottleneck
+    # buffer; ltpx.torch's settings read it, and the credit is buffer + BDP
+    from ltpx.control.torchapi.link_ltp import credit_bytes
+    from ltpx.control.torchapi.settings import ENV, Settings
+    from ltpx.control.training.launch import job_env, plan_ranks
+    from ltpx.control.transport.rate import CREDIT_RTT_S
+    ranks = plan_ranks(rig, WORKERS, 1)
+    env = job_env(rig, ranks[1], len(ranks), 29500, servers=1)
+    assert env["LTP_BUFFER"] == str(rig.config.buffer_bytes) == "30000"
+    for name, var in ENV.items():
+        monkeypatch.delenv(var, raising=False)
+        if var in env:
+            monkeypatch.setenv(var, env[var])
+    s = Settings.resolve({})
+    assert s.buffer == 30000 and s.capacity == rig.config.rate_bps
+    assert credit_bytes(s) == 30000 + rig.config.rate_bps * CREDIT_RTT_S / 8
