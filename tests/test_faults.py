@@ -111,16 +111,23 @@ def test_a_server_beats_its_link_while_it_waits_in_the_store():
         co.wait(["never"], timeout_s=0.6)
 
 
-def test_barrier_goes_on_without_a_killed_worker(tmp_path):
-    # A real store, three real worker processes; worker 2 is SIGKILLed before
-    # op 2. The server's wait for op 2 lifts the barrier once worker 2's
-    # heartbeat has stopped, naming it absent; the others pass every op.
+def _server_store():
+    """A real rendezvous store on loopback, and a 3-worker job's server Coord
+    on it with its heartbeat (stop_liveness() is the caller's)."""
     import torch.distributed as dist
     from ltpx.control.torchapi.coord import Coord
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
                           wait_for_workers=False)
     srv = Coord(store, 3, 30.0)
     srv.start_liveness(0)
+    return store, srv
+
+
+def test_barrier_goes_on_without_a_killed_worker(tmp_path):
+    # A real store, three real worker processes; worker 2 is SIGKILLed before
+    # op 2. The server's wait for op 2 lifts the barrier once worker 2's
+    # heartbeat has stopped, naming it absent; the others pass every op.
+    store, srv = _server_store()
     script = tmp_path / "w.py"
     script.write_text(BARRIER_WORKER)
     env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", LTP_DEAD_S="1.0")
@@ -170,14 +177,10 @@ def test_a_joiner_whose_donor_dies_asks_again_and_takes_the_new_tickets_state(
     # admission names worker 1, and the joiner takes the state put under its
     # new ticket only.
     import threading
-    import torch.distributed as dist
     from ltpx.control.torchapi.coord import KEY, Coord
     from ltpx.control.torchapi.ops import STEP, Op
     monkeypatch.setenv("LTP_DEAD_S", "1.0")
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
-                          wait_for_workers=False)
-    srv = Coord(store, 3, 30.0)
-    srv.start_liveness(0)
+    store, srv = _server_store()
     script = tmp_path / "beat.py"
     script.write_text(BEATER)
     donor = subprocess.Popen([sys.executable, str(script), str(store.port), "1"],
