@@ -131,9 +131,10 @@ class LtpCluster:
         the ACK clock's fixed poll period from now on (0: adaptive, the
         default; None keeps the one they have). rto_rtts: the clock's RTO in
         round trips from now on (ClockPush.rto_rtts; 0: a fixed 2 ms; None
-        keeps the one they have). forget_windows: the workers
-        drop the credits and RTOs they learned (what a clocked push is primed with),
-        so a variant's block does not start from another's."""
+        keeps the one they have). forget_windows: the workers drop the
+        credits and ACK gaps they learned (what a clocked push is primed
+        with, and its first RTO), so a variant's block does not start from
+        another's."""
         silent = set(silent)
         crit = None if critical is None else np.asarray(critical, dtype=bool).tolist()
         pushing = [p for p in self.procs if p.worker not in silent]

@@ -18,8 +18,8 @@ Python keeps the policy, polling the maps about every POLL_S:
   RETX, taking the lost packet's place in flight; with no progress for an
   RTO, the oldest outstanding chunks are re-sent (tail loss). The RTO is
   RTO_MIN or RTO_RTTS round trips, whichever is longer, a round trip being
-  the flow's packets in flight times its mean time between ACKs so far
-  (Little's law): on a slow link a round trip is longer than RTO_MIN (two
+  the flow's packets in flight times its mean time between ACKs over the
+  last round trip (Little's law; `_gap`): on a slow link a round trip is longer than RTO_MIN (two
   flows sharing 10 Mbit/s through a 30 kB queue: ~23 ms), and a fixed 2 ms
   RTO re-sent a window between every two ACKs, each re-send delaying the
   next ACK further (2,760 re-sends for 369 chunks);
