@@ -12,7 +12,7 @@ its state on after each step (elastic.donate), as a script must for `ltp
 launch --max-restarts` to bring a worker back. With WAIT=1 the workers go on
 past STEPS until worker 1 has been admitted back (every member sees the same
 admissions, so they all stop at the same step), so the test needs no pacing.
-WHO "s0": the server rank (RANK 0) SIGKILLs itself once instead, before
+WHO "s0": the server rank (LTP_RANK 0) SIGKILLs itself once instead, before
 lt.init() (the launcher then restarts every rank).
 Each worker prints one JSON line: {"event": "result", "worker", "steps",
 "rejoined" (this process came back into a running job), "admitted" (the
@@ -36,7 +36,7 @@ WHO = sys.argv[5] if len(sys.argv) > 5 else "w1"
 LIMIT = 4000            # never loop for ever: the test's assertions fail instead
 D, B = 12, 24
 
-if WHO == "s0" and os.environ["RANK"] == "0" and not os.path.exists(MARKER):
+if WHO == "s0" and os.environ["LTP_RANK"] == "0" and not os.path.exists(MARKER):
     open(MARKER, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
 lt.init()               # a server rank serves inside and exits

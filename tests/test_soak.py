@@ -27,7 +27,7 @@ WORKERS = 2
 
 def _ranks_of(rig: str) -> dict[int, int]:
     """rank -> pid of the training ranks running in rig `rig`'s namespaces,
-    read from /proc the way an operator would (RANK and LTP_NETNS)."""
+    read from /proc the way an operator would (LTP_RANK and LTP_NETNS)."""
     out = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -37,8 +37,8 @@ def _ranks_of(rig: str) -> dict[int, int]:
                 env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        if env.get(b"LTP_NETNS", b"").startswith(f"ltp-{rig}-".encode()) and b"RANK" in env:
-            out[int(env[b"RANK"])] = int(name)
+        if env.get(b"LTP_NETNS", b"").startswith(f"ltp-{rig}-".encode()) and b"LTP_RANK" in env:
+            out[int(env[b"LTP_RANK"])] = int(name)
     return out
 
 

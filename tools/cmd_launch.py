@@ -29,8 +29,11 @@ from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, ch
                     check_name, check_rate, check_workers)
 
 EPILOG = """The command runs once per rank: `python` and a leading .py file mean this
-interpreter (the one with torch and ltpx). In the script, `lt.init()` finds
-everything it needs in the environment (docs/training.md, "Your own model").
+interpreter (the one with torch and ltpx). In the script, `lt.init()` or
+`dist.init_process_group("ltp")` finds everything it needs in the
+environment (docs/training.md). RANK, WORLD_SIZE and LOCAL_RANK mean what
+torchrun means (the trainers only); MASTER_ADDR:MASTER_PORT reaches the
+store from every rank's namespace; a server rank has LTP_ROLE=server.
 
 examples:
   sudo ltp launch --workers 4 -- python docs/examples/digits_cnn.py
@@ -38,6 +41,11 @@ examples:
   sudo ltp launch --workers 2 --transport tcp -- python my_train.py
   sudo ltp launch --workers 4 --rig myrig --keep -- python my_train.py     (the rig stays)
   sudo ltp launch --workers 8 --servers 2 -- python my_train.py   (2 servers, a slice each)
+  sudo ltp launch --workers 4 -- python docs/examples/ddp_backend.py
+      (a stock DDP script over init_process_group("ltp"); RANK and WORLD_SIZE count
+      the trainers, as under torchrun)
+  sudo ltp launch --workers 4 --servers 0 -- python docs/examples/ddp_backend.py --backend gloo
+      (no server rank: the same script over gloo)
   sudo ltp launch --workers 4 --max-restarts 2 -- python docs/examples/digits_cnn.py
       (a dead server: the job starts over, twice at most; digits_cnn.py does not
       rejoin, so a dead worker's restarts fail at their first op)
@@ -62,9 +70,10 @@ def register(sub) -> None:
                     epilog=EPILOG)
     p.add_argument("--workers", type=int, default=2, help=f"worker ranks, 1..{MAX_WORKERS} "
                    "(default 2)")
-    p.add_argument("--servers", type=int, default=1, help="server ranks, 1..8, each on a host "
+    p.add_argument("--servers", type=int, default=1, help="server ranks, 0..8, each on a host "
                    "of its own summing a slice of every bucket (default 1; a new rig gets "
-                   "that many server hosts, `ltp rig up --servers S`)")
+                   "that many server hosts, `ltp rig up --servers S`); 0 for a script that "
+                   "does not use LTP (gloo, nccl)")
     p.add_argument("--transport", choices=("ltp", "tcp"), default="ltp",
                    help="ltp (default), or the same server over TCP (an skb-mode rig)")
     add_rate(p)
@@ -105,12 +114,14 @@ def _check(args) -> list[str]:
         raise UsageError(f"--max-restarts: a count, at least 0, got {args.max_restarts}")
     args.rate_bps, args.loss_p = check_rate(args.rate), check_loss(args.loss)
     args.buffer_bytes = check_bytes(args.buffer, "--buffer")
+    if not 0 <= args.servers <= 8:
+        raise UsageError(f"--servers: must be in 0..8, got {args.servers}")
     from ..control.training.onrig import rig_config
     try:   # the rig's own range checks; its messages start with the field's name
         args.rig_config = rig_config(args.rig or "check", args.transport,
                                      workers=args.workers, rate_bps=args.rate_bps,
                                      buffer_bytes=args.buffer_bytes, loss=args.loss_p,
-                                     mtu=args.mtu, servers=args.servers)
+                                     mtu=args.mtu, servers=max(1, args.servers))
     except ValueError as e:
         raise UsageError(f"--{e}") from None
     return cmd

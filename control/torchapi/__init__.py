@@ -1,6 +1,16 @@
 """ltpx.torch: train your own PyTorch model over LTP, shaped like Horovod and BytePS.
 
-The same script runs on every rank (started by `ltp launch` or torchrun):
+A stock DDP script needs one changed string instead (backend.py):
+
+    import ltpx.torch                            # registers the backend
+    dist.init_process_group("ltp")               # was "gloo" or "nccl"
+    model = DistributedDataParallel(Net())       # its buckets go over LTP
+
+or, to choose the options, a comm hook (ddp.py):
+
+    model.register_comm_hook(lt.ddp_state(bubble="zero"), lt.ddp_hook)
+
+The Horovod-shaped API: the same script runs on every rank (started by `ltp launch` or torchrun):
 
     import ltpx.torch as lt
     lt.init()                      # env:// rendezvous; server ranks serve here and exit
@@ -26,6 +36,8 @@ reliable class; each worker applies it with its own optimizer. Modules:
   buckets      gradient buckets: reverse registration order, copy in and out
   optimizer    DistributedOptimizer (hooks, overlap, wbsp, report, warnings)
   collectives  broadcast_parameters, allreduce, digest
+  backend      the torch.distributed backend `ltp` (tolerant buckets, exact rest)
+  ddp          DDP's comm hook and the tolerant bucket reduce, any device
   host         device addresses; bpffs where `ip netns exec` hid it
   alias        holds only the `torch` package that makes this `ltpx.torch`
 
@@ -36,7 +48,9 @@ from __future__ import annotations
 import json
 import sys
 
+from .backend import register as _register_backend
 from .collectives import allreduce, broadcast_parameters, digest
+from .ddp import ddp_hook, ddp_state
 from .job import init, is_server, local_rank, rank, serve_here as serve, shutdown, size
 from .ops import StepReport
 from .optimizer import DistributedOptimizer, FilledWarning
@@ -51,6 +65,8 @@ def report_progress(step: int, steps: int, **metrics) -> None:
         sys.stdout.flush()
 
 
-__all__ = ["init", "shutdown", "rank", "size", "local_rank", "is_server", "serve",
+_register_backend()
+
+__all__ = ["ddp_hook", "ddp_state", "init", "shutdown", "rank", "size", "local_rank", "is_server", "serve",
            "broadcast_parameters", "allreduce", "digest", "DistributedOptimizer",
            "StepReport", "FilledWarning", "report_progress"]

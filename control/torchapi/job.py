@@ -16,6 +16,7 @@ XDP program) and the launcher ends the others.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -38,8 +39,9 @@ _job: "Job | None" = None
 class Job:
     """This rank in the job: its role, the store, its link, its op loop."""
 
-    def __init__(self, s: Settings):
+    def __init__(self, s: Settings, place: tuple[int, int] | None = None):
         self.s = s
+        self.place = place
         self.crashed = False
         self.summary: dict | None = None
         self.link = None
@@ -56,7 +58,7 @@ class Job:
             ensure_bpffs()
         if s.dev and not s.ip:
             s = self.s = dataclasses.replace(s, ip=dev_ipv4(s.dev))
-        self.store, self.global_rank, self.world = rendezvous(s.store_netns, s.timeout)
+        self.store, self.global_rank, self.world = rendezvous(s.store_netns, s.timeout, self.place)
         self.workers = self.world - s.servers
         if self.workers < 1:
             raise UsageError(f"WORLD_SIZE={self.world}: a job needs {s.servers} server "
@@ -125,18 +127,46 @@ class Job:
             link.close()
 
 
-def rendezvous(store_netns: str | None, timeout_s: float):
-    """(store, rank, world) from env://; the store's socket made in store_netns."""
+def rendezvous(store_netns: str | None, timeout_s: float, place: tuple[int, int] | None = None):
+    """(store, rank, world) from env://; the store's socket made in store_netns.
+
+    The rank and world are this process's place in the LTP job, servers
+    first: `place` where given (the `ltp` backend's), else LTP_RANK and
+    LTP_WORLD_SIZE where a launcher set them (then RANK and WORLD_SIZE count
+    the trainers only, as torchrun's do), else RANK and WORLD_SIZE."""
     import torch.distributed as dist
     from ...dataplane import netns
-    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-               if v not in os.environ]
+    if place is None and os.environ.get("LTP_RANK"):
+        place = (int(os.environ["LTP_RANK"]), int(os.environ.get("LTP_WORLD_SIZE") or 0))
+    need = ("MASTER_ADDR", "MASTER_PORT") + (("RANK", "WORLD_SIZE") if place is None else ())
+    missing = [v for v in need if v not in os.environ]
     if missing:
         raise UsageError(f"init(): {', '.join(missing)} not set: start the script with "
                          "`ltp launch` or torchrun (env:// rendezvous)")
-    with netns.inside(store_netns):
-        store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout_s)))
+    rank, world = place if place is not None else (-1, -1)
+    with netns.inside(store_netns), waiting_note(timeout_s):
+        store, rank, world = next(dist.rendezvous("env://", rank=rank, world_size=world,
+                                                  timeout=timedelta(seconds=timeout_s)))
     return store, rank, world
+
+
+@contextlib.contextmanager
+def waiting_note(timeout_s: float, after_s: float = 5.0):
+    """Say on stderr when the rendezvous takes longer than after_s."""
+    done = threading.Event()
+
+    def note():
+        if not done.wait(after_s):
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            print(f"ltpx.torch: still waiting for the rendezvous store at {where} after "
+                  f"{after_s:.0f} s (gives up after {timeout_s:.0f} s; is MASTER_ADDR "
+                  "reachable from this rank's namespace?)", file=sys.stderr, flush=True)
+    th = threading.Thread(target=note, name="ltpx-rdzv-note", daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def current() -> Job:
@@ -146,16 +176,17 @@ def current() -> Job:
     return _job
 
 
-def init(*, serve: bool = True, **options) -> None:
+def init(*, serve: bool = True, place: tuple[int, int] | None = None, **options) -> None:
     """Join the job (see the module docstring; settings.py lists the options).
 
     A server rank serves here and exits the process when the job ends, unless
-    serve=False (then call serve() yourself)."""
+    serve=False (then call serve() yourself). place: (rank, world) in the
+    LTP job, servers first (rendezvous() says where it comes from otherwise)."""
     global _job
     if _job is not None:
         raise UsageError("ltpx.torch: init() was called already")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    job = Job(Settings.resolve(options))
+    job = Job(Settings.resolve(options), place)
     try:
         job.start()
     except BaseException:   # no heartbeat thread or open link outlives a failed init

@@ -68,6 +68,22 @@ class StepState:
     next: int = 0                # the next bucket to hand to the communication thread
 
 
+def plan_step(job, op: Op, compressed: bool):
+    """The next step op's run; compressed, its answer (each server's, sharded)
+    starts with the aggregate's codes, and the links must know that."""
+    run = job.exchange.plan(op)
+    if compressed:
+        links = getattr(job.link, "links", [job.link])
+        if len(links) == 1:
+            heads = [sum(op.sizes)]
+        else:
+            subs, _ = split_op(op, len(links))
+            heads = [sum(sub.sizes) for sub in subs]
+        for link, n in zip(links, heads):
+            link.expect_compressed(run.seq, n)
+    return run
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """See the module docstring. Options: sync (bsp | wbsp), bubble (mean | zero
     | stale), early_close (EarlyCloseConfig fields, e.g. {"threshold_min": 0.97}),
@@ -171,19 +187,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 np.copyto(self.residual[b.lo:b.hi], self.send[b.lo:b.hi])
 
     def plan_run(self):
-        """The next op's run; compressed, its answer (each server's, sharded)
-        starts with the aggregate's codes, and the links must know that."""
-        run = self.ex.plan(self.op)
-        if self.codec is not None:
-            links = getattr(self.job.link, "links", [self.job.link])
-            if len(links) == 1:
-                heads = [self.plan.numel]
-            else:
-                subs, _ = split_op(self.op, len(links))
-                heads = [sum(sub.sizes) for sub in subs]
-            for link, n in zip(links, heads):
-                link.expect_compressed(run.seq, n)
-        return run
+        return plan_step(self.job, self.op, self.codec is not None)
 
     # ------------------------------------------------------------------ backward
     def begin_step(self) -> StepState:

@@ -2,7 +2,9 @@
 
 The rendezvous store is a TCPStore on the PS namespace's loopback (so
 coordination never crosses the measured network), hosted by a process
-forked from the fork server (storehost.py) or by this one. RigJob starts
+forked from the fork server (storehost.py) or by this one, and relayed to
+127.0.0.1 in every other namespace of the job (storerelay.py), so
+MASTER_ADDR works for any script. RigJob starts
 one process per rank in its host's network namespace only (the rank sees
 the host's /sys and its bpffs): forked from the fork server (forkserver.py:
 torch and the job's modules imported once, before the rig was built when a
@@ -10,9 +12,11 @@ command called `forkserver.warm()`), or as a new interpreter with
 `dataplane.netns.popen` (LTPX_FORKSERVER=0, a command that is not a Python
 module or script, or the fork server failing). Each rank
 gets torchrun's env:// variables (RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT, LOCAL_RANK, TORCHELASTIC_USE_AGENT_STORE=True) and what
-`ltpx.torch.init()` reads (LTP_DEV, LTP_IP, LTP_XDP_MODE, LTP_CAPACITY,
-LTP_MTU, LTP_GROUP, LTP_NETNS, LTP_STORE_NETNS, LTP_SERVERS, ...).
+MASTER_PORT, LOCAL_RANK, TORCHELASTIC_USE_AGENT_STORE=True; RANK and
+WORLD_SIZE count the trainers only, as for a torchrun script) and what
+`ltpx.torch.init()` reads (LTP_RANK and LTP_WORLD_SIZE, servers first;
+LTP_ROLE, LTP_DEV, LTP_IP, LTP_XDP_MODE, LTP_CAPACITY, LTP_MTU, LTP_GROUP,
+LTP_NETNS, LTP_STORE_NETNS, LTP_SERVERS, ...).
 
 Ranks 0..servers-1 run on the rig's server hosts (ps, ps1, ...: `ltp rig up
 --servers S`; a one-server rig runs them all on ps), rank servers+i on
@@ -40,6 +44,7 @@ from ...dataplane import netns
 from ...dataplane.rig.star import broadcast_of
 from ..procs import stop_all
 from . import forkserver
+from .storerelay import StoreRelay
 
 STORE_MODULE = forkserver.STORE_MODULE
 RC_KILLED = -1000   # a rank this launcher stopped (another one failed first, or the timeout)
@@ -86,12 +91,21 @@ def plan_ranks(rig, workers: int, servers: int = 1) -> list[Rank]:
 def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
             transport: str = "ltp", group: bool = True, timeout_s: float | None = None,
             local_rank: int = 0) -> dict[str, str]:
-    """env:// as torchrun's agent sets it (the store is this launcher's), and
-    the LTP_* settings of the rank's host."""
+    """env:// as torchrun's agent sets it, and the LTP_* settings of the rank's host.
+
+    RANK, WORLD_SIZE and LOCAL_RANK mean what torchrun means for a script
+    with no servers: the trainers only (a server rank gets RANK 0 of them and
+    LTP_ROLE=server). LTP_RANK and LTP_WORLD_SIZE place every rank in the LTP
+    job, servers first. MASTER_ADDR is the store on loopback, reached from
+    every namespace (StoreRelay); gloo talks over the rank's rig device."""
     h, c = r.host, rig.config
+    trainers = world - servers
+    torch_rank = 0 if r.role == "server" else r.rank - servers
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
-               RANK=str(r.rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
-               LOCAL_WORLD_SIZE="1", GROUP_RANK=str(r.rank), TORCHELASTIC_USE_AGENT_STORE="True",
+               RANK=str(torch_rank), WORLD_SIZE=str(trainers), LOCAL_RANK=str(local_rank),
+               LOCAL_WORLD_SIZE="1", GROUP_RANK=str(torch_rank),
+               TORCHELASTIC_USE_AGENT_STORE="True", LTP_RANK=str(r.rank),
+               LTP_WORLD_SIZE=str(world), LTP_ROLE=r.role, GLOO_SOCKET_IFNAME=h.ifname,
                **forkserver.IMPORT_ENV,        # OMP_NUM_THREADS=1, TORCH_CPP_LOG_LEVEL, ...
                LTP_TRANSPORT=transport, LTP_DEV=h.ifname, LTP_IP=h.ip, LTP_XDP_MODE=c.mode,
                LTP_CAPACITY=str(c.rate_bps), LTP_MTU=str(c.mtu), LTP_NETNS=h.netns,
@@ -111,11 +125,13 @@ class RigJob:
     def __init__(self, rig, ranks: list[Rank], store_timeout_s: float = 300.0):
         self.rig, self.ranks = rig, ranks
         self.sel = selectors.DefaultSelector()
-        self.store = self.store_proc = None
+        self.store = self.store_proc = self.relay = None
         self.zygote = forkserver.take(new=False)      # the one warm() started, if any
         self.zygote_asked = self.zygote is not None
         try:
             self.port = self.host_store(store_timeout_s)
+            # MASTER_ADDR=127.0.0.1 must reach the store from every rank's namespace
+            self.relay = StoreRelay(self.port, rig.ps.netns, [r.host.netns for r in ranks])
         except BaseException:   # the zygote (and a store it forked) end here: no job to close
             self.close()
             raise
@@ -227,6 +243,8 @@ class RigJob:
 
     def close(self) -> None:
         self.stop()
+        if self.relay is not None:
+            self.relay.close()
         if self.store_proc is not None:
             stop_all([self.store_proc], grace_s=2.0)
         if self.zygote is not None:

@@ -293,11 +293,12 @@ class Server:
 
 
 def comm_for(argv: list[str], env: dict) -> str:
-    """A forked child's process name: ltp-rank<R> for a rank (RANK),
+    """A forked child's process name: ltp-rank<R> for a rank (LTP_RANK, else RANK),
     ltp-store for the job's store host (python -m ...storehost), else the
     program's own base name."""
-    if str(env.get("RANK", "")).isdigit():
-        return f"ltp-rank{env['RANK']}"
+    rank = str(env.get("LTP_RANK") or env.get("RANK", ""))
+    if rank.isdigit():
+        return f"ltp-rank{rank}"
     if argv[1:3] == ["-m", STORE_MODULE]:
         return "ltp-store"
     return os.path.basename(argv[0]) if argv else "python3"

@@ -1,0 +1,217 @@
+"""The torch.distributed backend `ltp`: `dist.init_process_group("ltp")`.
+
+`import ltpx.torch` registers it. A stock DDP script then changes one
+string, and DDP's gradient buckets go over LTP (Early Close, Bubble
+Filling) while every other collective stays exact:
+
+  tolerant  an all-reduce (SUM or AVG) of one floating tensor issued while
+            autograd runs backward on the default group: what DDP's reducer
+            sends for a bucket (its own hook, or none). The rule is the
+            `tolerant` setting (LTP_TOLERANT): `backward` (the default),
+            `hook` (only buckets sent through `ltpx.torch.ddp_hook`) or
+            `never`.
+  exact     everything else (a metric all_reduce, broadcast, all_gather,
+            all_gather_into_tensor, reduce_scatter_tensor, barrier, object
+            collectives, DDP's own integer all-reduce of used parameters):
+            a gloo process group on the same store, so the results are
+            gloo's, bit for bit.
+
+The ranks torch counts (RANK, WORLD_SIZE) are trainers only, as under
+torchrun. The parameter server(s) are ranks of the LTP job only: `ltp launch`
+starts them (LTP_ROLE=server, LTP_RANK, LTP_WORLD_SIZE), and a server rank
+that reaches `init_process_group("ltp")` serves there and exits, as in
+`lt.init()`. Without the launcher, trainer rank r is LTP rank
+servers + r (LTP_SERVERS, default 1), and each server is started with
+LTP_ROLE=server and LTP_RANK set (docs/deploy.md).
+
+A subgroup (`dist.new_group`) is exact only: its collectives go through
+gloo, and DDP over a subgroup runs without loss tolerance (a warning says so).
+send/recv and the other point-to-point calls are not supported.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
+
+from ...errors import UsageError
+from . import job as jobmod
+
+log = logging.getLogger("ltpx.torch.backend")
+
+NAME = "ltp"
+TOLERANT = ("backward", "hook", "never")
+# the collectives handed to the exact group as they are
+EXACT = ("broadcast", "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced",
+         "all_gather_single", "all_gather_single_coalesced", "reduce_scatter",
+         "reduce_scatter_single", "reduce_scatter_single_coalesced",
+         "reduce_scatter_tensor_coalesced", "allreduce_coalesced", "gather", "scatter",
+         "reduce", "alltoall", "alltoall_base", "all_to_all_single", "barrier",
+         "monitored_barrier")
+UNSUPPORTED = ("send", "recv", "recv_anysource")
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def tolerant_rule() -> str:
+    rule = os.environ.get("LTP_TOLERANT", "backward") or "backward"
+    if rule not in TOLERANT:
+        raise UsageError(f"LTP_TOLERANT must be one of {', '.join(TOLERANT)}, got {rule!r}")
+    return rule
+
+
+def exact_group(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
+    """A gloo process group of the same ranks, on its own keys of the store
+    (CPU tensors, and CUDA tensors where gloo was built with CUDA)."""
+    st = dist.PrefixStore("ltp-exact/", store)
+    pg = dist.ProcessGroup(st, rank, size)
+    pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    gloo = ProcessGroupGloo(st, rank, size, timeout)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for d in devices:
+        pg._register_backend(torch.device(d), dist.ProcessGroup.BackendType.GLOO, gloo)
+    return pg
+
+
+class LtpProcessGroup(dist.ProcessGroup):
+    """See the module docstring. `reduce` is the job's ddp.TolerantReduce
+    (None: an exact-only group)."""
+
+    def __init__(self, exact: dist.ProcessGroup, rank: int, size: int, reduce=None,
+                 rule: str = "never"):
+        super().__init__(rank, size)
+        self.exact, self.reduce, self.rule = exact, reduce, rule
+        self.warned = False
+        self.key = (-1, 0)     # (graph task, buckets of it so far): a bucket's position
+
+    def getBackendName(self) -> str:
+        return NAME
+
+    def tolerant(self, tensors, opts) -> bool:
+        if self.rule != "backward" or len(tensors) != 1 or tensors[0].dtype not in FLOATS:
+            return False
+        op = opts.reduceOp.op if opts is not None else dist.ReduceOp.SUM
+        if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            return False
+        if torch._C._current_graph_task_id() == -1:
+            return False
+        if self.reduce is None:
+            if not self.warned:
+                self.warned = True
+                log.warning("ltpx.torch: DDP over a subgroup runs exact (gloo): only the "
+                            "default group of the `ltp` backend is loss-tolerant")
+            return False
+        return True
+
+    def allreduce(self, tensors, opts=None):
+        if not isinstance(tensors, list):
+            tensors = [tensors]
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        if self.tolerant(tensors, opts):
+            return self.tolerant_allreduce(tensors[0], opts.reduceOp.op)
+        if opts.reduceOp.op == dist.ReduceOp.AVG:
+            return self.exact_average(tensors, opts)
+        return self.exact.allreduce(tensors, opts)
+
+    def tolerant_allreduce(self, t: torch.Tensor, op):
+        task = torch._C._current_graph_task_id()
+        n = self.key[1] + 1 if self.key[0] == task else 0
+        self.key = (task, n)
+        # DDP divided the bucket by the world size and asks for the SUM: the
+        # mean over the workers, times the world size, is that sum
+        scale = 1.0 if op == dist.ReduceOp.AVG else float(self.size())
+        fut = self.reduce.mean(t, key=n, scale=scale)
+        return _create_work_from_future(fut.then(lambda f: [f.value()]))
+
+    def exact_average(self, tensors, opts):
+        """AVG: gloo's SUM, divided by the size (floating tensors only)."""
+        if any(not t.is_floating_point() for t in tensors):
+            raise UsageError("ltp backend: ReduceOp.AVG needs floating tensors (as NCCL's); "
+                             "use SUM and divide")
+        sum_opts = dist.AllreduceOptions()
+        sum_opts.reduceOp = dist.ReduceOp.SUM
+        sum_opts.timeout = opts.timeout
+        size = self.size()
+
+        def divide(f):
+            for t in tensors:
+                t.div_(size)
+            return tensors
+        return _create_work_from_future(
+            self.exact.allreduce(tensors, sum_opts).get_future().then(divide))
+
+    def shutdown(self) -> None:
+        if self.reduce is not None:
+            jobmod.shutdown()
+
+
+def _delegate(name: str):
+    def call(self, *args, **kwargs):
+        return getattr(self.exact, name)(*args, **kwargs)
+    call.__name__ = name
+    call.__doc__ = f"{name}: exact, through the gloo group."
+    return call
+
+
+def _refuse(name: str):
+    def call(self, *args, **kwargs):
+        raise UsageError(f"ltp backend: {name} is not supported (collectives only); use a "
+                         "gloo group for point-to-point: dist.new_group(backend='gloo')")
+    call.__name__ = name
+    return call
+
+
+for _n in EXACT:
+    setattr(LtpProcessGroup, _n, _delegate(_n))
+for _n in UNSUPPORTED:
+    setattr(LtpProcessGroup, _n, _refuse(_n))
+
+
+def ltp_place(rank: int, size: int) -> tuple[int, int, bool]:
+    """(LTP rank, LTP world, is a server) of a process torch numbers rank of size."""
+    servers = int(os.environ.get("LTP_SERVERS") or 1)
+    if os.environ.get("LTP_RANK"):
+        lr, lw = int(os.environ["LTP_RANK"]), int(os.environ.get("LTP_WORLD_SIZE") or 0)
+        if lw != servers + size:
+            raise UsageError(f"LTP_WORLD_SIZE={lw}, but LTP_SERVERS={servers} and WORLD_SIZE="
+                             f"{size}: the LTP job has the servers plus the trainers")
+    else:
+        lr, lw = servers + rank, servers + size
+    server = os.environ.get("LTP_ROLE") == "server"
+    if server != (lr < servers):
+        raise UsageError(f"LTP_RANK={lr} with LTP_SERVERS={servers}: LTP ranks below "
+                         f"{servers} are servers, and only they have LTP_ROLE=server")
+    return lr, lw, server
+
+
+_groups = 0
+
+
+def create(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
+    """The backend's creator: torch calls it for init_process_group("ltp") and
+    for every new_group(backend="ltp")."""
+    global _groups
+    _groups += 1
+    if _groups > 1:    # a subgroup: exact only
+        return LtpProcessGroup(exact_group(store, rank, size, timeout), rank, size)
+    rule = tolerant_rule()
+    lr, lw, server = ltp_place(rank, size)
+    if jobmod._job is None:
+        # a server rank serves in here and exits the process when the job ends
+        jobmod.init(place=(lr, lw))
+    job = jobmod.current()
+    if job.is_server:
+        raise UsageError("ltp backend: this rank is an LTP server (lt.init(serve=False)); "
+                         "only trainers join the torch group")
+    from .ddp import tolerant_reduce
+    exact = exact_group(store, rank, size, timeout)
+    return LtpProcessGroup(exact, rank, size, tolerant_reduce(), rule)
+
+
+def register() -> None:
+    if NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NAME, create, devices=["cpu", "cuda"])

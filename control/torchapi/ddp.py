@@ -1,0 +1,237 @@
+"""DDP's gradient buckets over LTP: the comm hook, and the tolerant all-reduce
+the `ltp` backend (backend.py) runs for DDP's reducer.
+
+Each bucket is one step op (ops.py) of one piece: it goes up over LTP's
+loss-tolerant class (Early Close, Bubble Filling), the server averages the
+workers' rows and answers over the reliable class, and every rank takes the
+same answer bytes, so replicas stay bit-identical. The op runs on a
+communication thread, so a bucket leaves while backward goes on; the caller
+gets a `torch.futures.Future` that DDP's reducer waits on at the end of
+backward.
+
+The tensor may live on any device: `Staging` copies it into a float32 host
+buffer (pinned, on a side stream, for CUDA) and the answer back into the
+tensor's own memory; on the CPU the same code runs with plain copies, so the
+CPU tests exercise every step but the device copies.
+
+    import ltpx.torch as lt
+    state = lt.ddp_state()                    # options: bubble, early_close, downlink
+    ddp.register_comm_hook(state, lt.ddp_hook)
+    ...
+    state.last_report                         # the last bucket's StepReport
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+
+import numpy as np
+import torch
+import torch.distributed
+
+from ...errors import UsageError
+from .codec import make_codec
+from .job import current
+from .links import chunk_bytes_for
+from .ops import STEP, Op, StepReport
+from .optimizer import DistributedOptimizer, plan_step
+from .threads import CallThread
+
+
+class Staging:
+    """Float32 host buffers for one bucket position, and the copies to and from
+    a tensor's device (CUDA: pinned memory, non_blocking on a side stream)."""
+
+    def __init__(self):
+        self.bufs: dict[int, torch.Tensor] = {}
+        self.stream = None
+
+    def host(self, key: int, n: int, device: torch.device) -> torch.Tensor:
+        t = self.bufs.get(key)
+        if t is None or t.numel() != n:
+            pin = device.type == "cuda"
+            t = self.bufs[key] = torch.empty(n, dtype=torch.float32, pin_memory=pin)
+        return t
+
+    def side(self, device: torch.device):
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(device=device)
+        return self.stream
+
+    def down(self, t: torch.Tensor, host: torch.Tensor):
+        """Copy t into host; on CUDA the copy is queued after the work that
+        produced t, and the returned event says when it is done."""
+        flat = t.detach().reshape(-1)
+        if t.device.type != "cuda":
+            host.copy_(flat)
+            return None
+        side = self.side(t.device)
+        side.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(side):
+            host.copy_(flat, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(side)
+        return ev
+
+    def up(self, result: torch.Tensor, t: torch.Tensor) -> None:
+        """The answer (float32, host) into t's own memory, finished on return."""
+        flat = t.detach().view(-1)
+        if t.device.type != "cuda":
+            flat.copy_(result)
+            return
+        side = self.side(t.device)
+        with torch.cuda.stream(side):
+            flat.copy_(result.pin_memory(), non_blocking=True)
+        side.synchronize()
+
+
+class TolerantReduce:
+    """Buckets' mean over the workers through LTP step ops, one at a time on a
+    communication thread. One per job: the hook's state and the backend share it."""
+
+    def __init__(self, job):
+        if job.is_server:
+            raise UsageError("ltpx.torch: DDP runs on trainer ranks; this rank is a server")
+        self.job = job
+        self.base = self.op_for()
+        self.codec = make_codec(job.s.compress, chunk_bytes_for(job.s.mtu))
+        self.residual: dict[int, np.ndarray] = {}   # compressed: rounding error per bucket
+        self.staging = Staging()
+        self.answers: dict[int, np.ndarray] = {}
+        self.comm = CallThread("ltpx-ddp")
+        self.lock = threading.Lock()
+        self.buckets = 0                  # buckets reduced so far
+        self.early_buckets = 0            # ... of which a round closed early
+        self.wholly_filled_total = 0
+        self.last_report: StepReport | None = None
+        job.optimizers.append(self)       # drained before other ops, closed with the job
+
+    def op_for(self, bubble: str = "mean", early_close: dict | None = None,
+               downlink: str | None = None) -> Op:
+        """A bucket's step op (its sizes set per bucket), after the options' checks."""
+        early_close = dict(early_close or {})
+        DistributedOptimizer.check_options("bsp", bubble, early_close, downlink, None, 1, 1)
+        return Op(STEP, bubble=bubble, early_close=json.dumps(early_close, sort_keys=True),
+                  downlink=downlink or self.job.s.downlink)
+
+    def mean(self, t: torch.Tensor, key: int = 0, scale: float = 1.0,
+             base: Op | None = None) -> torch.futures.Future:
+        """A future of t, which then holds the mean of every worker's t (times
+        scale), written in place. key: the bucket's position in a step (its
+        host buffer and, compressed, its rounding error); base: the op's
+        options (op_for)."""
+        if not t.is_floating_point():
+            raise UsageError(f"ltpx.torch: a tolerant all-reduce takes floating tensors, "
+                             f"got {t.dtype}")
+        n = t.numel()
+        host = self.staging.host(key, n, t.device)
+        ev = self.staging.down(t, host)
+        fut = torch.futures.Future()
+        self.comm.submit(self.run, t, host, ev, key, scale, base or self.base, fut)
+        return fut
+
+    def run(self, t, host, ev, key: int, scale: float, base: Op, fut) -> None:
+        try:
+            if ev is not None:
+                ev.synchronize()
+            out = self.reduce(host.numpy(), key, base)
+            res = torch.from_numpy(out)
+            if scale != 1.0:
+                res = res * scale
+            self.staging.up(res, t)
+        except BaseException as e:   # the caller's wait() raises it
+            fut.set_exception(e)
+            return
+        fut.set_result(t)
+
+    def reduce(self, piece: np.ndarray, key: int, base: Op) -> np.ndarray:
+        n = piece.size
+        op = replace(base, sizes=(n,))
+        ex = self.job.exchange
+        if self.codec is not None:
+            res = self.residual.setdefault(key, np.zeros(n, np.float32))
+            if res.size != n:
+                res = self.residual[key] = np.zeros(n, np.float32)
+            piece += res
+        run = plan_step(self.job, op, self.codec is not None)
+        down = op.down_elems(self.job.workers)
+        ans = self.answers.get(down)
+        if ans is None:
+            ans = self.answers[down] = np.empty(down, dtype=np.float32)
+        ex.prepare(run)
+        ex.barrier(run)
+        ex.push(run, 0, piece)
+        if self.codec is not None:   # the link left the rounding error in piece
+            np.copyto(self.residual[key], piece)
+        view = ex.finish(run, ans)
+        self.note(StepReport.decode(view[n:]))
+        return view[:n]
+
+    def note(self, rep: StepReport) -> None:
+        with self.lock:
+            self.buckets += 1
+            rep.step = self.buckets
+            self.early_buckets += rep.early_closed
+            self.wholly_filled_total += sum(rep.wholly_filled.values())
+            rep.wholly_filled_total = self.wholly_filled_total
+            self.last_report = rep
+
+    def stats(self) -> dict:
+        return {"buckets": self.buckets, "early_buckets": self.early_buckets,
+                "wholly_filled_total": self.wholly_filled_total}
+
+    # the job's calls (job.optimizers): before another op, and at the end
+    def drain(self) -> None:
+        self.comm.drain()
+
+    def close(self, wait_s: float = 10.0) -> None:
+        self.comm.close(wait_s)
+
+
+class HookState:
+    """`model.register_comm_hook(state, ddp_hook)`'s state: the job's tolerant
+    reduce, this hook's options, and what it reports (`last_report`, `stats()`)."""
+
+    def __init__(self, reduce: TolerantReduce, base: Op):
+        self.reduce, self.base = reduce, base
+
+    @property
+    def last_report(self) -> StepReport | None:
+        return self.reduce.last_report
+
+    def stats(self) -> dict:
+        return self.reduce.stats()
+
+
+def tolerant_reduce() -> TolerantReduce:
+    """The job's TolerantReduce (made at the first call)."""
+    job = current()
+    red = getattr(job, "tolerant", None)
+    if red is None:
+        red = job.tolerant = TolerantReduce(job)
+    return red
+
+
+def ddp_state(*, bubble: str = "mean", early_close: dict | None = None,
+              downlink: str | None = None) -> HookState:
+    """The state for `ddp_hook`: bubble (mean | zero | stale), early_close
+    (EarlyCloseConfig fields, e.g. {"threshold_min": 0.97}), downlink
+    (group | unicast). Call it after init_process_group("ltp") (or lt.init())."""
+    red = tolerant_reduce()
+    return HookState(red, red.op_for(bubble, early_close, downlink))
+
+
+def ddp_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: the bucket's mean over the workers, loss-tolerant.
+    Returns a future of the bucket's buffer, averaged in place."""
+    if not isinstance(state, HookState):
+        raise UsageError("ltpx.torch.ddp_hook: register it with lt.ddp_state() as its state: "
+                         "model.register_comm_hook(lt.ddp_state(), lt.ddp_hook)")
+    return state.reduce.mean(bucket.buffer(), key=bucket.index(), base=state.base)
+
+
+# DDP compares the hook's annotations with the objects themselves (this
+# module's are strings: `from __future__ import annotations`)
+ddp_hook.__annotations__.update(state=HookState, bucket=torch.distributed.GradBucket,
+                                 **{"return": torch.futures.Future[torch.Tensor]})
