@@ -265,7 +265,7 @@ def test_half_precision_and_unused_parameters(tcp_job):
 
 @pytest.mark.parametrize("argv, flag", [
     (["--workers", "0", "--", "python", "x.py"], "--workers"),
-    (["--servers", "0", "--", "python", "x.py"], "--servers"),
+    (["--servers", "9", "--", "python", "x.py"], "--servers"),
     (["--loss", "2", "--", "python", "x.py"], "--loss"),
     (["--rate", "fast", "--", "python", "x.py"], "--rate"),
     (["--rig", "Bad-Name", "--", "python", "x.py"], "--rig"),

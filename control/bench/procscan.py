@@ -24,7 +24,7 @@ class ProcSample:
     pid: int
     start: int
     comm: str
-    rank: int | None        # RANK of its environment (a torch.distributed env:// rank)
+    rank: int | None        # its place in the LTP job: LTP_RANK of its environment, else RANK
     rss_kb: int
     fds: int
     progs: frozenset[int]   # BPF program ids its fds hold (programs, and links' programs)
@@ -87,14 +87,14 @@ def _rss_kb(pid: int) -> int:
 
 
 def _rank(pid: int) -> int | None:
+    """LTP_RANK (servers first: ltp launch sets it), else RANK (torchrun's)."""
     with open(f"{PROC}/{pid}/environ", "rb") as f:
-        for item in f.read().split(b"\0"):
-            if item.startswith(b"RANK="):
-                try:
-                    return int(item[5:])
-                except ValueError:
-                    return None
-    return None
+        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    raw = env.get(b"LTP_RANK", env.get(b"RANK"))
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
 
 
 def held_bpf(pid: int) -> tuple[int, set[int], set[int]]:

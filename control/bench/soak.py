@@ -8,7 +8,7 @@ far more iterations than it can run and is stopped with SIGTERM when the
 minutes are over (no restarts: an early exit is an error naming its code),
 so one job covers the whole soak and its own unwinding is part of what is
 checked. Its processes are the `ltp train` process and its descendants; the
-ranks are those with a RANK in their environment.
+ranks are those with an LTP_RANK (or RANK) in their environment.
 
 Every `sample_s` each process's RSS and open fds, the BPF programs and maps
 the job holds (the ids its fds name, and the maps of those programs), the

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
 
 from ...errors import UsageError
-from . import job as jobmod
+from .job import current, init, joined, shutdown
 
 log = logging.getLogger("ltpx.torch.backend")
 
@@ -146,7 +146,7 @@ class LtpProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         if self.reduce is not None:
-            jobmod.shutdown()
+            shutdown()
 
 
 def _delegate(name: str):
@@ -200,10 +200,10 @@ def create(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup
         return LtpProcessGroup(exact_group(store, rank, size, timeout), rank, size)
     rule = tolerant_rule()
     lr, lw, server = ltp_place(rank, size)
-    if jobmod._job is None:
+    if joined() is None:
         # a server rank serves in here and exits the process when the job ends
-        jobmod.init(place=(lr, lw))
-    job = jobmod.current()
+        init(place=(lr, lw))
+    job = current()
     if job.is_server:
         raise UsageError("ltp backend: this rank is an LTP server (lt.init(serve=False)); "
                          "only trainers join the torch group")

@@ -231,13 +231,19 @@ class Coord:
         evaluate or save between steps; a launcher ends a job whose rank
         failed), at most idle_s seconds. Once the workers it waits for are
         all either there or dead (no heartbeat for liveness.DEAD_S), it lifts
-        the barrier itself, naming the dead as absent."""
+        the barrier itself, naming the dead as absent; when every one of them
+        is dead, it ends (CommError) instead of waiting for nobody."""
         end = time.monotonic() + idle_s
         while not self._wait([f"go/{s}"], SLICE_S, quiet=True):
             if time.monotonic() > end:
                 raise CommError(f"no op {s} from the workers after {idle_s:g}s")
             if self.watch is not None:
                 self.release_without_dead(s)
+                expect = self.view.expect()
+                if expect and not self.arrived(s) and \
+                        not any(self.worker_alive(w) for w in expect):
+                    raise CommError(f"every worker ({', '.join(map(str, sorted(expect)))}) "
+                                    f"stopped beating before op {s}: nobody is left to serve")
         return self.read_go(s)
 
     def release_without_dead(self, s: int) -> None:

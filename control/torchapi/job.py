@@ -169,6 +169,11 @@ def waiting_note(timeout_s: float, after_s: float = 5.0):
         done.set()
 
 
+def joined() -> "Job | None":
+    """The job of this process, or None before init()."""
+    return _job
+
+
 def current() -> Job:
     """The job of this process (UsageError before init())."""
     if _job is None:

@@ -1,0 +1,108 @@
+"""The `ltp` torch.distributed backend on real ranks: stock DDP scripts under
+`ltp launch` (each builds its own rig: loss is a rig setting), compared with
+the same script over gloo.
+
+- lossless, 2 workers: DDP over `ltp` and over gloo end bit-identical (the
+  server's mean times 2 is gloo's sum, exactly), RANK/WORLD_SIZE count the
+  trainers, and a gloo script runs under `ltp launch --servers 0`;
+- at 5 % loss: every exact collective equals gloo's result bit for bit;
+  unsupported calls raise the backend's UsageError;
+- at 5 % loss, through the comm hook: training converges with Early-Closed
+  buckets and bit-identical replicas;
+- a rank killed mid-training: every other rank (the server too) ends by
+  itself with an error, long before any timeout.
+
+Each launch starts 3-4 processes that import torch: 10-25 s apiece on 2 cores.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import requires_bpf
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+pytestmark = [requires_bpf, pytest.mark.rig]
+
+
+def launch(workers: int, *cmd: str, flags: tuple = (), timeout: float = 240):
+    """`ltp launch -j` on a fresh rig: (exit code, summary, stderr)."""
+    out = subprocess.run([str(BIN / "ltp"), "launch", "--workers", str(workers), *flags, "-j",
+                          "--", *cmd], capture_output=True, text=True, timeout=timeout,
+                         cwd=ROOT)
+    assert out.stdout.strip(), out.stderr[-3000:]
+    return out.returncode, json.loads(out.stdout), out.stderr
+
+
+def results(summary: dict) -> list[dict]:
+    return [r["last_json"] for r in summary["ranks"] if r["role"] == "worker"]
+
+
+def test_stock_ddp_script_over_ltp_equals_gloo_bit_for_bit():
+    rc, s, err = launch(2, "python", "docs/examples/ddp_backend.py", "--epochs", "3")
+    assert rc == 0, err[-3000:]
+    assert [r["label"] for r in s["ranks"]] == ["s0", "w0", "w1"]
+    ltp = results(s)
+    rc, s, err = launch(2, "python", "docs/examples/ddp_backend.py", "--epochs", "3",
+                        "--backend", "gloo", flags=("--servers", "0"))
+    assert rc == 0, err[-3000:]
+    assert [r["label"] for r in s["ranks"]] == ["w0", "w1"]
+    gloo = results(s)
+    # torchrun's numbering: the trainers only, whatever servers the job has
+    assert [r["rank"] for r in ltp] == [0, 1] and {r["world"] for r in ltp} == {2}
+    assert [r["ranks"] for r in ltp] == [r["ranks"] for r in gloo]
+    assert len({r["digest"] for r in ltp + gloo}) == 1, [r["digest"] for r in ltp + gloo]
+    assert ltp[0]["accuracy"] == gloo[0]["accuracy"]
+    assert ltp[0]["cfg"] == {"epochs": 3, "from": 0}
+
+
+def test_exact_collectives_equal_gloo_at_5_percent_loss():
+    rc, s, err = launch(3, "python", "tests/ddp_collectives_job.py", "ltp",
+                        flags=("--loss", "0.05"))
+    assert rc == 0, err[-3000:]
+    ltp = results(s)
+    rc, s, err = launch(3, "python", "tests/ddp_collectives_job.py", "gloo",
+                        flags=("--servers", "0"))
+    assert rc == 0, err[-3000:]
+    gloo = results(s)
+    for a, b in zip(ltp, gloo):
+        exact = set(b) - {"digest", "errors"}
+        assert len(exact) > 30 and set(a) - {"digest", "errors"} == exact
+        assert {k: a[k] for k in exact} == {k: b[k] for k in exact}, a["rank"]
+    assert ltp[0]["subgroup"] == 21 and ltp[0]["future"] == [3, 3, 3]
+    assert ltp[0]["steps"] == 45
+    # float sums identical on every rank, and the DDP replicas too
+    assert len({r["digest"] for r in ltp}) == 1
+    errors = ltp[0]["errors"]
+    assert errors["send"].startswith("UsageError: ltp backend: send is not supported")
+    assert errors["avg_int"].startswith("UsageError: ltp backend: ReduceOp.AVG needs floating")
+
+
+def test_comm_hook_at_5_percent_loss_converges_with_early_closed_buckets():
+    rc, s, err = launch(3, "python", "docs/examples/ddp_backend.py", "--hook",
+                        flags=("--loss", "0.05"))
+    assert rc == 0, err[-3000:]
+    res = results(s)
+    assert len({r["digest"] for r in res}) == 1
+    assert res[0]["accuracy"] >= 0.85, res[0]["accuracy"]
+    hook = res[0]["hook"]
+    assert hook["buckets"] == res[0]["steps"]      # one bucket a step (a small model)
+    assert hook["early_buckets"] > 0, hook         # 5 % loss: some rounds closed early
+
+
+def test_a_killed_rank_ends_every_other_rank_with_an_error():
+    rc, s, err = launch(3, "python", "tests/ddp_collectives_job.py", "ltp", "die",
+                        flags=("--grace", "120"))
+    codes = {r["label"]: r["exit_code"] for r in s["ranks"]}
+    assert codes["w1"] == 137 and rc == 137, codes
+    # nobody was stopped by the launcher: each ended by itself, well inside the grace
+    assert codes["w0"] == codes["w2"] == codes["s0"] == 1, codes
+    assert max(r["wall_s"] for r in s["ranks"]) < 60, s["ranks"]
+    assert "Connection closed by peer" in err          # the exact collective after it
+    assert "stopped beating before op" in err          # the server: nobody left to serve
