@@ -25,6 +25,8 @@ EPILOG = """examples:
   sudo ltp train                                  LTP, 4 workers, 3 epochs, bsp
   sudo ltp train --compare tcp                    LTP, then TCP cubic, side by side
   sudo ltp train --workers 8 --loss 0.01 --compare tcp:cubic,tcp:bbr,gloo -j
+  sudo ltp train --transport ddp-ltp --compare gloo -j   (stock DDP over the `ltp`
+      backend against DDP over gloo: the same job, one backend string apart)
   sudo ltp train --sync wbsp --straggler 1:3      fast workers keep computing
   sudo ltp train --transport tcp --cc bbr --epochs 5
   sudo ltp train --downlink unicast               parameters sent to each worker in turn
@@ -120,10 +122,11 @@ def _compare_item(item: str, args) -> dict:
     tr, *parts = item.split(":")
     run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers,
            "compress": "none" if tr == "gloo" else args.compress,
-           "sender": args.sender if tr == "ltp" else "socket"}
+           "sender": args.sender if tr in ("ltp", "ddp-ltp") else "socket"}
     usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
+             "ddp-ltp, "
              f"each with optional :KEY=VALUE, keys {', '.join(COMPARE_KEYS)})")
-    if tr not in ("ltp", "tcp", "gloo"):
+    if tr not in ("ltp", "tcp", "gloo", "ddp-ltp"):
         raise UsageError(usage)
     for i, part in enumerate(parts):
         key, eq, val = part.partition("=")
@@ -152,8 +155,9 @@ def _validate(args) -> tuple:
     from ..control.training.args import config_from_args
     if not 1 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
-    if args.sender != "socket" and args.transport != "ltp":
-        raise UsageError(f"--sender {args.sender}: the ACK clock is LTP's (--transport ltp)")
+    if args.sender != "socket" and args.transport not in ("ltp", "ddp-ltp"):
+        raise UsageError(f"--sender {args.sender}: the ACK clock is LTP's (--transport ltp "
+                         "or ddp-ltp)")
     try:
         loss = float(args.loss)
     except ValueError:
@@ -193,9 +197,9 @@ def _validate(args) -> tuple:
                          "and tcp:compress=uint8)")
     from ..control.training.curves import check_outputs
     check_outputs(args.tensorboard, args.plot)
-    if args.sync == "wbsp" and any(r["transport"] == "gloo" for r in runs):
-        raise UsageError("--sync wbsp needs a parameter server: gloo all-reduce (--transport/"
-                         "--compare gloo) is bsp only")
+    if args.sync == "wbsp" and any(r["transport"] in ("gloo", "ddp-ltp") for r in runs):
+        raise UsageError("--sync wbsp needs a parameter server's own API: DDP (--transport/"
+                         "--compare gloo or ddp-ltp) is bsp only")
     from ..dataplane.rig.star import RigConfig
     try:   # the rig's own range checks; its messages start with the field's name
         RigConfig(name=args.name or "check", workers=args.workers, rate_bps=rate,
@@ -210,7 +214,7 @@ def _validate(args) -> tuple:
 def cmd_train(args) -> int:
     loss, rate, buffer, runs = _validate(args)
     need_root("ltp train")
-    if any(r["transport"] == "ltp" for r in runs):
+    if any(r["transport"] in ("ltp", "ddp-ltp") for r in runs):
         need_bcc()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
     from ..control.training import forkserver
@@ -375,7 +379,9 @@ def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str
                    r.get("sender", "socket")) for r in results]
 
     def early(r):
-        return f"{r['rounds_early_closed']}/{r['iterations']}" if r["transport"] == "ltp" else "-"
+        if r["transport"] not in ("ltp", "ddp-ltp"):
+            return "-"
+        return f"{r['rounds_early_closed']}/{(r.get('ltp') or {}).get('rounds', r['iterations'])}"
 
     def ttt(r):
         t = r.get("time_to_target")

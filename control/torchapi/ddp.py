@@ -104,6 +104,7 @@ class TolerantReduce:
         self.buckets = 0                  # buckets reduced so far
         self.early_buckets = 0            # ... of which a round closed early
         self.wholly_filled_total = 0
+        self.delivered_sum = 0.0          # per bucket: the workers' mean delivered fraction
         self.last_report: StepReport | None = None
         job.optimizers.append(self)       # drained before other ops, closed with the job
 
@@ -173,13 +174,16 @@ class TolerantReduce:
             self.buckets += 1
             rep.step = self.buckets
             self.early_buckets += rep.early_closed
+            if rep.delivered:
+                self.delivered_sum += sum(rep.delivered.values()) / len(rep.delivered)
             self.wholly_filled_total += sum(rep.wholly_filled.values())
             rep.wholly_filled_total = self.wholly_filled_total
             self.last_report = rep
 
     def stats(self) -> dict:
         return {"buckets": self.buckets, "early_buckets": self.early_buckets,
-                "wholly_filled_total": self.wholly_filled_total}
+                "wholly_filled_total": self.wholly_filled_total,
+                "delivered": self.delivered_sum / self.buckets if self.buckets else 1.0}
 
     # the job's calls (job.optimizers): before another op, and at the end
     def drain(self) -> None:

@@ -11,7 +11,7 @@ import argparse
 import os
 
 from .config import (BUBBLES, COMPRESS, DEFAULT_DOWNLINK, DEFAULT_HIDDEN, DOWNLINKS, SENDERS, SYNCS,
-                     TRANSPORTS, TrainConfig)
+                     LTP_TRANSPORTS, TRANSPORTS, TrainConfig)
 
 MAX_WIDTH = 65536   # widest hidden layer the flags accept
 
@@ -148,10 +148,11 @@ def config_from_args(a: argparse.Namespace, *, transport: str | None = None,
                       straggler=parse_straggler(a.straggler), eval_every=a.eval_every,
                       target_accuracy=a.target_accuracy, cc=cc or a.cc,
                       verify_versions=a.verify_versions,
-                      downlink=a.downlink if transport == "ltp" else "unicast",
+                      downlink=a.downlink if transport in LTP_TRANSPORTS else "unicast",
                       servers=getattr(a, "servers", 1) if transport != "gloo" else 1,
                       compress=getattr(a, "compress", "none") if transport != "gloo" else "none",
-                      sender=getattr(a, "sender", "socket") if transport == "ltp" else "socket",
+                      sender=getattr(a, "sender", "socket") if transport in LTP_TRANSPORTS
+                      else "socket",
                       max_missed=a.max_missed, checkpoint_every=a.checkpoint_every,
                       checkpoint_dir=os.path.abspath(a.checkpoint_dir) if a.checkpoint_dir
                       else None, pace_s=max(0.0, a.pace))

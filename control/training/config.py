@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-TRANSPORTS = ("ltp", "tcp", "gloo")
+TRANSPORTS = ("ltp", "tcp", "gloo", "ddp-ltp")
+# over LTP's XDP path: the parameter server's own API, or stock DDP over the `ltp` backend
+LTP_TRANSPORTS = ("ltp", "ddp-ltp")
+# every rank a DDP trainer (gloo's all-reduce, or the `ltp` backend with its server ranks)
+DDP_TRANSPORTS = ("gloo", "ddp-ltp")
 SYNCS = ("bsp", "wbsp")
 DOWNLINKS = ("unicast", "group")
 BUBBLES = ("mean", "zero", "stale")
@@ -61,7 +65,7 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.downlink is None:
-            self.downlink = DEFAULT_DOWNLINK if self.transport == "ltp" else "unicast"
+            self.downlink = DEFAULT_DOWNLINK if self.transport in LTP_TRANSPORTS else "unicast"
 
     def validate(self) -> None:
         """Raise ValueError naming the field when the combination cannot run."""
@@ -69,9 +73,9 @@ class TrainConfig:
             raise ValueError(f"transport: one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
         if self.sync not in SYNCS:
             raise ValueError(f"sync: one of {', '.join(SYNCS)}, got {self.sync!r}")
-        if self.sync == "wbsp" and self.transport == "gloo":
-            raise ValueError("sync: wbsp needs a parameter server (transport ltp or tcp); "
-                             "gloo all-reduce is bsp only")
+        if self.sync == "wbsp" and self.transport in DDP_TRANSPORTS:
+            raise ValueError("sync: wbsp needs a parameter server's own API (transport ltp "
+                             "or tcp); DDP (gloo, ddp-ltp) is bsp only")
         if self.epochs < 1 or (self.iterations is not None and self.iterations < 1):
             raise ValueError("epochs/iterations: must be at least 1")
         if self.batch < 1:
@@ -80,7 +84,7 @@ class TrainConfig:
             raise ValueError(f"hidden: layer widths must be positive, got {self.hidden}")
         if self.downlink not in DOWNLINKS:
             raise ValueError(f"downlink: one of {', '.join(DOWNLINKS)}, got {self.downlink!r}")
-        if self.downlink == "group" and self.transport != "ltp":
+        if self.downlink == "group" and self.transport not in LTP_TRANSPORTS:
             raise ValueError("downlink: group sends need the ltp transport")
         if not 1 <= self.servers <= 8 or (self.servers > 1 and self.transport == "gloo"):
             raise ValueError(f"servers: 1..8 server ranks (ltp or tcp; gloo has none), got "
@@ -88,8 +92,9 @@ class TrainConfig:
         if self.compress not in COMPRESS or (self.compress != "none" and self.transport == "gloo"):
             raise ValueError(f"compress: one of {', '.join(COMPRESS)} (ltp or tcp; gloo sends "
                              f"float32), got {self.compress!r}")
-        if self.sender not in SENDERS or (self.sender != "socket" and self.transport != "ltp"):
-            raise ValueError(f"sender: one of {', '.join(SENDERS)} (xdp: ltp only), got "
+        if self.sender not in SENDERS or (self.sender != "socket" and
+                                          self.transport not in LTP_TRANSPORTS):
+            raise ValueError(f"sender: one of {', '.join(SENDERS)} (xdp: ltp, ddp-ltp), got "
                              f"{self.sender!r}")
         if self.max_missed < 1 or self.checkpoint_every < 0:
             raise ValueError("max-missed: must be at least 1 (and checkpoint-every >= 0)")

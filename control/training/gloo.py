@@ -31,11 +31,13 @@ def calibrate(stepper: Stepper, module: torch.nn.Module, data: Split, ctx: RankC
     module.zero_grad(set_to_none=True)
 
 
-def run_gloo(ctx: RankContext) -> dict:
+def run_gloo(ctx: RankContext, backend: str = "gloo") -> dict:
+    """backend gloo, or ltp (`ltp train --transport ddp-ltp`: the rank has
+    joined the LTP job already; DDP's buckets then go over LTP)."""
     import torch.distributed as dist
     setup_torch(ctx.cfg.seed)
     co = Coord(ctx.store, ctx.workers, ctx.timeout_s)   # sets the store's timeout first
-    dist.init_process_group("gloo", store=ctx.store, rank=ctx.rank, world_size=ctx.world,
+    dist.init_process_group(backend, store=ctx.store, rank=ctx.rank, world_size=ctx.world,
                             timeout=timedelta(seconds=ctx.timeout_s))
     try:
         return _train(ctx, co)
@@ -61,7 +63,7 @@ def _train(ctx: RankContext, co: Coord) -> dict:
     lead = ctx.rank == 0
     ev = Evaluator(module, data, clock, ctx.emit, cfg.target_accuracy) if lead else None
     if lead:
-        ctx.emit({"event": "start", "transport": "gloo", "sync": "bsp", "workers": W,
+        ctx.emit({"event": "start", "transport": cfg.transport, "sync": "bsp", "workers": W,
                   "iterations": total, "iterations_per_epoch": ipe,
                   "params": sum(p.numel() for p in module.parameters())})
         ev(0, 0.0)
@@ -93,11 +95,13 @@ def _result(ctx: RankContext, ev: Evaluator, done: dict[int, dict], *, total: in
             wall: float, params: int) -> dict:
     """Rank 0's result: the keys of the PS's (ps.PsRun.result) but ps_times and downlink."""
     W = ctx.workers
+    ltp = ltp_rounds(total)
     return {
-        "event": "result", "transport": "gloo", "sync": "bsp", "workers": W, "cc": None,
-        "bubble": None, **ev.summary(total=total, ipe=ipe, wall=wall, params=params),
-        "delivered_fraction": 1.0, "rounds_early_closed": 0,
-        "rounds_by_reason": {"complete": total}, "round_s_median": None,
+        "event": "result", "transport": ctx.cfg.transport, "sync": "bsp", "workers": W,
+        "cc": None, "bubble": None, **ev.summary(total=total, ipe=ipe, wall=wall, params=params),
+        "delivered_fraction": ltp.get("delivered", 1.0),
+        "rounds_early_closed": ltp.get("early_buckets", 0),
+        "rounds_by_reason": {"complete": total}, "round_s_median": None, "ltp": ltp or None,
         **ev.target_fields(), "local_steps": {str(w): total for w in range(W)},
         "ps_digest": None, "worker_digests": {str(w): done[w]["digest"] for w in range(W)},
         "replicas_identical": len({d["digest"] for d in done.values()}) == 1,
@@ -105,3 +109,16 @@ def _result(ctx: RankContext, ev: Evaluator, done: dict[int, dict], *, total: in
         "worker_times": {str(w): done[w]["times"] for w in range(W)},
         **ev.tail(ctx.cfg),
     }
+
+
+def ltp_rounds(total: int) -> dict:
+    """ddp-ltp: what the LTP rounds of this rank's buckets did (ddp.TolerantReduce:
+    buckets, early_buckets, delivered, ...); gloo: {}."""
+    from ..torchapi.job import joined
+    job = joined()
+    red = getattr(job, "tolerant", None) if job is not None else None
+    if red is None:
+        return {}
+    out = red.stats()
+    out["rounds"] = out["buckets"]
+    return out

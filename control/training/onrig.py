@@ -25,14 +25,14 @@ import time
 from typing import Callable
 
 from ...errors import LaunchError
-from .config import TrainConfig
+from .config import LTP_TRANSPORTS, TrainConfig
 from . import forkserver
 from .faults import Faults, RestartJob
 from .launch import RigJob, job_env, plan_ranks
 
 
 def rig_mode_for(transport: str) -> str:
-    return "native" if transport == "ltp" else "skb"
+    return "native" if transport in LTP_TRANSPORTS else "skb"
 
 
 def rig_config(name: str, transport: str, *, workers: int, rate_bps: int, buffer_bytes: int,

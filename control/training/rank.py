@@ -106,17 +106,24 @@ def run_api(a: argparse.Namespace, cfg: TrainConfig, early_close: dict) -> dict:
     there and exits), then run the built-in job as one of its workers."""
     from ..torchapi import init
     from .demo import run_demo
-    init(transport=cfg.transport, dev=a.dev, ip=a.ip, xdp_mode=a.xdp_mode,
-         capacity=a.capacity, mtu=a.mtu, group=a.group, downlink=cfg.downlink,
-         netns=a.netns, store_netns=a.store_netns, timeout=a.timeout, cc=cfg.cc, job=a.job,
-         tcp_port=a.tcp_port, servers=cfg.servers if cfg.servers > 1 else None,
-         compress=cfg.compress, sender=cfg.sender, buffer=a.buffer,
-         max_missed=cfg.max_missed)
+    init(**ltp_options(a, cfg))
     return run_demo(cfg, early_close, emit)
 
 
+def ltp_options(a: argparse.Namespace, cfg: TrainConfig) -> dict:
+    """ltpx.torch.init()'s keywords from a rank's flags and the job's config."""
+    return dict(transport="tcp" if cfg.transport == "tcp" else "ltp", dev=a.dev, ip=a.ip,
+                xdp_mode=a.xdp_mode, capacity=a.capacity, mtu=a.mtu, group=a.group,
+                downlink=cfg.downlink, netns=a.netns, store_netns=a.store_netns,
+                timeout=a.timeout, cc=cfg.cc, job=a.job, tcp_port=a.tcp_port,
+                servers=cfg.servers if cfg.servers > 1 else None, compress=cfg.compress,
+                sender=cfg.sender, buffer=a.buffer, max_missed=cfg.max_missed)
+
+
 def run_gloo_rank(a: argparse.Namespace, cfg: TrainConfig) -> dict:
-    """--transport gloo: the DDP baseline, every rank a worker (gloo.py)."""
+    """--transport gloo: the DDP baseline, every rank a worker (gloo.py);
+    --transport ddp-ltp: the same DDP job over the `ltp` backend, after this
+    rank joined the LTP job (a server rank serves there and exits)."""
     import torch.distributed as dist
     from ...dataplane import netns
     from .context import RankContext
@@ -127,13 +134,16 @@ def run_gloo_rank(a: argparse.Namespace, cfg: TrainConfig) -> dict:
         store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))
     if dev:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", dev)
+    if cfg.transport == "ddp-ltp":
+        from ..torchapi.job import init
+        init(**ltp_options(a, cfg))
     ctx = RankContext(rank=rank, world=world, store=store, cfg=cfg, dev=dev,
                       timeout_s=timeout, emit=emit)
     bad = [w for w in cfg.straggler if w >= ctx.workers]
     if bad:
         raise SystemExit(f"--straggler: worker {bad[0]} does not exist "
                          f"({ctx.workers} workers: 0..{ctx.workers - 1})")
-    return run_gloo(ctx)
+    return run_gloo(ctx, backend="ltp" if cfg.transport == "ddp-ltp" else "gloo")
 
 
 def emit(obj: dict) -> None:
@@ -164,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        emit(run_gloo_rank(a, cfg) if cfg.transport == "gloo" else run_api(a, cfg, early_close))
+        ddp = cfg.transport in ("gloo", "ddp-ltp")
+        emit(run_gloo_rank(a, cfg) if ddp else run_api(a, cfg, early_close))
         return 0
     except KeyboardInterrupt:   # SIGTERM: stop now, no goodbye to a server that is going too
         _abandon()
