@@ -28,7 +28,6 @@ from conftest import requires_bpf
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
-pytestmark = [requires_bpf, pytest.mark.rig]
 
 
 def launch(workers: int, *cmd: str, flags: tuple = (), timeout: float = 240):
@@ -44,6 +43,8 @@ def results(summary: dict) -> list[dict]:
     return [r["last_json"] for r in summary["ranks"] if r["role"] == "worker"]
 
 
+@requires_bpf
+@pytest.mark.rig
 def test_stock_ddp_script_over_ltp_equals_gloo_bit_for_bit():
     rc, s, err = launch(2, "python", "docs/examples/ddp_backend.py", "--epochs", "3")
     assert rc == 0, err[-3000:]
@@ -62,6 +63,8 @@ def test_stock_ddp_script_over_ltp_equals_gloo_bit_for_bit():
     assert ltp[0]["cfg"] == {"epochs": 3, "from": 0}
 
 
+@requires_bpf
+@pytest.mark.rig
 def test_exact_collectives_equal_gloo_at_5_percent_loss():
     rc, s, err = launch(3, "python", "tests/ddp_collectives_job.py", "ltp",
                         flags=("--loss", "0.05"))
@@ -84,6 +87,8 @@ def test_exact_collectives_equal_gloo_at_5_percent_loss():
     assert errors["avg_int"].startswith("UsageError: ltp backend: ReduceOp.AVG needs floating")
 
 
+@requires_bpf
+@pytest.mark.rig
 def test_comm_hook_at_5_percent_loss_converges_with_early_closed_buckets():
     rc, s, err = launch(3, "python", "docs/examples/ddp_backend.py", "--hook",
                         flags=("--loss", "0.05"))
@@ -96,6 +101,8 @@ def test_comm_hook_at_5_percent_loss_converges_with_early_closed_buckets():
     assert hook["early_buckets"] > 0, hook         # 5 % loss: some rounds closed early
 
 
+@requires_bpf
+@pytest.mark.rig
 def test_a_killed_rank_ends_every_other_rank_with_an_error():
     rc, s, err = launch(3, "python", "tests/ddp_collectives_job.py", "ltp", "die",
                         flags=("--grace", "120"))
@@ -106,3 +113,19 @@ def test_a_killed_rank_ends_every_other_rank_with_an_error():
     assert max(r["wall_s"] for r in s["ranks"]) < 60, s["ranks"]
     assert "Connection closed by peer" in err          # the exact collective after it
     assert "stopped beating before op" in err          # the server: nobody left to serve
+
+
+# --------------------------------------------------------------------------- no rig, no root
+
+def test_backend_on_loopback_over_tcp_matches_gloo():
+    """The backend under a launcher of one's own (tests/ddp_local.py): trainers
+    numbered as torchrun numbers them, the server a separate LTP rank; the
+    buckets go through the device-agnostic staging (tests/gpu runs it on CUDA)."""
+    from ddp_local import run_local
+    ltp = run_local(2, "--epochs", "2")["results"]
+    gloo = run_local(2, "--epochs", "2", backend="gloo")["results"]
+    assert [r["rank"] for r in ltp] == [0, 1] and ltp[0]["world"] == 2
+    assert {r["digest"] for r in ltp} == {r["digest"] for r in gloo} and \
+        len({r["digest"] for r in ltp}) == 1
+    hook = run_local(2, "--epochs", "2", "--hook")["results"]
+    assert hook[0]["hook"]["buckets"] == hook[0]["steps"] and len({r["digest"] for r in hook}) == 1

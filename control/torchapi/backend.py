@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -39,7 +40,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
 
 from ...errors import UsageError
-from .job import current, init, joined, shutdown
+from .job import current, init, joined, serve_here, shutdown
 
 log = logging.getLogger("ltpx.torch.backend")
 
@@ -145,8 +146,12 @@ class LtpProcessGroup(dist.ProcessGroup):
             self.exact.allreduce(tensors, sum_opts).get_future().then(divide))
 
     def shutdown(self) -> None:
-        if self.reduce is not None:
-            shutdown()
+        """destroy_process_group(): the LTP job's goodbye (default group), then gloo's."""
+        try:
+            if self.reduce is not None:
+                shutdown()
+        finally:
+            self.exact.shutdown()
 
 
 def _delegate(name: str):
@@ -201,15 +206,24 @@ def create(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup
     rule = tolerant_rule()
     lr, lw, server = ltp_place(rank, size)
     if joined() is None:
-        # a server rank serves in here and exits the process when the job ends
-        init(place=(lr, lw))
+        init(place=(lr, lw), serve=False)
     job = current()
     if job.is_server:
-        raise UsageError("ltp backend: this rank is an LTP server (lt.init(serve=False)); "
-                         "only trainers join the torch group")
+        serve_and_exit()
     from .ddp import tolerant_reduce
     exact = exact_group(store, rank, size, timeout)
     return LtpProcessGroup(exact, rank, size, tolerant_reduce(), rule)
+
+
+def serve_and_exit() -> None:
+    """A server rank serves here and ends its process when the job ends. It
+    skips the interpreter's teardown: torch's C++ teardown of a store whose
+    host has gone can abort a finished process (exit -6), and a server has
+    nothing of the script's to clean up."""
+    code = serve_here()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def register() -> None:

@@ -1,0 +1,58 @@
+"""A DDP job over the `ltp` backend on this host's loopback, no rig and no root:
+the LTP job's server rank and N trainers as processes, with `ltpx.torch`'s TCP
+transport under the backend (LTP_TRANSPORT=tcp), so the backend, the
+tolerant bucket path and its device staging run end to end. The store is
+hosted here (every rank a client, as under torchrun's agent).
+
+tests/test_ddp_backend.py runs it on the CPU; tests/gpu/test_ddp_gpu.py on
+CUDA tensors (and prints what docs/benchmarks.md quotes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "docs" / "examples" / "ddp_backend.py"
+
+
+def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 300) -> dict:
+    """Run the example on loopback: {"results": each trainer's JSON line, "wall_s"}."""
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout),
+                          wait_for_workers=False)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+               TORCHELASTIC_USE_AGENT_STORE="True", WORLD_SIZE=str(workers),
+               LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1", LTP_SERVERS="1",
+               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="lo")
+    for k in ("LTP_RANK", "LTP_ROLE", "LTP_WORLD_SIZE", "LTP_DEV", "LTP_NETNS",
+              "LTP_STORE_NETNS"):
+        env.pop(k, None)
+    cmd = [sys.executable, str(EXAMPLE), "--backend", backend, *args]
+    envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r)) for r in range(workers)]
+    if backend == "ltp":   # the server: the same script, LTP rank 0
+        envs.insert(0, dict(env, RANK="0", LOCAL_RANK="0", LTP_ROLE="server", LTP_RANK="0",
+                            LTP_WORLD_SIZE=str(workers + 1)))
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT) for e in envs]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    wall = time.monotonic() - t0
+    for e, p, (out, err) in zip(envs, procs, outs):
+        if p.returncode != 0:
+            who = "the server" if e.get("LTP_ROLE") == "server" else f"trainer {e['RANK']}"
+            raise AssertionError(f"{who} exited {p.returncode}:\n{out[-1000:]}\n{err[-3000:]}")
+    trainers = outs[1:] if backend == "ltp" else outs
+    return {"results": [json.loads(o.strip().splitlines()[-1]) for o, _ in trainers],
+            "wall_s": round(wall, 2)}
