@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -86,6 +86,46 @@ class Staging:
         side.synchronize()
 
 
+@dataclass
+class Bucket:
+    """One bucket on the communication thread: its tensor, its float32 host
+    copy, its position in the step, the factor for the answer, its future
+    (a stand-in for a piece of an abandoned layout has no tensor)."""
+
+    t: torch.Tensor | None
+    piece: np.ndarray | None
+    key: int
+    scale: float = 1.0
+    fut: torch.futures.Future | None = None
+
+
+@dataclass
+class Layout:
+    """The bucket sizes of a step: those seen so far in this one, the last
+    step's, and the layout once two steps running had it."""
+
+    seen: list = field(default_factory=list)
+    last: list | None = None
+    stable: tuple | None = None
+
+    def next_step(self) -> None:
+        if self.seen and self.seen == self.last:
+            self.stable = tuple(self.seen)
+        self.last, self.seen = self.seen, []
+
+
+@dataclass
+class MultiRun:
+    """A step's op whose pieces are the step's buckets, in order."""
+
+    run: object                                  # exchange.Run
+    waiting: list = field(default_factory=list)  # the buckets pushed, answers to come
+
+    def fits(self, key: int, n: int) -> bool:
+        sizes = self.run.op.sizes
+        return key == len(self.waiting) and key < len(sizes) and sizes[key] == n
+
+
 class TolerantReduce:
     """Buckets' mean over the workers through LTP step ops, one at a time on a
     communication thread. One per job: the hook's state and the backend share it."""
@@ -101,6 +141,9 @@ class TolerantReduce:
         self.answers: dict[int, np.ndarray] = {}
         self.comm = CallThread("ltpx-ddp")
         self.lock = threading.Lock()
+        self.layout = Layout()
+        self.cur: MultiRun | None = None  # the step's op while its buckets come
+        self.ops = 0                      # step ops so far (one per step, once the layout is known)
         self.buckets = 0                  # buckets reduced so far
         self.early_buckets = 0            # ... of which a round closed early
         self.wholly_filled_total = 0
@@ -133,55 +176,104 @@ class TolerantReduce:
         return fut
 
     def run(self, t, host, ev, key: int, scale: float, base: Op, fut) -> None:
+        b = Bucket(t, None, key, scale, fut)
         try:
             if ev is not None:
                 ev.synchronize()
-            out = self.reduce(host.numpy(), key, base)
-            res = torch.from_numpy(out)
-            if scale != 1.0:
-                res = res * scale
-            self.staging.up(res, t)
-        except BaseException as e:   # the caller's wait() raises it
-            fut.set_exception(e)
-            return
-        fut.set_result(t)
+            b.piece = host.numpy()
+            self.bucket(b, base)
+        except BaseException as e:   # the callers' wait() raises it
+            waiting, self.cur = (self.cur.waiting if self.cur else []), None
+            for w in waiting + [b]:
+                if w.fut is not None and not w.fut.done():
+                    w.fut.set_exception(e)
 
-    def reduce(self, piece: np.ndarray, key: int, base: Op) -> np.ndarray:
-        n = piece.size
-        op = replace(base, sizes=(n,))
-        ex = self.job.exchange
-        if self.codec is not None:
-            res = self.residual.setdefault(key, np.zeros(n, np.float32))
-            if res.size != n:
-                res = self.residual[key] = np.zeros(n, np.float32)
-            piece += res
+    def bucket(self, b: Bucket, base: Op) -> None:
+        """Bucket b of a step: a piece of the step's op once the layout is known
+        (the same sizes two steps running: one barrier a step, rounds opened
+        ahead, as DistributedOptimizer's steps), else an op of its own."""
+        n = b.piece.size
+        if b.key == 0:
+            self.layout.next_step()
+        self.layout.seen.append(n)
+        cur = self.cur
+        if cur is not None and not cur.fits(b.key, n):
+            self.abandon()     # every rank sees the same layout change, and does the same
+            cur = None
+        if cur is None and b.key == 0 and self.layout.stable and self.layout.stable[0] == n:
+            cur = self.cur = MultiRun(self.start(replace(base, sizes=self.layout.stable)))
+        if cur is None:
+            run = self.start(replace(base, sizes=(n,)))
+            self.push(run, 0, b)
+            self.finish(run, [b])
+            return
+        self.push(cur.run, b.key, b)
+        cur.waiting.append(b)
+        if len(cur.waiting) == len(cur.run.op.sizes):
+            self.cur = None
+            self.finish(cur.run, cur.waiting)
+
+    def start(self, op: Op):
         run = plan_step(self.job, op, self.codec is not None)
+        self.job.exchange.prepare(run)
+        self.job.exchange.barrier(run)
+        return run
+
+    def push(self, run, i: int, b: Bucket) -> None:
+        piece = b.piece
+        if self.codec is not None and b.t is not None:
+            res = self.residual.get(b.key)
+            if res is None or res.size != piece.size:
+                res = self.residual[b.key] = np.zeros(piece.size, np.float32)
+            piece += res
+        self.job.exchange.push(run, i, piece)
+        if self.codec is not None and b.t is not None:   # the link left the rounding error
+            np.copyto(self.residual[b.key], piece)
+
+    def finish(self, run, buckets: list) -> None:
+        """The op's answer: each bucket's slice into its tensor, its future set."""
+        op = run.op
         down = op.down_elems(self.job.workers)
         ans = self.answers.get(down)
         if ans is None:
             ans = self.answers[down] = np.empty(down, dtype=np.float32)
-        ex.prepare(run)
-        ex.barrier(run)
-        ex.push(run, 0, piece)
-        if self.codec is not None:   # the link left the rounding error in piece
-            np.copyto(self.residual[key], piece)
-        view = ex.finish(run, ans)
-        self.note(StepReport.decode(view[n:]))
-        return view[:n]
+        view = self.job.exchange.finish(run, ans)
+        self.note(StepReport.decode(view[sum(op.sizes):]), len(op.sizes))
+        for b, off in zip(buckets, op.offsets()):
+            if b.t is None:              # a stand-in
+                continue
+            res = torch.from_numpy(view[off:off + b.piece.size])
+            if b.scale != 1.0:
+                res = res * b.scale
+            self.staging.up(res, b.t)
+            b.fut.set_result(b.t)
 
-    def note(self, rep: StepReport) -> None:
+    def abandon(self) -> None:
+        """The layout changed under a step's op: zeros for the pieces still to
+        come, the op finished (the buckets already in it get their answers)."""
+        cur, self.cur = self.cur, None
+        self.layout.stable = None
+        sizes = cur.run.op.sizes
+        for i in range(len(cur.waiting), len(sizes)):
+            stand_in = Bucket(None, np.zeros(sizes[i], np.float32), -1)
+            self.push(cur.run, i, stand_in)
+            cur.waiting.append(stand_in)
+        self.finish(cur.run, cur.waiting)
+
+    def note(self, rep: StepReport, buckets: int = 1) -> None:
         with self.lock:
-            self.buckets += 1
-            rep.step = self.buckets
-            self.early_buckets += rep.early_closed
+            self.buckets += buckets
+            self.ops += 1
+            rep.step = self.ops
+            self.early_buckets += sum(r in ("early", "deadline") for r in rep.reasons)
             if rep.delivered:
-                self.delivered_sum += sum(rep.delivered.values()) / len(rep.delivered)
+                self.delivered_sum += buckets * sum(rep.delivered.values()) / len(rep.delivered)
             self.wholly_filled_total += sum(rep.wholly_filled.values())
             rep.wholly_filled_total = self.wholly_filled_total
             self.last_report = rep
 
     def stats(self) -> dict:
-        return {"buckets": self.buckets, "early_buckets": self.early_buckets,
+        return {"buckets": self.buckets, "ops": self.ops, "early_buckets": self.early_buckets,
                 "wholly_filled_total": self.wholly_filled_total,
                 "delivered": self.delivered_sum / self.buckets if self.buckets else 1.0}
 
