@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import torch
 
+from ..torchapi.settings import Settings
 from .context import Coord, RankContext
 from .config import iterations_per_epoch
 from .data import BatchStream, Split, split
@@ -54,7 +55,9 @@ def _train(ctx: RankContext, co: Coord) -> dict:
     stepper = Stepper(module, cfg.straggler.get(wid, 1.0), ddp=True)
     stream = BatchStream(data, wid, W, cfg.batch, cfg.seed)
     calibrate(stepper, module, data, ctx)
-    ddp = DDP(module)
+    # buckets of ltpx.torch's size (4 MB, not DDP's 25): gradients leave while
+    # backward runs, as in the parameter-server runs it is compared with
+    ddp = DDP(module, bucket_cap_mb=Settings.bucket_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     ipe = iterations_per_epoch(len(data.x_train), W, cfg.batch)
     total = cfg.total_iterations(len(data.x_train), W)
