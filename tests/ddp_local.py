@@ -17,11 +17,14 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from conftest import finish_all
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "ddp_backend.py"
 
 
-def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 300) -> dict:
+def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 300,
+              env_extra: dict | None = None) -> dict:
     """Run the example on loopback: {"results": each trainer's JSON line, "wall_s"}."""
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout),
@@ -29,7 +32,8 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
                TORCHELASTIC_USE_AGENT_STORE="True", WORLD_SIZE=str(workers),
                LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1", LTP_SERVERS="1",
-               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="lo")
+               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="lo",
+               **(env_extra or {}))
     for k in ("LTP_RANK", "LTP_ROLE", "LTP_WORLD_SIZE", "LTP_DEV", "LTP_NETNS",
               "LTP_STORE_NETNS"):
         env.pop(k, None)
@@ -41,18 +45,8 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
     t0 = time.monotonic()
     procs = [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, cwd=ROOT) for e in envs]
-    try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    outs = finish_all(procs, timeout)     # every rank exited 0, or none is left running
     wall = time.monotonic() - t0
-    for e, p, (out, err) in zip(envs, procs, outs):
-        if p.returncode != 0:
-            who = "the server" if e.get("LTP_ROLE") == "server" else f"trainer {e['RANK']}"
-            raise AssertionError(f"{who} exited {p.returncode}:\n{out[-1000:]}\n{err[-3000:]}")
     trainers = outs[1:] if backend == "ltp" else outs
     return {"results": [json.loads(o.strip().splitlines()[-1]) for o, _ in trainers],
             "wall_s": round(wall, 2)}

@@ -168,3 +168,19 @@ def test_torchrun_inside_rig_namespaces_with_a_server_process():
     assert [r["rank"] for r in res] == [0, 1] and res[0]["world"] == 2
     assert res[0]["digest"] == res[1]["digest"]
     assert res[0]["backend"] == "ltp" and res[0]["accuracy"] > 0.5
+
+
+def test_tolerant_never_is_gloo_exactly_and_a_bad_rule_is_a_usage_error(monkeypatch):
+    """LTP_TOLERANT=never sends DDP's buckets through the exact group too: the
+    replicas then equal gloo's bit for bit at 3 trainers (where the server's
+    mean times 3 need not equal gloo's sum)."""
+    from ddp_local import run_local
+    from ltpx.control.torchapi.ddp import tolerant_rule
+    from ltpx.errors import UsageError
+    monkeypatch.setenv("LTP_TOLERANT", "sometimes")
+    with pytest.raises(UsageError, match="LTP_TOLERANT must be one of backward, hook, never"):
+        tolerant_rule()
+    never = run_local(3, "--epochs", "1", env_extra={"LTP_TOLERANT": "never"})["results"]
+    gloo = run_local(3, "--epochs", "1", backend="gloo")["results"]
+    assert {r["digest"] for r in never} == {r["digest"] for r in gloo}
+    assert len({r["digest"] for r in never}) == 1

@@ -182,3 +182,39 @@ def test_liveness_limit_is_checked(rig):
     h = rig.workers[0]
     with pytest.raises(ValueError, match="liveness_s"):
         Endpoint(h.ifname, h.ip, {h.index: 0}, NEL, ns=h.netns, liveness_s=-1)
+
+
+@pytest.mark.filterwarnings("ignore::ltpx.control.transport.tokens.UnprotectedWarning")
+@pytest.mark.parametrize("sender", ["socket", "xdp"])
+def test_a_push_of_a_round_the_receiver_left_ends_once_told_it_is_over(rig, sender):
+    """A sender whose last ACKs were lost keeps re-sending after the receiver
+    closed the round; once the receiver's bank holds a newer round, that DATA
+    is stale and dropped unACKed. Told from outside that the round is over (a
+    worker sees the op's answer arrive: link_ltp.push's `answer`), the push
+    ends at once instead of at its timeout."""
+    from ltpx.control.transport import DeadPeerError, Endpoint, Peer
+    h = rig.workers[0]
+    ps = Endpoint(rig.ps.ifname, rig.ps.ip, {h.index: 0}, NEL, ns=rig.ps.netns,
+                  capacity_bps=RATE)
+    wk = None
+    try:
+        wk = Endpoint(h.ifname, h.ip, {h.index: 0}, NEL, ns=h.netns, self_id=h.index,
+                      capacity_bps=RATE, initial_rate_bps=RATE, sender=sender)
+        ps.open_round(11, NEL, workers=[h.index])
+        ps.cancel_round(11)
+        ps.open_round(13, NEL, workers=[h.index])      # round 11's bank now holds 13
+        buf = np.ones(NEL, dtype=np.float32)
+        to = Peer(h.index, rig.ps.ip)
+        with pytest.raises(DeadPeerError):
+            wk.push(11, buf, to, timeout_s=1.0)
+        stale = ps.counters()["stale"]
+        assert stale > 0
+        t0 = time.monotonic()
+        rep = wk.push(11, buf, to, timeout_s=60.0, over=lambda: time.monotonic() - t0 > 0.3)
+        assert rep.closed_by_receiver and rep.acked == 0
+        assert time.monotonic() - t0 < 10
+        assert ps.counters()["stale"] > stale            # it did send, into a newer round
+    finally:
+        if wk is not None:
+            wk.close()
+        ps.close()

@@ -40,12 +40,12 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
 
 from ...errors import UsageError
+from .ddp import tolerant_reduce, tolerant_rule
 from .job import current, init, joined, serve_here, shutdown
 
 log = logging.getLogger("ltpx.torch.backend")
 
 NAME = "ltp"
-TOLERANT = ("backward", "hook", "never")
 # the collectives handed to the exact group as they are
 EXACT = ("broadcast", "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced",
          "all_gather_single", "all_gather_single_coalesced", "reduce_scatter",
@@ -55,13 +55,6 @@ EXACT = ("broadcast", "allgather", "allgather_coalesced", "allgather_into_tensor
          "monitored_barrier")
 UNSUPPORTED = ("send", "recv", "recv_anysource")
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def tolerant_rule() -> str:
-    rule = os.environ.get("LTP_TOLERANT", "backward") or "backward"
-    if rule not in TOLERANT:
-        raise UsageError(f"LTP_TOLERANT must be one of {', '.join(TOLERANT)}, got {rule!r}")
-    return rule
 
 
 def exact_group(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
@@ -210,7 +203,6 @@ def create(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup
     job = current()
     if job.is_server:
         serve_and_exit()
-    from .ddp import tolerant_reduce
     exact = exact_group(store, rank, size, timeout)
     return LtpProcessGroup(exact, rank, size, tolerant_reduce(), rule)
 

@@ -23,6 +23,7 @@ CPU tests exercise every step but the device copies.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass, field, replace
 
@@ -37,6 +38,16 @@ from .links import chunk_bytes_for
 from .ops import STEP, Op, StepReport
 from .optimizer import DistributedOptimizer, plan_step
 from .threads import CallThread
+
+
+TOLERANT = ("backward", "hook", "never")    # LTP_TOLERANT: backend.py's rule
+
+
+def tolerant_rule() -> str:
+    rule = os.environ.get("LTP_TOLERANT", "backward") or "backward"
+    if rule not in TOLERANT:
+        raise UsageError(f"LTP_TOLERANT must be one of {', '.join(TOLERANT)}, got {rule!r}")
+    return rule
 
 
 class Staging:
@@ -324,7 +335,12 @@ def ddp_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     if not isinstance(state, HookState):
         raise UsageError("ltpx.torch.ddp_hook: register it with lt.ddp_state() as its state: "
                          "model.register_comm_hook(lt.ddp_state(), lt.ddp_hook)")
-    return state.reduce.mean(bucket.buffer(), key=bucket.index(), base=state.base)
+    buf = bucket.buffer()
+    if tolerant_rule() == "never":   # exact, as everything else: gloo's mean
+        fut = torch.distributed.all_reduce(buf, op=torch.distributed.ReduceOp.AVG,
+                                           async_op=True).get_future()
+        return fut.then(lambda f: buf)
+    return state.reduce.mean(buf, key=bucket.index(), base=state.base)
 
 
 # DDP compares the hook's annotations with the objects themselves (this

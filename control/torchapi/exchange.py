@@ -105,7 +105,7 @@ class Exchange:
         if self.link.opens and i >= run.npre:
             self.co.wait_open(r)
         with self.on_rounds():
-            closed_early = self.link.push(r, piece, run.op.reliable)
+            closed_early = self.link.push(r, piece, run.op.reliable, answer=run.seq)
         if closed_early:
             # the server closed r before all of this arrived: say so, it may be
             # waiting for that before it reuses r's bank (coord.py, ack/<r>/<w>)

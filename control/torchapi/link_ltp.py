@@ -214,12 +214,16 @@ class LtpWorkerLink:
             nelems = self.codec.wire_elems(d, nelems)
         self.ep.expect(d, nelems, self.id)
 
-    def push(self, r: int, buf: np.ndarray, reliable: bool) -> bool:
+    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None) -> bool:
         """Send this worker's piece of round r; True when the server closed the
-        round before all of it arrived (the server may wait for word of that)."""
+        round before all of it arrived (the server may wait for word of that).
+        answer: the downlink round that answers r's op; once any of it arrives
+        r is closed, and the push ends even if its last ACKs were lost."""
         if self.codec and not reliable:   # buf is left holding the rounding error
             buf = self.codec.piece(buf)
-        rep = self.ep.push(r, buf, self.ps, reliable=reliable, timeout_s=self.wait_s)
+        ep = self.ep
+        over = None if answer is None else (lambda: ep.arrived(answer) > 0)
+        rep = ep.push(r, buf, self.ps, reliable=reliable, timeout_s=self.wait_s, over=over)
         up = self.uplink
         up["pushes"], up["sent"], up["clock_tx"] = (up["pushes"] + 1, up["sent"] + rep.sent,
                                                     up["clock_tx"] + rep.clock_tx)

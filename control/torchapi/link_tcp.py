@@ -237,7 +237,7 @@ class TcpWorkerLink:
     def expect(self, d: int, nelems: int) -> None:
         pass
 
-    def push(self, r: int, buf: np.ndarray, reliable: bool) -> bool:
+    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None) -> bool:
         if self.codec and not reliable:   # buf is left holding the rounding error
             buf = self.codec.piece(buf)
         body = memoryview(np.ascontiguousarray(buf)).cast("B")

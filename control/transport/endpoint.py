@@ -219,7 +219,7 @@ class Endpoint:
     # --------------------------------------------------------------------- send
     def push(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
              reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None,
-             group: tuple[str, int] | None = None) -> PushReport:
+             group: tuple[str, int] | None = None, over=None) -> PushReport:
         """Send buf (float32) as round_ to one or more peers.
 
         Chunks go in a per-round random order, paced to the rate the receiver
@@ -238,9 +238,14 @@ class Endpoint:
         reaches every target. The first pass then goes once, to the group,
         instead of once per target (each target's XDP program must know its
         own id: Endpoint(self_id=...)); what a target lacks after that is
-        re-sent to it alone."""
-        return self.prepare_push(round_, buf, to, critical=critical, reliable=reliable,
-                                 timeout_s=timeout_s, seed=seed, group=group).send()
+        re-sent to it alone.
+
+        over: a callable, True once the round is known to be over everywhere
+        (sender.Push.over): the push then ends as if every target closed it."""
+        plan = self.prepare_push(round_, buf, to, critical=critical, reliable=reliable,
+                                 timeout_s=timeout_s, seed=seed, group=group)
+        plan.over = over
+        return plan.send()
 
     def prepare_push(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
                      reliable: bool = False, timeout_s: float = 10.0,
@@ -262,6 +267,14 @@ class Endpoint:
         """Send buf to every peer in `to`, every chunk critical, until all acked
         (group: see `push`)."""
         return self.push(round_, buf, to, reliable=True, timeout_s=timeout_s, group=group)
+
+    def arrived(self, round_: int) -> int:
+        """Chunks of round_ (open on this endpoint) taken so far; 0 if it is not open."""
+        st = self.receiver.rounds.get(round_)
+        if st is None:
+            return 0
+        prog = self.maps.progress[self.maps.bank_index(round_)]
+        return int(prog["chunks"][st.rows].sum())
 
     def expect(self, round_: int, nelems: int, source_worker: int) -> None:
         """Open round_ to receive a reliable buffer (e.g. parameters) for

@@ -128,7 +128,17 @@ class Push:
     Planned when made, so it can be made ahead of a barrier: the chunk order
     (random per round), every header, the iovec pieces. `send` then runs
     passes until every target closed the round or acknowledged every chunk.
-    `buf` (kept here: the pieces point into it) must not change until then."""
+    `buf` (kept here: the pieces point into it) must not change until then.
+
+    `over`, when set (Endpoint.push), says from outside that the round is
+    over for every target although no ACK said so: the caller saw the
+    receiver answer the op the round belongs to, which it does only once
+    the round is closed. A sender whose last ACKs were lost learns it no
+    other way once the receiver's bank holds a newer round (stale DATA is
+    dropped unACKed)."""
+
+    over = None                   # a callable: True once the round is over everywhere
+    overtaken = False             # the push ended by `over`
 
     def __init__(self, sender: Sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
                  targets: list[Peer], crit: np.ndarray, *, reliable: bool, timeout_s: float,
@@ -276,6 +286,10 @@ class Push:
         receiver is done: it closes a round only once its critical data is in
         (all of it, for a reliable round)."""
         done, full = self.done_t, self.full
+        if self.over is not None and not all(done) and self.over():
+            self.overtaken = True
+            done[:] = [True] * len(done)
+            return True
         for i, d in enumerate(done):
             if not d:
                 done[i] = closed[i] or acked[i] == full
@@ -416,6 +430,7 @@ class Push:
         tx32 = self.tx32
         return PushReport(round=self.round_, chunks=self.layout.nchunks, sent=self.sent,
                           resent=self.resent, acked=sum(a.bit_count() for a in self.acked()),
-                          closed_by_receiver=all(bool(tx32[s, 1]) for s in self.slots),
+                          closed_by_receiver=self.overtaken or
+                          all(bool(tx32[s, 1]) for s in self.slots),
                           duration_s=time.perf_counter() - self.t0, passes=self.passes)
 
