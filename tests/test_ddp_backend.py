@@ -184,3 +184,29 @@ def test_tolerant_never_is_gloo_exactly_and_a_bad_rule_is_a_usage_error(monkeypa
     gloo = run_local(3, "--epochs", "1", backend="gloo")["results"]
     assert {r["digest"] for r in never} == {r["digest"] for r in gloo}
     assert len({r["digest"] for r in never}) == 1
+
+
+@requires_bpf
+@pytest.mark.rig
+def test_ltp_train_ddp_ltp_against_gloo_and_compressed_in_one_command():
+    out = subprocess.run([str(BIN / "ltp"), "train", "--transport", "ddp-ltp", "--workers", "2",
+                          "--iterations", "20", "--compare", "gloo,ddp-ltp:compress=uint8",
+                          "-j"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout)
+    runs = [res, *res["compare"]]
+    assert [(r["transport"], r["compress"]) for r in runs] == \
+        [("ddp-ltp", "none"), ("gloo", "none"), ("ddp-ltp", "uint8")]
+    assert all(r["replicas_identical"] and r["iterations"] == 20 for r in runs)
+    assert set(res["speedup"]) == {"gloo", "ddp-ltp uint8"}
+    assert res["ltp"]["buckets"] == 20 and res["ltp"]["delivered"] == 1.0
+    assert runs[1]["ltp"] is None
+
+
+@pytest.mark.parametrize("argv", [["--transport", "ddp-ltp", "--sync", "wbsp"],
+                                  ["--transport", "gloo", "--compare", "ddp-ltp:sender=bogus"]])
+def test_ltp_train_ddp_ltp_usage_errors(argv):
+    out = subprocess.run([str(BIN / "ltp"), "train", *argv], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "wbsp" in out.stderr or "sender" in out.stderr, out.stderr

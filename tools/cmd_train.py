@@ -140,7 +140,7 @@ def _compare_item(item: str, args) -> dict:
             raise UsageError(f"--compare: {item!r}: {key} takes {COMPARE_KEYS[key][1]}")
         else:
             run[key] = COMPARE_KEYS[key][0](val)
-    if run["sender"] != "socket" and tr != "ltp":
+    if run["sender"] != "socket" and tr not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--compare: {item!r}: sender={run['sender']} is LTP's (the ACK clock)")
     return run
 
