@@ -92,8 +92,8 @@ class Staging:
             flat.copy_(result)
             return
         side = self.side(t.device)
-        with torch.cuda.stream(side):
-            flat.copy_(result.pin_memory(), non_blocking=True)
+        with torch.cuda.stream(side):   # from pageable memory: done when it returns
+            flat.copy_(result)
         side.synchronize()
 
 
