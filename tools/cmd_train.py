@@ -1,8 +1,9 @@
 """`ltp train`: parameter-server training on a netns rig, over LTP or a baseline.
 
-Builds a rig (every port shaped and lossy alike; native mode for LTP, skb
-mode for TCP and gloo) or uses a named one, starts one rank per host inside
-the namespaces (the PS and N workers; gloo: N workers), trains the built-in
+Builds a rig (every port shaped and lossy alike; native mode for LTP and
+ddp-ltp, skb mode for TCP and gloo) or uses a named one, starts one rank per
+host inside the namespaces (the PS and N workers; gloo: N workers; ddp-ltp:
+N DDP trainers and the server of the `ltp` backend), trains the built-in
 MLP on scikit-learn's digits, shows progress on stderr and prints a summary.
 `--compare tcp` runs a baseline after the main run, on its own rig, with the
 same seed, data and model, and prints them side by side. See docs/training.md.
@@ -64,7 +65,7 @@ def register(sub) -> None:
                      "kept if it did)")
     p.add_argument("--compare", default="none", metavar="LIST",
                    help="baselines to run after the main run, comma-separated: ltp, tcp, "
-                   "tcp:CC, gloo, each optionally with :KEY=VALUE settings (servers=S, "
+                   "tcp:CC, gloo, ddp-ltp, each optionally with :KEY=VALUE settings (servers=S, "
                    "compress=none|uint8, sender=socket|xdp), e.g. "
                    "ltp:servers=1,tcp:cubic:servers=2 (default none; "
                    "a run takes the main run's settings unless it names them; an item equal to "

@@ -28,7 +28,9 @@ DOWNLINK_HELP = (
 def add_train_flags(p: argparse.ArgumentParser) -> None:
     """Add the shared training flags to `p` (`ltp train` and the rank entry point)."""
     p.add_argument("--transport", choices=TRANSPORTS, default="ltp",
-                   help="gradient transport (default %(default)s)")
+                   help="gradient transport: ltp (ltpx.torch's parameter server, the "
+                   "default), tcp (the same server over TCP), gloo (DDP all-reduce), ddp-ltp "
+                   "(stock DDP over the `ltp` backend and its server)")
     p.add_argument("--sync", choices=SYNCS, default="bsp",
                    help="bsp: wait for every worker; wbsp: fast workers keep computing "
                    "while the slowest finishes (default %(default)s)")
