@@ -255,6 +255,11 @@ def test_zero_grad_set_to_none_trains_like_one_process(tcp_job):
         tcp_job[0]["cases"]["keep_grads"]["digest"]
 
 
+def test_rank_and_size_answer_after_shutdown(tcp_job):
+    # torch_api_job.py prints its result after lt.shutdown()
+    assert [(r["rank"], r["size"]) for r in tcp_job] == [(0, 2), (1, 2)]
+
+
 def test_half_precision_and_unused_parameters(tcp_job):
     c = tcp_job[0]["cases"]
     assert c["fp16"]["dtypes"] == ["torch.float16"] and c["bf16"]["dtypes"] == ["torch.bfloat16"]
@@ -271,6 +276,11 @@ def test_half_precision_and_unused_parameters(tcp_job):
     (["--rig", "Bad-Name", "--", "python", "x.py"], "--rig"),
     (["--mtu", "9000", "--", "python", "x.py"], "--mtu"),
     (["--workers", "2"], "--"),
+    # a command no rank could run is a usage error before any rig is built
+    (["--", "python", "no_such_script.py"], "no such script: no_such_script.py"),
+    (["--", "no_such_script.py"], "no such script"),
+    (["--", "no_such_program_xyz"], "'no_such_program_xyz': not found on PATH"),
+    (["--", "/no/such/binary"], "no such executable file"),
 ])
 def test_launch_bad_flags_exit_2(argv, flag, capsys):
     from ltpx.tools.cli import main

@@ -178,5 +178,7 @@ if __name__ == "__main__":
     for case in sys.argv[1].split(","):
         out[case] = CASES[case]()
         print(json.dumps({"case": case, **out[case]}), flush=True)
-    print(json.dumps({"event": "result", "rank": lt.rank(), "cases": out}), flush=True)
     lt.shutdown()
+    # the natural pattern: rank() and size() still answer after shutdown()
+    print(json.dumps({"event": "result", "rank": lt.rank(), "size": lt.size(), "cases": out}),
+          flush=True)

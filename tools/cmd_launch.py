@@ -98,6 +98,33 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_launch)
 
 
+def _check_runnable(cmd: list[str]) -> None:
+    """A usage error, before any rig is built, for a command no rank could run:
+    a program not on PATH (or not executable), a Python script that is not
+    there. `python -m MODULE` and `python -c CODE` are left to the ranks."""
+    import shutil
+    from ..control.training.launch import python_argv
+    argv = python_argv(cmd)
+    if argv[0] == sys.executable and argv[0] != cmd[0] or cmd[0].endswith(".py"):
+        args = iter(argv[1:])
+        for a in args:
+            if a in ("-m", "-c"):
+                return
+            if a in ("-X", "-W"):       # interpreter options that take a value
+                next(args, None)
+            elif not a.startswith("-"):
+                if not os.path.isfile(a):
+                    raise UsageError(f"launch: no such script: {a} (from {os.getcwd()})")
+                return
+        return
+    prog = argv[0]
+    found = (os.path.isfile(prog) and os.access(prog, os.X_OK)) if "/" in prog \
+        else shutil.which(prog) is not None
+    if not found:
+        raise UsageError(f"launch: cannot run {prog!r}: "
+                         + ("no such executable file" if "/" in prog else "not found on PATH"))
+
+
 def _check(args) -> list[str]:
     """The command to run, after every flag's check (UsageError names the flag)."""
     cmd = list(args.cmd)
@@ -124,6 +151,7 @@ def _check(args) -> list[str]:
                                      mtu=args.mtu, servers=max(1, args.servers))
     except ValueError as e:
         raise UsageError(f"--{e}") from None
+    _check_runnable(cmd)     # after the flags: a bad flag is named first
     return cmd
 
 

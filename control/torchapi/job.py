@@ -34,6 +34,7 @@ from .settings import Settings
 log = logging.getLogger("ltpx.torch")   # the API's logger; modules log under it
 
 _job: "Job | None" = None
+_ended: "Job | None" = None     # the last job shut down here: rank() and size() still answer
 
 
 class Job:
@@ -236,10 +237,10 @@ def shutdown() -> dict | None:
 
 
 def _end(job: Job) -> None:
-    global _job
+    global _job, _ended
     job.close()
     if _job is job:
-        _job = None
+        _job, _ended = None, job
 
 
 def _install_exit_handlers(job: Job) -> None:
@@ -282,21 +283,29 @@ def _at_exit(job: Job) -> None:
         _end(job)
 
 
+def placed() -> Job:
+    """The job, or the one shut down last: its place (rank, size) outlives it,
+    so `if lt.rank() == 0: print(summary)` works after shutdown()."""
+    if _job is None and _ended is not None:
+        return _ended
+    return current()
+
+
 def rank() -> int:
     """This worker's rank among the workers (0..size()-1); -1 on a server."""
-    job = current()
+    job = placed()
     return -1 if job.is_server else job.rank
 
 
 def size() -> int:
     """The number of workers."""
-    return current().workers
+    return placed().workers
 
 
 def local_rank() -> int:
     """This worker's index among the workers on its host."""
-    return current().local_rank
+    return placed().local_rank
 
 
 def is_server() -> bool:
-    return current().is_server
+    return placed().is_server
