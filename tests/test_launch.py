@@ -115,3 +115,17 @@ def test_documented_torchrun_command_inside_rig_namespaces(rig):
     assert result["replicas_identical"] and result["workers"] == 2
     assert result["final_train_loss"] < result["initial_train_loss"]
     assert "mounted bpffs" in outs[0][1]                          # it was hidden, and mounted
+
+
+def test_a_named_rig_that_does_not_exist_is_built_and_said_so():
+    """--rig with a new name (a typo, say) builds a fresh rig: a [launch] line
+    says so with its settings before any rank starts, and it is removed."""
+    from ltpx.dataplane.rig.star import Rig
+    out = subprocess.run([str(BIN / "ltp"), "launch", "--rig", "i25typo", "--workers", "1",
+                          "--servers", "0", "--loss", "0.01", "-j", "--", "true"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first = out.stderr.splitlines()[0]
+    assert first.startswith("[launch] building rig i25typo (no rig of that name exists)")
+    assert "loss 0.01" in first
+    assert json.loads(out.stdout)["rig"]["name"] == "i25typo" and not Rig.exists("i25typo")

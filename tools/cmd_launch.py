@@ -179,6 +179,12 @@ def cmd_launch(args) -> int:
         name = args.rig or f"ln{os.getpid() % 1000000}"
         rig = Rig(dataclasses.replace(args.rig_config, name=name))
     out = Output(wants_json(args))
+    if not kept:     # its name now: a launcher killed before its end leaves it to find
+        c = rig.config
+        out.note(f"building rig {c.name}" + (" (no rig of that name exists)" if args.rig else "")
+                 + f": {c.workers} workers, {c.rate_bps / 1e9:g} Gbit/s, "
+                 f"{c.buffer_bytes / 1000:g} kB queue, loss {c.loss:g}"
+                 + ("; it stays (--keep)" if args.keep else "; removed at the end"))
     try:
         if kept or args.keep:
             if not kept:
