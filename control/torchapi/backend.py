@@ -7,7 +7,9 @@ Filling) while every other collective stays exact:
   tolerant  an all-reduce (SUM or AVG) of one floating tensor issued while
             autograd runs backward on the default group: what DDP's reducer
             sends for a bucket (its own hook, or none). The rule is the
-            `tolerant` setting (LTP_TOLERANT): `backward` (the default),
+            `tolerant` setting (LTP_TOLERANT): `backward` (the default;
+            a call through torch.distributed's Python API, e.g.
+            SyncBatchNorm's statistics in backward, stays exact),
             `hook` (only buckets sent through `ltpx.torch.ddp_hook`) or
             `never`.
   exact     everything else (a metric all_reduce, broadcast, all_gather,
@@ -90,7 +92,7 @@ class LtpProcessGroup(dist.ProcessGroup):
         op = opts.reduceOp.op if opts is not None else dist.ReduceOp.SUM
         if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
             return False
-        if torch._C._current_graph_task_id() == -1:
+        if torch._C._current_graph_task_id() == -1 or _from_python_api():
             return False
         if self.reduce is None:
             if not self.warned:
@@ -140,11 +142,26 @@ class LtpProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """destroy_process_group(): the LTP job's goodbye (default group), then gloo's."""
+        global _groups
         try:
             if self.reduce is not None:
+                _groups = 0          # a later init_process_group("ltp") is a default group again
                 shutdown()
         finally:
             self.exact.shutdown()
+
+
+def _from_python_api() -> bool:
+    """Called through torch.distributed's Python functions (dist.all_reduce: in
+    backward, SyncBatchNorm's statistics, FSDP's NO_SHARD reduce), not by
+    DDP's reducer, which calls from C++ with no Python frame of torch.distributed
+    above it: those stay exact (and blocking waits on them cannot stall a step
+    op that carries DDP's buckets)."""
+    try:
+        f = sys._getframe(2)     # above allreduce() and tolerant()
+    except ValueError:           # no Python caller: an autograd thread of C++
+        return False
+    return f"torch{os.sep}distributed{os.sep}" in f.f_code.co_filename
 
 
 def _delegate(name: str):

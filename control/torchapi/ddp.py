@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed
 
-from ...errors import UsageError
+from ...errors import CommError, UsageError
 from .codec import make_codec
 from .job import current
 from .links import chunk_bytes_for
@@ -58,7 +58,7 @@ class Staging:
         self.bufs: dict[int, torch.Tensor] = {}
         self.stream = None
 
-    def host(self, key: int, n: int, device: torch.device) -> torch.Tensor:
+    def host(self, key, n: int, device: torch.device) -> torch.Tensor:
         t = self.bufs.get(key)
         if t is None or t.numel() != n:
             pin = device.type == "cuda"
@@ -80,20 +80,22 @@ class Staging:
         side = self.side(t.device)
         side.wait_stream(torch.cuda.current_stream(t.device))
         with torch.cuda.stream(side):
+            flat.record_stream(side)   # (a copy, when t is not contiguous)
             host.copy_(flat, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(side)
         return ev
 
     def up(self, result: torch.Tensor, t: torch.Tensor) -> None:
-        """The answer (float32, host) into t's own memory, finished on return."""
-        flat = t.detach().view(-1)
+        """The answer (float32, host) into t's own memory (any strides, its
+        dtype), finished on return."""
+        dst, src = t.detach(), result.view(t.shape)
         if t.device.type != "cuda":
-            flat.copy_(result)
+            dst.copy_(src)
             return
         side = self.side(t.device)
         with torch.cuda.stream(side):   # from pageable memory: done when it returns
-            flat.copy_(result)
+            dst.copy_(src)
         side.synchronize()
 
 
@@ -105,9 +107,10 @@ class Bucket:
 
     t: torch.Tensor | None
     piece: np.ndarray | None
-    key: int
+    key: int                     # its position in the step (the layout's)
     scale: float = 1.0
     fut: torch.futures.Future | None = None
+    store: tuple = ()            # its tensor's memory: host buffer and rounding error
 
 
 @dataclass
@@ -145,9 +148,17 @@ class TolerantReduce:
         if job.is_server:
             raise UsageError("ltpx.torch: DDP runs on trainer ranks; this rank is a server")
         self.job = job
-        self.base = self.op_for()
+        try:   # the backend's own buckets: LTP_EARLY_CLOSE, EarlyCloseConfig fields as JSON
+            early_close = json.loads(os.environ.get("LTP_EARLY_CLOSE") or "{}")
+        except ValueError as e:
+            raise UsageError(f"LTP_EARLY_CLOSE: not JSON ({e}); e.g. "
+                             '\'{"threshold_min": 0.97}\'') from None
+        self.base = self.op_for(early_close=early_close)
         self.codec = make_codec(job.s.compress, chunk_bytes_for(job.s.mtu))
-        self.residual: dict[int, np.ndarray] = {}   # compressed: rounding error per bucket
+        # compressed, with error feedback: each bucket's rounding error, for its next step
+        self.ef = self.codec is not None and job.s.error_feedback
+        self.residual: dict[tuple, np.ndarray] = {}
+        self.open: list[Bucket] = []      # taken, not yet answered
         self.staging = Staging()
         self.answers: dict[int, np.ndarray] = {}
         self.comm = CallThread("ltpx-ddp")
@@ -180,24 +191,34 @@ class TolerantReduce:
             raise UsageError(f"ltpx.torch: a tolerant all-reduce takes floating tensors, "
                              f"got {t.dtype}")
         n = t.numel()
-        host = self.staging.host(key, n, t.device)
+        # keyed by the tensor's memory (DDP's bucket buffers persist): two
+        # buckets in flight never share a host buffer or a rounding error
+        store = (t.device.type, t.untyped_storage().data_ptr(), t.storage_offset(), n)
+        host = self.staging.host(store, n, t.device)
         ev = self.staging.down(t, host)
         fut = torch.futures.Future()
-        self.comm.submit(self.run, t, host, ev, key, scale, base or self.base, fut)
+        b = Bucket(t, None, key, scale, fut, store)
+        self.comm.submit(self.run, b, host, ev, base or self.base)
         return fut
 
-    def run(self, t, host, ev, key: int, scale: float, base: Op, fut) -> None:
-        b = Bucket(t, None, key, scale, fut)
+    def run(self, b: Bucket, host, ev, base: Op) -> None:
         try:
             if ev is not None:
                 ev.synchronize()
             b.piece = host.numpy()
+            self.open.append(b)
             self.bucket(b, base)
-        except BaseException as e:   # the callers' wait() raises it
-            waiting, self.cur = (self.cur.waiting if self.cur else []), None
-            for w in waiting + [b]:
-                if w.fut is not None and not w.fut.done():
-                    w.fut.set_exception(e)
+        except BaseException as e:   # every caller's wait() raises it; no future is left
+            self.fail(e, b)
+
+    def fail(self, e: BaseException, *more: Bucket) -> None:
+        """Every bucket taken and not answered gets e (the step's op is given up)."""
+        self.cur = None
+        self.layout.stable = None
+        for w in [*self.open, *more]:
+            if w.fut is not None and not w.fut.done():
+                w.fut.set_exception(e)
+        self.open = []
 
     def bucket(self, b: Bucket, base: Op) -> None:
         """Bucket b of a step: a piece of the step's op once the layout is known
@@ -231,15 +252,11 @@ class TolerantReduce:
         return run
 
     def push(self, run, i: int, b: Bucket) -> None:
-        piece = b.piece
-        if self.codec is not None and b.t is not None:
-            res = self.residual.get(b.key)
-            if res is None or res.size != piece.size:
-                res = self.residual[b.key] = np.zeros(piece.size, np.float32)
-            piece += res
-        self.job.exchange.push(run, i, piece)
-        if self.codec is not None and b.t is not None:   # the link left the rounding error
-            np.copyto(self.residual[b.key], piece)
+        if self.ef and b.t is not None:
+            res = self.residual.get(b.store)
+            if res is not None:
+                b.piece += res
+        self.job.exchange.push(run, i, b.piece)
 
     def finish(self, run, buckets: list) -> None:
         """The op's answer: each bucket's slice into its tensor, its future set."""
@@ -253,11 +270,18 @@ class TolerantReduce:
         for b, off in zip(buckets, op.offsets()):
             if b.t is None:              # a stand-in
                 continue
+            # what the links left in the piece is its rounding error (every
+            # shard's thread is done by now); a piece smaller than the servers
+            # went as a padded copy and left none
+            if self.ef and b.piece.size >= self.job.s.servers:
+                self.residual[b.store] = b.piece.copy()
             res = torch.from_numpy(view[off:off + b.piece.size])
             if b.scale != 1.0:
                 res = res * b.scale
             self.staging.up(res, b.t)
             b.fut.set_result(b.t)
+        done = {id(b) for b in buckets}
+        self.open = [w for w in self.open if id(w) not in done]
 
     def abandon(self) -> None:
         """The layout changed under a step's op: zeros for the pieces still to
@@ -294,6 +318,8 @@ class TolerantReduce:
 
     def close(self, wait_s: float = 10.0) -> None:
         self.comm.close(wait_s)
+        if self.open:   # a step whose op never finished: its callers must not wait for ever
+            self.fail(CommError("ltpx.torch: the job ended with DDP buckets unanswered"))
 
 
 class HookState:

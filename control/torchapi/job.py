@@ -138,7 +138,10 @@ def rendezvous(store_netns: str | None, timeout_s: float, place: tuple[int, int]
     import torch.distributed as dist
     from ...dataplane import netns
     if place is None and os.environ.get("LTP_RANK"):
-        place = (int(os.environ["LTP_RANK"]), int(os.environ.get("LTP_WORLD_SIZE") or 0))
+        if not os.environ.get("LTP_WORLD_SIZE"):
+            raise UsageError("init(): LTP_RANK is set but LTP_WORLD_SIZE is not: a launcher "
+                             "sets both (the LTP job's ranks, servers first)")
+        place = (int(os.environ["LTP_RANK"]), int(os.environ["LTP_WORLD_SIZE"]))
     need = ("MASTER_ADDR", "MASTER_PORT") + (("RANK", "WORLD_SIZE") if place is None else ())
     missing = [v for v in need if v not in os.environ]
     if missing:
