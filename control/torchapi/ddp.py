@@ -1,13 +1,15 @@
 """DDP's gradient buckets over LTP: the comm hook, and the tolerant all-reduce
 the `ltp` backend (backend.py) runs for DDP's reducer.
 
-Each bucket is one step op (ops.py) of one piece: it goes up over LTP's
-loss-tolerant class (Early Close, Bubble Filling), the server averages the
-workers' rows and answers over the reliable class, and every rank takes the
-same answer bytes, so replicas stay bit-identical. The op runs on a
-communication thread, so a bucket leaves while backward goes on; the caller
-gets a `torch.futures.Future` that DDP's reducer waits on at the end of
-backward.
+A bucket goes up as a piece of a step op (ops.py) over LTP's loss-tolerant
+class (Early Close, Bubble Filling); the server averages the workers' rows
+and answers over the reliable class, and every rank takes the same answer
+bytes, so replicas stay bit-identical. Until two steps running had the same
+bucket sizes each bucket is an op of its own; then one op per step carries
+them all (one barrier a step, the next step's rounds opened ahead). Ops run
+on a communication thread, so a bucket leaves while backward goes on; the
+caller gets a `torch.futures.Future` that DDP's reducer waits on at the end
+of backward. If an op fails, every bucket taken gets the error.
 
 The tensor may live on any device: `Staging` copies it into a float32 host
 buffer (pinned, on a side stream, for CUDA) and the answer back into the
@@ -18,7 +20,7 @@ CPU tests exercise every step but the device copies.
     state = lt.ddp_state()                    # options: bubble, early_close, downlink
     ddp.register_comm_hook(state, lt.ddp_hook)
     ...
-    state.last_report                         # the last bucket's StepReport
+    state.last_report                         # the last op's StepReport (per bucket: reasons)
 """
 from __future__ import annotations
 
