@@ -105,7 +105,7 @@ def _check_runnable(cmd: list[str]) -> None:
     import shutil
     from ..control.training.launch import python_argv
     argv = python_argv(cmd)
-    if argv[0] == sys.executable and argv[0] != cmd[0] or cmd[0].endswith(".py"):
+    if argv != cmd:     # `python ...` or a .py script: this interpreter runs it
         args = iter(argv[1:])
         for a in args:
             if a in ("-m", "-c"):

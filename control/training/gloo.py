@@ -98,7 +98,7 @@ def _result(ctx: RankContext, ev: Evaluator, done: dict[int, dict], *, total: in
             wall: float, params: int) -> dict:
     """Rank 0's result: the keys of the PS's (ps.PsRun.result) but ps_times and downlink."""
     W = ctx.workers
-    ltp = ltp_rounds(total)
+    ltp = ltp_rounds()
     return {
         "event": "result", "transport": ctx.cfg.transport, "sync": "bsp", "workers": W,
         "cc": None, "bubble": None, **ev.summary(total=total, ipe=ipe, wall=wall, params=params),
@@ -114,7 +114,7 @@ def _result(ctx: RankContext, ev: Evaluator, done: dict[int, dict], *, total: in
     }
 
 
-def ltp_rounds(total: int) -> dict:
+def ltp_rounds() -> dict:
     """ddp-ltp: what the LTP rounds of this rank's buckets did (ddp.TolerantReduce:
     buckets, early_buckets, delivered, ...); gloo: {}."""
     from ..torchapi.job import joined
