@@ -284,7 +284,7 @@ def test_an_unusable_folder_means_compiling_with_a_note(tmp_path, monkeypatch, c
 
 
 def test_doctor_reports_the_cache(cache, src):
-    from ltpx.dataplane.xdp import doctor
+    from ltpx.dataplane.doctor import checks as doctor
     runs(*load(src))
     runs(*load(src))
     (check,) = [c for c in doctor.run_checks(compile_test=False) if c.name == "bpf-cache"]
@@ -309,7 +309,7 @@ def test_a_dataplane_whose_setup_fails_closes_its_program_and_maps(cache):
 
 
 def test_the_doctor_makes_no_cache_folder(tmp_path, monkeypatch):
-    from ltpx.dataplane.xdp import doctor
+    from ltpx.dataplane.doctor import checks as doctor
     d = tmp_path / "not" / "yet"
     monkeypatch.setenv("LTPX_CACHE_DIR", str(d))
     (check,) = [c for c in doctor.run_checks(compile_test=False) if c.name == "bpf-cache"]

@@ -1,4 +1,4 @@
-"""`ltp doctor`'s optional checks (dataplane/xdp/doctor.py): a missing
+"""`ltp doctor`'s optional checks (dataplane/doctor/checks.py): a missing
 optional piece is a warning, not a reason to call the machine not ready."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from conftest import requires_bpf
 @requires_bpf
 def test_an_ack_clock_check_that_fails_warns_and_keeps_the_doctor_ready():
     import os
-    from ltpx.dataplane.xdp.doctor import clock_check
+    from ltpx.dataplane.doctor.checks import clock_check
     chk = clock_check("bogus")          # fails before any namespace is made
     assert chk.ok and chk.warn
     assert "could not run" in chk.detail and "--sender socket" in chk.detail
@@ -20,6 +20,6 @@ def test_an_ack_clock_check_that_fails_warns_and_keeps_the_doctor_ready():
 
 
 def test_a_passing_check_carries_no_warning():
-    from ltpx.dataplane.xdp.doctor import Check
+    from ltpx.dataplane.doctor.checks import Check
     assert Check("x", True, "fine").to_dict() == {"name": "x", "ok": True, "detail": "fine",
                                                   "fix": "", "warn": False}

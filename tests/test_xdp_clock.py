@@ -523,7 +523,7 @@ def test_doctor_reports_that_frames_grow_on_veth():
     """`ltp doctor`'s ack-clock check runs the clock on a veth pair of its own
     (namespaces ltp-g<pid>-*) and leaves nothing behind."""
     import subprocess
-    from ltpx.dataplane.xdp.doctor import clock_check
+    from ltpx.dataplane.doctor.checks import clock_check
     chk = clock_check("native")
     assert chk.ok, chk.detail
     assert "7 of 7 ACKs grown" in chk.detail and "0 failed grows" in chk.detail

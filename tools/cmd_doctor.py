@@ -17,7 +17,7 @@ def register(sub) -> None:
 
 def cmd_doctor(args) -> int:
     import os
-    from ..dataplane.xdp import doctor
+    from ..dataplane.doctor import checks as doctor
     fixed = []
     if args.fix:
         if os.geteuid() != 0:

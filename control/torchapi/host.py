@@ -21,7 +21,7 @@ import socket
 import struct
 import subprocess
 
-from ...dataplane.xdp.doctor import BPFFS, bpffs_mounted
+from ...dataplane.doctor.checks import BPFFS, bpffs_mounted
 from ...errors import UsageError, DataplaneError
 
 log = logging.getLogger("ltpx.torch.host")   # users configure "ltpx.torch"

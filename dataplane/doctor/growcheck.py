@@ -15,8 +15,10 @@ import time
 
 import numpy as np
 
-from . import clock
-from . import wire as W
+from ..rig.pair import VethPair
+from ..xdp import clock
+from ..xdp import wire as W
+from ..xdp.loader import MODES, Dataplane, Geometry
 
 CHUNKS = 8
 DEADLINE_S = 5.0   # ends as soon as all chunks are in; generous for a loaded machine
@@ -24,8 +26,6 @@ DEADLINE_S = 5.0   # ends as soon as all chunks are in; generous for a loaded ma
 
 def grow_check(mode: str = "native", prefix: str | None = None) -> tuple[bool, str]:
     """(ok, what happened) for a veth pair in `mode` (native or skb)."""
-    from ..rig.pair import VethPair
-    from .loader import MODES, Dataplane, Geometry
     if mode not in MODES:
         raise ValueError(f"mode must be native or skb, got {mode!r}")
     g = Geometry(slots=1, max_chunks=64)

@@ -9,9 +9,13 @@ from __future__ import annotations
 import glob
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 
 from ..clib import has_libbpf_symbol
+from ..xdp import bpfcache
+from ..xdp.loader import Dataplane, Geometry
+from .growcheck import grow_check
 
 BPFFS = "/sys/fs/bpf"
 MIN_KERNEL = (5, 18)  # bpf_xdp_load_bytes
@@ -64,7 +68,7 @@ def run_checks(compile_test: bool = True) -> list[Check]:
                         "" if root else "run with sudo (BPF and namespaces need CAP_BPF, "
                         "CAP_NET_ADMIN, CAP_SYS_ADMIN)"))
     try:
-        import bcc
+        import bcc    # optional here: the check says how to install it
         checks.append(Check("bcc", True, f"bcc at {os.path.dirname(bcc.__file__)}"))
         have_bcc = True
     except ImportError:
@@ -95,7 +99,6 @@ def run_checks(compile_test: bool = True) -> list[Check]:
         checks.append(Check("libbpf", False, "libbpf.so.1 not loadable", "apt-get install libbpf1"))
     if compile_test and root and have_bcc and has_headers:
         try:
-            from .loader import Dataplane, Geometry
             with Dataplane(Geometry(slots=1, max_chunks=64)) as dp:
                 how = {"hit": " (from the compile cache)", "miss": " (compiled, now cached)"}
                 origin = how.get(getattr(dp.bpf, "origin", ""), " (compiled by bcc, not cached)")
@@ -115,7 +118,6 @@ def clock_check(mode: str = "native") -> Check:
     The clock is optional: a failure is a warning (the check stays ok, as
     the compile cache's does), and the socket sender is the one to use."""
     try:
-        from .growcheck import grow_check
         ok, detail = grow_check(mode)
     except Exception as e:  # report, do not crash the doctor
         ok, detail = False, f"the check could not run: {e}"
@@ -129,7 +131,6 @@ def cache_check() -> Check:
     """The BPF compile cache: its folder, entries and counts. An unusable
     folder is no failure (every process compiles, as without a cache), so
     the check stays ok and says what to do."""
-    from . import bpfcache
     s = bpfcache.summary()
     if not s["usable"]:
         return Check("bpf-cache", True, f"unusable, every process compiles (~2 s CPU): "
@@ -161,7 +162,6 @@ def fix() -> list[str]:
                 os.symlink(target, link)
             done.append(f"linked {fb[0]} as {hd}")
     if not bpffs_mounted():
-        import subprocess
         os.makedirs(BPFFS, exist_ok=True)
         subprocess.run(["mount", "-t", "bpf", "bpf", BPFFS], check=True)
         done.append(f"mounted bpffs on {BPFFS}")
