@@ -2,8 +2,9 @@
 
 Parts: ``ltpx.dataplane`` (BPF programs, maps, wire format), ``ltpx.control``
 (rounds, Early Close, Bubble Filling, rate control, training), ``ltpx.tools``
-(the ``ltp`` command), and ``ltpx.torch``, the training API. The BPF C
-sources live in ``bpf/`` beside this file.
+(the ``ltp`` command), and ``ltpx.torch``, the training API; ``ltpx.errors``
+holds the one error root (``LtpError``) and its kinds. The BPF C sources
+live in ``bpf/`` beside this file.
 """
 from pathlib import Path
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,25 @@ def test_every_code_folder_is_a_package():
                      if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py"))
                      and not (d / "__init__.py").exists())
     assert not missing, f"folders with Python code but no __init__.py: {missing}"
+
+
+def _package_docstring_names(init: Path) -> tuple[set[str], set[str]]:
+    """(modules of the package at `init`, those its docstring names)."""
+    mods = {p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py"}
+    if init.parent == ROOT:
+        mods.discard("setup")        # the build script beside the package root, no module of it
+    mods |= {p.name for p in init.parent.iterdir()
+             if p.is_dir() and (p / "__init__.py").exists()}
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", doc))
+    return mods, mods & words
+
+
+@pytest.mark.parametrize("init", sorted(str(p.relative_to(ROOT)) for n, p in MODULES.items()
+                                        if p.name == "__init__.py"))
+def test_package_docstring_lists_every_module_or_none(init):
+    """A package docstring that lists its modules lists them all (a list that
+    misses half of them misleads more than none)."""
+    mods, named = _package_docstring_names(ROOT / init)
+    if len(named) >= 3:
+        assert named == mods, f"{init} names {sorted(named)} but not {sorted(mods - named)}"

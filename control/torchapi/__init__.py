@@ -39,6 +39,12 @@ reliable class; each worker applies it with its own optimizer. Modules:
   backend      the torch.distributed backend `ltp` (tolerant buckets, exact rest)
   ddp          DDP's comm hook and the tolerant bucket reduce, any device
   host         device addresses; bpffs where `ip netns exec` hid it
+  liveness     every rank beats a counter in the store; the others watch it
+  elastic      workers that leave and come back, and who hands them the state
+  checkpoint   worker 0's checkpoints, for a job whose server may die
+  shards       sharded servers: each of S server ranks sums a slice of every piece
+  codec        8-bit min-max compression, loss-tolerant per chunk
+  threads      a daemon thread that runs calls in order (comm and shard threads)
   alias        holds only the `torch` package that makes this `ltpx.torch`
 
 docs/training.md ("Your own model") has the details.

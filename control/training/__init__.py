@@ -14,6 +14,12 @@ Modules, each with one job:
   launch    start every rank of a job inside a rig's namespaces, follow its output
             (`ltp launch`)
   onrig     `ltp train`'s job on a rig: ranks, the lead's events, logs
+  faults    fault injection (--kill ROLE:ID@ITER) and restart policies
+  curves    training curves: TensorBoard scalars while a run goes, a PNG at the end
+  forkserver, zygote   a fork server for ranks: torch imported once, a fork per rank
+  storehost the job's rendezvous store (a TCPStore on a namespace's loopback)
+  storerelay  the store reached as 127.0.0.1:PORT from every namespace of a rig
+  __main__  `python -m ltpx.control.training`: one rank (rank.py)
 
 The transport under the parameter-server runs, and the API itself, are
 control/torchapi (ltpx.torch). docs/training.md has the design, the sync

@@ -1,10 +1,14 @@
 """The LTP transport: move one round's float32 buffers between hosts,
 tolerating loss, over the XDP dataplane.
 
-A host's `Endpoint` pushes rounds (sender.py: paced, loss-detecting
-re-sends) and receives them (receiver.py: Early Close decides when a round
-ends, Bubble Filling gives every missing chunk a value). The policies live
-beside them: early_close.py, bubble.py, rate.py, layout.py.
+A host's `Endpoint` (endpoint.py) pushes rounds (sender.py: paced, loss-detecting
+re-sends, or clock.py: the ACK-clocked sender at the NIC) and receives them
+(receiver.py: Early Close decides when a round ends, Bubble Filling gives
+every missing chunk a value). The policies live beside them: early_close.py,
+bubble.py, rate.py, layout.py; tokens.py keys a round's packets to the job's
+secret; loss.py chooses what a sender sends next (lost chunks first, backoff
+for a silent peer); results.py holds the peers and what pushes and rounds
+report.
 
 The public names load on first use, so importing a policy module alone
 (e.g. early_close for a flag parser) does not load the dataplane.
