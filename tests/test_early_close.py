@@ -2,7 +2,7 @@
 calls `decide` about once a millisecond with each flow's delivered fraction,
 as here). Rule "progress" (the default) must not cut a flow that is still
 delivering at its deadline, and learns the rate flows reach; rule
-"capacity" (the rule before it) is kept for A/B runs."""
+"capacity" (a deadline from the link's capacity alone) is kept for A/B runs."""
 from __future__ import annotations
 
 import numpy as np

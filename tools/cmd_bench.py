@@ -101,7 +101,7 @@ def _register_incast(bsub) -> None:
                    "clock); to A/B both: --transports ltp-xdp,ltp-socket,...")
     i.add_argument("--early-close", default="progress", metavar="RULE[,RULE]",
                    help="Early Close deadline rule(s) of LTP: progress (default) or capacity "
-                   "(the rule before issue 15); two run every LTP transport under each, "
+                   "(the fixed-capacity rule, kept for A/B); two run every LTP transport under each, "
                    "labelled TRANSPORT@RULE, in alternating blocks")
     i.add_argument("--plot", metavar="FILE.png", help="write a CDF (and scaling) plot")
     i.add_argument("--name", default="bench", help="name of the rig it builds (default bench; "

@@ -70,7 +70,7 @@ class Coord:
 
     `me` is this worker's id (None on a server); `view` the membership it
     keeps (ops.Members); `watch` reads heartbeats once start_liveness ran
-    (without it, waits take the store's timeout as before)."""
+    (without it, waits take the store's timeout)."""
 
     def __init__(self, store, workers: int, timeout_s: float, servers: int = 1):
         self.store, self.workers, self.timeout_s = store, workers, timeout_s

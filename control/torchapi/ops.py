@@ -194,7 +194,7 @@ class StepReport:
     gather_s: float
     wholly_filled_total: int = 0       # this worker's count of such events over the job
     extra: dict = field(default_factory=dict)
-    # per worker: 0 as before, DROPPED (no longer a member), or n > 0 (admitted
+    # per worker: 0 a member as it was, DROPPED (no longer a member), or n > 0 (admitted
     # back with join ticket n); absent ones: not at this step's barrier
     status: dict[int, int] = field(default_factory=dict)
     absent: list[int] = field(default_factory=list)

@@ -19,7 +19,7 @@ MAX_RESTARTS, `ltp launch --max-restarts N`):
                       goes on from there
   any rank, whole_job (sharded jobs: a worker cannot rejoin one), restarts
                       left   the whole job is started again, as for a server
-  otherwise           the job fails, as before
+  otherwise           the job fails
 A worker that fails after a server rank exited 0 (the job is over) is a
 failure: there is no job left to rejoin.
 """

@@ -30,7 +30,7 @@ with no other options; a rank whose environment differs from the zygote's
 in a variable read at import time (IMPORT_TIME: OMP_*, TORCH_*, PYTHON*,
 ...); a rank whose request (argv and environment) is too large for the
 control socket (EMSGSIZE: a note, that rank only); and any failure of the zygote (one line on stderr, then every later
-rank of that zygote starts the old way).
+rank of that zygote starts as a new interpreter).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ it runs in; it prints {"port": N} and then serves until it is signalled.
 RigJob forks it from the fork server in the PS namespace, so the launcher
 itself never imports torch (1.2-1.5 s of CPU it would spend while the
 ranks' imports run); without the fork server the launcher hosts the store
-in-process, as before.
+in-process.
 """
 from __future__ import annotations
 
