@@ -32,10 +32,11 @@ topology allows it, then the maximum bytes on any leaf-spine link.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..dataplane.xdp import wire as W
 from ..errors import RigError
+import random
 
 LinkId = tuple  # ("L", leaf, spine) uplink, or ("S", spine, leaf) downlink
 
@@ -200,7 +201,6 @@ def ecmp_draw(ls, flows: Iterable[Flow], seed: int, dport: int = W.PORT) -> list
     """Plain ECMP with a fresh 5-tuple per flow: a random source port from the
     ephemeral range (what a new socket would get); the leaf's hash picks the
     spine. Written as pins so the endpoints' sockets need not be re-made."""
-    import random
     rng = random.Random(seed)
     ls.clear_pins()
     out = []

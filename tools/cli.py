@@ -11,7 +11,8 @@ import json
 import sys
 
 from .. import __version__
-from .common import EXIT_USAGE, run
+from ..errors import EXIT_USAGE
+from .common import run
 
 # Subcommand modules, in help order.
 COMMANDS = ["cmd_demo", "cmd_train", "cmd_launch", "cmd_doctor", "cmd_ops", "cmd_flows", "cmd_capture",

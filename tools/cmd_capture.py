@@ -262,7 +262,7 @@ def _verdict_of(comment: str | None) -> str | None:
     return None
 
 
-def _live(args, ns: str | None, out: _Out, stop: "_Stopper") -> dict:
+def _live(args, ns: str | None, out: _Out, stop: _Stopper) -> dict:
     """Capture on DEV until -c packets, --duration, Ctrl-C or SIGTERM; what
     the summary says."""
     maps = _ring_maps(args, ns)
@@ -293,7 +293,7 @@ def _ring_maps(args, ns: str | None):
     return maps
 
 
-def _from_ring(args, ns: str | None, out: _Out, maps, stop: "_Stopper") -> dict:
+def _from_ring(args, ns: str | None, out: _Out, maps, stop: _Stopper) -> dict:
     from ..dataplane.xdp import capring
     cap = capring.RingCapture(maps, snaplen=args.snaplen, job=args.job, worker=args.worker,
                               round_=args.round, tx=args.tx)
@@ -321,7 +321,7 @@ def _from_ring(args, ns: str | None, out: _Out, maps, stop: "_Stopper") -> dict:
             "filtered_in_kernel": cap.filtered}
 
 
-def _from_socket(args, ns: str | None, out: _Out, stop: "_Stopper") -> dict:
+def _from_socket(args, ns: str | None, out: _Out, stop: _Stopper) -> dict:
     from ..dataplane.xdp import capture as C
     with C.LiveCapture(args.dev, ns, args.port) as sock:
         _say(args, f"listening on {args.dev} in {ns or 'the host namespace'} with an "
@@ -377,7 +377,7 @@ class _Stopper:
     def requested(self) -> bool:
         return self.signalled
 
-    def __enter__(self) -> "_Stopper":
+    def __enter__(self) -> _Stopper:
         def note(signum, frame):
             self.signalled = True
         self.old = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -227,7 +227,7 @@ def _top_render(snaps: list[dict], prev: dict, errors: list[str]):
             rt = rates.get((r["worker"], r["slot"]))
             rd = r["rounds"]
 
-            def rate(k, scale=1.0):
+            def rate(k, scale=1.0, rt=rt):
                 return "-" if rt is None else _human(rt[k] * scale, 6)
             t.add_row(str(r["worker"]), rate("packets"), rate("bytes", 8e-6), rate("acks"),
                       rate("dup"), rate("late"),
@@ -249,7 +249,7 @@ class _Keys:
         self.fd = sys.stdin.fileno() if sys.stdin.isatty() else None
         self.saved = None
 
-    def __enter__(self) -> "_Keys":
+    def __enter__(self) -> _Keys:
         if self.fd is not None:
             import termios
             import tty

@@ -62,7 +62,7 @@ def register(action) -> None:
 def cmd_check(args) -> int | None:
     if not 1.0 <= args.duration <= 10.0:
         raise UsageError(f"--duration: must be in 1..10 seconds, got {args.duration}")
-    if not 1 <= args.senders:
+    if not args.senders >= 1:
         raise UsageError(f"--senders: must be at least 1, got {args.senders}")
     cfg = rigs.star_config(name=f"chk{os.getpid() % 10**7}", **rigs.shaped(args),
                            mode=args.mode)
@@ -142,7 +142,7 @@ class _Progress:
         self.total, self.show = total, show
         self._bar = None
 
-    def __enter__(self) -> "_Progress":
+    def __enter__(self) -> _Progress:
         if self.show and sys.stderr.isatty():
             try:
                 from rich.console import Console

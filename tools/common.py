@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import math
 import os
 import sys
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
-from ..errors import EXIT_ERROR, EXIT_USAGE, DataplaneError, LtpError, UsageError
+from ..errors import EXIT_ERROR, DataplaneError, LtpError, UsageError
 
 EXIT_OK = 0
 
@@ -56,7 +58,7 @@ def emit(args: argparse.Namespace, obj: Any, text: Callable[[Any], Any] | str | 
 def console(stderr: bool = False):
     """A rich Console for tables: no markup or highlighting in the data (a
     namespace called "[red]" stays that text), colour only on a terminal."""
-    from rich.console import Console
+    from rich.console import Console  # noqa: PLC0415 (the ltp command's start: only output that needs it)
     return Console(stderr=stderr, markup=False, highlight=False, emoji=False)
 
 
@@ -88,8 +90,8 @@ def table(columns: list[tuple[str, str, bool]], rows: list[list[str]], width: in
 def _data_table():
     """rich's Table whose string cells are data: never read as markup, so a
     namespace called "[red]x" shows as that, whatever console draws it."""
-    from rich.table import Table
-    from rich.text import Text
+    from rich.table import Table  # noqa: PLC0415 (the ltp command's start)
+    from rich.text import Text  # noqa: PLC0415 (the ltp command's start)
 
     class DataTable(Table):
         def add_row(self, *cells, **kw) -> None:
@@ -105,7 +107,6 @@ def add_verbose(p: argparse.ArgumentParser) -> None:
 def setup_logging(verbose: int, name: str) -> None:
     """Log lines on stderr, "ltp NAME: level: message": warnings always,
     info with -v, debug with -vv."""
-    import logging
     level = logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"ltp {name}: %(levelname)s: %(message)s")
@@ -113,7 +114,7 @@ def setup_logging(verbose: int, name: str) -> None:
 
 def _json_default(o: Any) -> Any:
     try:
-        import numpy as np
+        import numpy as np  # noqa: PLC0415 (the ltp command's start: only what computes)
         if isinstance(o, np.generic):
             return o.item()
         if isinstance(o, np.ndarray):
@@ -132,10 +133,10 @@ def need_root(what: str) -> None:
 
 def need_bcc() -> None:
     try:
-        import bcc  # noqa: F401
+        import bcc  # noqa: F401, PLC0415 (optional: this checks it is there)
     except ImportError:
         raise LtpError("bcc is not importable: install Debian's python3-bpfcc and use a venv "
-                       "made with --system-site-packages (`ltp doctor --fix` names the steps)")
+                       "made with --system-site-packages (`ltp doctor --fix` names the steps)") from None
 
 
 def parse_size(text: str, what: str) -> int:

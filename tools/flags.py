@@ -15,6 +15,7 @@ import re
 
 from ..dataplane.xdp.headers import defines
 from .common import UsageError, parse_rate, parse_size
+from ..dataplane.rig.base import MAX_RATE_BPS, MIN_RATE_BPS
 
 # The LTP port, read from bpf/ltp_wire.h: dataplane.xdp.wire would import scapy.
 PORT = defines("ltp_wire.h")["LTP_PORT"]
@@ -153,7 +154,6 @@ def check_rate(text: str | None, flag: str = "--rate") -> int | None:
     """A rate flag's value in bit/s, within what TBF can shape."""
     if text is None:
         return None
-    from ..dataplane.rig.base import MAX_RATE_BPS, MIN_RATE_BPS
     bps = parse_rate(text, flag)
     if not MIN_RATE_BPS <= bps <= MAX_RATE_BPS:
         raise UsageError(f"{flag}: must be in 64kbit..32gbit, got {text!r}")

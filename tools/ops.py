@@ -8,6 +8,7 @@ import functools
 
 from ..errors import RegistryError
 from .common import LtpError, UsageError, add_command
+from ..dataplane import netns
 
 
 def add_parser(sub, name: str, help: str, epilog: str) -> argparse.ArgumentParser:
@@ -33,7 +34,7 @@ def guard(func):
 
 def registry():
     """dataplane.xdp.registry, imported when a command runs (not at `ltp -h`)."""
-    from ..dataplane.xdp import registry
+    from ..dataplane.xdp import registry  # noqa: PLC0415 (the ltp command's start)
     return registry
 
 
@@ -65,10 +66,8 @@ def listed_ns(text: str | None):
     a typo must not read as "nothing loaded". A gone namespace that still
     has records stays listable (`ltp status` shows them as "no netns")."""
     ns = ns_filter(text)
-    if ns not in (..., None):
-        from ..dataplane import netns
-        if not netns.exists(ns) and not registry().entries(ns):
-            raise RegistryError(f"no network namespace {ns!r} (`ip netns list` shows them)")
+    if ns not in (..., None) and not netns.exists(ns) and not registry().entries(ns):
+        raise RegistryError(f"no network namespace {ns!r} (`ip netns list` shows them)")
     return ns
 
 

@@ -6,6 +6,8 @@ from typing import Any
 
 from .common import LtpError, UsageError, need_bcc, need_root
 from .flags import DEFAULT_RIG, check_bytes, check_loss, check_rate, check_workers
+from ..dataplane.rig.star import RigConfig
+from ..dataplane.rig.star import Rig
 
 # RigConfig field -> the flag that sets it (flags.add_shape and add_loss)
 SHAPE_FLAGS = {"workers": "--workers", "rate_bps": "--rate", "buffer_bytes": "--buffer",
@@ -32,7 +34,6 @@ def config(cls, **kw: Any):
 
 
 def star_config(**kw: Any):
-    from ..dataplane.rig.star import RigConfig
     return config(RigConfig, **kw)
 
 
@@ -60,14 +61,12 @@ def choose(name: str | None, names, what: str, none: str, default: str | None = 
 
 def resolve(name: str | None) -> str:
     """The star rig a command means: --name, else the only rig, else 'default'."""
-    from ..dataplane.rig.star import Rig
     return choose(name, Rig.names, "rig", "no rig is up: `sudo ltp rig up` builds one",
                   DEFAULT_RIG)
 
 
 def attach(name: str | None):
     """The star rig `name` means (see `resolve`), attached; a RigError when it is gone."""
-    from ..dataplane.rig.star import Rig
     return Rig.attach(resolve(name))
 
 

@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
+from collections.abc import Callable
 
 from .config import TrainConfig
 

@@ -38,7 +38,7 @@ def check_outputs(tensorboard: str | None, plot: str | None) -> None:
         if not os.path.isdir(parent):
             raise UsageError(f"--tensorboard: {parent} does not exist")
         try:
-            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401, PLC0415 (optional: the train extra)
         except ImportError:
             raise UsageError("--tensorboard needs the tensorboard package: "
                              "bash scripts/setup.sh installs it into .venv") from None
@@ -52,7 +52,7 @@ def check_outputs(tensorboard: str | None, plot: str | None) -> None:
         if not os.access(parent, os.W_OK):
             raise UsageError(f"--plot: {parent} is not writable")
         try:
-            import matplotlib  # noqa: F401
+            import matplotlib  # noqa: F401, PLC0415 (optional: the plot extra)
         except ImportError:
             raise UsageError("--plot needs matplotlib: bash scripts/setup.sh installs it "
                              "into .venv") from None
@@ -92,7 +92,7 @@ class Curves:
         self.close_writer()
         self.runs.append(Run(label))
         if self.tensorboard is not None:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 (optional: the train extra)
             self.writer = SummaryWriter(log_dir=os.path.join(self.tensorboard, label))
             self.t0 = time.time()
 
@@ -134,9 +134,9 @@ class Curves:
 
 def plot_runs(runs: list[Run], path: str) -> None:
     """Test accuracy and training loss against training time, one line per run."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (optional: the plot extra)
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (optional: the plot extra)
     fig, (acc, loss) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     for run in runs:
         for ax, name in ((acc, "test/accuracy"), (loss, "train/loss")):

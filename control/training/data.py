@@ -33,7 +33,7 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
         if os.path.exists(path):
             raw = np.loadtxt(path, delimiter=",")
     if raw is None:
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # noqa: PLC0415 (1.2 s to import; only a run that loads the data)
         X, y = load_digits(return_X_y=True)
         raw = np.column_stack([X, y])
     X = (raw[:, :-1] / 16.0).astype(np.float32)

@@ -215,7 +215,6 @@ class Demo:
         """What the lead learns of this worker at the end."""
         times = dict(opt.times(), compute_s=self.stepper.compute_s,
                      straggle_s=self.stepper.straggle_s)
-        from ..torchapi.job import current
         link = current().link
         return {"worker": self.wid, "digest": digest(self.module),
                 "uplink": dict(getattr(link, "uplink", None) or {}),

@@ -29,7 +29,7 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 MAX_RESTARTS = 3        # `ltp train --restart`: per rank, and of the whole job
 KILL_RE = re.compile(r"^(worker|server):(\d+)@(\d+)$")

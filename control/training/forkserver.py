@@ -29,8 +29,9 @@ command that is not this interpreter running a module (-m) or a script
 with no other options; a rank whose environment differs from the zygote's
 in a variable read at import time (IMPORT_TIME: OMP_*, TORCH_*, PYTHON*,
 ...); a rank whose request (argv and environment) is too large for the
-control socket (EMSGSIZE: a note, that rank only); and any failure of the zygote (one line on stderr, then every later
-rank of that zygote starts as a new interpreter).
+control socket (EMSGSIZE: a note, that rank only); and any failure of the
+zygote (one line on stderr, then every later rank of that zygote starts as
+a new interpreter).
 """
 from __future__ import annotations
 

@@ -18,6 +18,9 @@ from .config import iterations_per_epoch
 from .data import BatchStream, Split, split
 from .local import Clock, Evaluator, Stepper, eval_due, setup_torch
 from .model import build_mlp, param_digest
+from ..torchapi.job import joined
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def calibrate(stepper: Stepper, module: torch.nn.Module, data: Split, ctx: RankContext) -> None:
@@ -35,7 +38,6 @@ def calibrate(stepper: Stepper, module: torch.nn.Module, data: Split, ctx: RankC
 def run_gloo(ctx: RankContext, backend: str = "gloo") -> dict:
     """backend gloo, or ltp (`ltp train --transport ddp-ltp`: the rank has
     joined the LTP job already; DDP's buckets then go over LTP)."""
-    import torch.distributed as dist
     setup_torch(ctx.cfg.seed)
     co = Coord(ctx.store, ctx.workers, ctx.timeout_s)   # sets the store's timeout first
     dist.init_process_group(backend, store=ctx.store, rank=ctx.rank, world_size=ctx.world,
@@ -47,8 +49,6 @@ def run_gloo(ctx: RankContext, backend: str = "gloo") -> dict:
 
 
 def _train(ctx: RankContext, co: Coord) -> dict:
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
     cfg, W, wid = ctx.cfg, ctx.workers, ctx.worker_id
     data = split(cfg.seed)
     module = build_mlp(cfg.hidden, cfg.seed)
@@ -117,7 +117,6 @@ def _result(ctx: RankContext, ev: Evaluator, done: dict[int, dict], *, total: in
 def ltp_rounds() -> dict:
     """ddp-ltp: what the LTP rounds of this rank's buckets did (ddp.TolerantReduce:
     buckets, early_buckets, delivered, ...); gloo: {}."""
-    from ..torchapi.job import joined
     job = joined()
     red = getattr(job, "tolerant", None) if job is not None else None
     if red is None:

@@ -22,13 +22,15 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ...errors import LaunchError
 from .config import LTP_TRANSPORTS, TrainConfig
 from . import forkserver
 from .faults import Faults, RestartJob
 from .launch import RigJob, job_env, plan_ranks
+from ...dataplane.rig.star import RigConfig
+from ...dataplane.tcp_cc import ensure_cc
 
 
 def rig_mode_for(transport: str) -> str:
@@ -38,7 +40,6 @@ def rig_mode_for(transport: str) -> str:
 def rig_config(name: str, transport: str, *, workers: int, rate_bps: int, buffer_bytes: int,
                loss: float, mtu: int = 1500, servers: int = 1):
     """The RigConfig a run of `transport` should build (see the module docstring)."""
-    from ...dataplane.rig.star import RigConfig
     return RigConfig(name=name, workers=workers, rate_bps=rate_bps, buffer_bytes=buffer_bytes,
                      loss=loss, shape="all", loss_on="all", mode=rig_mode_for(transport), mtu=mtu,
                      servers=servers)
@@ -117,7 +118,6 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     if bad:
         raise ValueError(f"straggler: worker {bad[0]} does not exist (workers 0..{W - 1})")
     if cfg.transport == "tcp":
-        from ...dataplane.tcp_cc import ensure_cc
         ensure_cc(cfg.cc)
     servers = 0 if cfg.transport == "gloo" else cfg.servers
     fx = faults or Faults([])
@@ -136,7 +136,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
                 if progress:
                     progress(ev)
             follow = Follow(ranks[servers], logdir, events)
-            job.start(lambda r: argv, lambda r: job_env(
+            job.start(lambda r: argv, lambda r, job=job, ranks=ranks: job_env(
                 rig, r, len(ranks), job.port, servers=servers,
                 transport="tcp" if cfg.transport == "tcp" else "ltp",
                 group=cfg.downlink == "group"))

@@ -13,10 +13,10 @@ import json
 import signal
 import sys
 from datetime import timedelta
+import torch.distributed as dist
 
 
 def main() -> None:
-    import torch.distributed as dist
     timeout_s = float(sys.argv[1]) if len(sys.argv) > 1 else 300.0
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s),
                           wait_for_workers=False)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from ...dataplane.clib import set_comm, set_parent_death_signal, set_proc_strings, setns
 from .forkserver import MSG_MAX, STORE_MODULE
+import importlib.util
 
 NETNS_DIR = "/run/netns"
 
@@ -87,7 +88,6 @@ class Job:
         self.setup()
         how, target, args = self.req["how"], self.req["target"], self.req["args"]
         if how == "module":
-            import importlib.util
             sys.path[0] = os.getcwd()      # as `python -m` has it
             try:
                 found = importlib.util.find_spec(target) is not None

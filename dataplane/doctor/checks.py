@@ -68,7 +68,7 @@ def run_checks(compile_test: bool = True) -> list[Check]:
                         "" if root else "run with sudo (BPF and namespaces need CAP_BPF, "
                         "CAP_NET_ADMIN, CAP_SYS_ADMIN)"))
     try:
-        import bcc    # optional here: the check says how to install it
+        import bcc  # noqa: PLC0415 (optional: the check says how to install it)
         checks.append(Check("bcc", True, f"bcc at {os.path.dirname(bcc.__file__)}"))
         have_bcc = True
     except ImportError:

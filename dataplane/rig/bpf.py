@@ -11,6 +11,8 @@ from collections.abc import Iterable, Iterator
 
 from .. import clib
 from ...errors import DataplaneError, RigError
+from ..xdp.loader import compile_program
+from ..xdp.loader import attach_pass
 
 PIN_HINT = "is bpffs mounted on /sys/fs/bpf? `ltp doctor --fix`"
 
@@ -32,7 +34,6 @@ def compile_tc(source: str, func: str):
     """Compile bpf/<source> with bcc and load `func` as a SCHED_CLS (tc)
     program: (bpf, fn). The caller loads further functions from `bpf` and
     must call bpf.cleanup() once tc and pins hold what it needs."""
-    from ..xdp.loader import compile_program
     with rig_errors():
         return compile_program(source, func, prog_type="SCHED_CLS")
 
@@ -79,7 +80,6 @@ def xdp_pass(ports: Iterable[tuple[str, str]]) -> None:
     """An XDP_PASS program in native mode on each (device, namespace): a
     veth delivers a native-mode XDP_TX of its peer only when it has an XDP
     program of its own."""
-    from ..xdp.loader import attach_pass
     for dev, ns in ports:
         try:
             attach_pass(dev, ns, "native")

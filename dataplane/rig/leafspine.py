@@ -57,7 +57,7 @@ class JobView:
     """The part of the rig one job sees, shaped like a star `Rig` for
     control.cluster.LtpCluster (config.mode/rate_bps/mtu, ps, workers)."""
 
-    def __init__(self, ls: "LeafSpine", job: int):
+    def __init__(self, ls: LeafSpine, job: int):
         self.job = job
         self.config = ls.config
         self.ps = next(h for h in ls.hosts if h.job == job and h.role == "ps")

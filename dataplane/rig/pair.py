@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 from .. import netns
 from .netlink import iproute
+from ..xdp.loader import detach
+from ..xdp.loader import attach_fd
+from ..xdp.loader import attach_pass
 
 
 @dataclass
@@ -37,7 +40,7 @@ class VethPair:
         self.mtu = mtu
         self._attached: list[tuple[str, str, str]] = []
 
-    def __enter__(self) -> "VethPair":
+    def __enter__(self) -> VethPair:
         try:
             self.up()
         except BaseException:
@@ -70,7 +73,6 @@ class VethPair:
                           state="permanent")
 
     def down(self) -> None:
-        from ..xdp.loader import detach
         for dev, ns, mode in self._attached:
             with contextlib.suppress(Exception):   # the namespace removal below detaches too
                 detach(dev, ns, mode)
@@ -80,13 +82,11 @@ class VethPair:
 
     def attach(self, dataplane_or_fd, end: End, mode: str = "native") -> None:
         """Attach an XDP program (Dataplane or prog fd) on `end`'s device."""
-        from ..xdp.loader import attach_fd
         fd = dataplane_or_fd if isinstance(dataplane_or_fd, int) else dataplane_or_fd.prog_fd
         attach_fd(fd, end.dev, end.ns, mode)
         self._attached.append((end.dev, end.ns, mode))
 
     def attach_pass(self, end: End, mode: str = "native") -> None:
-        from ..xdp.loader import attach_pass
         attach_pass(end.dev, end.ns, mode)
         self._attached.append((end.dev, end.ns, mode))
 

@@ -156,7 +156,8 @@ class Rig(RigBase):
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"Rig({c.name!r}, workers={c.workers}, servers={c.servers}, rate={c.rate_bps}, buffer={c.buffer_bytes}, "
+        return (f"Rig({c.name!r}, workers={c.workers}, servers={c.servers}, rate={c.rate_bps}, "
+                f"buffer={c.buffer_bytes}, "
                 f"loss={c.loss}, shape={c.shape}, mode={c.mode}, up={self._is_up})")
 
     # ---- lifecycle (the rest is RigBase's)
@@ -185,7 +186,7 @@ class Rig(RigBase):
         return []
 
     def _build(self) -> None:
-        from pyroute2 import IPRoute  # noqa: F401  (import errors surface early)
+        from pyroute2 import IPRoute  # noqa: F401, PLC0415 (0.15 s to import; only what touches links)
         self.created = time.time()
         self._save()                     # first, so `down` finds a half-built rig
         for ns in self.namespaces:
@@ -241,7 +242,7 @@ class Rig(RigBase):
 
     # ---- reconnecting
     @classmethod
-    def attach(cls, name: str = DEFAULT_NAME) -> "Rig":
+    def attach(cls, name: str = DEFAULT_NAME) -> Rig:
         """The existing rig `name`, from /run/ltp/rigs/<name>.json."""
         return super().attach(name)
 

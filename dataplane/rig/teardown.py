@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from .. import netns
 from . import leafspine_plan, netlink, star_plan
 from ...errors import RigError
+from ..xdp import registry
 
 
 def remove_all(namespaces: Sequence[str], pins: str, state: str) -> list[str]:
     """Remove the LTP records and pins of the namespaces, the namespaces,
     every pin in the folder `pins`, and the state file; go on past errors
     and return them."""
-    from ..xdp import registry
     errors: list[str] = []
     for ns in namespaces:
         # A pinned program (`ltp load`) outlives its namespace until unpinned;

@@ -20,7 +20,7 @@ import select
 import struct
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -107,12 +107,12 @@ class CaptureMaps:
         self.ring_bytes = _map_info(fds["ltp_capring"])[1]
 
     @classmethod
-    def from_dataplane(cls, dp) -> "CaptureMaps":
+    def from_dataplane(cls, dp) -> CaptureMaps:
         """The maps of a Dataplane this process compiled (tests, benchmarks)."""
         return cls({n: dp.table(n).get_fd() for n in CAP_MAPS})
 
     @classmethod
-    def of_program(cls, prog_id: int) -> "CaptureMaps | None":
+    def of_program(cls, prog_id: int) -> CaptureMaps | None:
         """The capture maps of the loaded program `prog_id`, found by its map
         ids and checked by name; None if it has none (not ltp_xdp, or built
         before capture existed)."""
@@ -238,7 +238,7 @@ class RingCapture:
         #: add to a record's ts_ns for ns since the epoch (one offset: order is kept)
         self.epoch_offset_ns = time.time_ns() - time.monotonic_ns()
 
-    def start(self) -> "RingCapture":
+    def start(self) -> RingCapture:
         now = time.monotonic_ns()
         cur = self.maps.cfg.get(0)
         if cur.until_ns > now and cur.owner != os.getpid() and _alive(cur.owner):
@@ -325,7 +325,7 @@ class RingCapture:
                 "program_frames": self.maps.ingress_frames() - self._base[2],
                 "read": self.taken, "reordered": self.reordered, "lapsed": self.lapsed}
 
-    def __enter__(self) -> "RingCapture":
+    def __enter__(self) -> RingCapture:
         return self.start()
 
     def __exit__(self, *exc) -> None:

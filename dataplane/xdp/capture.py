@@ -18,7 +18,8 @@ import datetime
 import socket
 import struct
 import time
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from .. import netns
 from . import wire as W
@@ -207,7 +208,7 @@ class LiveCapture:
             self.sock.settimeout(0.2 if left is None else min(0.2, left))
             try:
                 frame, anc, _, addr = self.sock.recvmsg(65535, cmsg_len)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             ts = time.time_ns()
             for level, kind, data in anc:
@@ -229,7 +230,7 @@ class LiveCapture:
     def close(self) -> None:
         self.sock.close()
 
-    def __enter__(self) -> "LiveCapture":
+    def __enter__(self) -> LiveCapture:
         return self
 
     def __exit__(self, *exc) -> None:

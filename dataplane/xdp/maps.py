@@ -13,7 +13,7 @@ import ctypes
 import os
 import socket
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -93,11 +93,11 @@ class LtpMaps:
             pass
 
     @classmethod
-    def from_bpf(cls, bpf, geometry) -> "LtpMaps":
+    def from_bpf(cls, bpf, geometry) -> LtpMaps:
         return cls({n: bpf[n.encode()].get_fd() for n in MAP_NAMES}, geometry)
 
     @classmethod
-    def from_pins(cls, directory: str, geometry) -> "LtpMaps":
+    def from_pins(cls, directory: str, geometry) -> LtpMaps:
         fds = {}
         try:
             for n in MAP_NAMES:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, InfoMetricFamily)

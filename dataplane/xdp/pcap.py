@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
+from collections.abc import Iterator
 
 from ...errors import DataplaneError
 

@@ -115,7 +115,7 @@ class Record:
                 "link_id": self.link_id, "map_ids": dict(self.map_ids)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Record":
+    def from_dict(cls, d: dict[str, Any]) -> Record:
         return cls(dev=d["dev"], netns=ns_arg(d.get("netns")), role=d["role"],
                    job=int(d.get("job", 0)), geometry=Geometry(**d["geometry"]),
                    mode=d["mode"], prog_id=int(d.get("prog_id", 0)),

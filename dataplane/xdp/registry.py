@@ -35,6 +35,9 @@ from .lookup import (describe, geometry_from_fds, geometry_from_pins, link_info,
 from .records import (HOST, PIN_ROOT, RECORD_ROOT, Record, check_ifname, entries,  # noqa: F401
                       ns_arg, ns_key, nsflag, owner_alive, owner_text, pin_dir, process_start,
                       read_record, record_path, remove_record, unpin, where, write_record)
+from .loader import Dataplane
+from .loader import detach, detach_link_id
+from .maps import LtpMaps
 
 ROLES = ("ps", "worker")
 LOAD_FIX = "--force replaces it"
@@ -51,7 +54,6 @@ def load(dev: str, ns: str | None, *, role: str, geometry: Geometry, peers: dict
     Refuses a device that carries an XDP program (ours, an endpoint's or
     another's) unless `force`, which replaces it. On failure nothing new is
     left behind."""
-    from .loader import Dataplane
     if role not in ROLES:
         raise ValueError(f"role must be ps or worker, got {role!r}")
     check_ifname(dev)
@@ -198,7 +200,6 @@ def _forget_endpoint(rec: Record) -> dict[str, Any]:
 def _detach_ours(dev: str, ns: str | None, pdir: str, mode: str) -> bool:
     """Detach `ltp load`'s program: through its pinned link, or over netlink
     (what older versions attached)."""
-    from .loader import detach, detach_link_id
     link = os.path.join(pdir, "link")
     if os.path.exists(link):
         try:
@@ -349,7 +350,6 @@ def find(dev: str, ns: str | None) -> Record:
 def record_from_pins(dev: str, ns: str | None) -> Record:
     """A best-effort record for pins whose record is gone: geometry from the
     map sizes, peers from ltp_peers (a scan of 65536 entries), job from ltp_cfg."""
-    from .maps import LtpMaps
     pdir = pin_dir(dev, ns)
     g = geometry_from_pins(pdir)
     m = LtpMaps.from_pins(pdir, g)
@@ -366,7 +366,6 @@ def open_maps(rec: Record):
     """LtpMaps over the maps of `rec`: its pins (`ltp load`), or its map ids
     while its owner lives (an endpoint), after checking the geometry the
     record names against the maps' sizes."""
-    from .maps import LtpMaps
     if not rec.pinned:
         fds = _endpoint_map_fds(rec)
         try:
