@@ -84,9 +84,10 @@ if rank < 2:
 
 # what is not supported says so (gloo's send would wait for a recv)
 errors = {}
-for name, call in [] if backend != "ltp" else (("send", lambda: dist.send(torch.ones(1), dst=(rank + 1) % world)),
-                   ("avg_int", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64),
-                                                       op=dist.ReduceOp.AVG))):
+unsupported = (("send", lambda: dist.send(torch.ones(1), dst=(rank + 1) % world)),
+               ("avg_int", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64),
+                                                   op=dist.ReduceOp.AVG)))
+for name, call in [] if backend != "ltp" else unsupported:
     try:
         call()
         errors[name] = None

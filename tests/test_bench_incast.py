@@ -59,7 +59,7 @@ def test_small_incast_bench_gives_documented_json_and_a_plot(tmp_path):
     assert set(res) >= {"config", "limit_s", "results", "speedup", "ltp_over"}
     assert res["limit_s"] == pytest.approx(2 * (1 << 20) * 8 / 1e9)
     assert set(res["results"]) == {"ltp", "tcp-cubic", "tcp-bbr"}
-    for name, r in res["results"].items():
+    for r in res["results"].values():
         assert {"median_s", "p99_s", "max_s", "median_over_limit", "p99_over_limit",
                 "delivered"} <= set(r)
         assert 0.0 <= r["delivered"] <= 1.0

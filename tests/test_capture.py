@@ -154,9 +154,8 @@ def cluster():
         pytest.skip(WHY_NOT_BPF)
     from ltpx.control.bench.cluster import LtpCluster
     from ltpx.dataplane.rig.star import Rig, RigConfig
-    with Rig(RigConfig(name=RIG, workers=4)) as rig:
-        with LtpCluster(rig, 16384) as c:
-            yield c
+    with Rig(RigConfig(name=RIG, workers=4)) as rig, LtpCluster(rig, 16384) as c:
+        yield c
 
 
 def _start_capture(rig, *extra):

@@ -13,7 +13,6 @@ import json
 import os
 import pty
 import select
-import socket
 import subprocess
 import time
 
@@ -115,7 +114,7 @@ def _acks(sock, idle=0.3) -> list:
     while True:
         try:
             out.append(W.unpack_header(sock.recv(2048)))
-        except socket.timeout:
+        except TimeoutError:
             return out
 
 

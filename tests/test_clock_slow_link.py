@@ -34,9 +34,8 @@ def cluster(request):
     from ltpx.dataplane.rig.star import Rig, RigConfig
     n = request.param
     with Rig(RigConfig(name=f"hfslow{n}", workers=n, rate_bps=10_000_000, buffer_bytes=30_000,
-                       loss=0.0)) as rig:
-        with LtpCluster(rig, NEL, sender="xdp", warmup=False) as cl:
-            yield cl
+                       loss=0.0)) as rig, LtpCluster(rig, NEL, sender="xdp", warmup=False) as cl:
+        yield cl
 
 
 def test_a_slow_link_is_clocked_without_spurious_resends(cluster):

@@ -287,7 +287,7 @@ def test_rig_down_leaves_nothing_after_killed_endpoints():
             assert not os.path.exists(os.path.join(registry.PIN_ROOT, ns))
             assert not os.path.exists(os.path.join(registry.RECORD_ROOT, ns))
         for prog, maps in objects:
-            assert within(lambda: gone(prog, maps), 2.0), (prog, maps)
+            assert within(lambda prog=prog, maps=maps: gone(prog, maps), 2.0), (prog, maps)
     finally:
         for h in holders:
             h.kill()

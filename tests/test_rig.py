@@ -450,9 +450,8 @@ def test_skb_mode_rounds_arrive_whole():
     from ltpx.control.bench.cluster import LtpCluster
     from ltpx.dataplane.rig.star import Rig, RigConfig
     with Rig(RigConfig(name=f"g{_TAG}", workers=2, mode="skb", rate_bps=10**9,
-                       buffer_bytes=60_000)) as rig:
-        with LtpCluster(rig, 65536, mode="skb") as cl:
-            for r in range(2):
-                res, _ = cl.run_round(r, 65536)
-                assert res.delivered_fraction == 1.0, res.report()
-            assert cl.ps.counters()["malformed"] == 0
+                       buffer_bytes=60_000)) as rig, LtpCluster(rig, 65536, mode="skb") as cl:
+        for r in range(2):
+            res, _ = cl.run_round(r, 65536)
+            assert res.delivered_fraction == 1.0, res.report()
+        assert cl.ps.counters()["malformed"] == 0

@@ -49,7 +49,7 @@ def test_counter_names_come_from_the_header():
 def test_scapy_layer_and_packer_build_the_same_bytes():
     fields = dict(type=W.T_DATA, flags=W.F_CRITICAL | W.F_LAST, worker=513, job=0xDEADBEEF,
                   round=70000, chunk=3, nchunks=9, state=0, rate=123456)
-    layer = W.LTP(**{k: v for k, v in fields.items()}, len=8) / (b"\x01" * 8)
+    layer = W.LTP(**fields, len=8) / (b"\x01" * 8)
     packed = W.pack_header(**fields, length=8) + b"\x01" * 8
     assert bytes(layer) == packed
     hdr = W.unpack_header(packed)

@@ -112,10 +112,9 @@ def test_worker_role_records_acks_in_its_map(pair, small_geometry):
 
 def test_pair_is_removed_when_the_body_raises():
     from ltpx.dataplane.rig.pair import VethPair
-    with pytest.raises(RuntimeError):
-        with VethPair("ltp-t-raise") as p:
-            assert netns.exists(p.a.ns)
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), VethPair("ltp-t-raise") as p:
+        assert netns.exists(p.a.ns)
+        raise RuntimeError("boom")
     assert not netns.exists("ltp-t-raise-a") and not netns.exists("ltp-t-raise-b")
 
 

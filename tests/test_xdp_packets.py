@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
