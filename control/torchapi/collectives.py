@@ -56,7 +56,7 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
     raw = torch.from_numpy(buf.view(np.uint8))
     mine = job.rank == root_rank
     if mine:
-        for (name, t), o in zip(tensors, offs):
+        for (_, t), o in zip(tensors, offs):
             src = t.detach().contiguous().reshape(-1)
             raw[o:o + src.numel() * src.element_size()].copy_(src.view(torch.uint8))
     job.drain()
@@ -67,7 +67,7 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
         return
     got = torch.from_numpy(answer.view(np.uint8))
     with torch.no_grad():
-        for (name, t), o in zip(tensors, offs):
+        for (_, t), o in zip(tensors, offs):
             n = t.numel() * t.element_size()
             t.copy_(got[o:o + n].view(t.dtype).view(t.shape))
 

@@ -99,7 +99,7 @@ def donate(opt, extra: dict | None = None) -> list[int]:
         return []
     blob = state_blob(opt, extra)
     served = sorted(ex.donations)
-    for w, ticket in ex.donations.items():
+    for ticket in ex.donations.values():
         ex.co.put_sync(ticket, blob)
     ex.donations = {}
     return served

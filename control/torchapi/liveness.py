@@ -29,6 +29,8 @@ import threading
 import time
 from datetime import timedelta
 
+from ...dataplane import netns
+
 log = logging.getLogger("ltpx.torch.liveness")
 
 BEAT_S = 0.2
@@ -49,7 +51,6 @@ class Beat:
 
     def __init__(self, store, key: str, store_netns: str | None = None,
                  watch_key: str | None = None, on_dead=None):
-        from ...dataplane import netns
         with netns.inside(store_netns):   # a connection of its own
             self.store = store.clone()
         # bounds the store's own waits (get/wait) to 1 s; it does not bound a

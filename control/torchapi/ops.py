@@ -75,7 +75,7 @@ class Op:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Op":
+    def from_json(cls, text: str | bytes) -> Op:
         d = json.loads(text)
         d["sizes"] = tuple(d["sizes"])
         if d.get("kind") not in KINDS:
@@ -125,7 +125,7 @@ class Go:
                           separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Go":
+    def from_json(cls, text: str | bytes) -> Go:
         d = json.loads(text)
         return cls(Op.from_json(json.dumps(d["op"])), tuple(d.get("absent", ())))
 
@@ -153,7 +153,7 @@ class Members:
     def after_go(self, go: Go) -> None:
         self.absent = set(go.absent) & self.members
 
-    def after_report(self, rep: "StepReport") -> None:
+    def after_report(self, rep: StepReport) -> None:
         for w, st in rep.status.items():
             if st == DROPPED:
                 self.members.discard(w)
@@ -249,7 +249,7 @@ class StepReport:
         out[:] = np.asarray(words, dtype=np.float32)
 
     @classmethod
-    def decode(cls, words: np.ndarray) -> "StepReport":
+    def decode(cls, words: np.ndarray) -> StepReport:
         w = [float(x) for x in words]
         if int(w[0]) != REPORT_MAGIC:
             raise ValueError("the answer carries no step report (server and worker disagree "
