@@ -53,3 +53,14 @@ def small_geometry():
     """Geometry for packet tests: 4 slots, 64 chunks of 1424 bytes, 2 banks."""
     from ltpx.dataplane.xdp.loader import Geometry
     return Geometry(slots=4, max_chunks=64)
+
+
+def star_rig(**config):
+    """For a module's `rig` fixture (`yield from star_rig(name=..., workers=...)`):
+    a star rig with these RigConfig fields, removed when the module is done;
+    the module's tests skip with the reason where BPF cannot run."""
+    if WHY_NOT_BPF:
+        pytest.skip(WHY_NOT_BPF)
+    from ltpx.dataplane.rig.star import Rig, RigConfig
+    with Rig(RigConfig(**config)) as r:
+        yield r

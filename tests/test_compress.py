@@ -14,7 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import requires_bpf
+from conftest import requires_bpf, star_rig
 from ltp_cli import LTP
 from ltpx.control.torchapi.codec import (MinMaxUInt8, ServerCodec, WorkerCodec, check_peer,
                                          make_codec)
@@ -148,12 +148,7 @@ NEL = 6 * Q + 100         # 7 chunks of codes
 
 @pytest.fixture(scope="module")
 def rig():
-    from conftest import WHY_NOT_BPF
-    if WHY_NOT_BPF:
-        pytest.skip(WHY_NOT_BPF)
-    from ltpx.dataplane.rig.star import Rig, RigConfig
-    with Rig(RigConfig(name=RIG, workers=2, buffer_bytes=2_000_000)) as r:
-        yield r
+    yield from star_rig(name=RIG, workers=2, buffer_bytes=2_000_000)
 
 
 @requires_bpf

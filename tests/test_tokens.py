@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import WHY_NOT_BPF
+from conftest import star_rig
 from ltpx.control.transport import tokens
 from ltpx.dataplane.xdp import wire as W
 
@@ -97,12 +97,8 @@ def test_tshark_shows_the_token(tmp_path):
 
 @pytest.fixture(scope="module")
 def rig():
-    if WHY_NOT_BPF:
-        pytest.skip(WHY_NOT_BPF)
-    from ltpx.dataplane.rig.star import Rig, RigConfig
     # a deep PS queue: every spoof must reach the PS's program to be counted
-    with Rig(RigConfig(name=RIG, workers=2, buffer_bytes=2_000_000)) as r:
-        yield r
+    yield from star_rig(name=RIG, workers=2, buffer_bytes=2_000_000)
 
 
 @pytest.fixture(scope="module")

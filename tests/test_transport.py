@@ -10,7 +10,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from conftest import requires_bpf
+from conftest import requires_bpf, star_rig
 from ltpx.control.transport.early_close import EarlyClose, EarlyCloseConfig
 from ltpx.control.transport.layout import ChunkLayout
 from ltpx.control.transport import Peer, tokens
@@ -24,10 +24,8 @@ WORKERS = 8
 
 @pytest.fixture(scope="module")
 def rig():
-    from ltpx.dataplane.rig.star import Rig, RigConfig
-    with Rig(RigConfig(name="ttr", workers=WORKERS, rate_bps=10**9, buffer_bytes=30_000,
-                       loss=0.0, loss_on="all")) as r:
-        yield r
+    yield from star_rig(name="ttr", workers=WORKERS, rate_bps=10**9, buffer_bytes=30_000,
+                        loss=0.0, loss_on="all")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from scapy.layers.inet import IP, UDP, Ether
 from scapy.packet import Raw
 
-from conftest import requires_bpf
+from conftest import requires_bpf, star_rig
 from ltpx.control.transport import tokens
 from ltpx.dataplane.xdp import clock
 from ltpx.dataplane.xdp import wire as W
@@ -408,10 +408,8 @@ RIG_WORKERS = 4
 
 @pytest.fixture(scope="module")
 def rig():
-    from ltpx.dataplane.rig.star import Rig, RigConfig
-    with Rig(RigConfig(name="heclk", workers=RIG_WORKERS, rate_bps=10**9, buffer_bytes=30_000,
-                       loss=0.0, loss_on="all")) as r:
-        yield r
+    yield from star_rig(name="heclk", workers=RIG_WORKERS, rate_bps=10**9, buffer_bytes=30_000,
+                        loss=0.0, loss_on="all")
 
 
 @pytest.fixture(scope="module")
