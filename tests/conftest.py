@@ -33,16 +33,21 @@ def reap_rig_owner(proc, rig_cls, name: str) -> None:
         rig_cls.destroy(name)
 
 
+def reap(procs) -> None:
+    """Kill and wait for each of `procs` still running (a test's finally)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def finish_all(procs, timeout: float) -> list[tuple[str, str]]:
     """(stdout, stderr) of each process of a job, once all exited 0; any still
     running when one fails or the time is up is killed and reaped."""
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        reap(procs)
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     return outs
@@ -55,12 +60,19 @@ def small_geometry():
     return Geometry(slots=4, max_chunks=64)
 
 
-def star_rig(**config):
+def star_rig(clear: bool = False, **config):
     """For a module's `rig` fixture (`yield from star_rig(name=..., workers=...)`):
     a star rig with these RigConfig fields, removed when the module is done;
-    the module's tests skip with the reason where BPF cannot run."""
+    the module's tests skip with the reason where BPF cannot run. `clear`:
+    whatever `ltp load` or an endpoint left in its namespaces is unloaded
+    first, also when a test failed."""
     if WHY_NOT_BPF:
         pytest.skip(WHY_NOT_BPF)
     from ltpx.dataplane.rig.star import Rig, RigConfig
+    from ltpx.dataplane.xdp import registry
     with Rig(RigConfig(**config)) as r:
-        yield r
+        try:
+            yield r
+        finally:
+            for ns in r.namespaces if clear else ():
+                registry.clear_namespace(ns)

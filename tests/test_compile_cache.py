@@ -14,7 +14,7 @@ import pytest
 from scapy.layers.inet import IP, UDP, Ether
 from scapy.packet import Raw
 
-from conftest import requires_bpf
+from conftest import reap, requires_bpf
 
 pytestmark = requires_bpf
 
@@ -237,10 +237,7 @@ def test_concurrent_first_compiles_make_one_compile_and_hits(cache):
             p.stdin.flush()
         outs = [p.communicate(timeout=300) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        reap(procs)
     results = []
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]

@@ -22,7 +22,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from conftest import requires_bpf
+from conftest import reap, requires_bpf
 
 WORKERS = 3
 SMALL = dict(hidden=(64,), seed=3)
@@ -142,10 +142,7 @@ def test_barrier_goes_on_without_a_killed_worker(tmp_path):
         assert [g.absent for g in gos] == [(2,), (2,), (2,)]
         outs = [p.communicate(timeout=60)[0] for p in procs[:2]]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        reap(procs)
         srv.stop_liveness()
     for p, out in zip(procs[:2], outs):
         assert p.returncode == 0

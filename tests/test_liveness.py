@@ -25,7 +25,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import requires_bpf
+from conftest import requires_bpf, star_rig
 from ltp_cli import ltp_json
 
 pytestmark = requires_bpf
@@ -94,14 +94,7 @@ class PsProcess:
 
 @pytest.fixture(scope="module")
 def rig():
-    from ltpx.dataplane.rig.star import Rig, RigConfig
-    from ltpx.dataplane.xdp import registry
-    with Rig(RigConfig(name="hflive", workers=2, rate_bps=int(RATE), loss=0.0)) as r:
-        try:
-            yield r
-        finally:
-            for ns in r.namespaces:
-                registry.clear_namespace(ns)
+    yield from star_rig(clear=True, name="hflive", workers=2, rate_bps=int(RATE), loss=0.0)
 
 
 def push_all(workers, hosts, ps_ip, round_, seed):

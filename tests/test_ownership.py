@@ -24,7 +24,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import requires_bpf
+from conftest import requires_bpf, star_rig
 from ltp_cli import ltp, ltp_json
 
 pytestmark = requires_bpf
@@ -111,14 +111,7 @@ def status_of(host) -> dict:
 
 @pytest.fixture(scope="module")
 def rig():
-    from ltpx.dataplane.rig.star import Rig, RigConfig
-    from ltpx.dataplane.xdp import registry
-    with Rig(RigConfig(name=RIG, workers=2, loss=0.0)) as r:
-        try:
-            yield r
-        finally:
-            for ns in r.namespaces:
-                registry.clear_namespace(ns)
+    yield from star_rig(clear=True, name=RIG, workers=2, loss=0.0)
 
 
 def _worker(h):
