@@ -10,6 +10,7 @@ sockets, with the rig's loss injector dropping some. Tests run in file order
 from __future__ import annotations
 
 import json
+import re
 import os
 import pty
 import select
@@ -337,6 +338,8 @@ def test_top_runs_under_a_terminal_and_quits_on_q(rig, loaded):
     batch = ltp("top", "--netns", rig.ps.netns, "--iterations", "2", "--interval", "0.1",
                 timeout=20).stdout
     assert batch.count("WORKER") == 2 and width(batch) <= 80
+    assert "q quits" not in batch                          # no key works off a terminal
+    assert re.search(r"prog \d+ \((native|skb)\)", batch), batch   # phrases kept whole
 
 
 @requires_bpf
@@ -362,3 +365,19 @@ def test_top_on_a_device_without_a_program_exits_1(rig, loaded):
     for argv in (["top", "eth9"], ["top", "eth9", "-c", "1"]):     # a terminal or not
         p = ltp(*argv, rc=1, timeout=20)
         assert p.stderr.startswith("ltp: error: no LTP program loaded on eth9"), p.stderr
+
+
+@pytest.mark.unit
+def test_long_titles_break_between_phrases_only():
+    from ltpx.tools.cmd_flows import _wrap
+    phrases = ["ltp-abc-ps/eth0", "ps", "job 0x00c0ffee", "prog 4711 (native)",
+               "round 70000 open, 57 chunks"]
+    for cols in (20, 30, 45, 80):
+        out = _wrap("  ".join(phrases), cols)
+        lines = out.splitlines()
+        assert all(len(ln) <= cols for ln in lines), (cols, out)
+        joined = " ".join(ln.strip() for ln in lines)
+        for ph in ["ltp-abc-ps/eth0", "job 0x00c0ffee", "prog 4711 (native)", "round 70000 open,",
+                   "57 chunks"]:
+            assert any(ph in ln for ln in lines), (cols, ph, out)
+        assert joined.replace("  ", " ").split() == "  ".join(phrases).split()

@@ -10,9 +10,11 @@ from __future__ import annotations
 import signal
 import sys
 import time
+import re
 from typing import Any
 
-from .common import LtpError, UsageError, add_json, emit, need_root, table, wants_json
+from .common import (LtpError, UsageError, add_json, console, emit, need_root, table,
+                     wants_json)
 from .flags import add_netns
 from .ops import add_parser, check_dev, guard, job_text, listed_ns, netns_arg, registry
 
@@ -126,9 +128,18 @@ def _snapshots(recs: list) -> list[dict]:
     return out
 
 
-def _wrap(text: str, width: int = 80) -> str:
-    import textwrap
-    return "\n".join(textwrap.wrap(text, width, subsequent_indent="  ", break_on_hyphens=False))
+def _wrap(text: str, width: int | None = None) -> str:
+    """`text` in lines of at most `width` (the console's: the terminal's, 80
+    off one), broken only between its phrases (parts set off by two spaces
+    or a comma), never inside one; continuation lines indented."""
+    width = width or console().width
+    lines, cur = [], ""
+    for phrase in re.findall(r".+?(?:,\s|\s\s|$)", text):
+        if cur.strip() and len(cur.rstrip()) + len(phrase.rstrip()) > width:
+            lines.append(cur.rstrip())
+            cur = "  "
+        cur += phrase
+    return "\n".join(lines + [cur.rstrip()])
 
 
 def _program_title(s: dict) -> str:
@@ -201,7 +212,8 @@ def cmd_flows(args) -> int | None:
 
 # --------------------------------------------------------------------------- top
 
-def _top_render(snaps: list[dict], prev: dict, errors: list[str]):
+def _top_render(snaps: list[dict], prev: dict, errors: list[str], keys: bool = False):
+    """One update of `ltp top`; `keys`: the q key works (a terminal), so say so."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -210,7 +222,7 @@ def _top_render(snaps: list[dict], prev: dict, errors: list[str]):
     parts: list[Any] = []
     if not snaps and not errors:
         parts.append(Text("no LTP program is loaded (`ltp load DEV --role ps --workers N`); "
-                          "waiting ... (q quits)"))
+                          "waiting ..." + (" (q quits)" if keys else "")))
     for s in snaps:
         key = (s["netns"], s["dev"])
         rates = flows.rates(prev.get(key), s)
@@ -238,7 +250,7 @@ def _top_render(snaps: list[dict], prev: dict, errors: list[str]):
                   Text("")]
     for e in errors:
         parts.append(Text(f"error: {e}", style="red"))
-    parts.append(Text(time.strftime("%H:%M:%S") + "  q quits", style="dim"))
+    parts.append(Text(time.strftime("%H:%M:%S") + ("  q quits" if keys else ""), style="dim"))
     return Group(*parts)
 
 
@@ -354,24 +366,25 @@ def _top_loop(args, sample: _Sampler, keys: _Keys) -> None:
 
     from rich.console import Console
     from rich.live import Live
-    console = Console()
+    screen = Console()
     snaps, errors = sample()
     with contextlib.ExitStack() as stack:
         if sys.stdout.isatty():
-            live = stack.enter_context(Live(_top_render(snaps, {}, errors), console=console,
+            live = stack.enter_context(Live(_top_render(snaps, {}, errors, keys.fd is not None),
+                                            console=screen,
                                             screen=True, auto_refresh=False, transient=True))
 
             def show(r) -> None:
                 live.update(r, refresh=True)
         else:
-            show = console.print
+            show = screen.print
         n = 0
         while True:
             prev = {(s["netns"], s["dev"]): s for s in snaps}
             if (keys.wait(args.interval) or "").lower() == "q":
                 break
             snaps, errors = sample()
-            show(_top_render(snaps, prev, errors))
+            show(_top_render(snaps, prev, errors, sys.stdout.isatty() and keys.fd is not None))
             n += 1
             if args.iterations and n >= args.iterations:
                 break

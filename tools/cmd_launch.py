@@ -24,6 +24,7 @@ import os
 import sys
 import time
 
+from ..control.progress import Throttle, describe
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
                     check_name, check_rate, check_workers)
@@ -225,11 +226,13 @@ def _run(rig, args, argv: list[str], out: "Output"):
 
 
 class Output:
-    """Each rank's lines, prefixed; worker 0's progress events as a bar on a terminal."""
+    """Each rank's lines, prefixed; worker 0's progress events as a bar on a
+    terminal, as plain lines at most every 2 s otherwise (JSON under -j)."""
 
     def __init__(self, json_mode: bool):
         self.json_mode = json_mode
         self.bar = self.task = None
+        self.throttle = Throttle()      # progress as plain lines off a terminal
         if not json_mode and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
             self.bar = Progress(TextColumn("step"), BarColumn(bar_width=30),
@@ -239,8 +242,13 @@ class Output:
         msg = _json(text)
         if msg is not None and stream == "stdout":
             r.last_json = msg
-        if msg is not None and msg.get("event") == "progress" and self.bar is not None:
-            self.progress(msg)
+        if msg is not None and msg.get("event") == "progress" and not self.json_mode:
+            if self.bar is not None:
+                self.progress(msg)
+            elif self.throttle.due(msg.get("step", 0), msg.get("steps")):
+                plain = {k: v for k, v in msg.items() if k not in ("event", "step", "steps")}
+                print(f"[{r.label}] " + describe(msg.get("step", 0), msg.get("steps"), plain),
+                      flush=True)
             return
         dest = sys.stderr if (self.json_mode or stream == "stderr") else sys.stdout
         line = f"[{r.label}] {text}"
@@ -258,8 +266,8 @@ class Output:
             print(line, file=sys.stderr, flush=True)
 
     def progress(self, msg: dict) -> None:
-        info = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                         for k, v in msg.items() if k not in ("event", "step", "steps"))
+        info = describe(0, None, {k: v for k, v in msg.items()
+                                  if k not in ("event", "step", "steps")}).partition("  ")[2]
         if self.task is None:
             self.bar.start()
             self.task = self.bar.add_task("step", total=msg.get("steps"), info=info)

@@ -51,24 +51,21 @@ docs/training.md ("Your own model") has the details.
 """
 from __future__ import annotations
 
-import json
-import sys
-
 from .backend import register as _register_backend
 from .collectives import allreduce, broadcast_parameters, digest
 from .ddp import ddp_hook, ddp_state
 from .job import init, is_server, local_rank, rank, serve_here as serve, shutdown, size
 from .ops import StepReport
+from .. import progress
 from .optimizer import DistributedOptimizer, FilledWarning
 
 
 def report_progress(step: int, steps: int, **metrics) -> None:
-    """On worker 0, print one JSON line `ltp launch` turns into its progress bar
-    (step of steps, and any numbers given, e.g. loss=0.31)."""
+    """On worker 0: under `ltp launch`, one JSON line its progress bar draws;
+    run any other way, a plain line ("step 10/100  loss 0.31") at most every
+    2 s, the first and last always (control/progress.py)."""
     if rank() == 0:
-        sys.stdout.write(json.dumps({"event": "progress", "step": step, "steps": steps,
-                                     **metrics}) + "\n")
-        sys.stdout.flush()
+        progress.report(step, steps, metrics)
 
 
 _register_backend()
