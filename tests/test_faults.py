@@ -370,6 +370,7 @@ def test_a_rank_on_the_rig_gets_its_buffer_and_so_its_credit(rig, monkeypatch):
     ranks = plan_ranks(rig, WORKERS, 1)
     env = job_env(rig, ranks[1], len(ranks), 29500, servers=1)
     assert env["LTP_BUFFER"] == str(rig.config.buffer_bytes) == "30000"
+    assert env["LTP_PROGRESS"] == "json"      # worker 0's progress reaches the launcher as events
     for var in ENV.values():
         monkeypatch.delenv(var, raising=False)
         if var in env:

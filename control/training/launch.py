@@ -110,7 +110,7 @@ def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
                LTP_TRANSPORT=transport, LTP_DEV=h.ifname, LTP_IP=h.ip, LTP_XDP_MODE=c.mode,
                LTP_CAPACITY=str(c.rate_bps), LTP_MTU=str(c.mtu), LTP_NETNS=h.netns,
                LTP_STORE_NETNS=rig.ps.netns, LTP_SERVERS=str(servers),
-               LTP_BUFFER=str(c.buffer_bytes))
+               LTP_BUFFER=str(c.buffer_bytes), LTP_PROGRESS="json")
     env.pop("LTP_GROUP", None)
     if group:   # the rig's bridge floods its subnet broadcast to every host
         env["LTP_GROUP"] = broadcast_of(h)
