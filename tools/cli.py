@@ -6,8 +6,10 @@ and sets `func`. Errors become one line and an exit code (tools/common.py).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
+import re
 import sys
 
 from .. import __version__
@@ -28,13 +30,37 @@ EPILOG = """examples:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as JSON too when -j was given."""
+    """argparse that reports usage errors as JSON too when -j was given, with
+    "did you mean" for a mistyped flag, subcommand or choice, and a flag the
+    subcommand does not know reported by the subcommand (its usage, its flags)."""
+
+    parsing: list[_Parser] = []    # the parsers of this command line, outermost first
+
+    def parse_known_args(self, args=None, namespace=None):
+        _Parser.parsing.append(self)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):  # noqa: D401
+        inner = _Parser.parsing[-1] if _Parser.parsing else self
+        if message.startswith("unrecognized arguments:"):
+            known = [s for s in inner._option_string_actions if s.startswith("--")]
+            self = inner
+            message += _did_you_mean(message.split(":", 1)[1].split(), known)
+        elif m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message):
+            message += _did_you_mean([m.group(1)], re.findall(r"'([^']*)'", m.group(2)))
         if "-j" in sys.argv or "--json" in sys.argv or "-p" in sys.argv:
             print(json.dumps({"error": f"{self.prog}: {message}", "exit_code": EXIT_USAGE}))
             sys.exit(EXIT_USAGE)
-        super().error(message)
+        argparse.ArgumentParser.error(self, message)
+
+
+def _did_you_mean(words: list[str], known: list[str]) -> str:
+    """" (did you mean --workers?)" for the first of `words` close to one of `known`."""
+    for w in words:
+        close = difflib.get_close_matches(w.split("=", 1)[0], known, n=1, cutoff=0.6)
+        if close:
+            return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
+    _Parser.parsing.clear()
     args = p.parse_args(argv)
     if not getattr(args, "func", None):
         p.print_help()

@@ -143,17 +143,17 @@ def parse_size(text: str, what: str) -> int:
     """'256KiB', '30kb', '1M', '1500' -> bytes. kb/KB = 1000, KiB = 1024."""
     units = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6,
              "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}
-    return _parse_unit(text, units, what)
+    return _parse_unit(text, units, what, "1500, 30kb, 256KiB, 4MiB")
 
 
 def parse_rate(text: str, what: str = "--rate") -> int:
     """'1gbit', '100mbit', '500kbit', '1e9' -> bits per second."""
     units = {"": 1, "bit": 1, "bps": 1, "kbit": 1000, "k": 1000, "mbit": 10**6, "m": 10**6,
              "gbit": 10**9, "g": 10**9}
-    return _parse_unit(text, units, what)
+    return _parse_unit(text, units, what, "100mbit, 1gbit, 500kbit, 1e9")
 
 
-def _parse_unit(text: str, units: dict[str, int], what: str) -> int:
+def _parse_unit(text: str, units: dict[str, int], what: str, examples: str) -> int:
     s = text.strip().lower()
     i = len(s)
     while i > 0 and s[i - 1].isalpha():
@@ -164,8 +164,8 @@ def _parse_unit(text: str, units: dict[str, int], what: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in units or not 0 < value < math.inf:   # also nan, inf and 1e400
-        raise UsageError(f"{what}: cannot read {text!r} (examples: "
-                         f"{', '.join(k for k in units if k)[:60]})")
+        raise UsageError(f"{what}: cannot read {text!r} (a number with a unit, e.g. {examples}; "
+                         f"units: {', '.join(k for k in units if k)})")
     return int(round(value * units[unit]))
 
 
