@@ -264,7 +264,8 @@ def test_killed_worker_is_named_dropped_restarted_and_rejoins(rig):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     r = json.loads(out.stdout)
     assert r["iterations"] == 160 and r["faults"]["kills"][0]["fired"]
-    assert r["faults"]["worker_restarts"] == {"2": 1} and r["faults"]["job_restarts"] == 0
+    # one id space: restarts keyed by worker id, as workers_lost and rejoined_at are
+    assert r["faults"]["worker_restarts"] == {"1": 1} and r["faults"]["job_restarts"] == 0
     assert r["missing_steps"]["1"] >= 1          # named missing in its steps
     # lost (the barrier went on without it), dropped unless it was back first
     assert r["workers_lost"] == [1] and r["workers_rejoined"] == [1]
@@ -272,6 +273,13 @@ def test_killed_worker_is_named_dropped_restarted_and_rejoins(rig):
     assert set(r["dropped_at"]) <= {"1"}
     assert r["workers_present"] == [0, 1, 2] and r["replicas_identical"]
     assert r["resumed_from"] is None
+    # the text output says so too (not only -j)
+    from ltpx.control.training.faults import fault_lines
+    text = "\n".join(fault_lines("ltp", r))
+    assert "ltp: killed worker 1 at iteration 5" in text
+    assert f"ltp: worker 1 lost at step {r['lost_at']['1']}" in text
+    assert f"rejoined at step {r['rejoined_at']['1']}" in text
+    assert "ltp: worker 1 restarted 1 time" in text
 
 
 @requires_bpf
@@ -378,3 +386,17 @@ def test_a_rank_on_the_rig_gets_its_buffer_and_so_its_credit(rig, monkeypatch):
     s = Settings.resolve({})
     assert s.buffer == 30000 and s.capacity == rig.config.rate_bps
     assert credit_bytes(s) == 30000 + rig.config.rate_bps * CREDIT_RTT_S / 8
+
+
+@pytest.mark.unit
+def test_a_run_without_faults_says_nothing_and_a_lost_worker_is_named():
+    from ltpx.control.training.faults import Faults, fault_lines, parse_kills
+    assert fault_lines("ltp", {"faults": Faults([]).report(), "lost_at": {}}) == []
+    fx = Faults(parse_kills(["worker:2@4"], 3), restart=False, servers=2)
+    fx.kills[0].fired_at = 1.0
+    fx.policy.restarts[3] = 1           # rank 3 = worker 1 of a job with 2 servers
+    lines = fault_lines("ltp", {"faults": fx.report(), "lost_at": {"2": 6}, "dropped_at": {"2": 8}})
+    assert fx.report()["worker_restarts"] == {"1": 1}
+    assert lines == ["ltp: killed worker 2 at iteration 4",
+                     "ltp: worker 2 lost at step 6, dropped at step 8, did not rejoin",
+                     "ltp: worker 1 restarted 1 time"]

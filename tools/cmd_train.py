@@ -16,6 +16,7 @@ import os
 import sys
 
 from ..control.training.args import add_train_flags
+from ..control.training.faults import fault_lines
 from .flags import MAX_WORKERS
 from .common import (LtpError, UsageError, add_json, emit, need_bcc, need_root, parse_rate,
                      parse_size)
@@ -405,6 +406,8 @@ def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str
         lines += ["", "local steps per worker (gradients computed):"]
         lines += [f"  {c:<16}" + " ".join(str(v) for v in r["local_steps"].values())
                   for c, r in zip(cols, results)]
+    faults = [ln for c, r in zip(cols, results) for ln in fault_lines(c, r)]
+    lines += [""] + faults if faults else []
     ratios = [(c, _ratio(r0, r)) for c, r in zip(cols[1:], results[1:])]
     if any(x for _, x in ratios):
         lines.append("")

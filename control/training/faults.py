@@ -180,6 +180,31 @@ class Faults:
         return self.policy.settle(job)
 
     def report(self) -> dict:
-        p = self.policy.report()
+        """The kills, and the restarts keyed by worker id, as `workers_lost`
+        and `rejoined_at` are (server ranks are restarted only as a job)."""
         return {"kills": [k.to_dict() for k in self.kills], "restart": self.restart,
-                "worker_restarts": p["restarts"], "job_restarts": p["job_restarts"]}
+                "worker_restarts": {str(r - self.servers): n
+                                    for r, n in sorted(self.policy.restarts.items())
+                                    if r >= self.servers},
+                "job_restarts": self.policy.job_restarts}
+
+
+def fault_lines(label: str, res: dict) -> list[str]:
+    """What happened to the job's members, for `ltp train`'s text output:
+    the kills fired, who was lost and at which step, who rejoined, the
+    restarts. Empty for a run where nothing happened."""
+    f = res.get("faults") or {}
+    out = [f"killed {k['role']} {k['id']} at iteration {k['at']}"
+           for k in f.get("kills", []) if k.get("fired")]
+    lost, back = res.get("lost_at") or {}, res.get("rejoined_at") or {}
+    dropped = res.get("dropped_at") or {}
+    for w in sorted({*lost, *dropped, *back}, key=int):
+        what = [f"lost at step {lost[w]}"] if w in lost else []
+        what += [f"dropped at step {dropped[w]}"] if w in dropped else []
+        what += [f"rejoined at step {back[w]}"] if w in back else ["did not rejoin"]
+        out.append(f"worker {w} " + ", ".join(what))
+    for w, n in (f.get("worker_restarts") or {}).items():
+        out.append(f"worker {w} restarted {n} time{'s' if n != 1 else ''}")
+    if f.get("job_restarts"):
+        out.append(f"every rank restarted {f['job_restarts']} time(s)")
+    return [f"{label}: {line}" for line in out]
