@@ -8,6 +8,7 @@ with a straggler): about a minute on 2 cores, most of it starting ranks
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -260,3 +261,25 @@ def test_wbsp_fast_workers_do_more_local_steps_and_all_pull_the_same_versions(ri
     chain = r["version_chain"]
     assert set(chain["workers"].values()) == {chain["ps"]}
     assert r["final_train_loss"] < r["initial_train_loss"]
+
+
+@requires_bpf
+def test_a_single_run_on_a_named_rig_makes_no_fairness_note_and_a_new_name_is_said(rig):
+    # issue 25, items 6 and 8: the note on a rig shaped for another transport
+    # is for --compare only; a --name no rig has is built, and said
+    import subprocess
+    import sys
+    base = [sys.executable, "-m", "ltpx.tools.cli", "train", "--workers", "2",
+            "--iterations", "2", "--hidden", "16", "--transport", "tcp"]
+    p = subprocess.run(base + ["--name", rig.name], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "compares fairly" not in p.stderr and "building one" not in p.stderr
+    fresh = f"tq{os.getpid() % 100000}"
+    try:
+        p = subprocess.run(base + ["--name", fresh], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert f"no rig {fresh} exists: building one (2 workers" in p.stderr, p.stderr[-2000:]
+    finally:
+        from ltpx.dataplane.rig.star import Rig
+        if Rig.exists(fresh):
+            Rig.destroy(fresh)

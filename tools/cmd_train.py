@@ -282,12 +282,17 @@ def cmd_train(args) -> int:
 
 def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
     """(rig, cfg) of one run: the named rig if it exists (with notes on what it
-    lacks; an old rig without a broadcast address makes the downlink unicast),
-    else a new rig built for the run's transport."""
+    lacks; an old rig without a broadcast address makes the downlink unicast;
+    under --compare, one not shaped alike for every transport), else a new
+    rig built for the run's transport (said when --name named it)."""
     from ..control.training.onrig import rig_config, rig_mode_for
     from ..dataplane.rig.star import Rig
     if not (args.name and Rig.exists(args.name)):
         name = args.name or f"tr{os.getpid() % 1000000}"
+        if args.name:   # a typo must not pass for the rig the user meant
+            progress.note(f"note: no rig {name} exists: building one ({args.workers} workers, "
+                          f"{rate / 1e6:g} Mbit/s, {buffer} B buffer, loss {loss:g}); "
+                          "`ltp rig status` shows the rigs that are up")
         return Rig(rig_config(name, cfg.transport, workers=args.workers, rate_bps=rate,
                               buffer_bytes=buffer, loss=loss, mtu=args.mtu,
                               servers=cfg.servers)), cfg
@@ -303,7 +308,9 @@ def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
         progress.note(f"note: rig {args.name} predates group sends (no broadcast "
                       "address); the parameter downlink is unicast. Rebuild it "
                       "(ltp rig down / up) for --downlink group")
-    if rig.config.mode != rig_mode_for(cfg.transport) or rig.config.shape != "all":
+    comparing = len(_runs(args)) > 1     # fairness matters only between runs
+    if comparing and (rig.config.mode != rig_mode_for(cfg.transport)
+                      or rig.config.shape != "all"):
         progress.note(f"note: rig {args.name} is {rig.config.mode} mode, shape "
                       f"{rig.config.shape}; {_label(cfg.transport, cfg.cc)} compares fairly "
                       f"on a {rig_mode_for(cfg.transport)}-mode rig with shape all "
