@@ -50,7 +50,7 @@ def worker_results(summary: dict) -> list[dict]:
 
 def test_digits_cnn_example_learns_with_identical_replicas(rig):
     rc, s, err = launch(3, "python", "docs/examples/digits_cnn.py")
-    assert rc == 0 and s["exit_code"] == 0, err[-3000:]
+    assert rc == 0 and s["exit_code"] == 0 and s["exit_from"] == [], err[-3000:]
     assert [r["label"] for r in s["ranks"]] == ["s0", "w0", "w1", "w2"]
     assert s["rig"]["name"] == RIG and s["rig"]["kept"]          # it was there before
     res = worker_results(s)
@@ -90,7 +90,7 @@ def test_a_failing_rank_fails_the_launch_and_the_rest_are_stopped(rig, tmp_path)
                       "if lt.rank() == 1:\n    raise RuntimeError('worker 1 breaks')\n"
                       "lt.shutdown()\n")
     rc, s, err = launch(2, "python", str(script), flags=("--grace", "1"))
-    assert rc == 1 and s["exit_code"] == 1
+    assert rc == 1 and s["exit_code"] == 1 and s["exit_from"] == ["w1"]   # w1's own code
     by = {r["label"]: r for r in s["ranks"]}
     assert by["w1"]["exit_code"] == 1 and not by["w1"]["killed"]
     assert "[w1] RuntimeError: worker 1 breaks" in err
@@ -129,3 +129,16 @@ def test_a_named_rig_that_does_not_exist_is_built_and_said_so():
     assert first.startswith("[launch] building rig i25typo (no rig of that name exists)")
     assert "loss 0.01" in first
     assert json.loads(out.stdout)["rig"]["name"] == "i25typo" and not Rig.exists("i25typo")
+
+
+def test_a_ranks_own_exit_code_is_said_to_be_the_ranks(rig, tmp_path):
+    # issue 25, item 3: a script's exit 2 is not ltp's usage error, and the
+    # summary says whose code the launch exits with
+    script = tmp_path / "two.py"
+    script.write_text("import sys\nsys.exit(2)\n")
+    out = subprocess.run([str(BIN / "ltp"), "launch", "--rig", RIG, "--workers", "1",
+                          "--servers", "0", "--transport", "tcp", "--", "python", str(script)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "ltp launch: exit 2 (w0's own exit code)" in out.stderr, out.stderr[-2000:]
+    assert "error:" not in out.stderr          # no usage error of ltp's

@@ -94,6 +94,7 @@ def test_without_restarts_a_killed_worker_fails_the_launch(rig, tmp_path):
     marker = tmp_path / "died"
     rc, s, err = launch("--grace", "1", cmd=("python", JOB, str(marker), "3", "12", "0"))
     assert rc == 137 and s["exit_code"] == 137, err[-3000:]     # 128 + SIGKILL
+    assert s["exit_from"] == ["w1"]
     assert s["max_restarts"] == 0 and s["restarts"] == {} and s["job_restarts"] == 0
     w1 = by_label(s)["w1"]
     assert w1["exit_code"] == 137 and not w1["killed"] and w1["restarts"] == 0
@@ -107,7 +108,7 @@ def test_past_its_restarts_a_failing_worker_fails_the_launch(rig, tmp_path):
     # worker 0 would go on for thousands of steps: the launch stops it
     rc, s, err = launch("--max-restarts", "2", "--grace", "1",
                         cmd=("python", JOB, "always", "3", "4000", "0"))
-    assert rc == 3 and s["exit_code"] == 3, err[-3000:]
+    assert rc == 3 and s["exit_code"] == 3 and s["exit_from"] == ["w1"], err[-3000:]
     assert s["restarts"] == {"2": 2} and s["job_restarts"] == 0
     assert "[launch] worker 1 exited 3; restarting (1 of 2)" in err
     assert "[launch] worker 1 exited 3; restarting (2 of 2)" in err

@@ -13,8 +13,10 @@ worker is started again in its namespace and rejoins the running job, a
 server's death (or any rank's in a sharded job) starts every rank again;
 each restart is a `[launch] ...` line on stderr. The rig is removed at the
 end unless --keep (or it was there before). The exit code is the worst
-rank's; -j prints one JSON summary (per rank: exit code, wall time, the last
-JSON object it printed; the restarts).
+rank's, and the summary says whose ("exit 2 (w1's own exit code)": a
+script's 2 is not ltp's usage error); -j prints one JSON summary (exit_from:
+the ranks the code is from; per rank: exit code, wall time, the last JSON
+object it printed; the restarts).
 """
 from __future__ import annotations
 
@@ -199,7 +201,7 @@ def cmd_launch(args) -> int:
     return _report(args, rig, cmd, ranks, timed_out, kept or args.keep, policy)
 
 
-def _run(rig, args, argv: list[str], out: "Output"):
+def _run(rig, args, argv: list[str], out: Output):
     """Run the job to its end: again from the start after a RestartJob (every
     rank, a new store), as long as the policy allows."""
     from ..control.training import forkserver
@@ -214,7 +216,7 @@ def _run(rig, args, argv: list[str], out: "Output"):
         job = None
         try:
             job = RigJob(rig, ranks)
-            job.start(lambda r: argv, lambda r, port=job.port: job_env(
+            job.start(lambda r: argv, lambda r, port=job.port, ranks=ranks: job_env(
                 rig, r, len(ranks), port, servers=args.servers, transport=args.transport))
             timed_out = follow(job, out.line, policy, grace_s=args.grace, t_end=t_end)
             return ranks, timed_out, policy
@@ -291,14 +293,19 @@ def _json(text: str) -> dict | None:
 
 def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, policy) -> int:
     from ..control.training.launch import exit_code
-    own = [exit_code(r.code) for r in ranks if not r.killed]
-    worst = max(own, default=0)
+    own = sorted(((exit_code(r.code), r.label) for r in ranks if not r.killed), reverse=True)
+    worst, source = own[0] if own else (0, None)
     if timed_out:
-        worst = 124
-    elif worst == 0 and any(r.killed for r in ranks):
-        worst = 143
+        worst, source = 124, None
+    elif worst == 0:
+        source = None
+        if any(r.killed for r in ranks):
+            worst = 143
+    # whose code the launch exits with: a rank's own (a script's 2 is no usage error of ltp's)
+    whose = ([lb for code, lb in own if code == worst] if source else [])
     c = rig.config
-    summary = {"exit_code": worst, "timed_out": timed_out, "command": cmd, **policy.report(),
+    summary = {"exit_code": worst, "exit_from": whose, "timed_out": timed_out, "command": cmd,
+               **policy.report(),
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,
                        "servers": c.servers},
@@ -317,6 +324,8 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
                 summary["ranks"]]
         tail = f"rig {rig.name} kept" if kept else f"rig {rig.name} removed"
         again = f"; the job restarted {policy.job_restarts}x" if policy.job_restarts else ""
+        src = (f" ({', '.join(whose)}'s own exit code)" if len(whose) == 1 else
+               f" (the ranks' own exit code: {', '.join(whose)})") if whose else ""
         print("\n".join(["", "ltp launch: " + ("timed out; " if timed_out else "") +
-                         f"exit {worst}{again}; {tail}", *rows]), file=sys.stderr)
+                         f"exit {worst}{src}{again}; {tail}", *rows]), file=sys.stderr)
     return worst
