@@ -142,3 +142,32 @@ def test_a_ranks_own_exit_code_is_said_to_be_the_ranks(rig, tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "ltp launch: exit 2 (w0's own exit code)" in out.stderr, out.stderr[-2000:]
     assert "error:" not in out.stderr          # no usage error of ltp's
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_stopped_launch_says_who_it_stopped(rig, tmp_path, sig, code):
+    # issue 25, item 4: SIGTERM and Ctrl-C end with the summary, not silence
+    import signal
+    import time
+    script = tmp_path / "forever.py"
+    script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    p = subprocess.Popen([str(BIN / "ltp"), "launch", "--rig", RIG, "--workers", "2",
+                          "--servers", "0", "--transport", "tcp", "--", "python", str(script)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        seen = []
+        while len(seen) < 2:               # both ranks are up
+            line = p.stdout.readline()
+            assert line, p.stderr.read()[-2000:]
+            if line.rstrip().endswith("] ready"):
+                seen.append(line)
+        time.sleep(0.2)
+        p.send_signal(getattr(signal, sig))
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == code, err[-2000:]
+    assert f"ltp launch: stopped by {sig} (w0, w1 stopped); exit {code}" in err, err[-2000:]
+    assert "(stopped)" in err                  # the rank table follows

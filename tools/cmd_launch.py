@@ -168,6 +168,7 @@ def cmd_launch(args) -> int:
     from ..control.training.launch import python_argv
     if forkserver.plan(python_argv(cmd)):
         forkserver.warm()      # torch and ltpx.torch imported while the rig is built
+    from ..dataplane.rig.signals import sigterm_as_exit
     from ..dataplane.rig.star import Rig
     import dataclasses
     kept = bool(args.rig and Rig.exists(args.rig))
@@ -188,22 +189,33 @@ def cmd_launch(args) -> int:
                  + f": {c.workers} workers, {c.rate_bps / 1e9:g} Gbit/s, "
                  f"{c.buffer_bytes / 1000:g} kB queue, loss {c.loss:g}"
                  + ("; it stays (--keep)" if args.keep else "; removed at the end"))
-    try:
-        if kept or args.keep:
-            if not kept:
-                rig.up()
-            ranks, timed_out, policy = _run(rig, args, python_argv(cmd), out)
-        else:
-            with rig:
-                ranks, timed_out, policy = _run(rig, args, python_argv(cmd), out)
-    finally:
-        out.close()
+    job: dict = {}          # the ranks and policy of the job running now, for a stop's report
+    with sigterm_as_exit():     # SIGTERM unwinds as Ctrl-C does: ranks stopped, rig removed
+        try:
+            if kept or args.keep:
+                if not kept:
+                    rig.up()
+                ranks, timed_out, policy = _run(rig, args, python_argv(cmd), out, job)
+            else:
+                with rig:
+                    ranks, timed_out, policy = _run(rig, args, python_argv(cmd), out, job)
+        except (KeyboardInterrupt, SystemExit) as e:
+            # Ctrl-C or SIGTERM: the ranks were stopped and the rig removed on the
+            # way out; say who was stopped, as a failure's summary does
+            if isinstance(e, SystemExit) and e.code != 143 or "ranks" not in job:
+                raise
+            out.close()
+            return _report(args, rig, cmd, job["ranks"], False, kept or args.keep, job["policy"],
+                           stopped_by="SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM")
+        finally:
+            out.close()
     return _report(args, rig, cmd, ranks, timed_out, kept or args.keep, policy)
 
 
-def _run(rig, args, argv: list[str], out: Output):
+def _run(rig, args, argv: list[str], out: Output, now: dict):
     """Run the job to its end: again from the start after a RestartJob (every
-    rank, a new store), as long as the policy allows."""
+    rank, a new store), as long as the policy allows. `now` holds the ranks
+    and the policy of the job running (for the report when a signal stops it)."""
     from ..control.training import forkserver
     from ..control.training.faults import RestartJob, RestartPolicy
     from ..control.training.launch import RigJob, follow, job_env, plan_ranks
@@ -211,6 +223,7 @@ def _run(rig, args, argv: list[str], out: Output):
     t_end = time.monotonic() + args.timeout if args.timeout else None
     while True:
         ranks = plan_ranks(rig, args.workers, args.servers)
+        now.update(ranks=ranks, policy=policy)
         if policy.job_restarts and forkserver.plan(argv):
             forkserver.warm()      # the last job's closed with it
         job = None
@@ -291,11 +304,17 @@ def _json(text: str) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, policy) -> int:
+def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, policy,
+            stopped_by: str | None = None) -> int:
+    """The summary (JSON under -j, else a line and a row per rank on stderr)
+    and the launch's exit code: 0, the worst rank's, 124 on --timeout, 130
+    or 143 when SIGINT or SIGTERM stopped the launch."""
     from ..control.training.launch import exit_code
     own = sorted(((exit_code(r.code), r.label) for r in ranks if not r.killed), reverse=True)
     worst, source = own[0] if own else (0, None)
-    if timed_out:
+    if stopped_by:
+        worst, source = (130 if stopped_by == "SIGINT" else 143), None
+    elif timed_out:
         worst, source = 124, None
     elif worst == 0:
         source = None
@@ -304,7 +323,8 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     # whose code the launch exits with: a rank's own (a script's 2 is no usage error of ltp's)
     whose = ([lb for code, lb in own if code == worst] if source else [])
     c = rig.config
-    summary = {"exit_code": worst, "exit_from": whose, "timed_out": timed_out, "command": cmd,
+    summary = {"exit_code": worst, "exit_from": whose, "timed_out": timed_out,
+               "stopped_by": stopped_by, "command": cmd,
                **policy.report(),
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,
@@ -326,6 +346,11 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
         again = f"; the job restarted {policy.job_restarts}x" if policy.job_restarts else ""
         src = (f" ({', '.join(whose)}'s own exit code)" if len(whose) == 1 else
                f" (the ranks' own exit code: {', '.join(whose)})") if whose else ""
-        print("\n".join(["", "ltp launch: " + ("timed out; " if timed_out else "") +
+        stop = ""
+        if stopped_by:
+            gone = [r["label"] for r in summary["ranks"] if r["killed"]]
+            stop = (f"stopped by {stopped_by}" + (f" ({', '.join(gone)} stopped)" if gone else "")
+                    + "; ")
+        print("\n".join(["", "ltp launch: " + stop + ("timed out; " if timed_out else "") +
                          f"exit {worst}{src}{again}; {tail}", *rows]), file=sys.stderr)
     return worst
