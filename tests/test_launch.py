@@ -82,6 +82,9 @@ def test_api_cases_over_ltp_and_a_wholly_filled_round_warns(rig):
     assert f[0]["step3"]["early_closed"] and f[0]["total"] >= 1
     assert f[0]["warnings"] >= 1 and f[1]["warnings"] >= 1      # worker 0 and the one filled
     assert "FilledWarning" in err and "worker(s) [1]" in err
+    # worker 1 was slow, not gone: the warning says so, and names nobody as dead
+    assert "Worker(s) [1] started pushing long after the others" in err
+    assert "left the job" not in err
 
 
 def test_a_failing_rank_fails_the_launch_and_the_rest_are_stopped(rig, tmp_path):
@@ -94,6 +97,7 @@ def test_a_failing_rank_fails_the_launch_and_the_rest_are_stopped(rig, tmp_path)
     by = {r["label"]: r for r in s["ranks"]}
     assert by["w1"]["exit_code"] == 1 and not by["w1"]["killed"]
     assert "[w1] RuntimeError: worker 1 breaks" in err
+    assert "[launch] worker 1 exited 1; the others are stopped in 1 s" in err
     # the others wait at the shutdown barrier for a worker that is gone: stopped
     assert by["w0"]["killed"] and by["s0"]["killed"]
 

@@ -98,7 +98,8 @@ def test_without_restarts_a_killed_worker_fails_the_launch(rig, tmp_path):
     assert s["max_restarts"] == 0 and s["restarts"] == {} and s["job_restarts"] == 0
     w1 = by_label(s)["w1"]
     assert w1["exit_code"] == 137 and not w1["killed"] and w1["restarts"] == 0
-    assert "[launch]" not in err                             # nothing restarted, nothing said
+    assert "restarting" not in err                           # nothing restarted
+    assert "[launch] worker 1 exited -9 (killed); the others are stopped in 1 s" in err
 
 
 @requires_bpf

@@ -431,3 +431,18 @@ def test_a_heartbeat_whose_store_is_gone_says_so_once_and_ends(caplog):
     finally:
         host.kill()
         host.wait()
+
+
+@pytest.mark.unit
+def test_a_wholly_filled_worker_that_left_is_named_as_gone_not_late():
+    # issue 25, item 5: a dead worker's filled gradient is not "started late"
+    from ltpx.control.torchapi.ops import StepReport
+    from ltpx.control.torchapi.optimizer import filled_text
+    rep = StepReport(step=7, reasons=["early"], delivered={0: 1.0, 1: 0.0, 2: 0.0},
+                     filled_chunks={1: 9, 2: 9}, wholly_filled={1: 1, 2: 1}, ks=[1, 1, 1],
+                     gather_s=0.1)
+    text = filled_text(rep, 2, 5, gone=[1])
+    assert "Worker(s) [1] left the job" in text and "dead or hung" in text
+    assert "Worker(s) [2] started pushing long after" in text
+    assert "[1] started" not in text
+    assert "left the job" not in filled_text(rep, 2, 5, gone=[])

@@ -58,6 +58,24 @@ class FilledWarning(UserWarning):
     """A worker's whole contribution to a round was Bubble-Filled."""
 
 
+def filled_text(rep: StepReport, now: int, total: int, gone: list[int]) -> str:
+    """The FilledWarning of a step: whose gradient was filled wholly, and why
+    that may be: a worker that left the job (dead or hung) is named as one;
+    the others were given up on for starting late."""
+    text = (f"ltpx.torch step {rep.step}: nothing of worker(s) {rep.missing_workers}'s "
+            f"gradient arrived in {now} bucket round(s) before the server closed them; "
+            f"Bubble Filling stood in for all of it ({total} such round(s) so far, "
+            "opt.last_report.wholly_filled_total).")
+    late = [w for w in rep.missing_workers if w not in gone]
+    if gone:
+        text += (f" Worker(s) {gone} left the job (stopped beating or missed the barrier: "
+                 "dead or hung); the others go on without them (docs/training.md, Faults).")
+    if late:
+        text += (f" Worker(s) {late} started pushing long after the others and were given "
+                 "up on (Early Close's absent rule; docs/training.md).")
+    return text
+
+
 @dataclass
 class StepState:
     """The step whose gradients backward is producing."""
@@ -311,13 +329,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.last_report = rep
         crossed = before == 0 or before // self.warn_every < self.wholly_filled_total // self.warn_every
         if now and crossed and (self.rank == 0 or rep.wholly_filled.get(self.rank)):
-            warnings.warn(
-                f"ltpx.torch step {rep.step}: nothing of worker(s) {rep.missing_workers}'s "
-                f"gradient arrived in {now} bucket round(s) before the server closed them; "
-                f"Bubble Filling stood in for all of it ({self.wholly_filled_total} such "
-                "round(s) so far, opt.last_report.wholly_filled_total). A worker that starts "
-                "pushing long after the others is given up on (Early Close's absent rule; "
-                "docs/training.md)", FilledWarning, stacklevel=3)
+            warnings.warn(filled_text(rep, now, self.wholly_filled_total,
+                                      self.gone(rep.missing_workers, rep)),
+                          FilledWarning, stacklevel=3)
+
+    def gone(self, workers: list[int], rep: StepReport) -> list[int]:
+        """Which of `workers` are out of the job: absent from a barrier, dropped,
+        or no longer beating (dead or hung), as this rank sees it."""
+        co = self.job.coord
+        return [w for w in workers if w in self.ex.lost or w in rep.absent
+                or not co.worker_alive(w)]
 
     # ------------------------------------------------------------------ the wrapped optimizer
     def zero_grad(self, set_to_none: bool = True) -> None:

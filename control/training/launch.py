@@ -38,12 +38,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable
+from collections.abc import Callable
 
 from ...dataplane import netns
 from ...dataplane.rig.star import broadcast_of
 from ..procs import stop_all
 from . import forkserver
+from .faults import describe_exit
 from .storerelay import StoreRelay
 
 STORE_MODULE = forkserver.STORE_MODULE
@@ -150,7 +151,7 @@ class RigJob:
             if p is not None:
                 stop_all([p], grace_s=1.0)
                 forkserver.note("the store did not start there; hosting it here")
-        import torch.distributed as dist
+        import torch.distributed as dist  # noqa: PLC0415 (only without the fork server: the launcher never imports torch otherwise)
         with netns.inside(self.rig.ps.netns):
             self.store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s),
                                        wait_for_workers=False)
@@ -267,6 +268,10 @@ def follow(job: RigJob, on_line: Callable[[Rank, str, str], None], policy, *,
             policy.settle(job)
             if job.failed():
                 failed_at = time.monotonic()
+                who = ", ".join(f"{r.role} {r.index} exited {describe_exit(r.code)}"
+                                for r in job.failed())
+                policy.note(f"{who}; the others are stopped in {grace_s:g} s unless they "
+                            "end first (--grace)")
         if failed_at is not None and time.monotonic() > failed_at + grace_s:
             return False
         if t_end is not None and time.monotonic() > t_end:
