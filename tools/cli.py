@@ -35,6 +35,7 @@ class _Parser(argparse.ArgumentParser):
     subcommand does not know reported by the subcommand (its usage, its flags)."""
 
     parsing: list[_Parser] = []    # the parsers of this command line, outermost first
+    argv: list[str] = []           # the command line being parsed (main's argv)
 
     def parse_known_args(self, args=None, namespace=None):
         _Parser.parsing.append(self)
@@ -48,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
             message += _did_you_mean(message.split(":", 1)[1].split(), known)
         elif m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message):
             message += _did_you_mean([m.group(1)], re.findall(r"'([^']*)'", m.group(2)))
-        if "-j" in sys.argv or "--json" in sys.argv or "-p" in sys.argv:
+        if {"-j", "--json", "-p"} & set(_Parser.argv):
             print(json.dumps({"error": f"{self.prog}: {message}", "exit_code": EXIT_USAGE}))
             sys.exit(EXIT_USAGE)
         argparse.ArgumentParser.error(self, message)
@@ -83,7 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     _Parser.parsing.clear()
-    args = p.parse_args(argv)
+    _Parser.argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:     # --help, --version, or a usage error argparse reported
+        return e.code
     if not getattr(args, "func", None):
         p.print_help()
         return EXIT_USAGE

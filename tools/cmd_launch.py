@@ -27,6 +27,7 @@ import sys
 import time
 
 from ..control.progress import Throttle, describe
+from ..control.settings_table import LAUNCH, add_flag
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
                     check_name, check_rate, check_workers)
@@ -73,12 +74,9 @@ def register(sub) -> None:
                     epilog=EPILOG)
     p.add_argument("--workers", type=int, default=2, help=f"worker ranks, 1..{MAX_WORKERS} "
                    "(default 2)")
-    p.add_argument("--servers", type=int, default=1, help="server ranks, 0..8, each on a host "
-                   "of its own summing a slice of every bucket (default 1; a new rig gets "
-                   "that many server hosts, `ltp rig up --servers S`); 0 for a script that "
-                   "does not use LTP (gloo, nccl)")
-    p.add_argument("--transport", choices=("ltp", "tcp"), default="ltp",
-                   help="ltp (default), or the same server over TCP (an skb-mode rig)")
+    add_flag(p, "servers", LAUNCH, lo=0, help="; a new rig gets that many server hosts "
+             "(`ltp rig up --servers S`); 0: a script that does not use LTP (gloo, nccl)")
+    add_flag(p, "transport", LAUNCH, help=", on an skb-mode rig")
     add_rate(p)
     add_buffer(p)
     add_loss(p)
@@ -144,8 +142,6 @@ def _check(args) -> list[str]:
         raise UsageError(f"--max-restarts: a count, at least 0, got {args.max_restarts}")
     args.rate_bps, args.loss_p = check_rate(args.rate), check_loss(args.loss)
     args.buffer_bytes = check_bytes(args.buffer, "--buffer")
-    if not 0 <= args.servers <= 8:
-        raise UsageError(f"--servers: must be in 0..8, got {args.servers}")
     from ..control.training.onrig import rig_config
     try:   # the rig's own range checks; its messages start with the field's name
         args.rig_config = rig_config(args.rig or "check", args.transport,

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import sys
 
+from ..control.settings_table import TABLE
 from ..control.training.args import add_train_flags
 from ..control.training.faults import fault_lines
 from .flags import MAX_WORKERS
@@ -66,8 +67,9 @@ def register(sub) -> None:
                      "kept if it did)")
     p.add_argument("--compare", default="none", metavar="LIST",
                    help="baselines to run after the main run, comma-separated: ltp, tcp, "
-                   "tcp:CC, gloo, ddp-ltp, each optionally with :KEY=VALUE settings (servers=S, "
-                   "compress=none|uint8, sender=socket|xdp), e.g. "
+                   "tcp:CC, gloo, ddp-ltp, each optionally with :KEY=VALUE settings ("
+                   + ", ".join(f"{k}={'|'.join(TABLE[k].choices) or TABLE[k].takes()[3:]}"
+                               for k in COMPARE_KEYS) + "), e.g. "
                    "ltp:servers=1,tcp:cubic:servers=2 (default none; "
                    "a run takes the main run's settings unless it names them; an item equal to "
                    "the main run names it: ltp,ltp:compress=uint8)")
@@ -112,11 +114,18 @@ def _runs(args) -> list[dict]:
     return runs
 
 
-# --compare KEY=VALUE settings: key -> (parse: the value or None, what it takes)
-COMPARE_KEYS = {"servers": (lambda v: int(v) if v.isdigit() and 1 <= int(v) <= 8 else None,
-                            "1..8"),
-                "compress": (lambda v: v if v in ("none", "uint8") else None, "none or uint8"),
-                "sender": (lambda v: v if v in ("socket", "xdp") else None, "socket or xdp")}
+# --compare KEY=VALUE settings (their types, bounds and choices: the settings table)
+COMPARE_KEYS = ("servers", "compress", "sender")
+
+
+def _compare_value(key: str, text: str):
+    """A --compare item's KEY=VALUE value, or None if the setting cannot take it."""
+    s = TABLE[key]
+    try:
+        value = s.read(text)
+    except ValueError:
+        return None
+    return None if s.problem(value) else value
 
 
 def _compare_item(item: str, args) -> dict:
@@ -138,10 +147,10 @@ def _compare_item(item: str, args) -> dict:
             run["cc"] = part
         elif key not in COMPARE_KEYS:
             raise UsageError(usage)
-        elif COMPARE_KEYS[key][0](val) is None:
-            raise UsageError(f"--compare: {item!r}: {key} takes {COMPARE_KEYS[key][1]}")
+        elif _compare_value(key, val) is None:
+            raise UsageError(f"--compare: {item!r}: {key} must be {TABLE[key].takes()}")
         else:
-            run[key] = COMPARE_KEYS[key][0](val)
+            run[key] = _compare_value(key, val)
     if run["sender"] != "socket" and tr not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--compare: {item!r}: sender={run['sender']} is LTP's (the ACK clock)")
     return run

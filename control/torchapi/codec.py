@@ -29,8 +29,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import UsageError
+from ..settings_table import COMPRESS as KINDS   # the compress setting's choices
 from ..transport.bubble import fill
-from .settings import COMPRESS as KINDS
+
 HEAD = 8          # bytes before a piece's codes: base and scale, float32 little-endian
 HEAD_WORDS = HEAD // 4
 LEVELS = 255

@@ -186,7 +186,7 @@ def current() -> Job:
 
 
 def init(*, serve: bool = True, place: tuple[int, int] | None = None, **options) -> None:
-    """Join the job (see the module docstring; settings.py lists the options).
+    """Join the job (see the module docstring; control/settings_table.py lists the options).
 
     A server rank serves here and exits the process when the job ends, unless
     serve=False (then call serve() yourself). place: (rank, world) in the

@@ -1,7 +1,10 @@
 """The training flags `ltp train` and one rank (`python -m ltpx.control.training`) share:
 declared once here, with one default each, checked and turned into a TrainConfig one way.
 
-Each user adds its own flags beside them: `ltp train` the rig's (--workers,
+The flags of ltpx.torch settings among them (--cc, --downlink, --servers,
+--compress, --sender, --max-missed) are made from the settings table
+(control/settings_table.py), as are a rank's network flags. Each user adds
+its own flags beside them: `ltp train` the rig's (--workers,
 --rate, --loss, ...), a rank its network's (--dev, --ip, --group, ...).
 Importing this module needs no torch, so both answer --help without it.
 """
@@ -10,24 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 
-from .config import (BUBBLES, COMPRESS, DEFAULT_DOWNLINK, DEFAULT_HIDDEN, DOWNLINKS, SENDERS, SYNCS,
-                     LTP_TRANSPORTS, TRANSPORTS, TrainConfig)
+from ..settings_table import TABLE, TRAIN, add_flag
+from .config import BUBBLES, DEFAULT_HIDDEN, LTP_TRANSPORTS, SYNCS, TRANSPORTS, TrainConfig
 
 MAX_WIDTH = 65536   # widest hidden layer the flags accept
-
-DOWNLINK_HELP = (
-    "LTP's parameter downlink (TCP and gloo send to each worker). group (the default): each "
-    "chunk once to a broadcast or multicast address every worker receives, then what a "
-    "worker missed to it alone. The address is the PS rank's --group, else the IPv4 "
-    "broadcast address of its --dev (on the rig: the rig's); a PS with neither sends "
-    "unicast and says so. Workers off the PS's L2 segment miss broadcasts and get every "
-    "chunk re-sent: give them a multicast --group, or use unicast. unicast: each chunk to "
-    "each worker")
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
     """Add the shared training flags to `p` (`ltp train` and the rank entry point)."""
-    p.add_argument("--transport", choices=TRANSPORTS, default="ltp",
+    p.add_argument("--transport", choices=TRANSPORTS, default=TABLE["transport"].default,
                    help="gradient transport: ltp (ltpx.torch's parameter server, the "
                    "default), tcp (the same server over TCP), gloo (DDP all-reduce), ddp-ltp "
                    "(stock DDP over the `ltp` backend and its server)")
@@ -53,29 +47,18 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="LTP Bubble Filling of lost chunks (default %(default)s)")
     p.add_argument("--straggler", action="append", metavar="WORKER:FACTOR",
                    help="slow WORKER's compute by FACTOR, e.g. 1:3 (repeatable)")
-    p.add_argument("--cc", default="cubic", metavar="CC",
-                   help="TCP congestion control, e.g. cubic, bbr, reno (default %(default)s)")
-    p.add_argument("--downlink", choices=DOWNLINKS, default=DEFAULT_DOWNLINK, help=DOWNLINK_HELP)
+    add_flag(p, "cc", TRAIN)
+    add_flag(p, "downlink", TRAIN)
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N iterations (default: at each epoch's end)")
     p.add_argument("--target-accuracy", type=float, default=None,
                    help="report the training time until the test accuracy reaches this")
     p.add_argument("--deadline-min", type=float, default=None,
                    help="LTP Early Close minimum deadline, seconds (default: the transport's)")
-    p.add_argument("--servers", type=int, default=1,
-                   help="server ranks, 1..8, each summing a contiguous slice of every bucket "
-                   "on a host of its own (default %(default)s; docs/training.md)")
-    p.add_argument("--compress", choices=COMPRESS, default="none",
-                   help="gradients as 8-bit codes with a min and a scale per LTP chunk, about "
-                   "a quarter of the bytes each way (ltp and tcp; default %(default)s; "
-                   "docs/training.md, Compression)")
-    p.add_argument("--sender", choices=SENDERS, default="socket",
-                   help="how LTP DATA leaves: socket (paced by Python) or xdp (the ACK clock: "
-                   "each ACK turned into the next chunk at the NIC; default %(default)s; "
-                   "docs/transport.md)")
-    p.add_argument("--max-missed", type=int, default=3, metavar="K",
-                   help="drop a worker that delivered nothing of K steps in a row; training "
-                   "goes on without it until it rejoins (default %(default)s; LTP_MAX_MISSED)")
+    add_flag(p, "servers", TRAIN)
+    add_flag(p, "compress", TRAIN)
+    add_flag(p, "sender", TRAIN)
+    add_flag(p, "max_missed", TRAIN)
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="worker 0 saves model and optimizer every N steps to "
                    "--checkpoint-dir; a job started again resumes from the newest (default: "
@@ -151,10 +134,10 @@ def config_from_args(a: argparse.Namespace, *, transport: str | None = None,
                       target_accuracy=a.target_accuracy, cc=cc or a.cc,
                       verify_versions=a.verify_versions,
                       downlink=a.downlink if transport in LTP_TRANSPORTS else "unicast",
-                      servers=getattr(a, "servers", 1) if transport != "gloo" else 1,
-                      compress=getattr(a, "compress", "none") if transport != "gloo" else "none",
-                      sender=getattr(a, "sender", "socket") if transport in LTP_TRANSPORTS
-                      else "socket",
+                      servers=a.servers if transport != "gloo" else TABLE["servers"].default,
+                      compress=a.compress if transport != "gloo" else TABLE["compress"].default,
+                      sender=a.sender if transport in LTP_TRANSPORTS
+                      else TABLE["sender"].default,
                       max_missed=a.max_missed, checkpoint_every=a.checkpoint_every,
                       checkpoint_dir=os.path.abspath(a.checkpoint_dir) if a.checkpoint_dir
                       else None, pace_s=max(0.0, a.pace))

@@ -8,20 +8,19 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from ..settings_table import COMPRESS, DOWNLINKS, MAX_SERVERS, SENDERS, TABLE
+
 TRANSPORTS = ("ltp", "tcp", "gloo", "ddp-ltp")
 # over LTP's XDP path: the parameter server's own API, or stock DDP over the `ltp` backend
 LTP_TRANSPORTS = ("ltp", "ddp-ltp")
 # every rank a DDP trainer (gloo's all-reduce, or the `ltp` backend with its server ranks)
 DDP_TRANSPORTS = ("gloo", "ddp-ltp")
 SYNCS = ("bsp", "wbsp")
-DOWNLINKS = ("unicast", "group")
 BUBBLES = ("mean", "zero", "stale")
-COMPRESS = ("none", "uint8")   # ltpx.torch's compress (torchapi/codec.py)
-SENDERS = ("socket", "xdp")    # ltpx.torch's sender (transport/endpoint.py)
 DEFAULT_HIDDEN = (512, 384)   # 234,122 parameters: a 0.94 MB gradient
 # LTP's parameter downlink unless told otherwise (flags and TrainConfig alike):
 # one packet per chunk for all workers; the PS finds the address (rank.py)
-DEFAULT_DOWNLINK = "group"
+DEFAULT_DOWNLINK = TABLE["downlink"].default
 
 
 def iterations_per_epoch(ntrain: int, workers: int, batch: int) -> int:
@@ -47,18 +46,18 @@ class TrainConfig:
     straggler: dict[int, float] = field(default_factory=dict)   # worker id -> factor
     eval_every: int = 0                 # iterations; 0: at epoch ends only
     target_accuracy: float | None = None
-    cc: str = "cubic"
+    cc: str = TABLE["cc"].default
     verify_versions: bool = False       # hash every parameter version on every rank
     # The parameter downlink: each chunk once to a broadcast/multicast address
     # ("group", LTP only), or to each worker ("unicast"). None: DEFAULT_DOWNLINK
     # for LTP, unicast for the others (they have no group sends).
     downlink: str | None = None
-    servers: int = 1                    # server ranks, each summing a slice (torchapi/shards.py)
-    compress: str = "none"              # none | uint8: gradients as 8-bit codes (torchapi/codec.py)
-    sender: str = "socket"              # socket | xdp: how LTP DATA leaves (xdp: the ACK clock)
-    # faults: a worker missing this many steps in a row is dropped (LTP_MAX_MISSED);
+    # these four are ltpx.torch settings: the settings table says what they mean
+    servers: int = TABLE["servers"].default
+    compress: str = TABLE["compress"].default
+    sender: str = TABLE["sender"].default
+    max_missed: int = TABLE["max_missed"].default
     # worker 0 checkpoints every N steps to the folder, a new job resumes from it
-    max_missed: int = 3
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
     pace_s: float = 0.0                 # at least this many seconds per step (a job to watch)
@@ -86,9 +85,10 @@ class TrainConfig:
             raise ValueError(f"downlink: one of {', '.join(DOWNLINKS)}, got {self.downlink!r}")
         if self.downlink == "group" and self.transport not in LTP_TRANSPORTS:
             raise ValueError("downlink: group sends need the ltp transport")
-        if not 1 <= self.servers <= 8 or (self.servers > 1 and self.transport == "gloo"):
-            raise ValueError(f"servers: 1..8 server ranks (ltp or tcp; gloo has none), got "
-                             f"{self.servers}")
+        if TABLE["servers"].problem(self.servers) or (self.servers > 1 and
+                                                     self.transport == "gloo"):
+            raise ValueError(f"servers: 1..{MAX_SERVERS} server ranks (ltp or tcp; gloo has "
+                             f"none), got {self.servers}")
         if self.compress not in COMPRESS or (self.compress != "none" and self.transport == "gloo"):
             raise ValueError(f"compress: one of {', '.join(COMPRESS)} (ltp or tcp; gloo sends "
                              f"float32), got {self.compress!r}")

@@ -15,8 +15,9 @@ gets torchrun's env:// variables (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, LOCAL_RANK, TORCHELASTIC_USE_AGENT_STORE=True; RANK and
 WORLD_SIZE count the trainers only, as for a torchrun script) and what
 `ltpx.torch.init()` reads (LTP_RANK and LTP_WORLD_SIZE, servers first;
-LTP_ROLE, LTP_DEV, LTP_IP, LTP_XDP_MODE, LTP_CAPACITY, LTP_MTU, LTP_GROUP,
-LTP_NETNS, LTP_STORE_NETNS, LTP_SERVERS, ...).
+LTP_ROLE; the variables of the settings table's launcher entries, from
+`rank_settings`: LTP_DEV, LTP_IP, LTP_XDP_MODE, LTP_CAPACITY, LTP_MTU,
+LTP_GROUP, ...).
 
 Ranks 0..servers-1 run on the rig's server hosts (ps, ps1, ...: `ltp rig up
 --servers S`; a one-server rig runs them all on ps), rank servers+i on
@@ -43,6 +44,7 @@ from collections.abc import Callable
 from ...dataplane import netns
 from ...dataplane.rig.star import broadcast_of
 from ..procs import stop_all
+from ..settings_table import to_env
 from . import forkserver
 from .faults import describe_exit
 from .storerelay import StoreRelay
@@ -89,34 +91,44 @@ def plan_ranks(rig, workers: int, servers: int = 1) -> list[Rank]:
     return ranks + [Rank(servers + i, "worker", i, h) for i, h in enumerate(rig.workers[:workers])]
 
 
+def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
+                  group: bool = True) -> dict:
+    """The settings the launcher gives rank r (the settings table's `launcher`
+    entries): its host's device, address and namespace, the rig's mode, rate,
+    MTU and queue, the job's transport and servers, and for the group downlink
+    the rig's broadcast address (its bridge floods it to every host)."""
+    h, c = r.host, rig.config
+    return dict(transport=transport, dev=h.ifname, ip=h.ip, xdp_mode=c.mode,
+                capacity=c.rate_bps, mtu=c.mtu, group=broadcast_of(h) if group else None,
+                servers=servers, netns=h.netns, store_netns=rig.ps.netns, buffer=c.buffer_bytes)
+
+
 def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
-            transport: str = "ltp", group: bool = True, timeout_s: float | None = None,
-            local_rank: int = 0) -> dict[str, str]:
+            transport: str = "ltp", group: bool = True, local_rank: int = 0) -> dict[str, str]:
     """env:// as torchrun's agent sets it, and the LTP_* settings of the rank's host.
 
     RANK, WORLD_SIZE and LOCAL_RANK mean what torchrun means for a script
     with no servers: the trainers only (a server rank gets RANK 0 of them and
     LTP_ROLE=server). LTP_RANK and LTP_WORLD_SIZE place every rank in the LTP
     job, servers first. MASTER_ADDR is the store on loopback, reached from
-    every namespace (StoreRelay); gloo talks over the rank's rig device."""
-    h, c = r.host, rig.config
+    every namespace (StoreRelay); gloo talks over the rank's rig device. The
+    LTP_* variables of rank_settings replace what this process's environment
+    has (one it leaves unset is removed); the other LTP_* settings pass on."""
     trainers = world - servers
     torch_rank = 0 if r.role == "server" else r.rank - servers
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
                RANK=str(torch_rank), WORLD_SIZE=str(trainers), LOCAL_RANK=str(local_rank),
                LOCAL_WORLD_SIZE="1", GROUP_RANK=str(torch_rank),
                TORCHELASTIC_USE_AGENT_STORE="True", LTP_RANK=str(r.rank),
-               LTP_WORLD_SIZE=str(world), LTP_ROLE=r.role, GLOO_SOCKET_IFNAME=h.ifname,
+               LTP_WORLD_SIZE=str(world), LTP_ROLE=r.role, GLOO_SOCKET_IFNAME=r.host.ifname,
                **forkserver.IMPORT_ENV,        # OMP_NUM_THREADS=1, TORCH_CPP_LOG_LEVEL, ...
-               LTP_TRANSPORT=transport, LTP_DEV=h.ifname, LTP_IP=h.ip, LTP_XDP_MODE=c.mode,
-               LTP_CAPACITY=str(c.rate_bps), LTP_MTU=str(c.mtu), LTP_NETNS=h.netns,
-               LTP_STORE_NETNS=rig.ps.netns, LTP_SERVERS=str(servers),
-               LTP_BUFFER=str(c.buffer_bytes), LTP_PROGRESS="json")
-    env.pop("LTP_GROUP", None)
-    if group:   # the rig's bridge floods its subnet broadcast to every host
-        env["LTP_GROUP"] = broadcast_of(h)
-    if timeout_s is not None:
-        env["LTP_TIMEOUT"] = str(timeout_s)
+               LTP_PROGRESS="json")
+    settings = rank_settings(rig, r, servers=servers, transport=transport, group=group)
+    for var, text in to_env(settings).items():
+        if text is None:
+            env.pop(var, None)
+        else:
+            env[var] = text
     return env
 
 

@@ -23,7 +23,7 @@ coordination, so it never crosses the bottleneck being measured; on real
 hosts leave it out and the store goes over the management network).
 
 The training flags are args.py's, shared with `ltp train`; the flags of this
-rank's network are declared here.
+rank's network are the settings table's RANK flags (control/settings_table.py).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ import traceback
 from datetime import timedelta
 
 from ...errors import LtpError
+from ..settings_table import RANK, TABLE, TRAIN, add_flag
 from .args import add_train_flags, config_from_args
 from .config import TrainConfig
 
@@ -55,33 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)  # TrainConfig JSON
     net = p.add_argument_group("this rank's network (default: the LTP_* environment "
                                "variables, then ltpx.torch's defaults)")
-    net.add_argument("--dev", help="device for LTP (the XDP program attaches here) / gloo "
-                     "(LTP_DEV)")
-    net.add_argument("--ip", help="this rank's IPv4 address (default: --dev's address)")
-    net.add_argument("--xdp-mode", choices=("native", "skb"), default=None,
-                     help="native (default) or skb (LTP_XDP_MODE)")
-    net.add_argument("--capacity", type=float, default=None,
-                     help="bottleneck rate toward the server in bit/s: LTP rate shares, Early "
-                     "Close (LTP_CAPACITY; default 1e9)")
-    net.add_argument("--mtu", type=int, default=None, help="path MTU (LTP_MTU; default 1500)")
-    net.add_argument("--buffer", type=int, default=None, metavar="BYTES",
-                     help="the bottleneck's queue in bytes: with --sender xdp a receiver's "
-                     "credit is this plus one BDP (LTP_BUFFER; default 32768)")
-    net.add_argument("--group", default=None, metavar="ADDR",
-                     help="broadcast or multicast address every worker receives, for "
-                     "--downlink group (read by the server; default: --dev's broadcast address)")
-    net.add_argument("--job", type=int, default=None, help="LTP job cookie (LTP_JOB)")
-    net.add_argument("--tcp-port", type=int, default=None, help="server listening port (tcp)")
+    for s in TABLE.values():
+        if RANK in s.flags:
+            add_flag(net, s.name, RANK)
     net.add_argument("--early-close", default=None, metavar="JSON",
                      help='EarlyCloseConfig fields for the LTP server, e.g. '
                      '\'{"threshold_min": 1, "threshold_max": 1}\' (close only when complete)')
-    net.add_argument("--netns", default=None,
-                     help="the network namespace this rank runs in, if not the host's "
-                     "(names the endpoint's pins for `ltp status`; LTP_NETNS)")
-    net.add_argument("--timeout", type=float, default=None,
-                     help="seconds any one wait may take before the rank gives up (default 300)")
-    net.add_argument("--store-netns", default=None,
-                     help="open the store connection from inside this network namespace")
     return p
 
 
@@ -111,13 +91,14 @@ def run_api(a: argparse.Namespace, cfg: TrainConfig, early_close: dict) -> dict:
 
 
 def ltp_options(a: argparse.Namespace, cfg: TrainConfig) -> dict:
-    """ltpx.torch.init()'s keywords from a rank's flags and the job's config."""
-    return dict(transport="tcp" if cfg.transport == "tcp" else "ltp", dev=a.dev, ip=a.ip,
-                xdp_mode=a.xdp_mode, capacity=a.capacity, mtu=a.mtu, group=a.group,
-                downlink=cfg.downlink, netns=a.netns, store_netns=a.store_netns,
-                timeout=a.timeout, cc=cfg.cc, job=a.job, tcp_port=a.tcp_port,
-                servers=cfg.servers if cfg.servers > 1 else None, compress=cfg.compress,
-                sender=cfg.sender, buffer=a.buffer, max_missed=cfg.max_missed)
+    """ltpx.torch.init()'s keywords from a rank's flags (the settings table's
+    RANK flags; None: init() reads the variable) and the job's config (its
+    TRAIN settings). One server leaves `servers` to LTP_SERVERS."""
+    opts = {s.name: getattr(a, s.name) if RANK in s.flags else getattr(cfg, s.name)
+            for s in TABLE.values() if s.flags & {RANK, TRAIN}}
+    opts["transport"] = "tcp" if cfg.transport == "tcp" else "ltp"
+    opts["servers"] = cfg.servers if cfg.servers > 1 else None
+    return opts
 
 
 def run_gloo_rank(a: argparse.Namespace, cfg: TrainConfig) -> dict:
@@ -128,7 +109,7 @@ def run_gloo_rank(a: argparse.Namespace, cfg: TrainConfig) -> dict:
     from ...dataplane import netns
     from .context import RankContext
     from .gloo import run_gloo
-    timeout = a.timeout or 300.0
+    timeout = a.timeout or TABLE["timeout"].default
     dev = a.dev or os.environ.get("LTP_DEV")
     with netns.inside(a.store_netns or os.environ.get("LTP_STORE_NETNS")):
         store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))

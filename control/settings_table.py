@@ -1,0 +1,228 @@
+"""A rank's settings, each declared once: name, type, default, bounds or
+choices, help, environment variable, and the surfaces that carry it.
+
+Generated from this table: ltpx.torch's `Settings` (lt.init()'s keywords and
+the LTP_* variables it reads, torchapi/settings.py), the flags of one rank
+(`python -m ltpx.control.training`), of `ltp train` and of `ltp launch`
+(`add_flag`), and the LTP_* part of each rank's environment the launcher
+builds (`to_env`, training/launch.py). tests/test_settings_table.py checks
+the surfaces agree, and that docs/training.md's table of init() options says
+the same. Importing this module needs neither torch nor numpy (a rank's
+flags answer --help without them).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+# The surfaces a setting can have a flag on.
+RANK = "rank"       # one rank's network flags (rank.py); default: the LTP_* variable
+TRAIN = "train"     # the training flags of `ltp train` and a rank (args.py); default: the table's
+LAUNCH = "launch"   # `ltp launch` (tools/cmd_launch.py)
+
+MAX_SERVERS = 8
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting. lo/hi bound a number (lo excluded when `above`); `shown`
+    is the default as help and docs write it; `flags` the surfaces with a
+    flag for it; `launcher`: the launcher sets it in each rank's environment."""
+
+    name: str
+    type: type
+    default: object
+    help: str
+    choices: tuple = ()
+    lo: float | None = None
+    hi: float | None = None
+    above: bool = False
+    shown: str | None = None
+    flags: frozenset = frozenset()
+    launcher: bool = False
+    metavar: str | None = None
+
+    @property
+    def env(self) -> str:
+        return "LTP_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def default_text(self) -> str:
+        if self.shown is not None:
+            return self.shown
+        return f"{self.default:g}" if self.type is float else str(self.default)
+
+    def takes(self, lo: float | None = None) -> str:
+        """What a value must be, in words ('one of ltp, tcp', 'in 576..9000')."""
+        lo = self.lo if lo is None else lo
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if lo is not None and self.hi is not None:
+            return f"in {_num(lo)}..{_num(self.hi)}"
+        if lo is not None:
+            return f"{'>' if self.above else '>='} {_num(lo)}"
+        return f"a {self.type.__name__}"
+
+    def problem(self, value, lo: float | None = None) -> str | None:
+        """Why `value` is out of bounds (None: it is in them, or unset)."""
+        lo = self.lo if lo is None else lo
+        if value is None:
+            return None
+        bad = (self.choices and value not in self.choices
+               or not self.choices and lo is not None and (value <= lo if self.above else value < lo)
+               or not self.choices and self.hi is not None and value > self.hi)
+        return f"must be {self.takes(lo)}, got {value!r}" if bad else None
+
+    def read(self, raw):
+        """`raw` (a keyword's value, or text from a variable or a flag) as this
+        setting's type; ValueError if it cannot be read as one."""
+        if self.type is bool:
+            text = str(raw).lower()
+            if text not in TRUE + FALSE:
+                raise ValueError(f"cannot read {raw!r} as a bool (1 or 0)")
+            return text in TRUE
+        try:
+            if self.type is int:
+                return int(raw, 0) if isinstance(raw, str) else int(raw)
+            return self.type(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"cannot read {raw!r} as {self.type.__name__}") from None
+
+    def text(self, value) -> str:
+        """`value` as its environment variable carries it."""
+        if self.type is bool:
+            return "1" if value else "0"
+        return str(value)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _s(name, type_, default, help_, **kw) -> Setting:
+    kw["flags"] = frozenset(kw.get("flags", ()))
+    return Setting(name, type_, default, help_, **kw)
+
+
+DOWNLINK_HELP = (
+    "LTP's parameter downlink (TCP and gloo send to each worker). group: each "
+    "chunk once to a broadcast or multicast address every worker receives, then what a "
+    "worker missed to it alone. The address is the server rank's --group, else the IPv4 "
+    "broadcast address of its --dev (on the rig: the rig's); a server with neither sends "
+    "unicast and says so. Workers off the server's L2 segment miss broadcasts and get every "
+    "chunk re-sent: give them a multicast --group, or use unicast. unicast: each chunk to "
+    "each worker")
+
+TABLE: dict[str, Setting] = {s.name: s for s in (
+    _s("transport", str, "ltp", "ltp, or tcp: the same server over TCP (a baseline)",
+       choices=("ltp", "tcp"), flags=(LAUNCH,), launcher=True),
+    _s("dev", str, None, "the NIC that carries training traffic (LTP's XDP program attaches "
+       "here; gloo's sockets too)", shown="-", flags=(RANK,), launcher=True),
+    _s("ip", str, None, "this rank's IPv4 address on --dev", shown="dev's address",
+       flags=(RANK,), launcher=True),
+    _s("xdp_mode", str, "native", "skb for drivers without native XDP",
+       choices=("native", "skb"), flags=(RANK,), launcher=True),
+    _s("capacity", float, 1e9, "bottleneck rate toward the server in bit/s: LTP rate shares, "
+       "Early Close deadlines", lo=0, above=True, shown="1e9", flags=(RANK,), launcher=True),
+    _s("mtu", int, 1500, "path MTU (a chunk is what one frame carries after the headers)",
+       lo=576, hi=9000, flags=(RANK,), launcher=True),
+    _s("group", str, None, "broadcast or multicast address every worker receives, for the "
+       "group downlink (read by the server)", shown="dev's broadcast address", metavar="ADDR",
+       flags=(RANK,), launcher=True),
+    _s("downlink", str, "group", DOWNLINK_HELP, choices=("group", "unicast"), flags=(TRAIN,)),
+    _s("servers", int, 1, "server ranks, each summing a contiguous slice of every bucket on a "
+       "host of its own (docs/training.md, Sharded servers)", lo=1, hi=MAX_SERVERS,
+       flags=(TRAIN, LAUNCH), launcher=True),
+    _s("netns", str, None, "the network namespace this rank runs in, if not the host's (names "
+       "the endpoint's pins for `ltp status`)", shown="-", flags=(RANK,), launcher=True),
+    _s("store_netns", str, None, "open the store connection from inside this network "
+       "namespace", shown="-", flags=(RANK,), launcher=True),
+    _s("timeout", float, 300.0, "seconds any one wait may take before the rank gives up",
+       lo=0, above=True, flags=(RANK,)),
+    _s("cc", str, "cubic", "TCP congestion control, e.g. cubic, bbr, reno (transport tcp)",
+       metavar="CC", flags=(TRAIN,)),
+    _s("job", int, 0x7472, "the LTP job cookie (every rank alike)", lo=0, hi=0xFFFFFFFF,
+       shown="0x7472", flags=(RANK,)),
+    _s("tcp_port", int, 0, "the TCP server's listening port (transport tcp; 0: any)",
+       lo=0, hi=65535, flags=(RANK,)),
+    _s("bucket_mb", float, 4.0, "the default gradient bucket size of DistributedOptimizer, "
+       "MB", lo=0, above=True),
+    _s("compress", str, "none", "gradients as 8-bit codes with a min and a scale per LTP "
+       "chunk, about a quarter of the bytes each way (ltp and tcp; every rank alike; "
+       "docs/training.md, Compression)", choices=("none", "uint8"), flags=(TRAIN,)),
+    _s("error_feedback", bool, True, "with compress, carry each rounding error into the next "
+       "step", shown="1"),
+    _s("max_missed", int, 3, "drop a worker that delivered nothing of K steps in a row; "
+       "training goes on without it until it rejoins", lo=1, metavar="K", flags=(TRAIN,)),
+    _s("sender", str, "socket", "how LTP DATA leaves: socket (paced by Python) or xdp (the "
+       "ACK clock: each ACK turned into the next chunk at the NIC; docs/transport.md)",
+       choices=("socket", "xdp"), flags=(TRAIN,)),
+    _s("buffer", int, 0, "the bottleneck's queue in bytes: with sender xdp a receiver's "
+       "credit is this plus one BDP", lo=0, shown="0 (32 KiB)", metavar="BYTES",
+       flags=(RANK,), launcher=True),
+)}
+
+# The choices, in one order each (the default first)
+TRANSPORTS = TABLE["transport"].choices
+XDP_MODES = TABLE["xdp_mode"].choices
+DOWNLINKS = TABLE["downlink"].choices
+COMPRESS = TABLE["compress"].choices
+SENDERS = TABLE["sender"].choices
+LAUNCHED = tuple(s.name for s in TABLE.values() if s.launcher)
+
+
+def flag_type(s: Setting, lo: float | None = None):
+    """argparse's type for s's flag: read and bounds-checked, so a bad value
+    is a usage error (exit 2) naming the flag."""
+    def parse(text: str):
+        try:
+            value = s.read(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        why = None if s.choices else s.problem(value, lo)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return value
+    parse.__name__ = s.type.__name__     # argparse names the type in its messages
+    return parse
+
+
+def add_flag(p, name: str, surface: str, *, lo: float | None = None, help: str = "") -> None:
+    """Add setting `name`'s flag for `surface` to parser (or group) `p`. On
+    RANK the default is None (then lt.init() reads the variable, else the
+    table's default); elsewhere the table's default. `lo` and `help` widen a
+    surface's bound or add what the flag means there."""
+    s = TABLE[name]
+    if surface not in s.flags:
+        raise ValueError(f"{name}: no {surface} flag in the settings table")
+    if surface != RANK:
+        where = f"default {s.default_text}"
+    else:
+        where = f"default: {s.env}" + (f", else {s.default_text}" if s.default is not None
+                                       or s.shown != "-" else "")
+    if s.hi is not None:
+        where = f"{s.takes(lo)[3:]}; {where}"
+    p.add_argument(s.flag, type=flag_type(s, lo), choices=s.choices or None,
+                   default=None if surface == RANK else s.default, metavar=s.metavar,
+                   help=f"{s.help}{help} ({where})".replace("%", "%%"))
+
+
+def to_env(values: dict) -> dict[str, str | None]:
+    """The LTP_* variables for settings `values` (name -> value; None: the
+    variable is unset)."""
+    return {TABLE[k].env: None if v is None else TABLE[k].text(v) for k, v in values.items()}
+
+
+def read(name: str, raw, where: str):
+    """Setting `name` read from `raw` (what `where` gave); UsageError names both."""
+    try:
+        return TABLE[name].read(raw)
+    except ValueError as e:
+        raise UsageError(f"{where}: {e} for {name}") from None

@@ -1,0 +1,264 @@
+"""One settings table (control/settings_table.py) makes every surface, and they agree:
+lt.init()'s keywords and defaults, the LTP_* variables it reads, the flags of a
+rank, `ltp train` and `ltp launch`, the environment the launcher gives each rank,
+and docs/training.md's table of init() options. No root, no rig, no torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ltpx.control.settings_table import LAUNCH, LAUNCHED, RANK, TABLE, TRAIN
+from ltpx.control.torchapi.settings import ENV, Settings
+from ltpx.errors import UsageError
+
+pytestmark = pytest.mark.unit
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "training.md"
+
+
+def _sample(s):
+    """A value of setting s other than its default, within its bounds."""
+    if s.choices:
+        return next(c for c in s.choices if c != s.default)
+    if s.type is bool:
+        return not s.default
+    if s.type is str:
+        return "x9"
+    value = s.type(s.lo + 2 if s.lo is not None else 7)
+    return value if value != s.default else value + 1
+
+
+def _outside(s):
+    """Text for setting s's variable or flag that is out of its bounds (None: it has none)."""
+    if s.choices:
+        return "no-such-" + s.name
+    if s.hi is not None:
+        return str(s.type(s.hi + 1))
+    if s.lo is not None:
+        return str(s.type(s.lo if s.above else s.lo - 1))
+    return None
+
+
+BOUNDED = [s for s in TABLE.values() if _outside(s) is not None]
+
+
+@pytest.fixture
+def no_ltp_env(monkeypatch):
+    """This process's environment without LTP_* variables (the launcher copies it)."""
+    import os
+    for var in [v for v in os.environ if v.startswith("LTP_")]:
+        monkeypatch.delenv(var)
+
+
+def _parsers():
+    """{surface name: parser}: `ltp train`, `ltp launch`, a rank."""
+    from ltpx.control.training.rank import build_parser
+    from ltpx.tools.cli import build_parser as cli_parser
+    sub = next(a for a in cli_parser()._actions if a.dest == "command")
+    return {"train": sub.choices["train"], "launch": sub.choices["launch"],
+            "rank": build_parser()}
+
+
+def _action(parser, flag):
+    return next((a for a in parser._actions if flag in a.option_strings), None)
+
+
+# --------------------------------------------------------------------------- lt.init and LTP_*
+
+def test_every_setting_is_an_init_keyword_with_the_tables_default():
+    assert [f.name for f in dataclasses.fields(Settings)] == list(TABLE)
+    assert Settings() == Settings.resolve({}, environ={})
+    for name, s in TABLE.items():
+        assert getattr(Settings(), name) == s.default
+        assert getattr(Settings.resolve({name: _sample(s)}, environ={}), name) == _sample(s)
+    with pytest.raises(UsageError, match="unknown option 'nope'"):
+        Settings.resolve({"nope": 1}, environ={})
+
+
+def test_every_setting_is_read_from_its_variable_and_a_keyword_wins():
+    assert {name: "LTP_" + name.upper() for name in TABLE} == ENV
+    for name, s in TABLE.items():
+        env = {s.env: s.text(_sample(s))}
+        assert getattr(Settings.resolve({}, environ=env), name) == _sample(s), s.env
+        if s.default is not None:
+            assert getattr(Settings.resolve({name: s.default}, environ=env), name) == s.default
+    got = Settings.resolve({}, environ={"LTP_JOB": "0x10", "LTP_ERROR_FEEDBACK": "off",
+                                        "LTP_CAPACITY": "25e9"})
+    assert (got.job, got.error_feedback, got.capacity) == (16, False, 25e9)
+
+
+@pytest.mark.parametrize("s", BOUNDED, ids=lambda s: s.name)
+def test_a_variable_out_of_bounds_is_a_usage_error_naming_it(s):
+    with pytest.raises(UsageError, match=f"{s.name} must be .*{s.env}"):
+        Settings.resolve({}, environ={s.env: _outside(s)})
+
+
+def test_a_variable_that_cannot_be_read_is_a_usage_error_naming_it():
+    for var, text in (("LTP_MTU", "big"), ("LTP_TIMEOUT", "soon"), ("LTP_ERROR_FEEDBACK", "maybe")):
+        with pytest.raises(UsageError, match=f"{var}: cannot read {text!r}"):
+            Settings.resolve({}, environ={var: text})
+
+
+# --------------------------------------------------------------------------- flags
+
+def test_every_flag_is_on_the_surfaces_the_table_names_with_one_default():
+    parsers = _parsers()
+    on = {RANK: ["rank"], TRAIN: ["train", "rank"], LAUNCH: ["launch"]}
+    for s in TABLE.values():
+        for surface in s.flags:
+            for where in on[surface]:
+                a = _action(parsers[where], s.flag)
+                assert a is not None, (where, s.flag)
+                assert a.default == (None if surface == RANK else s.default), (where, s.flag)
+                assert tuple(a.choices or ()) == s.choices, (where, s.flag)
+                assert f"default{':' if surface == RANK else ''} " in a.help
+                assert s.default_text in a.help or s.default_text == "-", (where, s.flag)
+        # a rank has a flag for a setting exactly when the table gives it one
+        assert (_action(parsers["rank"], s.flag) is not None) == bool(s.flags & {RANK, TRAIN}) \
+            or s.name == "transport"
+
+
+def test_flags_read_the_tables_types():
+    rank = _parsers()["rank"]
+    a = rank.parse_args(["--mtu", "9000", "--job", "0x10", "--capacity", "25e9",
+                         "--servers", "3", "--max-missed", "5"])
+    assert (a.mtu, a.job, a.capacity, a.servers, a.max_missed) == (9000, 16, 25e9, 3, 5)
+
+
+FLAG_CASES = [(where, s.flag, _outside(s)) for s in BOUNDED for surface in sorted(s.flags)
+              for where in {RANK: ["rank"], TRAIN: ["train", "rank"], LAUNCH: []}[surface]]
+FLAG_CASES += [("launch", "--servers", "9"), ("launch", "--servers", "-1"),
+               ("launch", "--transport", "gloo"), ("rank", "--mtu", "big")]
+
+
+@pytest.mark.parametrize("where, flag, text", FLAG_CASES)
+def test_a_flag_out_of_bounds_is_a_usage_error(where, flag, text, capsys):
+    if where == "rank":
+        with pytest.raises(SystemExit) as e:
+            _parsers()[where].parse_args([flag, text])
+        assert e.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+        return
+    from ltpx.tools.cli import main
+    assert main([where, "-j", flag, text, "--", "true"]) == 2
+    err = json.loads(capsys.readouterr().out)
+    assert err["exit_code"] == 2 and f"argument {flag}" in err["error"]
+
+
+def test_launch_takes_no_servers_and_a_rank_needs_one():
+    parsers = _parsers()
+    assert parsers["launch"].parse_args(["--servers", "0", "--", "true"]).servers == 0
+    with pytest.raises(SystemExit):
+        parsers["rank"].parse_args(["--servers", "0"])
+
+
+def test_a_ranks_flags_become_init_keywords_and_unset_ones_leave_the_variable():
+    from ltpx.control.training.args import config_from_args
+    from ltpx.control.training.rank import ltp_options
+    rank = _parsers()["rank"]
+    argv, want = [], {}
+    for s in TABLE.values():
+        if s.flags & {RANK, TRAIN} and s.name != "transport":
+            argv += [s.flag, s.text(_sample(s))]
+            want[s.name] = _sample(s)
+    a = rank.parse_args(argv + ["--transport", "ddp-ltp"])
+    opts = ltp_options(a, config_from_args(a))
+    assert set(opts) == set(want) | {"transport"}
+    got = Settings.resolve(opts, environ={})
+    assert got.transport == "ltp" and {k: getattr(got, k) for k in want} == want
+    a = rank.parse_args([])
+    env = {TABLE[k].env: TABLE[k].text(want[k]) for k in want if RANK in TABLE[k].flags}
+    got = Settings.resolve(ltp_options(a, config_from_args(a)), environ=env)
+    assert all(getattr(got, k) == want[k] for k in want if RANK in TABLE[k].flags)
+
+
+# --------------------------------------------------------------------------- the launcher
+
+def _launch_rig(argv):
+    """(parsed `ltp launch` flags, the rig they describe, its ranks): nothing is built."""
+    from ltpx.control.training.launch import plan_ranks
+    from ltpx.dataplane.rig.star import Rig
+    from ltpx.tools import cmd_launch
+    args = _parsers()["launch"].parse_args(argv + ["--", "true"])
+    cmd_launch._check(args)
+    rig = Rig(dataclasses.replace(args.rig_config, name="stt"))
+    return args, rig, plan_ranks(rig, args.workers, args.servers)
+
+
+@pytest.mark.parametrize("argv", [[], ["--transport", "tcp", "--servers", "2", "--mtu", "3000",
+                                       "--rate", "100mbit", "--buffer", "60kb"]])
+def test_launch_flags_to_rank_environment_to_settings_round_trip(argv, no_ltp_env):
+    from ltpx.control.training.launch import job_env, rank_settings
+    args, rig, ranks = _launch_rig(argv)
+    for r in ranks:
+        env = job_env(rig, r, len(ranks), 29500, servers=args.servers, transport=args.transport)
+        given = rank_settings(rig, r, servers=args.servers, transport=args.transport)
+        assert set(given) == set(LAUNCHED)
+        assert {v for v in env if v.startswith("LTP_") and v[4:].lower() in TABLE} == \
+            {TABLE[k].env for k in LAUNCHED}
+        got = Settings.resolve({}, environ=env)
+        assert got == dataclasses.replace(Settings(), **given), r.label
+        assert (got.transport, got.servers, got.mtu, got.dev, got.netns) == \
+            (args.transport, args.servers, args.mtu, r.host.ifname, r.host.netns)
+        assert got.capacity == rig.config.rate_bps and got.buffer == rig.config.buffer_bytes
+
+
+def test_launch_passes_the_other_settings_on_and_owns_its_own(monkeypatch, no_ltp_env):
+    from ltpx.control.training.launch import job_env
+    monkeypatch.setenv("LTP_COMPRESS", "uint8")      # not the launcher's: passed on
+    monkeypatch.setenv("LTP_GROUP", "10.9.9.255")    # the launcher's: replaced or removed
+    monkeypatch.setenv("LTP_MTU", "9000")
+    args, rig, ranks = _launch_rig([])
+    env = job_env(rig, ranks[1], len(ranks), 29500, servers=1)
+    assert env["LTP_COMPRESS"] == "uint8" and env["LTP_MTU"] == "1500"
+    assert env["LTP_GROUP"] != "10.9.9.255"
+    assert "LTP_GROUP" not in job_env(rig, ranks[1], len(ranks), 29500, servers=1, group=False)
+    assert Settings.resolve({}, environ=env).compress == "uint8"
+
+
+def test_a_train_job_config_and_its_rank_environment_make_the_settings_asked_for(no_ltp_env):
+    # ltp train: the TrainConfig travels in --config, the host's settings in LTP_*
+    from ltpx.control.training.args import config_from_args
+    from ltpx.control.training.launch import job_env, plan_ranks
+    from ltpx.control.training.onrig import rank_argv, rig_config
+    from ltpx.control.training.rank import build_parser, ltp_options
+    from ltpx.dataplane.rig.star import Rig
+    train = _parsers()["train"]
+    cfg = config_from_args(train.parse_args(["--compress", "uint8", "--sender", "xdp",
+                                             "--max-missed", "4", "--downlink", "unicast"]))
+    rig = Rig(rig_config("stt", "ltp", workers=2, rate_bps=10**8, buffer_bytes=30_000, loss=0))
+    ranks = plan_ranks(rig, 2, cfg.servers)
+    env = job_env(rig, ranks[2], len(ranks), 29500, servers=cfg.servers,
+                  group=cfg.downlink == "group")
+    a = build_parser().parse_args(rank_argv(cfg, 60.0, None, None)[3:])
+    got = Settings.resolve(ltp_options(a, cfg), environ=env)
+    assert (got.compress, got.sender, got.max_missed, got.downlink) == ("uint8", "xdp", 4,
+                                                                        "unicast")
+    assert (got.dev, got.capacity, got.timeout, got.group) == (ranks[2].host.ifname, 1e8,
+                                                                60.0, None)
+
+
+# --------------------------------------------------------------------------- the docs
+
+def _docs_rows() -> dict[str, tuple[str, str]]:
+    """docs/training.md's init() options: keyword -> (variable, default), backticks gone."""
+    text = DOCS.read_text()
+    table = text[text.index("`init()` options"):].split("\n\n")[1]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        m = re.fullmatch(r"`(\w+)`", cells[0])
+        if m:
+            rows[m.group(1)] = (cells[1].replace("`", ""), cells[2].replace("`", ""))
+    return rows
+
+
+def test_the_docs_table_of_init_options_says_what_the_table_does():
+    rows = _docs_rows()
+    assert set(rows) == set(TABLE), "docs/training.md: one row per setting"
+    for name, s in TABLE.items():
+        assert rows[name] == (s.env, s.default_text), name
