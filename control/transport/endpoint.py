@@ -25,6 +25,9 @@ from ...dataplane.xdp import registry
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry
 from ...errors import DeadPeerError, TransportError
+# how pushes leave: "socket" (paced sendmsg, sender.Push) or "xdp" (the ACK
+# clock: the XDP program turns each ACK into the next DATA, clock.ClockPush)
+from ..settings_table import SENDERS
 from .bubble import STRATEGIES
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
 from .layout import ChunkLayout
@@ -39,9 +42,6 @@ from .tokens import RoundTokens
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
 #: seconds a heartbeat counts (Endpoint(liveness_s=), docs/transport.md "A hung receiver")
 LIVENESS_S = 1.0
-#: how pushes leave: "socket" (paced sendmsg, sender.Push) or "xdp" (the ACK
-#: clock: the XDP program turns each ACK into the next DATA, clock.ClockPush)
-SENDERS = ("socket", "xdp")
 
 
 def _device_mac(sock: socket.socket, dev: str) -> str:
