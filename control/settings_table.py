@@ -75,9 +75,11 @@ class Setting:
         lo = self.lo if lo is None else lo
         if value is None:
             return None
-        bad = (self.choices and value not in self.choices
-               or not self.choices and lo is not None and (value <= lo if self.above else value < lo)
-               or not self.choices and self.hi is not None and value > self.hi)
+        if self.choices:
+            bad = value not in self.choices
+        else:
+            low = lo is not None and (value <= lo if self.above else value < lo)
+            bad = low or (self.hi is not None and value > self.hi)
         return f"must be {self.takes(lo)}, got {value!r}" if bad else None
 
     def read(self, raw):
