@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /* loss_tc: random loss injector for the test rig (tc, clsact egress, direct-action).
  *
  * Attached to the switch ports of the rig (`ltp rig`), on egress toward the
@@ -11,6 +12,10 @@
  * segments) is dropped or passed as a whole and counts gso_segs times, so
  * dropped / (dropped + passed) estimates p for TCP too.
  */
+/* The program's license string (bcc's footer puts it in the license
+ * section): the dual licence of the SPDX line, GPL-compatible for the kernel. */
+#define BPF_LICENSE Dual BSD/GPL
+
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
 #include <uapi/linux/if_ether.h>
@@ -23,17 +28,18 @@
 #define LOSS_NSTATS  3
 
 /* loss_cfg[0]: drop threshold, p * 2^32 (0: never drop).
- * Written by Python (Rig.set_loss, via the pinned map); read by loss_tc. */
-BPF_ARRAY(loss_cfg, u32, 1);
+ * Written by Python (dataplane/rig/loss.py: write, for Rig.set_loss, via
+ * the pinned map); read by loss_tc. */
+BPF_ARRAY(loss_cfg, __u32, 1);
 
 /* loss_stats[i]: packets (segments) dropped, passed, and not eligible
  * (not IPv4 UDP/TCP, always passed). Written by loss_tc; read by Python
- * (Rig.loss_counters sums the per-CPU values). */
-BPF_PERCPU_ARRAY(loss_stats, u64, LOSS_NSTATS);
+ * (dataplane/rig/loss.py: counters sums the per-CPU values). */
+BPF_PERCPU_ARRAY(loss_stats, __u64, LOSS_NSTATS);
 
-static __always_inline void count(int idx, u64 n)
+static __always_inline void count(int idx, __u64 n)
 {
-	u64 *c = loss_stats.lookup(&idx);
+	__u64 *c = loss_stats.lookup(&idx);
 
 	if (c)
 		*c += n;
@@ -41,9 +47,9 @@ static __always_inline void count(int idx, u64 n)
 
 int loss_tc(struct __sk_buff *skb)
 {
-	u8 proto = 0;
-	u32 zero = 0, *thr;
-	u64 segs;
+	__u8 proto = 0;
+	__u32 zero = 0, *thr;
+	__u64 segs;
 
 	if (skb->protocol != bpf_htons(ETH_P_IP) ||
 	    bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, protocol),

@@ -1,12 +1,16 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /* LTP map layout: value structs, counter indices and the maps themselves.
  *
- * Geometry comes from the loader as -D defines (dataplane/loader.py, class
- * Geometry): LTP_SLOTS peers, LTP_MAX_CHUNKS chunks of LTP_CHUNK_BYTES each,
- * LTP_BANKS round banks. dataplane/maps.py reads these maps; the names below
- * are the pin names under /sys/fs/bpf.
+ * Geometry comes from the loader as -D defines (dataplane/xdp/mapstructs.py,
+ * Geometry.cflags): LTP_SLOTS peers, LTP_MAX_CHUNKS chunks of LTP_CHUNK_BYTES
+ * each, LTP_BANKS round banks. dataplane/xdp/maps.py reads these maps (and
+ * takes the counter names, map names and #defines from this file); the names
+ * below are the pin names under /sys/fs/bpf.
  */
 #ifndef LTP_MAPS_H
 #define LTP_MAPS_H
+
+#include "ltp_wire.h"
 
 #ifndef LTP_SLOTS
 #define LTP_SLOTS        16
@@ -21,14 +25,14 @@
 #define LTP_BANKS        2       /* round r uses bank r % LTP_BANKS */
 #endif
 #define LTP_BM_WORDS     (LTP_MAX_CHUNKS / 64)
-#define LTP_MAX_WORKER_ID 65536  /* worker ids are u16 */
+#define LTP_MAX_WORKER_ID 65536  /* worker ids are 16 bits */
 
 /* bank state (struct ltp_bank.state) */
 #define LTP_BANK_FREE    0
 #define LTP_BANK_OPEN    1
 #define LTP_BANK_CLOSED  2
 
-/* global counters (ltp_counters index); names mirrored in dataplane/maps.py */
+/* global counters (ltp_counters index); dataplane/xdp/maps.py reads the names (COUNTERS) */
 enum ltp_counter {
 	LTP_C_PASS = 0,        /* not LTP: passed up untouched */
 	LTP_C_DATA,            /* DATA chunks accepted and written */
@@ -116,7 +120,7 @@ struct ltp_progress {
 	__u64 last_ns;         /* ... of the latest */
 	__u64 flow;            /* LTP_FLOW_*: set once each (64 bits: bcc's target
 	                          has a 64-bit fetch-or only) */
-	__u64 stops;           /* STOPs this flow's ACKs carried (the credit, ltp_xdp.c) */
+	__u64 stops;           /* STOPs this flow's ACKs carried (the credit, ltp_data.h) */
 };
 
 #define LTP_FLOW_DONE    2ULL    /* every chunk delivered: taken off ltp_share.active */
@@ -278,21 +282,21 @@ struct ltp_cap_stats {
 };
 
 /* ltp_cfg: control plane writes at load, and beats beat_ns (mmapped) while it drives rounds; XDP reads every packet */
-BPF_F_TABLE("array", u32, struct ltp_cfg, ltp_cfg, 1, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", __u32, struct ltp_cfg, ltp_cfg, 1, BPF_F_MMAPABLE);
 /* ltp_peers: control plane writes worker id -> slot + 1 (0 = unknown); XDP reads */
 BPF_ARRAY(ltp_peers, __u32, LTP_MAX_WORKER_ID);
 /* ltp_banks: control plane opens/closes rounds; XDP reads to validate DATA */
 BPF_ARRAY(ltp_banks, struct ltp_bank, LTP_BANKS);
 /* ltp_mem: XDP writes payloads at [bank][slot][chunk]; control plane maps it with numpy */
-BPF_F_TABLE("array", u32, struct ltp_chunk, ltp_mem, LTP_BANKS * LTP_SLOTS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", __u32, struct ltp_chunk, ltp_mem, LTP_BANKS * LTP_SLOTS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
 /* ltp_claim: XDP sets a chunk's bit before copying (dedupe); control plane clears on open */
-BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_claim, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", __u32, struct ltp_bitmap, ltp_claim, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_done: XDP sets a chunk's bit after its copy finished; control plane reads as the delivery mask */
-BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_done, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", __u32, struct ltp_bitmap, ltp_done, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_progress: XDP adds per [bank][slot]; control plane polls it for Early Close */
-BPF_F_TABLE("array", u32, struct ltp_progress, ltp_progress, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", __u32, struct ltp_progress, ltp_progress, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_share: control plane sets flows and capacity per bank at open (mmapped); XDP counts flows down */
-BPF_F_TABLE("array", u32, struct ltp_share, ltp_share, LTP_BANKS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", __u32, struct ltp_share, ltp_share, LTP_BANKS, BPF_F_MMAPABLE);
 /* ltp_rate: control plane writes the rate (kbit/s) advertised to each slot; XDP copies it into ACKs */
 BPF_ARRAY(ltp_rate, __u32, LTP_SLOTS);
 /* ltp_counters: XDP counts by class (enum ltp_counter); CLI and tests read */
@@ -300,17 +304,17 @@ BPF_PERCPU_ARRAY(ltp_counters, __u64, LTP_C_MAX);
 /* ltp_stats: XDP counts per slot; `ltp flows` reads */
 BPF_PERCPU_ARRAY(ltp_stats, struct ltp_slot_stats, LTP_SLOTS);
 /* ltp_tx: sender control plane sets round per [bank][slot]; XDP records ACK state */
-BPF_F_TABLE("array", u32, struct ltp_tx, ltp_tx, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", __u32, struct ltp_tx, ltp_tx, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_acked: XDP sets a chunk's bit when its ACK arrives; sender control plane reads */
-BPF_F_TABLE("array", u32, struct ltp_bitmap, ltp_acked, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", __u32, struct ltp_bitmap, ltp_acked, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_sendbuf: sender control plane writes the round's payload per [bank][chunk] (mmapped); XDP copies it into the DATA it makes of ACKs */
-BPF_F_TABLE("array", u32, struct ltp_chunk, ltp_sendbuf, LTP_BANKS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", __u32, struct ltp_chunk, ltp_sendbuf, LTP_BANKS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
 /* ltp_sendorder: sender control plane writes the round's send order per [bank][position] (mmapped); XDP reads it */
-BPF_F_TABLE("array", u32, struct ltp_sendslot, ltp_sendorder, LTP_BANKS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", __u32, struct ltp_sendslot, ltp_sendorder, LTP_BANKS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
 /* ltp_sendlog: XDP logs the order position of each DATA it sends per [bank][slot][seq % LTP_SENDLOG]; XDP reads it to find losses */
 BPF_ARRAY(ltp_sendlog, __u32, LTP_BANKS * LTP_SLOTS * LTP_SENDLOG);
-/* ltp_sentat: XDP writes per [bank][slot][chunk] its latest log seq + 1 (u64: an array map's values are 8-byte aligned, so the mmapped view is dense); the control plane reads it (mmapped) and writes 0 when it re-sends the chunk itself (it then owns its recovery) and at the push's start */
-BPF_F_TABLE("array", u32, __u64, ltp_sentat, LTP_BANKS * LTP_SLOTS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
+/* ltp_sentat: XDP writes per [bank][slot][chunk] its latest log seq + 1 (64 bits: an array map's values are 8-byte aligned, so the mmapped view is dense); the control plane reads it (mmapped) and writes 0 when it re-sends the chunk itself (it then owns its recovery) and at the push's start */
+BPF_F_TABLE("array", __u32, __u64, ltp_sentat, LTP_BANKS * LTP_SLOTS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
 /* ltp_rounds: control plane writes per slot as it closes a round (LtpMaps.record_round); `ltp flows` reads; XDP never touches it */
 BPF_ARRAY(ltp_rounds, struct ltp_round_stats, LTP_SLOTS);
 /* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why; never for bad_token: a spoof writes nothing but its per-CPU count); CLI reads */

@@ -1,6 +1,7 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /* LTP wire format: the one definition of the packet layout and its constants.
  *
- * Shared by every BPF program in this folder; dataplane/wire.py mirrors it for
+ * Shared by every BPF program in this folder; dataplane/xdp/wire.py mirrors it for
  * user space and tests/test_wire.py proves the two agree (sizes and offsets of
  * the structs bcc generates from these definitions).
  *
@@ -24,7 +25,7 @@
 #define LTP_T_CTRL_MIN   3
 #define LTP_T_CTRL_MAX   15
 
-/* flags (ltp_hdr.flags, big-endian u16) */
+/* flags (ltp_hdr.flags, big-endian __u16) */
 #define LTP_F_CRITICAL   0x0001 /* must arrive: the sender re-sends until acked */
 #define LTP_F_LAST       0x0002 /* last chunk of the buffer */
 #define LTP_F_RELIABLE   0x0004 /* the whole round is critical (parameter downlink) */

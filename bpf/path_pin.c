@@ -1,7 +1,8 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /* path_pin.c: ECMP path pinning for the leaf-spine rig (tc, clsact egress, direct-action).
  *
  * Two programs, one build (they share the struct layouts below, which
- * control/paths.py and dataplane/leafspine.py mirror with ctypes):
+ * dataplane/rig/pathpin.py mirrors with ctypes):
  *
  * link_count  on egress of every spine-facing veth (leaf uplinks, spine
  *             downlinks): adds skb->len to link_bytes[{link, 5-tuple}].
@@ -15,6 +16,10 @@
  *             checksum is fixed with bpf_l4_csum_replace. Anything else passes
  *             untouched, so unpinned traffic keeps plain ECMP.
  */
+/* The program's license string (bcc's footer puts it in the license
+ * section): the dual licence of the SPDX line, GPL-compatible for the kernel. */
+#define BPF_LICENSE Dual BSD/GPL
+
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
 #include <uapi/linux/if_ether.h>
@@ -26,49 +31,51 @@
 #define LINK_KIND_SPINE_DN 0x53   /* 'S' */
 
 struct link_key {
-	u8 kind;        /* LINK_KIND_*: direction of the link */
-	u8 a;           /* leaf (kind L) or spine (kind S) index */
-	u8 b;           /* spine (kind L) or leaf (kind S) index */
-	u8 proto;       /* IP protocol; 0 for non-IPv4 frames */
-	u32 saddr;      /* network byte order */
-	u32 daddr;      /* network byte order */
-	u16 sport;      /* network byte order (0 unless UDP/TCP) */
-	u16 dport;      /* network byte order */
+	__u8 kind;        /* LINK_KIND_*: direction of the link */
+	__u8 a;           /* leaf (kind L) or spine (kind S) index */
+	__u8 b;           /* spine (kind L) or leaf (kind S) index */
+	__u8 proto;       /* IP protocol; 0 for non-IPv4 frames */
+	__u32 saddr;      /* network byte order */
+	__u32 daddr;      /* network byte order */
+	__u16 sport;      /* network byte order (0 unless UDP/TCP) */
+	__u16 dport;      /* network byte order */
 };
 
 struct link_val {
-	u64 bytes;      /* skb->len: Ethernet frame bytes, a GSO skb counts whole */
-	u64 packets;    /* segments */
+	__u64 bytes;      /* skb->len: Ethernet frame bytes, a GSO skb counts whole */
+	__u64 packets;    /* segments */
 };
 
 struct pin_key {
-	u32 saddr;      /* network byte order */
-	u32 daddr;      /* network byte order */
-	u16 dport;      /* network byte order */
-	u16 pad;
+	__u32 saddr;      /* network byte order */
+	__u32 daddr;      /* network byte order */
+	__u16 dport;      /* network byte order */
+	__u16 pad;
 };
 
 struct pin_val {
-	u16 sport;      /* network byte order: the source port to put on the wire */
-	u16 spine;      /* the spine it hashes to (for display only) */
-	u32 pad;
-	u64 packets;    /* packets rewritten (racy increment: a display figure) */
+	__u16 sport;      /* network byte order: the source port to put on the wire */
+	__u16 spine;      /* the spine it hashes to (for display only) */
+	__u32 pad;
+	__u64 packets;    /* packets rewritten (racy increment: a display figure) */
 };
 
 /* link_bytes: {link, 5-tuple} -> bytes, packets. Written by link_count;
- * read (and cleared) by Python (dataplane/leafspine.py: LeafSpine.link_counters). */
+ * read (and cleared) by Python (dataplane/rig/pathpin.py: link_counters,
+ * clear_link_counters). */
 BPF_TABLE("lru_hash", struct link_key, struct link_val, link_bytes, 65536);
 
 /* path_pins: {saddr, daddr, dport} -> source port to use. Written by Python
- * (control/paths.py: apply_pins); read by path_pin. */
+ * (dataplane/rig/pathpin.py: set_pin, for control/paths.py: pin); read by
+ * path_pin. */
 BPF_HASH(path_pins, struct pin_key, struct pin_val, 4096);
 
 int link_count(struct __sk_buff *skb)
 {
 	struct link_key k = {};
 	struct link_val *v, zero = {};
-	u8 mac[6];
-	u64 segs = skb->gso_segs ? skb->gso_segs : 1;
+	__u8 mac[6];
+	__u64 segs = skb->gso_segs ? skb->gso_segs : 1;
 
 	if (bpf_skb_load_bytes(skb, 6, mac, 6) < 0)
 		return TC_ACT_OK;
@@ -86,7 +93,7 @@ int link_count(struct __sk_buff *skb)
 			k.daddr = ip.daddr;
 			if ((ip.protocol == IPPROTO_UDP || ip.protocol == IPPROTO_TCP) &&
 			    ip.ihl == 5) {
-				u16 ports[2];
+				__u16 ports[2];
 
 				if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip), ports, 4) == 0) {
 					k.sport = ports[0];
@@ -116,7 +123,7 @@ int path_pin(struct __sk_buff *skb)
 	struct udphdr udp;
 	struct pin_key k = {};
 	struct pin_val *v;
-	u16 new_sport;
+	__u16 new_sport;
 
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;

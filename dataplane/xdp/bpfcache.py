@@ -31,8 +31,9 @@ import re
 import stat
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from . import bpfobj
 
@@ -77,10 +78,16 @@ def include_dirs(cflags: list[str]) -> list[Path]:
     return out
 
 
+def _local(includer: Path, kind: bytes, name: bytes, dirs: list[Path]) -> Path | None:
+    """The file an include names if it is the program's own: found next to
+    its includer ("x") or in an -I folder; None for the kernel's and bcc's
+    headers, which the toolchain part of the key covers."""
+    where = ([includer.parent] if kind == b'"' else []) + dirs
+    return next((d / name.decode() for d in where if (d / name.decode()).is_file()), None)
+
+
 def sources(path: Path, cflags: list[str]) -> list[Path]:
-    """`path` and every file it includes (transitively) that is found next
-    to its includer ("x") or in an -I folder; the rest are the kernel's and
-    bcc's headers, which the toolchain part of the key covers."""
+    """`path` and every file of the program's own it includes (transitively)."""
     dirs, seen, todo = include_dirs(cflags), [], [Path(path)]
     while todo:
         p = todo.pop()
@@ -88,28 +95,54 @@ def sources(path: Path, cflags: list[str]) -> list[Path]:
             continue
         seen.append(p)
         for kind, name in _INCLUDE.findall(p.read_bytes()):
-            where = ([p.parent] if kind == b'"' else []) + dirs
-            found = next((d / name.decode() for d in where if (d / name.decode()).is_file()),
-                         None)
+            found = _local(p, kind, name, dirs)
             if found is not None:
                 todo.append(found.resolve())
     return seen
 
 
+def program_text(path: Path, cflags: list[str]) -> bytes:
+    """The text of `path` with the program's own headers written in where
+    they are first included (a second include of one is left out, as its
+    include guard would leave it empty), `#line` markers keeping the
+    compiler's messages on the right file and line. bcc rewrites the map
+    calls (`map.lookup(&k)`) of the text it is given, never those of a
+    header it reads from disk: map calls in the program's headers work
+    only when the headers come as part of that text."""
+    dirs, done = include_dirs(cflags), set()
+
+    def expand(p: Path) -> list[bytes]:
+        done.add(p)
+        out = [b'#line 1 "%s"\n' % str(p).encode()]
+        for n, line in enumerate(p.read_bytes().splitlines(keepends=True), 1):
+            line = line if line.endswith(b"\n") else line + b"\n"
+            m = _INCLUDE.match(line)
+            found = m and _local(p, m.group(1), m.group(2), dirs)
+            if not found:
+                out.append(line)
+                continue
+            found = found.resolve()
+            if found not in done:
+                out += expand(found)
+            out.append(b'#line %d "%s"\n' % (n + 1, str(p).encode()))
+        return out
+
+    return b"".join(expand(Path(path).resolve()))
+
+
 def _libbcc_file() -> str:
     """The libbcc this process mapped (bcc imported): path, size and mtime."""
-    with contextlib.suppress(OSError):
-        with open("/proc/self/maps") as f:
-            for line in f:
-                if "libbcc.so" in line:
-                    p = line.split()[-1]
-                    st = os.stat(p)
-                    return f"{p}:{st.st_size}:{st.st_mtime_ns}"
+    with contextlib.suppress(OSError), open("/proc/self/maps") as f:
+        for line in f:
+            if "libbcc.so" in line:
+                p = line.split()[-1]
+                st = os.stat(p)
+                return f"{p}:{st.st_size}:{st.st_mtime_ns}"
     return "libbcc?"
 
 
 def toolchain() -> dict[str, str]:
-    import bcc
+    import bcc  # noqa: PLC0415 - Debian's python3-bpfcc, there only where BPF is compiled
     release = os.uname().release
     return {"kernel": release, "headers": os.path.realpath(f"/lib/modules/{release}/build"),
             "bcc": str(getattr(bcc, "__version__", "?")), "libbcc": _libbcc_file(),

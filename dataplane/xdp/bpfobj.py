@@ -23,6 +23,7 @@ and pseudo loads other than map fds and map values.
 from __future__ import annotations
 
 import base64
+import ctypes
 import hashlib
 import json
 import os
@@ -88,7 +89,7 @@ class Artefact:
         return MAGIC + b"\n" + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> tuple["Artefact", dict[str, Any]]:
+    def from_bytes(cls, raw: bytes) -> tuple[Artefact, dict[str, Any]]:
         """(artefact, meta); CorruptEntry names what is wrong."""
         head, _, rest = raw.partition(b"\n")
         digest, _, body = rest.partition(b"\n")
@@ -162,7 +163,9 @@ class Table:
     """One map of a LoadedBpf, with bcc's ctypes for its key and value."""
 
     def __init__(self, spec: TableSpec, fd: int):
-        from bcc import BPF       # bcc's own decoder, so the ctypes equal a compile's
+        # bcc's own decoder, so the ctypes equal a compile's; bcc is Debian's
+        # python3-bpfcc, imported only where BPF objects are loaded
+        from bcc import BPF  # noqa: PLC0415
         self.name, self.map_fd, self.ttype = spec.name, fd, spec.type
         self.max_entries, self.flags = spec.max_entries, spec.flags
         self.Key = BPF._decode_table_type(json.loads(spec.key_desc)) if spec.key_desc else None
@@ -177,7 +180,6 @@ class Table:
 
 def _percpu(leaf):
     """bcc's per-CPU value type: one slot per possible CPU, each 8-byte aligned."""
-    import ctypes
     ncpu = clib.num_possible_cpus()
     if ctypes.sizeof(leaf) % 8 == 0:
         return leaf * ncpu

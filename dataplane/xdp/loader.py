@@ -18,6 +18,8 @@ import contextlib
 import ctypes
 import errno
 import os
+import socket
+from pathlib import Path
 from typing import Any
 
 from ... import BPF_DIR
@@ -37,7 +39,7 @@ NATIVE_HINT = " (native mode needs MTU <= ~3500 on veth)"
 
 def _bcc():
     try:
-        import bcc
+        import bcc  # noqa: PLC0415 - Debian's python3-bpfcc: absent, it is this error
     except ImportError as e:  # pragma: no cover - depends on the machine
         raise DataplaneError("bcc is not importable: install Debian's python3-bpfcc and use a "
                              "venv made with --system-site-packages (see `ltp doctor`)") from e
@@ -45,21 +47,24 @@ def _bcc():
 
 
 def compile_program(source: str, func: str, cflags: list[str] | None = None,
-                    prog_type: str = "XDP"):
-    """bpf/<source> compiled (by bcc, or taken from the compile cache:
-    dataplane.xdp.bpfcache) with `func` loaded as a program of `prog_type`
-    (a bcc.BPF attribute: "XDP", "SCHED_CLS", ...).
+                    prog_type: str = "XDP", bpf_dir: Path = BPF_DIR):
+    """<bpf_dir>/<source> (bpf/ unless told) compiled (by bcc, or taken from
+    the compile cache: dataplane.xdp.bpfcache) with `func` loaded as a
+    program of `prog_type` (a bcc.BPF attribute: "XDP", "SCHED_CLS", ...).
+    bcc is given the source with the program's own headers written in
+    (bpfcache.program_text), so map calls in those headers are rewritten too.
 
     Returns (bpf, function): bpf answers obj[b"table"] (get_fd, Key, Leaf),
     load_func and cleanup() as a bcc.BPF does."""
     bcc = _bcc()
     if os.geteuid() != 0:
         raise DataplaneError("loading BPF programs needs root: run with sudo")
-    path = BPF_DIR / source
-    flags = list(cflags or [f"-I{BPF_DIR}", "-Wno-ignored-attributes"])
+    path = Path(bpf_dir) / source
+    flags = list(cflags or [f"-I{bpf_dir}", "-Wno-ignored-attributes"])
     try:
         return bpfcache.obtain(path, flags, func, getattr(bcc.BPF, prog_type),
-                               lambda: bcc.BPF(src_file=str(path).encode(), cflags=flags))
+                               lambda: bcc.BPF(text=bpfcache.program_text(path, flags),
+                                               cflags=flags))
     except DataplaneError:
         raise
     except Exception as e:
@@ -72,7 +77,6 @@ def compile_program(source: str, func: str, cflags: list[str] | None = None,
 def _ifindex(dev: str, ns: str | None) -> int:
     """ifindex of `dev` in this thread's namespace (/sys/class/net shows the
     namespace sysfs was mounted in, so ask the kernel by name)."""
-    import socket
     try:
         return socket.if_nametoindex(dev)
     except OSError:
@@ -214,9 +218,16 @@ class Dataplane:
     ...     maps = dp.maps()
     """
 
-    def __init__(self, geometry: Geometry | None = None, job: int = 0):
+    def __init__(self, geometry: Geometry | None = None, job: int = 0,
+                 bpf_dir: Path = BPF_DIR):
+        """`bpf_dir`: the folder whose ltp_xdp.c to compile (another version
+        of the program for an A/B, `ltp bench xdp --against`); its maps must
+        be bpf/ltp_maps.h's, which the typed views read."""
         self.geometry = geometry or Geometry()
-        self.bpf, self.fn = compile_program("ltp_xdp.c", "ltp_xdp", self.geometry.cflags())
+        cflags = self.geometry.cflags()
+        if Path(bpf_dir) != BPF_DIR:
+            cflags = [f"-I{bpf_dir}", *cflags]   # searched before bpf/
+        self.bpf, self.fn = compile_program("ltp_xdp.c", "ltp_xdp", cflags, bpf_dir=bpf_dir)
         self.attached: tuple[str, str | None, str] | None = None
         self.link_fd: int | None = None
         self._maps = None
@@ -289,7 +300,7 @@ class Dataplane:
             self.bpf.cleanup()
             self.bpf = None
 
-    def __enter__(self) -> "Dataplane":
+    def __enter__(self) -> Dataplane:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/* The sender: an ACK in. on_ack records it for the control plane (the
+ * chunk acknowledged in ltp_acked, the round's state, the rate or credit
+ * in ltp_tx) and drops it; the ACK of clocked DATA goes on to the ACK
+ * clock (ltp_clock.h), which turns it into the flow's next DATA.
+ */
+#ifndef LTP_ACK_H
+#define LTP_ACK_H
+
+#include "ltp_util.h"
+#include "ltp_clock.h"
+
+/* An ACK from the LTP port (its LTP header at h), for this host's flow in
+ * ltp_tx at [its round's bank][its worker's slot]: checked against that
+ * flow's round and token, recorded, then dropped or handed to the clock. */
+static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
+{
+	__u32 slot;
+	if (peer_slot(h, &slot))
+		return drop(LTP_C_UNKNOWN_WORKER, h);
+	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
+	__u32 round = bpf_ntohl(h->round);
+	__u32 bank = round % LTP_BANKS;
+	__u32 bidx = bank * LTP_SLOTS + slot;
+	struct ltp_tx *tx = ltp_tx.lookup(&bidx);
+	struct ltp_bitmap *acked = ltp_acked.lookup(&bidx);
+	if (!tx || !acked || !st)
+		return XDP_DROP;
+	if (tx->round != round) {
+		st->acks_stale += 1;
+		return drop(LTP_C_ACK_STALE, h);
+	}
+	/* Only an ACK built from our own DATA carries the token: a spoofed one
+	 * neither closes the round nor marks a chunk nor sets the rate. */
+	if (h->token != tx->token)
+		return drop_spoof();
+	__u16 hflags = bpf_ntohs(h->flags);
+	if (h->state == LTP_RS_CLOSED)
+		tx->closed = 1;
+	__u32 rate = bpf_ntohl(h->rate);
+	if (!(hflags & LTP_F_CLOCK)) {
+		tx->rate_kbps = rate;
+	} else if (h->state == LTP_RS_OPEN) {  /* a credit, in packets */
+		tx->window = rate;
+		if (!tx->window_min || rate < tx->window_min)
+			tx->window_min = rate;
+	}
+	st->acks_rx += 1;
+	count(LTP_C_ACK_RX);
+	__u32 chunk = bpf_ntohl(h->chunk);
+	if (chunk >= LTP_MAX_CHUNKS)
+		return XDP_DROP;
+	__u64 word = bitmap_word(chunk);
+	if (word >= LTP_BM_WORDS)
+		return XDP_DROP;
+	__u64 bit = 1ULL << (chunk & 63);
+	__u64 had = 0;
+	/* A CLOSED ACK for a late chunk does not mean it was delivered. */
+	if (h->state != LTP_RS_CLOSED) {
+		had = __sync_fetch_and_or(&acked->w[word], bit) & bit;
+		if (!had)
+			__sync_fetch_and_add(&tx->acked, 1);
+	}
+	if (!(hflags & LTP_F_CLOCK) || !tx->clock)
+		return XDP_DROP;
+	if (tx->closed)
+		return clock_consume(tx, LTP_C_CLOCK_IDLE);
+	/* A second ACK of one chunk (a re-send the first ACK overtook): the
+	 * first kept the clock going, this copy leaves the flight. */
+	if (had)
+		return clock_drop(LTP_C_CLOCK_IDLE);
+	if (tx->rack)
+		rack_acked(tx, bidx, chunk);
+	if (hflags & LTP_F_STOP) {
+		__sync_fetch_and_add(&tx->stops, 1);
+		return clock_consume(tx, LTP_C_CLOCK_STOP);
+	}
+	return clock_send(ctx, tx, acked, bank, bidx);
+}
+
+#endif /* LTP_ACK_H */

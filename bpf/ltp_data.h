@@ -1,0 +1,281 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/* The receiver: DATA in, its ACK out. on_data admits a DATA packet
+ * (data_admit: its sender, its length, its round and chunk), stores its
+ * payload (data_store: claim, copy, mark delivered) and turns the packet
+ * into its ACK (send_ack), which carries the sender's rate or, for a
+ * clocked flow, its credit.
+ */
+#ifndef LTP_DATA_H
+#define LTP_DATA_H
+
+#include "ltp_util.h"
+#include "ltp_parse.h"
+#include "ltp_frame.h"
+
+#ifndef LTP_BENCH_ALWAYS_COPY
+#define LTP_BENCH_ALWAYS_COPY 0
+#endif
+
+/* The credit of a clocked flow (LTP_F_CLOCK DATA), as the ACK carries it:
+ * each flow not finished may keep window / active packets in flight (at
+ * least 1), so all of them together keep about the bank's window (the
+ * bottleneck's buffer plus one BDP). The DATA's stamp says how many its flow
+ * had in flight when it left and how many STOPs its sender had seen; less
+ * the STOPs sent since, that is what it has now. More than its credit: this
+ * ACK says STOP (the sender consumes it: one packet fewer in flight). */
+static __always_inline __u32 credit(struct ltp_hdr *h, __u32 bank, __u32 slot, __u16 *extra)
+{
+	struct ltp_share *sh = ltp_share.lookup(&bank);
+	__u32 window = sh ? sh->window : 0;
+	if (!window)
+		return 0xffff;
+	__u32 active = sh->active;
+	__u32 allow = window / (active ? active : 1);
+	if (!allow)
+		allow = 1;
+	__u32 bidx = bank * LTP_SLOTS + slot;
+	struct ltp_progress *pr = ltp_progress.lookup(&bidx);
+	if (!pr)
+		return allow;
+	__u32 stamp = bpf_ntohl(h->rate);
+	__u32 owed = ((__u32)pr->stops - stamp) & 0xffff;  /* STOPs it had not seen */
+	__u32 inflight = stamp >> 16;
+	if (inflight > owed && inflight - owed > allow) {
+		__sync_fetch_and_add(&pr->stops, 1);
+		count(LTP_C_CREDIT_STOP);
+		*extra |= LTP_F_STOP;
+	}
+	return allow;
+}
+
+/* Turn the DATA packet at ctx into its ACK in place and return XDP_TX:
+ * addresses and ports swapped, payload cut off, IP and UDP checksums right. */
+static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 rstate,
+				    __u16 extra_flags, __u32 slot, __u32 bank)
+{
+	struct ltp_hdr *h = p->h;
+	turn_around(p->eth, p->iph, p->udp, 0);
+
+	/* The rate this sender may use: its share of the bank's capacity among
+	 * the flows active right now, or the per-slot rate if none is set; a
+	 * clocked flow's credit instead (in packets). */
+	__u32 rate = 0;
+	struct ltp_share *sh = ltp_share.lookup(&bank);
+	if ((h->flags & bpf_htons(LTP_F_CLOCK)) && rstate == LTP_RS_OPEN) {
+		__u16 more = 0;
+		rate = credit(h, bank, slot, &more);
+		extra_flags |= more;
+	} else if (sh && sh->share_kbps) {
+		__u32 active = sh->active;
+		rate = sh->share_kbps / (active ? active : 1);
+	} else {
+		__u32 *r = ltp_rate.lookup(&slot);
+		rate = r ? *r : 0;
+	}
+	h->type = LTP_T_ACK;
+	h->flags = h->flags | bpf_htons(extra_flags);
+	h->len = 0;
+	h->state = rstate;
+	h->pad = 0;
+	h->rate = bpf_htonl(rate);
+	udp_csum(p->iph, p->udp, 0);
+
+	int delta = (int)(PAY_OFF) - (int)(ctx->data_end - ctx->data);
+	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta)) {
+		count(LTP_C_ACK_FAIL);
+		return XDP_DROP;
+	}
+	count(LTP_C_ACK_TX);
+	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
+	if (st)
+		st->acks_tx += 1;
+	return XDP_TX;
+}
+
+/* Is the receiving control plane's heartbeat (ltp_cfg.beat_ns) older than
+ * its limit? Sets *now when it read the clock. No heartbeat yet, or no
+ * limit: not stale (programs nobody beats for, e.g. `ltp load`ed ones, ACK
+ * whatever the time). Signed, so a beat a little ahead of this CPU's clock
+ * is fresh. */
+static __always_inline int owner_stale(struct ltp_cfg *cfg, __u64 *now)
+{
+	__u64 beat = cfg->beat_ns, limit = cfg->limit_ns;
+	if (!beat || !limit)
+		return 0;
+	*now = bpf_ktime_get_ns();
+	return (__s64)(*now - beat) > (__s64)limit;
+}
+
+/* What data_admit found out about a DATA packet it let in. */
+struct ltp_rx {
+	struct ltp_slot_stats *st;  /* its sender's slot's counters */
+	__u32 slot;
+	__u32 bank;
+	__u32 chunk;
+	__u32 nchunks;              /* the bank's chunk count */
+	__u32 len;                  /* payload bytes */
+	__u64 now;                  /* bpf_ktime_get_ns if read already, else 0 */
+};
+
+#define LTP_ADMITTED (-1)           /* data_admit: store it (no verdict yet) */
+
+/* DATA flagged GROUP: this host takes it as addressed to itself, so its
+ * slot is its own id's and the ACK (built by swapping) names this worker
+ * and leaves from this host's MAC and address, not the group's. Nonzero
+ * if this host has no id of its own set (ltp_cfg.self_*). */
+static __always_inline int take_group(struct ltp_pkt *p, struct ltp_cfg *cfg)
+{
+	if (!(cfg->flags & LTP_CFG_SELF))
+		return -1;
+	p->h->worker = bpf_htons(cfg->self_worker);
+	__builtin_memcpy(p->eth->h_dest, cfg->self_mac, ETH_ALEN);
+	p->iph->daddr = cfg->self_ip;
+	return 0;
+}
+
+/* Admit a DATA packet: a known sender, lengths that agree, the round its
+ * bank holds open, its token, a live owner, a chunk in range. Fills rx and
+ * returns LTP_ADMITTED, or the verdict: a counted drop, or for a closed
+ * round an ACK that says CLOSED. */
+static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
+				      struct ltp_cfg *cfg, struct ltp_rx *rx)
+{
+	struct ltp_hdr *h = p->h;
+	if ((h->flags & bpf_htons(LTP_F_GROUP)) && take_group(p, cfg))
+		return drop(LTP_C_UNKNOWN_WORKER, h);
+	if (peer_slot(h, &rx->slot))
+		return drop(LTP_C_UNKNOWN_WORKER, h);
+	struct ltp_slot_stats *st = ltp_stats.lookup(&rx->slot);
+	if (!st)
+		return XDP_DROP;
+	rx->st = st;
+
+	struct iphdr *iph = p->iph;
+	struct udphdr *udp = p->udp;
+	__u32 len = bpf_ntohs(h->len);
+	__u32 pkt_len = ctx->data_end - ctx->data;
+	if (len == 0 || len > LTP_CHUNK_BYTES || (len & 3) ||
+	    bpf_ntohs(udp->len) != sizeof(*udp) + sizeof(*h) + len ||
+	    bpf_ntohs(iph->tot_len) != sizeof(*iph) + sizeof(*udp) + sizeof(*h) + len ||
+	    pkt_len < PAY_OFF + len)
+		return drop(LTP_C_MALFORMED, h);
+	rx->len = len;
+
+	__u32 round = bpf_ntohl(h->round);
+	rx->bank = round % LTP_BANKS;
+	struct ltp_bank *b = ltp_banks.lookup(&rx->bank);
+	if (!b)
+		return XDP_DROP;
+	if (b->state == LTP_BANK_FREE || (__s32)(round - b->round) > 0) {
+		st->future += 1;
+		return drop(LTP_C_FUTURE, h);
+	}
+	if (round != b->round) {
+		st->stale += 1;
+		return drop(LTP_C_STALE, h);
+	}
+	/* Before anything is written or ACKed, closed rounds included: without
+	 * the round's token a packet is a spoof (or from another secret). */
+	if (h->token != b->token)
+		return drop_spoof();
+	if (b->state != LTP_BANK_OPEN) {
+		/* Late for a closed round: never written, but ACKed CLOSED so the
+		 * sender stops at once. */
+		st->late += 1;
+		count(LTP_C_LATE);
+		return send_ack(ctx, p, LTP_RS_CLOSED, 0, rx->slot, rx->bank);
+	}
+	/* An ACK promises a live reader: with a stale heartbeat the round's
+	 * owner is hung, and its senders must hear nothing. */
+	rx->now = 0;
+	if (owner_stale(cfg, &rx->now))
+		return drop(LTP_C_STALE_OWNER, h);
+
+	rx->chunk = bpf_ntohl(h->chunk);
+	rx->nchunks = b->nchunks;
+	if (rx->chunk >= LTP_MAX_CHUNKS || rx->chunk >= rx->nchunks ||
+	    bpf_ntohl(h->nchunks) != rx->nchunks ||
+	    (rx->chunk + 1 == rx->nchunks ? len != b->last_len : len != LTP_CHUNK_BYTES)) {
+		st->out_of_range += 1;
+		return drop(LTP_C_OUT_OF_RANGE, h);
+	}
+	st->rx_packets += 1;
+	st->rx_bytes += len;
+	return LTP_ADMITTED;
+}
+
+/* Store an admitted DATA packet's payload in its bank's reassembly memory
+ * (ltp_mem) and mark it delivered; returns the verdict, its ACK (a chunk
+ * delivered already is ACKed DUP and not written again). */
+static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, struct ltp_rx *rx)
+{
+	struct ltp_slot_stats *st = rx->st;
+	__u32 bidx = rx->bank * LTP_SLOTS + rx->slot;
+	struct ltp_bitmap *claim = ltp_claim.lookup(&bidx);
+	struct ltp_bitmap *done = ltp_done.lookup(&bidx);
+	struct ltp_progress *pr = ltp_progress.lookup(&bidx);
+	if (!claim || !done || !pr)
+		return XDP_DROP;
+	__u32 chunk = rx->chunk;
+	__u64 word = bitmap_word(chunk);
+	if (word >= LTP_BM_WORDS)
+		return XDP_DROP;
+	__u64 bit = 1ULL << (chunk & 63);
+
+	/* Claim first: of two copies racing on two CPUs exactly one writes.
+	 * (LTP_BENCH_ALWAYS_COPY: `ltp bench xdp` repeats one packet and wants
+	 * every repetition to take the full copy path.) */
+	if ((__sync_fetch_and_or(&claim->w[word], bit) & bit) && !LTP_BENCH_ALWAYS_COPY) {
+		st->dup += 1;
+		count(LTP_C_DUP);
+		return send_ack(ctx, p, LTP_RS_OPEN, LTP_F_DUP, rx->slot, rx->bank);
+	}
+
+	__u32 midx = bidx * LTP_MAX_CHUNKS + chunk;
+	struct ltp_chunk *dst = ltp_mem.lookup(&midx);
+	if (!dst)
+		return XDP_DROP;
+	/* Re-bound the length in a register the verifier can see. */
+	__u64 n = rx->len;
+	barrier_var(n);
+	if (n > LTP_CHUNK_BYTES)
+		return XDP_DROP;
+	barrier_var(n);  /* keeps clang from merging the two tests */
+	if (n < 4)
+		return XDP_DROP;
+	if (bpf_xdp_load_bytes(ctx, PAY_OFF, dst, n))
+		return drop(LTP_C_MALFORMED, 0);
+
+	/* The done bit is what user space trusts: set only after the copy. */
+	__sync_fetch_and_or(&done->w[word], bit);
+	__sync_fetch_and_add(&pr->chunks, 1);
+	/* This slot's last chunk ends its flow: one fewer to share with. The
+	 * fetch-or on a flag makes that count once across CPUs (bcc's target has
+	 * no fetch-add with a result). */
+	struct ltp_share *sh = ltp_share.lookup(&rx->bank);
+	if (sh && pr->chunks >= rx->nchunks &&
+	    !(__sync_fetch_and_or(&pr->flow, LTP_FLOW_DONE) & LTP_FLOW_DONE) && sh->active)
+		__sync_fetch_and_add(&sh->active, (__u32)-1);  /* no atomic sub in BPF */
+	if (p->h->flags & bpf_htons(LTP_F_RETX))
+		__sync_fetch_and_add(&pr->retx, 1);
+	__sync_fetch_and_add(&pr->bytes, rx->len);
+	__u64 now = rx->now ? rx->now : bpf_ktime_get_ns();
+	if (!pr->first_ns)
+		pr->first_ns = now;
+	pr->last_ns = now;
+	st->delivered += 1;
+	count(LTP_C_DATA);
+	return send_ack(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank);
+}
+
+/* DATA to this host's port (p->h present): admitted, stored, ACKed. */
+static __always_inline int on_data(struct xdp_md *ctx, struct ltp_pkt *p, struct ltp_cfg *cfg)
+{
+	struct ltp_rx rx = {};
+	int verdict = data_admit(ctx, p, cfg, &rx);
+	if (verdict != LTP_ADMITTED)
+		return verdict;
+	return data_store(ctx, p, &rx);
+}
+
+#endif /* LTP_DATA_H */

@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/* ltp_run, the program proper (ltp_xdp.c runs it between the capture's two
+ * halves): parse the frame, pass what is not LTP, drop what no LTP packet
+ * may be, and hand DATA to on_data, ACKs to on_ack.
+ */
+#ifndef LTP_RUN_H
+#define LTP_RUN_H
+
+#include "ltp_util.h"
+#include "ltp_parse.h"
+#include "ltp_data.h"
+#include "ltp_ack.h"
+
+/* The verdict on the frame at ctx. */
+static __always_inline int ltp_run(struct xdp_md *ctx)
+{
+	struct ltp_pkt p;
+	if (ltp_parse(ctx, &p)) {
+		count(LTP_C_PASS);
+		return XDP_PASS;
+	}
+	/* From here on the packet is addressed to or from our port. */
+	if (p.iph->frag_off & bpf_htons(0x3fff))
+		return drop(LTP_C_MALFORMED, 0);
+	struct ltp_hdr *h = p.h;
+	if (!h)
+		return drop(LTP_C_MALFORMED, 0);
+	if (h->magic != bpf_htons(LTP_MAGIC))
+		return drop(LTP_C_BAD_MAGIC, h);
+	if (h->version != LTP_VERSION)
+		return drop(LTP_C_BAD_VERSION, h);
+	__u32 zero = 0;
+	struct ltp_cfg *cfg = ltp_cfg.lookup(&zero);
+	if (!cfg)
+		return XDP_DROP;
+	if (cfg->job && bpf_ntohl(h->job) != cfg->job)
+		return drop(LTP_C_FOREIGN_JOB, h);
+
+	if (h->type == LTP_T_DATA && p.udp->dest == bpf_htons(LTP_PORT))
+		return on_data(ctx, &p, cfg);
+	if (h->type == LTP_T_ACK && p.udp->source == bpf_htons(LTP_PORT))
+		return on_ack(ctx, h);
+	if (h->type >= LTP_T_CTRL_MIN && h->type <= LTP_T_CTRL_MAX) {
+		count(LTP_C_CTRL);
+		return XDP_PASS;
+	}
+	return drop(LTP_C_MALFORMED, h);
+}
+
+#endif /* LTP_RUN_H */

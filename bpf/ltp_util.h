@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/* What every part of ltp_xdp uses: the counters and the drops, the barrier
+ * that keeps a bound test in the program, a chunk's bitmap word and a
+ * packet's worker slot.
+ */
+#ifndef LTP_UTIL_H
+#define LTP_UTIL_H
+
+#include "ltp_wire.h"
+#include "ltp_maps.h"
+
+/* Make v's value opaque to clang (libbpf's name for this): a bound test on
+ * v that follows stays in the program, in a register the verifier tracks,
+ * instead of being merged with an earlier test or folded away. */
+#define barrier_var(v) asm volatile("" : "+r"(v))
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *v = ltp_counters.lookup(&idx);
+	if (v)
+		*v += 1;
+}
+
+/* Count a drop class and keep the offending header for `ltp flows`. */
+static __always_inline int drop(__u32 idx, struct ltp_hdr *h)
+{
+	count(idx);
+	struct ltp_hdr *last = ltp_lasthdr.lookup(&idx);
+	if (last && h)
+		__builtin_memcpy(last, h, sizeof(*last));
+	return XDP_DROP;
+}
+
+/* A packet without its round's token: counted (per CPU) and nothing else.
+ * No header is kept (ltp_lasthdr is shared by every CPU and read by the
+ * operator's tools): a spoofer cannot write anything anyone reads. */
+static __always_inline int drop_spoof(void)
+{
+	count(LTP_C_BAD_TOKEN);
+	return XDP_DROP;
+}
+
+/* Bitmap word of a chunk, opaque to clang so the bound test that follows
+ * stays in the program for the verifier (LTP_BM_WORDS need not be a power
+ * of two). */
+static __always_inline __u64 bitmap_word(__u32 chunk)
+{
+	__u64 word = chunk >> 6;
+	barrier_var(word);
+	return word;
+}
+
+/* The slot of the packet's worker id; nonzero if the worker is unknown. */
+static __always_inline int peer_slot(struct ltp_hdr *h, __u32 *slot)
+{
+	__u32 worker = bpf_ntohs(h->worker);
+	__u32 *slotp = ltp_peers.lookup(&worker);
+	if (!slotp || *slotp == 0 || *slotp > LTP_SLOTS)
+		return -1;
+	*slot = *slotp - 1;
+	return 0;
+}
+
+#endif /* LTP_UTIL_H */
