@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from .common import (UsageError, add_command, add_json, emit, need_bcc, need_root, parse_size,
                      wants_json)
@@ -67,10 +68,21 @@ def register(sub) -> None:
                            "  ltp bench incast --workers 16 --rounds 30\n")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     x = add_command(bsub, "xdp", "ns per packet of the XDP DATA path vs a Python socket loop",
-                    epilog="examples:\n  ltp bench xdp -j\n\nJSON keys: xdp_ns_per_packet, "
+                    epilog="examples:\n  ltp bench xdp -j\n"
+                           "  ltp bench xdp --against /tmp/old-bpf --packets 200000 --blocks 20\n"
+                           "\nJSON keys: xdp_ns_per_packet, "
                            "xdp_capture_ns_per_packet (while `ltp capture` records every "
-                           "frame), socket_ns_per_packet, speedup (and the raw figures)\n")
-    x.add_argument("--packets", type=int, default=20000, help="DATA packets to time (default 20000)")
+                           "frame), socket_ns_per_packet, speedup (and the raw figures); "
+                           "with --against: this, against_arm (ns_per_packet, median_ns, "
+                           "block_ns), ratio (this / against), median_ratio, block_ratios\n")
+    x.add_argument("--packets", type=int, default=20000,
+                   help="DATA packets to time (per arm with --against; default 20000)")
+    x.add_argument("--against", metavar="DIR",
+                   help="A/B: time bpf/ltp_xdp.c against DIR/ltp_xdp.c (another version of "
+                        "the program, same maps; e.g. `git show REV:bpf/FILE` of each file "
+                        "into DIR) in alternating blocks of one run")
+    x.add_argument("--blocks", type=int, default=10,
+                   help="alternating blocks per arm with --against (default 10)")
     add_json(x)
     x.set_defaults(func=cmd_xdp)
     _register_incast(bsub)
@@ -210,6 +222,9 @@ def cmd_xdp(args) -> None:
     need_root("ltp bench xdp")
     need_bcc()
     from ..control.bench import xdp as xdpbench
+    if args.against is not None:
+        _xdp_ab(args, xdpbench)
+        return
     res = xdpbench.run(args.packets, progress=_progress(args))
     emit(args, res, lambda r: (
         f"XDP DATA path   {r['xdp_ns_per_packet']:10.1f} ns/packet  "
@@ -219,6 +234,29 @@ def cmd_xdp(args) -> None:
         f"socket loop     {r['socket_ns_per_packet']:10.1f} ns/packet  "
         f"({r['socket_packets']} packets)\n"
         f"speed-up        {r['speedup']:10.1f} x"))
+
+
+def _xdp_ab(args, xdpbench) -> None:
+    """`ltp bench xdp --against DIR`: both programs, alternating blocks."""
+    if not (Path(args.against) / "ltp_xdp.c").is_file():
+        raise UsageError(f"--against {args.against}: no ltp_xdp.c there (put the other "
+                         "version's bpf/ files in one folder)")
+    if not 1 <= args.blocks <= args.packets // 100:
+        raise UsageError("--blocks must be at least 1 and leave 100 packets a block")
+    res = xdpbench.bench_ab(Path(args.against), args.packets, args.blocks,
+                            progress=_progress(args))
+
+    def arm(name: str, r: dict) -> str:
+        b = r["block_ns"]
+        return (f"{name:<24}{r['ns_per_packet']:8.1f} ns/packet  (median {r['median_ns']:.0f}; "
+                f"blocks {min(b):.0f}..{max(b):.0f})")
+    emit(args, res, lambda r: (
+        arm("bpf/ (this)", r["this"]) + "\n" + arm(r["against"], r["against_arm"]) + "\n"
+        f"{'ratio this / against':<24}{r['ratio']:8.3f}    (per block "
+        f"{r['block_ratio_min']:.3f}..{r['block_ratio_max']:.3f}; medians "
+        f"{r['median_ratio']:.3f})\n"
+        f"{r['blocks']} alternating blocks, {r['packets_per_arm']} packets an arm; ns: the "
+        f"middle 80 % of packets' mean less the harness ({r['harness_ns']:.0f} ns)"))
 
 
 def cmd_incast(args) -> None:
@@ -250,7 +288,8 @@ def cmd_incast(args) -> None:
     try:
         counts = [int(x) for x in args.sweep_workers.split(",") if x.strip()] or [args.workers]
     except ValueError:
-        raise UsageError(f"--sweep-workers: expected numbers like 4,8,16, got {args.sweep_workers!r}")
+        raise UsageError(f"--sweep-workers: expected numbers like 4,8,16, "
+                         f"got {args.sweep_workers!r}") from None
     if any(not 1 <= n <= MAX_WORKERS for n in counts):
         raise UsageError(f"--workers/--sweep-workers: each count must be in 1..{MAX_WORKERS}")
     if not 1280 <= args.mtu <= 3500:
