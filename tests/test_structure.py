@@ -5,7 +5,9 @@
 - no module imports another module's private (_underscore) names;
 - C libraries are opened through ctypes in one module (dataplane/clib/libs.py);
 - no module over 450 lines, no function over 80 lines;
-- every folder of Python code is a package (so the wheel cannot miss it).
+- every folder of Python code is a package (so the wheel cannot miss it);
+- the BPF C sources (bpf/*.c, bpf/*.h) under the same size rules: no file
+  over 450 lines, no function over 80 (c_functions finds them).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("dataplane", "control", "tools")
+C_SOURCES = sorted([*(ROOT / "bpf").glob("*.c"), *(ROOT / "bpf").glob("*.h")])
 MAX_FILE_LINES, MAX_FUNC_LINES = 450, 80
 
 
@@ -138,3 +141,58 @@ def test_package_docstring_lists_every_module_or_none(init):
     mods, named = _package_docstring_names(ROOT / init)
     if len(named) >= 3:
         assert named == mods, f"{init} names {sorted(named)} but not {sorted(mods - named)}"
+
+
+# --- C ------------------------------------------------------------------------
+
+_C_NAME = re.compile(r"\b(\w+)\s*\(")
+
+
+def c_functions(text: str) -> list[tuple[str, int, int]]:
+    """(name, first line, last line) of each function defined at the top level
+    of a C file written as this code base writes it (kernel style): the
+    signature starts at column 0 (continuation lines indented), the body's
+    `{` stands alone at column 0 on the line after it, and the `}` alone at
+    column 0 that closes it ends the function. The first line is the
+    signature's, as Python's count starts at `def`."""
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if line != "{":
+            continue
+        start = i - 1
+        while start > 0 and lines[start][:1] in (" ", "\t"):
+            start -= 1
+        name = _C_NAME.search(" ".join(lines[start:i]))
+        end = next(j for j in range(i + 1, len(lines)) if lines[j] == "}")
+        out.append((name.group(1) if name else "?", start + 1, end + 1))
+    return out
+
+
+def test_c_functions_finds_every_function_of_the_sources():
+    """The finder against the real files: it sees the entry points and the
+    helpers, every body's closing brace is one it counted (so none is
+    missed), and a function cut in two halves shows as two."""
+    found = {name: (a, b) for p in C_SOURCES for name, a, b in c_functions(p.read_text())}
+    assert {"ltp_xdp", "ltp_run", "ltp_parse", "on_data", "data_admit", "data_store",
+            "on_ack", "clock_send", "cap_begin", "link_count", "path_pin", "loss_tc",
+            "xdp_pass"} <= set(found)
+    for p in C_SOURCES:
+        text = p.read_text()
+        closers = sum(1 for line in text.splitlines() if line == "}")
+        assert len(c_functions(text)) == closers, p.name
+    a, b = found["xdp_pass"]
+    assert b - a + 1 == 4          # int xdp_pass(...) / { / return XDP_PASS; / }
+    two = "static int f(int a,\n\t\tint b)\n{\n\treturn a;\n}\n\nint g(void)\n{\n\treturn 0;\n}\n"
+    assert c_functions(two) == [("f", 1, 5), ("g", 7, 10)]
+
+
+@pytest.mark.parametrize("path", [p.name for p in C_SOURCES])
+def test_c_file_and_function_sizes(path):
+    text = (ROOT / "bpf" / path).read_text()
+    lines = text.count("\n")
+    assert lines <= MAX_FILE_LINES, f"bpf/{path}: {lines} lines"
+    long = [f"{name} ({b - a + 1} lines, line {a})" for name, a, b in c_functions(text)
+            if b - a + 1 > MAX_FUNC_LINES]
+    assert not long, f"bpf/{path}: " + ", ".join(long)
+
