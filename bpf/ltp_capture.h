@@ -56,13 +56,14 @@ static __always_inline struct ltp_cap_rec *cap_begin(struct xdp_md *ctx, struct 
 	if (now >= cc->until_ns)
 		return NULL;
 	struct ltp_pkt p;
-	if (ltp_parse(ctx, &p))
+	int parsed = ltp_parse(ctx, &p);
+	if (parsed == LTP_OTHER)
 		return NULL;
 	__u32 flags = cc->flags;
 	if (flags & (LTP_CAP_F_JOB | LTP_CAP_F_WORKER | LTP_CAP_F_ROUND)) {
-		struct ltp_hdr *h = p.h;
-		if (!h)
+		if (parsed != LTP_WHOLE)
 			return NULL;
+		struct ltp_hdr *h = p.h;
 		if ((flags & LTP_CAP_F_JOB) && bpf_ntohl(h->job) != cc->job)
 			return NULL;
 		if ((flags & LTP_CAP_F_WORKER) && bpf_ntohs(h->worker) != cc->worker)

@@ -268,7 +268,7 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 	return send_ack(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank);
 }
 
-/* DATA to this host's port (p->h present): admitted, stored, ACKed. */
+/* DATA to this host's port (a whole LTP header at p->h): admitted, stored, ACKed. */
 static __always_inline int on_data(struct xdp_md *ctx, struct ltp_pkt *p, struct ltp_cfg *cfg)
 {
 	struct ltp_rx rx = {};

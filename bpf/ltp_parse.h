@@ -13,17 +13,22 @@
 #define LTP_OFF  (L4_OFF + sizeof(struct udphdr))
 #define PAY_OFF  (LTP_OFF + sizeof(struct ltp_hdr))
 
-/* The headers of a frame, each checked to lie inside it. */
+/* The headers of a frame. */
 struct ltp_pkt {
 	struct ethhdr *eth;
 	struct iphdr *iph;
 	struct udphdr *udp;
-	struct ltp_hdr *h;     /* NULL: the frame ends before a whole LTP header */
+	struct ltp_hdr *h;     /* inside the frame only when ltp_parse returned LTP_WHOLE */
 };
 
-/* Zero, with p filled in, for IPv4 UDP without IP options to or from
- * LTP_PORT: an LTP frame (its LTP header may be missing: p->h NULL).
- * Nonzero for any other frame, which is none of LTP's business. */
+#define LTP_WHOLE  0           /* ltp_parse: an LTP frame with a whole LTP header */
+#define LTP_SHORT  1           /* ... an LTP frame that ends inside its LTP header */
+#define LTP_OTHER  (-1)        /* ... any other frame, none of LTP's business */
+
+/* Parse the frame at ctx into p. An LTP frame is IPv4 UDP without IP
+ * options to or from LTP_PORT; LTP_WHOLE if its LTP header is whole,
+ * LTP_SHORT if not (p->h then points past the frame's end); LTP_OTHER
+ * for any other frame (p untouched past what was checked). */
 static __always_inline int ltp_parse(struct xdp_md *ctx, struct ltp_pkt *p)
 {
 	void *data = (void *)(long)ctx->data;
@@ -31,23 +36,23 @@ static __always_inline int ltp_parse(struct xdp_md *ctx, struct ltp_pkt *p)
 
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
-		return -1;
+		return LTP_OTHER;
 	struct iphdr *iph = (void *)(eth + 1);
 	if ((void *)(iph + 1) > data_end || iph->protocol != IPPROTO_UDP)
-		return -1;
+		return LTP_OTHER;
 	if (iph->ihl != 5)  /* LTP never sends IP options */
-		return -1;
+		return LTP_OTHER;
 	struct udphdr *udp = (void *)(iph + 1);
 	if ((void *)(udp + 1) > data_end)
-		return -1;
+		return LTP_OTHER;
 	if (udp->dest != bpf_htons(LTP_PORT) && udp->source != bpf_htons(LTP_PORT))
-		return -1;
+		return LTP_OTHER;
 	struct ltp_hdr *h = (void *)(udp + 1);
 	p->eth = eth;
 	p->iph = iph;
 	p->udp = udp;
-	p->h = (void *)(h + 1) > data_end ? NULL : h;
-	return 0;
+	p->h = h;
+	return (void *)(h + 1) > data_end ? LTP_SHORT : LTP_WHOLE;
 }
 
 #endif /* LTP_PARSE_H */

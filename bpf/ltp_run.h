@@ -15,16 +15,17 @@
 static __always_inline int ltp_run(struct xdp_md *ctx)
 {
 	struct ltp_pkt p;
-	if (ltp_parse(ctx, &p)) {
+	int parsed = ltp_parse(ctx, &p);
+	if (parsed == LTP_OTHER) {
 		count(LTP_C_PASS);
 		return XDP_PASS;
 	}
 	/* From here on the packet is addressed to or from our port. */
 	if (p.iph->frag_off & bpf_htons(0x3fff))
 		return drop(LTP_C_MALFORMED, 0);
-	struct ltp_hdr *h = p.h;
-	if (!h)
+	if (parsed != LTP_WHOLE)
 		return drop(LTP_C_MALFORMED, 0);
+	struct ltp_hdr *h = p.h;
 	if (h->magic != bpf_htons(LTP_MAGIC))
 		return drop(LTP_C_BAD_MAGIC, h);
 	if (h->version != LTP_VERSION)
