@@ -1,6 +1,7 @@
 """`ltp bench`: benchmarks that print numbers (and JSON with -j).
 
   ltp bench xdp [-j] [--packets N]   ns per packet: XDP DATA path vs a socket loop
+  ltp bench xdp --against DIR        A/B: bpf/ltp_xdp.c against DIR/ltp_xdp.c, alternating blocks
   ltp bench incast [...]             LTP vs TCP cubic/BBR vs the line-rate limit
   ltp bench paths [-j] [--trials 10] two jobs over a leaf-spine: ECMP vs pinned paths
   ltp bench soak --minutes M [-j]    ltp train for M minutes: do RSS, fds, BPF objects stay flat?
