@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """LTP: a loss-tolerant gradient transport whose receive path runs in XDP.
 
 Parts: ``ltpx.dataplane`` (BPF programs, maps, wire format), ``ltpx.control``

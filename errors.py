@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one error root of LTP and its branches.
 
 Every failure the project reports on purpose is an `LtpError`: its message is

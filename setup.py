@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Packaging rule: the repository root is the package `ltpx`, and every folder
 below dataplane/, control/ and tools/ that holds an __init__.py is one of its
 subpackages, found here so none can be left out of a wheel. Everything else

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Contention-free path assignment for jobs on a two-tier leaf-spine fabric.
 
 The problem (vClos, see /work/shared/PAPERS.md): with plain ECMP every flow's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ending the child processes a benchmark or a launched training job started: every one, always."""
 from __future__ import annotations
 

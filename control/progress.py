@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Worker 0's progress (`lt.report_progress`): a JSON event for `ltp launch`,
 whose progress bar draws it, or a plain line at a modest rate for a reader.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A rank's settings, each declared once: name, type, default, bounds or
 choices, help, environment variable, and the surfaces that carry it.
 

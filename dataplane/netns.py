@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Network namespaces: create, remove, and run code inside one.
 
 Setting a namespace is per thread (setns(2)), so `inside(name)` switches the

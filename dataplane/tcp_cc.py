@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """TCP congestion control on this host: which the kernel offers, loading one
 (modprobe tcp_<cc>), and choosing it for a socket (TCP_CONGESTION). The TCP
 baselines of the benchmarks and of training use it."""

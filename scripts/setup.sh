@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Set up everything LTP needs on a fresh Debian machine. Safe to run twice:
 # each step checks first and does nothing when already done.
 #   - Debian packages: bcc (python3-bpfcc), clang, kernel headers, iproute2, ...

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Set up, then run the test suite (extra arguments go to pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."

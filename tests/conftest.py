@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures. Privileged tests skip with a reason when the machine
 cannot run them; on the project's machines and in CI they run."""
 from __future__ import annotations

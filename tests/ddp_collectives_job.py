@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The collectives a DDP script uses, on fixed inputs, under any backend.
 
     ltp launch --workers 3 -- python tests/ddp_collectives_job.py ltp

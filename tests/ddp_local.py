@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A DDP job over the `ltp` backend on this host's loopback, no rig and no root:
 the LTP job's server rank and N trainers as processes, with `ltpx.torch`'s TCP
 transport under the backend (LTP_TRANSPORT=tcp), so the backend, the

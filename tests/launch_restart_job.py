@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One rank of a job whose worker 1 SIGKILLs itself once (test_launch_restart.py):
 `python launch_restart_job.py MARKER DIE_AT STEPS WAIT [WHO]`.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the tests of the operator commands (test_cli_ops.py: load, unload,
 status; test_cli_flows.py: flows, top, capture) share: the real `ltp`
 command as a subprocess, and a rig whose PS carries a program `ltp load`

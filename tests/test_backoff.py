@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The dead-peer rule of the sender (control/transport/loss.py: Backoff and
 pass_runs' limits), driven with a clock of its own: no privileges needed.
 The rig test (test_ownership.py) checks the same rule with real packets."""

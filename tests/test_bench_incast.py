@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp bench incast` end to end on a small configuration (numbers are not
 asserted against goals: speed belongs to the benchmark, not the tests)."""
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The licence of the BPF programs (bpf/): every file says it in an SPDX line,
 every program carries the matching license string, and the kernel takes
 that string as GPL-compatible; and the loader's view of the program's

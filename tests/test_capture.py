@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp capture` and what it stands on: the capture ring of bpf/ltp_xdp.c
 (struct mirrors, the ring read through mmap, the lease), pcap/pcapng files
 read and written without scapy, the CLI's flags, a capture during incast

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp flows/top/capture`: the real CLI as subprocesses (load, unload and
 status are in test_cli_ops.py; the shared parts in ltp_cli.py).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a newcomer's typo meets (issue 25, item 8): "did you mean" for a
 mistyped flag, subcommand or choice, reported by the subcommand that was
 meant; size and rate errors whose examples are values that parse."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp load/unload/status`: the real CLI as subprocesses (flows, top and
 capture are in test_cli_flows.py; the shared parts in ltp_cli.py).
 

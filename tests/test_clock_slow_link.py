@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ACK clock on a slow link (docs/transport.md, "The clock's RTO").
 
 Two or four workers push 256 KiB each through the clock into a PS behind a

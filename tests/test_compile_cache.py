@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The BPF compile cache (dataplane/xdp/bpfcache.py): a program compiled once
 and loaded from the cache by every later process, with real programs run
 through BPF_PROG_TEST_RUN. Each test has its own cache folder (LTPX_CACHE_DIR)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """compress="uint8": the 8-bit min-max codec, its settings, and compressed jobs.
 
 Unit tests of the codec (no privileges), a compressed job over TCP on

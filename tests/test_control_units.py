@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Control-plane policy without the kernel: layout, Bubble Filling, Early Close, rates."""
 from __future__ import annotations
 

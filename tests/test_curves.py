@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp train --tensorboard DIR --plot FILE`: the curves of real runs, read back.
 
 The TensorBoard event files are read with tensorboard's own EventAccumulator,

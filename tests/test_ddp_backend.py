@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The `ltp` torch.distributed backend on real ranks: stock DDP scripts under
 `ltp launch` (each builds its own rig: loss is a rig setting), compared with
 the same script over gloo.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp doctor`'s optional checks (dataplane/doctor/checks.py): a missing
 optional piece is a warning, not a reason to call the machine not ready."""
 from __future__ import annotations

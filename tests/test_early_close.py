@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Early Close's deadline rules on simulated rounds (no kernel: the receiver
 calls `decide` about once a millisecond with each flow's delivered fraction,
 as here). Rule "progress" (the default) must not cut a flow that is still

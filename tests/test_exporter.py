@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp exporter`: the real command as a subprocess, scraped over HTTP and
 parsed with prometheus_client's own parser.
 

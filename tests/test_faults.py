@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Faults: a worker that dies and comes back, a server that dies and the job resumes, and a
 dying job that stops at once.
 

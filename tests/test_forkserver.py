@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fork server (control/training/forkserver.py, zygote.py): ranks forked from
 a zygote run in their network namespace with their own environment, argv
 and cwd, their exit codes and output come back as a Popen's would, the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ltpx.torch over LTP on a rig: `ltp launch` of the examples and of the API's
 cases, a failing rank, and the documented torchrun command run inside rig
 namespaces with `ltp rig exec` (which runs it under `ip netns exec`, where

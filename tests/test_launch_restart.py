@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp launch --max-restarts N`: a worker that dies is started again and
 rejoins the running job; past N (or with N = 0) the launch fails with the
 dead rank's code; bad counts are usage errors.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 16: a hung PS stops ACKing (docs/transport.md, "A hung receiver").
 
 A PS endpoint runs in a process of its own (HOLDER) inside the rig's PS

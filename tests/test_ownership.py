@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Issue 16, findings 1, 2 and 5, on the rig with real processes, kills and packets.
 
 1. An attachment must not outlive its owner: an endpoint's program and maps

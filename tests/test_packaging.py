@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The wheel holds the whole package and works once installed away from the source tree.
 
 A wheel is built from a copy of the working tree (so the build's own build/

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Path assignment (control/paths.py) and ECMP path pinning on the leaf-spine
 rig (dataplane/rig/leafspine.py, dataplane/rig/pathpin.py, bpf/path_pin.c)."""
 from __future__ import annotations

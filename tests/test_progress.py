@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Progress off a terminal (issue 25, item 7): `lt.report_progress` and
 `ltp launch`'s output print plain, throttled lines instead of a raw JSON
 line per call; under `ltp launch` the rank still speaks JSON to it."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The README's quoted outputs are what the commands print now (issue 25,
 item 9): each `$ sudo .venv/bin/ltp doctor|demo` block is run and its shape
 compared: the same lines in the same order, each starting with the same

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The namespace rig (dataplane/rig/star.py, `ltp rig`): lifecycle, reachability,
 isolation, the loss injector, the CLI's argument checks.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One settings table (control/settings_table.py) makes every surface, and they agree:
 lt.init()'s keywords and defaults, the LTP_* variables it reads, the flags of a
 rank, `ltp train` and `ltp launch`, the environment the launcher gives each rank,

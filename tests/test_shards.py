@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Sharded parameter servers (control/torchapi/shards.py, `ltp rig up/launch/train --servers`).
 
 Units: the slice plan (balanced, contiguous, covering, refusing more servers

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp bench soak` through the real command: a short soak of a real `ltp
 train` job on a rig of its own, whose report is checked against what the
 test itself reads from /proc and the kernel while it runs; Ctrl-C in the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The house rules of the package, checked on its source (no privileges needed).
 
 - no import circles between the package's modules (imports inside
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -196,3 +198,20 @@ def test_c_file_and_function_sizes(path):
             if b - a + 1 > MAX_FUNC_LINES]
     assert not long, f"bpf/{path}: " + ", ".join(long)
 
+
+
+def _licensed_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT).stdout
+    return [f for f in out.split() if f.endswith((".py", ".sh", ".lua")) or f == ".ci/run"]
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout (git ls-files)")
+def test_every_source_file_says_its_licence():
+    """Apache-2.0 outside bpf/ (bpf/ is checked by test_bpf_sources), on the
+    first line or the one after a #! line."""
+    bad = []
+    for f in _licensed_files():
+        head = (ROOT / f).read_text().splitlines()[:2]
+        if not any(ln.endswith("SPDX-License-Identifier: Apache-2.0") for ln in head):
+            bad.append(f)
+    assert not bad, bad

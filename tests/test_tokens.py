@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Round tokens against blind spoofing (issue 16, finding 4).
 
 Without the job's secret, a host off the path knows the job cookie, the

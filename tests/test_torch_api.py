@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ltpx.torch without privileges: its name, its pieces, and whole jobs over TCP on loopback.
 
 The jobs run tests/torch_api_job.py as three real processes (a server and two

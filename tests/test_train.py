@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Parameter-server training over LTP (and TCP) on the rig, plus the pieces it is made of.
 
 The rig tests share one 3-worker native-mode rig and make three short runs of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The LTP transport on the rig: real XDP programs, real packets, real loss.
 
 One rig of 8 workers (loss injector on every port, off until a test turns it

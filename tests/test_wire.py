@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The wire format and map structs agree between bpf/ and dataplane/."""
 from __future__ import annotations
 

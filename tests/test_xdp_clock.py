@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ACK clock (docs/transport.md), packet by packet through
 BPF_PROG_TEST_RUN: the sender's program turning an ACK into the flow's next
 DATA, or consuming it (credit said STOP, round closed, nothing left, a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ltp_xdp attached in native mode on a veth pair in namespaces, real UDP."""
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Packet-level tests of bpf/ltp_xdp.c through BPF_PROG_TEST_RUN.
 
 A table of (description, input packet, expected verdict, expected counter

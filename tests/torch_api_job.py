@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One rank of an ltpx.torch job the tests start (test_torch_api.py over TCP on
 loopback, test_launch.py over LTP on a rig): `python torch_api_job.py CASES`.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The `ltp` command: one entry point, one module per subcommand group.
 
 Each tools/cmd_*.py module has `register(subparsers)`, which adds its parser

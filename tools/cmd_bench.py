@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp bench`: benchmarks that print numbers (and JSON with -j).
 
   ltp bench xdp [-j] [--packets N]   ns per packet: XDP DATA path vs a socket loop

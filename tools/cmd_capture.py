@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp capture`: LTP frames live at the NIC, or from a capture file; shown
 as lines or JSON, written as pcap or pcapng. The mechanism is dataplane/xdp's:
 capring.py (ltp_xdp's capture ring), capture.py (decoding, AF_PACKET), pcap.py.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp demo`: one tensor through the XDP program on a veth pair in namespaces.
 
 A worker namespace sends the tensor as LTP DATA chunks in random order; the

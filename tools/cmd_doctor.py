@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp doctor`: is this machine ready for LTP's dataplane? `--fix` repairs what it can."""
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp exporter`: serve the loaded LTP programs' counters and round
 statistics to Prometheus (dataplane/xdp/metrics.py reads the maps at each
 scrape; this module binds, serves and stops). See docs/operations.md.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp flows` and `ltp top`: per-worker counters of loaded LTP programs, once
 or live. Both read the pinned maps of what `ltp load` (or a running
 endpoint) left; see cmd_ops.py for load/unload/status and docs/operations.md.

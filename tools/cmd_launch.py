@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp launch`: torchrun for rigs. Runs one command per rank inside a rig's namespaces.
 
 Builds a rig (or uses the named one), hosts the rendezvous store on the PS

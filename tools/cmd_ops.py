@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Operator commands on pinned LTP programs, bpftool style: load, unload,
 status (this module); flows and top (cmd_flows.py); capture (cmd_capture.py).
 See docs/operations.md.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp paths`: ECMP path pinning on the leaf-spine rig. See docs/paths.md.
 
   ltp paths show [--name NAME] [-j]                flow -> spine, bytes per link, shared links

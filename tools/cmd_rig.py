@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp rig`: the network-namespace test rig (switch, PS, workers, TBF
 bottleneck, loss injector). See docs/rig.md. This module builds, shows, uses
 and removes rigs; the measurements on a rig (check, incast-tcp) are in

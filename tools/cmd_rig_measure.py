@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp rig check` and `ltp rig incast-tcp`: measurements on a rig (the
 achieved bottleneck rate and drop fraction; TCP incast round times).
 tools/cmd_rig.py registers them under `ltp rig` (see `register`)."""

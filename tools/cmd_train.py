@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp train`: parameter-server training on a netns rig, over LTP or a baseline.
 
 Builds a rig (every port shaped and lossy alike; native mode for LTP and

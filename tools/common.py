@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared plumbing for `ltp` subcommands: parsers, errors, exit codes, JSON output,
 plain tables (rich) and log lines.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The flags more than one `ltp` command takes, each defined once: its
 default, its help text and the check of its value.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the operator commands (load, unload, status in cmd_ops.py; flows, top
 in cmd_flows.py; capture in cmd_capture.py) share: their parser style, the
 OSError guard, the checks of DEV and --netns, and the job format."""

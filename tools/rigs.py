@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the `ltp rig` commands share: a rig config from their flags, the
 checks before building, finding the rig a command means, the rate format."""
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """LTP rounds on a rig: the PS in this process, one process per worker.
 
 Each worker process (control/bench/worker_proc.py) runs inside its host's network

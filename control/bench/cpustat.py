@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The machine's busy CPU time, from /proc/stat, for benchmarks' CPU figures.
 
 Busy is user + nice + system + irq + softirq over every CPU (guest time is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp bench incast`: LTP against TCP cubic and BBR and the line-rate limit.
 
 For each configuration one fresh rig is built. Every transport runs

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp bench paths`: two jobs pushing LTP rounds at once across a leaf-spine
 fabric, under plain ECMP and under pinned paths.
 

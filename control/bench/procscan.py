@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a process tree holds, read from outside: its processes (descendants
 by parent pid in /proc), each one's RSS, open fds and the BPF programs and
 maps its fds refer to (/proc/PID/fdinfo), and every BPF program and map on

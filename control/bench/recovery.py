@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A/B of the ACK clock's loss recovery on one rig, in alternating blocks.
 
 Arm `xdp`: the XDP program re-sends what it sent and finds lost (RACK over

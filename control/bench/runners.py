@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The transports of `ltp bench incast`, one runner each (`make_runners`).
 
 A runner runs a block of counted rounds (after its warm-up rounds) and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp bench soak`: run a training job for minutes and check that what it
 holds stays flat: memory, file descriptors, BPF objects, LTP records.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The figures and the verdict of `ltp bench soak` (soak.py runs it): per
 process start/end/max of RSS and fds, the job's and the machine's BPF and
 record counts, what grew or was left behind, notes that change no verdict,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`python -m ltpx.control.bench.startup`: `ltp train`'s time to its first round, with and
 without the fork server, in alternating runs.
 

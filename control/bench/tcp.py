@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """TCP incast on the rig: barrier-synchronised rounds in which every worker
 sends SIZE bytes over TCP to the parameter server.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A cluster worker: an LTP endpoint in its namespace, driven over stdin/stdout.
 
 Started by control/bench/cluster.py inside the worker's network namespace. Reads one

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp bench xdp`: cost per packet of the XDP DATA path against a socket loop.
 
 XDP side: the real ltp_xdp program run by BPF_PROG_TEST_RUN on DATA packets

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ltpx.torch: train your own PyTorch model over LTP, shaped like Horovod and BytePS.
 
 A stock DDP script needs one changed string instead (backend.py):

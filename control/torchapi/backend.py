@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The torch.distributed backend `ltp`: `dist.init_process_group("ltp")`.
 
 `import ltpx.torch` registers it. A stock DDP script then changes one

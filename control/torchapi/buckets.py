@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Gradient buckets: which parameters go up together, and copying gradients in and out.
 
 As DistributedDataParallel does, parameters are taken in reverse

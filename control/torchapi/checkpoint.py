@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Checkpoints for a job whose server may die: worker 0 writes them, every worker resumes from them.
 
 The server holds no model and no optimizer: what it keeps between steps

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """8-bit min-max compression of gradients (BAGUA's MinMaxUInt8), loss-tolerant per chunk.
 
 A float32 vector of n elements is cut into pieces of `per_chunk` elements

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Operations besides the optimizer's steps, each reliable end to end:
 `broadcast_parameters` (a root worker's tensors, bit for bit, to every worker),
 `allreduce` (the mean or sum of a tensor over the workers), and `digest`

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The job's coordination through the rendezvous store: metadata and barriers, never tensors.
 
 Keys (under ltpx/job/<TORCHELASTIC_RESTART_COUNT>/, so a restarted job never

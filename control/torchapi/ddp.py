@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDP's gradient buckets over LTP: the comm hook, and the tolerant all-reduce
 the `ltp` backend (backend.py) runs for DDP's reducer.
 

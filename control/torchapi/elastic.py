@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Workers that leave and come back: the state a rejoining worker takes, and who hands it over.
 
 A worker is out of the job when it was restarted (its process died; the

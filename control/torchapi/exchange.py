@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A worker's side of the op sequence (ops.py): get ready, meet at the op's
 barrier, push its pieces, take the server's answer.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a rank needs from the host it runs on: its device's addresses, and bpffs.
 
 bpffs: an LTP endpoint pins its program and maps under /sys/fs/bpf. `ip netns

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One rank's place in an ltpx.torch job, and the calls that set it up and end it.
 
 `init()` meets the other ranks through torch.distributed's env:// rendezvous

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The LTP links: an XDP endpoint per rank (links.py says what each call does).
 
 The server's endpoint has a slot per worker; its uplink rounds close by Early

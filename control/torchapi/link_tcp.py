@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The TCP links: the same server and workers over one TCP connection per worker
 (the baseline; links.py says what each call does).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the server and the workers exchange rounds through, whatever the transport.
 
 Two transports give the op loops (server.py, exchange.py) the same calls:

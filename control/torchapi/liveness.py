@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Who is alive: every rank beats a counter in the rendezvous store; the others watch it.
 
 A rank's `Beat` is a daemon thread with its own store connection (a

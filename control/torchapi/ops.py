@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The job's sequence of operations, the same on every rank: what each op
 sends, which LTP rounds it uses, and the report a step's answer carries.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`DistributedOptimizer`: any torch optimizer, its gradients aggregated over LTP.
 
 It wraps the user's optimizer (sharing its param_groups and state, so LR

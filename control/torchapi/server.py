@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The server rank: sums what arrives and answers, op after op, with no model of its own.
 
 For each op (ops.py) the server opens its uplink rounds (two at a time: a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`lt.init()`'s settings: each from its keyword, else its environment variable
 (what `ltp launch` sets, and what a torchrun user may export), else a default.
 

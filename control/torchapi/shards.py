@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Sharded servers (BytePS's split): S server ranks, each summing a slice of every piece.
 
 With `servers=S` (LTP_SERVERS) ranks 0..S-1 serve. Every piece of every op

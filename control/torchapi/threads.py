@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One daemon thread that runs calls in the order they are given.
 
 The optimizer's communication thread (a bucket is pushed while backward

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Parameter-server training over LTP, with TCP and gloo baselines: `ltp train`'s job.
 
 Modules, each with one job:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The training flags `ltp train` and one rank (`python -m ltpx.control.training`) share:
 declared once here, with one default each, checked and turned into a TrainConfig one way.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What to train and how: `TrainConfig`, the same on every rank, and its choices.
 
 Importing this module needs neither torch nor numpy, so the flag parsers that

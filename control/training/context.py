@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A gloo rank's place in the job (`RankContext`) and its metadata in the store (`Coord`).
 
 The parameter-server runs go through ltpx.torch, whose coordination is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Training curves of `ltp train`: TensorBoard scalars while a run goes, a PNG at the end.
 
 `ltp train` hands every event its lead worker prints (start, iter, eval;

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The built-in data set: scikit-learn's handwritten digits, split and sharded.
 
 1797 8x8 images (64 features, 0..16, scaled to 0..1), 10 classes. The file

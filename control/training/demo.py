@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The built-in job on the public API: `ltp train`'s LTP and TCP runs, a user of ltpx.torch.
 
 Every worker builds the MLP (control/training/model.py), takes worker 0's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fault injection and restart policies for jobs on a rig: `ltp train --kill
 ROLE:ID@ITER --restart`, `ltp launch --max-restarts N`.
 

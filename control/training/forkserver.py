@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A fork server for ranks: torch imported once, each rank a fork of it (the launcher's side).
 
 A rank started as a new interpreter spends 2-3 s of CPU before it does

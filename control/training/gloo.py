@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The gloo baseline: every rank a DistributedDataParallel worker, no parameter server.
 
 Backward all-reduces the gradients (their mean over the workers), so every

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Start every rank of a job inside a rig's namespaces and follow their output: torchrun for rigs.
 
 The rendezvous store is a TCPStore on the PS namespace's loopback (so

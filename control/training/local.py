@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A rank's local work, whatever the transport: compute steps, evaluation, the training clock,
 and the result fields every run reports.
 

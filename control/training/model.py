@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The built-in model: an MLP on the digits, its parameter count, digest and evaluation.
 
 Its gradients travel through ltpx.torch's DistributedOptimizer (control/

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp train`'s job on a rig: every rank of the built-in training started with
 launch.RigJob, the lead's JSON events followed, the others' output kept in logs.
 

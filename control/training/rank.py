@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One training rank: `python -m ltpx.control.training [flags]`.
 
 Ranks meet through torch.distributed's env:// conventions (RANK, WORLD_SIZE,

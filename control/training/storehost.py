@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`python -m ltpx.control.training.storehost TIMEOUT_S`: host a job's rendezvous store.
 
 A TCPStore server on 127.0.0.1 (an ephemeral port) of the network namespace

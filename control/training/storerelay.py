@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The job's store, reached as 127.0.0.1:PORT from every namespace of a rig.
 
 The store listens on the PS namespace's loopback, so coordination never

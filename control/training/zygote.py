@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fork server's process: import once, then fork one child per rank (see forkserver.py).
 
 `python -m ltpx.control.training.zygote FD OWNER MODULES`: FD is its end of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The LTP transport: move one round's float32 buffers between hosts,
 tolerating loss, over the XDP dataplane.
 

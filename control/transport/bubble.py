@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Bubble Filling: give every missing chunk a value so the aggregate stays sound.
 
 Strategies (per chunk c of worker w that did not arrive):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ACK-clocked sender (`Endpoint(sender="xdp")`, docs/transport.md).
 
 Python hands the round's payload and send order to the XDP program

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Early Close: when a parameter server stops waiting for a round.
 
 The rule (docs/transport.md has the reasoning). Each worker's flow is judged

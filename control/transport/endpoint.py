@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The LTP transport: an endpoint per host, pushing and receiving rounds.
 
 An `Endpoint` owns one ltp_xdp program attached to the host's device (in its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How a float32 buffer is cut into chunks: whole elements, fixed size.
 
 Every chunk but the last holds exactly chunk_bytes; the last holds the rest.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a sender sends next: chunks found lost (RACK-style) first, then a
 pass's runs of unacknowledged chunks, a GSO batch at a time; and to whom a
 re-send pass may go at all (`Backoff`: a silent target gets ever rarer,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Rate control: the receiver advertises each active sender's share.
 
 Scheme (docs/transport.md): the parameter server knows the capacity C of its

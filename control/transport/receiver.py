@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Receiving rounds: open a round's bank, watch its progress until Early
 Close shuts it, then collect what arrived, Bubble-Filled, as a RoundResult."""
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the transport hands back: the peers it is given, and the reports of
 its pushes (`PushReport`) and of the rounds it receives (`RoundResult`)."""
 from __future__ import annotations

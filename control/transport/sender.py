@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Sending a round: a `Push` plans one round's packets to one or more targets
 and sends them, paced, re-sending what is lost while the receivers want it."""
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Round tokens: what stops a host off the path from forging a job's packets.
 
 A job has one secret (SECRET_BYTES random bytes: `new_secret`, made once by

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one ctypes binding of the C libraries LTP calls: libbpf, libc, libbcc.
 
 libbpf.so.1 gives the BPF syscalls on file descriptors (pins, kernel ids,

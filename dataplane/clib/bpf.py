@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The BPF syscalls on file descriptors, through libbpf: pins, kernel ids,
 object info, map elements, BPF_PROG_TEST_RUN, loading raw instructions,
 links; and what the compile cache reads of a compiled bcc module."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The C libraries opened once per process, with the signatures of every
 function LTP calls: libbpf.so.1, bcc's libbcc.so.0 (opened a second time with
 its own signatures) and libc; the option structs those calls take; and the

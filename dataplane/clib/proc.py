@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """libc calls on this process: setns(2) and prctl(2) (timer slack, thread
 name, parent-death signal, /proc/self/cmdline and environ)."""
 from __future__ import annotations

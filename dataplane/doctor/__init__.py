@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`ltp doctor`: can this machine run LTP's dataplane, and the fixes for what
 is missing. It sits above both `xdp` (it loads the program) and `rig` (the
 ACK-clock check builds a veth pair of its own).

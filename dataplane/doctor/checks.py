@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Checks that this machine can run LTP's dataplane, and the fixes for what is missing.
 
 Each check returns (ok, detail, fix). `fix()` applies the repairs a program

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Can a device run the ACK clock? (`ltp doctor`, docs/transport.md)
 
 The clock grows each ACK the receiver sent with XDP_TX back into a DATA

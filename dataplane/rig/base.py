@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the star rig (star.py) and the leaf-spine rig (leafspine.py) share:
 the config's name and TBF fields and their checks (`ShapedConfig`), the end
 host record (`Host`), RigError, the root check, and the lifecycle in

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The rigs' BPF plumbing: compile a tc program (xdp.loader), pin programs
 and maps, open pins, read and write map elements (dataplane.clib), put
 XDP_PASS on ports. Every failure here is a RigError whose message names the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The leaf-spine rig: leaf and spine routers in namespaces, jobs' hosts on the
 leaves, every leaf-spine link shaped alike, per-link BPF counters and per-host
 path pinning (pathpin.py, bpf/path_pin.c). This module builds, uses and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The leaf-spine rig on paper: its config (`LeafSpineConfig`), its hosts
 (`LsHost`) and links (`Link`) with every name and address (`plan`), the
 names of its namespaces, and where its state file and pins live. Pure:

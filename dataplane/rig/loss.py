@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The star rig's loss injector (bpf/loss_tc.c): a tc program on egress of
 switch ports that drops IPv4 UDP/TCP packets with a probability read from
 its map `loss_cfg` on every packet (so a new value acts at once), and counts

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The rigs' netlink plumbing (pyroute2): an IPRoute inside a namespace,
 sysctls, bridges, veths, addresses, static neighbours, TBF, and tc programs
 on egress. Both rigs build from these pieces; nothing here knows a rig's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The smallest rig: two namespaces joined by one veth pair.
 
 Used by `ltp demo`, `ltp bench xdp` and the namespace tests. Addresses come

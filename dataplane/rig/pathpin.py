@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The leaf-spine rig's BPF programs (bpf/path_pin.c) and their maps.
 
 `link_count` on egress of every leaf uplink and spine downlink counts bytes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Signals while a rig is built or removed: SIGINT and SIGTERM wait until
 removal is done (`deferred_signals`), and SIGTERM unwinds the stack like
 Ctrl-C does (`sigterm_as_exit`) so `finally` blocks and `with` exits remove

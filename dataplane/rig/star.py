@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The star rig: a software switch in one network namespace, a parameter
 server and N workers in namespaces of their own, a TBF bottleneck toward the
 PS and a tc BPF loss injector (loss.py, bpf/loss_tc.c). This module builds,

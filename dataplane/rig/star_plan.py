@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The star rig on paper: its config (`RigConfig`), its hosts and their
 addresses (`plan_hosts`), the names of its namespaces, and where its state
 file and pins live. Pure: nothing here needs root or touches the machine

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Removing a rig, complete or half-built: what LTP programs left in its
 namespaces (records, and the pins of programs `ltp load` loaded there), its
 namespaces (their veths, qdiscs, tc filters and XDP programs go with them),

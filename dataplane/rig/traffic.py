@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Traffic through a rig, to check it: blast UDP from workers to the PS and
 measure the bottleneck rate and the injected loss (`measure_rate`, `ltp rig
 check`), or send one datagram to see whether a path works (`reachable`)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The compile cache: each BPF program compiled once per machine, reused by every process.
 
 A key is the sha256 of everything the compiled bytes depend on: the source

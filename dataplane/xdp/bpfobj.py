@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A compiled bcc module kept as bytes, and loaded again without a compiler.
 
 bcc compiles C in four steps: it rewrites bcc's syntax (`map.lookup(&k)`

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Capture at the NIC: switch ltp_xdp's capture on and off, and drain its ring.
 
 While ltp_capcfg holds a lease in the future, bpf/ltp_xdp.c copies each LTP

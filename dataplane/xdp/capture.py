@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Decode LTP frames with struct (no per-packet dissection), and the AF_PACKET
 capture that serves where the device's XDP program is not ours.
 

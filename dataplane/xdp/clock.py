@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ACK clock's send side in the maps (bpf/ltp_maps.h: ltp_sendbuf,
 ltp_sendorder and the clock fields of ltp_tx).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-flow counters of a loaded ltp_xdp program, read from its pinned maps.
 
 One row per peer slot (a worker on a PS; the host's own id on a worker):

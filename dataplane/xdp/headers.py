@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Constants read from the BPF C headers, so each has one definition.
 
 bpf/ltp_wire.h holds the wire format's #defines (magic, port, types, flags),

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Compile, attach, detach and pin the LTP XDP program (and its helpers).
 
 Compiling goes through the compile cache (bpfcache): a program is compiled

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the kernel says about a loaded ltp_xdp program: the ids, names and
 sizes of its objects (opened by pin or by kernel id), the XDP program a
 device carries now, and the BPF link that holds it there.

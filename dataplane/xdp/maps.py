@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Typed views of the LTP maps (bpf/ltp_maps.h), from bcc or from pins.
 
 The value structs live in mapstructs.py (re-exported here); tests/test_wire.py

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The value structs of the LTP maps (bpf/ltp_maps.h) as ctypes and numpy
 dtypes, the compiled-in geometry, and array maps by fd.
 

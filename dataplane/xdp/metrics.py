@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Prometheus metrics of the loaded LTP programs, read from their maps at scrape time.
 
 `LtpCollector` is a prometheus_client collector: each scrape lists what

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pcap and pcapng files, read and written with struct (no per-packet dissection).
 
 Reading yields `Frame`s (kernel time in ns, captured bytes, length on the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where loaded programs are described: the record files and the pin folders.
 
 Every attached ltp_xdp program has a record /run/ltp/xdp/<netns or

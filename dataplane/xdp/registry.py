@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What is attached where on this machine: loaded ltp_xdp programs, their
 owners, records and pins.
 

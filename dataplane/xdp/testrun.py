@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """BPF_PROG_TEST_RUN for XDP programs, through libbpf's bpf_prog_test_run_opts.
 
 Runs a loaded program on one packet in the kernel without attaching it and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Python mirror of bpf/ltp_wire.h: the LTP header as ctypes and as a scapy layer.
 
 This file must agree with bpf/ltp_wire.h; tests/test_wire.py compares the

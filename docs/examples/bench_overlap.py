@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Benchmark: does pushing gradient buckets during backward pay? big_model.py on a rig,
 iterations/s with overlap (4 MB buckets, each pushed as backward produces it)
 against one bucket pushed in step(), the runs alternating.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A 4.2M-parameter MLP on a generated task, trained over LTP with ltpx.torch in several buckets.
 
     sudo ltp launch --workers 4 -- python docs/examples/big_model.py

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A stock DistributedDataParallel script; its one LTP line is the backend string.
 
     sudo ltp launch --workers 4 -- python docs/examples/ddp_backend.py

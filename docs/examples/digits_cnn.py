@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A small CNN on scikit-learn's handwritten digits, trained over LTP with ltpx.torch.
 
     sudo ltp launch --workers 4 -- python docs/examples/digits_cnn.py

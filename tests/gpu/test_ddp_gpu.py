@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDP over the `ltp` backend with CUDA tensors: the one prepared GPU check.
 
     .venv/bin/python tests/gpu/test_ddp_gpu.py        (prints JSON; exit 1 on a failure)

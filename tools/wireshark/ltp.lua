@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- Wireshark / tshark dissector for LTP, the loss-tolerant gradient transport
 -- of the ltpx project (not RFC 5326's "ltp", which Wireshark has built in).
 --

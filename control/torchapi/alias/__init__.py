@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A folder on the `ltpx` package's search path, holding only the `torch` package.
 
 The root __init__.py appends this folder to `ltpx.__path__`, so `import
