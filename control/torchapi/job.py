@@ -27,15 +27,23 @@ import sys
 import threading
 from datetime import timedelta
 
+import torch.distributed as dist
+
+from ...dataplane import netns
 from ...errors import UsageError
 from .coord import Coord
+from .exchange import Exchange
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs
+from .link_ltp import LtpServerLink, LtpWorkerLink
+from .link_tcp import TcpServerLink, TcpWorkerLink
+from .server import run_server
 from .settings import Settings
+from .shards import start_sharded
 
 log = logging.getLogger("ltpx.torch")   # the API's logger; modules log under it
 
-_job: "Job | None" = None
-_ended: "Job | None" = None     # the last job shut down here: rank() and size() still answer
+_job: Job | None = None
+_ended: Job | None = None     # the last job shut down here: rank() and size() still answer
 
 
 class Job:
@@ -68,7 +76,6 @@ class Job:
         self.is_server = self.global_rank < s.servers
         self.rank = None if self.is_server else self.global_rank - s.servers
         if s.servers > 1:   # sharded servers: shards.py sets up coord, links, exchange
-            from .shards import start_sharded
             start_sharded(self)
             return
         self.coord = Coord(self.store, self.workers, s.timeout)
@@ -84,20 +91,17 @@ class Job:
             self.link.connect({w: metas[s.servers + w] for w in range(self.workers)})
         else:
             self.link.connect(metas[0])
-            from .exchange import Exchange
             self.exchange = Exchange(self.link, self.coord, self.rank, self.workers)
 
     def make_link(self):
         s = self.s
         if s.transport == "tcp":
-            from .link_tcp import TcpServerLink, TcpWorkerLink
             if self.is_server:
                 if not s.ip:
                     raise UsageError("init(): the TCP server needs its address: dev= or ip= "
                                      "(LTP_DEV / LTP_IP)")
                 return TcpServerLink(s, self.workers)
             return TcpWorkerLink(s, self.rank, self.workers)
-        from .link_ltp import LtpServerLink, LtpWorkerLink
         if self.is_server:
             self.group = s.group or dev_broadcast(s.dev)
             if self.group is None:
@@ -136,8 +140,6 @@ def rendezvous(store_netns: str | None, timeout_s: float, place: tuple[int, int]
     first: `place` where given (the `ltp` backend's), else LTP_RANK and
     LTP_WORLD_SIZE where a launcher set them (then RANK and WORLD_SIZE count
     the trainers only, as torchrun's do), else RANK and WORLD_SIZE."""
-    import torch.distributed as dist
-    from ...dataplane import netns
     if place is None and os.environ.get("LTP_RANK"):
         if not os.environ.get("LTP_WORLD_SIZE"):
             raise UsageError("init(): LTP_RANK is set but LTP_WORLD_SIZE is not: a launcher "
@@ -174,7 +176,7 @@ def waiting_note(timeout_s: float, after_s: float = 5.0):
         done.set()
 
 
-def joined() -> "Job | None":
+def joined() -> Job | None:
     """The job of this process, or None before init()."""
     return _job
 
@@ -214,7 +216,6 @@ def init(*, serve: bool = True, place: tuple[int, int] | None = None, **options)
 
 def serve_here() -> int:
     """Run this server rank's loop until the job ends; its exit code."""
-    from .server import run_server
     job = current()
     if not job.is_server:
         raise UsageError("ltpx.torch: serve() runs on server ranks only (is_server())")

@@ -116,7 +116,7 @@ class TrainConfig:
         return json.dumps(d)
 
     @classmethod
-    def from_json(cls, s: str) -> "TrainConfig":
+    def from_json(cls, s: str) -> TrainConfig:
         d = json.loads(s)
         d["hidden"] = tuple(d["hidden"])
         d["straggler"] = {int(k): float(v) for k, v in d.get("straggler", {}).items()}

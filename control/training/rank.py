@@ -36,10 +36,13 @@ import sys
 import traceback
 from datetime import timedelta
 
+from ...dataplane import netns
 from ...errors import LtpError
 from ..settings_table import RANK, TABLE, TRAIN, add_flag
+from ..transport.early_close import EarlyCloseConfig
 from .args import add_train_flags, config_from_args
 from .config import TrainConfig
+from .context import RankContext
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +78,6 @@ def checked_config(a: argparse.Namespace) -> tuple[TrainConfig, dict]:
     else:
         cfg = config_from_args(a)
     early_close = json.loads(a.early_close) if a.early_close else {}
-    from ..transport.early_close import EarlyCloseConfig
     if a.deadline_min is not None:
         early_close.setdefault("min_deadline_s", a.deadline_min)
     EarlyCloseConfig(**early_close)
@@ -85,8 +87,8 @@ def checked_config(a: argparse.Namespace) -> tuple[TrainConfig, dict]:
 def run_api(a: argparse.Namespace, cfg: TrainConfig, early_close: dict) -> dict:
     """--transport ltp|tcp: join the job through ltpx.torch (a server rank serves
     there and exits), then run the built-in job as one of its workers."""
-    from ..torchapi import init
-    from .demo import run_demo
+    from ..torchapi import init  # noqa: PLC0415 (imports torch: see run_gloo_rank)
+    from .demo import run_demo  # noqa: PLC0415 (imports torch)
     init(**ltp_options(a, cfg))
     return run_demo(cfg, early_close, emit)
 
@@ -106,10 +108,8 @@ def run_gloo_rank(a: argparse.Namespace, cfg: TrainConfig) -> dict:
     """--transport gloo: the DDP baseline, every rank a worker (gloo.py);
     --transport ddp-ltp: the same DDP job over the `ltp` backend, after this
     rank joined the LTP job (a server rank serves there and exits)."""
-    import torch.distributed as dist
-    from ...dataplane import netns
-    from .context import RankContext
-    from .gloo import run_gloo
+    import torch.distributed as dist  # noqa: PLC0415 (torch after main() set TORCH_CPP_LOG_LEVEL; --help without it)
+    from .gloo import run_gloo  # noqa: PLC0415 (imports torch: see above)
     timeout = a.timeout or TABLE["timeout"].default
     dev = a.dev or os.environ.get("LTP_DEV")
     with netns.inside(a.store_netns or os.environ.get("LTP_STORE_NETNS")):
@@ -117,7 +117,7 @@ def run_gloo_rank(a: argparse.Namespace, cfg: TrainConfig) -> dict:
     if dev:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", dev)
     if cfg.transport == "ddp-ltp":
-        from ..torchapi.job import init
+        from ..torchapi.job import init  # noqa: PLC0415 (imports torch)
         init(**ltp_options(a, cfg))
     ctx = RankContext(rank=rank, world=world, store=store, cfg=cfg, dev=dev,
                       timeout_s=timeout, emit=emit)
@@ -137,7 +137,7 @@ def emit(obj: dict) -> None:
 def _abandon() -> None:
     """A failing rank exits at once: no shutdown barrier at exit (ltpx.torch's
     goodbye would wait for a server that may be gone or going)."""
-    from ..torchapi.job import abandon
+    from ..torchapi.job import abandon  # noqa: PLC0415 (imports torch)
     abandon()
 
 
