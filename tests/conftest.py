@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["costmarks"]     # every test carries unit, root or rig
+
 
 def _why_not_bpf() -> str | None:
     if os.geteuid() != 0:

@@ -10,6 +10,7 @@ from ltpx.control.transport.loss import (DEAD_AFTER, PROBE_BUDGET, RTO_MIN, Back
                                          pass_runs)
 
 
+@pytest.mark.unit
 def test_pass_runs_limits_cap_a_target_and_zero_skips_it():
     order = list(range(20))
     runs = pass_runs(order, [0, 0, 0], [False] * 3, [3, None, 0])
@@ -45,6 +46,7 @@ def _dead_push(nchunks: int, timeout: float, pass_s: float = 0.002):
         t += pass_s
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("nchunks", [1, 2, 16, 57, 737])
 @pytest.mark.parametrize("timeout", [0.5, 10.0, 60.0])
 def test_a_dead_peer_gets_at_most_three_passes_and_is_named(nchunks, timeout):
@@ -53,6 +55,7 @@ def test_a_dead_peer_gets_at_most_three_passes_and_is_named(nchunks, timeout):
     assert dead and sends >= DEAD_AFTER
 
 
+@pytest.mark.unit
 def test_probes_back_off_exponentially_and_an_answer_resets_them():
     bo = Backoff(2, 160, 0.0)
     done, closed = [False, False], [False, False]

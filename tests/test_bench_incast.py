@@ -52,6 +52,7 @@ def check_cpu_and_goodput(res: dict, wall_s: float) -> None:
             assert q["goodput"] == pytest.approx(ra["goodput_bps"] / rb["goodput_bps"])
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_small_incast_bench_gives_documented_json_and_a_plot(tmp_path):
     png = tmp_path / "incast.png"
@@ -73,6 +74,7 @@ def test_small_incast_bench_gives_documented_json_and_a_plot(tmp_path):
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_one_worker_is_a_single_flow_measurement():
     """--workers 1: one flow, uncongested; every figure of both transports is there."""
@@ -89,6 +91,7 @@ def test_one_worker_is_a_single_flow_measurement():
     check_cpu_and_goodput(res, wall)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_both_senders_and_cubic_take_turns_in_one_run():
     """--transports ltp-xdp,ltp-socket,tcp-cubic: blocks alternate in that
@@ -112,6 +115,7 @@ def test_both_senders_and_cubic_take_turns_in_one_run():
     check_cpu_and_goodput(res, wall)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_a_knob_makes_its_own_variant_in_the_same_run():
     """ltp-xdp:credit=1 and ltp-xdp take turns on one rig, each with its own
@@ -130,6 +134,7 @@ def test_a_knob_makes_its_own_variant_in_the_same_run():
     check_cpu_and_goodput(res, wall)
 
 
+@pytest.mark.rig
 def test_bad_flags_are_usage_errors():
     for argv, word in ((["--sender", "xdp,socket"], "--transports ltp-xdp,ltp-socket"),
                        (["--sender", "xdp", "--transports", "ltp-xdp,tcp-cubic"], "ltp only"),

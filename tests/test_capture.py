@@ -48,6 +48,7 @@ def _frames():
 
 # --------------------------------------------------------------------------- files
 
+@pytest.mark.unit
 @pytest.mark.parametrize("suffix", [".pcap", ".pcapng"])
 def test_files_keep_time_bytes_direction_and_comment(tmp_path, suffix):
     path = str(tmp_path / f"x{suffix}")
@@ -67,6 +68,7 @@ def test_files_keep_time_bytes_direction_and_comment(tmp_path, suffix):
         assert [g.comment for g in got] == [None, "ltp_xdp verdict XDP_TX", None]
 
 
+@pytest.mark.unit
 def test_scapy_written_files_read_the_same(tmp_path):
     from scapy.layers.l2 import Ether
     from scapy.utils import PcapNgWriter, wrpcap
@@ -84,6 +86,7 @@ def test_scapy_written_files_read_the_same(tmp_path):
                                                   for i in range(3)]
 
 
+@pytest.mark.root
 def test_bad_files_are_one_line_errors(tmp_path):
     junk = tmp_path / "junk.pcap"
     junk.write_bytes(b"not a capture file at all")
@@ -93,6 +96,7 @@ def test_bad_files_are_one_line_errors(tmp_path):
         assert word in json.loads(ltp("capture", "-r", path, "-j", rc=1).stdout)["error"]
 
 
+@pytest.mark.root
 def test_read_filters_and_json_summary(tmp_path):
     path = tmp_path / "x.pcapng"
     w = pcap.Writer(str(path))
@@ -112,6 +116,7 @@ def test_read_filters_and_json_summary(tmp_path):
         ltp("capture", "-r", path, "--round", "1").stderr
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("argv,word", [
     (["-r", "x.pcap", "--snaplen", "10"], "--snaplen"),
     (["-r", "x.pcap", "--duration", "3"], "--duration"),
@@ -129,6 +134,7 @@ def test_bad_flags_are_usage_errors(argv, word):
 
 # --------------------------------------------------------------------------- the ring
 
+@pytest.mark.root
 @requires_bpf
 def test_ring_structs_agree_with_the_c(small_geometry):
     from ltpx.dataplane.xdp import capring
@@ -179,6 +185,7 @@ def _ingress(maps) -> int:
     return sum(v for k, v in maps.counters().items() if k not in NOT_INGRESS)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_capture_during_rounds_gets_every_frame_in_order(cluster, tmp_path):
     """The goal of issue 18 on a small rig: during incast rounds, the ring
@@ -217,6 +224,7 @@ def test_capture_during_rounds_gets_every_frame_in_order(cluster, tmp_path):
     assert all(len(f.data) == min(f.wire_len, most) for f in frames)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_filters_snaplen_tx_and_one_capture_per_program(cluster, tmp_path):
     rig, path = cluster.rig, tmp_path / "w1.pcap"
@@ -246,6 +254,7 @@ def test_filters_snaplen_tx_and_one_capture_per_program(cluster, tmp_path):
     assert ltp("capture", rig.ps.ifname, "--netns", rig.ps.netns, "--duration", "0.2").stderr
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_socket_fallback_where_the_program_is_not_ours(cluster):
     """The switch's port toward the PS carries the rig's xdp_pass, not
@@ -276,6 +285,7 @@ def test_socket_fallback_where_the_program_is_not_ours(cluster):
 TSHARK = shutil.which("tshark")
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(TSHARK is None, reason="needs tshark (scripts/setup.sh installs it)")
 def test_tshark_decodes_every_field_of_data_and_ack(tmp_path):
     path = str(tmp_path / "ltp.pcap")
@@ -311,6 +321,7 @@ def test_tshark_decodes_every_field_of_data_and_ack(tmp_path):
     assert "Receiver state: closed (2)" in detail
 
 
+@pytest.mark.unit
 def test_dissector_fields_follow_the_header_description():
     """The .lua names every LtpHdr field, in order, with its size, and every
     flag, type and state of the C header with its value."""

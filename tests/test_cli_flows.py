@@ -47,6 +47,7 @@ def _pcap_packets():
     return [data, ack, other, short]
 
 
+@pytest.mark.root
 def test_capture_reads_a_pcap(tmp_path):
     from scapy.utils import wrpcap
     f = tmp_path / "ltp.pcap"
@@ -81,6 +82,7 @@ def test_capture_reads_a_pcap(tmp_path):
 rig, loaded = rig_fixtures(RIG)
 
 
+@pytest.mark.root
 @requires_bpf
 def test_round_stats_struct_matches_the_c_definition(small_geometry):
     import ctypes
@@ -187,6 +189,7 @@ def _send_one_of_each(rig, maps, socks, r: int, got: int) -> None:
     _acks(socks[1], idle=0.05)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_flows_count_what_was_sent_and_delivered(rig, loaded, socks):
     from ltpx.dataplane.xdp.loader import Geometry
@@ -244,6 +247,7 @@ def _check_rows(snap: dict, delivered: list[int], nbytes: list[int], dup_bytes: 
         assert f["loss"] == pytest.approx((NCH - delivered[w]) / NCH)
         assert f["loss_last"] == f["loss"]
 
+@pytest.mark.rig
 @requires_bpf
 def test_capture_live_on_both_sides(rig, loaded, socks):
     """On a worker (no ltp_xdp there) an AF_PACKET socket sees its DATA leave
@@ -294,6 +298,7 @@ def test_capture_live_on_both_sides(rig, loaded, socks):
         assert summary["dropped"] == 0 and summary["packets"] in (2, 4)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_top_runs_under_a_terminal_and_quits_on_q(rig, loaded):
     pid, fd = pty.fork()
@@ -343,6 +348,7 @@ def test_top_runs_under_a_terminal_and_quits_on_q(rig, loaded):
     assert re.search(r"prog \d+ \((native|skb)\)", batch), batch   # phrases kept whole
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_top_json_prints_one_snapshot_per_interval(rig, loaded):
     from ltpx.dataplane.xdp.flows import RATE_FIELDS
@@ -359,6 +365,7 @@ def test_top_json_prints_one_snapshot_per_interval(rig, loaded):
             assert set(f["rates"]) == set(RATE_FIELDS) and f["rates"]["packets"] == 0
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_top_on_a_device_without_a_program_exits_1(rig, loaded):
     err = json.loads(ltp("top", "eth9", "-c", "1", "-j", rc=1, timeout=20).stdout)

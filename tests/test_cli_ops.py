@@ -25,6 +25,7 @@ requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
 # --------------------------------------------------------------------------- no rig needed
 
+@pytest.mark.root
 @pytest.mark.parametrize("argv,needle", [
     (["load", "bad/dev", "--role", "ps", "--workers", "2"], "not a device name"),
     (["load", "a-very-long-device-name", "--role", "ps", "--workers", "2"], "not a device name"),
@@ -51,11 +52,13 @@ def test_usage_errors_exit_2_with_json_errors(argv, needle):
     assert needle in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.root
 def test_version_is_the_package_version():
     import ltpx
     assert ltp("--version").stdout == f"ltp {ltpx.__version__}\n"
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("cmd", ["status", "flows", "top", "exporter"])
 def test_a_namespace_that_does_not_exist_exits_1(cmd):
     argv = [cmd, "--netns", f"ltp-{RIG}-nosuchns"] + (["-c", "1"] if cmd == "top" else [])
@@ -65,6 +68,7 @@ def test_a_namespace_that_does_not_exist_exits_1(cmd):
     assert "no network namespace" in ltp(*argv, rc=1).stderr
 
 
+@pytest.mark.unit
 def test_status_table_fits_80_columns_and_keeps_every_column():
     """Long names give way (ending in "…"); the other columns keep their width."""
     import io
@@ -90,6 +94,7 @@ def test_status_table_fits_80_columns_and_keeps_every_column():
                                 f"3/{len(MAP_NAMES)}", "no", "netns"]     # no markup read
 
 
+@pytest.mark.root
 @requires_root
 def test_missing_bcc_names_the_fix(tmp_path):
     fake = tmp_path / "bcc"
@@ -106,6 +111,7 @@ def test_missing_bcc_names_the_fix(tmp_path):
 rig, loaded = rig_fixtures(RIG)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_load_then_status_lists_exactly_it(rig, loaded):
     from ltpx.dataplane.xdp import registry
@@ -134,6 +140,7 @@ def test_load_then_status_lists_exactly_it(rig, loaded):
                             "0x17", str(len(MAP_NAMES)), "ok"]
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_second_load_and_bad_devices_are_refused(rig, loaded):
     from ltpx.dataplane.xdp import registry
@@ -153,6 +160,7 @@ def test_second_load_and_bad_devices_are_refused(rig, loaded):
     assert not os.path.exists(registry.pin_dir("nosuchdev", rig.ps.netns))
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_force_replaces_and_unload_all_leaves_nothing(rig, loaded):
     from ltpx.dataplane.xdp import registry
@@ -186,6 +194,7 @@ def test_force_replaces_and_unload_all_leaves_nothing(rig, loaded):
     assert "nothing to unload" in ltp("unload", "--all", "--netns", rig.ps.netns).stdout
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_unload_removes_a_record_whose_namespace_is_gone(rig):
     from pyroute2 import IPRoute

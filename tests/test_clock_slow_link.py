@@ -39,6 +39,7 @@ def cluster(request):
         yield cl
 
 
+@pytest.mark.rig
 def test_a_slow_link_is_clocked_without_spurious_resends(cluster):
     from ltpx.control.bench.cluster import worker_tensor
     cl = cluster

@@ -48,6 +48,7 @@ def data_packet(chunk: int = 1) -> bytes:
                  Raw(body))
 
 
+@pytest.mark.root
 def test_second_load_is_a_hit_whose_program_acks_a_real_packet(cache):
     from ltpx.dataplane.xdp import wire as W
     from ltpx.dataplane.xdp.loader import Dataplane, Geometry
@@ -81,6 +82,7 @@ def shape(t):
     return (ctypes.sizeof(t), [(f[0], shape(f[1])) for f in getattr(t, "_fields_", [])])
 
 
+@pytest.mark.root
 def test_cached_tables_have_bcc_s_ctypes(cache):
     """Key, Leaf and (per-CPU) sLeaf of a cached load equal those of bcc's own compile."""
     import bcc
@@ -148,6 +150,7 @@ def runs(obj, fn) -> tuple[int, int]:
     return res.verdict, v.value
 
 
+@pytest.mark.root
 def test_changed_source_header_or_flags_is_a_miss(cache, src):
     from ltpx.dataplane.xdp.testrun import XDP_DROP, XDP_PASS
     before = counts()
@@ -192,6 +195,7 @@ def _writable_by_all(p):
     p.chmod(0o666)
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("spoil", [_truncate, _flip, _bad_instructions, _owned_by_nobody,
                                    _writable_by_all])
 def test_a_corrupt_entry_is_compiled_again(cache, src, spoil, caplog):
@@ -224,6 +228,7 @@ with Dataplane(Geometry(slots=3, max_chunks=192), job=5) as dp:
 """
 
 
+@pytest.mark.root
 def test_concurrent_first_compiles_make_one_compile_and_hits(cache):
     from ltpx.dataplane.xdp.testrun import XDP_PASS
     env = {**os.environ, "LTPX_CACHE_DIR": str(cache)}
@@ -263,6 +268,7 @@ def _writable_by_others(tmp_path):
     return d
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("folder", [_parent_is_a_file, _writable_by_others])
 def test_an_unusable_folder_means_compiling_with_a_note(tmp_path, monkeypatch, caplog, folder):
     from ltpx.dataplane.xdp.loader import compile_program
@@ -281,6 +287,7 @@ def test_an_unusable_folder_means_compiling_with_a_note(tmp_path, monkeypatch, c
     assert not d.exists() or not list(d.glob("*.bpfo"))
 
 
+@pytest.mark.root
 def test_doctor_reports_the_cache(cache, src):
     from ltpx.dataplane.doctor import checks as doctor
     runs(*load(src))
@@ -291,6 +298,7 @@ def test_doctor_reports_the_cache(cache, src):
     assert "1 hits" in check.detail and "1 misses" in check.detail
 
 
+@pytest.mark.root
 def test_a_dataplane_whose_setup_fails_closes_its_program_and_maps(cache):
     import gc
     from ltpx.dataplane.xdp.loader import Dataplane, Geometry
@@ -306,6 +314,7 @@ def test_a_dataplane_whose_setup_fails_closes_its_program_and_maps(cache):
     assert len(os.listdir("/proc/self/fd")) == before
 
 
+@pytest.mark.root
 def test_the_doctor_makes_no_cache_folder(tmp_path, monkeypatch):
     from ltpx.dataplane.doctor import checks as doctor
     d = tmp_path / "not" / "yet"

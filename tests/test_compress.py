@@ -44,6 +44,7 @@ def chunk_scales(words: np.ndarray, n: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------- the codec
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n", [1, 3, Q, Q + 1, 10_000])
 @pytest.mark.parametrize("scale, shift", [(1.0, 0.0), (1e-6, 0.0), (1e4, 3e4), (1.0, -7.0)])
 def test_every_element_is_within_half_a_step(n, scale, shift):
@@ -57,6 +58,7 @@ def test_every_element_is_within_half_a_step(n, scale, shift):
     assert len(words) == MinMaxUInt8(CB).words(n) and len(words) * 4 < n + 8 * (n // Q + 1) + 4
 
 
+@pytest.mark.unit
 def test_constant_chunks_and_zeros_decode_exactly():
     x = np.full(3 * Q + 10, 0.3, dtype=np.float32)
     x[Q:2 * Q] = 0.0                              # a constant chunk of zeros
@@ -68,6 +70,7 @@ def test_constant_chunks_and_zeros_decode_exactly():
     assert np.array_equal(dec[3 * Q:], x[3 * Q:])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_a_non_finite_element_makes_its_own_chunk_nan_and_nothing_else(bad):
     x = np.random.default_rng(1).standard_normal(3 * Q).astype(np.float32)
@@ -78,6 +81,7 @@ def test_a_non_finite_element_makes_its_own_chunk_nan_and_nothing_else(bad):
     assert np.all(res[Q:2 * Q] == 0.0)            # error feedback carries nothing of it
 
 
+@pytest.mark.unit
 def test_a_quarter_of_the_bytes_and_pieces_fill_whole_chunks():
     c = MinMaxUInt8(CB)
     n = 234_122                                   # the built-in job's gradient
@@ -88,6 +92,7 @@ def test_a_quarter_of_the_bytes_and_pieces_fill_whole_chunks():
     assert make_codec("none", CB) is None
 
 
+@pytest.mark.unit
 def test_server_and_worker_codecs_agree_on_the_wire():
     """A worker's piece, the server's decode, the answer with a raw tail and
     the worker's decode of it (error feedback on both sides)."""
@@ -109,6 +114,7 @@ def test_server_and_worker_codecs_agree_on_the_wire():
     assert np.array_equal(srv.answer(answer), answer)   # no compressed round before it
 
 
+@pytest.mark.unit
 def test_bad_settings_are_refused_by_name(monkeypatch):
     with pytest.raises(UsageError, match="compress"):
         Settings.resolve({"compress": "int4"})
@@ -127,6 +133,8 @@ def test_bad_settings_are_refused_by_name(monkeypatch):
 
 # --------------------------------------------------------------------------- a job over TCP
 
+@pytest.mark.root
+@pytest.mark.slow
 def test_compressed_tcp_job_keeps_replicas_identical_and_unused_gradients_zero(monkeypatch):
     from test_torch_api import run_local_job
     monkeypatch.setenv("LTP_COMPRESS", "uint8")
@@ -152,6 +160,7 @@ def rig():
     yield from star_rig(name=RIG, workers=2, buffer_bytes=2_000_000)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_a_lost_chunk_changes_only_its_own_slice(rig):
     """Two workers' compressed pieces sent as DATA to the server's real XDP
@@ -205,6 +214,7 @@ def test_a_lost_chunk_changes_only_its_own_slice(rig):
     assert list(g.filled) == [1, 0]
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_ltp_train_compressed_reaches_its_target_with_identical_replicas(tmp_path):
     """`ltp train --compress uint8` at 1 % loss on every port: the built-in job
@@ -231,6 +241,7 @@ def compressed_answer(srv: ServerCodec, n: int, tail: int) -> np.ndarray:
     return np.concatenate([rows[0], np.arange(tail, dtype=np.float32)])
 
 
+@pytest.mark.unit
 def test_a_retried_answer_goes_out_in_the_same_words():
     """server.answer_to sends an answer again when a worker was slow: the
     retry must be the compressed words the workers opened d for, not the raw
@@ -249,6 +260,8 @@ def test_a_retried_answer_goes_out_in_the_same_words():
     assert not np.shares_memory(srv.answer(nxt, 12), nxt) and srv.sent[0] == 12
 
 
+@pytest.mark.root
+@pytest.mark.slow
 def test_tcp_server_link_sends_a_retried_answer_in_the_same_bytes():
     import socket
     import struct

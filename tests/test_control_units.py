@@ -11,6 +11,7 @@ from ltpx.control.transport.layout import ChunkLayout, as_f32
 from ltpx.control.transport.rate import Pacer, SharePolicy
 
 
+@pytest.mark.unit
 def test_layout_never_splits_a_float():
     lay = ChunkLayout(1000, 1424)
     assert lay.chunk_elems == 356 and lay.nchunks == 3
@@ -24,6 +25,7 @@ def test_layout_never_splits_a_float():
         ChunkLayout(0)
 
 
+@pytest.mark.unit
 def test_as_f32_names_what_is_wrong():
     with pytest.raises(TypeError, match="float32"):
         as_f32(np.zeros(3))
@@ -40,6 +42,7 @@ def _values():
     return rng.standard_normal((3, 4, 5)).astype(np.float32)
 
 
+@pytest.mark.unit
 def test_mean_fill_is_the_mean_of_those_that_delivered():
     v = _values()
     orig = v.copy()
@@ -54,6 +57,7 @@ def test_mean_fill_is_the_mean_of_those_that_delivered():
     assert np.allclose(v[:, 0].mean(0), orig[:2, 0].mean(0), atol=1e-6)
 
 
+@pytest.mark.unit
 def test_zero_and_stale_fill():
     v = _values()
     orig = v.copy()
@@ -73,6 +77,7 @@ def test_zero_and_stale_fill():
     assert np.array_equal(stale[0], v[0]) and (stale[1, 2] == 7.0).all()
 
 
+@pytest.mark.unit
 def test_fill_rejects_unknown_strategy_and_bad_masks():
     with pytest.raises(ValueError, match="unknown bubble strategy"):
         bubble.fill(_values(), np.ones((3, 4), bool), "median")
@@ -89,6 +94,7 @@ def _ec(**kw):
     return ec
 
 
+@pytest.mark.unit
 def test_early_close_rules():
     ec = _ec()
     assert ec.deadline_s == pytest.approx(0.016)
@@ -105,6 +111,7 @@ def test_early_close_rules():
     assert ec.decide(1.0, first, np.array([0.5, 1.0]), False) == "timeout"
 
 
+@pytest.mark.unit
 def test_deadline_and_absent_worker():
     ec = _ec()
     nan = np.nan
@@ -117,6 +124,7 @@ def test_deadline_and_absent_worker():
     assert ec.decide(0.017, np.array([0.0, 0.0]), np.array([1.0, 0.5]), True) == "deadline"
 
 
+@pytest.mark.unit
 def test_early_close_adapts_threshold_and_deadline():
     ec = _ec()
     ec.end_round(total_bytes=1_000_000, delivered_bytes=1_000_000, active_s=0.016,
@@ -132,6 +140,7 @@ def test_early_close_adapts_threshold_and_deadline():
     assert ec.threshold == ec.cfg.threshold_min  # clamped
 
 
+@pytest.mark.unit
 def test_share_policy_and_pacer_bucket():
     sp = SharePolicy(1e9, utilization=0.95)
     assert sp.share_bps(16) == pytest.approx(0.95e9 / 16)
@@ -153,6 +162,7 @@ def test_share_policy_and_pacer_bucket():
     assert p.burst == 4  # capped
 
 
+@pytest.mark.unit
 def test_credit_is_buffer_plus_bdp_in_frames_capped_at_a_ring():
     from ltpx.control.transport.layout import FRAME_OVERHEAD
     from ltpx.control.transport.rate import RING_FRAMES, credit_window
@@ -171,6 +181,7 @@ def test_credit_is_buffer_plus_bdp_in_frames_capped_at_a_ring():
             credit_window(1e9, 1424, **bad)
 
 
+@pytest.mark.unit
 def test_vectorised_headers_match_the_wire_packer():
     from ltpx.control.transport.sender import data_headers
     from ltpx.dataplane.xdp import wire as W
@@ -183,6 +194,7 @@ def test_vectorised_headers_match_the_wire_packer():
             flags=int(flags[c]))
 
 
+@pytest.mark.unit
 def test_loss_detector_judges_by_what_was_acked_after():
     from ltpx.control.transport.loss import LossDetector
     det = LossDetector(reorder=2)
@@ -199,6 +211,7 @@ def test_loss_detector_judges_by_what_was_acked_after():
     assert det.lost(ack(1, 3, 2, 7, 9, 4)) == []
 
 
+@pytest.mark.unit
 def test_pass_runs_take_turns_between_targets():
     from ltpx.control.transport.loss import pass_runs
     order = list(range(20))
@@ -217,6 +230,7 @@ def _picker(runs, acked, closed, short=-1, grp=-1):
     return p
 
 
+@pytest.mark.unit
 def test_batch_picker_sends_lost_chunks_first_and_skips_what_arrived():
     p = _picker([(0, [5, 1, 9, 3]), (1, [2, 4])], acked=[1 << 1, 0], closed=[False, False])
     p.urgent += [(1, 7), (1, 8), (0, 6)]
@@ -229,6 +243,7 @@ def test_batch_picker_sends_lost_chunks_first_and_skips_what_arrived():
     assert p.exhausted()
 
 
+@pytest.mark.unit
 def test_batch_picker_rewinds_one_cursor_whatever_the_batch_came_from():
     p = _picker([(0, [0, 1, 2, 3, 4])], acked=[0], closed=[False], short=2)
     tgt, batch, lost, at = p.pick(2)
@@ -255,12 +270,14 @@ def test_batch_picker_rewinds_one_cursor_whatever_the_batch_came_from():
     assert p.exhausted()
 
 
+@pytest.mark.unit
 def test_batch_picker_group_run_skips_what_every_open_target_has():
     p = _picker([(2, [0, 1, 2, 3])], acked=[0b0011, 0b0110], closed=[False, True], grp=2)
     p.acked_open = 0b0011  # target 1 is closed: only target 0 counts
     assert p.pick(4)[:3] == (2, [2, 3], False)
 
 
+@pytest.mark.unit
 def test_retx_byte_sets_the_retx_flag_of_a_header():
     from ltpx.control.transport.sender import RETX_BYTE, data_headers
     from ltpx.dataplane.xdp import wire as W
@@ -272,6 +289,7 @@ def test_retx_byte_sets_the_retx_flag_of_a_header():
         assert W.unpack_header(bytes(h[c])).flags == int(flags[c]) | W.F_RETX
 
 
+@pytest.mark.unit
 def test_open_round_rows_and_critical_missing():
     from ltpx.control.transport.receiver import OpenRound
     lay = ChunkLayout(1000, 1424)  # 3 chunks
@@ -287,6 +305,7 @@ def test_open_round_rows_and_critical_missing():
     assert st.critical_missing(masks) == {10: [1], 11: [0]}  # reliable: every chunk
 
 
+@pytest.mark.unit
 def test_the_public_api_is_one_set_of_objects():
     import ltpx.control.transport as T
     from ltpx.control.transport import endpoint, results

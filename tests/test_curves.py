@@ -33,6 +33,7 @@ def _png_size(path: str) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("argv,needle", [
     (["--plot", "curves.txt"], "--plot"),
     (["--plot", "/no/such/dir/curves.png"], "--plot"),
@@ -46,6 +47,7 @@ def test_bad_outputs_are_usage_errors_before_anything_runs(argv, needle, tmp_pat
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.unit
 def test_tensorboard_dir_that_is_a_file_is_refused(tmp_path):
     f = tmp_path / "runs"
     f.write_text("not a directory")
@@ -55,6 +57,7 @@ def test_tensorboard_dir_that_is_a_file_is_refused(tmp_path):
     assert f.read_text() == "not a directory"
 
 
+@pytest.mark.rig
 @pytest.mark.skipif(WHY_NOT_BPF is not None, reason=str(WHY_NOT_BPF))
 def test_train_compare_writes_one_curve_per_run(tmp_path):
     plot, tb = tmp_path / "curves.png", tmp_path / "runs"

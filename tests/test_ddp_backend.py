@@ -127,6 +127,7 @@ def test_a_killed_rank_ends_every_other_rank_with_an_error():
 
 # --------------------------------------------------------------------------- no rig, no root
 
+@pytest.mark.slow
 def test_backend_on_loopback_over_tcp_matches_gloo():
     """The backend under a launcher of one's own (tests/ddp_local.py): trainers
     numbered as torchrun numbers them, the server a separate LTP rank; the
@@ -176,6 +177,7 @@ def test_torchrun_inside_rig_namespaces_with_a_server_process():
     assert res[0]["backend"] == "ltp" and res[0]["accuracy"] > 0.5
 
 
+@pytest.mark.slow
 def test_tolerant_never_is_gloo_exactly_and_a_bad_rule_is_a_usage_error(monkeypatch):
     """LTP_TOLERANT=never sends DDP's buckets through the exact group too: the
     replicas then equal gloo's bit for bit at 3 trainers (where the server's
@@ -209,6 +211,7 @@ def test_ltp_train_ddp_ltp_against_gloo_and_compressed_in_one_command():
     assert runs[1]["ltp"] is None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("argv", [["--transport", "ddp-ltp", "--sync", "wbsp"],
                                   ["--transport", "gloo", "--compare", "ddp-ltp:sender=bogus"]])
 def test_ltp_train_ddp_ltp_usage_errors(argv):

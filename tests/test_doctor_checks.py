@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from conftest import requires_bpf
 
 
+@pytest.mark.root
 @requires_bpf
 def test_an_ack_clock_check_that_fails_warns_and_keeps_the_doctor_ready():
     import os
@@ -20,6 +23,7 @@ def test_an_ack_clock_check_that_fails_warns_and_keeps_the_doctor_ready():
     assert f"ltp-g{os.getpid()}" not in left
 
 
+@pytest.mark.unit
 def test_a_passing_check_carries_no_warning():
     from ltpx.dataplane.doctor.checks import Check
     assert Check("x", True, "fine").to_dict() == {"name": "x", "ok": True, "detail": "fine",

@@ -43,6 +43,7 @@ def steady(rate_bps: float, total: int = MB, start: float = 0.0):
     return lambda t: [min(1.0, max(0.0, (t - start) * rate_bps / 8 / total))]
 
 
+@pytest.mark.unit
 def test_a_flow_slower_than_the_capacity_is_not_cut_while_it_delivers():
     # 1 MB at a 10 Gbit/s "capacity": deadline max(20 ms, 2 x 0.8 ms) = 20 ms
     # from the first chunk (1 ms); the sender reaches 0.05 Gbit/s: 160 ms per round
@@ -58,6 +59,7 @@ def test_a_flow_slower_than_the_capacity_is_not_cut_while_it_delivers():
         assert ec.deadline_s >= 0.300
 
 
+@pytest.mark.unit
 def test_the_capacity_rule_cuts_the_same_flow_round_after_round():
     ec = EarlyClose(10e9, EarlyCloseConfig(rule="capacity"))
     cut = []
@@ -67,12 +69,14 @@ def test_the_capacity_rule_cuts_the_same_flow_round_after_round():
     assert cut == [("deadline", 0.021)] * 4  # the EWMA from 10 Gbit/s learns too slowly
 
 
+@pytest.mark.unit
 def test_a_stalled_flow_is_cut_at_its_deadline():
     ec = EarlyClose(1e9)  # 1 MB: deadline 20 ms from the first chunk (1 ms)
     reason, t = run_round(ec, lambda t: [min(0.5, t * 50)])  # half by 10 ms, then nothing
     assert (reason, t) == ("deadline", pytest.approx(0.021))
 
 
+@pytest.mark.unit
 def test_a_flow_that_stalls_after_its_deadline_is_cut_once_stalled():
     ec = EarlyClose(1e9)
     # delivering until 24 ms (then silent): stalled once 25 % of its time
@@ -83,6 +87,7 @@ def test_a_flow_that_stalls_after_its_deadline_is_cut_once_stalled():
     assert 0.030 <= t <= 0.034
 
 
+@pytest.mark.unit
 def test_learning_ignores_the_wait_for_a_silent_worker():
     """Worker 1 sends nothing: the round waits absent_factor x deadline; the
     rate learnt is over worker 0's delivery (8 ms for 0.5 MB: 0.5 Gbit/s),
@@ -98,6 +103,7 @@ def test_learning_ignores_the_wait_for_a_silent_worker():
     assert both["capacity"] == pytest.approx(0.5 * MB * 8 / 0.040, rel=0.1)
 
 
+@pytest.mark.unit
 def test_rate_falls_at_once_and_rises_by_ewma():
     ec = EarlyClose(1e9)
     ec.end_round(total_bytes=MB, delivered_bytes=MB, active_s=0.016, lost_fraction=0)
@@ -108,6 +114,7 @@ def test_rate_falls_at_once_and_rises_by_ewma():
     assert ec.rate_hat <= 1e9  # never above the capacity
 
 
+@pytest.mark.unit
 def test_incast_rounds_close_alike_under_both_rules():
     """16 flows sharing 1 Gbit/s (a round of 33.6 ms at line rate), all
     reaching the threshold before the deadline: the progress rule decides
@@ -125,6 +132,7 @@ def test_incast_rounds_close_alike_under_both_rules():
     assert {r for r, _ in out["progress"]} == {"early"}
 
 
+@pytest.mark.unit
 def test_bad_rule_and_stall_settings_are_refused():
     with pytest.raises(ValueError, match="rule"):
         EarlyCloseConfig(rule="fast")

@@ -29,6 +29,7 @@ ROUNDS = 4                      # after the cluster's warm-up round 0
 
 # --------------------------------------------------------------------------- no rig needed
 
+@pytest.mark.rig
 @pytest.mark.parametrize("argv,needle", [
     (["exporter", "--port", "70000"], "--port"),
     (["exporter", "--port", "-1"], "--port"),
@@ -40,6 +41,7 @@ def test_exporter_usage_errors_exit_2(argv, needle):
     assert needle in ltp(*argv, rc=2).stderr
 
 
+@pytest.mark.rig
 def test_exporter_help_says_where_it_binds():
     out = ltp("exporter", "-h").stdout
     assert "default 127.0.0.1" in out and "examples:" in out
@@ -100,6 +102,7 @@ def _get(samples: dict, name: str, **labels):
     return samples.get((name, tuple(sorted((k, str(v)) for k, v in labels.items()))))
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_scrape_matches_flows_and_status(cluster, exporter):
     from ltpx.dataplane.xdp.maps import ROUND_REASONS
@@ -149,6 +152,7 @@ def test_scrape_matches_flows_and_status(cluster, exporter):
     assert _get(m, "ltp_round_nchunks", **p) == ps["round_now"]["nchunks"]
 
 
+@pytest.mark.rig
 @requires_bpf
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_exporter_stops_on_a_signal_and_frees_its_port(sig):

@@ -31,6 +31,7 @@ SMALL = dict(hidden=(64,), seed=3)
 
 # --------------------------------------------------------------------------- units
 
+@pytest.mark.unit
 def test_report_carries_absent_dropped_and_admitted_workers():
     from ltpx.control.torchapi.ops import DROPPED, Members, StepReport, report_words
     rep = StepReport(step=7, reasons=["deadline"], delivered={0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0},
@@ -51,6 +52,7 @@ def test_report_carries_absent_dropped_and_admitted_workers():
     assert m.donor() == 0
 
 
+@pytest.mark.unit
 def test_kill_specs_are_checked():
     from ltpx.control.training.faults import parse_kills
     ks = parse_kills(["worker:2@10", "server:0@20"], workers=8)
@@ -60,6 +62,7 @@ def test_kill_specs_are_checked():
             parse_kills([bad], workers=8)
 
 
+@pytest.mark.rig
 def test_bad_fault_flags_exit_2(capsys):
     from ltpx.tools.cli import main
     for argv, word in ((["--kill", "worker:9@3"], "--kill"),
@@ -89,6 +92,7 @@ co.stop_liveness()
 """
 
 
+@pytest.mark.unit
 def test_a_server_beats_its_link_while_it_waits_in_the_store():
     """Coord.on_wait (the server's link beat) runs through a store wait, once
     per slice of at most SLICE_S, and a wait that times out still names its total."""
@@ -124,6 +128,7 @@ def _server_store():
     return store, srv
 
 
+@pytest.mark.slow
 def test_barrier_goes_on_without_a_killed_worker(tmp_path):
     # A real store, three real worker processes; worker 2 is SIGKILLed before
     # op 2. The server's wait for op 2 lifts the barrier once worker 2's
@@ -164,6 +169,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_a_joiner_whose_donor_dies_asks_again_and_takes_the_new_tickets_state(
         tmp_path, monkeypatch):
     # A real store; the server (this process) admits worker 2's ticket and
@@ -251,6 +257,7 @@ def _train(rig, faults=None, **kw):
     return train_on_rig(rig, cfg, timeout_s=600, faults=faults)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_killed_worker_is_named_dropped_restarted_and_rejoins(rig):
     # ltp train --kill worker:1@5 --restart -j on the rig: worker 1 is named
@@ -283,6 +290,7 @@ def test_killed_worker_is_named_dropped_restarted_and_rejoins(rig):
     assert "ltp: worker 1 restarted 1 time" in text
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_killed_worker_without_restart_the_job_goes_on_with_the_rest(rig):
     from ltpx.control.training.faults import Faults, parse_kills
@@ -294,6 +302,7 @@ def test_killed_worker_without_restart_the_job_goes_on_with_the_rest(rig):
     assert r["final_train_loss"] < r["initial_train_loss"]
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_killed_server_the_job_resumes_from_the_checkpoint_on_the_same_trajectory(rig, tmp_path):
     from ltpx.control.training.faults import Faults, parse_kills
@@ -335,6 +344,7 @@ def _training(rig, pace_s: float, iters: int):
         job.close()
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_sigterm_stops_every_rank_on_its_own(rig):
     # ltp train stops a job with SIGTERM: each rank unwinds (its XDP program
@@ -348,6 +358,7 @@ def test_sigterm_stops_every_rank_on_its_own(rig):
     assert codes == [130] * len(ranks)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_workers_end_by_themselves_when_the_server_is_killed(rig):
     # The server is SIGKILLed mid-training and nobody stops the workers: each
@@ -368,6 +379,7 @@ def test_workers_end_by_themselves_when_the_server_is_killed(rig):
     assert not any("60.0s" in ln for ln in late)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_a_rank_on_the_rig_gets_its_buffer_and_so_its_credit(rig, monkeypatch):
     # job_env (ltp train, ltp launch) hands each rank the rig's bottleneck

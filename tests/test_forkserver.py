@@ -94,6 +94,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.rig
 def test_a_script_runs_in_its_netns_with_its_env_argv_and_cwd(ns, zygote, tmp_path):
     script = tmp_path / "report.py"
     script.write_text(REPORT)
@@ -116,6 +117,7 @@ def test_a_script_runs_in_its_netns_with_its_env_argv_and_cwd(ns, zygote, tmp_pa
     assert err == "to stderr\n"
 
 
+@pytest.mark.rig
 def test_ranks_and_the_fork_server_have_names_of_their_own(zygote, tmp_path):
     """top, ps and `ltp bench soak` tell them apart: the fork server is
     ltp-forkserver, a rank ltp-rank<RANK>, the store host ltp-store."""
@@ -131,6 +133,7 @@ def test_ranks_and_the_fork_server_have_names_of_their_own(zygote, tmp_path):
     assert comm_for([PY, "job.py", "--out", "/tmp/storehost"], {}) == os.path.basename(PY)
 
 
+@pytest.mark.rig
 def test_a_module_runs_as_python_m_does(ns, zygote, tmp_path):
     (tmp_path / "hhmod.py").write_text(
         "import sys, json\nif __name__ == '__main__':\n"
@@ -144,6 +147,7 @@ def test_a_module_runs_as_python_m_does(ns, zygote, tmp_path):
     assert code == 1 and "No module named hhmod_missing" in err
 
 
+@pytest.mark.rig
 @pytest.mark.parametrize("body,code,says", [
     ("print('ok')", 0, ""),
     ("import sys\nsys.exit(3)", 3, ""),
@@ -164,6 +168,7 @@ def test_exit_codes_come_back(zygote, tmp_path, body, code, says):
         assert "Traceback (most recent call last)" in err
 
 
+@pytest.mark.rig
 @pytest.mark.parametrize("how,code", [("kill", -signal.SIGKILL),
                                       ("terminate", -signal.SIGTERM)])
 def test_signals_reach_the_child(zygote, tmp_path, how, code):
@@ -178,6 +183,7 @@ def test_signals_reach_the_child(zygote, tmp_path, how, code):
         zygote.spawn([PY, str(script)], env()).wait(timeout=0.2)
 
 
+@pytest.mark.rig
 def test_many_lines_arrive_on_both_pipes(zygote, tmp_path):
     script = tmp_path / "lines.py"
     script.write_text("import sys\nfor i in range(5000):\n    print('out', i)\n"
@@ -198,6 +204,7 @@ def test_many_lines_arrive_on_both_pipes(zygote, tmp_path):
     assert got["err"].decode().splitlines() == [f"err {i}" for i in range(5000)]
 
 
+@pytest.mark.rig
 def test_a_missing_netns_fails_the_rank_with_a_clear_error(zygote, tmp_path):
     script = tmp_path / "report.py"
     script.write_text(REPORT)
@@ -206,6 +213,7 @@ def test_a_missing_netns_fails_the_rank_with_a_clear_error(zygote, tmp_path):
     assert "network namespace 'hhnope0' cannot be entered" in err
 
 
+@pytest.mark.rig
 def test_what_cannot_be_forked_is_refused(zygote, tmp_path):
     assert forkserver.plan([PY, "-c", "1"]) is None
     assert forkserver.plan([PY, "-u", "x.py"]) is None
@@ -217,6 +225,7 @@ def test_what_cannot_be_forked_is_refused(zygote, tmp_path):
     assert zygote.ready() and not zygote.broken          # and it still serves the others
 
 
+@pytest.mark.rig
 @pytest.mark.parametrize("body,says", [
     ("import sys\nprint('hhbad: cannot', file=sys.stderr)\nsys.exit(5)", "hhbad: cannot"),
     ("import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True)"
@@ -234,6 +243,7 @@ def test_a_failing_zygote_falls_back_with_one_note(tmp_path, monkeypatch, capfd,
     assert len(notes) == 1 and says in notes[0] and "new processes" in notes[0]
 
 
+@pytest.mark.rig
 def test_close_ends_the_zygote_and_its_children(tmp_path):
     z = forkserver.Zygote(preload=())
     script = tmp_path / "sleep.py"
@@ -247,6 +257,7 @@ def test_close_ends_the_zygote_and_its_children(tmp_path):
     assert z.spawn([PY, str(script)], env()) is None          # closed: new interpreters
 
 
+@pytest.mark.rig
 def test_nothing_outlives_a_sigkilled_launcher(tmp_path):
     script = tmp_path / "sleep.py"
     script.write_text("import time\ntime.sleep(60)\n")
@@ -283,6 +294,7 @@ print(json.dumps({"rank": int(os.environ["RANK"]), "n": store.add("n", 1),
 """
 
 
+@pytest.mark.rig
 @pytest.mark.parametrize("switch", ["1", "0"])
 def test_rigjob_forks_ranks_and_store_and_falls_back(ns, tmp_path, monkeypatch, switch):
     from ltpx.control.training.launch import Rank, RigJob
@@ -315,6 +327,7 @@ def test_rigjob_forks_ranks_and_store_and_falls_back(ns, tmp_path, monkeypatch, 
         assert job.zygote.proc.poll() is not None and job.store_proc.poll() is not None
 
 
+@pytest.mark.rig
 def test_an_exit_crossing_a_signal_keeps_its_code_and_the_zygote(tmp_path):
     """One select brings a child's exit and then its owner's SIGTERM order for
     it (the zygote is stopped while both happen): the exit code comes back,
@@ -364,6 +377,7 @@ def test_an_exit_crossing_a_signal_keeps_its_code_and_the_zygote(tmp_path):
         z.close()
 
 
+@pytest.mark.rig
 def test_a_status_reset_behind_an_exit_message_keeps_the_code():
     """The zygote's end closed with our signal order unread: the kernel resets
     our end (ECONNRESET) in front of the exit message, which still comes."""
@@ -375,6 +389,7 @@ def test_a_status_reset_behind_an_exit_message_keeps_the_code():
     assert p.wait(timeout=5) == 3
 
 
+@pytest.mark.rig
 def test_an_oversized_request_falls_back_for_that_rank_only(zygote, tmp_path, capfd):
     script = tmp_path / "ok.py"
     script.write_text("print('ok')\n")
@@ -401,6 +416,7 @@ def zygotes_of_mine() -> list[int]:
     return found
 
 
+@pytest.mark.rig
 def test_a_rigjob_that_cannot_host_its_store_ends_its_zygote(tmp_path):
     """The store's namespace is missing: the forked store fails, the in-process
     fallback raises, and the zygote RigJob took is gone with the error (so is

@@ -49,6 +49,7 @@ def worker_results(summary: dict) -> list[dict]:
     return [r["last_json"] for r in summary["ranks"] if r["role"] == "worker"]
 
 
+@pytest.mark.rig
 def test_digits_cnn_example_learns_with_identical_replicas(rig):
     rc, s, err = launch(3, "python", "docs/examples/digits_cnn.py")
     assert rc == 0 and s["exit_code"] == 0 and s["exit_from"] == [], err[-3000:]
@@ -61,6 +62,7 @@ def test_digits_cnn_example_learns_with_identical_replicas(rig):
     assert "[w0] " in err                                          # rank-prefixed output
 
 
+@pytest.mark.rig
 def test_big_model_example_in_several_buckets(rig):
     rc, s, err = launch(2, "python", "docs/examples/big_model.py")
     assert rc == 0, err[-3000:]
@@ -70,6 +72,7 @@ def test_big_model_example_in_several_buckets(rig):
     assert len({r["digest"] for r in res}) == 1
 
 
+@pytest.mark.rig
 def test_api_cases_over_ltp_and_a_wholly_filled_round_warns(rig):
     rc, s, err = launch(3, "python", "tests/torch_api_job.py",
                         "set_to_none,fp16,bf16,unused,filled")
@@ -88,6 +91,7 @@ def test_api_cases_over_ltp_and_a_wholly_filled_round_warns(rig):
     assert "left the job" not in err
 
 
+@pytest.mark.rig
 def test_a_failing_rank_fails_the_launch_and_the_rest_are_stopped(rig, tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import ltpx.torch as lt\nlt.init()\n"
@@ -103,6 +107,7 @@ def test_a_failing_rank_fails_the_launch_and_the_rest_are_stopped(rig, tmp_path)
     assert by["w0"]["killed"] and by["s0"]["killed"]
 
 
+@pytest.mark.rig
 def test_documented_torchrun_command_inside_rig_namespaces(rig):
     # README / docs/training.md, as written, one command per host, each through
     # `ltp rig exec` (ip netns exec: a fresh /sys without bpffs)
@@ -122,6 +127,7 @@ def test_documented_torchrun_command_inside_rig_namespaces(rig):
     assert "mounted bpffs" in outs[0][1]                          # it was hidden, and mounted
 
 
+@pytest.mark.rig
 def test_a_named_rig_that_does_not_exist_is_built_and_said_so():
     """--rig with a new name (a typo, say) builds a fresh rig: a [launch] line
     says so with its settings before any rank starts, and it is removed."""
@@ -136,6 +142,7 @@ def test_a_named_rig_that_does_not_exist_is_built_and_said_so():
     assert json.loads(out.stdout)["rig"]["name"] == "i25typo" and not Rig.exists("i25typo")
 
 
+@pytest.mark.rig
 def test_a_ranks_own_exit_code_is_said_to_be_the_ranks(rig, tmp_path):
     # issue 25, item 3: a script's exit 2 is not ltp's usage error, and the
     # summary says whose code the launch exits with
@@ -149,6 +156,7 @@ def test_a_ranks_own_exit_code_is_said_to_be_the_ranks(rig, tmp_path):
     assert "error:" not in out.stderr          # no usage error of ltp's
 
 
+@pytest.mark.rig
 @pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
 def test_a_stopped_launch_says_who_it_stopped(rig, tmp_path, sig, code):
     # issue 25, item 4: SIGTERM and Ctrl-C end with the summary, not silence

@@ -50,6 +50,7 @@ def by_label(summary: dict) -> dict:
 
 # ------------------------------------------------------------------ usage errors
 
+@pytest.mark.unit
 @pytest.mark.parametrize("value,says", [("-1", "--max-restarts: a count, at least 0"),
                                         ("two", "invalid int value"),
                                         ("1.5", "invalid int value")])
@@ -60,6 +61,7 @@ def test_a_bad_restart_count_is_a_usage_error(value, says):
     assert "--max-restarts" in out.stderr and says in out.stderr, out.stderr
 
 
+@pytest.mark.unit
 def test_the_help_shows_an_example():
     out = subprocess.run([str(BIN / "ltp"), "launch", "--help"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)

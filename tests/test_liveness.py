@@ -118,6 +118,7 @@ def push_all(workers, hosts, ps_ip, round_, seed):
 
 
 # liveness, not tokens, is under test: the rounds run without a job secret
+@pytest.mark.rig
 @pytest.mark.filterwarnings("ignore::ltpx.control.transport.tokens.UnprotectedWarning")
 @pytest.mark.parametrize("sender", ["socket", "xdp"])
 def test_a_stopped_ps_stops_acking_and_recovers_on_sigcont(rig, sender):
@@ -170,6 +171,7 @@ def test_a_stopped_ps_stops_acking_and_recovers_on_sigcont(rig, sender):
             ep.close()
 
 
+@pytest.mark.rig
 def test_liveness_limit_is_checked(rig):
     """A negative limit is refused before anything is compiled or attached."""
     from ltpx.control.transport import Endpoint
@@ -178,6 +180,7 @@ def test_liveness_limit_is_checked(rig):
         Endpoint(h.ifname, h.ip, {h.index: 0}, NEL, ns=h.netns, liveness_s=-1)
 
 
+@pytest.mark.rig
 @pytest.mark.filterwarnings("ignore::ltpx.control.transport.tokens.UnprotectedWarning")
 @pytest.mark.parametrize("sender", ["socket", "xdp"])
 def test_a_push_of_a_round_the_receiver_left_ends_once_told_it_is_over(rig, sender):

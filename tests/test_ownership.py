@@ -132,6 +132,7 @@ def _push(ep, h, ps, round_, out, timeout_s=2.0):
     out[h.index, "s"] = time.perf_counter() - t0
 
 
+@pytest.mark.rig
 def test_killed_ps_takes_program_and_maps_along_and_workers_get_the_error(rig):
     from ltpx.control.transport import DeadPeerError
     from ltpx.dataplane.xdp import registry
@@ -190,6 +191,7 @@ def test_killed_ps_takes_program_and_maps_along_and_workers_get_the_error(rig):
             ep.close()
 
 
+@pytest.mark.rig
 def test_a_second_endpoint_or_load_is_refused_at_once_naming_the_first(rig, monkeypatch):
     from ltpx.control.transport import Endpoint, endpoint
     from ltpx.errors import RegistryError
@@ -215,6 +217,7 @@ def test_a_second_endpoint_or_load_is_refused_at_once_naming_the_first(rig, monk
         holder.kill()
 
 
+@pytest.mark.rig
 def test_foreign_program_is_refused_and_force_replaces_it(rig):
     from ltpx.control.transport import Endpoint
     from ltpx.dataplane.xdp import loader, registry
@@ -253,6 +256,7 @@ def test_foreign_program_is_refused_and_force_replaces_it(rig):
         registry.clear_namespace(ps.netns)
 
 
+@pytest.mark.rig
 def test_rig_down_leaves_nothing_after_killed_endpoints():
     """`ltp rig down` after SIGKILLed endpoints and an `ltp load`: no record,
     pin folder, program, map or namespace of the rig is left."""

@@ -123,6 +123,7 @@ def _package_dirs() -> list[Path]:
                   if d.is_dir() and (d / "__init__.py").exists())
 
 
+@pytest.mark.slow
 def test_wheel_holds_every_subpackage_and_the_bpf_sources_and_nothing_else(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     want = {"ltpx/__init__.py", "ltpx/errors.py"}
@@ -139,6 +140,7 @@ def test_wheel_holds_every_subpackage_and_the_bpf_sources_and_nothing_else(wheel
     assert "ltp = ltpx.tools.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
 
+@pytest.mark.slow
 def test_installed_wheel_answers_help_away_from_the_source_tree(venv, tmp):
     env, bin_ = _clean_env(), venv / "bin"
     outside = tmp / "elsewhere"
@@ -166,6 +168,7 @@ print(json.dumps({"lt": lt.__file__, "torch": torch.__file__,
 """
 
 
+@pytest.mark.slow
 def test_installed_wheel_has_ltpx_torch(venv, tmp):
     outside = tmp / "elsewhere"
     outside.mkdir(exist_ok=True)

@@ -25,6 +25,7 @@ def _jobs(n_jobs: int, workers: int, bytes_: int = 100, leaves: int = 2) -> list
             for j in range(n_jobs) for w in range(workers)]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("spines,jobs,workers,leaves", [(2, 2, 2, 2), (4, 2, 3, 2),
                                                         (3, 3, 4, 3), (5, 2, 1, 4)])
 def test_disjoint_links_when_spines_cover_jobs(spines, jobs, workers, leaves):
@@ -36,12 +37,14 @@ def test_disjoint_links_when_spines_cover_jobs(spines, jobs, workers, leaves):
     assert len(a.spine_of) == jobs * workers
 
 
+@pytest.mark.unit
 def test_a_job_with_several_spines_spreads_its_flows():
     a = assign(4, _jobs(2, 2))
     assert a.job_spines() == {"j0": [0, 2], "j1": [1, 3]}
     assert a.max_link_bytes() == 100
 
 
+@pytest.mark.unit
 def test_balanced_when_jobs_outnumber_spines():
     a = assign(2, _jobs(3, 2))                     # 6 equal flows on 2 spines
     assert a.regime == "balanced"
@@ -56,6 +59,7 @@ def test_balanced_when_jobs_outnumber_spines():
     assert a.max_link_bytes() == 400
 
 
+@pytest.mark.unit
 def test_deterministic_and_order_free():
     flows = _jobs(3, 3, leaves=3) + [Flow("j9", "a", "b", 2, 1, 50)]
     a, b = assign(2, flows), assign(2, list(reversed(flows)))
@@ -63,6 +67,7 @@ def test_deterministic_and_order_free():
     assert a.to_dict() == assign(2, flows).to_dict()
 
 
+@pytest.mark.unit
 def test_intra_leaf_flows_and_bad_input():
     a = assign(2, [Flow("j0", "a", "b", 1, 1)])
     assert a.regime == "none" and not a.spine_of
@@ -116,6 +121,7 @@ def _job_spines(obs: dict) -> dict[str, set[int]]:
     return out
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_every_worker_reaches_its_ps_and_back(ls):
     from ltpx.dataplane.rig.leafspine import reachable
@@ -127,6 +133,7 @@ def test_every_worker_reaches_its_ps_and_back(ls):
             assert reachable(ls, job.ps, w, port=9998), f"{job.ps.name} -> {w.name}"
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_pinned_flows_use_only_their_spine_then_unpin_returns_to_ecmp(ls):
     a = assign(ls.config.spines, paths.rig_flows(ls))
@@ -151,6 +158,7 @@ def test_pinned_flows_use_only_their_spine_then_unpin_returns_to_ecmp(ls):
     assert _job_spines(paths.observe(ls)) == {"j0": {0, 1}, "j1": {0, 1}}
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_rewritten_packets_keep_a_valid_checksum(ls):
     """The PS's socket only gets datagrams whose UDP checksum is right."""
@@ -174,6 +182,7 @@ def test_rewritten_packets_keep_a_valid_checksum(ls):
         ls.clear_pins()
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_cli_show_json(ls):
     r = subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "paths", "show", "--name",
@@ -186,6 +195,7 @@ def test_cli_show_json(ls):
                                     "s0>l0", "s0>l1", "s1>l0", "s1>l1"}
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_cli_rig_up_pin_down():
     """`ltp rig up --topology leaf-spine`, `ltp paths pin`, `ltp paths down`."""
@@ -214,6 +224,7 @@ def test_cli_rig_up_pin_down():
         LeafSpine.destroy(name) if LeafSpine.exists(name) else None
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_teardown_is_clean(ls):
     from ltpx.dataplane import netns
@@ -235,6 +246,7 @@ with LeafSpine(LeafSpineConfig(name=sys.argv[1], spines=1, jobs=1, workers=1, mo
 """
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_up_removes_the_rig_of_a_killed_with_block():
     """A `with LeafSpine(...)` whose process is SIGKILLed leaves its namespaces;
@@ -305,6 +317,7 @@ def pin_prog():
         b.cleanup()
 
 
+@pytest.mark.rig
 @requires_bpf
 @pytest.mark.parametrize("desc,packet,sport,csum", PIN_TABLE, ids=[t[0] for t in PIN_TABLE])
 def test_path_pin_packets(pin_prog, desc, packet, sport, csum):
@@ -328,6 +341,7 @@ def test_path_pin_packets(pin_prog, desc, packet, sport, csum):
         assert bytes(out[UDP].payload) == bytes(before[UDP].payload)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_python_structs_match_bpf_structs():
     """dataplane/rig/pathpin.py's ctypes mirrors have the sizes bcc sees in bpf/path_pin.c."""

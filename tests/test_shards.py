@@ -37,6 +37,7 @@ def ltp(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 # --------------------------------------------------------------------------- units
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n,S", [(1, 1), (10, 3), (234_122, 2), (234_122, 4), (7, 7), (1000, 8)])
 def test_slices_are_balanced_contiguous_and_cover_everything(n, S):
     sl = plan_slices(n, S)
@@ -47,12 +48,14 @@ def test_slices_are_balanced_contiguous_and_cover_everything(n, S):
     assert sorted(sizes, reverse=True) == sizes                    # the larger ones first
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("n,S", [(1, 2), (3, 4), (0, 1), (5, 0)])
 def test_more_servers_than_elements_is_refused(n, S):
     with pytest.raises(UsageError, match="server"):
         plan_slices(n, S)
 
 
+@pytest.mark.unit
 def test_each_shard_gets_a_slice_of_every_piece_and_short_pieces_are_padded():
     op = Op(STEP, sizes=(1001, 3, 50))
     subs, slices = split_op(op, 4)
@@ -62,6 +65,7 @@ def test_each_shard_gets_a_slice_of_every_piece_and_short_pieces_are_padded():
     assert sum(s.sizes[0] for s in subs) == 1001
 
 
+@pytest.mark.unit
 def test_merged_report_takes_the_worst_close_and_sums_what_was_filled():
     a = StepReport(step=5, reasons=["complete", "early"], delivered={0: 1.0, 1: 0.5},
                    filled_chunks={0: 0, 1: 4}, wholly_filled={0: 0, 1: 1}, ks=[1, 1],
@@ -79,6 +83,7 @@ def test_merged_report_takes_the_worst_close_and_sums_what_was_filled():
     assert back.reasons == m.reasons and back.filled_chunks == m.filled_chunks
 
 
+@pytest.mark.rig
 def test_servers_setting_and_flags_are_checked():
     assert Settings.resolve({"servers": 4}).servers == 4
     with pytest.raises(UsageError, match="servers"):

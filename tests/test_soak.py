@@ -58,6 +58,7 @@ def _gone(rig: str) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.rig
 @pytest.mark.parametrize("args", [
     ["--minutes", "0"], ["--minutes", "nan"], ["--minutes", "2000"], ["--sample-s", "0.1"],
     ["--minutes", "1", "--sample-s", "61"], ["--minutes", "1", "--warmup-s", "60"],
@@ -70,12 +71,14 @@ def test_bad_values_are_usage_errors(args):
     assert err["exit_code"] == 2 and err["error"].startswith("--"), err
 
 
+@pytest.mark.rig
 @pytest.mark.parametrize("args", [["--bogus"], ["--minutes"], ["--minutes", "ten"]])
 def test_bad_flags_exit_2(args):
     p = ltp("bench", "soak", *args, rc=2)
     assert "usage:" in p.stderr
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_short_soak_reports_the_real_job():
     proc = subprocess.Popen([LTP, "bench", "soak", "--minutes", "0.4", "--workers", str(WORKERS),
@@ -137,6 +140,7 @@ def test_short_soak_reports_the_real_job():
     assert not _namespaces(RIG)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_ctrl_c_stops_the_job_and_removes_its_rig():
     proc = subprocess.Popen([LTP, "bench", "soak", "--minutes", "5", "--workers", "1",

@@ -69,6 +69,7 @@ def _imports(name: str) -> list[tuple[str, list[str], int]]:
     return [(t, n, line) for t, n, line in out if t in MODULES and t != name]
 
 
+@pytest.mark.unit
 def test_no_import_circles():
     graph = {m: {t for t, _, _ in _imports(m) if t != "ltpx"} for m in MODULES}
     circles, state = [], {}
@@ -90,6 +91,7 @@ def test_no_import_circles():
     assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
 
 
+@pytest.mark.unit
 def test_no_private_cross_imports():
     bad = [f"{MODULES[m].relative_to(ROOT)}:{line} takes {n} from {t}"
            for m in MODULES for t, names, line in _imports(m)
@@ -97,12 +99,14 @@ def test_no_private_cross_imports():
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.unit
 def test_ctypes_libraries_bound_once():
     users = sorted(str(p.relative_to(ROOT)) for p in MODULES.values()
                    if "CDLL(" in p.read_text() or "cdll." in p.read_text())
     assert users == ["dataplane/clib/libs.py"], users
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_module_and_function_sizes(name):
     src = MODULES[name].read_text()
@@ -115,6 +119,7 @@ def test_module_and_function_sizes(name):
     assert not long, f"{name}: " + ", ".join(long)
 
 
+@pytest.mark.unit
 def test_every_code_folder_is_a_package():
     missing = sorted(str(d.relative_to(ROOT)) for part in PARTS
                      for d in [ROOT / part, *(ROOT / part).rglob("*")]
@@ -135,6 +140,7 @@ def _package_docstring_names(init: Path) -> tuple[set[str], set[str]]:
     return mods, mods & words
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("init", sorted(str(p.relative_to(ROOT)) for n, p in MODULES.items()
                                         if p.name == "__init__.py"))
 def test_package_docstring_lists_every_module_or_none(init):
@@ -171,6 +177,7 @@ def c_functions(text: str) -> list[tuple[str, int, int]]:
     return out
 
 
+@pytest.mark.unit
 def test_c_functions_finds_every_function_of_the_sources():
     """The finder against the real files: it sees the entry points and the
     helpers, every body's closing brace is one it counted (so none is
@@ -189,6 +196,7 @@ def test_c_functions_finds_every_function_of_the_sources():
     assert c_functions(two) == [("f", 1, 5), ("g", 7, 10)]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", [p.name for p in C_SOURCES])
 def test_c_file_and_function_sizes(path):
     text = (ROOT / "bpf" / path).read_text()
@@ -205,6 +213,7 @@ def _licensed_files() -> list[str]:
     return [f for f in out.split() if f.endswith((".py", ".sh", ".lua")) or f == ".ci/run"]
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git checkout (git ls-files)")
 def test_every_source_file_says_its_licence():
     """Apache-2.0 outside bpf/ (bpf/ is checked by test_bpf_sources), on the

@@ -33,6 +33,7 @@ GUESSES = 300                      # random tokens a blind spoofer tries per att
 
 # --------------------------------------------------------------- the derivation
 
+@pytest.mark.unit
 def test_tokens_are_per_round_per_job_per_secret_and_never_zero():
     a, b = tokens.new_secret(), tokens.new_secret()
     assert len(a) == tokens.SECRET_BYTES == 16 and a != b
@@ -45,6 +46,7 @@ def test_tokens_are_per_round_per_job_per_secret_and_never_zero():
     assert tokens.derive(None, JOB, 7) == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad,err,word", [
     (b"short", ValueError, "16..64 bytes"), (b"x" * 65, ValueError, "16..64 bytes"),
     ("0123456789abcdef0123", TypeError, "bytes"), (1234, TypeError, "bytes"),
@@ -55,6 +57,7 @@ def test_a_bad_secret_is_refused_in_one_line(bad, err, word):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.unit
 def test_no_secret_warns_once_per_process(monkeypatch):
     monkeypatch.setattr(tokens.RoundTokens, "_warned", False)
     with warnings.catch_warnings(record=True) as got:
@@ -71,6 +74,7 @@ TSHARK = shutil.which("tshark")
 LUA = Path(__file__).resolve().parent.parent / "tools" / "wireshark" / "ltp.lua"
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(TSHARK is None, reason="needs tshark (scripts/setup.sh installs it)")
 def test_tshark_shows_the_token(tmp_path):
     """The dissector reads the 64-bit token whole (above 2**63 too)."""
@@ -148,6 +152,7 @@ def _grad(round_: int) -> np.ndarray:
     return np.random.default_rng([JOB, round_]).standard_normal(NEL).astype(np.float32)
 
 
+@pytest.mark.rig
 def test_spoofed_data_sent_first_is_dropped_and_the_real_round_lands(rig, job):
     """Every chunk of worker 0's round, with the right job, round, worker,
     chunk count and lengths, sent from another host before worker 0 pushes,
@@ -181,6 +186,7 @@ def test_spoofed_data_sent_first_is_dropped_and_the_real_round_lands(rig, job):
     assert res.bad_token == sent and after["bad_token"] - before["bad_token"] == sent
 
 
+@pytest.mark.rig
 def test_spoofed_closed_acks_do_not_stop_a_workers_push(rig, job):
     """CLOSED ACKs for worker 0's next round, from the PS's port to the
     worker's socket, sent from another host after the worker planned its
@@ -225,6 +231,7 @@ def test_spoofed_closed_acks_do_not_stop_a_workers_push(rig, job):
         attacker.close()
 
 
+@pytest.mark.rig
 def test_a_peer_with_another_secret_is_not_heard(rig, job):
     """A worker holding another secret (another job's, or a stale one):
     the PS counts its packets bad_token and takes none; its push gets no

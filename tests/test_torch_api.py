@@ -43,6 +43,7 @@ PROBE = ("import json, torch, ltpx, ltpx.torch as lt; "
          "'api': lt.DistributedOptimizer.__module__, 'ltpx': ltpx.__file__}))")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("where", ["elsewhere", "root-on-path"])
 def test_ltpx_torch_imports_and_never_shadows_pytorch(where, tmp_path):
     # the editable install from another folder; and from the repository root
@@ -55,6 +56,7 @@ def test_ltpx_torch_imports_and_never_shadows_pytorch(where, tmp_path):
     assert not (ROOT / "torch").exists() and not (ROOT / "torch.py").exists()
 
 
+@pytest.mark.unit
 def test_public_names():
     import ltpx.torch as lt
     for name in ("init", "shutdown", "rank", "size", "local_rank", "is_server",
@@ -64,6 +66,7 @@ def test_public_names():
     assert issubclass(lt.DistributedOptimizer, torch.optim.Optimizer)   # LR schedulers take it
 
 
+@pytest.mark.unit
 def test_init_without_a_launcher_says_how():
     out = subprocess.run([sys.executable, "-c", "import ltpx.torch as lt; lt.init(transport='tcp')"],
                          capture_output=True, text=True, timeout=120,
@@ -74,6 +77,7 @@ def test_init_without_a_launcher_says_how():
 
 # --------------------------------------------------------------------------- pieces
 
+@pytest.mark.unit
 def test_settings_keyword_over_environment_over_default(monkeypatch):
     from ltpx.control.torchapi.settings import Settings
     from ltpx.errors import UsageError
@@ -106,6 +110,7 @@ def _named(*sizes):
     return [(f"p{i}", torch.nn.Parameter(torch.zeros(n))) for i, n in enumerate(sizes)]
 
 
+@pytest.mark.unit
 def test_call_thread_runs_in_order_reraises_and_is_gone_after_close():
     """A communication thread still alive at interpreter exit aborted the
     process (freeing a tensor as the interpreter ended it): close() joins."""
@@ -127,6 +132,7 @@ def test_call_thread_runs_in_order_reraises_and_is_gone_after_close():
     assert not t.thread.is_alive() and seen[-1] == 5
 
 
+@pytest.mark.unit
 def test_buckets_reverse_order_closed_at_the_cap():
     from ltpx.control.torchapi.buckets import BucketPlan
     named = _named(100, 10, 300, 5, 50)
@@ -138,6 +144,7 @@ def test_buckets_reverse_order_closed_at_the_cap():
     assert len(BucketPlan(named, cap=10**9)) == 1
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_pack_and_apply_keep_dtype_and_values(dtype):
     from ltpx.control.torchapi.buckets import BucketPlan
@@ -158,6 +165,7 @@ def test_pack_and_apply_keep_dtype_and_values(dtype):
         assert a.grad.data_ptr() == agg[5:].data_ptr()
 
 
+@pytest.mark.unit
 def test_step_report_round_trips_through_float32():
     from ltpx.control.torchapi.ops import StepReport, report_words
     rep = StepReport(step=12, reasons=["complete", "deadline", "early"],
@@ -173,6 +181,7 @@ def test_step_report_round_trips_through_float32():
         StepReport.decode(np.zeros_like(words))
 
 
+@pytest.mark.unit
 def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_step():
     from ltpx.control.torchapi.ops import BROADCAST, STEP, Op, RoundClock, preopened
     step = Op(STEP, sizes=(10, 20, 30))
@@ -216,6 +225,8 @@ def run_local_job(cases: str, workers: int = 2, timeout: float = 240) -> list[di
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs[1:]]
 
 
+@pytest.mark.root
+@pytest.mark.slow
 def test_ltpx_torch_logs_through_logging():
     """A script that configures logging gets ltpx.torch's lines in its format."""
     outs = start_local_job("set_to_none", workers=1, JOB_LOG="1")
@@ -248,6 +259,8 @@ def check_cases(results: list[dict], exact_atol: float = 1e-5) -> None:
                    and c["unused"]["only_w0_moved_everywhere"] for c in cases)
 
 
+@pytest.mark.root
+@pytest.mark.slow
 def test_zero_grad_set_to_none_trains_like_one_process(tcp_job):
     # the workers' mean gradient of each global batch is the single-process
     # gradient: after 30 SGD steps both models agree to float rounding
@@ -256,11 +269,15 @@ def test_zero_grad_set_to_none_trains_like_one_process(tcp_job):
         tcp_job[0]["cases"]["keep_grads"]["digest"]
 
 
+@pytest.mark.root
+@pytest.mark.slow
 def test_rank_and_size_answer_after_shutdown(tcp_job):
     # torch_api_job.py prints its result after lt.shutdown()
     assert [(r["rank"], r["size"]) for r in tcp_job] == [(0, 2), (1, 2)]
 
 
+@pytest.mark.root
+@pytest.mark.slow
 def test_half_precision_and_unused_parameters(tcp_job):
     c = tcp_job[0]["cases"]
     assert c["fp16"]["dtypes"] == ["torch.float16"] and c["bf16"]["dtypes"] == ["torch.bfloat16"]
@@ -269,6 +286,7 @@ def test_half_precision_and_unused_parameters(tcp_job):
 
 # --------------------------------------------------------------------------- ltp launch flags
 
+@pytest.mark.rig
 @pytest.mark.parametrize("argv, flag", [
     (["--workers", "0", "--", "python", "x.py"], "--workers"),
     (["--servers", "9", "--", "python", "x.py"], "--servers"),
@@ -306,6 +324,7 @@ print(json.dumps({"err": err, "threads": [t.name for t in threading.enumerate()]
 """
 
 
+@pytest.mark.unit
 def test_a_failed_init_leaves_no_heartbeat_running(tmp_path):
     """A worker whose server never shows up: init() fails after the heartbeat
     started (coord.get_many times out), and takes the heartbeat down with it."""
@@ -321,6 +340,7 @@ class _Steps:
         self.steps = steps
 
 
+@pytest.mark.unit
 def test_checkpoints_of_two_jobs_share_a_folder(tmp_path, monkeypatch):
     """Each job prunes only its own files; latest() picks by name, loading none;
     a temp file is removed only when its writer's pid is gone."""
@@ -374,6 +394,7 @@ class _Interleave:
         return getattr(self.store, name)
 
 
+@pytest.mark.unit
 def test_the_op_is_described_when_first_arrivals_in_two_groups_race():
     """64 workers (two arrival groups): worker 0 sets its bit, worker 62 arrives
     whole before worker 0 reads group 1. Each sees the other; the op's
@@ -411,6 +432,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.unit
 def test_a_heartbeat_whose_store_is_gone_says_so_once_and_ends(caplog):
     import logging
     from datetime import timedelta

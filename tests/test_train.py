@@ -28,6 +28,7 @@ STEPS = 14           # one epoch at 3 workers x 32 examples
 
 # --------------------------------------------------------------------------- units
 
+@pytest.mark.unit
 def test_digits_read_directly_match_sklearn():
     from sklearn.datasets import load_digits
     X, y = load_digits(return_X_y=True)
@@ -38,6 +39,7 @@ def test_digits_read_directly_match_sklearn():
     assert not np.array_equal(split(4).y_test, a.y_test)
 
 
+@pytest.mark.unit
 def test_shards_are_disjoint_and_streams_deterministic():
     d = split(0)
     shards = [set(BatchStream(d, w, 4, 32, 0).shard) for w in range(4)]
@@ -49,6 +51,7 @@ def test_shards_are_disjoint_and_streams_deterministic():
     assert s1.npass >= 1
 
 
+@pytest.mark.unit
 def test_mlp_size_and_seeded_init():
     assert count_params((512, 384)) == 234_122                     # 0.94 MB of float32
     a, b = build_mlp(seed=1), build_mlp(seed=1)
@@ -57,6 +60,7 @@ def test_mlp_size_and_seeded_init():
     assert not torch.equal(next(build_mlp(seed=2).parameters()), next(a.parameters()))
 
 
+@pytest.mark.unit
 def test_equal_weights_aggregate_is_round_result_aggregate():
     v = np.random.default_rng(0).standard_normal((5, 1000)).astype(np.float32)
     out = np.empty(1000, dtype=np.float32)
@@ -64,6 +68,7 @@ def test_equal_weights_aggregate_is_round_result_aggregate():
     assert np.array_equal(out, v.mean(axis=0, dtype=np.float64).astype(np.float32))
 
 
+@pytest.mark.unit
 def test_wbsp_weighting_is_the_mean_over_every_local_gradient():
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal((k, 200)).astype(np.float32) for k in (3, 1, 2)]
@@ -73,6 +78,7 @@ def test_wbsp_weighting_is_the_mean_over_every_local_gradient():
     assert np.allclose(out, np.concatenate(grads).mean(axis=0), atol=1e-6)
 
 
+@pytest.mark.unit
 def test_straggler_and_config_parsing():
     assert parse_straggler(["1:3", "0:1.5"]) == {1: 3.0, 0: 1.5}
     for bad in ("1", "x:2", "1:0.5", "-1:2"):
@@ -98,6 +104,7 @@ def _train_parsers():
     return sub.choices["train"], build_parser()
 
 
+@pytest.mark.unit
 def test_shared_train_flags_have_one_default_in_both_parsers():
     import argparse
     from ltpx.control.training.args import add_train_flags
@@ -115,6 +122,7 @@ def test_shared_train_flags_have_one_default_in_both_parsers():
     assert train.get_default("downlink") == rank.get_default("downlink") == "group"
 
 
+@pytest.mark.unit
 def test_flags_make_one_config_and_only_ltp_sends_to_a_group():
     from ltpx.control.training.args import config_from_args
     train, rank = _train_parsers()
@@ -127,6 +135,7 @@ def test_flags_make_one_config_and_only_ltp_sends_to_a_group():
         config_from_args(rank.parse_args(["--transport", "gloo", "--sync", "wbsp"]))
 
 
+@pytest.mark.unit
 def test_devices_without_a_broadcast_address():
     # a server rank without one (and without a group) answers each worker (unicast)
     from ltpx.control.torchapi.host import dev_broadcast
@@ -134,6 +143,7 @@ def test_devices_without_a_broadcast_address():
     assert dev_broadcast("no-such-dev0") is None
 
 
+@pytest.mark.unit
 def test_rank_bad_flags_exit_2():
     import subprocess
     import sys
@@ -145,6 +155,7 @@ def test_rank_bad_flags_exit_2():
         assert argv[0] in out.stderr
 
 
+@pytest.mark.rig
 @pytest.mark.parametrize("argv, flag", [
     (["--workers", "0"], "--workers"),
     (["--loss", "1.5"], "--loss"),
@@ -196,6 +207,7 @@ def _train(rig, early_close=None, **kw):
     return train_on_rig(rig, cfg, timeout_s=300, early_close=early_close)
 
 
+@pytest.mark.rig
 def test_the_rig_ps_device_broadcast_address_is_the_rigs(rig):
     # what a PS rank given --downlink group but no --group sends to
     from ltpx.control.torchapi.host import dev_broadcast
@@ -210,6 +222,7 @@ def ltp_run(rig):
     return _train(rig, transport="ltp", downlink="unicast", early_close=WHOLE)
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_ltp_training_learns_and_replicas_agree(ltp_run):
     r = ltp_run
@@ -223,6 +236,7 @@ def test_ltp_training_learns_and_replicas_agree(ltp_run):
     assert set(chain["workers"].values()) == {chain["ps"]}
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_lossless_ltp_and_tcp_train_bit_identical_parameters(rig, ltp_run):
     tcp = _train(rig, transport="tcp")
@@ -235,6 +249,7 @@ def test_lossless_ltp_and_tcp_train_bit_identical_parameters(rig, ltp_run):
     assert tcp["final_accuracy"] == ltp_run["final_accuracy"]
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_the_ack_clock_trains_the_same_parameters(rig, ltp_run):
     """--sender xdp: every worker's uplink and the server's (unicast)
@@ -248,6 +263,7 @@ def test_the_ack_clock_trains_the_same_parameters(rig, ltp_run):
     assert ltp_run["uplink_clock_share"] == 0.0 and ltp_run["uplink_sent"] > 0
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_wbsp_fast_workers_do_more_local_steps_and_all_pull_the_same_versions(rig):
     # The parameters go once per chunk to the rig's broadcast address here
@@ -264,6 +280,7 @@ def test_wbsp_fast_workers_do_more_local_steps_and_all_pull_the_same_versions(ri
     assert r["final_train_loss"] < r["initial_train_loss"]
 
 
+@pytest.mark.rig
 @requires_bpf
 def test_a_single_run_on_a_named_rig_makes_no_fairness_note_and_a_new_name_is_said(rig):
     # issue 25, items 6 and 8: the note on a rig shaped for another transport

@@ -61,6 +61,7 @@ def expected(cluster, r, seed=7):
     return np.stack([worker_tensor(seed, w, r, NEL) for w in cluster.ids])
 
 
+@pytest.mark.rig
 def test_lossless_rounds_are_bit_exact(lossless):
     cl = lossless
     # Nothing is injected, but 8 workers into a 30 kB queue on 2 busy cores can
@@ -83,6 +84,7 @@ def test_lossless_rounds_are_bit_exact(lossless):
         assert res.report()["delivered_fraction"] == 1.0
 
 
+@pytest.mark.rig
 @pytest.mark.parametrize("strategy", ["mean", "zero", "stale"])
 def test_loss_closes_early_and_fills_by_strategy(rig, lossless, strategy):
     cl = lossless
@@ -126,6 +128,7 @@ def test_loss_closes_early_and_fills_by_strategy(rig, lossless, strategy):
     assert ce * lay.nchunks >= NEL
 
 
+@pytest.mark.rig
 def test_reliable_downlink_survives_ten_percent_loss(rig, lossless):
     cl = lossless
     params = np.random.default_rng(3).standard_normal(NEL).astype(np.float32)
@@ -138,6 +141,7 @@ def test_reliable_downlink_survives_ten_percent_loss(rig, lossless):
     assert rep.resent > 0 and rig.loss_counters()["dropped"] > 0
 
 
+@pytest.mark.rig
 def test_group_downlink_sends_once_and_repairs_each_worker_alone(rig, lossless):
     """The first pass goes once, to the rig's broadcast address; what each
     worker misses (10% loss on every port) is re-sent to it alone. Every
@@ -156,6 +160,7 @@ def test_group_downlink_sends_once_and_repairs_each_worker_alone(rig, lossless):
     assert nch + rep.resent == rep.sent < len(cl.ids) * nch // 2
 
 
+@pytest.mark.rig
 def test_late_packets_never_touch_the_next_round(rig, lossless):
     cl = lossless
     r = next_round()
@@ -187,6 +192,7 @@ def test_late_packets_never_touch_the_next_round(rig, lossless):
         sock.close()
 
 
+@pytest.mark.rig
 def test_silent_worker_closes_by_deadline_and_is_named(lossless):
     cl = lossless
     silent = cl.ids[3]
@@ -203,6 +209,7 @@ def test_silent_worker_closes_by_deadline_and_is_named(lossless):
     assert np.array_equal(res.values[3], exp.astype(np.float32))
 
 
+@pytest.mark.rig
 def test_critical_chunks_hold_the_round_until_they_arrive(rig, lossless):
     cl = lossless
     cl.ps.early.cfg = EarlyCloseConfig(threshold_max=0.5, threshold_min=0.5, grace_factor=0.0,
@@ -218,6 +225,7 @@ def test_critical_chunks_hold_the_round_until_they_arrive(rig, lossless):
     assert res.masks[:, :5].all() and not res.critical_missing
 
 
+@pytest.mark.rig
 def test_bad_input_is_refused_and_the_receiver_stays_usable(lossless):
     cl = lossless
     ps = cl.ps
@@ -248,6 +256,7 @@ def _wait(pred, timeout=3.0):
     assert pred()
 
 
+@pytest.mark.rig
 def test_ltp_flows_sees_the_running_endpoint(rig, lossless):
     """The PS endpoint publishes its pins, so `ltp flows -j` in another process
     reads the same counts the transport reported."""

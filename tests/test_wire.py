@@ -22,6 +22,7 @@ def dp(small_geometry):
         yield d
 
 
+@pytest.mark.root
 @requires_bpf
 @pytest.mark.parametrize("table,mirror", [
     ("ltp_lasthdr", W.LtpHdr), ("ltp_cfg", M.Cfg), ("ltp_banks", M.Bank),
@@ -34,6 +35,7 @@ def test_c_and_python_structs_agree(dp, table, mirror):
     assert _layout(leaf) == _layout(mirror)
 
 
+@pytest.mark.root
 @requires_bpf
 def test_progress_dtype_matches_struct(dp):
     assert M.PROGRESS_DTYPE.itemsize == ctypes.sizeof(dp.table("ltp_progress").Leaf)
@@ -41,12 +43,14 @@ def test_progress_dtype_matches_struct(dp):
         [getattr(M.Progress, n).offset for n, *_ in M.Progress._fields_]
 
 
+@pytest.mark.unit
 def test_counter_names_come_from_the_header():
     assert M.COUNTERS[0] == "pass"
     assert {"malformed", "bad_magic", "bad_version", "foreign_job", "unknown_worker",
             "stale", "future", "late", "out_of_range", "dup"} <= set(M.COUNTERS)
 
 
+@pytest.mark.unit
 def test_scapy_layer_and_packer_build_the_same_bytes():
     fields = dict(type=W.T_DATA, flags=W.F_CRITICAL | W.F_LAST, worker=513, job=0xDEADBEEF,
                   round=70000, chunk=3, nchunks=9, state=0, rate=123456)
@@ -61,6 +65,7 @@ def test_scapy_layer_and_packer_build_the_same_bytes():
     assert packed[8:12] == (0xDEADBEEF).to_bytes(4, "big")
 
 
+@pytest.mark.unit
 def test_scapy_fills_length_and_dissects():
     from scapy.layers.inet import IP, UDP
     pkt = IP(bytes(IP(dst="198.18.0.1") / UDP(sport=1234, dport=W.PORT) /
@@ -68,11 +73,13 @@ def test_scapy_fills_length_and_dissects():
     assert pkt[W.LTP].len == 12 and pkt[W.LTP].chunk == 5
 
 
+@pytest.mark.unit
 def test_unpack_rejects_short_input():
     with pytest.raises(ValueError, match=f"{W.HDR_LEN} bytes"):
         W.unpack_header(b"\0" * 10)
 
 
+@pytest.mark.root
 @requires_bpf
 def test_map_names_are_the_programs_maps(dp):
     """MAP_NAMES (read from bpf/ltp_maps.h) is every map the compiled program has."""
@@ -80,6 +87,7 @@ def test_map_names_are_the_programs_maps(dp):
     assert len(set(M.MAP_NAMES)) == len(M.MAP_NAMES)
 
 
+@pytest.mark.unit
 def test_header_has_one_python_description():
     """The numpy record, the byte offsets and the scapy layer all follow LtpHdr."""
     names = [n for n, _ in W.LtpHdr._fields_]
@@ -94,5 +102,6 @@ def test_header_has_one_python_description():
     assert int(arr["chunk"][0]) == 7 and int(arr["flags"][0]) == W.F_RETX
 
 
+@pytest.mark.unit
 def test_geometry_port_is_the_wire_port():
     assert M.Geometry().port == W.PORT == 7410

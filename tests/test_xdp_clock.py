@@ -110,6 +110,7 @@ def assert_checksums_right(frame: bytes):
 
 # --- the sender: what an ACK becomes -------------------------------------------
 
+@pytest.mark.root
 def test_ack_becomes_the_next_chunk(dp, maps):
     grad = start_round(maps)
     before = maps.counters()
@@ -131,6 +132,7 @@ def test_ack_becomes_the_next_chunk(dp, maps):
     assert tx(maps)["window"] == 2 and tx(maps)["consumed"] == 0
 
 
+@pytest.mark.root
 def test_short_last_chunk_and_critical_flag(dp, maps):
     grad = start_round(maps, primed=2, flags=W.F_RELIABLE)  # next position: chunk 3 (the last)
     res = run(dp, ack(chunk=ORDER[0]))
@@ -164,6 +166,7 @@ CONSUMED = [
 ]
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("desc,pkt,before,counters,changes", CONSUMED,
                          ids=[c[0] for c in CONSUMED])
 def test_ack_is_consumed(dp, maps, desc, pkt, before, counters, changes):
@@ -180,6 +183,7 @@ def test_ack_is_consumed(dp, maps, desc, pkt, before, counters, changes):
         {k: v for k, v in changes.items() if v != t0[k]}
 
 
+@pytest.mark.root
 def test_a_second_ack_of_one_chunk_is_consumed(dp, maps):
     """A re-send the first ACK overtook: the first kept the clock going, the
     second's packet leaves the flight."""
@@ -191,6 +195,7 @@ def test_a_second_ack_of_one_chunk_is_consumed(dp, maps):
     assert tx(maps)["consumed"] == 0 and tx(maps)["next"] == 2
 
 
+@pytest.mark.root
 def test_an_ack_that_cannot_grow_is_consumed_and_hands_nothing_out():
     """A frame with too little tailroom for a chunk (here: 4000-byte chunks,
     more than a test-run page holds after the headers): the ACK is consumed
@@ -214,6 +219,7 @@ def test_an_ack_that_cannot_grow_is_consumed_and_hands_nothing_out():
         assert m.acked_mask(9, 1, NCH).tolist() == [False, False, True, False]
 
 
+@pytest.mark.root
 def test_positions_from_the_tail_are_not_sent_by_the_clock(dp, maps):
     assert clock.take_tail(maps, 9, 1, 2) == [2, 3]
     assert Ether(run(dp, ack(chunk=2)).data)[W.LTP].chunk == ORDER[1]
@@ -255,6 +261,7 @@ def rack_payload(grad, c):
     return raw[c * CHUNK:c * CHUNK + (LAST if c == RACK_N - 1 else CHUNK)].tobytes()
 
 
+@pytest.mark.root
 def test_rack_resends_a_lost_chunk_before_the_next_one(dp, maps):
     grad = rack_round(maps)
     ack_all_but(dp, {LOST}, upto=8)        # the last of them (chunk 7) was inside the window
@@ -283,6 +290,7 @@ def test_rack_resends_a_lost_chunk_before_the_next_one(dp, maps):
     assert maps.acked_mask(9, 1, RACK_N)[2:].all()
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("how", ["taken over by the control plane", "rack off"])
 def test_rack_leaves_what_is_not_its_own(dp, maps, how):
     """A chunk the control plane re-sent itself (it zeroes ltp_sentat), and a
@@ -303,6 +311,7 @@ def ack_of(res):
     return Ether(res.data)[W.LTP]
 
 
+@pytest.mark.root
 def test_credit_within_window_keeps_the_packet(dp, maps):
     c0 = maps.counters()
     h = ack_of(run(dp, clocked_data(chunk=0, stamp=(2, 0))))
@@ -311,6 +320,7 @@ def test_credit_within_window_keeps_the_packet(dp, maps):
     assert maps.progress[1, 1]["stops"] == 0
 
 
+@pytest.mark.root
 def test_credit_over_window_says_stop_once_per_excess_packet(dp, maps):
     """Flow at 4 in flight, credit 2: the first two of its packets in flight
     (stamped before the sender saw any STOP) shed one each; the third is
@@ -324,6 +334,7 @@ def test_credit_over_window_says_stop_once_per_excess_packet(dp, maps):
     assert not ack_of(run(dp, clocked_data(chunk=3, stamp=(2, 2)))).flags.stop
 
 
+@pytest.mark.root
 def test_credit_grows_when_a_flow_finishes(dp, maps):
     """Worker 9 finishes its round: worker 3 alone shares the window of 4."""
     for c in range(NCH):
@@ -333,12 +344,14 @@ def test_credit_grows_when_a_flow_finishes(dp, maps):
     assert h.rate == 4 and not h.flags.stop
 
 
+@pytest.mark.root
 def test_no_window_no_limit(dp, maps):
     maps.open_bank(5, NCH, LAST, token=tok(5), flows=2, window=0)
     h = ack_of(run(dp, clocked_data(chunk=0, stamp=(500, 0))))
     assert h.rate == 0xffff and not h.flags.stop
 
 
+@pytest.mark.root
 def test_unclocked_data_gets_a_rate_not_a_credit(dp, maps):
     maps.set_share(5, 900_000)
     pkt = clocked_data(chunk=0, stamp=(9, 0))
@@ -349,6 +362,7 @@ def test_unclocked_data_gets_a_rate_not_a_credit(dp, maps):
 
 # --- a round through both programs --------------------------------------------
 
+@pytest.mark.root
 @pytest.mark.parametrize("lose", [(), (5, 17)], ids=["no loss", "two DATA lost"])
 def test_a_round_clocked_through_two_programs_is_bit_exact(small_geometry, lose):
     """A worker's program and a PS's program, their frames handed across by
@@ -440,6 +454,7 @@ def expected(cl, r):
     return np.stack([worker_tensor(7, w, r, NEL) for w in cl.ids])
 
 
+@pytest.mark.rig
 def test_rig_round_through_the_clock_is_bit_exact(fresh):
     cl = fresh
     for _ in range(3):
@@ -453,6 +468,7 @@ def test_rig_round_through_the_clock_is_bit_exact(fresh):
             assert rep.clock_tx >= rep.chunks // 2, rep
 
 
+@pytest.mark.rig
 def test_rig_early_close_at_5_percent_loss_delivers_99_percent(rig, fresh):
     cl = fresh
     rig.set_loss(0.05)
@@ -470,6 +486,7 @@ def test_rig_early_close_at_5_percent_loss_delivers_99_percent(rig, fresh):
     assert min(delivered) >= 0.99, delivered
 
 
+@pytest.mark.rig
 def test_rig_lost_data_and_lost_acks_both_recover(rig, fresh):
     """At 10% loss on both directions, with no Early Close before
     everything is in (threshold 1, a long deadline): every round completes.
@@ -493,6 +510,7 @@ def test_rig_lost_data_and_lost_acks_both_recover(rig, fresh):
     assert retx > 0 and dups > 0, (retx, dups)
 
 
+@pytest.mark.rig
 def test_rig_window_never_exceeds_the_credit(fresh):
     """Past its first ACK, no flow keeps more in flight than the credit the
     PS's latest ACK gave it; the PS's window is shared by 4 flows."""
@@ -503,6 +521,7 @@ def test_rig_window_never_exceeds_the_credit(fresh):
         assert all(p.max_over_credit <= 0 for p in reps.values()), reps
 
 
+@pytest.mark.rig
 @pytest.mark.parametrize("group", [False, True], ids=["unicast", "group"])
 def test_rig_reliable_downlink_through_the_clock(rig, fresh, group):
     """The PS pushes the reliable class through its clock to every worker
@@ -518,6 +537,7 @@ def test_rig_reliable_downlink_through_the_clock(rig, fresh, group):
     assert rep.sender == "xdp" and rep.clock_tx > 0
 
 
+@pytest.mark.root
 def test_doctor_reports_that_frames_grow_on_veth():
     """`ltp doctor`'s ack-clock check runs the clock on a veth pair of its own
     (namespaces ltp-g<pid>-*) and leaves nothing behind."""

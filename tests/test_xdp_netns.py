@@ -46,6 +46,7 @@ def pair():
     assert not netns.exists("ltp-t-xdp-a") and not netns.exists("ltp-t-xdp-b")
 
 
+@pytest.mark.rig
 def test_push_with_pass_peer_acks_reach_a_socket(pair, small_geometry):
     from ltpx.dataplane.xdp.loader import Dataplane
     tensor = np.random.default_rng(1).standard_normal(4 * CHUNK // 4 + 2).astype(np.float32)
@@ -76,6 +77,7 @@ def test_push_with_pass_peer_acks_reach_a_socket(pair, small_geometry):
         sock.close()
 
 
+@pytest.mark.rig
 def test_worker_role_records_acks_in_its_map(pair, small_geometry):
     """Both ends run ltp_xdp: the PS turns DATA into ACKs at its NIC and the
     worker's program records them and drops them before any socket."""
@@ -111,6 +113,7 @@ def test_worker_role_records_acks_in_its_map(pair, small_geometry):
         sock.close()
 
 
+@pytest.mark.rig
 def test_pair_is_removed_when_the_body_raises():
     from ltpx.dataplane.rig.pair import VethPair
     with pytest.raises(RuntimeError), VethPair("ltp-t-raise") as p:
@@ -119,6 +122,7 @@ def test_pair_is_removed_when_the_body_raises():
     assert not netns.exists("ltp-t-raise-a") and not netns.exists("ltp-t-raise-b")
 
 
+@pytest.mark.rig
 def test_sockets_in_the_pair_cannot_leave_it(pair):
     sock = pair.udp_socket(pair.a)
     with pytest.raises(OSError):
@@ -131,6 +135,7 @@ def test_sockets_in_the_pair_cannot_leave_it(pair):
     s.close()
 
 
+@pytest.mark.rig
 def test_current_namespace_is_named(pair):
     assert netns.current() != pair.a.ns
     with netns.inside(pair.a.ns):

@@ -344,6 +344,7 @@ CASES = [
 ]
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("case", CASES, ids=[c.desc for c in CASES])
 def test_packet_table(dp, maps, case):
     if case.before:
@@ -359,6 +360,7 @@ def test_packet_table(dp, maps, case):
         case.check(maps, res, case.packet)
 
 
+@pytest.mark.root
 def test_duplicate_is_counted_once_and_not_rewritten(dp, maps):
     first = run(dp, data(chunk=2, seed=1.0))
     before = maps.counters()
@@ -374,6 +376,7 @@ def test_duplicate_is_counted_once_and_not_rewritten(dp, maps):
     assert maps.slot_stats(1)["dup"] >= 2
 
 
+@pytest.mark.root
 def test_late_packet_of_old_bank_leaves_new_round_intact(dp, maps):
     """Round 5 lives in bank 1; after it closes, round 7 reuses bank 1. A late
     packet of round 5 must not touch round 7's memory."""
@@ -392,6 +395,7 @@ def test_late_packet_of_old_bank_leaves_new_round_intact(dp, maps):
     assert maps.done_mask(7, 1, NCHUNKS).tolist() == [True, False, False, False]
 
 
+@pytest.mark.root
 def test_a_spoof_first_does_not_stop_the_real_chunk(dp, maps):
     """A spoofed copy of a chunk arriving before the real one claims nothing:
     the real one is written (not taken for a duplicate) and the round's
@@ -441,6 +445,7 @@ SPOOFS = [
 ]
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("desc,pkt", SPOOFS, ids=[d for d, _ in SPOOFS])
 def test_a_spoof_writes_nothing_but_its_count(dp, maps, desc, pkt):
     """A packet without its round's token changes no value of any map (no
@@ -466,6 +471,7 @@ def maps_counter(name: str) -> int:
     return COUNTERS.index(name)
 
 
+@pytest.mark.root
 def test_a_spoofed_ack_before_the_real_one_changes_nothing(dp, maps):
     """A spoofed CLOSED ACK, then the real OPEN ACK of the same chunk: the
     sender's state is the real one's."""
@@ -475,6 +481,7 @@ def test_a_spoofed_ack_before_the_real_one_changes_nothing(dp, maps):
     ack_recorded(rate=7000)(maps, None, None)
 
 
+@pytest.mark.root
 def test_without_a_secret_the_token_is_zero_and_still_checked(dp, maps):
     """An endpoint without a secret opens its rounds with token 0: packets
     with token 0 are taken (the job cookie is the only check), any other
@@ -491,6 +498,7 @@ def test_without_a_secret_the_token_is_zero_and_still_checked(dp, maps):
     assert maps.tx_state(9, 1)["acked"] == 1
 
 
+@pytest.mark.root
 def test_workers_land_in_their_own_slots(dp, maps):
     run(dp, data(worker=3, chunk=0, seed=3.0))
     run(dp, data(worker=9, chunk=0, seed=9.0))
@@ -499,6 +507,7 @@ def test_workers_land_in_their_own_slots(dp, maps):
     assert maps.slot_stats(2)["rx_bytes"] == CHUNK
 
 
+@pytest.mark.root
 def test_malformed_input_leaves_receiver_usable(dp, maps):
     for junk in (b"", b"\x00" * 13, bytes(data())[:40], bytes(data())[:60]):
         if len(junk) >= 14:
@@ -507,6 +516,7 @@ def test_malformed_input_leaves_receiver_usable(dp, maps):
     assert maps.done_mask(5, 1, NCHUNKS)[0]
 
 
+@pytest.mark.root
 def test_bitmaps_of_a_geometry_with_odd_word_count():
     """192 chunks = 3 bitmap words (not a power of two): every chunk gets its
     own bit and its own memory."""
@@ -525,6 +535,7 @@ def test_bitmaps_of_a_geometry_with_odd_word_count():
         assert firsts.tolist() == [float(c) for c in range(n)]
 
 
+@pytest.mark.root
 def test_group_data_is_taken_for_the_hosts_own_id():
     """DATA flagged GROUP (sent to a broadcast address) lands in the slot of
     the host's own id and is ACKed from the host's own MAC and address, naming
@@ -563,6 +574,7 @@ def test_group_data_is_taken_for_the_hosts_own_id():
             m.set_self(9, self_ip, "02:00")
 
 
+@pytest.mark.root
 def test_ack_divides_the_share_among_unfinished_flows(dp, maps):
     """With a share set on the bank, each ACK carries share / (flows not yet
     finished): a flow's last chunk takes it off the count at once (the ACK of
@@ -664,6 +676,7 @@ CAP_CASES = [
 ]
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("case", CAP_CASES, ids=[c.desc for c in CAP_CASES])
 def test_capture_table(dp, maps, ring, case):
     import time
@@ -688,6 +701,7 @@ def test_capture_table(dp, maps, ring, case):
 
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("case", CASES, ids=[c.desc for c in CASES])
 def test_capture_changes_no_verdict_byte_or_counter(dp, maps, ring, case):
     """Every case of the packet table gives the same verdict, output frame
@@ -711,6 +725,7 @@ def test_capture_changes_no_verdict_byte_or_counter(dp, maps, ring, case):
     assert [x.direction for x in r.drain()] == want
 
 
+@pytest.mark.root
 def test_a_full_ring_counts_what_it_lost(dp, maps, ring):
     """More records than the ring holds: those it has no room for are counted
     lost, none is half-written, and the ring works again once drained."""

@@ -42,6 +42,7 @@ def check() -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_ddp_over_ltp_on_cuda():
     out = check()
     print(json.dumps(out))
