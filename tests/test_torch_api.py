@@ -343,15 +343,16 @@ class _Steps:
 @pytest.mark.unit
 def test_checkpoints_of_two_jobs_share_a_folder(tmp_path, monkeypatch):
     """Each job prunes only its own files; latest() picks by name, loading none;
-    a temp file is removed only when its writer's pid is gone."""
+    a temp file of this host is removed only when its writer's pid is gone
+    (test_checkpoint.py has the other hosts' and the stale ones)."""
     from ltpx.control.torchapi import checkpoint
     monkeypatch.setattr(checkpoint, "state_blob", lambda opt, extra: b"state")
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     try:
-        writing = tmp_path / f"ckpt-{checkpoint.tag_for('b')}-00000020.pt.tmp.{live.pid}"
-        torn = tmp_path / f"ckpt-{checkpoint.tag_for('b')}-00000020.pt.tmp.{dead.pid}"
+        tmp = f"ckpt-{checkpoint.tag_for('b')}-00000020.pt.tmp.{checkpoint.host_name()}"
+        writing, torn = tmp_path / f"{tmp}.{live.pid}", tmp_path / f"{tmp}.{dead.pid}"
         writing.write_bytes(b"half")
         torn.write_bytes(b"half")
         for step in (5, 10, 15):

@@ -7,28 +7,38 @@ values) is rebuilt by a new job in a few rounds, and none of it changes
 the parameters. The state that matters is the workers', and every replica
 holds all of it, bit-identical (each steps its own optimizer with the same
 answer). So worker 0 saves it: `save()` every N steps to
-<dir>/ckpt-<tag>-<step>.pt (tag: a hash of the job's fingerprint), written
-to a temporary name with the writer's pid and renamed (a kill mid-write
-leaves the last good one), the last KEEP of this fingerprint kept. Jobs
-may share the folder: a job prunes only its own files, and removes a temp
-file only when the pid in its name is gone.
+<dir>/ckpt-<tag>-<step>.pt (tag: a hash of the job's fingerprint). The file
+is written under a temporary name unique to the writer's host and process
+(`<name>.tmp.<host>.<pid>`), fsynced, renamed, and its folder fsynced, so a
+kill or a power cut leaves the last good checkpoint. The last KEEP of this
+fingerprint are kept. Jobs and hosts may share the folder: a job prunes only
+its own fingerprint's files, and a temporary file is removed only when it is
+this host's and its pid is gone, or when nobody has written to it for
+STALE_S (any host's: a live writer finishes a file in far less). A save
+that fails (a full disk, a folder gone or read-only) is a warning naming
+the path and the error, and training goes on: the last good checkpoint stays.
 
 A restarted job (every rank new: the server's death ends the job, and
 `ltp train --restart` or torchrun --max-restarts starts it again) calls
 `resume()` on every worker before its first op: worker 0 reads the newest
 checkpoint whose fingerprint matches the job, and broadcasts it to the
-others over LTP's reliable class (its length first, then its bytes), so
-only worker 0 needs the directory; everyone loads the same bytes. Then the
-replicas are where they were at that step, and training goes on from there
-on the same trajectory.
+others over LTP's reliable class (its length first, then its bytes in
+pieces of PIECE_BYTES, so no op outgrows the largest round an endpoint
+holds, 2^20 chunks), so only worker 0 needs the directory; everyone loads
+the same bytes. Then the replicas are where they were at that step, and
+training goes on from there on the same trajectory.
 """
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import io
+import logging
 import os
 import re
+import socket
+import time
 
 import torch
 
@@ -38,6 +48,11 @@ from .job import current
 
 KEEP = 2
 NAME = re.compile(r"ckpt-([0-9a-f]{16})-([0-9]+)\.pt")
+TMP = ".pt.tmp."          # <name>.pt.tmp.<host>.<pid>
+STALE_S = 3600.0          # a temporary file nobody wrote to for this long is abandoned
+PIECE_BYTES = 1 << 24     # resume() broadcasts a checkpoint in pieces of this many bytes
+
+log = logging.getLogger("ltpx.torch.checkpoint")
 
 
 def tag_for(fingerprint: str) -> str:
@@ -47,6 +62,16 @@ def tag_for(fingerprint: str) -> str:
 
 def path_for(ckdir: str, step: int, fingerprint: str) -> str:
     return os.path.join(ckdir, f"ckpt-{tag_for(fingerprint)}-{step:08d}.pt")
+
+
+def host_name() -> str:
+    """This host as it appears in temporary file names."""
+    return re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname()) or "host"
+
+
+def temp_for(path: str) -> str:
+    """The temporary name this process writes `path` under."""
+    return f"{path[:-3]}{TMP}{host_name()}.{os.getpid()}"
 
 
 def checkpoints(ckdir: str, fingerprint: str | None = None) -> list[str]:
@@ -76,32 +101,74 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def is_torn(tmp: str, now: float) -> bool:
+    """Whether a temporary file's writer is gone: this host's with its pid
+    dead, or anyone's (another host's, a name of another form) untouched for
+    STALE_S."""
+    host, _, pid = os.path.basename(tmp).split(TMP, 1)[-1].rpartition(".")
+    if host == host_name() and pid.isdigit() and not pid_alive(int(pid)):
+        return True
+    try:
+        return now - os.lstat(tmp).st_mtime > STALE_S
+    except FileNotFoundError:   # renamed or removed meanwhile
+        return False
+
+
 def remove_torn(ckdir: str) -> None:
-    """Temporary files whose writer died mid-write (any job's; a live writer's stay)."""
-    for torn in glob.glob(os.path.join(ckdir, "ckpt-*.pt.tmp.*")):
-        pid = torn.rsplit(".", 1)[1]
-        if pid.isdigit() and not pid_alive(int(pid)):
+    """Temporary files whose writer died mid-write (is_torn; any job's)."""
+    now = time.time()
+    for torn in glob.glob(os.path.join(ckdir, f"ckpt-*{TMP}*")):
+        if is_torn(torn, now):
             try:
                 os.unlink(torn)
             except FileNotFoundError:   # another job removed it first
                 pass
 
 
-def save(ckdir: str, opt, extra: dict, fingerprint: str) -> str:
-    """Worker 0's checkpoint of this step (atomic: temporary file, rename)."""
-    os.makedirs(ckdir, exist_ok=True)
-    path = path_for(ckdir, opt.steps, fingerprint)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    remove_torn(ckdir)
+def fsync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        torch.save({"fingerprint": fingerprint, "blob": state_blob(opt, extra)}, tmp)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: str, data) -> None:
+    """`data` at `path` whole or not at all, on disk when this returns: a
+    temporary file written and fsynced, renamed, its folder fsynced."""
+    tmp = temp_for(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:        # stopped mid-write (SIGTERM): leave no torn file
-        if os.path.exists(tmp):
+    except BaseException:        # a failed or stopped write (SIGTERM) leaves no torn file
+        try:
             os.unlink(tmp)
+        except OSError:
+            pass
         raise
-    for old in checkpoints(ckdir, fingerprint)[KEEP:]:
-        os.unlink(old)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def save(ckdir: str, opt, extra: dict, fingerprint: str) -> str | None:
+    """Worker 0's checkpoint of this step; its path, or None when it could not
+    be written (a warning names the path and the error; training goes on)."""
+    path = path_for(ckdir, opt.steps, fingerprint)
+    buf = io.BytesIO()   # serialized first: torch.save hides a write's errno
+    torch.save({"fingerprint": fingerprint, "blob": state_blob(opt, extra)}, buf)
+    try:
+        os.makedirs(ckdir, exist_ok=True)
+        remove_torn(ckdir)
+        write_durably(path, buf.getbuffer())
+        for old in checkpoints(ckdir, fingerprint)[KEEP:]:
+            os.unlink(old)
+    except OSError as e:
+        code = errno.errorcode.get(e.errno, "?") if e.errno else "no errno"
+        log.warning("ltpx.torch: checkpoint %s not saved: %s (%s); training goes on, "
+                    "the last good checkpoint stays", path, e.strerror or e, code)
+        return None
     return path
 
 
@@ -125,7 +192,8 @@ def resume(opt, ckdir: str | None, fingerprint: str) -> dict | None:
         return None
     data = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if lead else \
         torch.zeros(int(n), dtype=torch.uint8)
-    broadcast_parameters([data], root_rank=0)
+    for lo in range(0, int(n), PIECE_BYTES):   # each piece an op of its own size
+        broadcast_parameters([data[lo:lo + PIECE_BYTES]], root_rank=0)
     return _load(opt, data.numpy().tobytes())
 
 
