@@ -14,6 +14,7 @@ flags answer --help without them).
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from ..errors import UsageError
@@ -29,7 +30,8 @@ TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting. lo/hi bound a number (lo excluded when `above`); `shown`
+    """One setting. lo/hi bound a number (lo excluded when `above`; a float is
+    finite besides: nan and inf are out of bounds); `shown`
     is the default as help and docs write it; `flags` the surfaces with a
     flag for it; `launcher`: the launcher sets it in each rank's environment."""
 
@@ -76,6 +78,8 @@ class Setting:
         lo = self.lo if lo is None else lo
         if value is None:
             return None
+        if self.type is float and not math.isfinite(value):
+            return f"must be a finite number {self.takes(lo)}, got {value!r}"
         if self.choices:
             bad = value not in self.choices
         else:
@@ -133,7 +137,8 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _s("xdp_mode", str, "native", "skb for drivers without native XDP",
        choices=("native", "skb"), flags=(RANK,), launcher=True),
     _s("capacity", float, 1e9, "bottleneck rate toward the server in bit/s: LTP rate shares, "
-       "Early Close deadlines", lo=0, above=True, shown="1e9", flags=(RANK,), launcher=True),
+       "Early Close deadlines; at least 1000 (ACKs carry shares in kbit/s)", lo=1000,
+       shown="1e9", flags=(RANK,), launcher=True),
     _s("mtu", int, 1500, "path MTU (a chunk is what one frame carries after the headers)",
        lo=576, hi=9000, flags=(RANK,), launcher=True),
     _s("group", str, None, "broadcast or multicast address every worker receives, for the "

@@ -99,6 +99,34 @@ def test_a_variable_out_of_bounds_is_a_usage_error_naming_it(s):
         Settings.resolve({}, environ={s.env: _outside(s)})
 
 
+FLOATS = [s for s in TABLE.values() if s.type is float]
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
+def test_a_float_setting_is_finite_from_a_variable_a_keyword_and_a_flag(text, capsys):
+    """nan passes no comparison and inf every upper one: both are refused by
+    name (capacity=inf or nan once reached the rate shares' int())."""
+    assert FLOATS, "the table has float settings"
+    rank = _parsers()["rank"]
+    for s in FLOATS:
+        with pytest.raises(UsageError, match=f"{s.name} must be a finite number .*{s.env}"):
+            Settings.resolve({}, environ={s.env: text})
+        with pytest.raises(UsageError, match=f"{s.name} must be a finite number"):
+            Settings.resolve({s.name: float(text)}, environ={})
+        if RANK in s.flags:
+            with pytest.raises(SystemExit) as e:
+                rank.parse_args([f"{s.flag}={text}"])
+            assert e.value.code == 2 and "finite" in capsys.readouterr().err
+
+
+def test_capacity_is_at_least_the_kbit_the_acks_carry():
+    """ACKs carry a flow's share in kbit/s: below 1000 bit/s it would read 0."""
+    assert Settings.resolve({}, environ={"LTP_CAPACITY": "1000"}).capacity == 1000.0
+    for text in ("999", "0", "1e-300"):
+        with pytest.raises(UsageError, match="capacity must be >= 1000"):
+            Settings.resolve({}, environ={"LTP_CAPACITY": text})
+
+
 def test_a_variable_that_cannot_be_read_is_a_usage_error_naming_it():
     for var, text in (("LTP_MTU", "big"), ("LTP_TIMEOUT", "soon"), ("LTP_ERROR_FEEDBACK", "maybe")):
         with pytest.raises(UsageError, match=f"{var}: cannot read {text!r}"):

@@ -12,6 +12,7 @@ Importing this module needs no torch, so both answer --help without it.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from ..settings_table import TABLE, TRAIN, add_flag
@@ -111,14 +112,17 @@ def check_train_flags(a: argparse.Namespace) -> None:
         raise ValueError(f"--iterations: must be at least 1, got {a.iterations}")
     if a.batch < 1:
         raise ValueError(f"--batch: must be at least 1, got {a.batch}")
-    if not a.lr > 0:
-        raise ValueError(f"--lr: must be positive, got {a.lr}")
+    if not 0 < a.lr < math.inf:   # nan fails both
+        raise ValueError(f"--lr: must be a finite number > 0, got {a.lr}")
+    if not 0 <= a.momentum < math.inf:
+        raise ValueError(f"--momentum: must be a finite number >= 0, got {a.momentum}")
     if a.eval_every < 0:
         raise ValueError(f"--eval-every: must be >= 0, got {a.eval_every}")
     if a.target_accuracy is not None and not 0 < a.target_accuracy <= 1:
         raise ValueError(f"--target-accuracy: must be in (0, 1], got {a.target_accuracy}")
-    if a.deadline_min is not None and not a.deadline_min > 0:
-        raise ValueError(f"--deadline-min: must be positive seconds, got {a.deadline_min}")
+    if a.deadline_min is not None and not 0 < a.deadline_min < math.inf:
+        raise ValueError(f"--deadline-min: must be a finite number of seconds > 0, "
+                         f"got {a.deadline_min}")
 
 
 def config_from_args(a: argparse.Namespace, *, transport: str | None = None,

@@ -7,6 +7,7 @@ build a TrainConfig (args.py) answer --help at once, and on a host without torch
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 
 from ..settings_table import COMPRESS, DOWNLINKS, MAX_SERVERS, SENDERS, TABLE
@@ -80,6 +81,9 @@ class TrainConfig:
             raise ValueError("epochs/iterations: must be at least 1")
         if self.batch < 1:
             raise ValueError(f"batch: must be at least 1, got {self.batch}")
+        if not 0 < self.lr < math.inf or not 0 <= self.momentum < math.inf:   # nan fails too
+            raise ValueError(f"lr, momentum: finite, lr > 0 and momentum >= 0, got "
+                             f"{self.lr}, {self.momentum}")
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden: layer widths must be positive, got {self.hidden}")
         if self.downlink not in DOWNLINKS:

@@ -30,7 +30,21 @@ from .wire import LtpHdr, token_word
 #: enum ltp_counter, in order; the maps bpf/ltp_maps.h declares, in order
 COUNTERS = headers.enum_members("ltp_maps.h", "ltp_counter", "LTP_C_")
 MAP_NAMES = headers.map_names("ltp_maps.h")
+# The longest heartbeat limit: the program compares ltp_cfg.limit_ns as a
+# signed 64-bit count (bpf/ltp_data.h, owner_stale), 2^63 - 1 ns ~ 9.22e9 s.
+MAX_LIVENESS_S = 9.2e9
 
+
+def liveness_ns(limit_s: float | None) -> int:
+    """A heartbeat limit in seconds (None or 0: off) as ltp_cfg.limit_ns;
+    ValueError outside 0..MAX_LIVENESS_S (a longer one would read as negative
+    in the program: every round stale, nothing ACKed)."""
+    if limit_s is None:
+        return 0
+    if not 0 <= limit_s <= MAX_LIVENESS_S:   # nan and inf too
+        raise ValueError(f"liveness limit must be in 0..{MAX_LIVENESS_S:g} seconds "
+                         f"(None: off), got {limit_s!r}")
+    return round(limit_s * 1e9)
 
 class LtpMaps:
     """All maps of one ltp_xdp program, with the operations the control plane needs."""
@@ -176,10 +190,9 @@ class LtpMaps:
     def set_liveness(self, limit_s: float | None) -> None:
         """DATA of an open round is ACKed only while the heartbeat is at most
         limit_s old (None or 0: always, the check is off)."""
-        if limit_s is not None and limit_s < 0:
-            raise ValueError(f"liveness limit must be >= 0 seconds, got {limit_s}")
+        ns = liveness_ns(limit_s)
         if self.live is not None:
-            self.live[1] = round((limit_s or 0) * 1e9)
+            self.live[1] = ns
 
     def beat(self) -> None:
         """The receiving control plane is alive now (a store into mapped
