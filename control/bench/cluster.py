@@ -17,7 +17,7 @@ import json
 import select
 import subprocess
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -29,6 +29,8 @@ from ..transport.rate import CREDIT_RTT_S, quiet_gc
 from ..transport.endpoint import Endpoint, Peer, PushReport, RoundResult
 from ..transport.tokens import new_secret
 from .cpustat import busy_s
+from ...dataplane.rig.star import BROADCAST
+import gc
 
 
 def worker_tensor(seed: int, worker: int, round_: int, nelems: int) -> np.ndarray:
@@ -131,7 +133,7 @@ class LtpCluster:
         later ones) with that sender; None keeps the one they have. poll_us:
         the ACK clock's fixed poll period from now on (0: adaptive, the
         default; None keeps the one they have). rto_rtts: the clock's RTO in
-        round trips from now on (ClockPush.rto_rtts; 0: a fixed 2 ms; None
+        round trips from now on (PushOptions.rto_rtts; 0: a fixed 2 ms; None
         keeps the one they have). forget_windows: the workers drop the
         credits and ACK gaps they learned (what a clocked push is primed
         with, and its first RTO), so a variant's block does not start from
@@ -171,7 +173,6 @@ class LtpCluster:
                     "timeout": timeout_s})
         for p in self.procs:
             p.recv()
-        from ...dataplane.rig.star import BROADCAST
         rep = self.ps.push_reliable(round_, params, [Peer(h.index, h.ip) for h in self.hosts],
                                     timeout_s=timeout_s,
                                     group=(BROADCAST, W.PORT) if group else None)
@@ -185,10 +186,9 @@ class LtpCluster:
         if self.ps is not None:
             self.ps.close()
             self.ps = None
-        import gc
         gc.unfreeze()  # this process (a CLI, a test run) lives on: collect as usual again
 
-    def __enter__(self) -> "LtpCluster":
+    def __enter__(self) -> LtpCluster:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import collections
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from ..transport.early_close import RULES
 from .runners import LTP_SENDERS, Rounds, is_ltp, make_runners, parse_label, variant
+from ...dataplane.tcp_cc import ensure_cc
+from ...dataplane.rig.star import Rig, RigConfig
+from .cpustat import ncpu
 
 TRANSPORTS = ("ltp", "ltp-socket", "ltp-xdp", "tcp-cubic", "tcp-bbr")
 
@@ -113,9 +116,6 @@ def run_config(*, workers: int, rate_bps: int, buffer_bytes: int, size: int, rou
     """One configuration on one fresh rig; returns the documented JSON object.
     rules: Early Close rules (RULES) every LTP transport runs under, each
     its own label when there are several (default: progress)."""
-    from ...dataplane.tcp_cc import ensure_cc
-    from ...dataplane.rig.star import Rig, RigConfig
-    from .cpustat import ncpu
 
     check_transports(transports)
     rules = list(rules or ["progress"])
@@ -264,9 +264,9 @@ def _compared(results: dict, a: str, b: str) -> bool:
 def plot(results: list[dict], path: str) -> None:
     """CDF of round times per transport (first configuration) and, for a
     sweep, median/limit against worker count."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (optional: the plot extra)
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (optional: the plot extra)
     sweep = len(results) > 1
     fig, axes = plt.subplots(1, 2 if sweep else 1, figsize=(11 if sweep else 6, 4.2))
     axes = np.atleast_1d(axes)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ...dataplane.rig.leafspine import LeafSpine, LeafSpineConfig
 from .. import paths

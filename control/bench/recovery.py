@@ -2,10 +2,10 @@
 """A/B of the ACK clock's loss recovery on one rig, in alternating blocks.
 
 Arm `xdp`: the XDP program re-sends what it sent and finds lost (RACK over
-its send log, re-sends before new chunks; `ClockPush.xdp_recovery`), the
+its send log, re-sends before new chunks; `PushOptions.xdp_recovery`), the
 control plane only its own socket sends and the RTO. Arm `python`: the
 control plane finds every loss by polling (every 0.25 ms) and re-sends from
-the socket, as before. Optionally the socket sender as a third arm, for
+the socket. Optionally the socket sender as a third arm, for
 reference.
 
     python -m ltpx.control.bench.recovery [--workers 4] [--kib 256] [--loss 0.05]
@@ -33,7 +33,22 @@ import time
 
 import numpy as np
 
+from ...dataplane import netns
+from ...dataplane.rig.star import Rig, RigConfig
+from ...errors import BenchError
+from ..transport.early_close import EarlyCloseConfig
+from ..transport.endpoint import Endpoint, Peer
+from ..transport.options import PushOptions
+from ..transport.rate import CREDIT_RTT_S
+from ..transport.tokens import new_secret
+from .cpustat import busy_s
+
 ARMS = ("xdp", "python", "socket")
+#: each arm's pushes: the clock recovering in XDP, the clock recovering in
+#: Python alone, the paced socket sender
+ARM_OPTIONS = {"xdp": PushOptions(sender="xdp"),
+               "python": PushOptions(sender="xdp", xdp_recovery=False),
+               "socket": PushOptions(sender="socket")}
 MODULE = "ltpx.control.bench.recovery"
 
 
@@ -45,9 +60,6 @@ def _tensor(worker: int, round_: int, nelems: int) -> np.ndarray:
 def worker_main(argv: list[str]) -> int:
     """A worker process (inside its namespace): one endpoint; per command
     line {"round", "nelems", "arm"} it pushes and answers with its report."""
-    from ..transport.clock import ClockPush
-    from ..transport.endpoint import Endpoint, Peer
-    from ..transport.sender import Push
     dev, ip, wid, ps_ip, max_elems, cap, secret = argv
     wid, cap = int(wid), float(cap)
     ep = Endpoint(dev, ip, {wid: 0}, int(max_elems), capacity_bps=cap, sender="xdp",
@@ -58,11 +70,10 @@ def worker_main(argv: list[str]) -> int:
             msg = json.loads(line)
             if msg.get("cmd") == "quit":
                 break
-            ep.sender.kind = Push if msg["arm"] == "socket" else ClockPush
-            ClockPush.xdp_recovery = msg["arm"] == "xdp"
             buf = _tensor(wid, msg["round"], msg["nelems"])
             t0 = time.perf_counter()
-            rep = ep.push(msg["round"], buf, Peer(wid, ps_ip), timeout_s=10.0)
+            rep = ep.push(msg["round"], buf, Peer(wid, ps_ip), timeout_s=10.0,
+                          options=ARM_OPTIONS[msg["arm"]])
             out = rep.to_dict()
             out["push_s"] = time.perf_counter() - t0
             print(json.dumps(out), flush=True)
@@ -73,7 +84,6 @@ def worker_main(argv: list[str]) -> int:
 
 class _Worker:
     def __init__(self, host, args: list[str]):
-        from ...dataplane import netns
         self.proc = netns.popen(host.netns, [sys.executable, "-m", MODULE, "--worker", *args],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 bufsize=1)
@@ -83,7 +93,6 @@ class _Worker:
         self.proc.stdin.flush()
 
     def recv(self, timeout: float = 120.0) -> dict:
-        from ...errors import BenchError
         r, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if r else ""
         if not line:
@@ -102,14 +111,14 @@ class _Worker:
 
 # ------------------------------------------------------------------ the run
 def _round(ps, workers, ids, r: int, nelems: int, arm: str) -> dict:
-    from .cpustat import busy_s
     busy0 = busy_s()
     ps.open_round(r, nelems, ids)
     for w in workers:
         w.send({"round": r, "nelems": nelems, "arm": arm})
     res = ps.wait_round(r)
     reps = [w.recv() for w in workers]
-    return {"arm": arm, "round_s": res.duration_s, "cpu_s": busy_s() - busy0, "delivered": float(res.delivered_fraction),
+    return {"arm": arm, "round_s": res.duration_s, "cpu_s": busy_s() - busy0,
+            "delivered": float(res.delivered_fraction),
             "reason": res.reason, "push_s": max(p["push_s"] for p in reps),
             "resent": sum(p["resent"] for p in reps),
             "clock_retx": sum(p.get("clock_retx", 0) for p in reps),
@@ -127,11 +136,6 @@ def _plan(arms: tuple[str, ...], blocks: int) -> list[str]:
 def run(workers: int = 4, kib: int = 256, loss: float = 0.05, blocks: int = 4, block: int = 5,
         warmup: int = 2, complete: bool = False, socket_arm: bool = False,
         name: str = "hfrec", credit_bytes: float | None = None) -> dict:
-    from ...dataplane.rig.star import Rig, RigConfig
-    from ..transport.early_close import EarlyCloseConfig
-    from ..transport.endpoint import Endpoint
-    from ..transport.rate import CREDIT_RTT_S
-    from ..transport.tokens import new_secret
     nelems = kib * 1024 // 4
     arms = ARMS if socket_arm else ARMS[:2]
     cfg = RigConfig(name=name, workers=workers, rate_bps=10**9, buffer_bytes=30_000, loss=0.0,

@@ -25,8 +25,16 @@ from its peer, and TCP's blocks keep the hosts' TSO as a real NIC would.
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+
+from ...dataplane.xdp.loader import attach_pass, detach
+from ..transport.early_close import EarlyClose
+from ..transport.options import RTO_RTTS
+from ..transport.rate import credit_window
+from .cluster import LtpCluster
+from .tcp import run_tcp_incast
 
 LTP_SENDERS = {"ltp-socket": "socket", "ltp-xdp": "xdp"}
 #: warm-up rounds added to the first block of each LTP sender on a rig (a run
@@ -52,7 +60,7 @@ class Rounds:
     credit_frames: int = 0  # the PS's credit (all flows together) in these rounds
 
 
-    def extend(self, other: "Rounds") -> None:
+    def extend(self, other: Rounds) -> None:
         self.times += other.times
         self.delivered += other.delivered
         self.cpu_s += other.cpu_s
@@ -63,9 +71,9 @@ class Rounds:
 
 
 KNOBS = {"credit": "the PS's credit cap in frames (rate.credit_window's ring_frames; 0: none)",
-         "poll": "the ACK clock's fixed poll period in us, at most 10000 (ClockPush.poll_s; "
+         "poll": "the ACK clock's fixed poll period in us, at most 10000 (PushOptions.poll_s; "
                  "0: adaptive)",
-         "rto": "the ACK clock's RTO in round trips, at most 16 (ClockPush.rto_rtts; "
+         "rto": "the ACK clock's RTO in round trips, at most 16 (PushOptions.rto_rtts; "
                 "0: a fixed 2 ms; default 2)"}
 KNOB_MAX = {"poll": 10_000, "rto": 16}
 
@@ -110,8 +118,6 @@ class _Shared:
     XDP_PASS, and which worker ports carry one now."""
 
     def __init__(self, rig, size: int, sender: str):
-        from ...dataplane.xdp.loader import attach_pass
-        from .cluster import LtpCluster
         self.rig, self.cluster, self.clock_ports = rig, None, False
         self.warmed: set[str] = set()  # senders whose first block ran (FIRST_WARMUP)
         attach_pass(rig.ps.port, rig.switch_ns, "native")
@@ -126,7 +132,6 @@ class _Shared:
     def clock_on(self, on: bool) -> None:
         """XDP_PASS on the workers' switch ports (the ACK clock's DATA is
         XDP_TX'd by the workers' programs), or none."""
-        from ...dataplane.xdp.loader import attach_pass, detach
         if on == self.clock_ports:
             return
         self.clock_ports = on
@@ -137,7 +142,6 @@ class _Shared:
                 detach(w.port, self.rig.switch_ns, "native")
 
     def close(self) -> None:
-        from ...dataplane.xdp.loader import detach
         try:
             if self.cluster is not None:
                 self.cluster.close()
@@ -152,15 +156,11 @@ class LtpRunner:
 
     def __init__(self, shared: _Shared, size: int, warmup: int, sender: str, rule: str,
                  knobs: dict[str, int] | None = None):
-        import dataclasses
-        from ..transport.early_close import EarlyClose
-        from ..transport.rate import credit_window
         self.shared, self.size, self.warmup, self.sender = shared, size, warmup, sender
         ps = shared.cluster.ps
         self.early = EarlyClose(ps.capacity_bps, dataclasses.replace(ps.early.cfg, rule=rule))
         knobs = knobs or {}
         self.poll_us = knobs.get("poll", 0)
-        from ..transport.clock import RTO_RTTS
         self.rto_rtts = knobs.get("rto", RTO_RTTS)
         self.window = shared.window  # the PS's credit in this variant's blocks
         if "credit" in knobs:
@@ -207,7 +207,6 @@ class TcpRunner:
         self.shared: _Shared | None = None
 
     def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
-        from .tcp import run_tcp_incast
         if self.shared is not None:
             self.shared.clock_on(False)
         out = run_tcp_incast(self.rig, size=self.size, rounds=n, cc=self.cc, warmup=self.warmup,

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from ...dataplane import clib
 from ...dataplane.rig import signals

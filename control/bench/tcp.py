@@ -32,7 +32,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ...errors import BenchError, LtpError
 from ..procs import stop_all
@@ -105,12 +106,11 @@ def run_tcp_incast(rig, size: int = 256 * 1024, rounds: int = 20, cc: str = "cub
             msg = json.loads(line)
             if "error" in msg:
                 raise BenchError(f"PS agent: {msg['error']}")
-            if "round" in msg:
-                if msg["round"] >= warmup:
-                    times.append(msg["t"])
-                    cpu.append(msg["cpu_s"])
-                    if progress:
-                        progress(len(times), rounds, msg["t"])
+            if "round" in msg and msg["round"] >= warmup:
+                times.append(msg["t"])
+                cpu.append(msg["cpu_s"])
+                if progress:
+                    progress(len(times), rounds, msg["t"])
             if msg.get("done"):
                 break
         ps.wait(timeout=10)
@@ -144,7 +144,7 @@ def _set_cc(s: socket.socket, cc: str) -> None:
     try:
         set_cc(s, cc)
     except LtpError as e:  # an agent reports it as its one error line
-        raise SystemExit(str(e))
+        raise SystemExit(str(e)) from None
 
 
 def _emit(obj: dict) -> None:
@@ -170,7 +170,7 @@ def _accept(ls: socket.socket, workers: int, timeout_s: float) -> dict[int, sock
             c.settimeout(None)
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conns[int.from_bytes(hello, "big")] = c
-    except socket.timeout:
+    except TimeoutError:
         pass
     return conns
 

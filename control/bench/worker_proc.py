@@ -3,9 +3,11 @@
 
 Started by control/bench/cluster.py inside the worker's network namespace. Reads one
 JSON command per line and answers one JSON line:
-  prepare {"round", "nelems", "seed", "critical", "sender"[, "poll_us"]} -> {"ready": true}
+  prepare {"round", "nelems", "seed", "critical", "sender"[, "poll_us", "rto_rtts"]}
+                                                   -> {"ready": true}
           (sender, when not null: socket or xdp plans this push and later ones;
           poll_us: the ACK clock's fixed poll period from now on, 0: adaptive;
+          rto_rtts: its RTO in round trips from now on, 0: a fixed RTO_MIN;
           forget_windows: drop the credits learned so far, a block starts afresh)
   push    {"round"}                                -> {"report": PushReport}
   expect  {"round", "nelems", "timeout"}          -> {"ready": true}, then after
@@ -15,9 +17,29 @@ JSON command per line and answers one JSON line:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import sys
+
+from ..transport.endpoint import Endpoint, Peer
+from ..transport.options import PushOptions
+from ..transport.rate import quiet_gc
+from .cluster import worker_tensor
+
+
+def arm(options: PushOptions, msg: dict) -> PushOptions:
+    """The push options a `prepare` message asks for from now on (a bench
+    taking turns between senders, poll periods or RTO rules); what it does
+    not name stays as `options` has it."""
+    change: dict = {}
+    if msg.get("sender"):
+        change["sender"] = msg["sender"]
+    if "poll_us" in msg:
+        change["poll_s"] = msg["poll_us"] / 1e6 if msg["poll_us"] else None
+    if "rto_rtts" in msg:
+        change["rto_rtts"] = msg["rto_rtts"]
+    return dataclasses.replace(options, **change)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,12 +65,6 @@ def main(argv: list[str] | None = None) -> int:
         out.write(json.dumps(obj) + "\n")
         out.flush()
 
-    from .cluster import worker_tensor
-    from ..transport.rate import quiet_gc
-    from ..transport.endpoint import Endpoint, Peer
-    from ..transport.clock import ClockPush
-    from ..transport.sender import Push
-    kinds = {"socket": Push, "xdp": ClockPush}
     try:
         ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, ns=a.netns, mode=a.mode, job=a.job,
                       capacity_bps=a.capacity, initial_rate_bps=a.capacity / a.workers,
@@ -57,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         reply({"error": f"endpoint: {e}"})
         return 1
     ps = Peer(a.id, a.ps_ip)
+    options = PushOptions(sender=a.sender)  # this worker's arm, changed by `prepare`
     quiet_gc()
     prepared: dict[int, tuple] = {}
     reply({"ready": True})
@@ -68,17 +85,13 @@ def main(argv: list[str] | None = None) -> int:
                 if cmd == "quit":
                     break
                 if cmd == "prepare":  # the gradient and the push, ready before the barrier
-                    if msg.get("sender"):  # a bench taking turns between the senders
-                        ep.sender.kind = kinds[msg["sender"]]
-                    if "poll_us" in msg:  # ... or between poll periods of the clock
-                        ClockPush.poll_s = msg["poll_us"] / 1e6 if msg["poll_us"] else None
-                    if "rto_rtts" in msg:  # ... or between RTO rules
-                        ClockPush.rto_rtts = msg["rto_rtts"]
+                    options = arm(options, msg)
                     if msg.get("forget_windows"):  # a variant's block starts afresh
                         ep.sender.forget()
                     g = worker_tensor(msg["seed"], a.id, msg["round"], msg["nelems"])
                     prepared[msg["round"]] = ep.prepare_push(msg["round"], g, ps,
-                                                             critical=msg.get("critical"))
+                                                             critical=msg.get("critical"),
+                                                             options=options)
                     reply({"ready": True})
                 elif cmd == "push":
                     rep = ep.send(prepared.pop(msg["round"]))

@@ -155,8 +155,8 @@ class Exchange:
         self.co.view.after_report(rep)
         for w in set(rep.absent) | set(rep.dropped) | set(rep.admitted):   # it was out
             self.lost.setdefault(w, rep.step)
-        self.dropped.update({w: rep.step for w in rep.dropped})
-        self.rejoined.update({w: rep.step for w in rep.admitted})
+        self.dropped.update(dict.fromkeys(rep.dropped, rep.step))
+        self.rejoined.update(dict.fromkeys(rep.admitted, rep.step))
         if donor == self.id:
             self.donations.update(rep.admitted)
 

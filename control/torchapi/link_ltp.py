@@ -25,7 +25,7 @@ from ..transport.endpoint import Endpoint, Peer
 from ..transport.rate import CREDIT_RTT_S
 from ..transport.tokens import new_secret
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
-from .links import Gathered, chunk_bytes_for
+from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
 from .settings import Settings
 
 HEADROOM = 4096        # extra elements an endpoint is made with (a step's report, small ops)
@@ -39,7 +39,7 @@ def credit_bytes(s: Settings) -> float | None:
     return s.buffer + s.capacity * CREDIT_RTT_S / 8 if s.buffer else None
 
 
-class LtpServerLink:
+class LtpServerLink(ServerLink):
     name = "ltp"
     opens = True       # a round must be open before its data arrives
 
@@ -53,7 +53,6 @@ class LtpServerLink:
         self.wait_s = min(s.timeout, ROUND_LIMIT_S)
         self.log = bool(os.environ.get("LTPX_ROUND_LOG"))
         self.policies: dict = {}     # round kind -> its EarlyClose (see policy())
-        self.keys: dict[int, object] = {}   # open round -> its kind
         # the job's secret: made here, handed to the workers in this rank's
         # store record (address()); every round's token derives from it
         self.secret = new_secret()
@@ -74,7 +73,6 @@ class LtpServerLink:
             return False
         self.close()
         s, size = self.s, nelems + HEADROOM
-        self.keys = {}
         self.ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
                            ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
                            chunk_bytes=chunk_bytes_for(s.mtu),
@@ -107,21 +105,19 @@ class LtpServerLink:
     def policy(self, key) -> EarlyClose:
         """The Early Close state of one kind of round (a step's bucket i).
 
-        The endpoint has one EarlyClose, which keeps the open round's deadline
-        and threshold and learns rates and times from past rounds. Two rounds
-        are open at once here, and buckets differ in size, so each bucket has
-        its own, put in place before its round is opened and before it is
-        waited for."""
+        An EarlyClose keeps the open round's deadline and threshold and learns
+        rates and times from past rounds. Two rounds are open at once here,
+        and buckets differ in size, so each bucket has its own, handed to the
+        endpoint with the round it judges (Endpoint.open_round(early=))."""
         if key not in self.policies:
             self.policies[key] = EarlyClose(self.s.capacity, self.early_config(self.early_close))
         return self.policies[key]
 
     def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
-        self.keys[r] = key
-        self.ep.early = self.policy(key)
         if self.codec:
             nelems = self.codec.open(r, nelems, reliable)
-        self.ep.open_round(r, nelems, workers=workers, reliable=reliable)
+        self.ep.open_round(r, nelems, workers=workers, reliable=reliable,
+                           early=self.policy(key))
 
     def beat(self) -> None:
         """Keep the XDP program ACKing open rounds while the server waits
@@ -130,13 +126,11 @@ class LtpServerLink:
             self.ep.beat()
 
     def cancel(self, r: int) -> None:
-        self.keys.pop(r, None)
         if self.codec:
             self.codec.cancel(r)
         self.ep.cancel_round(r)
 
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
-        self.ep.early = self.policy(self.keys.pop(r, None))
         res = self.ep.wait_round(r)
         if self.log:   # LTPX_ROUND_LOG=1: one JSON line per uplink round on stderr
             print(json.dumps({"round_log": res.report()}), file=sys.stderr, flush=True)
@@ -150,10 +144,15 @@ class LtpServerLink:
                         chunk_elems=chunk_elems, masks=res.masks,
                         duration_s=res.duration_s)
 
-    def send(self, d: int, buf: np.ndarray, group: bool) -> None:
+    def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
+             wait_s: float | None = None) -> None:
+        peers = self.peers if to is None else [p for p in self.peers if p.worker in to]
+        if not peers:
+            return
         if self.codec:
             buf = self.codec.answer(buf, d)
-        self.ep.push_reliable(d, buf, self.peers, timeout_s=self.wait_s,
+        self.ep.push_reliable(d, buf, peers,
+                              timeout_s=self.wait_s if wait_s is None else min(self.wait_s, wait_s),
                               group=self.group if group else None)
 
     def close(self) -> None:
@@ -162,7 +161,7 @@ class LtpServerLink:
             ep.close()
 
 
-class LtpWorkerLink:
+class LtpWorkerLink(WorkerLink):
     name = "ltp"
     opens = True
 
@@ -176,7 +175,11 @@ class LtpWorkerLink:
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and WorkerCodec(codec)
         # this worker's pushes so far: DATA sent, and how much of it the ACK clock made
-        self.uplink = {"pushes": 0, "sent": 0, "clock_tx": 0}
+        self.counts = {"pushes": 0, "sent": 0, "clock_tx": 0}
+
+    @property
+    def uplink(self) -> dict:
+        return self.counts
 
     def address(self) -> dict:
         return {}

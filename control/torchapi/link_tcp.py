@@ -15,21 +15,21 @@ import select
 import socket
 import struct
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from ...dataplane.tcp_cc import set_cc
 from ...errors import CommError
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
-from .links import Gathered, chunk_bytes_for
+from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
 from .settings import Settings
 
 TCP_MAGIC = 0x4C545054            # "LTPT"
 HDR = struct.Struct(">III")       # magic, round, payload bytes
 
 
-class TcpServerLink:
+class TcpServerLink(ServerLink):
     name = "tcp"
     opens = False
 
@@ -162,8 +162,11 @@ class TcpServerLink:
                         filled=np.zeros(k, dtype=np.int64),
                         duration_s=time.perf_counter() - t0)
 
-    def send(self, d: int, buf: np.ndarray, group: bool) -> None:
-        """The answer to every worker at once (non-blocking writes)."""
+    def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
+             wait_s: float | None = None) -> None:
+        """The answer to every connected worker at once (non-blocking writes):
+        each gets every byte within the link's timeout or the send fails, so
+        `to` and `wait_s` (for a lossy transport's silent peers) do not apply."""
         if self.codec:
             buf = self.codec.answer(buf, d)
         body = memoryview(np.ascontiguousarray(buf)).cast("B")
@@ -193,7 +196,7 @@ class TcpServerLink:
         self.ls.close()
 
 
-class TcpWorkerLink:
+class TcpWorkerLink(WorkerLink):
     name = "tcp"
     opens = False
 

@@ -1,22 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the server and the workers exchange rounds through, whatever the transport.
 
-Two transports give the op loops (server.py, exchange.py) the same calls:
-
-  server:  ensure(n)          room for rounds of n elements (LTP: the endpoint's size)
-           open(r, n, ws)     make uplink round r receivable (LTP; TCP has nothing to open)
-           gather(r, n, ws)   -> Gathered: one row per worker in ws
-           send(d, buf)       the answer to every worker (LTP: reliable class)
-  worker:  ensure(n), expect(d, n)   be ready for the answer d
-           push(r, buf)       this worker's piece for uplink round r
-           pull(d, out)       the answer d, copied into `out`
-
-link_ltp.py (XDP endpoints: Early Close and Bubble Filling on the uplink,
-the reliable class with an optional group address on the downlink) and
-link_tcp.py (one connection per worker, every byte delivered) implement them.
+The contract is two abstract classes, `ServerLink` and `WorkerLink`: the op
+loops (server.py, exchange.py) call only their methods, with everything a
+call depends on passed as an argument (who to send to, how long to try, the
+Early Close state of a round's kind). link_ltp.py (XDP endpoints: Early
+Close and Bubble Filling on the uplink, the reliable class with an optional
+group address on the downlink) and link_tcp.py (one connection per worker,
+every byte delivered) implement them; a new transport implements them too
+(a missing method fails at construction). A sharded worker holds one
+WorkerLink per server (shards.ShardLinks; `parts()` lists them).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,3 +53,103 @@ class Gathered:
     @property
     def early_closed(self) -> bool:
         return self.reason in ("early", "deadline")
+
+
+class ServerLink(ABC):
+    """The server's side of a transport."""
+
+    name: str          # "ltp" | "tcp"
+    opens: bool        # uplink rounds are opened (and kept alive with beat()) before gathering
+
+    @abstractmethod
+    def address(self) -> dict:
+        """What the workers need to reach this server (its store record)."""
+
+    @abstractmethod
+    def connect(self, metas: dict[int, dict]) -> None:
+        """Learn every worker's record (address, port)."""
+
+    @abstractmethod
+    def configure(self, bubble: str, early_close: str) -> None:
+        """Bubble Filling's strategy and Early Close's fields (JSON) for the uplink."""
+
+    @abstractmethod
+    def ensure(self, nelems: int) -> bool:
+        """Room for rounds of nelems; True if the link was (re)made."""
+
+    @abstractmethod
+    def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
+        """Make uplink round r receivable from `workers`; `key` names the round's
+        kind (a step's bucket i), which keeps its own Early Close state."""
+
+    @abstractmethod
+    def cancel(self, r: int) -> None:
+        """Retire an open round without gathering it."""
+
+    @abstractmethod
+    def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
+        """Uplink round r, one row per worker (holes filled)."""
+
+    @abstractmethod
+    def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
+             wait_s: float | None = None) -> None:
+        """Answer d to the workers `to` (None: every worker), trying at most
+        `wait_s` (None: the link's own limit). A transport that delivers every
+        byte or fails may send to every connected worker and take its own
+        limit. A peer silent for the whole time raises DeadPeerError naming it."""
+
+    def beat(self) -> None:  # noqa: B027 (optional: only a link that opens rounds keeps them alive)
+        """Keep open rounds alive while the server waits elsewhere (LTP)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release sockets and endpoints."""
+
+
+class WorkerLink(ABC):
+    """A worker's side of a transport (to one server)."""
+
+    name: str
+    opens: bool
+
+    @property
+    def uplink(self) -> dict:
+        """Counters of this worker's pushes (LTP: pushes, DATA sent, clock-made)."""
+        return {}
+
+    def parts(self) -> list[WorkerLink]:
+        """The links to each server (one, unsharded)."""
+        return [self]
+
+    @abstractmethod
+    def address(self) -> dict:
+        """This worker's store record."""
+
+    @abstractmethod
+    def connect(self, server: dict) -> None:
+        """Reach the server from its store record."""
+
+    @abstractmethod
+    def ensure(self, nelems: int) -> bool:
+        """Room for answers of nelems; True if the link was (re)made."""
+
+    @abstractmethod
+    def expect(self, d: int, nelems: int) -> None:
+        """Be ready for answer d of nelems."""
+
+    @abstractmethod
+    def expect_compressed(self, d: int, n: int) -> None:
+        """Answer d starts with the aggregate's codes for n elements."""
+
+    @abstractmethod
+    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None) -> bool:
+        """This worker's piece for uplink round r; `answer`: the op's answer,
+        whose arrival ends the push (its round is over)."""
+
+    @abstractmethod
+    def pull(self, d: int, out: np.ndarray) -> None:
+        """Answer d, copied into `out`."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release sockets and endpoints."""

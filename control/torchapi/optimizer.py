@@ -92,7 +92,7 @@ def plan_step(job, op: Op, compressed: bool):
     starts with the aggregate's codes, and the links must know that."""
     run = job.exchange.plan(op)
     if compressed:
-        links = getattr(job.link, "links", [job.link])
+        links = job.link.parts()
         if len(links) == 1:
             heads = [sum(op.sizes)]
         else:

@@ -39,6 +39,7 @@ from ...errors import DeadPeerError, TransportError
 from ..transport.rate import quiet_gc
 from .ops import (ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport,
                   preopened)
+from ...errors import LtpError
 
 FIRST_TRY_S = 3.0   # an answer's first try: long enough for a live worker to answer
 
@@ -98,12 +99,11 @@ class Server:
     def __init__(self, link, coord, workers: int, group_ok: bool, max_missed: int = 3):
         self.link, self.co, self.W = link, coord, workers
         # an LTP link's open rounds stay ACKed while the loop waits in the store
-        self.co.on_wait = getattr(link, "beat", None)
+        self.co.on_wait = link.beat if link.opens else None
         self.view = coord.view          # membership (ops.Members), as every rank keeps it
         self.max_missed = max_missed
         self.missed = [0] * workers     # steps in a row a worker delivered nothing of
         self.silent: set[int] = set()   # left out of an answer: dropped at the next step
-        self.all_peers = list(getattr(link, "peers", []))
         self.lost: list[int] = []
         self.rejoined: list[int] = []
         self.group_ok = group_ok        # an address every worker receives exists
@@ -214,14 +214,9 @@ class Server:
         """Send answer d to the present workers. A worker silent to it for
         FIRST_TRY_S (dead since the barrier) is left out, and dropped at the
         next step; the others get it within the link's own time limit."""
-        if not hasattr(self.link, "peers"):
-            self.link.send(d, buf, group=group)
-            return
-        self.link.peers = [p for p in self.all_peers if p.worker in targets]
-        full = self.link.wait_s
-        self.link.wait_s = min(full, FIRST_TRY_S)
+        to = list(targets)
         try:
-            self.link.send(d, buf, group=group)
+            self.link.send(d, buf, group, to=to, wait_s=FIRST_TRY_S)
             return
         except DeadPeerError as e:     # silent: left out only if its heartbeat stopped too
             gone = self.co.dead_workers([p.worker for p in e.peers])
@@ -229,13 +224,11 @@ class Server:
             if gone:
                 log.warning("ltpx.torch server: worker(s) %s dead and silent to answer %s: "
                             "left out, dropped at the next step", sorted(gone), d)
-            self.link.peers = [p for p in self.link.peers if p.worker not in gone]
+            to = [w for w in to if w not in gone]
         except TransportError:
             pass                 # slow, not silent: try again with the full time
-        finally:
-            self.link.wait_s = full
-        if self.link.peers:
-            self.link.send(d, buf, group=group)
+        if to:
+            self.link.send(d, buf, group, to=to)
 
     def open(self, r: int, op: Op, i: int, announce: bool) -> None:
         """Open uplink round r, op's piece i. A worker that sent nothing of an
@@ -293,7 +286,6 @@ class Server:
 def run_server(job) -> int:
     """Serve `job` (a job.Job of a server rank); 0 at a clean shutdown, 1 on an
     error (one line on stderr)."""
-    from ...errors import LtpError
     srv = Server(job.link, job.coord, job.workers, group_ok=job.group is not None,
                  max_missed=getattr(job.s, "max_missed", 3))
     try:

@@ -218,7 +218,7 @@ class Demo:
                      straggle_s=self.stepper.straggle_s)
         link = current().link
         return {"worker": self.wid, "digest": digest(self.module),
-                "uplink": dict(getattr(link, "uplink", None) or {}),
+                "uplink": dict(link.uplink),
                 "chain": self.chain.hexdigest(), "local_steps": int(sum(opt.ks)),
                 "ks": opt.ks, "versions": self.total + 1,
                 "mean_loss": self.loss_sum / self.loss_n if self.loss_n else None,

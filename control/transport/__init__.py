@@ -3,7 +3,8 @@
 tolerating loss, over the XDP dataplane.
 
 A host's `Endpoint` (endpoint.py) pushes rounds (sender.py: paced, loss-detecting
-re-sends, or clock.py: the ACK-clocked sender at the NIC) and receives them
+re-sends, or clock.py: the ACK-clocked sender at the NIC; options.py: which
+sender and the clock's knobs, per endpoint or per push) and receives them
 (receiver.py: Early Close decides when a round ends, Bubble Filling gives
 every missing chunk a value). The policies live beside them: early_close.py,
 bubble.py, rate.py, layout.py; tokens.py keys a round's packets to the job's

@@ -18,7 +18,7 @@ Python keeps the policy, polling the maps about every POLL_S:
   was lost (its DATA or its ACK) and is re-sent from the socket, flagged
   RETX, taking the lost packet's place in flight; with no progress for an
   RTO, the oldest outstanding chunks are re-sent (tail loss). The RTO is
-  RTO_MIN or RTO_RTTS round trips, whichever is longer, a round trip being
+  RTO_MIN or PushOptions.rto_rtts round trips, whichever is longer, a round trip being
   the flow's packets in flight times its mean time between ACKs over the
   last round trip (Little's law; `_gap`): on a slow link a round trip is longer than RTO_MIN (two
   flows sharing 10 Mbit/s through a 30 kB queue: ~23 ms), and a fixed 2 ms
@@ -47,10 +47,10 @@ GROW_BATCH = 8      # most packets one poll adds to a window
 REORDER = 3         # RACK's reordering allowance, in send keys
 POLL_S = 0.00025    # poll period while Python's own sends (priming, growth, re-sends) are out
 NAP_MAX = 0.001     # longest sleep while the clock runs on its own (RTO_MIN / 2)
-RTO_MIN = 0.002     # s without progress before the oldest outstanding chunks are re-sent ...
-RTO_RTTS = 2        # ... or this many of the flow's round trips, if longer
+RTO_MIN = 0.002     # s without progress before the oldest outstanding chunks are re-sent,
+                    # or PushOptions.rto_rtts of the flow's round trips if longer
 RTO_MAX = 0.25
-RTO_MAX_FIXED = 0.05  # the back-off's cap under the fixed rule (rto_rtts 0, as before)
+RTO_MAX_FIXED = 0.05  # the back-off's cap under the fixed rule (rto_rtts 0)
 _NONE = np.empty(0, dtype=np.int64)
 QUIET_SENDS = 2     # RTO re-sends left unanswered in a row that make a target silent
 RATE = W.OFF["rate"]
@@ -64,23 +64,8 @@ class ClockPush(Push):
     written into the program's maps when planned, so `buf` may change after
     that; the bank's previous round must be done.
 
-    xdp_recovery: the XDP program recovers the losses of what it sent (RACK
-    over its send log, before new chunks) and this loop only those
-    of its own socket sends and the RTO; False leaves all recovery to this
-    loop (the class attribute is the default; the recovery A/B sets it).
-
-    poll_s: None (default) polls every POLL_S while this loop has sends of
-    its own outstanding (priming, growth, re-sends) and otherwise sleeps
-    half the time the slowest unfinished target needs at its ACK rate so
-    far, at most NAP_MAX; a number polls at that fixed period (as before:
-    POLL_S), for A/Bs (`ltp bench incast --transports ltp-xdp:poll=250`).
-
-    rto_rtts: the RTO is this many round trips, at least RTO_MIN; 0 is the
-    rule before, RTO_MIN whatever the round trip (`ltp-xdp:rto=0`)."""
-
-    xdp_recovery = True
-    poll_s: float | None = None  # a fixed poll period (the A/B's); None: adaptive (`_nap`)
-    rto_rtts: int = RTO_RTTS     # round trips in an RTO (0: a fixed RTO_MIN, the A/B's)
+    Its knobs (recovery, poll period, RTO rule) come from the push's
+    options.PushOptions (`self.options`)."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -108,9 +93,9 @@ class ClockPush(Push):
         bank = s.maps.bank_index(self.round_)
         self.txv = s.maps.tx[bank]
         w0 = min(nch, max(1, min(s.prime_window(t, INITIAL_WINDOW) for t in self.targets)))
-        for i, slot in enumerate(self.slots):
+        for slot in self.slots:
             C.start(s.maps, self.round_, slot, nchunks=nch, last_len=self.layout.last_len,
-                    flags=self.base_flags, primed=w0, rack=self.xdp_recovery)
+                    flags=self.base_flags, primed=w0, rack=self.options.xdp_recovery)
         self.rack = bool(self.txv[self.slots[0]]["rack"])
         self._prime(w0)
         self.progress_t = [self.t0] * nt
@@ -234,13 +219,13 @@ class ClockPush(Push):
         return (self.heard_t[i] - t1) / (self.heard[i] - n1) if self.heard[i] > n1 else 0.0
 
     def _rto(self, i: int, inflight: int) -> float:
-        """Target i's RTO: RTO_RTTS round trips (in flight x its mean ACK
+        """Target i's RTO: options.rto_rtts round trips (in flight x its mean ACK
         gap, `_gap`; a first push before its second ACK count: a frame's
         time at the sender's rate), at least RTO_MIN."""
-        if not self.rto_rtts:
+        if not self.options.rto_rtts:
             return RTO_MIN
         gap = self.gap[i] or self.frame_s
-        return min(RTO_MAX, max(RTO_MIN, self.rto_rtts * max(1, inflight) * gap))
+        return min(RTO_MAX, max(RTO_MIN, self.options.rto_rtts * max(1, inflight) * gap))
 
     @staticmethod
     def _room(window: int, inflight: int, tail: int, nxt: int) -> int:
@@ -256,8 +241,8 @@ class ClockPush(Push):
         target needs at its ACK rate so far, within POLL_S..NAP_MAX (a
         credit that grew when other flows finished is acted on within 1 ms,
         and the RTO is never overslept by more than half)."""
-        if self.poll_s is not None:
-            return self.poll_s
+        if self.options.poll_s is not None:
+            return self.options.poll_s
         if busy:
             return POLL_S
         elapsed, nch, eta = now - self.t0, self.layout.nchunks, 0.0
@@ -332,7 +317,7 @@ class ClockPush(Push):
             key_now, sent = keyed or self._keyed(i, nxt, tail)
             out = np.flatnonzero(sent & ~acked)  # tail loss: the oldest outstanding
             lost = out[np.argsort(key_now[out])][:max(2, window or 2)]
-            cap = RTO_MAX if self.rto_rtts else RTO_MAX_FIXED
+            cap = RTO_MAX if self.options.rto_rtts else RTO_MAX_FIXED
             self.progress_t[i], self.rto[i] = now, min(cap, self.rto[i] * 1.5)
             self.quiet[i] += 1
         if lost.size:

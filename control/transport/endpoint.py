@@ -16,6 +16,8 @@ parameter downlink that the PS sends with `ps.push_reliable(r, params, peers)`.
 """
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import socket
 import struct
 
@@ -26,14 +28,14 @@ from ...dataplane.xdp import registry
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry
 from ...errors import DeadPeerError, TransportError
+from .bubble import STRATEGIES
 # how pushes leave: "socket" (paced sendmsg, sender.Push) or "xdp" (the ACK
 # clock: the XDP program turns each ACK into the next DATA, clock.ClockPush)
-from ..settings_table import SENDERS
-from .bubble import STRATEGIES
+from .clock import ClockPush
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
 from .layout import ChunkLayout
+from .options import DEFAULTS, PushOptions
 from .rate import SharePolicy, credit_window, fine_timer_slack
-from .clock import ClockPush
 from .receiver import Receiver
 from .results import Peer, PushReport, RoundResult
 from .sender import Push, Sender
@@ -47,7 +49,6 @@ LIVENESS_S = 1.0
 
 def _device_mac(sock: socket.socket, dev: str) -> str:
     """The MAC of `dev` in the namespace `sock` was created in (SIOCGIFHWADDR)."""
-    import fcntl
     info = fcntl.ioctl(sock.fileno(), 0x8927, struct.pack("256s", dev.encode()[:15]))
     return info[18:24].hex(":")
 
@@ -96,7 +97,9 @@ class Endpoint:
     tokens are 0 and only the job cookie is checked (`protected` is False;
     the first such endpoint of a process warns: tokens.UnprotectedWarning).
     sender: "socket" (default) or "xdp", how this endpoint's pushes leave
-    (SENDERS; docs/transport.md, "The ACK clock"). credit_bytes: what the
+    (SENDERS; docs/transport.md, "The ACK clock"). push_options: the sender
+    and the ACK clock's knobs together (options.PushOptions; a push may
+    name its own: `push(..., options=)`). credit_bytes: what the
     clocked senders pushing to this endpoint may keep in flight together,
     the bottleneck's buffer plus one BDP (default: rate.credit_window's),
     in frames at most rate.RING_FRAMES (one receive ring: with a multi-queue
@@ -122,14 +125,19 @@ class Endpoint:
                  early_close: EarlyCloseConfig | None = None, bubble_strategy: str = "mean",
                  initial_rate_bps: float | None = None, publish: bool = True,
                  self_id: int | None = None, role: str | None = None, force: bool = False,
-                 secret: bytes | None = None, sender: str = "socket",
+                 secret: bytes | None = None, sender: str | None = None,
+                 push_options: PushOptions | None = None,
                  credit_bytes: float | None = None, liveness_s: float | None = LIVENESS_S):
         if role not in (None, "ps", "worker"):
             raise ValueError(f"role must be ps or worker, got {role!r}")
         if self_id is not None and self_id not in peers:
             raise ValueError(f"self_id {self_id} must be one of the peers {sorted(peers)}")
-        if sender not in SENDERS:
-            raise ValueError(f"sender must be one of {', '.join(SENDERS)}, got {sender!r}")
+        options = push_options or DEFAULTS
+        if sender is not None:
+            if push_options is not None and push_options.sender != sender:
+                raise ValueError(f"sender {sender!r} and push_options.sender "
+                                 f"{push_options.sender!r} differ: give one")
+            options = dataclasses.replace(options, sender=sender)
         if bubble_strategy not in STRATEGIES:
             raise ValueError(f"unknown bubble strategy {bubble_strategy!r}")
         if not peers:
@@ -168,7 +176,8 @@ class Endpoint:
             self.sender = Sender(self.sock, self.maps, self.peers, job=job,
                                  chunk_bytes=chunk_bytes, max_elems=max_elems, initial_rate_bps=(
                                      initial_rate_bps or capacity_bps / max(1, len(peers))),
-                                 tokens=tokens, kind=ClockPush if sender == "xdp" else Push)
+                                 tokens=tokens, options=options,
+                                 kinds={"socket": Push, "xdp": ClockPush})
         except BaseException:  # nothing of a half-made endpoint stays attached or listed
             if getattr(self, "sock", None) is not None:
                 self.sock.close()
@@ -197,13 +206,17 @@ class Endpoint:
 
     # ------------------------------------------------------------------ receive
     def open_round(self, round_: int, nelems: int, workers: list[int] | None = None,
-                   critical: np.ndarray | None = None, reliable: bool = False) -> None:
+                   critical: np.ndarray | None = None, reliable: bool = False,
+                   early: EarlyClose | None = None) -> None:
         """Make round_ receivable for `workers` (default: all peers).
 
         critical: bool per chunk that must arrive from every worker before the
         round may close. reliable: every chunk is critical and only
-        completeness (or the hard timeout, an error) closes the round."""
-        self.receiver.open(round_, nelems, workers, critical, reliable)
+        completeness (or the hard timeout, an error) closes the round.
+        early: the Early Close state that judges this round (rounds of
+        different kinds open at once each keep their own; default: the
+        endpoint's `early`)."""
+        self.receiver.open(round_, nelems, workers, critical, reliable, early)
 
     def wait_round(self, round_: int, poll_s: float = 0.0003) -> RoundResult:
         """Block until round_ closes (Early Close rules); return the filled result.
@@ -220,7 +233,8 @@ class Endpoint:
     # --------------------------------------------------------------------- send
     def push(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
              reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None,
-             group: tuple[str, int] | None = None, over=None) -> PushReport:
+             group: tuple[str, int] | None = None, over=None,
+             options: PushOptions | None = None) -> PushReport:
         """Send buf (float32) as round_ to one or more peers.
 
         Chunks go in a per-round random order, paced to the rate the receiver
@@ -242,21 +256,25 @@ class Endpoint:
         re-sent to it alone.
 
         over: a callable, True once the round is known to be over everywhere
-        (sender.Push.over): the push then ends as if every target closed it."""
+        (sender.Push.over): the push then ends as if every target closed it.
+
+        options: this push's sender and clock knobs (options.PushOptions;
+        default: the endpoint's), for a benchmark taking turns between arms."""
         plan = self.prepare_push(round_, buf, to, critical=critical, reliable=reliable,
-                                 timeout_s=timeout_s, seed=seed, group=group)
+                                 timeout_s=timeout_s, seed=seed, group=group, options=options)
         plan.over = over
         return plan.send()
 
     def prepare_push(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
                      reliable: bool = False, timeout_s: float = 10.0,
-                     seed: int | None = None, group: tuple[str, int] | None = None) -> Push:
+                     seed: int | None = None, group: tuple[str, int] | None = None,
+                     options: PushOptions | None = None) -> Push:
         """Everything `push` does before its first packet (checks, chunk order,
         headers, sender state), so a caller can do it ahead of a barrier and
         `send` the plan the moment the round starts. `buf` must not change
         until `send` returns."""
         return self.sender.prepare(round_, buf, to, critical=critical, reliable=reliable,
-                                   timeout_s=timeout_s, seed=seed, group=group)
+                                   timeout_s=timeout_s, seed=seed, group=group, options=options)
 
     def send(self, plan: Push) -> PushReport:
         """Send a prepared push (see `push`)."""
@@ -315,7 +333,7 @@ class Endpoint:
             self._withdraw()
             self.dp.close()
 
-    def __enter__(self) -> "Endpoint":
+    def __enter__(self) -> Endpoint:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -7,13 +7,16 @@ opens a round it writes the capacity to divide, u * C * boost (u = 0.98 leaves
 headroom so the queue drains), into the round's bank; the XDP program divides
 it among the flows not finished at that moment and puts the result in every
 ACK. So a sender learns its rate one round-trip after it starts and again on
-every ACK; when a flow finishes, the others' shares grow on their next ACK. Senders pace to the advertised rate with a
-token bucket that holds at most a few packets, so the aggregate stays near C
-however many workers push at once.
+every ACK; when a flow finishes, the others' shares grow on their next ACK.
+Senders pace to the advertised rate with a token bucket that holds at most a
+few packets, so the aggregate stays near C however many workers push at once.
 """
 from __future__ import annotations
 
 import time
+from .layout import FRAME_OVERHEAD
+import gc
+from ...dataplane.clib import set_timer_slack
 
 
 class SharePolicy:
@@ -129,7 +132,6 @@ def credit_window(capacity_bps: float, chunk_bytes: int, credit_bytes: float | N
     the ring only overflows it: one flow at 32 Gbit/s with a 4 MB buffer
     kept ~3,300 packets in flight against veth's 256-frame ring, and 43 % of
     its DATA were re-sends (docs/transport.md, "The credit's ring cap")."""
-    from .layout import FRAME_OVERHEAD
     if credit_bytes is None:
         credit_bytes = capacity_bps * CREDIT_RTT_S / 8 + CREDIT_BUFFER
     if credit_bytes <= 0:
@@ -145,12 +147,10 @@ def quiet_gc() -> None:
     set-up (torch, numpy, the model, the endpoint) are never scanned again.
     Without this, in a training PS a full collection walks all of them and
     stalls a round for up to 0.7 s, and the young ones cost ~0.3 ms each."""
-    import gc
     gc.collect()
     gc.freeze()
 
 
 def fine_timer_slack() -> None:
     """Ask for 1 ns timer slack (default 50 us) so short sleeps end on time."""
-    from ...dataplane.clib import set_timer_slack
     set_timer_slack(1)

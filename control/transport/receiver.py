@@ -30,6 +30,7 @@ class OpenRound:
     reliable: bool                 # every chunk critical: only completeness closes it
     t_open: float                  # perf_counter() when opened
     timeout_s: float | None = None  # the hard timeout, if not Early Close's
+    early: EarlyClose | None = None  # the Early Close state judging it (set by open)
     # The rows as a slice when contiguous: indexing then gives views of the
     # mapped memory, not copies.
     rows: slice | list[int] = field(init=False)
@@ -105,8 +106,10 @@ class Receiver:
 
     # ------------------------------------------------------------------ open
     def open(self, round_: int, nelems: int, workers: list[int] | None = None,
-             critical: np.ndarray | None = None, reliable: bool = False) -> OpenRound:
-        """Make round_ receivable (see Endpoint.open_round)."""
+             critical: np.ndarray | None = None, reliable: bool = False,
+             early: EarlyClose | None = None) -> OpenRound:
+        """Make round_ receivable (see Endpoint.open_round); `early` judges it
+        (default: the endpoint's own Early Close state)."""
         if nelems > self.max_elems:
             raise ValueError(f"round of {nelems} elements exceeds this endpoint's "
                              f"max_elems={self.max_elems}")
@@ -125,9 +128,10 @@ class Receiver:
         self.maps.open_bank(round_, layout.nchunks, layout.last_len,
                             share_kbps=self.share.share_kbps(1), flows=len(workers),
                             token=self.tokens(round_), window=self.window)
-        self.early.start_round(layout.nbytes * len(workers))
+        early = early or self.early
+        early.start_round(layout.nbytes * len(workers))
         st = OpenRound(round_, layout, workers, [self.peers[w] for w in workers], critical,
-                       reliable, time.perf_counter())
+                       reliable, time.perf_counter(), early=early)
         self.rounds[round_] = st
         return st
 
@@ -163,7 +167,7 @@ class Receiver:
         prog = self.maps.progress[self.maps.bank_index(st.round)]
         rows, total, t_open, reliable = st.rows, st.total, st.t_open, st.reliable
         w = _Watch(first=np.full(len(st.workers), np.nan))
-        limit = st.timeout_s or self.early.cfg.hard_timeout_s
+        limit = st.timeout_s or st.early.cfg.hard_timeout_s
         # seconds per chunk at line rate, and the longest sleep
         chunk_s = (self.chunk_bytes + FRAME_OVERHEAD) * 8 / self.capacity_bps
         max_sleep = max(poll_s, 0.005 if reliable else 0.001)
@@ -199,7 +203,7 @@ class Receiver:
         if sample is not None and self.share.observe(*sample):
             self.maps.set_share(st.round, self.share.share_kbps(1))
         crit_ok = st.critical is None or self.critical_ok(st)
-        return self.early.decide(now, w.first, chunks / nch, crit_ok)
+        return st.early.decide(now, w.first, chunks / nch, crit_ok)
 
     def critical_ok(self, st: OpenRound) -> bool:
         """Every worker's critical chunks are in."""
@@ -228,11 +232,11 @@ class Receiver:
         res = RoundResult(round=round_, reason=reason, duration_s=t_close - st.t_open,
                           active_s=active_s, workers=st.workers, layout=layout, values=values,
                           masks=masks, filled=filled,
-                          threshold=self.early.threshold, deadline_s=self.early.deadline_s,
+                          threshold=st.early.threshold, deadline_s=st.early.deadline_s,
                           late=late, duplicates=dups, bad_token=bad_token, retx_chunks=retx,
                           critical_missing=st.critical_missing(masks))
         if not st.reliable:
-            self.early.end_round(total_bytes=layout.nbytes * len(slots),
+            st.early.end_round(total_bytes=layout.nbytes * len(slots),
                                  delivered_bytes=int(prog["bytes"].sum()), active_s=active_s,
                                  lost_fraction=(retx + int((~masks).sum())) / max(1, masks.size))
         del self.rounds[round_]

@@ -17,6 +17,7 @@ from ...dataplane.xdp import wire as W
 from ...errors import DeadPeerError, TransportError
 from .layout import FRAME_OVERHEAD, ChunkLayout, as_f32
 from .loss import Backoff, BatchPicker, LossDetector, pass_runs
+from .options import DEFAULTS, PushOptions
 from .rate import Pacer
 from .results import Peer, PushReport
 
@@ -48,7 +49,8 @@ class Sender:
 
     def __init__(self, sock: socket.socket, maps, peers: dict[int, int], *, job: int,
                  chunk_bytes: int, max_elems: int, initial_rate_bps: float,
-                 tokens=lambda round_: 0, kind=None):
+                 tokens=lambda round_: 0, options: PushOptions = DEFAULTS,
+                 kinds: dict[str, type[Push]] | None = None):
         self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
         self.tokens = tokens  # round -> its token (tokens.RoundTokens)
         self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
@@ -58,13 +60,20 @@ class Sender:
         self.window_hint: dict[int, collections.deque] = {}
         # ... and the mean time between the ACKs of its last push
         self.gap_hint: dict[int, float] = {}
-        self.kind = kind  # what plans a push: Push, or the ACK clock's clock.ClockPush
+        self.options = options  # a push's by default (sender, the ACK clock's knobs)
+        # sender name -> what plans its pushes: Push, or the ACK clock's clock.ClockPush
+        self.kinds = kinds or {"socket": Push}
         self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
 
     def prepare(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
                 reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None,
-                group: tuple[str, int] | None = None) -> "Push":
+                group: tuple[str, int] | None = None,
+                options: PushOptions | None = None) -> Push:
         """Check a push's arguments and plan it (see Endpoint.prepare_push)."""
+        options = options or self.options
+        if options.sender not in self.kinds:
+            raise ValueError(f"sender {options.sender!r} is not one of this endpoint's "
+                             f"({', '.join(self.kinds)})")
         targets = [to] if isinstance(to, Peer) else list(to)
         if not targets:
             raise ValueError("push needs at least one target peer")
@@ -80,8 +89,9 @@ class Sender:
             np.zeros(nch, dtype=bool) if critical is None else np.asarray(critical, dtype=bool))
         if crit.shape != (nch,):
             raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
-        return (self.kind or Push)(self, round_, arr, layout, targets, crit, reliable=reliable,
-                                          timeout_s=timeout_s, seed=seed, group=group)
+        return self.kinds[options.sender](self, round_, arr, layout, targets, crit,
+                                          reliable=reliable, timeout_s=timeout_s, seed=seed,
+                                          group=group, options=options)
 
     def start_rate(self, targets: list[Peer], group: bool) -> float:
         hints = [self.rate_hint.get(t.worker, self.initial_rate_bps) for t in targets]
@@ -143,8 +153,10 @@ class Push:
 
     def __init__(self, sender: Sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
                  targets: list[Peer], crit: np.ndarray, *, reliable: bool, timeout_s: float,
-                 seed: int | None, group: tuple[str, int] | None):
+                 seed: int | None, group: tuple[str, int] | None,
+                 options: PushOptions = DEFAULTS):
         self.sender, self.round_, self.buf, self.layout = sender, round_, buf, layout
+        self.options = options  # the ACK clock's knobs (a socket push has none to read)
         self.targets, self.crit, self.reliable, self.timeout_s = targets, crit, reliable, timeout_s
         self.group = group is not None  # the last of hdrs/addrs/pieces is the group
         self.slots = [sender.peers[t.worker] for t in targets]

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The link contract (control/torchapi/links.py): every transport implements
+ServerLink or WorkerLink, a link that misses a method cannot be made, and no
+module reaches past the contract with hasattr/getattr on a link. And the
+transport's A/B knobs (control/transport/options.py): a frozen PushOptions
+per endpoint or push, never a class attribute set for the whole process."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ltpx.control.torchapi.link_ltp import LtpServerLink, LtpWorkerLink
+from ltpx.control.torchapi.link_tcp import TcpServerLink, TcpWorkerLink
+from ltpx.control.torchapi.links import ServerLink, WorkerLink
+from ltpx.control.torchapi.shards import ShardLinks
+from ltpx.control.transport.clock import ClockPush
+from ltpx.control.transport.options import DEFAULTS, PushOptions
+from ltpx.control.transport.sender import Push
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("cls, base", [(LtpServerLink, ServerLink), (TcpServerLink, ServerLink),
+                                       (LtpWorkerLink, WorkerLink), (TcpWorkerLink, WorkerLink)])
+def test_every_transport_implements_the_contract(cls, base):
+    assert issubclass(cls, base) and not cls.__abstractmethods__
+    assert cls.name in ("ltp", "tcp") and isinstance(cls.opens, bool)
+
+
+def test_a_link_missing_a_method_cannot_be_made():
+    class Half(WorkerLink):
+        name, opens = "half", False
+
+        def address(self):
+            return {}
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half()
+
+
+def test_a_sharded_workers_links_add_up_their_counters():
+    class Counting(WorkerLink):
+        name, opens = "count", False
+
+        def __init__(self, n):
+            self.n = n
+
+        @property
+        def uplink(self):
+            return {"pushes": self.n, "sent": 2 * self.n}
+
+        address = connect = ensure = expect = expect_compressed = pull = close = (
+            lambda self, *a, **k: None)
+
+        def push(self, r, buf, reliable, answer=None):
+            return True
+
+    a, b = Counting(1), Counting(3)
+    links = ShardLinks([a, b])
+    assert links.parts() == [a, b] and a.parts() == [a]
+    assert links.uplink == {"pushes": 4, "sent": 8}
+    assert a.push(1, np.zeros(2, np.float32), False)
+
+
+def test_no_module_reaches_past_the_contract():
+    bad = []
+    for p in (ROOT / "control").rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
+                    "hasattr", "getattr", "setattr") and node.args:
+                target = ast.unparse(node.args[0])
+                if re.search(r"(^|\.)link(s)?$", target):
+                    bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Attribute) and re.search(
+                            r"(^|\.)link$", ast.unparse(t.value)) and t.attr in ("peers", "wait_s"):
+                        bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(t)} = ...")
+    assert not bad, "\n".join(bad)
+
+
+def test_push_options_are_frozen_checked_and_default_to_what_a_job_runs():
+    assert PushOptions(sender="socket", xdp_recovery=True, poll_s=None, rto_rtts=2) == DEFAULTS
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULTS.poll_s = 0.001
+    for bad in ({"sender": "carrier-pigeon"}, {"poll_s": 0}, {"rto_rtts": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            PushOptions(**bad)
+    # the knobs live on the options, not on the push classes
+    for knob in ("xdp_recovery", "poll_s", "rto_rtts"):
+        assert not hasattr(ClockPush, knob) and not hasattr(Push, knob)
+
+
+def test_no_module_sets_a_push_class_or_an_endpoints_sender_kind():
+    bad = []
+    for p in [*(ROOT / "control").rglob("*.py"), *(ROOT / "tools").rglob("*.py"),
+              *(ROOT / "tests").glob("*.py")]:
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                if isinstance(t, ast.Attribute) and (
+                        ast.unparse(t.value) in ("ClockPush", "Push")
+                        or ast.unparse(t).endswith("sender.kind")):
+                    bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(t)} = ...")
+    assert not bad, "\n".join(bad)
