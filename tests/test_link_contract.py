@@ -17,6 +17,7 @@ import pytest
 from ltpx.control.torchapi.link_ltp import LtpServerLink, LtpWorkerLink
 from ltpx.control.torchapi.link_tcp import TcpServerLink, TcpWorkerLink
 from ltpx.control.torchapi.links import ServerLink, WorkerLink
+from ltpx.control.torchapi.settings import Settings
 from ltpx.control.torchapi.shards import ShardLinks
 from ltpx.control.transport.clock import ClockPush
 from ltpx.control.transport.options import DEFAULTS, PushOptions
@@ -67,6 +68,37 @@ def test_a_sharded_workers_links_add_up_their_counters():
     assert links.parts() == [a, b] and a.parts() == [a]
     assert links.uplink == {"pushes": 4, "sent": 8}
     assert a.push(1, np.zeros(2, np.float32), False)
+
+
+def test_a_tcp_job_exchanges_a_round_through_the_contract_alone():
+    """A real server link and two worker links over loopback, driven only by
+    the contract's calls. TCP delivers every byte or fails, so an answer
+    sent `to` one worker with a short `wait_s` reaches every connected
+    worker (each stream must carry every answer), as ServerLink.send says."""
+    s = Settings.resolve({"ip": "127.0.0.1"})
+    server: ServerLink = TcpServerLink(s, 2)
+    workers: list[WorkerLink] = [TcpWorkerLink(s, w, 2) for w in range(2)]
+    try:
+        for w in workers:
+            w.connect({**server.address(), "ip": "127.0.0.1"})
+        server.connect({i: w.address() for i, w in enumerate(workers)})
+        server.ensure(3)
+        server.open(1, 3, [0, 1], False, key=("step", 0))
+        for i, w in enumerate(workers):
+            assert not w.push(1, np.full(3, i + 1, np.float32), False)
+        got = server.gather(1, 3, [0, 1])
+        total = got.values.sum(axis=0)
+        assert total.tolist() == [3.0, 3.0, 3.0] and not got.early_closed
+        server.send(2, total, False, to=[0], wait_s=0.5)
+        for w in workers:
+            w.expect(2, 3)
+            out = np.zeros(3, np.float32)
+            w.pull(2, out)
+            assert out.tolist() == [3.0, 3.0, 3.0]
+    finally:
+        for w in workers:
+            w.close()
+        server.close()
 
 
 def test_no_module_reaches_past_the_contract():
