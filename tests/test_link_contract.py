@@ -75,7 +75,9 @@ def test_a_tcp_job_exchanges_a_round_through_the_contract_alone():
     the contract's calls. TCP delivers every byte or fails, so an answer
     sent `to` one worker with a short `wait_s` reaches every connected
     worker (each stream must carry every answer), as ServerLink.send says."""
-    s = Settings.resolve({"ip": "127.0.0.1"})
+    # the machine's own congestion control: one an unprivileged process may set
+    cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    s = Settings.resolve({"ip": "127.0.0.1", "cc": cc})
     server: ServerLink = TcpServerLink(s, 2)
     workers: list[WorkerLink] = [TcpWorkerLink(s, w, 2) for w in range(2)]
     try:
