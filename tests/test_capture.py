@@ -86,6 +86,96 @@ def test_scapy_written_files_read_the_same(tmp_path):
                                                   for i in range(3)]
 
 
+def _boundaries(data: bytes, first: int, length_at) -> list[int]:
+    """Offsets where each record or block ends (length_at(data, at): its length)."""
+    ends, at = [], first
+    while at < len(data):
+        at += length_at(data, at)
+        ends.append(at)
+    return ends
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("suffix", [".pcap", ".pcapng"])
+def test_a_file_cut_anywhere_reads_its_whole_blocks_and_says_where_it_ends(tmp_path, suffix):
+    """Cut at every byte: the frames of the whole records or blocks before the
+    cut, and a note naming the file and the offset of the block cut short
+    (none where the cut falls between blocks). A cut inside the pcapng
+    section header once raised struct.error."""
+    whole = tmp_path / f"whole{suffix}"
+    w = pcap.Writer(str(whole), snaplen=1500, ifname="ltp-ps")
+    for i, f in enumerate(_frames()):
+        w.write(1_790_000_000_000_000_000 + i, f, direction="in")
+    w.close()
+    data = whole.read_bytes()
+    if suffix == ".pcap":
+        ends = _boundaries(data, 24, lambda d, at: 16 + int.from_bytes(d[at + 8:at + 12], "little"))
+        frame_ends = ends
+    else:
+        ends = _boundaries(data, 0, lambda d, at: int.from_bytes(d[at + 4:at + 8], "little"))
+        frame_ends = ends[2:]                   # a section header, an interface, 3 packets
+    assert len(frame_ends) == 3 and ends[-1] == len(data)
+    cut = tmp_path / f"cut{suffix}"
+    for n in range(ends[0] if suffix == ".pcapng" else 24, len(data) + 1):
+        cut.write_bytes(data[:n])
+        notes: list[str] = []
+        got = list(pcap.read(str(cut), notes))
+        assert len(got) == sum(1 for e in frame_ends if e <= n), n
+        if n in ends or (suffix == ".pcap" and n == 24):
+            assert notes == [], (n, notes)
+        else:
+            start = max([e for e in [0 if suffix == ".pcapng" else 24, *ends] if e <= n])
+            assert len(notes) == 1 and f"{cut}: cut short at offset {start} " in notes[0], (n, notes)
+
+
+@pytest.mark.unit
+def test_a_pcapng_block_that_cannot_be_what_it_says_names_the_file_and_offset(tmp_path):
+    """A block too short for its type (these raised struct.error), a length
+    not a multiple of 4, a packet longer than its block: PcapError."""
+    import struct
+    shb = pcap._block(pcap.PCAPNG_SHB, struct.pack("<IHHq", pcap.BYTE_ORDER_MAGIC, 1, 0, -1))
+    idb = pcap._block(pcap.PCAPNG_IDB, struct.pack("<HHI", 1, 0, 1500))
+    at = len(shb) + len(idb)
+    cases = {
+        "epb12": struct.pack("<III", pcap.PCAPNG_EPB, 12, 12),
+        "idb16": struct.pack("<IIII", pcap.PCAPNG_IDB, 16, 0, 16),
+        "spb12": struct.pack("<III", pcap.PCAPNG_SPB, 12, 12),
+        "odd": struct.pack("<IIHH", 0x99, 14, 0, 0) + struct.pack("<HI", 0, 14),
+        "long_packet": pcap._block(pcap.PCAPNG_EPB, struct.pack("<IIIII", 0, 0, 0, 100, 100)
+                                   + b"x" * 8),
+    }
+    for name, block in cases.items():
+        path = tmp_path / f"{name}.pcapng"
+        path.write_bytes(shb + idb + block)
+        with pytest.raises(pcap.PcapError, match=f"{path}: corrupt pcapng block at offset {at} "):
+            list(pcap.read(str(path)))
+    short_shb = tmp_path / "shb.pcapng"
+    short_shb.write_bytes(struct.pack("<III", pcap.PCAPNG_SHB, 12, pcap.BYTE_ORDER_MAGIC))
+    with pytest.raises(pcap.PcapError, match="section header block of length 12"):
+        list(pcap.read(str(short_shb)))
+
+
+@pytest.mark.root
+def test_capture_reads_a_cut_file_with_a_note_and_refuses_a_corrupt_one(tmp_path):
+    path = tmp_path / "x.pcapng"
+    w = pcap.Writer(str(path))
+    for i in range(4):
+        w.write(1_790_000_000_000_000_000 + i, _frames()[0], direction="in")
+    w.close()
+    data = path.read_bytes()
+    path.write_bytes(data[:-5])
+    p = ltp("capture", "-r", path)
+    assert len(p.stdout.splitlines()) == 3 and "note: " in p.stderr and "cut short" in p.stderr
+    assert "cut short at offset" in json.loads(ltp("capture", "-r", path, "-j").stderr
+                                               .splitlines()[-1])["cut_short"]
+    head = int.from_bytes(data[4:8], "little")          # the section header, then the interface
+    head += int.from_bytes(data[head + 4:head + 8], "little")
+    bad = tmp_path / "bad.pcapng"
+    bad.write_bytes(data[:head] + (6).to_bytes(4, "little") + (12).to_bytes(4, "little") * 2)
+    p = ltp("capture", "-r", bad, rc=1)
+    assert "corrupt pcapng block at offset" in p.stderr and "Traceback" not in p.stderr
+
+
 @pytest.mark.root
 def test_bad_files_are_one_line_errors(tmp_path):
     junk = tmp_path / "junk.pcap"

@@ -233,7 +233,7 @@ def cmd_capture(args) -> int | None:
     summary: dict = {"via": "file" if args.read else None}
     try:
         if args.read:
-            _from_file(args, out)
+            summary.update(_from_file(args, out))
         else:
             need_root("ltp capture (live)")
             if args.nice:
@@ -246,14 +246,18 @@ def cmd_capture(args) -> int | None:
     return None
 
 
-def _from_file(args, out: _Out) -> None:
+def _from_file(args, out: _Out) -> dict:
+    """Show (and write) the file's frames; the summary's `cut_short`: where the
+    file ends inside a block, read up to the last whole one (None: it does not)."""
     from ..dataplane.xdp import pcap
-    for i, f in enumerate(pcap.read(args.read)):
+    notes: list[str] = []
+    for i, f in enumerate(pcap.read(args.read, notes)):
         if out.take(f.ts_ns, f.data, f.wire_len, f.direction, _verdict_of(f.comment),
                     f.linktype):
             break
         if i % 4096 == 4095:
             out.flush()
+    return {"cut_short": notes[0] if notes else None}
 
 
 def _verdict_of(comment: str | None) -> str | None:
@@ -359,6 +363,8 @@ def _summarise(args, out: _Out, live: dict) -> None:
         text += f", {s['dropped']} dropped by the kernel (socket buffer full)"
     if args.write:
         text += f"; written to {args.write}"
+    if s.get("cut_short"):
+        text += f"\nnote: {s['cut_short']}"
     print(text, file=sys.stderr, flush=True)
 
 

@@ -44,29 +44,45 @@ class Frame:
 
 # --------------------------------------------------------------------------- reading
 
-def read(path: str) -> Iterator[Frame]:
-    """The frames of a pcap or pcapng file, in file order."""
+def read(path: str, notes: list[str] | None = None) -> Iterator[Frame]:
+    """The frames of a pcap or pcapng file, in file order. A file that ends
+    inside a record or block (cut short while being written) stops at the
+    last whole one, with a line in `notes` saying where; a record or block
+    that cannot be what it says is a PcapError naming the file and offset."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
         raise PcapError(f"{path}: no such file") from None
     except OSError as e:
         raise PcapError(f"{path}: {e.strerror}") from None
+    cut = _CutShort(path, notes)
     with f:
         head = f.read(4)
         if len(head) < 4:
             raise PcapError(f"{path}: not a pcap file (too short)")
         magic_le, magic_be = struct.unpack("<I", head)[0], struct.unpack(">I", head)[0]
         if magic_le == PCAPNG_SHB:
-            yield from _read_pcapng(f, path)
+            yield from _read_pcapng(f, path, cut)
         elif PCAP_MAGIC_US in (magic_le, magic_be) or PCAP_MAGIC_NS in (magic_le, magic_be):
             yield from _read_pcap(f, path, "<" if magic_le in (PCAP_MAGIC_US, PCAP_MAGIC_NS)
-                                  else ">", PCAP_MAGIC_NS in (magic_le, magic_be))
+                                  else ">", PCAP_MAGIC_NS in (magic_le, magic_be), cut)
         else:
             raise PcapError(f"{path}: not a pcap file (magic {head.hex()})")
 
 
-def _read_pcap(f: BinaryIO, path: str, bo: str, ns: bool) -> Iterator[Frame]:
+class _CutShort:
+    """Says where a file ends inside a record or block (into `notes`)."""
+
+    def __init__(self, path: str, notes: list[str] | None):
+        self.path, self.notes = path, notes
+
+    def __call__(self, at: int, what: str, need: int, got: int) -> None:
+        if self.notes is not None:
+            self.notes.append(f"{self.path}: cut short at offset {at} ({what}: {need} "
+                              f"bytes, {got} there): read up to the last whole one")
+
+
+def _read_pcap(f: BinaryIO, path: str, bo: str, ns: bool, cut: _CutShort) -> Iterator[Frame]:
     hdr = f.read(20)
     if len(hdr) < 20:
         raise PcapError(f"{path}: not a pcap file (short header)")
@@ -74,46 +90,72 @@ def _read_pcap(f: BinaryIO, path: str, bo: str, ns: bool) -> Iterator[Frame]:
     rec = struct.Struct(bo + "IIII")
     scale = 1 if ns else 1000
     while True:
+        at = f.tell()
         h = f.read(16)
         if len(h) < 16:
+            if h:
+                cut(at, "record header", 16, len(h))
             return
         sec, frac, incl, orig = rec.unpack(h)
         if incl > MAX_SNAPLEN:
-            raise PcapError(f"{path}: corrupt record ({incl} bytes)")
+            raise PcapError(f"{path}: corrupt record at offset {at} ({incl} bytes)")
         data = f.read(incl)
         if len(data) < incl:
-            return              # a file cut short while being written
+            cut(at, "record", 16 + incl, 16 + len(data))
+            return
         yield Frame(sec * 1_000_000_000 + frac * scale, data, orig, linktype)
 
 
-def _read_pcapng(f: BinaryIO, path: str) -> Iterator[Frame]:
+# the least length of each block type read (header, fields, trailing length)
+_LEAST = {PCAPNG_SHB: 28, PCAPNG_IDB: 20, PCAPNG_EPB: 32, PCAPNG_SPB: 16}
+_NAMES = {PCAPNG_SHB: "section header", PCAPNG_IDB: "interface description",
+          PCAPNG_EPB: "enhanced packet", PCAPNG_SPB: "simple packet"}
+
+
+def _block_at(f: BinaryIO, path: str, bo: str, cut: _CutShort) -> tuple[int, str, bytes] | None:
+    """(type, byte order, body less the trailing length) of the block at f's
+    position; None at the end of the file or where it is cut short."""
+    at = f.tell()
+    h = f.read(12)
+    if len(h) < 12:
+        if h:
+            cut(at, "block header", 12, len(h))
+        return None
+    if struct.unpack("<I", h[:4])[0] == PCAPNG_SHB:     # a section sets the byte order
+        bo = "<" if struct.unpack("<I", h[8:])[0] == BYTE_ORDER_MAGIC else ">"
+    btype, blen = struct.unpack(bo + "II", h[:8])
+    least = _LEAST.get(btype, 12)
+    if blen < least or blen % 4:
+        what = _NAMES.get(btype, f"type {btype:#x}")
+        raise PcapError(f"{path}: corrupt pcapng block at offset {at} ({what} block of "
+                        f"length {blen}; at least {least}, a multiple of 4)")
+    rest = f.read(blen - 12)
+    if len(rest) < blen - 12:
+        cut(at, f"{_NAMES.get(btype, 'pcapng')} block", blen, 12 + len(rest))
+        return None
+    return btype, bo, (h[8:] + rest)[:-4]
+
+
+def _read_pcapng(f: BinaryIO, path: str, cut: _CutShort) -> Iterator[Frame]:
     f.seek(0)
     bo = "<"
     ifaces: list[tuple[int, int]] = []      # (linktype, ns per tick) per interface
     while True:
-        h = f.read(8)
-        if len(h) < 8:
+        at = f.tell()
+        block = _block_at(f, path, bo, cut)
+        if block is None:
             return
-        btype = struct.unpack("<I", h[:4])[0]
+        btype, bo, body = block
         if btype == PCAPNG_SHB:
-            bom = f.read(4)
-            bo = "<" if struct.unpack("<I", bom)[0] == BYTE_ORDER_MAGIC else ">"
-            blen = struct.unpack(bo + "I", h[4:])[0]
-            body = bom + f.read(blen - 12)
             ifaces = []
-        else:
-            btype, blen = struct.unpack(bo + "II", h)
-            if blen < 12 or blen % 4:
-                raise PcapError(f"{path}: corrupt pcapng block (length {blen})")
-            body = f.read(blen - 8)
-            if len(body) < blen - 8:
-                return
-        body = body[:-4]                    # the trailing copy of the length
-        if btype == PCAPNG_IDB:
+        elif btype == PCAPNG_IDB:
             linktype = struct.unpack_from(bo + "H", body)[0]
             ifaces.append((linktype, _tsresol(_options(body[8:], bo).get(IDB_TSRESOL))))
         elif btype == PCAPNG_EPB:
             iface, hi, lo, incl, orig = struct.unpack_from(bo + "IIIII", body)
+            if 20 + incl > len(body):
+                raise PcapError(f"{path}: corrupt pcapng block at offset {at} (a packet of "
+                                f"{incl} bytes in a block of {len(body) + 12})")
             linktype, tick = ifaces[iface] if iface < len(ifaces) else (LINKTYPE_ETHERNET, 1000)
             data = body[20:20 + incl]
             opts = _options(body[20 + (incl + 3) // 4 * 4:], bo)
