@@ -3,9 +3,9 @@
 (file fsynced before its rename, folder after), temporary names per host and
 process, a failed save a warning and not the end of worker 0, and a resume
 in pieces no larger than PIECE_BYTES (no op outgrows an endpoint's 2^20
-chunks). The save tests give `save` a fixed blob in place of a job's state
-(elastic.state_blob needs a running job); the resume test runs a real job
-over TCP on loopback."""
+chunks). The save tests (unit) give `save` a fixed blob in place of a job's state
+(elastic.state_blob needs a running job); the resume test (slow) runs a real
+job over TCP on loopback."""
 from __future__ import annotations
 
 import json
@@ -22,8 +22,6 @@ from pathlib import Path
 import pytest
 
 from conftest import finish_all
-
-pytestmark = pytest.mark.unit
 
 JOB = Path(__file__).resolve().parent / "checkpoint_job.py"
 
@@ -46,6 +44,7 @@ def _dead_pid() -> int:
     return p.pid
 
 
+@pytest.mark.unit
 def test_a_temp_file_is_removed_only_when_its_writer_is_gone(checkpoint, tmp_path):
     """This host's temp file with a dead pid goes; one with a live pid stays;
     another host's stays whatever its pid, until nobody wrote to it for
@@ -71,6 +70,7 @@ def test_a_temp_file_is_removed_only_when_its_writer_is_gone(checkpoint, tmp_pat
     assert left == {"mine_live", "other_host", "bare_pid"}
 
 
+@pytest.mark.unit
 def test_save_fsyncs_the_file_before_its_rename_and_the_folder_after(tmp_path):
     """Traced by strace in a child process: fsync(temp file), rename, fsync(folder)."""
     strace = shutil.which("strace")
@@ -98,6 +98,7 @@ def test_save_fsyncs_the_file_before_its_rename_and_the_folder_after(tmp_path):
     assert ".pt.tmp." in calls[0] and f"<{ckdir}>" in calls[2], calls
 
 
+@pytest.mark.unit
 def test_a_failed_save_warns_naming_path_and_errno_and_training_goes_on(checkpoint, tmp_path,
                                                                      caplog):
     """A full disk (the temp name leads to /dev/full: ENOSPC) and a folder that is
@@ -127,6 +128,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_resume_broadcasts_a_checkpoint_in_pieces_of_piece_bytes(tmp_path):
     """Two workers over TCP: worker 0 saves, both move their parameters apart,
     resume() with PIECE_BYTES=512 gives both the saved parameters and step in
