@@ -12,10 +12,6 @@
 #include "ltp_parse.h"
 #include "ltp_frame.h"
 
-#ifndef LTP_BENCH_ALWAYS_COPY
-#define LTP_BENCH_ALWAYS_COPY 0
-#endif
-
 /* The credit of a clocked flow (LTP_F_CLOCK DATA), as the ACK carries it:
  * each flow not finished may keep window / active packets in flight (at
  * least 1), so all of them together keep about the bank's window (the
@@ -87,7 +83,7 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 
 	}
 	count(LTP_C_ACK_TX);
 	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
-	if (st)
+	if (st && !skipped(LTP_SKIP_COUNT))
 		st->acks_tx += 1;
 	return XDP_TX;
 }
@@ -199,9 +195,37 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 		st->out_of_range += 1;
 		return drop(LTP_C_OUT_OF_RANGE, h);
 	}
-	st->rx_packets += 1;
-	st->rx_bytes += len;
+	if (!skipped(LTP_SKIP_COUNT)) {
+		st->rx_packets += 1;
+		st->rx_bytes += len;
+	}
 	return LTP_ADMITTED;
+}
+
+/* Mark a stored chunk delivered: its done bit, its bank slot's progress
+ * (chunks, bytes, re-sends, first and latest time) and, for the flow's last
+ * chunk, one flow fewer sharing the bank. */
+static __always_inline void data_mark(struct ltp_pkt *p, struct ltp_rx *rx,
+				      struct ltp_bitmap *done, struct ltp_progress *pr,
+				      __u64 word, __u64 bit)
+{
+	/* The done bit is what user space trusts: set only after the copy. */
+	__sync_fetch_and_or(&done->w[word], bit);
+	__sync_fetch_and_add(&pr->chunks, 1);
+	/* This slot's last chunk ends its flow: one fewer to share with. The
+	 * fetch-or on a flag makes that count once across CPUs (bcc's target has
+	 * no fetch-add with a result). */
+	struct ltp_share *sh = ltp_share.lookup(&rx->bank);
+	if (sh && pr->chunks >= rx->nchunks &&
+	    !(__sync_fetch_and_or(&pr->flow, LTP_FLOW_DONE) & LTP_FLOW_DONE) && sh->active)
+		__sync_fetch_and_add(&sh->active, (__u32)-1);  /* no atomic sub in BPF */
+	if (p->h->flags & bpf_htons(LTP_F_RETX))
+		__sync_fetch_and_add(&pr->retx, 1);
+	__sync_fetch_and_add(&pr->bytes, rx->len);
+	__u64 now = rx->now ? rx->now : bpf_ktime_get_ns();
+	if (!pr->first_ns)
+		pr->first_ns = now;
+	pr->last_ns = now;
 }
 
 /* Store an admitted DATA packet's payload in its bank's reassembly memory
@@ -222,10 +246,8 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 		return XDP_DROP;
 	__u64 bit = 1ULL << (chunk & 63);
 
-	/* Claim first: of two copies racing on two CPUs exactly one writes.
-	 * (LTP_BENCH_ALWAYS_COPY: `ltp bench xdp` repeats one packet and wants
-	 * every repetition to take the full copy path.) */
-	if ((__sync_fetch_and_or(&claim->w[word], bit) & bit) && !LTP_BENCH_ALWAYS_COPY) {
+	/* Claim first: of two copies racing on two CPUs exactly one writes. */
+	if (!skipped(LTP_SKIP_CLAIM) && (__sync_fetch_and_or(&claim->w[word], bit) & bit)) {
 		st->dup += 1;
 		count(LTP_C_DUP);
 		return send_ack(ctx, p, LTP_RS_OPEN, LTP_F_DUP, rx->slot, rx->bank);
@@ -243,28 +265,15 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 	barrier_var(n);  /* keeps clang from merging the two tests */
 	if (n < 4)
 		return XDP_DROP;
-	if (bpf_xdp_load_bytes(ctx, PAY_OFF, dst, n))
+	if (!skipped(LTP_SKIP_COPY) && bpf_xdp_load_bytes(ctx, PAY_OFF, dst, n))
 		return drop(LTP_C_MALFORMED, 0);
-
-	/* The done bit is what user space trusts: set only after the copy. */
-	__sync_fetch_and_or(&done->w[word], bit);
-	__sync_fetch_and_add(&pr->chunks, 1);
-	/* This slot's last chunk ends its flow: one fewer to share with. The
-	 * fetch-or on a flag makes that count once across CPUs (bcc's target has
-	 * no fetch-add with a result). */
-	struct ltp_share *sh = ltp_share.lookup(&rx->bank);
-	if (sh && pr->chunks >= rx->nchunks &&
-	    !(__sync_fetch_and_or(&pr->flow, LTP_FLOW_DONE) & LTP_FLOW_DONE) && sh->active)
-		__sync_fetch_and_add(&sh->active, (__u32)-1);  /* no atomic sub in BPF */
-	if (p->h->flags & bpf_htons(LTP_F_RETX))
-		__sync_fetch_and_add(&pr->retx, 1);
-	__sync_fetch_and_add(&pr->bytes, rx->len);
-	__u64 now = rx->now ? rx->now : bpf_ktime_get_ns();
-	if (!pr->first_ns)
-		pr->first_ns = now;
-	pr->last_ns = now;
-	st->delivered += 1;
+	if (!skipped(LTP_SKIP_MARK))
+		data_mark(p, rx, done, pr, word, bit);
+	if (!skipped(LTP_SKIP_COUNT))
+		st->delivered += 1;
 	count(LTP_C_DATA);
+	if (skipped(LTP_SKIP_ACK))
+		return XDP_TX;
 	return send_ack(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank);
 }
 

@@ -14,8 +14,23 @@
  * instead of being merged with an earlier test or folded away. */
 #define barrier_var(v) asm volatile("" : "+r"(v))
 
+/* Stages `ltp bench xdp` leaves out of the DATA path to show where its time
+ * goes (-DLTP_BENCH_SKIP=<bits>, control/bench/xdp_stages.py). 0, what
+ * every real load compiles, leaves out nothing. */
+#ifndef LTP_BENCH_SKIP
+#define LTP_BENCH_SKIP 0
+#endif
+#define LTP_SKIP_ACK     1     /* no ACK rewrite: the DATA frame sent back as it came */
+#define LTP_SKIP_MARK    2     /* no done bit, progress, share or clock read after the copy */
+#define LTP_SKIP_COPY    4     /* no payload copy */
+#define LTP_SKIP_COUNT   8     /* no counters (ltp_counters, ltp_stats) */
+#define LTP_SKIP_CLAIM   16    /* no claim bit (every chunk taken as new) */
+#define skipped(stage)   (LTP_BENCH_SKIP & (stage))
+
 static __always_inline void count(__u32 idx)
 {
+	if (skipped(LTP_SKIP_COUNT))
+		return;
 	__u64 *v = ltp_counters.lookup(&idx);
 	if (v)
 		*v += 1;

@@ -69,6 +69,7 @@ def test_the_program_text_holds_every_header_once_and_the_key_covers_them():
 @pytest.mark.root
 @requires_bpf
 @pytest.mark.parametrize("source,func,kind", [("ltp_xdp.c", "ltp_xdp", "XDP"),
+                                              ("ltp_floor.c", "ltp_xdp", "XDP"),
                                               ("xdp_pass.c", "xdp_pass", "XDP"),
                                               ("loss_tc.c", "loss_tc", "SCHED_CLS"),
                                               ("path_pin.c", "link_count", "SCHED_CLS")])
@@ -81,7 +82,8 @@ def test_compiled_programs_carry_the_license_and_the_kernel_takes_it_as_gpl(
     from ltpx.dataplane.xdp.loader import compile_program
     from ltpx.dataplane.xdp.maps import Geometry
     monkeypatch.setenv("LTPX_CACHE_DIR", str(tmp_path / "cache"))
-    flags = Geometry(slots=2, max_chunks=64).cflags() if source == "ltp_xdp.c" else None
+    geometry = Geometry(slots=2, max_chunks=64)
+    flags = geometry.cflags() if source in ("ltp_xdp.c", "ltp_floor.c") else None
     b, fn = compile_program(source, func, flags, prog_type=kind)
     try:
         assert b.art.license == LICENSE

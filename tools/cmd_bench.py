@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """`ltp bench`: benchmarks that print numbers (and JSON with -j).
 
-  ltp bench xdp [-j] [--packets N]   ns per packet: XDP DATA path vs a socket loop
-  ltp bench xdp --against DIR        A/B: bpf/ltp_xdp.c against DIR/ltp_xdp.c, alternating blocks
+  ltp bench xdp [-j] [--packets N]   ns per packet: XDP DATA path vs its copy floor, by stage; ACK
+                                     path, ACK clock; a socket loop
+  ltp bench xdp --against DIR        A/B: bpf/ against DIR/ (DATA, ACK, clock), alternating blocks
   ltp bench incast [...]             LTP vs TCP cubic/BBR vs the line-rate limit
   ltp bench paths [-j] [--trials 10] two jobs over a leaf-spine: ECMP vs pinned paths
   ltp bench soak --minutes M [-j]    ltp train for M minutes: do RSS, fds, BPF objects stay flat?
@@ -72,19 +73,23 @@ def register(sub) -> None:
     x = add_command(bsub, "xdp", "ns per packet of the XDP DATA path vs a Python socket loop",
                     epilog="examples:\n  ltp bench xdp -j\n"
                            "  ltp bench xdp --against /tmp/old-bpf --packets 200000 --blocks 20\n"
-                           "\nJSON keys: xdp_ns_per_packet, "
+                           "\nJSON keys: xdp_ns_per_packet, copy_floor_ns_per_packet, "
+                           "over_floor (DATA path / floor), stage_ns (where the rest goes), "
                            "xdp_capture_ns_per_packet (while `ltp capture` records every "
-                           "frame), socket_ns_per_packet, speedup (and the raw figures); "
-                           "with --against: this, against_arm (ns_per_packet, median_ns, "
-                           "block_ns), ratio (this / against), median_ratio, block_ratios\n")
+                           "frame), capture_over_floor, ack_ns_per_packet, "
+                           "clock_ns_per_packet (an ACK grown into the next DATA), arms, "
+                           "socket_ns_per_packet, speedup (and the raw figures); "
+                           "with --against, per path (data, ack, clock): this, against_arm "
+                           "(ns_per_packet, median_ns, block_ns), ratio (this / against), "
+                           "median_ratio, block_ratios\n")
     x.add_argument("--packets", type=int, default=20000,
-                   help="DATA packets to time (per arm with --against; default 20000)")
+                   help="packets to time per arm (default 20000)")
     x.add_argument("--against", metavar="DIR",
-                   help="A/B: time bpf/ltp_xdp.c against DIR/ltp_xdp.c (another version of "
-                        "the program, same maps; e.g. `git show REV:bpf/FILE` of each file "
-                        "into DIR) in alternating blocks of one run")
+                   help="A/B: time bpf/ against DIR/ (another version of the program, same "
+                        "maps; e.g. `git show REV:bpf/FILE` of each file into DIR) in "
+                        "alternating blocks of one run")
     x.add_argument("--blocks", type=int, default=10,
-                   help="alternating blocks per arm with --against (default 10)")
+                   help="blocks the arms alternate in (default 10)")
     add_json(x)
     x.set_defaults(func=cmd_xdp)
     _register_incast(bsub)
@@ -224,18 +229,31 @@ def cmd_xdp(args) -> None:
     need_root("ltp bench xdp")
     need_bcc()
     from ..control.bench import xdp as xdpbench
+    if not 1 <= args.blocks <= args.packets // 100:
+        raise UsageError("--blocks must be at least 1 and leave 100 packets a block")
     if args.against is not None:
         _xdp_ab(args, xdpbench)
         return
-    res = xdpbench.run(args.packets, progress=_progress(args))
-    emit(args, res, lambda r: (
-        f"XDP DATA path   {r['xdp_ns_per_packet']:10.1f} ns/packet  "
-        f"(raw {r['xdp_raw_ns_per_packet']:.0f} - harness {r['harness_ns']:.0f})\n"
-        f"... capturing   {r['xdp_capture_ns_per_packet']:10.1f} ns/packet  "
-        f"(ltp capture recording every frame in full)\n"
-        f"socket loop     {r['socket_ns_per_packet']:10.1f} ns/packet  "
-        f"({r['socket_packets']} packets)\n"
-        f"speed-up        {r['speedup']:10.1f} x"))
+    res = xdpbench.run(args.packets, args.blocks, progress=_progress(args))
+    emit(args, res, _xdp_text)
+
+
+def _xdp_text(r: dict) -> str:
+    stages = ", ".join(f"{k} {v:.0f}" for k, v in r["stage_ns"].items())
+    return (f"XDP DATA path   {r['xdp_ns_per_packet']:10.1f} ns/packet  "
+            f"(raw {r['xdp_raw_ns_per_packet']:.0f} - harness {r['harness_ns']:.0f})\n"
+            f"copy floor      {r['copy_floor_ns_per_packet']:10.1f} ns/packet  "
+            f"(DATA path {r['over_floor']:.2f} x the floor)\n"
+            f"  over the floor, stage by stage: {stages} ns\n"
+            f"... capturing   {r['xdp_capture_ns_per_packet']:10.1f} ns/packet  "
+            f"(ltp capture recording every frame in full; {r['capture_over_floor']:.2f} x)\n"
+            f"ACK path        {r['ack_ns_per_packet']:10.1f} ns/packet  (sender, recorded)\n"
+            f"ACK clock       {r['clock_ns_per_packet']:10.1f} ns/packet  "
+            f"(an ACK grown into the next DATA)\n"
+            f"socket loop     {r['socket_ns_per_packet']:10.1f} ns/packet  "
+            f"({r['socket_packets']} packets)\n"
+            f"speed-up        {r['speedup']:10.1f} x\n"
+            f"{r['blocks']} alternating blocks, {r['xdp_packets']} packets an arm")
 
 
 def _xdp_ab(args, xdpbench) -> None:
@@ -243,22 +261,26 @@ def _xdp_ab(args, xdpbench) -> None:
     if not (Path(args.against) / "ltp_xdp.c").is_file():
         raise UsageError(f"--against {args.against}: no ltp_xdp.c there (put the other "
                          "version's bpf/ files in one folder)")
-    if not 1 <= args.blocks <= args.packets // 100:
-        raise UsageError("--blocks must be at least 1 and leave 100 packets a block")
     res = xdpbench.bench_ab(Path(args.against), args.packets, args.blocks,
                             progress=_progress(args))
 
     def arm(name: str, r: dict) -> str:
         b = r["block_ns"]
-        return (f"{name:<24}{r['ns_per_packet']:8.1f} ns/packet  (median {r['median_ns']:.0f}; "
+        return (f"  {name:<22}{r['ns_per_packet']:8.1f} ns/packet  (median {r['median_ns']:.0f}; "
                 f"blocks {min(b):.0f}..{max(b):.0f})")
+
+    def path(name: str, p: dict) -> str:
+        return (f"{name}\n" + arm("bpf/ (this)", p["this"]) + "\n" +
+                arm(res["against"], p["against_arm"]) + "\n"
+                f"  {'ratio this / against':<22}{p['ratio']:8.3f}    (per block "
+                f"{p['block_ratio_min']:.3f}..{p['block_ratio_max']:.3f}; medians "
+                f"{p['median_ratio']:.3f})")
     emit(args, res, lambda r: (
-        arm("bpf/ (this)", r["this"]) + "\n" + arm(r["against"], r["against_arm"]) + "\n"
-        f"{'ratio this / against':<24}{r['ratio']:8.3f}    (per block "
-        f"{r['block_ratio_min']:.3f}..{r['block_ratio_max']:.3f}; medians "
-        f"{r['median_ratio']:.3f})\n"
+        path("DATA path", r["data"]) + "\n" + path("ACK path", r["ack"]) + "\n" +
+        path("ACK clock", r["clock"]) + "\n"
         f"{r['blocks']} alternating blocks, {r['packets_per_arm']} packets an arm; ns: the "
-        f"middle 80 % of packets' mean less the harness ({r['harness_ns']:.0f} ns)"))
+        f"middle 80 % of packets' mean less an empty program's on the same frames "
+        f"({r['harness_ns']:.0f} ns; ACKs {r['ack_harness_ns']:.0f})"))
 
 
 def cmd_incast(args) -> None:

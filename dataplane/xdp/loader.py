@@ -220,15 +220,18 @@ class Dataplane:
     """
 
     def __init__(self, geometry: Geometry | None = None, job: int = 0,
-                 bpf_dir: Path = BPF_DIR):
+                 bpf_dir: Path = BPF_DIR, source: str = "ltp_xdp.c",
+                 defines: tuple[str, ...] = ()):
         """`bpf_dir`: the folder whose ltp_xdp.c to compile (another version
         of the program for an A/B, `ltp bench xdp --against`); its maps must
-        be bpf/ltp_maps.h's, which the typed views read."""
+        be bpf/ltp_maps.h's, which the typed views read. `source` and
+        `defines` (NAME=VALUE, as -D flags): what `ltp bench xdp` compiles
+        besides the program itself (the copy floor, stages left out)."""
         self.geometry = geometry or Geometry()
-        cflags = self.geometry.cflags()
+        cflags = [*self.geometry.cflags(), *(f"-D{d}" for d in defines)]
         if Path(bpf_dir) != BPF_DIR:
             cflags = [f"-I{bpf_dir}", *cflags]   # searched before bpf/
-        self.bpf, self.fn = compile_program("ltp_xdp.c", "ltp_xdp", cflags, bpf_dir=bpf_dir)
+        self.bpf, self.fn = compile_program(source, "ltp_xdp", cflags, bpf_dir=bpf_dir)
         self.attached: tuple[str, str | None, str] | None = None
         self.link_fd: int | None = None
         self._maps = None
