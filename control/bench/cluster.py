@@ -13,6 +13,7 @@ test can check what arrived bit for bit.
 """
 from __future__ import annotations
 
+import gc
 import json
 import select
 import subprocess
@@ -22,15 +23,14 @@ from collections.abc import Iterable
 import numpy as np
 
 from ...dataplane import netns
-from ...errors import BenchError
+from ...dataplane.rig.star import BROADCAST
 from ...dataplane.xdp import wire as W
+from ...errors import BenchError
 from ..transport.early_close import EarlyCloseConfig
-from ..transport.rate import CREDIT_RTT_S, quiet_gc
 from ..transport.endpoint import Endpoint, Peer, PushReport, RoundResult
+from ..transport.rate import CREDIT_RTT_S, quiet_gc
 from ..transport.tokens import new_secret
 from .cpustat import busy_s
-from ...dataplane.rig.star import BROADCAST
-import gc
 
 
 def worker_tensor(seed: int, worker: int, round_: int, nelems: int) -> np.ndarray:

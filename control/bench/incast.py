@@ -37,11 +37,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..transport.early_close import RULES
-from .runners import LTP_SENDERS, Rounds, is_ltp, make_runners, parse_label, variant
-from ...dataplane.tcp_cc import ensure_cc
 from ...dataplane.rig.star import Rig, RigConfig
+from ...dataplane.tcp_cc import ensure_cc
+from ..transport.early_close import RULES
 from .cpustat import ncpu
+from .runners import LTP_SENDERS, Rounds, is_ltp, make_runners, parse_label, variant
 
 TRANSPORTS = ("ltp", "ltp-socket", "ltp-xdp", "tcp-cubic", "tcp-bbr")
 

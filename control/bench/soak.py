@@ -33,8 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ...dataplane import clib
 from ...dataplane.rig import signals
@@ -42,8 +42,7 @@ from ...dataplane.rig.star import Rig
 from ...dataplane.xdp import registry
 from ...errors import BenchError
 from . import procscan
-from .soak_report import (RSS_GROWTH_LIMIT_PCT, growth, judge, process_figures, progress_line,
-                          stats)
+from .soak_report import RSS_GROWTH_LIMIT_PCT, growth, judge, process_figures, progress_line, stats
 
 STOP_GRACE_S = 60.0        # SIGTERM to SIGKILL: the job detaches its programs, removes its rig
 SETTLE_S = 10.0            # the kernel frees a closed program or map a little later

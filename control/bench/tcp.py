@@ -32,12 +32,12 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
+from ...dataplane.tcp_cc import ensure_cc, set_cc
 from ...errors import BenchError, LtpError
 from ..procs import stop_all
-from ...dataplane.tcp_cc import ensure_cc, set_cc
 from .cpustat import busy_s
 
 DEFAULT_PORT = 5201

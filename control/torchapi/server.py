@@ -35,11 +35,9 @@ import time
 
 import numpy as np
 
-from ...errors import DeadPeerError, TransportError
+from ...errors import DeadPeerError, LtpError, TransportError
 from ..transport.rate import quiet_gc
-from .ops import (ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport,
-                  preopened)
-from ...errors import LtpError
+from .ops import ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
 
 FIRST_TRY_S = 3.0   # an answer's first try: long enough for a live worker to answer
 

@@ -30,17 +30,17 @@ import socket
 import time
 
 import numpy as np
+import torch.distributed as dist
 
+from ...dataplane import netns
 from ...errors import UsageError
 from .coord import Coord
 from .exchange import Exchange
+from .link_ltp import LtpWorkerLink
+from .link_tcp import TcpWorkerLink
+from .links import WorkerLink
 from .ops import REASONS, SHUTDOWN, STEP, Op, StepReport
 from .threads import CallThread
-import torch.distributed as dist
-from ...dataplane import netns
-from .link_tcp import TcpWorkerLink
-from .link_ltp import LtpWorkerLink
-from .links import WorkerLink
 
 
 def plan_slices(n: int, servers: int) -> list[tuple[int, int]]:

@@ -29,6 +29,7 @@ from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry
 from ...errors import DeadPeerError, TransportError
 from .bubble import STRATEGIES
+
 # how pushes leave: "socket" (paced sendmsg, sender.Push) or "xdp" (the ACK
 # clock: the XDP program turns each ACK into the next DATA, clock.ClockPush)
 from .clock import ClockPush
@@ -40,7 +41,6 @@ from .receiver import Receiver
 from .results import Peer, PushReport, RoundResult
 from .sender import Push, Sender
 from .tokens import RoundTokens
-
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
 #: seconds a heartbeat counts (Endpoint(liveness_s=), docs/transport.md "A hung receiver")

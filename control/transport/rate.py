@@ -13,10 +13,11 @@ few packets, so the aggregate stays near C however many workers push at once.
 """
 from __future__ import annotations
 
-import time
-from .layout import FRAME_OVERHEAD
 import gc
+import time
+
 from ...dataplane.clib import set_timer_slack
+from .layout import FRAME_OVERHEAD
 
 
 class SharePolicy:

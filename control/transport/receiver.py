@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bubble import fill as fill_bubbles, remember as remember_stale
+from .bubble import fill as fill_bubbles
+from .bubble import remember as remember_stale
 from .early_close import COMPLETE, TIMEOUT, EarlyClose
 from .layout import FRAME_OVERHEAD, ChunkLayout
 from .rate import SharePolicy
