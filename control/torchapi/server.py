@@ -285,7 +285,7 @@ def run_server(job) -> int:
     """Serve `job` (a job.Job of a server rank); 0 at a clean shutdown, 1 on an
     error (one line on stderr)."""
     srv = Server(job.link, job.coord, job.workers, group_ok=job.group is not None,
-                 max_missed=getattr(job.s, "max_missed", 3))
+                 max_missed=job.s.max_missed)
     try:
         job.summary = srv.run()
         return 0
