@@ -16,7 +16,7 @@ endpoints. A variant names
 - its knobs (a label's :KNOB=N, KNOBS): `credit=N` caps the PS's credit
   at N frames (0: no cap) in the variant's blocks; `poll=N` has the
   workers' ACK clocks poll every N us (0: adaptive, the default); `rto=N`
-  makes the clock's RTO N round trips (0: a fixed 2 ms, the rule before).
+  makes the clock's RTO N round trips (0: a fixed 2 ms, kept for A/B runs).
 
 The switch port toward the PS carries an XDP_PASS program for the whole run
 (the PS's XDP_TX ACKs must be delivered); the workers' ports carry one only

@@ -2,7 +2,7 @@
 """`DistributedOptimizer`: any torch optimizer, its gradients aggregated over LTP.
 
 It wraps the user's optimizer (sharing its param_groups and state, so LR
-schedulers, state_dict and zero_grad work as before) and, per step:
+schedulers, state_dict and zero_grad work unchanged) and, per step:
 
   bsp, overlap (the default)  a hook on every parameter counts the gradients
       backward has produced; when a bucket (buckets.py) is complete it is

@@ -31,7 +31,7 @@ and rate_hat the delivery rate learnt from past rounds, started from the
 configured capacity and never above it. Rule "progress" (the default) takes
 a round's rate over its delivery (first chunk to the last progress seen, so
 waiting for a silent worker does not count) and adopts a lower one at once,
-a higher one by EWMA; rule "capacity" (before issue 15) takes an EWMA of
+a higher one by EWMA; rule "capacity" (kept for A/B runs) takes an EWMA of
 bytes over first-chunk-to-close, and cuts at the deadline whatever the flow
 does. Why: the capacity is what the link could carry, not what a sender
 reaches (a one-flow round of a CPU-bound sender on a 32 Gbit/s link was
@@ -50,7 +50,7 @@ import numpy as np
 COMPLETE, EARLY, DEADLINE, TIMEOUT = "complete", "early", "deadline", "timeout"
 #: the deadline rules (EarlyCloseConfig.rule): "progress" cuts only a flow that
 #: stalled (or at stretch_max x its deadline) and learns the rate flows reach;
-#: "capacity" is the rule before it, kept for A/B runs
+#: "capacity" takes the deadline from the capacity alone, kept for A/B runs
 RULES = ("progress", "capacity")
 
 

@@ -48,8 +48,8 @@ class Backoff:
 
     A target that answered nothing while a pass went to it (no new ACK, no
     CLOSED) is silent: dead, unreachable, or not taking the round. Sending
-    it whole passes back to back is what a dead peer used to get (94k-272k
-    packets in a 10 s timeout). As TCP backs off its retransmission timer,
+    it whole passes back to back would cost 94k-272k packets in a 10 s
+    timeout. As TCP backs off its retransmission timer,
     its next re-send waits RTO_MIN, doubling with every send it leaves
     unanswered, and is a probe of 1/PROBE_SHARE of the round; probes stop
     at PROBE_BUDGET passes' worth of chunks, so a dead peer costs at most

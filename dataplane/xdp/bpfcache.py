@@ -15,7 +15,7 @@ sees a whole entry or none; a per-key lock (flock, released by the kernel if
 its holder dies) makes concurrent first compiles of one key one compile and
 N-1 hits. An entry that is corrupt or does not load is removed and compiled
 again; a folder that cannot be used (missing and not creatable, read-only,
-writable by others) means compiling as before, with a note on the
+writable by others) means compiling without a cache, with a note on the
 `ltpx.bpfcache` logger. Hits, misses and recompiles are counted in
 stats.json for `ltp doctor`.
 """
