@@ -16,32 +16,29 @@ static __always_inline __u16 ltp_csum_fold(__u32 sum)
 	return (__u16)~sum;
 }
 
-struct pseudo_hdr {
-	__be32 saddr;
-	__be32 daddr;
-	__u8 zero;
-	__u8 proto;
-	__be16 len;
-};
+/* The ones' complement sum of the n 16-bit words at p, as they lie in
+ * memory (n a constant: the loop is unrolled, no helper is called). The
+ * words of a folded sum keep their byte order, so the checksum it gives is
+ * stored as it is. */
+static __always_inline __u32 csum_words(const __u16 *p, int n)
+{
+	__u32 sum = 0;
+#pragma unroll
+	for (int i = 0; i < n; i++)
+		sum += p[i];
+	return sum;
+}
 
-/* The UDP checksum of an LTP frame: pseudo header, UDP and LTP headers,
- * plus the payload's sum (0 for an ACK, which has none). */
+/* The UDP checksum of an LTP frame: pseudo header (addresses, protocol,
+ * UDP length), UDP and LTP headers, plus the payload's sum (0 for an ACK,
+ * which has none). */
 static __always_inline void udp_csum(struct iphdr *iph, struct udphdr *udp, __u32 payload_sum)
 {
-	struct pseudo_hdr ph = {
-		.saddr = iph->saddr,
-		.daddr = iph->daddr,
-		.zero = 0,
-		.proto = IPPROTO_UDP,
-		.len = udp->len,
-	};
 	udp->check = 0;
-	__u64 sum = (__u32)bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
-	sum = (__u32)bpf_csum_diff(0, 0, (__be32 *)udp, sizeof(*udp) + sizeof(struct ltp_hdr),
-				   (__u32)sum);
+	__u32 sum = csum_words((__u16 *)&iph->saddr, 4) + bpf_htons(IPPROTO_UDP) + udp->len;
+	sum += csum_words((__u16 *)udp, (sizeof(*udp) + sizeof(struct ltp_hdr)) / 2);
 	sum += payload_sum;
-	sum = (sum & 0xffffffff) + (sum >> 32);
-	__u16 c = ltp_csum_fold((__u32)sum);
+	__u16 c = ltp_csum_fold(sum);
 	udp->check = c ? c : 0xffff;
 }
 
@@ -62,7 +59,7 @@ static __always_inline void turn_around(struct ethhdr *eth, struct iphdr *iph,
 	iph->tot_len = bpf_htons(sizeof(*iph) + sizeof(*udp) + sizeof(struct ltp_hdr) + payload);
 	iph->ttl = 64;
 	iph->check = 0;
-	iph->check = ltp_csum_fold(bpf_csum_diff(0, 0, (__be32 *)iph, sizeof(*iph), 0));
+	iph->check = ltp_csum_fold(csum_words((__u16 *)iph, sizeof(*iph) / 2));
 
 	__be16 p = udp->source;
 	udp->source = udp->dest;
