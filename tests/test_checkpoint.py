@@ -70,7 +70,7 @@ def test_a_temp_file_is_removed_only_when_its_writer_is_gone(checkpoint, tmp_pat
     assert left == {"mine_live", "other_host", "bare_pid"}
 
 
-@pytest.mark.unit
+@pytest.mark.slow          # strace and a torch import: ~6 s
 def test_save_fsyncs_the_file_before_its_rename_and_the_folder_after(tmp_path):
     """Traced by strace in a child process: fsync(temp file), rename, fsync(folder)."""
     strace = shutil.which("strace")
@@ -128,6 +128,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.root          # the TCP link sets cubic, which only root may set here
 @pytest.mark.slow
 def test_resume_broadcasts_a_checkpoint_in_pieces_of_piece_bytes(tmp_path):
     """Two workers over TCP: worker 0 saves, both move their parameters apart,

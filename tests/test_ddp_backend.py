@@ -125,8 +125,9 @@ def test_a_killed_rank_ends_every_other_rank_with_an_error():
     assert "stopped beating before op" in err          # the server: nobody left to serve
 
 
-# --------------------------------------------------------------------------- no rig, no root
+# ------------------------------------- no rig; root for the TCP link's congestion control, cubic
 
+@pytest.mark.root
 @pytest.mark.slow
 def test_backend_on_loopback_over_tcp_matches_gloo():
     """The backend under a launcher of one's own (tests/ddp_local.py): trainers
@@ -177,6 +178,7 @@ def test_torchrun_inside_rig_namespaces_with_a_server_process():
     assert res[0]["backend"] == "ltp" and res[0]["accuracy"] > 0.5
 
 
+@pytest.mark.root
 @pytest.mark.slow
 def test_tolerant_never_is_gloo_exactly_and_a_bad_rule_is_a_usage_error(monkeypatch):
     """LTP_TOLERANT=never sends DDP's buckets through the exact group too: the

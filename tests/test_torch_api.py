@@ -324,7 +324,7 @@ print(json.dumps({"err": err, "threads": [t.name for t in threading.enumerate()]
 """
 
 
-@pytest.mark.unit
+@pytest.mark.slow          # waits out the coordinator's timeout: ~6 s
 def test_a_failed_init_leaves_no_heartbeat_running(tmp_path):
     """A worker whose server never shows up: init() fails after the heartbeat
     started (coord.get_many times out), and takes the heartbeat down with it."""

@@ -143,7 +143,7 @@ def test_devices_without_a_broadcast_address():
     assert dev_broadcast("no-such-dev0") is None
 
 
-@pytest.mark.unit
+@pytest.mark.slow          # four processes that import torch: ~10 s
 def test_rank_bad_flags_exit_2():
     import subprocess
     import sys
