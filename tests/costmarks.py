@@ -8,7 +8,7 @@
          lets any user set (a TCP job's default, cubic); skips, saying so, when
          pytest runs as another user
   rig    builds network namespaces (and so needs root too: it counts as root)
-  slow   more than a few seconds on a 2-core machine; alone, a test that
+  slow   more than ~5 s on a 2-core machine; alone, a test that
          needs no privilege but is no quick unit (a wheel built, a job of
          processes on loopback)
 
@@ -27,7 +27,7 @@ MARKERS = {
     "unit": "no root, no rig, no bcc compile (`pytest -m unit` runs unprivileged)",
     "root": "needs root: BPF, or a TCP congestion control only root may set (skips otherwise)",
     "rig": "builds network namespaces (implies root)",
-    "slow": "more than a few seconds on a 2-core machine (alone: unprivileged, not quick)",
+    "slow": "more than ~5 s on a 2-core machine (alone: unprivileged, not quick)",
 }
 
 
