@@ -203,7 +203,7 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 }
 
 /* Mark a stored chunk delivered: its done bit, its bank slot's progress
- * (chunks, bytes, re-sends, first and latest time) and, for the flow's last
+ * (chunks, bytes, re-sends, the first chunk's time) and, for the flow's last
  * chunk, one flow fewer sharing the bank. */
 static __always_inline void data_mark(struct ltp_pkt *p, struct ltp_rx *rx,
 				      struct ltp_bitmap *done, struct ltp_progress *pr,
@@ -222,10 +222,9 @@ static __always_inline void data_mark(struct ltp_pkt *p, struct ltp_rx *rx,
 	if (p->h->flags & bpf_htons(LTP_F_RETX))
 		__sync_fetch_and_add(&pr->retx, 1);
 	__sync_fetch_and_add(&pr->bytes, rx->len);
-	__u64 now = rx->now ? rx->now : bpf_ktime_get_ns();
+	/* The clock is read for the bank slot's first chunk only. */
 	if (!pr->first_ns)
-		pr->first_ns = now;
-	pr->last_ns = now;
+		pr->first_ns = rx->now ? rx->now : bpf_ktime_get_ns();
 }
 
 /* Store an admitted DATA packet's payload in its bank's reassembly memory

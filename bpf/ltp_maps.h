@@ -117,7 +117,7 @@ struct ltp_progress {
 	__u32 retx;            /* ... of which arrived as a re-send (LTP_F_RETX): loss seen */
 	__u64 bytes;           /* payload bytes delivered */
 	__u64 first_ns;        /* bpf_ktime_get_ns of the first delivered chunk (approx.) */
-	__u64 last_ns;         /* ... of the latest */
+	__u64 pad;
 	__u64 flow;            /* LTP_FLOW_*: set once each (64 bits: bcc's target
 	                          has a 64-bit fetch-or only) */
 	__u64 stops;           /* STOPs this flow's ACKs carried (the credit, ltp_data.h) */

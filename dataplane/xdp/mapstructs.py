@@ -87,7 +87,7 @@ class Bank(ctypes.Structure):
 class Progress(ctypes.Structure):
     _fields_ = [("chunks", ctypes.c_uint32), ("retx", ctypes.c_uint32),
                 ("bytes", ctypes.c_uint64), ("first_ns", ctypes.c_uint64),
-                ("last_ns", ctypes.c_uint64), ("flow", ctypes.c_uint64),
+                ("pad", ctypes.c_uint64), ("flow", ctypes.c_uint64),
                 ("stops", ctypes.c_uint64)]
 
 
