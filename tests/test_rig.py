@@ -33,7 +33,6 @@ _WHY = ("needs root (netns, tc, BPF)" if os.geteuid() != 0 else
         "needs bcc (Debian's python3-bpfcc in a --system-site-packages venv)" if not _HAVE_BCC
         else "")
 privileged = pytest.mark.skipif(bool(_WHY), reason=_WHY or "ok")
-pytestmark = [pytest.mark.rig]
 
 _TAG = f"{os.getpid() % 100000}"
 LTP = Path(sys.executable).with_name("ltp")
@@ -46,6 +45,7 @@ def _ltp(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 # --------------------------------------------------------------------------- CLI argument checks
 
+@pytest.mark.rig           # the commands build a rig when a check fails to refuse
 @pytest.mark.parametrize("argv, flag", [
     (["up", "--loss", "1.5"], "--loss"),
     (["up", "--loss", "1"], "--loss"),
@@ -73,6 +73,7 @@ def test_bad_arguments_exit_2_naming_the_argument(argv, flag):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.rig
 def test_bad_argument_with_json_is_json():
     r = _ltp("rig", "up", "--loss", "1.5", "-j")
     assert r.returncode == 2
@@ -80,6 +81,7 @@ def test_bad_argument_with_json_is_json():
     assert err["exit_code"] == 2 and "--loss" in err["error"]
 
 
+@pytest.mark.unit
 def test_config_validation_names_the_field():
     from ltpx.dataplane.rig.star import RigConfig
     for kw, field in [({"workers": 0}, "workers"), ({"loss": 1.0}, "loss"),
@@ -90,6 +92,7 @@ def test_config_validation_names_the_field():
     assert RigConfig(rate_bps=10**9).burst == 10_000   # 80 us at 1 Gbit/s
 
 
+@pytest.mark.unit
 def test_plan_addresses_fit_64_workers():
     from ltpx.dataplane.rig.star import plan_hosts
     hosts = plan_hosts("abcdefghijkl", 64)
@@ -162,7 +165,7 @@ def _gone(rig_name: str, held: dict[str, int], loss_prog: int) -> None:
 # --------------------------------------------------------------------------- lifecycle
 
 @privileged
-@pytest.mark.root
+@pytest.mark.rig
 @pytest.mark.parametrize("body_raises", [False, True])
 def test_up_and_down_leave_nothing_behind(body_raises):
     from ltpx.dataplane.rig.star import Rig, RigConfig, pin_dir, state_path
@@ -209,7 +212,7 @@ _SIGNAL_SCRIPT = textwrap.dedent("""
 
 
 @privileged
-@pytest.mark.root
+@pytest.mark.rig
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_tears_the_rig_down(sig):
     from ltpx.dataplane import netns
@@ -246,7 +249,7 @@ def _py(rig, host, code: str, *args: str, timeout: float = 30) -> subprocess.Com
 
 
 @privileged
-@pytest.mark.root
+@pytest.mark.rig
 def test_hosts_reach_the_ps_and_each_other(rig):
     # TCP from every worker to the PS
     ls = rig.socket(rig.ps, socket.AF_INET, socket.SOCK_STREAM)
@@ -283,7 +286,7 @@ def test_hosts_reach_the_ps_and_each_other(rig):
 
 
 @privileged
-@pytest.mark.root
+@pytest.mark.rig
 def test_nothing_outside_the_rig_is_reachable(rig):
     for h in (rig.ps, rig.workers[0]):
         r = rig.exec(h, ["ip", "-4", "route", "show", "table", "all"])
@@ -314,7 +317,7 @@ for _ in range(n):
 
 
 @privileged
-@pytest.mark.root
+@pytest.mark.rig
 def test_loss_injector_drop_fraction(rig):
     sink = rig.socket(rig.ps)
     sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -341,7 +344,7 @@ def test_loss_injector_drop_fraction(rig):
 
 
 @privileged
-@pytest.mark.root
+@pytest.mark.rig
 def test_loss_injector_never_drops_arp(rig):
     """Non-IPv4-UDP/TCP frames (here: ARP requests) pass and count as "other"."""
     w = rig.workers[2]
@@ -368,7 +371,7 @@ def test_loss_injector_never_drops_arp(rig):
 
 
 @privileged
-@pytest.mark.root
+@pytest.mark.rig
 def test_other_process_sees_the_rig(rig):
     """State file and pinned maps: `ltp rig status` in another process reads
     the hosts and the same counters; `Rig.attach` can change the loss."""
@@ -395,7 +398,7 @@ def test_other_process_sees_the_rig(rig):
 
 
 @privileged
-@pytest.mark.root
+@pytest.mark.rig
 def test_tcp_incast_reports_its_keys(rig):
     from ltpx.control.bench.tcp import run_tcp_incast
     res = run_tcp_incast(rig, size=64 * 1024, rounds=3, cc="cubic")
@@ -408,7 +411,7 @@ def test_tcp_incast_reports_its_keys(rig):
 
 
 @privileged
-@pytest.mark.root
+@pytest.mark.rig
 def test_host_veths_take_native_xdp(rig):
     """A host's veth accepts a native-mode XDP program (MTU 1500, peer has
     XDP_PASS) and traffic still flows through it."""
@@ -433,6 +436,7 @@ def test_host_veths_take_native_xdp(rig):
         loader.detach(ps.ifname, ps.netns, "native")
 
 
+@pytest.mark.unit
 def test_cli_limits_mirror_the_rig():
     """tools/flags.py keeps the rig's limits import-free for `ltp -h`: they must agree."""
     from ltpx.dataplane.rig import star
@@ -442,7 +446,7 @@ def test_cli_limits_mirror_the_rig():
 
 
 @privileged
-@pytest.mark.root
+@pytest.mark.rig
 def test_skb_mode_rounds_arrive_whole():
     """Switch ports cut UDP GSO batches into datagrams, as a NIC would: a
     generic-mode (skb) XDP program behind a veth otherwise sees one oversized
