@@ -123,9 +123,11 @@ static __always_inline int clock_emit(struct xdp_md *ctx, struct ltp_tx *tx, __u
 		return clock_give_up(tx, LTP_C_GROW_FAIL, more_flags);
 	__u32 plen = ctx->data_end - ctx->data;
 	barrier_var(plen);  /* a length, not pointer arithmetic on pkt_end */
-	/* A trim (clock_send grew it) and a copy into the room it made: neither
-	 * fails in practice; if one did, the chunk waits for a re-send. */
-	if (bpf_xdp_adjust_tail(ctx, (int)(PAY_OFF + n) - (int)plen))
+	/* A trim (clock_send grew it to a full chunk: none for a full one) and
+	 * a copy into the room it made: neither fails in practice; if one did,
+	 * the chunk waits for a re-send. */
+	int trim = (int)(PAY_OFF + n) - (int)plen;
+	if (trim && bpf_xdp_adjust_tail(ctx, trim))
 		return clock_drop(LTP_C_GROW_FAIL);
 	if (bpf_xdp_store_bytes(ctx, PAY_OFF, src, n))
 		return clock_drop(LTP_C_GROW_FAIL);

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import BPF_DIR
+from ...control.transport.endpoint import LIVENESS_S
 from ...dataplane.xdp import capring, clock
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry, compile_program
@@ -136,7 +137,8 @@ class EmptyFeed(Feed):
 
 class DataFeed(Feed):
     """ltp_xdp (or `source`, with `defines`) receiving worker 1's DATA: each
-    round's bank opened before its first chunk and closed after its last."""
+    round's bank opened before its first chunk, with a heartbeat, and closed
+    after its last."""
 
     def __init__(self, frames: list[bytes], source: str = "ltp_xdp.c",
                  defines: tuple[str, ...] = (), bpf_dir: Path = BPF_DIR, capture: bool = False):
@@ -146,6 +148,7 @@ class DataFeed(Feed):
         try:
             self.maps = self.dp.maps()
             self.maps.set_peers({1: 0})
+            self.maps.set_liveness(LIVENESS_S)   # checked for every packet, as an endpoint's is
             if capture:
                 self.cap = capring.RingCapture(capring.CaptureMaps.from_dataplane(self.dp)).start()
         except BaseException:
@@ -155,6 +158,7 @@ class DataFeed(Feed):
 
     def begin(self, round_: int) -> None:
         self.maps.open_bank(round_, len(self.frames), CHUNK)
+        self.maps.beat()
 
     def end(self, round_: int) -> None:
         self.maps.close_bank(round_)
