@@ -49,10 +49,13 @@ static __always_inline void cap_emit(struct ltp_cap_rec *rec)
 
 /* A snapshot of the frame at ctx if capture is on and the frame is LTP (as
  * ltp_parse judges it, as for ltp_run) and passes the filters; NULL
- * otherwise. Taken before ltp_run, which may rewrite the frame. */
-static __always_inline struct ltp_cap_rec *cap_begin(struct xdp_md *ctx, struct ltp_capcfg *cc)
+ * otherwise. Taken before ltp_run, which may rewrite the frame. Sets
+ * *nowp to the clock it read. */
+static __always_inline struct ltp_cap_rec *cap_begin(struct xdp_md *ctx, struct ltp_capcfg *cc,
+						     __u64 *nowp)
 {
 	__u64 now = bpf_ktime_get_ns();
+	*nowp = now;
 	if (now >= cc->until_ns)
 		return NULL;
 	struct ltp_pkt p;

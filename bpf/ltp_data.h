@@ -89,7 +89,8 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 
 }
 
 /* Is the receiving control plane's heartbeat (ltp_cfg.beat_ns) older than
- * its limit? Sets *now when it read the clock. No heartbeat yet, or no
+ * its limit? Reads the clock into *now unless it holds a reading (nonzero)
+ * already. No heartbeat yet, or no
  * limit: not stale (programs nobody beats for, e.g. `ltp load`ed ones, ACK
  * whatever the time). Signed, so a beat a little ahead of this CPU's clock
  * is fresh. */
@@ -98,7 +99,8 @@ static __always_inline int owner_stale(struct ltp_cfg *cfg, __u64 *now)
 	__u64 beat = cfg->beat_ns, limit = cfg->limit_ns;
 	if (!beat || !limit)
 		return 0;
-	*now = bpf_ktime_get_ns();
+	if (!*now)
+		*now = bpf_ktime_get_ns();
 	return (__s64)(*now - beat) > (__s64)limit;
 }
 
@@ -110,7 +112,7 @@ struct ltp_rx {
 	__u32 chunk;
 	__u32 nchunks;              /* the bank's chunk count */
 	__u32 len;                  /* payload bytes */
-	__u64 now;                  /* bpf_ktime_get_ns if read already, else 0 */
+	__u64 now;                  /* bpf_ktime_get_ns if read already for this frame, else 0 */
 };
 
 #define LTP_ADMITTED (-1)           /* data_admit: store it (no verdict yet) */
@@ -183,7 +185,6 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 	}
 	/* An ACK promises a live reader: with a stale heartbeat the round's
 	 * owner is hung, and its senders must hear nothing. */
-	rx->now = 0;
 	if (owner_stale(cfg, &rx->now))
 		return drop(LTP_C_STALE_OWNER, h);
 
@@ -276,10 +277,12 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 	return send_ack(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank);
 }
 
-/* DATA to this host's port (a whole LTP header at p->h): admitted, stored, ACKed. */
-static __always_inline int on_data(struct xdp_md *ctx, struct ltp_pkt *p, struct ltp_cfg *cfg)
+/* DATA to this host's port (a whole LTP header at p->h): admitted, stored,
+ * ACKed; now: the clock as read already for this frame, or 0. */
+static __always_inline int on_data(struct xdp_md *ctx, struct ltp_pkt *p, struct ltp_cfg *cfg,
+				   __u64 now)
 {
-	struct ltp_rx rx = {};
+	struct ltp_rx rx = {.now = now};
 	int verdict = data_admit(ctx, p, cfg, &rx);
 	if (verdict != LTP_ADMITTED)
 		return verdict;

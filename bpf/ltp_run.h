@@ -11,8 +11,9 @@
 #include "ltp_data.h"
 #include "ltp_ack.h"
 
-/* The verdict on the frame at ctx. */
-static __always_inline int ltp_run(struct xdp_md *ctx)
+/* The verdict on the frame at ctx; now: bpf_ktime_get_ns as read already
+ * for this frame, or 0. */
+static __always_inline int ltp_run(struct xdp_md *ctx, __u64 now)
 {
 	struct ltp_pkt p;
 	int parsed = ltp_parse(ctx, &p);
@@ -38,7 +39,7 @@ static __always_inline int ltp_run(struct xdp_md *ctx)
 		return drop(LTP_C_FOREIGN_JOB, h);
 
 	if (h->type == LTP_T_DATA && p.udp->dest == bpf_htons(LTP_PORT))
-		return on_data(ctx, &p, cfg);
+		return on_data(ctx, &p, cfg, now);
 	if (h->type == LTP_T_ACK && p.udp->source == bpf_htons(LTP_PORT))
 		return on_ack(ctx, h);
 	if (h->type >= LTP_T_CTRL_MIN && h->type <= LTP_T_CTRL_MAX) {

@@ -52,13 +52,15 @@
 
 int ltp_xdp(struct xdp_md *ctx)
 {
-	/* Capture off (until_ns 0) costs this lookup and one test. */
+	/* Capture off (until_ns 0) costs this lookup and one test. On, the
+	 * clock cap_begin reads serves ltp_run too (now; 0: not read). */
 	__u32 zero = 0;
 	struct ltp_capcfg *cc = ltp_capcfg.lookup(&zero);
 	struct ltp_cap_rec *rec = NULL;
+	__u64 now = 0;
 	if (cc && cc->until_ns)
-		rec = cap_begin(ctx, cc);
-	int verdict = ltp_run(ctx);
+		rec = cap_begin(ctx, cc, &now);
+	int verdict = ltp_run(ctx, now);
 	if (rec && cc)
 		cap_end(ctx, cc, rec, verdict);
 	return verdict;

@@ -90,5 +90,5 @@ def test_breakdown_and_ab_run_end_to_end(stages, tmp_path):
     for f in BPF_DIR.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())
     ab = xdp.bench_ab(tmp_path, packets=400, blocks=2, nchunks=NCH)
-    for path in ("data", "ack", "clock"):
+    for path in ("data", "capture", "ack", "clock"):
         assert len(ab[path]["block_ratios"]) == 2 and ab[path]["ratio"] > 0

@@ -79,7 +79,7 @@ def register(sub) -> None:
                            "frame), capture_over_floor, ack_ns_per_packet, "
                            "clock_ns_per_packet (an ACK grown into the next DATA), arms, "
                            "socket_ns_per_packet, speedup (and the raw figures); "
-                           "with --against, per path (data, ack, clock): this, against_arm "
+                           "with --against, per path (data, capture, ack, clock): this, against_arm "
                            "(ns_per_packet, median_ns, block_ns), ratio (this / against), "
                            "median_ratio, block_ratios\n")
     x.add_argument("--packets", type=int, default=20000,
@@ -276,7 +276,8 @@ def _xdp_ab(args, xdpbench) -> None:
                 f"{p['block_ratio_min']:.3f}..{p['block_ratio_max']:.3f}; medians "
                 f"{p['median_ratio']:.3f})")
     emit(args, res, lambda r: (
-        path("DATA path", r["data"]) + "\n" + path("ACK path", r["ack"]) + "\n" +
+        path("DATA path", r["data"]) + "\n" + path("... capturing", r["capture"]) + "\n" +
+        path("ACK path", r["ack"]) + "\n" +
         path("ACK clock", r["clock"]) + "\n"
         f"{r['blocks']} alternating blocks, {r['packets_per_arm']} packets an arm; ns: the "
         f"middle 80 % of packets' mean less an empty program's on the same frames "

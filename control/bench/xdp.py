@@ -44,7 +44,8 @@ NCHUNKS = 2048
 def bench_ab(against: Path, packets: int = 20000, blocks: int = 10,
              nchunks: int = NCHUNKS, progress=None) -> dict:
     """bpf/ ("this") against <against>/ (another version of the program with
-    the same maps): its DATA path, ACK path and ACK clock, `packets` packets
+    the same maps): its DATA path (also while capturing), ACK path and ACK
+    clock, `packets` packets
     an arm in `blocks` blocks, every arm loaded afresh each block, the order
     reversed block by block (xdp_stages.interleave). Per arm ns per packet,
     the trimmed mean less the empty program's on the same frames (and the
@@ -55,6 +56,7 @@ def bench_ab(against: Path, packets: int = 20000, blocks: int = 10,
     makers = {"empty": lambda: S.EmptyFeed(frames), "empty_ack": lambda: S.EmptyFeed(acks)}
     for side, d in dirs.items():
         makers[f"data:{side}"] = lambda d=d: S.DataFeed(frames, bpf_dir=d)
+        makers[f"capture:{side}"] = lambda d=d: S.DataFeed(frames, bpf_dir=d, capture=True)
         makers[f"ack:{side}"] = lambda d=d: S.AckFeed(nchunks, clocked=False, bpf_dir=d)
         makers[f"clock:{side}"] = lambda d=d: S.AckFeed(nchunks, clocked=True, bpf_dir=d)
     got = S.interleave(makers, packets, blocks, progress)
@@ -62,8 +64,8 @@ def bench_ab(against: Path, packets: int = 20000, blocks: int = 10,
     out = {"against": str(against), "packets_per_arm": max(1, packets // blocks) * blocks,
            "blocks": blocks, "harness_ns": round(base["empty"], 1),
            "ack_harness_ns": round(base["empty_ack"], 1)}
-    for path in ("data", "ack", "clock"):
-        b = base["empty" if path == "data" else "empty_ack"]
+    for path in ("data", "capture", "ack", "clock"):
+        b = base["empty" if path in ("data", "capture") else "empty_ack"]
         this, other = (S.figures(got[f"{path}:{k}"], b) for k in dirs)
         per = [round(t / max(a, 1.0), 3) for t, a in zip(this["block_ns"], other["block_ns"])]
         out[path] = {"this": this, "against_arm": other,
