@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The README's quoted outputs are what the commands print now (issue 25,
-item 9): each `$ sudo .venv/bin/ltp doctor|demo` block is run and its shape
+item 9): each `$ sudo .venv/bin/ltp doctor|demo|bench xdp` block is run and its shape
 compared: the same lines in the same order, each starting with the same
 words (numbers, paths and versions differ from machine to machine)."""
 from __future__ import annotations
@@ -37,11 +37,11 @@ def shape(line: str) -> str:
     return re.split(r"[\d/\[{(]", line, maxsplit=1)[0].split(":")[0].strip()
 
 
-@pytest.mark.parametrize("command", ["doctor", "demo"])
+@pytest.mark.parametrize("command", ["doctor", "demo", "bench xdp"])
 def test_the_readme_shows_what_the_command_prints(command):
     want = quoted(command)
     assert want, f"README quotes no `ltp {command}`"
-    p = subprocess.run([LTP, command], capture_output=True, text=True, timeout=180)
+    p = subprocess.run([LTP, *command.split()], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     got = p.stdout.splitlines()
     assert [shape(x) for x in got] == [shape(x) for x in want], (got, want)
