@@ -186,7 +186,7 @@ def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_step():
     from ltpx.control.torchapi.ops import BROADCAST, STEP, Op, RoundClock, preopened
     step = Op(STEP, sizes=(10, 20, 30))
     assert Op.from_json(step.to_json()) == step
-    assert step.down_elems(4) == 60 + 4 + 3 + 20 + 1 and step.max_elems(4) == 88
+    assert step.down_elems(4) == 60 + 4 + 3 + 24 + 1 and step.max_elems(4) == 92
     assert step.offsets() == [0, 10, 30]
     c = RoundClock()
     assert c.rounds(step) == [1, 2, 3]
@@ -236,7 +236,7 @@ def test_ltpx_torch_logs_through_logging():
 
 @pytest.fixture(scope="module")
 def tcp_job():
-    return run_local_job("set_to_none,keep_grads,fp16,bf16,unused")
+    return run_local_job("set_to_none,keep_grads,fp16,bf16,unused,nonfinite")
 
 
 def check_cases(results: list[dict], exact_atol: float = 1e-5) -> None:
@@ -470,3 +470,42 @@ def test_a_wholly_filled_worker_that_left_is_named_as_gone_not_late():
     assert "Worker(s) [2] started pushing long after" in text
     assert "[1] started" not in text
     assert "left the job" not in filled_text(rep, 2, 5, gone=[])
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_a_worker_sending_nan_leaves_every_replica_finite_and_is_named(tcp_job):
+    # issue 26, point 3: worker 1's gradient is NaN at step 3; the server
+    # treats it as lost for that step, every replica stays finite and equal
+    cases = [r["cases"]["nonfinite"] for r in tcp_job]
+    assert all(c["finite"] for c in cases)
+    assert len({c["digest"] for c in cases}) == 1
+    for c in cases:
+        assert c["reports"][2] == [1] and not any(c["reports"][:2] + c["reports"][3:])
+    assert cases[0]["warned"] and cases[1]["warned"]          # worker 0 and the one named
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("strategy", ["mean", "zero", "stale"])
+def test_a_non_finite_row_is_filled_from_the_others(strategy):
+    from ltpx.control.torchapi.links import Gathered
+    from ltpx.control.torchapi.server import contain_nonfinite
+    vals = np.arange(3 * 10, dtype=np.float32).reshape(3, 10)
+    vals[1, 4] = np.nan
+    masks = np.ones((3, 3), dtype=bool)
+    masks[2, 2] = False                  # worker 2's last chunk was lost and filled
+    vals[2, 8:] = np.nan                 # ... by a mean that took worker 1's NaN in
+    g = Gathered(round=1, values=vals, workers=[0, 1, 2], delivered=masks.sum(axis=1),
+                 chunks=3, filled=(~masks).sum(axis=1), chunk_elems=4, masks=masks)
+    bad = contain_nonfinite(g, strategy)
+    assert bad.tolist() == [False, True, False] and np.isfinite(g.values).all()
+    assert not g.masks[1].any() and g.masks[0].all()
+    if strategy == "mean":   # the mean of the finite workers that delivered each chunk
+        assert np.array_equal(g.values[1, :8], (g.values[0, :8] + g.values[2, :8]) / 2)
+        assert np.array_equal(g.values[1, 8:], g.values[0, 8:])
+        assert np.array_equal(g.values[2, 8:], g.values[0, 8:])
+    else:
+        assert not g.values[1].any()
+    clean = Gathered(round=2, values=np.ones((2, 5), np.float32), workers=[0, 1],
+                     delivered=np.ones(2), chunks=1, filled=np.zeros(2))
+    assert not contain_nonfinite(clean, "mean").any()       # TCP: no masks, nothing to do

@@ -168,9 +168,46 @@ def filled() -> dict:
             "digest": lt.digest(model)}
 
 
+class Poison(torch.autograd.Function):
+    """Identity; its backward turns worker 1's gradient into NaN at step 3."""
+    step = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        if lt.rank() == 1 and Poison.step == 3:
+            return g * float("nan")
+        return g
+
+
+def nonfinite() -> dict:
+    torch.manual_seed(11)
+    l1, l2 = torch.nn.Linear(D, 64), torch.nn.Linear(64, 3)
+    model = torch.nn.ModuleList([l1, l2])
+    lt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                  named_parameters=model.named_parameters())
+    reports = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t, (x, y) in enumerate(batches(8, 6), start=1):
+            Poison.step = t
+            opt.zero_grad()
+            F.cross_entropy(l2(torch.relu(Poison.apply(l1(mine(x))))), mine(y)).backward()
+            opt.step()
+            reports.append(opt.last_report.to_dict()["nonfinite_workers"])
+    return {"reports": reports, "finite": all(bool(torch.isfinite(p).all())
+                                              for p in model.parameters()),
+            "warned": any("NaN or Inf" in str(w.message) for w in caught),
+            "digest": lt.digest(model)}
+
+
 CASES = {"set_to_none": lambda: exact(True), "keep_grads": lambda: exact(False),
          "fp16": lambda: half(torch.float16), "bf16": lambda: half(torch.bfloat16),
-         "unused": unused, "filled": filled}
+         "unused": unused, "filled": filled, "nonfinite": nonfinite}
 
 if __name__ == "__main__":
     lt.init()

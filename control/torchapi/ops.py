@@ -10,7 +10,7 @@ barrier stores the op's description as the value of `go/<s>`; the server
 reads it there and needs no model of its own.
 
 A step's answer is the aggregate gradient followed by a `StepReport` as
-float32 words (`REPORT_WORDS` + 5 per worker + 1 per bucket + 1), so every
+float32 words (`REPORT_WORDS` + 6 per worker + 1 per bucket + 1), so every
 worker learns what happened to the round at no extra cost, membership
 changes included (`status`: a worker dropped after too many missed steps, or
 admitted back with its join ticket).
@@ -34,7 +34,7 @@ KINDS = (STEP, BROADCAST, ALLREDUCE, SHUTDOWN)
 REASONS = ("complete", "early", "deadline", "timeout")   # a round's close, worst last
 REPORT_MAGIC = 0x1CE
 REPORT_WORDS = 4            # magic, step, buckets, workers; then the per-bucket and per-worker words
-PER_WORKER = 5              # delivered, filled, wholly filled, k, status
+PER_WORKER = 6              # delivered, filled, wholly filled, k, status, non-finite
 DROPPED = -1                # status: no longer a member (missed --max-missed steps, or gone)
 
 
@@ -199,6 +199,13 @@ class StepReport:
     # back with join ticket n); absent ones: not at this step's barrier
     status: dict[int, int] = field(default_factory=dict)
     absent: list[int] = field(default_factory=list)
+    # per worker: buckets of this step whose delivered values held NaN or Inf
+    # (treated as lost and filled, so the aggregate stays finite)
+    nonfinite: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def nonfinite_workers(self) -> list[int]:
+        return sorted(w for w, n in self.nonfinite.items() if n)
 
     @property
     def dropped(self) -> list[int]:
@@ -236,7 +243,8 @@ class StepReport:
                 "wholly_filled": {str(w): v for w, v in self.wholly_filled.items()},
                 "wholly_filled_total": self.wholly_filled_total, "ks": self.ks,
                 "gather_s": round(self.gather_s, 6), "absent": self.absent,
-                "dropped": self.dropped, "admitted": sorted(self.admitted)}
+                "dropped": self.dropped, "admitted": sorted(self.admitted),
+                "nonfinite_workers": self.nonfinite_workers}
 
     def encode(self, out: np.ndarray) -> None:
         """Write the report into `out` (float32 [report_words(B, W)])."""
@@ -246,7 +254,7 @@ class StepReport:
                  *(self.delivered[w] for w in ids), *(self.filled_chunks[w] for w in ids),
                  *(self.wholly_filled[w] for w in ids), *self.ks,
                  *(-2 if w in self.absent and not self.status.get(w) else self.status.get(w, 0)
-                   for w in ids), self.gather_s]
+                   for w in ids), *(self.nonfinite.get(w, 0) for w in ids), self.gather_s]
         out[:] = np.asarray(words, dtype=np.float32)
 
     @classmethod
@@ -267,4 +275,5 @@ class StepReport:
                    wholly_filled={k: int(per[2][k]) for k in range(W)},
                    ks=[int(x) for x in per[3]], gather_s=w[i + PER_WORKER * W],
                    status={k: v for k, v in enumerate(st) if v != -2},
-                   absent=[k for k, v in enumerate(st) if v == -2])
+                   absent=[k for k, v in enumerate(st) if v == -2],
+                   nonfinite={k: int(x) for k, x in enumerate(per[5]) if x})

@@ -329,6 +329,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         rep.wholly_filled_total = self.wholly_filled_total
         self.last_report = rep
         crossed = before == 0 or before // self.warn_every < self.wholly_filled_total // self.warn_every
+        bad = rep.nonfinite_workers
+        if bad and (self.rank == 0 or self.rank in bad):
+            warnings.warn(f"ltpx.torch step {rep.step}: worker(s) {bad} sent NaN or Inf in "
+                          f"{sum(rep.nonfinite.values())} bucket(s); the server treated those "
+                          "as lost and filled them, so every replica stays finite "
+                          "(opt.last_report.nonfinite)", FilledWarning, stacklevel=3)
         if now and crossed and (self.rank == 0 or rep.wholly_filled.get(self.rank)):
             warnings.warn(filled_text(rep, now, self.wholly_filled_total,
                                       self.gone(rep.missing_workers, rep)),

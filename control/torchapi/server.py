@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from ...errors import DeadPeerError, LtpError, TransportError
+from ..transport.bubble import fill as fill_bubbles
 from ..transport.rate import quiet_gc
 from .ops import ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
 
@@ -60,6 +61,29 @@ def aggregate_into(out: np.ndarray, values: np.ndarray, weights: list[int] | Non
     np.copyto(out, acc, casting="same_kind")
 
 
+def contain_nonfinite(g, strategy: str) -> np.ndarray:
+    """The rows of round `g` whose delivered values hold NaN or Inf (bool per
+    row). Such a row is treated as lost for this round: its chunks are
+    filled from the others by `strategy` ("stale" fills zeros here, and the
+    row is not remembered), and the others' filled chunks are filled again
+    without it, so one bad worker cannot make the aggregate non-finite."""
+    k, n = g.values.shape
+    ce = g.chunk_elems or n
+    nch = -(-n // ce) if n else 0
+    masks = g.masks if g.masks is not None else np.ones((k, nch), dtype=bool)
+    padded = np.zeros((k, nch * ce), dtype=np.float32)
+    padded[:, :n] = g.values
+    chunks = padded.reshape(k, nch, ce)
+    bad = (masks & ~np.isfinite(chunks).all(axis=2)).any(axis=1)
+    if bad.any():
+        keep = masks & ~bad[:, None]
+        fill_bubbles(chunks, keep, "zero" if strategy == "stale" else strategy)
+        g.values[:] = padded[:, :n]
+        if g.masks is not None:
+            g.masks = keep
+    return bad
+
+
 class StepTally:
     """One step's outcome per worker, as its rounds are gathered."""
 
@@ -69,6 +93,7 @@ class StepTally:
         self.chunks = 0
         self.filled = np.zeros(workers, dtype=np.int64)
         self.wholly = np.zeros(workers, dtype=np.int64)
+        self.nonfinite = np.zeros(workers, dtype=np.int64)
         self.gather_s = 0.0
 
     def add(self, g, seconds: float) -> None:
@@ -88,7 +113,9 @@ class StepTally:
                                      for w in range(W)},
                           filled_chunks={w: int(self.filled[w]) for w in range(W)},
                           wholly_filled={w: int(self.wholly[w]) for w in range(W)},
-                          ks=[kw.get(w, 0) for w in range(W)], gather_s=self.gather_s)
+                          ks=[kw.get(w, 0) for w in range(W)], gather_s=self.gather_s,
+                          nonfinite={w: int(self.nonfinite[w]) for w in range(W)
+                                     if self.nonfinite[w]})
 
 
 class Server:
@@ -161,6 +188,9 @@ class Server:
             missing = [w for w in g.missing if w not in absent]   # the absent push nothing
             if missing and self.link.opens:
                 self.pending[r] = missing
+            if op.kind == STEP:
+                bad = contain_nonfinite(g, op.bubble)
+                tally.nonfinite[np.asarray(g.workers, dtype=np.int64)[bad]] += 1
             self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + op.sizes[i]])
             tally.add(g, t1 - t0)
             if i + 2 < n:

@@ -98,6 +98,7 @@ def merge_reports(reps: list[StepReport], workers: int) -> StepReport:
         delivered={w: float(np.mean([r.delivered[w] for r in reps])) for w in ws},
         filled_chunks={w: sum(r.filled_chunks[w] for r in reps) for w in ws},
         wholly_filled={w: sum(r.wholly_filled[w] for r in reps) for w in ws},
+        nonfinite={w: n for w in ws if (n := sum(r.nonfinite.get(w, 0) for r in reps))},
         gather_s=max(r.gather_s for r in reps))
 
 
