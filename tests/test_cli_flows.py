@@ -389,3 +389,5 @@ def test_long_titles_break_between_phrases_only():
                    "57 chunks"]:
             assert any(ph in ln for ln in lines), (cols, ph, out)
         assert joined.replace("  ", " ").split() == "  ".join(phrases).split()
+    assert _wrap("error: first line\nsecond line  more", 80) == \
+        "error: first line\nsecond line  more"    # no line is dropped

@@ -145,3 +145,31 @@ def test_no_module_sets_a_push_class_or_an_endpoints_sender_kind():
                         or ast.unparse(t).endswith("sender.kind")):
                     bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(t)} = ...")
     assert not bad, "\n".join(bad)
+
+
+class _FailingTcpLike(ServerLink):
+    """A link that delivers every byte or fails (as TCP does), and fails."""
+    name, opens = "tcp", False
+
+    def __init__(self):
+        self.sends = 0
+
+    address = connect = configure = ensure = open = cancel = gather = close = (
+        lambda self, *a, **k: None)
+
+    def send(self, d, buf, group, *, to=None, wait_s=None):
+        from ltpx.errors import CommError
+        self.sends += 1
+        raise CommError("sending to worker 1: broken pipe")
+
+
+def test_a_failed_send_of_a_link_that_delivers_every_byte_is_not_repeated():
+    # a resend would put a second frame of the answer on the workers' streams
+    import types
+    from ltpx.control.torchapi.server import Server
+    from ltpx.errors import CommError
+    link = _FailingTcpLike()
+    srv = Server(link, types.SimpleNamespace(view=None), workers=2, group_ok=False)
+    with pytest.raises(CommError):
+        srv.answer_to([0, 1], 5, np.zeros(4, np.float32), group=False)
+    assert link.sends == 1

@@ -134,13 +134,16 @@ def _wrap(text: str, width: int | None = None) -> str:
     off one), broken only between its phrases (parts set off by two spaces
     or a comma), never inside one; continuation lines indented."""
     width = width or console().width
-    lines, cur = [], ""
-    for phrase in re.findall(r".+?(?:,\s|\s\s|$)", text):
-        if cur.strip() and len(cur.rstrip()) + len(phrase.rstrip()) > width:
-            lines.append(cur.rstrip())
-            cur = "  "
-        cur += phrase
-    return "\n".join(lines + [cur.rstrip()])
+    lines = []
+    for line in text.splitlines() or [""]:     # a newline in the text stays a break
+        cur = ""
+        for phrase in re.findall(r".+?(?:,\s|\s\s|$)", line):
+            if cur.strip() and len(cur.rstrip()) + len(phrase.rstrip()) > width:
+                lines.append(cur.rstrip())
+                cur = "  "
+            cur += phrase
+        lines.append(cur.rstrip())
+    return "\n".join(lines)
 
 
 def _program_title(s: dict) -> str:

@@ -203,7 +203,8 @@ def cmd_launch(args) -> int:
                 raise
             out.close()
             return _report(args, rig, cmd, job["ranks"], False, kept or args.keep, job["policy"],
-                           stopped_by="SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM")
+                           stopped_by="SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM",
+                           running=job.get("running", []))
         finally:
             out.close()
     return _report(args, rig, cmd, ranks, timed_out, kept or args.keep, policy)
@@ -216,6 +217,7 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
     from ..control.training import forkserver
     from ..control.training.faults import RestartJob, RestartPolicy
     from ..control.training.launch import RigJob, follow, job_env, plan_ranks
+    from ..dataplane.rig.signals import deferred_signals
     policy = RestartPolicy(args.max_restarts, whole_job=args.servers > 1, say=out.note)
     t_end = time.monotonic() + args.timeout if args.timeout else None
     while True:
@@ -232,9 +234,13 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
             return ranks, timed_out, policy
         except RestartJob:
             continue
+        except (KeyboardInterrupt, SystemExit):   # the ranks the signal found running
+            now["running"] = [r.label for r in ranks if r.proc is not None and r.code is None]
+            raise
         finally:
             if job is not None:
-                job.close()
+                with deferred_signals():      # a second signal does not cut the stop short
+                    job.close()
 
 
 class Output:
@@ -302,7 +308,7 @@ def _json(text: str) -> dict | None:
 
 
 def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, policy,
-            stopped_by: str | None = None) -> int:
+            stopped_by: str | None = None, running: list[str] | None = None) -> int:
     """The summary (JSON under -j, else a line and a row per rank on stderr)
     and the launch's exit code: 0, the worst rank's, 124 on --timeout, 130
     or 143 when SIGINT or SIGTERM stopped the launch."""
@@ -345,7 +351,9 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
                f" (the ranks' own exit code: {', '.join(whose)})") if whose else ""
         stop = ""
         if stopped_by:
-            gone = [r["label"] for r in summary["ranks"] if r["killed"]]
+            # the ranks the signal found running (a terminal's Ctrl-C reaches them
+            # too, so they may have ended on their own before the stop)
+            gone = running or [r["label"] for r in summary["ranks"] if r["killed"]]
             stop = (f"stopped by {stopped_by}" + (f" ({', '.join(gone)} stopped)" if gone else "")
                     + "; ")
         print("\n".join(["", "ltp launch: " + stop + ("timed out; " if timed_out else "") +

@@ -242,6 +242,9 @@ class Server:
         """Send answer d to the present workers. A worker silent to it for
         FIRST_TRY_S (dead since the barrier) is left out, and dropped at the
         next step; the others get it within the link's own time limit."""
+        if not self.link.opens:   # every byte delivered or the send fails: one try
+            self.link.send(d, buf, group)
+            return
         to = list(targets)
         try:
             self.link.send(d, buf, group, to=to, wait_s=FIRST_TRY_S)
