@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from conftest import finish_all
+from conftest import reap
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "ddp_backend.py"
@@ -46,8 +46,23 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
     t0 = time.monotonic()
     procs = [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, cwd=ROOT) for e in envs]
-    outs = finish_all(procs, timeout)     # every rank exited 0, or none is left running
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        reap(procs)
     wall = time.monotonic() - t0
+    aborts = 0
+    for p, (out, err) in zip(procs, outs):
+        # PyTorch's gloo sometimes aborts a process at exit, after
+        # destroy_process_group (std::terminate from a thread still joinable at
+        # its teardown: seen with backend gloo alone, ~1 run in 10 on 2 busy
+        # cores). A rank that printed its result first did all its work: the
+        # abort is counted, not failed; any other exit is a failure.
+        if (p.returncode == -6 and '"event": "result"' in out
+                and err.rstrip().endswith("terminate called without an active exception")):
+            aborts += 1
+            continue
+        assert p.returncode == 0, err[-3000:]
     trainers = outs[1:] if backend == "ltp" else outs
     return {"results": [json.loads(o.strip().splitlines()[-1]) for o, _ in trainers],
-            "wall_s": round(wall, 2)}
+            "wall_s": round(wall, 2), "teardown_aborts": aborts}

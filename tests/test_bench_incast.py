@@ -35,14 +35,17 @@ def check_cpu_and_goodput(res: dict, wall_s: float) -> None:
     bits = c["workers"] * c["size_bytes"] * 8
     for name, r in res["results"].items():
         assert r["rounds"] == c["rounds"], name
-        assert 0 < r["cpu_s_per_round"] <= wall_s * ncpu / r["rounds"], (name, r)
+        # the machine's busy CPU from /proc/stat, in 10 ms ticks: a few short
+        # rounds can sum to 0 ticks
+        assert 0 <= r["cpu_s_per_round"] <= wall_s * ncpu / r["rounds"], (name, r)
         assert 0 < r["goodput_bps"] <= bits / min(r["round_s"]) * 1.0001, (name, r)
     first = next(t for t in res["results"] if t.startswith("ltp"))
     for t, o in res["ltp_over"].items():
         r, ltp = res["results"][t], res["results"][first]
         assert o["goodput"] == pytest.approx(ltp["goodput_bps"] / r["goodput_bps"])
-        assert o["cpu_s_per_round"] == pytest.approx(ltp["cpu_s_per_round"] /
-                                                     r["cpu_s_per_round"])
+        assert o["cpu_s_per_round"] == (pytest.approx(ltp["cpu_s_per_round"] /
+                                                      r["cpu_s_per_round"])
+                                        if r["cpu_s_per_round"] > 0 else None)
     for a, row in res["ratios"].items():  # every LTP transport over every other one
         assert a.startswith("ltp") and set(row) == set(res["results"]) - {a}
         for b, q in row.items():
