@@ -126,19 +126,29 @@ def unused() -> dict:
             "digest": lt.digest(model)}
 
 
-class Slow(torch.autograd.Function):
-    """Identity; its backward sleeps on worker 1 at step 3."""
-    step = 0
+def on_worker1_at_step3(doc: str, act):
+    """An identity autograd Function whose backward applies `act` to worker
+    1's gradient at step 3 (set `.step` before each step)."""
+    class Hook(torch.autograd.Function):
+        step = 0
 
-    @staticmethod
-    def forward(ctx, x):
-        return x
+        @staticmethod
+        def forward(ctx, x):
+            return x
 
-    @staticmethod
-    def backward(ctx, g):
-        if lt.rank() == 1 and Slow.step == 3:
-            time.sleep(2.0)
-        return g
+        @staticmethod
+        def backward(ctx, g):
+            return act(g) if lt.rank() == 1 and Hook.step == 3 else g
+    Hook.__doc__ = doc
+    return Hook
+
+
+def _sleep_then(g):
+    time.sleep(2.0)
+    return g
+
+
+Slow = on_worker1_at_step3("Identity; its backward sleeps on worker 1 at step 3.", _sleep_then)
 
 
 def filled() -> dict:
@@ -168,19 +178,8 @@ def filled() -> dict:
             "digest": lt.digest(model)}
 
 
-class Poison(torch.autograd.Function):
-    """Identity; its backward turns worker 1's gradient into NaN at step 3."""
-    step = 0
-
-    @staticmethod
-    def forward(ctx, x):
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        if lt.rank() == 1 and Poison.step == 3:
-            return g * float("nan")
-        return g
+Poison = on_worker1_at_step3("Identity; its backward turns worker 1's gradient into NaN at "
+                             "step 3.", lambda g: g * float("nan"))
 
 
 def nonfinite() -> dict:
