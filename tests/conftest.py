@@ -44,13 +44,18 @@ def reap(procs) -> None:
             p.wait()
 
 
-def finish_all(procs, timeout: float) -> list[tuple[str, str]]:
-    """(stdout, stderr) of each process of a job, once all exited 0; any still
-    running when one fails or the time is up is killed and reaped."""
+def outputs(procs, timeout: float) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each process of a job once all ended; any still
+    running when the time is up (or on an error) is killed and reaped."""
     try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
+        return [p.communicate(timeout=timeout) for p in procs]
     finally:
         reap(procs)
+
+
+def finish_all(procs, timeout: float) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each process of a job, once all exited 0."""
+    outs = outputs(procs, timeout)
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     return outs

@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from conftest import reap
+from conftest import outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "examples" / "ddp_backend.py"
@@ -46,10 +46,7 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
     t0 = time.monotonic()
     procs = [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, cwd=ROOT) for e in envs]
-    try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        reap(procs)
+    outs = outputs(procs, timeout)
     wall = time.monotonic() - t0
     aborts = 0
     for p, (out, err) in zip(procs, outs):
