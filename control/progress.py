@@ -20,11 +20,16 @@ ENV = "LTP_PROGRESS"       # "json": the launcher reads the events
 PERIOD_S = 2.0             # at most one plain line per this many seconds (first and last always)
 
 
+def metrics_text(metrics: dict) -> str:
+    """"loss 0.31  epoch 2": each number given, floats to 4 digits."""
+    return "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in metrics.items())
+
+
 def describe(step: int, steps: int | None, metrics: dict) -> str:
-    """"step 10/100  loss 0.31": the step and each number given, 4 digits."""
-    out = [f"step {step}/{steps}" if steps else f"step {step}"]
-    out += [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
-    return "  ".join(out)
+    """"step 10/100  loss 0.31": the step and each number given."""
+    head = f"step {step}/{steps}" if steps else f"step {step}"
+    return "  ".join(x for x in (head, metrics_text(metrics)) if x)
 
 
 class Throttle:

@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from ..control.progress import Throttle, describe
+from ..control.progress import Throttle, describe, metrics_text
 from ..control.settings_table import LAUNCH, add_flag
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
@@ -284,8 +284,7 @@ class Output:
             print(line, file=sys.stderr, flush=True)
 
     def progress(self, msg: dict) -> None:
-        info = describe(0, None, {k: v for k, v in msg.items()
-                                  if k not in ("event", "step", "steps")}).partition("  ")[2]
+        info = metrics_text({k: v for k, v in msg.items() if k not in ("event", "step", "steps")})
         if self.task is None:
             self.bar.start()
             self.task = self.bar.add_task("step", total=msg.get("steps"), info=info)
