@@ -48,8 +48,8 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
                               text=True, cwd=ROOT) for e in envs]
     outs = outputs(procs, timeout)
     wall = time.monotonic() - t0
-    aborts = 0
-    for p, (out, err) in zip(procs, outs):
+    aborts, failed = 0, []
+    for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
         # PyTorch's gloo sometimes aborts a process at exit, after
         # destroy_process_group (std::terminate from a thread still joinable at
         # its teardown: seen with backend gloo alone, ~1 run in 10 on 2 busy
@@ -59,7 +59,9 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
                 and err.rstrip().endswith("terminate called without an active exception")):
             aborts += 1
             continue
-        assert p.returncode == 0, err[-3000:]
+        if p.returncode != 0:   # every failed process's words: the first is often a victim
+            failed.append(f"--- process {rank} exited {p.returncode}:\n{err[-2000:]}")
+    assert not failed, "\n".join(failed)
     trainers = outs[1:] if backend == "ltp" else outs
     return {"results": [json.loads(o.strip().splitlines()[-1]) for o, _ in trainers],
             "wall_s": round(wall, 2), "teardown_aborts": aborts}

@@ -41,10 +41,14 @@ p.add_argument("--lr", type=float, default=0.2)
 p.add_argument("--device", default="cpu")
 p.add_argument("--seed", type=int, default=0)
 a = p.parse_args()
+if a.device == "cuda" and not torch.cuda.is_available():
+    p.error("--device cuda: this machine has no CUDA device torch can use")
 
 dist.init_process_group(a.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
-dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if a.device == "cuda" else "cpu")
+# one GPU per local rank where there are enough; ranks share them round-robin where not
+dev = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+       if a.device == "cuda" else torch.device("cpu"))
 if dev.type == "cuda":
     torch.cuda.set_device(dev)
 torch.set_num_threads(1)
