@@ -16,11 +16,12 @@ nan = np.nan
 
 
 def run_round(ec: EarlyClose, fractions, workers: int = 1, total: int = MB,
-              step: float = 0.001, until: float = 5.0) -> tuple[str, float]:
+              step: float = 0.001, until: float = 5.0,
+              nchunks: int | None = None) -> tuple[str, float]:
     """Drive one round: fractions(t) gives every flow's delivered fraction at
     t seconds after open; a flow's first chunk is the first tick it is > 0.
     Returns (reason, close time) and lets `ec` learn from it."""
-    ec.start_round(total)
+    ec.start_round(total, nchunks)
     first = np.full(workers, nan)
     t = 0.0
     while t < until:
@@ -140,3 +141,56 @@ def test_bad_rule_and_stall_settings_are_refused():
         EarlyCloseConfig(stretch_max=0.5)
     with pytest.raises(ValueError, match="stall_s"):
         EarlyCloseConfig(stall_s=0)
+
+
+def tail(missing: int, n: int = 737, t_thr: float = 0.005):
+    """One flow that reaches all but `missing` of its n chunks at t_thr and
+    then stops (those chunks lost, their re-sends not yet in)."""
+    return lambda t: [min(t / t_thr, 1.0) * (n - missing) / n]
+
+
+@pytest.mark.unit
+def test_a_flow_missing_a_chunk_or_two_is_waited_for_while_a_repair_may_come():
+    # a few dropped chunks before pulled the threshold under 736/737; the grace
+    # (10 % of the time to the threshold) then cut the round with one chunk
+    # still to be re-sent. Now it is given up only after repair_min_s (20 ms)
+    # without a chunk
+    for missing in (1, 2, 3):
+        ec = EarlyClose(1e9, EarlyCloseConfig(threshold_max=0.99))
+        reason, t = run_round(ec, tail(missing), nchunks=737)
+        assert reason == "early" and t == pytest.approx(0.005 + 0.020, abs=0.0015), (missing, t)
+    # many missing chunks are what loss tolerance is for: cut after the grace
+    ec = EarlyClose(1e9, EarlyCloseConfig(threshold_max=0.99))
+    reason, t = run_round(ec, tail(6), nchunks=737)
+    assert reason == "early" and t < 0.5 * ec.deadline_s
+
+
+@pytest.mark.unit
+def test_the_repair_wait_learns_how_long_repairs_take():
+    """A flow that missed one chunk had it re-sent 19 ms after its last chunk
+    (inside the 20 ms wait): the next rounds wait 1.5 x that."""
+    ec = EarlyClose(1e9, EarlyCloseConfig(threshold_max=0.99))
+    ec.start_round(MB, 737)
+    first, n, lands = np.array([0.001]), 737, 0.020
+    for ms in range(1, 60):
+        t = ms / 1000
+        reason = ec.decide(t, first, np.array([(n - (t < lands)) / n]), True,
+                           np.array([int(t >= lands)]))
+        if reason:
+            break
+    assert reason == "complete" and max(ec.repairs) == pytest.approx(0.019)
+    assert ec.repair_s() == pytest.approx(1.5 * 0.019)
+    reason, t = run_round(ec, tail(1), nchunks=737)
+    assert reason == "early" and t == pytest.approx(0.005 + 0.0285, abs=0.0015)
+
+
+@pytest.mark.unit
+def test_the_repair_wait_is_off_under_the_capacity_rule_and_without_a_chunk_count():
+    ec = EarlyClose(1e9, EarlyCloseConfig(threshold_max=0.99, rule="capacity"))
+    ec.start_round(MB, 737)
+    assert ec.repair == 0.0
+    ec = EarlyClose(1e9, EarlyCloseConfig(threshold_max=0.99))
+    ec.start_round(MB)
+    assert ec.repair == 0.0
+    with pytest.raises(ValueError, match="repair_frac"):
+        EarlyCloseConfig(repair_frac=1.0)

@@ -44,9 +44,12 @@ ring); :poll=N has the ACK clock poll every N us (0: adaptive, the default);
 JSON keys: config, limit_s, results (per transport: median_s, p99_s, max_s,
 median_over_limit, p99_over_limit, delivered, rounds, goodput_bps: payload bits
 delivered / round time, cpu_s_per_round: the machine's busy CPU seconds from
-/proc/stat per counted round, reasons: rounds per close reason; LTP's also
-sender, sent, clock_share: DATA the ACK clock made / DATA sent, credit_frames:
-the PS's credit, all flows together), ratios (per LTP
+/proc/stat per counted round, reasons: rounds per close reason, path_drops:
+packets the rig dropped during its blocks (TBF queues, veths, injector);
+LTP's also sender, sent, clock_share: DATA the ACK clock made / DATA sent,
+credit_frames: the PS's credit, all flows together, missing_chunks: chunks
+missing at close, cut_worst: per round closed with chunks missing, the most
+one flow missed), ratios (per LTP
 transport, per other transport: median, p99, goodput, cpu_s_per_round, this
 over that), schedule ([transport, rounds] per block, in the order run),
 early_close (LTP's rule; with --early-close progress,capacity every LTP

@@ -100,7 +100,8 @@ def _summary(r: Rounds, limit: float, round_bits: int, label: str, sender: str,
            "delivered": float(np.mean(r.delivered)), "rounds": len(times),
            "goodput_bps": round_bits * sum(r.delivered) / sum(times),
            "cpu_s_per_round": sum(r.cpu_s) / len(times), "round_s": times,
-           "reasons": dict(collections.Counter(r.reasons))}
+           "reasons": dict(collections.Counter(r.reasons)), "path_drops": r.path_drops,
+           "missing_chunks": r.missing_chunks, "cut_worst": r.cut_worst}
     if is_ltp(label):
         s, rule = variant(label, sender, rule)
         out.update(sender=s, early_close=rule, sent=r.sent, credit_frames=r.credit_frames,
@@ -206,7 +207,10 @@ def _take_turns(rig, tally: _Tally, *, size: int, block: int, warmup: int,
             for t in tally.transports:
                 n = tally.owed(t, block)
                 if n > 0:
-                    tally.add(t, runners[t].block(n, lambda k, t=t: tally.tick(t, k)))
+                    before = sum(rig.drops().values())
+                    got = runners[t].block(n, lambda k, t=t: tally.tick(t, k))
+                    got.path_drops = sum(rig.drops().values()) - before
+                    tally.add(t, got)
     finally:
         close()
 

@@ -58,6 +58,10 @@ class Rounds:
     sent: int = 0
     clock_tx: int = 0
     credit_frames: int = 0  # the PS's credit (all flows together) in these rounds
+    path_drops: int = 0     # packets the rig's path dropped during these rounds' blocks
+    missing_chunks: int = 0  # LTP: chunks missing when their rounds closed
+    cut_worst: list[int] = field(default_factory=list)  # LTP: per round closed with
+    # chunks missing, the most one flow missed
 
 
     def extend(self, other: Rounds) -> None:
@@ -68,6 +72,9 @@ class Rounds:
         self.sent += other.sent
         self.clock_tx += other.clock_tx
         self.credit_frames = other.credit_frames or self.credit_frames
+        self.path_drops += other.path_drops
+        self.missing_chunks += other.missing_chunks
+        self.cut_worst += other.cut_worst
 
 
 KNOBS = {"credit": "the PS's credit cap in frames (rate.credit_window's ring_frames; 0: none)",
@@ -188,6 +195,10 @@ class LtpRunner:
                 out.delivered.append(res.delivered_fraction)
                 out.cpu_s.append(cl.last_cpu_s)
                 out.reasons.append(res.reason)
+                missing = (~res.masks).sum(axis=1)
+                out.missing_chunks += int(missing.sum())
+                if missing.any():
+                    out.cut_worst.append(int(missing.max()))
                 out.sent += sum(p.sent for p in reports.values() if p)
                 out.clock_tx += sum(p.clock_tx for p in reports.values() if p)
                 tick(len(out.times))

@@ -9,6 +9,15 @@ starts late (compute skew) is not cut short by one that started early:
     early     its delivered fraction >= threshold, and either its deadline
               passed or a grace of `grace_factor` x (the time it took to reach
               the threshold) passed since it got there
+    repaired  (rule "progress") a flow missing no more than `repair_chunks`
+              chunks (at least 2, `repair_frac` of its chunks) is waited for
+              while its re-sends may still come: it is given up only once it
+              has had no chunk for `repair_factor` x the longest repair seen
+              lately (a stall a re-send ended; at least `repair_min_s`), or at
+              `stretch_max` x its deadline. What little is missing on a path
+              that rarely drops is one re-send away; cutting it cost rounds
+              their completeness on a loss-free rig under CPU load (a ring's
+              drop or a busy sender's late re-send: 1 ACK-clock round in 10)
     deadline  its deadline passed below the threshold and (rule "progress")
               its flow has stalled: no chunk for max(stall_s, stall_frac x
               its time so far), or `stretch_max` x its deadline passed; a
@@ -71,6 +80,10 @@ class EarlyCloseConfig:
     stall_s: float = 0.005
     stall_frac: float = 0.25
     stretch_max: float = 4.0
+    repair_frac: float = 0.01
+    repair_chunks: int = 2
+    repair_min_s: float = 0.02
+    repair_factor: float = 1.5
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold_min <= self.threshold_max <= 1:
@@ -81,6 +94,10 @@ class EarlyCloseConfig:
             raise ValueError(f"rule must be one of {', '.join(RULES)}, got {self.rule!r}")
         if self.stall_s <= 0 or self.stall_frac < 0 or self.stretch_max < 1:
             raise ValueError("need stall_s > 0, stall_frac >= 0 and stretch_max >= 1")
+        if not 0 <= self.repair_frac < 1 or self.repair_chunks < 0:
+            raise ValueError("need 0 <= repair_frac < 1 and repair_chunks >= 0")
+        if self.repair_min_s <= 0 or self.repair_factor < 1:
+            raise ValueError("need repair_min_s > 0 and repair_factor >= 1")
 
 
 class EarlyClose:
@@ -98,9 +115,15 @@ class EarlyClose:
         self.t_thr: float | None = None          # round: slowest time-to-threshold
         self._t_thr_w: np.ndarray | None = None  # per worker
         self._flows = _Progress()
+        self.repair = 0.0                          # round: the fraction a flow may wait for
+        self.repairs: deque[float] = deque(maxlen=16)  # stalls that a re-send ended, s
 
-    def start_round(self, total_bytes: int) -> None:
+    def start_round(self, total_bytes: int, nchunks: int | None = None) -> None:
+        """Open a round of total_bytes over all flows; nchunks: each flow's
+        chunk count (None: the repair wait is off, fractions alone are known)."""
         c = self.cfg
+        self.repair = (max(c.repair_chunks, c.repair_frac * nchunks) / nchunks
+                       if nchunks and c.rule == "progress" else 0.0)
         self.threshold = min(c.threshold_max, max(c.threshold_min, 1 - c.loss_gain * self.loss_hat))
         line = total_bytes * 8 / max(self.rate_hat, 1.0)
         hist = c.history_factor * statistics.median(self.t_thr_history) if self.t_thr_history else 0
@@ -109,18 +132,31 @@ class EarlyClose:
         self._t_thr_w = None
         self._flows = _Progress()
 
+    def repair_s(self) -> float:
+        """How long a flow missing a few chunks may go without one before it
+        is given up: `repair_factor` x the longest repair seen lately."""
+        seen = max(self.repairs, default=0.0)
+        return max(self.cfg.repair_min_s, self.cfg.repair_factor * seen)
+
+    def observe(self, now: float, first: np.ndarray, fractions: np.ndarray,
+                resent: np.ndarray | None = None) -> None:
+        """Take one look at the flows without deciding (`decide` takes one
+        too): the look at a round's completion learns the repair that ended it."""
+        self.repairs.extend(self._flows.see(now, first, fractions, resent))
+
     def decide(self, now: float, first: np.ndarray, fractions: np.ndarray,
-               critical_ok: bool) -> str | None:
+               critical_ok: bool, resent: np.ndarray | None = None) -> str | None:
         """Reason to close the round now, or None.
 
         now: seconds since the round opened; first: per worker, seconds since
         open of its first delivered chunk (nan until one arrives); fractions:
-        per worker, delivered fraction of its chunks."""
+        per worker, delivered fraction of its chunks; resent: per worker, the
+        chunks that arrived as re-sends so far (what repairs are learnt from)."""
+        self.observe(now, first, fractions, resent)
         if (fractions >= 1.0).all():
             return COMPLETE
         if now >= self.cfg.hard_timeout_s:
             return TIMEOUT
-        self._flows.see(now, first, fractions)
         if not critical_ok:
             return None
         if self._t_thr_w is None:
@@ -134,14 +170,19 @@ class EarlyClose:
         t_thr = self._t_thr_w
         at_thr = ~np.isnan(t_thr)
         done = fractions >= 1.0
-        early = at_thr & ~done & ((since >= self.deadline_s) |
-                                  (since - t_thr >= self.cfg.grace_factor * t_thr))
-        late = seen & ~at_thr & (since >= self.deadline_s)
+        little = seen & ~done & (1.0 - fractions <= self.repair + 1e-12)
+        given_up = little & ((now - self._flows.moved >= self.repair_s())
+                             | (since >= self.cfg.stretch_max * self.deadline_s))
+        early = at_thr & ~done & ~little & (
+            (since >= self.deadline_s) | (since - t_thr >= self.cfg.grace_factor * t_thr))
+        early |= given_up & at_thr
+        late = seen & ~at_thr & ~little & (since >= self.deadline_s)
         if self.cfg.rule == "progress" and late.any():  # still delivering: not lost
             c = self.cfg
             late &= ((now - self._flows.moved >= np.maximum(c.stall_s, c.stall_frac * since))
                      | (since >= c.stretch_max * self.deadline_s))
         absent = ~seen & (now - np.nanmin(first) >= self.cfg.absent_factor * self.deadline_s)
+        late |= given_up & ~at_thr & (since >= self.deadline_s)
         if not (done | early | late | absent).all():
             return None
         if at_thr.any():
@@ -178,12 +219,22 @@ class _Progress:
     def __init__(self):
         self.frac: np.ndarray | None = None
         self.moved: np.ndarray | None = None
+        self.resent: np.ndarray | None = None
         self.first = self.last = np.nan
 
-    def see(self, now: float, first: np.ndarray, fractions: np.ndarray) -> None:
+    def see(self, now: float, first: np.ndarray, fractions: np.ndarray,
+            resent: np.ndarray | None = None) -> list[float]:
+        """Take one look; returns the repairs it saw: for each flow whose
+        re-sent count grew, how long it had gone without a chunk before."""
         if self.frac is None:
             self.frac = np.zeros(fractions.shape)
             self.moved = np.full(fractions.shape, np.nan)
+        repairs: list[float] = []
+        if resent is not None:
+            if self.resent is not None:
+                grew = (resent > self.resent) & ~np.isnan(self.moved)
+                repairs = (now - self.moved[grew]).tolist()
+            self.resent = np.array(resent)
         went = fractions > self.frac
         if went.any():
             self.moved[went] = now
@@ -191,6 +242,7 @@ class _Progress:
             self.frac = np.array(fractions, dtype=float)
         if np.isnan(self.first) and (~np.isnan(first)).any():
             self.first = float(np.nanmin(first))
+        return repairs
 
     def span(self) -> float | None:
         """First chunk to the last progress seen, or None if not measured."""

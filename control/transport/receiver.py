@@ -130,7 +130,7 @@ class Receiver:
                             share_kbps=self.share.share_kbps(1), flows=len(workers),
                             token=self.tokens(round_), window=self.window)
         early = early or self.early
-        early.start_round(layout.nbytes * len(workers))
+        early.start_round(layout.nbytes * len(workers), layout.nchunks)
         st = OpenRound(round_, layout, workers, [self.peers[w] for w in workers], critical,
                        reliable, time.perf_counter(), early=early)
         self.rounds[round_] = st
@@ -179,6 +179,9 @@ class Receiver:
             done = int(chunks.sum())
             now = time.perf_counter() - t_open
             if done == total:
+                if not reliable:   # a repair that completed it is learnt from
+                    st.early.observe(now, w.first, chunks / st.layout.nchunks,
+                                     prog["retx"][rows])
                 return COMPLETE, w.first
             if reliable:  # only completeness (above) or the hard timeout closes it
                 if now >= limit:
@@ -204,7 +207,7 @@ class Receiver:
         if sample is not None and self.share.observe(*sample):
             self.maps.set_share(st.round, self.share.share_kbps(1))
         crit_ok = st.critical is None or self.critical_ok(st)
-        return st.early.decide(now, w.first, chunks / nch, crit_ok)
+        return st.early.decide(now, w.first, chunks / nch, crit_ok, prog["retx"][rows])
 
     def critical_ok(self, st: OpenRound) -> bool:
         """Every worker's critical chunks are in."""

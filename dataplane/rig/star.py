@@ -344,6 +344,20 @@ class Rig(RigBase):
         return {k: int(st.get(k, 0)) for k in
                 ("rx_bytes", "rx_packets", "tx_bytes", "tx_packets", "rx_dropped", "tx_dropped")}
 
+    def drops(self) -> dict[str, int]:
+        """Packets the rig's path dropped so far, wherever it counts them: the
+        shaped ports' TBF queues ("tbf") and every veth's rx/tx drops in the
+        rig's namespaces ("veth": a full XDP ring, a full backlog), and the
+        loss injector's ("injected")."""
+        tbf = sum(int(b.get("drops", 0)) for b in self.bottleneck())
+        veth = 0
+        for ns in self.namespaces:
+            with netlink.iproute(ns) as ipr:
+                for link in ipr.get_links():
+                    st = link.get_attr("IFLA_STATS64") or {}
+                    veth += int(st.get("rx_dropped", 0)) + int(st.get("tx_dropped", 0))
+        return {"tbf": tbf, "veth": veth, "injected": self.loss_counters()["dropped"]}
+
     def attachments(self) -> dict[str, Any]:
         """What is attached now: XDP programs and tc filters per switch port."""
         out: dict[str, Any] = {}
