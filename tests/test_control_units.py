@@ -96,7 +96,7 @@ def _ec(**kw):
 
 @pytest.mark.unit
 def test_early_close_rules():
-    ec = _ec()
+    ec = _ec(repair_frac=0.0)  # the grace alone (the repair wait: test_early_close.py)
     assert ec.deadline_s == pytest.approx(0.016)
     nan = np.nan
     assert ec.decide(0.001, np.array([nan, nan]), np.zeros(2), True) is None

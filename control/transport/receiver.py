@@ -130,7 +130,7 @@ class Receiver:
                             share_kbps=self.share.share_kbps(1), flows=len(workers),
                             token=self.tokens(round_), window=self.window)
         early = early or self.early
-        early.start_round(layout.nbytes * len(workers), layout.nchunks)
+        early.start_round(layout.nbytes * len(workers))
         st = OpenRound(round_, layout, workers, [self.peers[w] for w in workers], critical,
                        reliable, time.perf_counter(), early=early)
         self.rounds[round_] = st
