@@ -89,6 +89,7 @@ class LtpCluster:
         self.ids = [h.index for h in hosts]
         self.max_elems = max_elems
         self.last_cpu_s = 0.0
+        self.last_rebuilt: dict[int, int] = {}  # the last coded downlink: per worker
         self.round_no = 0  # the last round a caller numbered (callers that take turns go on from it)
         # The largest chunk a frame of the rig's MTU carries (whole float64 pairs).
         self.chunk_bytes = chunk_bytes or (cfg.mtu - 20 - 8 - W.HDR_LEN) // 8 * 8
@@ -164,20 +165,23 @@ class LtpCluster:
         return res, reports
 
     def downlink(self, round_: int, params: np.ndarray, timeout_s: float = 20.0,
-                 group: bool = False) -> tuple[PushReport, dict[int, str]]:
+                 group: bool = False, coded: bool = False) -> tuple[PushReport, dict[int, str]]:
         """Reliable PS -> all workers; returns the push report and each
-        worker's sha256 of what it received. group: the first pass goes once,
-        to the rig's broadcast address, instead of once per worker."""
+        worker's sha256 of what it received (`last_rebuilt`: the chunks each
+        rebuilt from parity). group: the first pass goes once, to the rig's
+        broadcast address, instead of once per worker; coded: erasure-coded
+        (Endpoint.push_reliable)."""
         for p in self.procs:
             p.send({"cmd": "expect", "round": round_, "nelems": int(params.size),
-                    "timeout": timeout_s})
+                    "timeout": timeout_s, "coded": coded})
         for p in self.procs:
             p.recv()
         rep = self.ps.push_reliable(round_, params, [Peer(h.index, h.ip) for h in self.hosts],
                                     timeout_s=timeout_s,
-                                    group=(BROADCAST, W.PORT) if group else None)
-        digests = {p.worker: p.recv(timeout=timeout_s + 5)["sha256"] for p in self.procs}
-        return rep, digests
+                                    group=(BROADCAST, W.PORT) if group else None, coded=coded)
+        got = {p.worker: p.recv(timeout=timeout_s + 5) for p in self.procs}
+        self.last_rebuilt = {w: g["rebuilt"] for w, g in got.items()}
+        return rep, {w: g["sha256"] for w, g in got.items()}
 
     def close(self) -> None:
         for p in self.procs:

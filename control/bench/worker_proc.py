@@ -97,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
                     rep = ep.send(prepared.pop(msg["round"]))
                     reply({"report": rep.to_dict()})
                 elif cmd == "expect":
-                    ep.expect(msg["round"], msg["nelems"], a.id)
+                    ep.expect(msg["round"], msg["nelems"], a.id, coded=msg.get("coded", False))
                     reply({"ready": True})
-                    data = ep.receive(msg["round"], timeout_s=msg.get("timeout", 20.0))
-                    reply({"sha256": hashlib.sha256(data.tobytes()).hexdigest()})
+                    res = ep.receive_round(msg["round"], timeout_s=msg.get("timeout", 20.0))
+                    reply({"sha256": hashlib.sha256(res.values[0].tobytes()).hexdigest(),
+                           "rebuilt": res.rebuilt})
                 else:
                     reply({"error": f"unknown command {cmd!r}"})
             except Exception as e:

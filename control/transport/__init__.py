@@ -10,7 +10,9 @@ every missing chunk a value). The policies live beside them: early_close.py,
 bubble.py, rate.py, layout.py; tokens.py keys a round's packets to the job's
 secret; loss.py chooses what a sender sends next (lost chunks first, backoff
 for a silent peer); results.py holds the peers and what pushes and rounds
-report.
+report; outbox.py holds what an endpoint's pushes share (`Sender`: the socket,
+and what past pushes learnt of each target); fec.py erasure-codes a reliable
+round (Reed-Solomon parity, so a receiver rebuilds what it lost).
 
 The public names load on first use, so importing a policy module alone
 (e.g. early_close for a flag parser) does not load the dataplane.

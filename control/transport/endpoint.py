@@ -34,12 +34,14 @@ from .bubble import STRATEGIES
 # clock: the XDP program turns each ACK into the next DATA, clock.ClockPush)
 from .clock import ClockPush
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
-from .layout import ChunkLayout
+from . import fec
+from .layout import ChunkLayout, as_f32
 from .options import DEFAULTS, PushOptions
 from .rate import SharePolicy, credit_window, fine_timer_slack
 from .receiver import Receiver
 from .results import Peer, PushReport, RoundResult
-from .sender import Push, Sender
+from .outbox import Sender
+from .sender import Push
 from .tokens import RoundTokens
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
@@ -282,10 +284,30 @@ class Endpoint:
 
     # ------------------------------------------------------- reliable downlink
     def push_reliable(self, round_: int, buf, to: list[Peer], timeout_s: float = 10.0,
-                      group: tuple[str, int] | None = None) -> PushReport:
+                      group: tuple[str, int] | None = None, coded: bool = False) -> PushReport:
         """Send buf to every peer in `to`, every chunk critical, until all acked
-        (group: see `push`)."""
-        return self.push(round_, buf, to, reliable=True, timeout_s=timeout_s, group=group)
+        (group: see `push`).
+
+        coded: erasure-code the round (fec.py; the receivers `expect` it
+        coded): the buffer goes padded to whole chunks with Reed-Solomon
+        parity, as many per group as the loss this endpoint's reliable pushes
+        met calls for (none at 0 %), so a receiver rebuilds what it lost
+        without a round trip; only groups beyond repair are re-sent. A coded
+        push goes from the socket (the ACK clock sends whole orders)."""
+        if not coded:
+            return self.push(round_, buf, to, reliable=True, timeout_s=timeout_s, group=group)
+        arr = as_f32(buf)
+        cb = self.sender.chunk_bytes
+        plan = fec.plan_for(arr.size, cb // 4)
+        r = fec.parity_for(self.sender.loss_hat)
+        out = np.zeros(plan.nchunks * cb // 4, dtype=np.float32)
+        out[:arr.size] = arr
+        fec.encode(plan, out.view(np.uint8).reshape(plan.nchunks, cb), r)
+        plan_push = self.prepare_push(round_, out, to, reliable=True, timeout_s=timeout_s,
+                                      group=group,
+                                      options=dataclasses.replace(self.sender.options, sender="socket"))
+        plan_push.code(plan, r)
+        return plan_push.send()
 
     def arrived(self, round_: int) -> int:
         """Chunks of round_ (open on this endpoint) taken so far; 0 if it is not open."""
@@ -295,15 +317,31 @@ class Endpoint:
         prog = self.maps.progress[self.maps.bank_index(round_)]
         return int(prog["chunks"][st.rows].sum())
 
-    def expect(self, round_: int, nelems: int, source_worker: int) -> None:
+    def expect(self, round_: int, nelems: int, source_worker: int, coded: bool = False) -> None:
         """Open round_ to receive a reliable buffer (e.g. parameters) for
-        `source_worker`'s slot (a worker uses its own id)."""
-        self.open_round(round_, nelems, workers=[source_worker], reliable=True)
+        `source_worker`'s slot (a worker uses its own id); coded: the sender
+        pushes it coded (push_reliable), and it completes once every group
+        can be rebuilt."""
+        if not coded:
+            self.open_round(round_, nelems, workers=[source_worker], reliable=True)
+            return
+        plan = fec.plan_for(nelems, self.sender.chunk_bytes // 4)
+        self.open_round(round_, plan.nchunks * self.sender.chunk_bytes // 4,
+                        workers=[source_worker], reliable=True)
+        self.receiver.rounds[round_].code = (plan, nelems)
 
     def receive(self, round_: int, timeout_s: float | None = None,
                 out: np.ndarray | None = None) -> np.ndarray:
         """Wait for a reliable round to complete; returns a copy of the buffer
         (written into `out`, a float32 array of the round's size, if given)."""
+        res = self.receive_round(round_, timeout_s)
+        if out is not None:
+            np.copyto(out, res.values[0])
+            return out
+        return res.values[0].copy()
+
+    def receive_round(self, round_: int, timeout_s: float | None = None) -> RoundResult:
+        """`receive`, but the round's whole result (values in mapped memory)."""
         st = self.receiver.rounds.get(round_)
         if st is not None and timeout_s is not None:
             st.timeout_s = timeout_s
@@ -311,10 +349,7 @@ class Endpoint:
         if res.reason != COMPLETE:
             raise TransportError(f"reliable round {round_} incomplete after "
                                  f"{res.duration_s:.2f}s: {res.masks.sum()}/{res.masks.size} chunks")
-        if out is not None:
-            np.copyto(out, res.values[0])
-            return out
-        return res.values[0].copy()
+        return res
 
     # ------------------------------------------------------------------- misc
     def beat(self) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 from .bubble import fill as fill_bubbles
 from .bubble import remember as remember_stale
 from .early_close import COMPLETE, TIMEOUT, EarlyClose
+from .fec import rebuild
 from .layout import FRAME_OVERHEAD, ChunkLayout
 from .rate import SharePolicy
 from .results import RoundResult
@@ -32,6 +33,7 @@ class OpenRound:
     t_open: float                  # perf_counter() when opened
     timeout_s: float | None = None  # the hard timeout, if not Early Close's
     early: EarlyClose | None = None  # the Early Close state judging it (set by open)
+    code: tuple | None = None      # a coded reliable round: (fec.Plan, the data's elements)
     # The rows as a slice when contiguous: indexing then gives views of the
     # mapped memory, not copies.
     rows: slice | list[int] = field(init=False)
@@ -178,6 +180,8 @@ class Receiver:
             chunks = prog["chunks"][rows]
             done = int(chunks.sum())
             now = time.perf_counter() - t_open
+            if st.code is not None and self._whole(st, done):
+                return COMPLETE, w.first
             if done == total:
                 if not reliable:   # a repair that completed it is learnt from
                     st.early.observe(now, w.first, chunks / st.layout.nchunks,
@@ -209,6 +213,12 @@ class Receiver:
         crit_ok = st.critical is None or self.critical_ok(st)
         return st.early.decide(now, w.first, chunks / nch, crit_ok, prog["retx"][rows])
 
+    def _whole(self, st: OpenRound, done: int) -> bool:
+        """A coded round: every group has enough of its chunks to rebuild it."""
+        plan = st.code[0]
+        return done >= plan.data and bool(
+            plan.whole(self.maps.done_mask(st.round, st.slots[0], st.layout.nchunks)).all())
+
     def critical_ok(self, st: OpenRound) -> bool:
         """Every worker's critical chunks are in."""
         nch, crit = st.layout.nchunks, st.critical_mask()
@@ -224,6 +234,13 @@ class Receiver:
         masks = np.stack([maps.done_mask(round_, s, nch) for s in slots])
         # [workers, chunks, elems]; a copy when the rows are not contiguous
         chunked = maps.mem[bank][st.rows, :nch * ce].reshape(len(slots), nch, ce)
+        missing, rebuilt = st.critical_missing(masks), 0
+        if st.code is not None and reason == COMPLETE:   # rebuild what the code covers
+            plan, nelems = st.code
+            rebuilt = rebuild(plan, chunked[0].view(np.uint8), masks[0])
+            masks, missing = np.ones((1, plan.data), dtype=bool), {}
+            chunked, layout = chunked[:, :plan.data], ChunkLayout(nelems, self.chunk_bytes)
+            nch = layout.nchunks
         filled = self._fill(st, chunked, masks)
         for i, s in enumerate(slots):  # round outcomes, for `ltp flows` from any process
             maps.record_round(s, reason, int(masks[i].sum()), int(filled[i]), round_=round_,
@@ -238,7 +255,7 @@ class Receiver:
                           masks=masks, filled=filled,
                           threshold=st.early.threshold, deadline_s=st.early.deadline_s,
                           late=late, duplicates=dups, bad_token=bad_token, retx_chunks=retx,
-                          critical_missing=st.critical_missing(masks))
+                          critical_missing=missing, rebuilt=rebuilt)
         if not st.reliable:
             st.early.end_round(total_bytes=layout.nbytes * len(slots),
                                  delivered_bytes=int(prog["bytes"].sum()), active_s=active_s,

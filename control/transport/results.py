@@ -63,6 +63,7 @@ class RoundResult:
     bad_token: int = 0
     retx_chunks: int = 0             # chunks that arrived only as a re-send
     critical_missing: dict = field(default_factory=dict)
+    rebuilt: int = 0                 # a coded round: data chunks rebuilt from parity
 
     @functools.cached_property
     def aggregate(self) -> np.ndarray:

@@ -3,19 +3,17 @@
 and sends them, paced, re-sending what is lost while the receivers want it."""
 from __future__ import annotations
 
-import collections
 import errno
 import functools
 import operator
-import socket
-import struct
 import time
 
 import numpy as np
 
 from ...dataplane.xdp import wire as W
 from ...errors import DeadPeerError, TransportError
-from .layout import FRAME_OVERHEAD, ChunkLayout, as_f32
+from . import fec
+from .layout import FRAME_OVERHEAD, ChunkLayout
 from .loss import Backoff, BatchPicker, LossDetector, pass_runs
 from .options import DEFAULTS, PushOptions
 from .rate import Pacer
@@ -43,98 +41,8 @@ def data_headers(job: int, round_: int, worker: int, nch: int, flags: np.ndarray
     return h.view(np.uint8)
 
 
-class Sender:
-    """What an endpoint's pushes share: its socket, maps and peers, and the
-    rate each target last advertised (a push to it starts there)."""
-
-    def __init__(self, sock: socket.socket, maps, peers: dict[int, int], *, job: int,
-                 chunk_bytes: int, max_elems: int, initial_rate_bps: float,
-                 tokens=lambda round_: 0, options: PushOptions = DEFAULTS,
-                 kinds: dict[str, type[Push]] | None = None):
-        self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
-        self.tokens = tokens  # round -> its token (tokens.RoundTokens)
-        self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
-        self.initial_rate_bps = initial_rate_bps
-        self.rate_hint: dict[int, float] = {}
-        # the ACK clock's: the credits (with every flow active) of a target's last pushes
-        self.window_hint: dict[int, collections.deque] = {}
-        # ... and the mean time between the ACKs of its last push
-        self.gap_hint: dict[int, float] = {}
-        self.options = options  # a push's by default (sender, the ACK clock's knobs)
-        # sender name -> what plans its pushes: Push, or the ACK clock's clock.ClockPush
-        self.kinds = kinds or {"socket": Push}
-        self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
-
-    def prepare(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
-                reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None,
-                group: tuple[str, int] | None = None,
-                options: PushOptions | None = None) -> Push:
-        """Check a push's arguments and plan it (see Endpoint.prepare_push)."""
-        options = options or self.options
-        if options.sender not in self.kinds:
-            raise ValueError(f"sender {options.sender!r} is not one of this endpoint's "
-                             f"({', '.join(self.kinds)})")
-        targets = [to] if isinstance(to, Peer) else list(to)
-        if not targets:
-            raise ValueError("push needs at least one target peer")
-        for t in targets:
-            if t.worker not in self.peers:
-                raise ValueError(f"peer worker id {t.worker} is not configured on this endpoint")
-        arr = as_f32(buf)
-        if arr.size > self.max_elems:
-            raise ValueError(f"buffer of {arr.size} elements exceeds max_elems={self.max_elems}")
-        layout = ChunkLayout(arr.size, self.chunk_bytes)
-        nch = layout.nchunks
-        crit = np.ones(nch, dtype=bool) if reliable else (
-            np.zeros(nch, dtype=bool) if critical is None else np.asarray(critical, dtype=bool))
-        if crit.shape != (nch,):
-            raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
-        return self.kinds[options.sender](self, round_, arr, layout, targets, crit,
-                                          reliable=reliable, timeout_s=timeout_s, seed=seed,
-                                          group=group, options=options)
-
-    def start_rate(self, targets: list[Peer], group: bool) -> float:
-        hints = [self.rate_hint.get(t.worker, self.initial_rate_bps) for t in targets]
-        return min(hints) if group else sum(hints)  # a group packet reaches them all
-
-    def learn_rates(self, targets: list[Peer], low_kbps: list[int]) -> None:
-        for t, r in zip(targets, low_kbps):
-            if r:
-                self.rate_hint[t.worker] = r * 1000
-
-    def learn_windows(self, targets: list[Peer], low: list[int]) -> None:
-        """The ACK clock: the smallest credit each target gave (its share
-        with every flow active) is what its next push is primed with."""
-        for t, w in zip(targets, low):
-            if w and w != 0xffff:
-                self.window_hint.setdefault(t.worker, collections.deque(maxlen=4)).append(w)
-
-    def prime_window(self, target: Peer, default: int) -> int:
-        """Packets to prime a clocked push to `target` with: the smallest
-        credit of its last four pushes (one whose flow started late saw a
-        larger share), `default` before it gave one."""
-        hint = self.window_hint.get(target.worker)
-        return min(hint) if hint else default
-
-    def learn_gaps(self, targets: list[Peer], gaps: list[float]) -> None:
-        """The ACK clock: the mean time between the ACKs of each target's
-        push (as TCP keeps a route's RTT) sizes its next push's RTO until
-        that push measures its own."""
-        for t, g in zip(targets, gaps):
-            if g > 0:
-                self.gap_hint[t.worker] = g
-
-    def ack_gap(self, target: Peer) -> float:
-        return self.gap_hint.get(target.worker, 0.0)
-
-    def forget(self) -> None:
-        """Drop what the clock learned of every target (credits, ACK gaps)."""
-        self.window_hint.clear()
-        self.gap_hint.clear()
-
-
 class Push:
-    """One push of one round to one or more targets (made by Sender.prepare).
+    """One push of one round to one or more targets (made by outbox.Sender.prepare).
 
     Planned when made, so it can be made ahead of a barrier: the chunk order
     (random per round), every header, the iovec pieces. `send` then runs
@@ -150,8 +58,10 @@ class Push:
 
     over = None                   # a callable: True once the round is over everywhere
     overtaken = False             # the push ended by `over`
+    coded = None                  # (fec.Plan, parity per group) of a coded reliable push
+    first_loss = None             # the worst target's loss in the first pass
 
-    def __init__(self, sender: Sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
+    def __init__(self, sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
                  targets: list[Peer], crit: np.ndarray, *, reliable: bool, timeout_s: float,
                  seed: int | None, group: tuple[str, int] | None,
                  options: PushOptions = DEFAULTS):
@@ -170,6 +80,17 @@ class Push:
         self.bodies = self._plan_bodies()
         self.pieces = self._plan_pieces()
         nt = len(targets)  # a group push's first pass goes to the group alone
+        self.runs = ([(nt, self.order)] if self.group else
+                     pass_runs(self.order, [0] * nt, [False] * nt))
+
+    def code(self, plan, r: int) -> None:
+        """Make this (reliable) push a coded one (fec.py): it sends the data
+        and each group's first r parity chunks, a target is done once its
+        ACKs show every group whole, and only groups that are not get re-sends."""
+        self.coded = (plan, r)
+        self.unsent = ~fec.sent_mask(plan, r)
+        self.order = [c for c in self.order if not self.unsent[c]]
+        nt = len(self.targets)
         self.runs = ([(nt, self.order)] if self.group else
                      pass_runs(self.order, [0] * nt, [False] * nt))
 
@@ -266,8 +187,27 @@ class Push:
         self.t0 = time.perf_counter()
 
     def acked(self) -> list[int]:
-        """The ACK state per target (bit c: chunk c acked)."""
+        """The ACK state per target (bit c: chunk c acked); in a coded push,
+        what it owes nothing for (fec.owed_bits)."""
+        if self.coded is not None:
+            return fec.owed_bits(self.coded[0], self.words, self.unsent)
+        return self._raw_acked()
+
+    def _raw_acked(self) -> list[int]:
         return [int.from_bytes(w.tobytes(), "little") for w in self.words]
+
+    def _measure_first_pass(self) -> None:
+        """The first pass's loss toward the worst target, once (what the
+        sender's next coded pushes choose their parity for)."""
+        if self.first_loss is not None or not self.order:
+            return
+        sent = 0
+        for c in self.order:
+            sent |= 1 << c
+        got = [(a & sent).bit_count() for a in self._raw_acked()]
+        self.first_loss = 1.0 - min(got) / len(self.order)
+        if self.reliable:
+            self.sender.learn_loss(self.first_loss)
 
     def refresh(self) -> list[bool]:
         """Closed flags; sets the pacer to the sum of the advertised rates
@@ -288,8 +228,12 @@ class Push:
         """The ACK state per target; queues the chunks found lost, flagged RETX."""
         acked = self.acked()
         urgent, hdr_u8 = self.picker.urgent, self.hdr_u8
+        parity_repairs = self.coded is not None and self.passes <= 1
         for i, det in enumerate(self.detectors):
-            for c in det.lost(acked[i]):
+            lost = det.lost(acked[i])
+            if parity_repairs:   # the first pass's parity is its repair: no re-sends yet
+                continue
+            for c in lost:
                 urgent.append((i, c))
                 hdr_u8[i][c, RETX_BYTE] |= W.F_RETX
         return acked
@@ -339,6 +283,7 @@ class Push:
             runs = self.runs  # made ready with the plan
             to = set(range(len(self.targets)))
         else:  # from the second pass on, every chunk is a re-send
+            self._measure_first_pass()
             if self.passes == 1:
                 for hv in self.hdr_u8:
                     hv[:, RETX_BYTE] |= W.F_RETX
@@ -416,8 +361,7 @@ class Push:
 
     def _all_closed_or_acked(self) -> bool:
         tx32, full = self.tx32, self.full
-        return all(tx32[s, 1] or int.from_bytes(w.tobytes(), "little") == full
-                   for s, w in zip(self.slots, self.words))
+        return all(tx32[s, 1] or a == full for s, a in zip(self.slots, self.acked()))
 
     def _send_batch(self, tgt: int, batch: list[int]) -> bool:
         """One sendmsg to one target (GSO when several chunks); False when the
@@ -440,9 +384,11 @@ class Push:
 
     def _report(self) -> PushReport:
         self.sender.learn_rates(self.targets, self.low)
+        if self.passes == 1 and not self.overtaken:
+            self._measure_first_pass()
         tx32 = self.tx32
         return PushReport(round=self.round_, chunks=self.layout.nchunks, sent=self.sent,
-                          resent=self.resent, acked=sum(a.bit_count() for a in self.acked()),
+                          resent=self.resent, acked=sum(a.bit_count() for a in self._raw_acked()),
                           closed_by_receiver=self.overtaken or
                           all(bool(tx32[s, 1]) for s in self.slots),
                           duration_s=time.perf_counter() - self.t0, passes=self.passes)

@@ -1,0 +1,117 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sender: what an endpoint's pushes share (its socket, maps and peers) and
+what it learnt of each target from past pushes (advertised rate, the ACK
+clock's credit and ACK gap, the loss reliable pushes met); `prepare` checks a
+push's arguments and plans it with the kind of push its options name
+(sender.Push, clock.ClockPush)."""
+from __future__ import annotations
+
+import collections
+import socket
+import struct
+
+import numpy as np
+
+from ...dataplane.xdp import wire as W
+from .layout import ChunkLayout, as_f32
+from .options import DEFAULTS, PushOptions
+from .results import Peer
+from .sender import UDP_SEGMENT, Push
+
+LOSS_EWMA = 0.3
+
+
+class Sender:
+    """What an endpoint's pushes share: its socket, maps and peers, and the
+    rate each target last advertised (a push to it starts there)."""
+
+    def __init__(self, sock: socket.socket, maps, peers: dict[int, int], *, job: int,
+                 chunk_bytes: int, max_elems: int, initial_rate_bps: float,
+                 tokens=lambda round_: 0, options: PushOptions = DEFAULTS,
+                 kinds: dict[str, type[Push]] | None = None):
+        self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
+        self.tokens = tokens  # round -> its token (tokens.RoundTokens)
+        self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
+        self.initial_rate_bps = initial_rate_bps
+        self.rate_hint: dict[int, float] = {}
+        # the ACK clock's: the credits (with every flow active) of a target's last pushes
+        self.window_hint: dict[int, collections.deque] = {}
+        # ... and the mean time between the ACKs of its last push
+        self.gap_hint: dict[int, float] = {}
+        self.options = options  # a push's by default (sender, the ACK clock's knobs)
+        # sender name -> what plans its pushes: Push, or the ACK clock's clock.ClockPush
+        self.kinds = kinds or {"socket": Push}
+        self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
+        # the loss the first passes of its reliable pushes met (the worst
+        # target's, EWMA): what a coded push's parity is chosen for
+        self.loss_hat = 0.0
+
+    def learn_loss(self, loss: float) -> None:
+        self.loss_hat = (1 - LOSS_EWMA) * self.loss_hat + LOSS_EWMA * min(1.0, max(0.0, loss))
+
+    def prepare(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
+                reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None,
+                group: tuple[str, int] | None = None,
+                options: PushOptions | None = None) -> Push:
+        """Check a push's arguments and plan it (see Endpoint.prepare_push)."""
+        options = options or self.options
+        if options.sender not in self.kinds:
+            raise ValueError(f"sender {options.sender!r} is not one of this endpoint's "
+                             f"({', '.join(self.kinds)})")
+        targets = [to] if isinstance(to, Peer) else list(to)
+        if not targets:
+            raise ValueError("push needs at least one target peer")
+        for t in targets:
+            if t.worker not in self.peers:
+                raise ValueError(f"peer worker id {t.worker} is not configured on this endpoint")
+        arr = as_f32(buf)
+        if arr.size > self.max_elems:
+            raise ValueError(f"buffer of {arr.size} elements exceeds max_elems={self.max_elems}")
+        layout = ChunkLayout(arr.size, self.chunk_bytes)
+        nch = layout.nchunks
+        crit = np.ones(nch, dtype=bool) if reliable else (
+            np.zeros(nch, dtype=bool) if critical is None else np.asarray(critical, dtype=bool))
+        if crit.shape != (nch,):
+            raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
+        return self.kinds[options.sender](self, round_, arr, layout, targets, crit,
+                                          reliable=reliable, timeout_s=timeout_s, seed=seed,
+                                          group=group, options=options)
+
+    def start_rate(self, targets: list[Peer], group: bool) -> float:
+        hints = [self.rate_hint.get(t.worker, self.initial_rate_bps) for t in targets]
+        return min(hints) if group else sum(hints)  # a group packet reaches them all
+
+    def learn_rates(self, targets: list[Peer], low_kbps: list[int]) -> None:
+        for t, r in zip(targets, low_kbps):
+            if r:
+                self.rate_hint[t.worker] = r * 1000
+
+    def learn_windows(self, targets: list[Peer], low: list[int]) -> None:
+        """The ACK clock: the smallest credit each target gave (its share
+        with every flow active) is what its next push is primed with."""
+        for t, w in zip(targets, low):
+            if w and w != 0xffff:
+                self.window_hint.setdefault(t.worker, collections.deque(maxlen=4)).append(w)
+
+    def prime_window(self, target: Peer, default: int) -> int:
+        """Packets to prime a clocked push to `target` with: the smallest
+        credit of its last four pushes (one whose flow started late saw a
+        larger share), `default` before it gave one."""
+        hint = self.window_hint.get(target.worker)
+        return min(hint) if hint else default
+
+    def learn_gaps(self, targets: list[Peer], gaps: list[float]) -> None:
+        """The ACK clock: the mean time between the ACKs of each target's
+        push (as TCP keeps a route's RTT) sizes its next push's RTO until
+        that push measures its own."""
+        for t, g in zip(targets, gaps):
+            if g > 0:
+                self.gap_hint[t.worker] = g
+
+    def ack_gap(self, target: Peer) -> float:
+        return self.gap_hint.get(target.worker, 0.0)
+
+    def forget(self) -> None:
+        """Drop what the clock learned of every target (credits, ACK gaps)."""
+        self.window_hint.clear()
+        self.gap_hint.clear()
