@@ -145,6 +145,12 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "group downlink (read by the server)", shown="dev's broadcast address", metavar="ADDR",
        flags=(RANK,), launcher=True),
     _s("downlink", str, "group", DOWNLINK_HELP, choices=("group", "unicast"), flags=(TRAIN,)),
+    _s("downlink_code", str, "off", "erasure-code LTP's parameter downlink: rs: Reed-Solomon "
+       "parity per group of 32 chunks, as much as the loss the server's last answers met "
+       "calls for (none at 0 %), so a worker rebuilds lost chunks without a round trip; "
+       "off: repair by re-sends alone (the default: on this rig the encoding costs more "
+       "than the round trips it saves, docs/benchmarks.md). The server's choice rules",
+       choices=("rs", "off"), flags=(RANK,)),
     _s("servers", int, 1, "server ranks, each summing a contiguous slice of every bucket on a "
        "host of its own (docs/training.md, Sharded servers)", lo=1, hi=MAX_SERVERS,
        flags=(TRAIN, LAUNCH), launcher=True),

@@ -23,6 +23,7 @@ from ...errors import CommError
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer
 from ..transport.rate import CREDIT_RTT_S
+from ..transport import fec
 from ..transport.tokens import new_secret
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
@@ -61,7 +62,8 @@ class LtpServerLink(ServerLink):
 
     def address(self) -> dict:
         return {"secret": self.secret.hex(), "compress": self.s.compress,
-                "chunk_bytes": chunk_bytes_for(self.s.mtu)}
+                "chunk_bytes": chunk_bytes_for(self.s.mtu),
+                "downlink_code": self.s.downlink_code}
 
     def connect(self, metas: dict[int, dict]) -> None:
         self.peers = [Peer(w, metas[w]["ip"]) for w in self.ids]
@@ -72,7 +74,7 @@ class LtpServerLink(ServerLink):
         if self.ep is not None and nelems <= self.size:
             return False
         self.close()
-        s, size = self.s, nelems + HEADROOM
+        s, size = self.s, _room(nelems, self.s.downlink_code == "rs", self.s.mtu)
         self.ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
                            ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
                            chunk_bytes=chunk_bytes_for(s.mtu),
@@ -153,12 +155,21 @@ class LtpServerLink(ServerLink):
             buf = self.codec.answer(buf, d)
         self.ep.push_reliable(d, buf, peers,
                               timeout_s=self.wait_s if wait_s is None else min(self.wait_s, wait_s),
-                              group=self.group if group else None)
+                              group=self.group if group else None,
+                              coded=self.s.downlink_code == "rs")
 
     def close(self) -> None:
         if self.ep is not None:
             ep, self.ep = self.ep, None
             ep.close()
+
+
+def _room(nelems: int, coded: bool, mtu: int) -> int:
+    """Elements an endpoint for rounds of up to nelems holds: with a coded
+    downlink, room for an answer's parity slots too (up to half again)."""
+    if coded:
+        nelems = fec.coded_elems(nelems, chunk_bytes_for(mtu) // 4)
+    return nelems + HEADROOM
 
 
 class LtpWorkerLink(WorkerLink):
@@ -172,6 +183,7 @@ class LtpWorkerLink(WorkerLink):
         self.ps: Peer | None = None
         self.wait_s = min(s.timeout, ROUND_LIMIT_S)
         self.secret: bytes | None = None   # the server's, from its store record
+        self.coded = False                 # the downlink is coded (the server says, connect)
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and WorkerCodec(codec)
         # this worker's pushes so far: DATA sent, and how much of it the ACK clock made
@@ -188,12 +200,13 @@ class LtpWorkerLink(WorkerLink):
         check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server)
         self.ps = Peer(self.id, server["ip"])
         self.secret = bytes.fromhex(server["secret"])
+        self.coded = server.get("downlink_code") == "rs"   # the server's choice rules
 
     def ensure(self, nelems: int) -> bool:
         if self.ep is not None and nelems <= self.size:
             return False
         self.close()
-        s, size = self.s, nelems + HEADROOM
+        s, size = self.s, _room(nelems, self.coded, self.s.mtu)
         # the answers are reliable: only completeness closes them, or this timeout
         self.ep = Endpoint(s.dev, s.ip, {self.id: 0}, size, ns=s.netns, mode=s.xdp_mode,
                            job=s.job, capacity_bps=s.capacity,
@@ -216,7 +229,7 @@ class LtpWorkerLink(WorkerLink):
     def expect(self, d: int, nelems: int) -> None:
         if self.codec:
             nelems = self.codec.wire_elems(d, nelems)
-        self.ep.expect(d, nelems, self.id)
+        self.ep.expect(d, nelems, self.id, coded=self.coded)
 
     def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None) -> bool:
         """Send this worker's piece of round r; True when the server closed the

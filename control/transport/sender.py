@@ -89,6 +89,8 @@ class Push:
         ACKs show every group whole, and only groups that are not get re-sends."""
         self.coded = (plan, r)
         self.unsent = ~fec.sent_mask(plan, r)
+        self.unsent_bits = int.from_bytes(np.packbits(self.unsent, bitorder="little").tobytes(),
+                                          "little")
         self.order = [c for c in self.order if not self.unsent[c]]
         nt = len(self.targets)
         self.runs = ([(nt, self.order)] if self.group else
@@ -189,9 +191,11 @@ class Push:
     def acked(self) -> list[int]:
         """The ACK state per target (bit c: chunk c acked); in a coded push,
         what it owes nothing for (fec.owed_bits)."""
-        if self.coded is not None:
-            return fec.owed_bits(self.coded[0], self.words, self.unsent)
-        return self._raw_acked()
+        if self.coded is None:
+            return self._raw_acked()
+        if self.coded[1] == 0:   # no parity: a group is whole when its data is in
+            return [a | self.unsent_bits for a in self._raw_acked()]
+        return fec.owed_bits(self.coded[0], self.words, self.unsent)
 
     def _raw_acked(self) -> list[int]:
         return [int.from_bytes(w.tobytes(), "little") for w in self.words]
