@@ -314,3 +314,25 @@ def test_the_public_api_is_one_set_of_objects():
     for name in T.__all__:
         assert getattr(T, name) is getattr(endpoint, name)
     assert T.Peer is results.Peer and T.TransportError is TransportError
+
+
+@pytest.mark.unit
+def test_the_error_estimate_of_a_rounds_holes():
+    """Workers' chunks = a common mean plus independent noise: with 10 % of
+    the chunks missing at random, the filled aggregate is off by about
+    sqrt(0.1) of its own sampling noise, and the estimate says so; the true
+    error of the mean-filled aggregate agrees with vs_aggregate."""
+    rng = np.random.default_rng(0)
+    W, C, E = 8, 200, 64
+    truth = rng.standard_normal((C, E)).astype(np.float32)
+    values = (truth + 3 * rng.standard_normal((W, C, E))).astype(np.float32)
+    masks = rng.random((W, C)) >= 0.1
+    est = bubble.error_estimate(values, masks)
+    assert est["vs_noise"] == pytest.approx(np.sqrt((~masks).mean()), rel=0.1)
+    full = values.mean(axis=0)
+    filled = values.copy()
+    bubble.fill(filled, masks, "mean")
+    true_rel = np.linalg.norm(filled.mean(axis=0) - full) / np.linalg.norm(full)
+    assert est["vs_aggregate"] == pytest.approx(true_rel, rel=0.25)
+    assert bubble.error_estimate(values, np.ones((W, C), bool)) == {"vs_noise": 0.0,
+                                                                   "vs_aggregate": 0.0}

@@ -193,3 +193,23 @@ def test_the_repair_wait_is_off_under_the_capacity_rule_or_at_0():
         assert reason == "early" and t == pytest.approx(0.006), cfg   # the grace, as before
     with pytest.raises(ValueError, match="repair_frac"):
         EarlyCloseConfig(repair_frac=1.0)
+
+
+@pytest.mark.unit
+def test_a_loss_budget_lowers_the_floor_to_what_it_tolerates():
+    """Loss measured at 20 %: the paper's rule stops at the 0.95 floor (and
+    waits for re-sends to get there); a budget of 0.35 of the aggregate's
+    noise takes a 12 % hole, so a flow whose first pass delivered 88 % closes
+    after the grace."""
+    plain, budget = (EarlyClose(1e9, EarlyCloseConfig(budget=b)) for b in (0.0, 0.35))
+    for ec in (plain, budget):
+        for _ in range(10):
+            ec.end_round(total_bytes=MB, delivered_bytes=MB, active_s=0.008, lost_fraction=0.2)
+    first_pass = lambda t: [min(t / 0.008, 1.0) * 0.88]   # noqa: E731
+    reason, t = run_round(plain, first_pass, until=0.3)
+    assert plain.threshold == 0.95 and reason == "deadline"
+    reason, t = run_round(budget, first_pass, until=0.3)
+    assert budget.threshold == pytest.approx(1 - 0.35 ** 2) and reason == "early"
+    assert t < 0.012
+    with pytest.raises(ValueError, match="budget"):
+        EarlyCloseConfig(budget=1.0)

@@ -30,6 +30,9 @@ def _sample(s):
         return not s.default
     if s.type is str:
         return "x9"
+    if s.lo is not None and s.hi is not None and s.hi - s.lo < 3:   # a narrow range
+        value = s.type((s.lo + s.hi) / 2)
+        return value if value != s.default else s.type(s.hi)
     value = s.type(s.lo + 2 if s.lo is not None else 7)
     return value if value != s.default else value + 1
 

@@ -238,6 +238,25 @@ def test_ltp_training_learns_and_replicas_agree(ltp_run):
 
 @pytest.mark.rig
 @requires_bpf
+def test_heavy_loss_with_a_budget_and_coded_answers(rig, monkeypatch):
+    """20 % loss on every port: a loss budget of 0.35 lets rounds close with
+    holes (the ledger says what they cost against the aggregate's noise),
+    and the coded answers keep every replica bit-identical."""
+    monkeypatch.setenv("LTP_DOWNLINK_CODE", "rs")     # the ranks' environment (job_env)
+    rig.set_loss(0.2)
+    try:
+        r = _train(rig, transport="ltp", early_close={"budget": 0.35})
+    finally:
+        rig.set_loss(0.0)
+    assert r["iterations"] == STEPS and r["rounds_early_closed"] > 0, r["rounds_by_reason"]
+    assert r["delivered_fraction"] < 1.0
+    assert 0 < r["filled_error_mean"] <= r["filled_error_max"] < 1.0
+    assert r["replicas_identical"] and set(r["worker_digests"].values()) == {r["ps_digest"]}
+    assert r["final_train_loss"] < r["initial_train_loss"]
+
+
+@pytest.mark.rig
+@requires_bpf
 def test_lossless_ltp_and_tcp_train_bit_identical_parameters(rig, ltp_run):
     tcp = _train(rig, transport="tcp")
     assert tcp["replicas_identical"]

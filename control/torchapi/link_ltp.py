@@ -88,7 +88,8 @@ class LtpServerLink(ServerLink):
         return True
 
     def early_config(self, fields_json: str) -> EarlyCloseConfig:
-        return EarlyCloseConfig(**{"hard_timeout_s": self.wait_s, **json.loads(fields_json)})
+        return EarlyCloseConfig(**{"hard_timeout_s": self.wait_s, "budget": self.s.loss_budget,
+                                   **json.loads(fields_json)})
 
     def configure(self, bubble: str, early_close: str) -> None:
         """A step's Bubble Filling and Early Close settings, from its op."""
@@ -144,7 +145,7 @@ class LtpServerLink(ServerLink):
                         delivered=res.masks.sum(axis=1), chunks=res.layout.nchunks,
                         filled=np.asarray(res.filled), reason=res.reason,
                         chunk_elems=chunk_elems, masks=res.masks,
-                        duration_s=res.duration_s)
+                        duration_s=res.duration_s, error=res.error["vs_noise"])
 
     def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
              wait_s: float | None = None) -> None:

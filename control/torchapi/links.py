@@ -44,6 +44,7 @@ class Gathered:
     chunk_elems: int = 0
     masks: np.ndarray | None = None   # bool [k, chunks] (LTP)
     duration_s: float = 0.0
+    error: float = 0.0            # the holes' cost against the aggregate's noise (LTP)
 
     @property
     def missing(self) -> list[int]:

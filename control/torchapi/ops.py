@@ -111,7 +111,7 @@ class RoundClock:
 
 
 def report_words(buckets: int, workers: int) -> int:
-    return REPORT_WORDS + buckets + PER_WORKER * workers + 1
+    return REPORT_WORDS + buckets + PER_WORKER * workers + 2   # gather_s, filled_error
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,9 @@ class StepReport:
     # per worker: buckets of this step whose delivered values held NaN or Inf
     # (treated as lost and filled, so the aggregate stays finite)
     nonfinite: dict[int, int] = field(default_factory=dict)
+    # the ledger: the worst bucket's filled error against the aggregate's own
+    # sampling noise (bubble.error_estimate; 0 when nothing was filled)
+    filled_error: float = 0.0
 
     @property
     def nonfinite_workers(self) -> list[int]:
@@ -244,7 +247,8 @@ class StepReport:
                 "wholly_filled_total": self.wholly_filled_total, "ks": self.ks,
                 "gather_s": round(self.gather_s, 6), "absent": self.absent,
                 "dropped": self.dropped, "admitted": sorted(self.admitted),
-                "nonfinite_workers": self.nonfinite_workers}
+                "nonfinite_workers": self.nonfinite_workers,
+                "filled_error": round(self.filled_error, 6)}
 
     def encode(self, out: np.ndarray) -> None:
         """Write the report into `out` (float32 [report_words(B, W)])."""
@@ -254,7 +258,8 @@ class StepReport:
                  *(self.delivered[w] for w in ids), *(self.filled_chunks[w] for w in ids),
                  *(self.wholly_filled[w] for w in ids), *self.ks,
                  *(-2 if w in self.absent and not self.status.get(w) else self.status.get(w, 0)
-                   for w in ids), *(self.nonfinite.get(w, 0) for w in ids), self.gather_s]
+                   for w in ids), *(self.nonfinite.get(w, 0) for w in ids), self.gather_s,
+                 self.filled_error]
         out[:] = np.asarray(words, dtype=np.float32)
 
     @classmethod
@@ -274,6 +279,7 @@ class StepReport:
                    filled_chunks={k: int(per[1][k]) for k in range(W)},
                    wholly_filled={k: int(per[2][k]) for k in range(W)},
                    ks=[int(x) for x in per[3]], gather_s=w[i + PER_WORKER * W],
+                   filled_error=w[i + PER_WORKER * W + 1],
                    status={k: v for k, v in enumerate(st) if v != -2},
                    absent=[k for k, v in enumerate(st) if v == -2],
                    nonfinite={k: int(x) for k, x in enumerate(per[5]) if x})

@@ -95,6 +95,7 @@ class StepTally:
         self.wholly = np.zeros(workers, dtype=np.int64)
         self.nonfinite = np.zeros(workers, dtype=np.int64)
         self.gather_s = 0.0
+        self.filled_error = 0.0
 
     def add(self, g, seconds: float) -> None:
         ids = np.asarray(g.workers, dtype=np.int64)   # the round's rows, by worker id
@@ -104,6 +105,7 @@ class StepTally:
         self.filled[ids] += g.filled
         self.wholly[ids] += g.delivered == 0
         self.gather_s += seconds
+        self.filled_error = max(self.filled_error, g.error)
 
     def report(self, step: int, ws: list[int], ks: list[int]) -> StepReport:
         W = len(self.delivered)
@@ -115,7 +117,7 @@ class StepTally:
                           wholly_filled={w: int(self.wholly[w]) for w in range(W)},
                           ks=[kw.get(w, 0) for w in range(W)], gather_s=self.gather_s,
                           nonfinite={w: int(self.nonfinite[w]) for w in range(W)
-                                     if self.nonfinite[w]})
+                                     if self.nonfinite[w]}, filled_error=self.filled_error)
 
 
 class Server:

@@ -89,7 +89,7 @@ def merge_reports(reps: list[StepReport], workers: int) -> StepReport:
     """One step's report from the S servers' (each saw a slice of every bucket):
     per bucket the worst close, per worker the mean delivered fraction and
     the summed filled chunks and wholly filled bucket slices, the longest
-    gather time; anything else (step, ks, ...) as server 0 says."""
+    gather time and the largest filled error; anything else (step, ks, ...) as server 0 says."""
     B = len(reps[0].reasons)
     reasons = [max((r.reasons[b] for r in reps), key=REASONS.index) for b in range(B)]
     ws = range(workers)
@@ -99,7 +99,8 @@ def merge_reports(reps: list[StepReport], workers: int) -> StepReport:
         filled_chunks={w: sum(r.filled_chunks[w] for r in reps) for w in ws},
         wholly_filled={w: sum(r.wholly_filled[w] for r in reps) for w in ws},
         nonfinite={w: n for w in ws if (n := sum(r.nonfinite.get(w, 0) for r in reps))},
-        gather_s=max(r.gather_s for r in reps))
+        gather_s=max(r.gather_s for r in reps),
+        filled_error=max(r.filled_error for r in reps))
 
 
 def merge_summaries(sums: list[dict]) -> dict:

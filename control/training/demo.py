@@ -68,6 +68,7 @@ class Demo:
         # (keeping each StepReport grew a worker by 1.2 KB a step).
         self.reasons: dict[str, int] = {}
         self.delivered_sum = 0.0
+        self.filled_error = array("d")   # per step, the ledger's worst bucket (vs noise)
         self.round_s = array("d")      # 8 bytes a round, for the median
         self.last_report = None
         self.loss_sum, self.loss_n = 0.0, 0
@@ -201,6 +202,7 @@ class Demo:
             self.missing[w] = self.missing.get(w, 0) + 1
         self.delivered_sum += rep.delivered_fraction
         self.round_s.append(rep.gather_s)
+        self.filled_error.append(rep.filled_error)
         self.last_report = rep
         if not self.lead:
             return
@@ -252,6 +254,9 @@ class Demo:
             "rounds_by_reason": reasons,
             "round_s_median": float(np.median(self.round_s)) if n else None,
             "wholly_filled_rounds": self.last_report.wholly_filled_total if n else 0,
+            # the loss ledger: the filled part's error against the aggregate's noise
+            "filled_error_mean": float(np.mean(self.filled_error)) if n else 0.0,
+            "filled_error_max": float(np.max(self.filled_error)) if n else 0.0,
             **self.ev.target_fields(),
             "local_steps": {str(w): done[w]["local_steps"] for w in ids},
             "ps_digest": mine["digest"],

@@ -60,3 +60,39 @@ def remember(stale: np.ndarray, stale_valid: np.ndarray, values: np.ndarray,
     w_idx, c_idx = np.nonzero(masks)
     stale[w_idx, c_idx] = values[w_idx, c_idx]
     stale_valid[w_idx, c_idx] = True
+
+
+def error_estimate(values: np.ndarray, masks: np.ndarray) -> dict[str, float]:
+    """How much the holes of a round cost its aggregate, estimated from
+    what arrived (before filling): the ledger of a round.
+
+    A missing chunk (w, c) filled with the others' mean is off by worker w's
+    deviation from that mean, whose expected square is S_c, chunk c's spread
+    across the workers that delivered it (sum over its elements of the
+    per-element sample variance). The aggregate (the mean of W workers) is
+    then off by sqrt(sum over holes of S_c) / W. Two yardsticks:
+      vs_noise      against the aggregate's own sampling noise, sqrt(sum_c S_c / W):
+                    sqrt(holes' S / (W * all S)); with holes spread evenly, the
+                    square root of the missing fraction (10 % missing: 0.32)
+      vs_aggregate  against the aggregate's norm
+    Chunks fewer than two workers delivered take the mean spread of the rest.
+    Returns zeros for a round with no holes."""
+    W = values.shape[0]
+    missing = ~masks
+    if not missing.any() or W < 2:
+        return {"vs_noise": 0.0, "vs_aggregate": 0.0}
+    m = masks[..., None]
+    cnt = masks.sum(axis=0)                                  # [C]
+    total = np.where(m, values, 0.0).sum(axis=0, dtype=np.float64)
+    mean = total / np.maximum(cnt, 1)[:, None]               # [C, E]
+    dev2 = np.where(m, (values - mean) ** 2, 0.0).sum(axis=(0, 2))
+    ok = cnt >= 2
+    spread = np.where(ok, dev2 / np.maximum(cnt - 1, 1), 0.0)
+    if not ok.all():
+        spread[~ok] = spread[ok].mean() if ok.any() else 0.0
+    holes = float((missing.sum(axis=0) * spread).sum())
+    everything = float(spread.sum())
+    agg = float(np.sqrt((mean ** 2).sum()))
+    err = np.sqrt(holes) / W
+    return {"vs_noise": float(np.sqrt(holes / (W * everything))) if everything > 0 else 0.0,
+            "vs_aggregate": float(err / agg) if agg > 0 else 0.0}

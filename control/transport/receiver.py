@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .bubble import error_estimate as estimate_error
 from .bubble import fill as fill_bubbles
 from .bubble import remember as remember_stale
 from .early_close import COMPLETE, TIMEOUT, EarlyClose
@@ -241,6 +242,8 @@ class Receiver:
             masks, missing = np.ones((1, plan.data), dtype=bool), {}
             chunked, layout = chunked[:, :plan.data], ChunkLayout(nelems, self.chunk_bytes)
             nch = layout.nchunks
+        error = (estimate_error(chunked, masks) if not st.reliable and not masks.all()
+                 else None)
         filled = self._fill(st, chunked, masks)
         for i, s in enumerate(slots):  # round outcomes, for `ltp flows` from any process
             maps.record_round(s, reason, int(masks[i].sum()), int(filled[i]), round_=round_,
@@ -255,7 +258,8 @@ class Receiver:
                           masks=masks, filled=filled,
                           threshold=st.early.threshold, deadline_s=st.early.deadline_s,
                           late=late, duplicates=dups, bad_token=bad_token, retx_chunks=retx,
-                          critical_missing=missing, rebuilt=rebuilt)
+                          critical_missing=missing, rebuilt=rebuilt, **({"error": error}
+                                                                         if error else {}))
         if not st.reliable:
             st.early.end_round(total_bytes=layout.nbytes * len(slots),
                                  delivered_bytes=int(prog["bytes"].sum()), active_s=active_s,

@@ -64,6 +64,9 @@ class RoundResult:
     retx_chunks: int = 0             # chunks that arrived only as a re-send
     critical_missing: dict = field(default_factory=dict)
     rebuilt: int = 0                 # a coded round: data chunks rebuilt from parity
+    # the holes' cost (bubble.error_estimate, before filling): the aggregate's
+    # error against its own sampling noise and against its norm
+    error: dict = field(default_factory=lambda: {"vs_noise": 0.0, "vs_aggregate": 0.0})
 
     @functools.cached_property
     def aggregate(self) -> np.ndarray:
@@ -91,5 +94,7 @@ class RoundResult:
                 "missing_workers": self.missing_workers, "late": self.late,
                 "duplicates": self.duplicates, "bad_token": self.bad_token,
                 "retx_chunks": self.retx_chunks,
+                "error_vs_noise": round(self.error["vs_noise"], 6),
+                "error_vs_aggregate": round(self.error["vs_aggregate"], 6),
                 "threshold": round(self.threshold, 6), "deadline_s": round(self.deadline_s, 6),
                 "critical_missing": {str(k): v for k, v in self.critical_missing.items()}}
