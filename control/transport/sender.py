@@ -141,7 +141,7 @@ class Push:
         In a group push, `sent` counts a group datagram once, while `acked`
         sums over targets."""
         self._start()
-        sent_to: set[int] = set()
+        sent_to: dict[int, int] = {}
         while True:
             closed = self.refresh()
             acked = self.acked()
@@ -155,7 +155,7 @@ class Push:
             ready = self.backoff.ready(self.done_t, now)
             if not any(ready):   # every open target is silent: wait for its turn or an answer
                 time.sleep(min(0.001, max(0.0, self.backoff.next_due(self.done_t) - now)))
-                sent_to = set()
+                sent_to = {}
                 continue
             sent_to = self._start_pass(acked, closed, ready)
             self._run_pass()
@@ -280,12 +280,13 @@ class Push:
                 f"round {self.round_}: critical chunks unacknowledged after "
                 f"{self.timeout_s:g}s (targets {[t.ip for t in self.targets]})")
 
-    def _start_pass(self, acked: list[int], closed: list[bool], ready: list[bool]) -> set[int]:
+    def _start_pass(self, acked: list[int], closed: list[bool],
+                    ready: list[bool]) -> dict[int, int]:
         """Start a pass to the `ready` targets (silent ones get a probe);
-        returns the targets it goes to."""
+        returns the targets it goes to, each with the chunks it sends them."""
         if self.passes == 0:
             runs = self.runs  # made ready with the plan
-            to = set(range(len(self.targets)))
+            to = dict.fromkeys(range(len(self.targets)), len(self.order))
         else:  # from the second pass on, every chunk is a re-send
             self._measure_first_pass()
             if self.passes == 1:
@@ -294,7 +295,9 @@ class Push:
             bo = self.backoff
             runs = pass_runs(self.order, acked, [not r for r in ready], bo.limits(ready))
             bo.spend(runs)
-            to = {i for i, _ in runs}
+            to = {}
+            for i, chunks in runs:
+                to[i] = to.get(i, 0) + len(chunks)
             for det in self.detectors:  # this pass re-sends whatever is still out
                 det.restart()
         self.passes += 1
