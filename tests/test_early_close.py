@@ -213,3 +213,12 @@ def test_a_loss_budget_lowers_the_floor_to_what_it_tolerates():
     assert t < 0.012
     with pytest.raises(ValueError, match="budget"):
         EarlyCloseConfig(budget=1.0)
+
+
+@pytest.mark.unit
+def test_a_loss_budget_tolerates_what_the_repair_wait_would_wait_for():
+    """Under a loss budget a flow missing a chunk is cut after the grace:
+    the budget's holes are what waiting for re-sends would cost."""
+    ec = EarlyClose(1e9, EarlyCloseConfig(threshold_max=0.99, budget=0.35))
+    reason, t = run_round(ec, tail(1))
+    assert ec.repair == 0.0 and reason == "early" and t < 0.01

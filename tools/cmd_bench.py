@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from . import cmd_bench_loss
 from .common import (UsageError, add_command, add_json, emit, need_bcc, need_root, parse_size,
                      wants_json)
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, add_size, add_workers,
@@ -71,7 +72,8 @@ isolated_round_median_s (job 0 alone). See docs/paths.md.
 def register(sub) -> None:
     p = add_command(sub, "bench", "benchmarks (print numbers; -j for JSON)",
                     epilog="examples:\n  ltp bench xdp\n  ltp bench xdp -j --packets 50000\n"
-                           "  ltp bench incast --workers 16 --rounds 30\n")
+                           "  ltp bench incast --workers 16 --rounds 30\n"
+                           "  ltp bench loss --loss 0,0.1,0.2\n")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     x = add_command(bsub, "xdp", "ns per packet of the XDP DATA path vs a Python socket loop",
                     epilog="examples:\n  ltp bench xdp -j\n"
@@ -98,6 +100,7 @@ def register(sub) -> None:
     _register_incast(bsub)
     _register_paths(bsub)
     _register_soak(bsub)
+    cmd_bench_loss.register(bsub)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 

@@ -1,0 +1,182 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`ltp bench loss`: training speed and accuracy against the loss rate.
+
+One star rig; for each loss rate (set on every port, both ways), each
+variant trains the same model from the same seed (`train_on_rig`), in an
+order that alternates from one loss rate to the next and from one repeat to
+the next (the machine drifts). Variants:
+
+    ltp               LTP with the paper's rule (Early Close's 0.95 floor)
+    ltp:budget=B      LTP with a loss budget B (EarlyCloseConfig.budget)
+    ltp:code=rs       ... with coded answers (LTP_DOWNLINK_CODE=rs), combinable
+    tcp               TCP cubic (the same server over TCP)
+
+Each variant's figures per loss rate: iterations/s (median over repeats),
+final accuracy, delivered fraction, rounds closed early, the ledger's mean
+filled error, the server's gather and broadcast seconds; and against its own
+lossless run (`vs_lossless`: it/s ratio; `accuracy_pp`: accuracy difference
+in percentage points).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from ...errors import UsageError
+from ..training.config import TrainConfig
+from ..training.onrig import rig_config, train_on_rig
+
+KEYS = ("budget", "code")
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    transport: str = "ltp"
+    budget: float = 0.0
+    code: str = "off"
+    env: dict = field(default_factory=dict)
+
+
+def parse_variants(text: str) -> list[Variant]:
+    """`ltp,ltp:budget=0.35,tcp` as Variants; UsageError names a bad item."""
+    out: list[Variant] = []
+    for item in (x.strip() for x in text.split(",")):
+        tr, *parts = item.split(":")
+        if tr not in ("ltp", "tcp") or (tr == "tcp" and parts):
+            raise UsageError(f"--variants: cannot read {item!r} (ltp, ltp:budget=B, "
+                             "ltp:code=rs, tcp)")
+        budget, code = 0.0, "off"
+        for part in parts:
+            key, eq, val = part.partition("=")
+            if not eq or key not in KEYS:
+                raise UsageError(f"--variants: {item!r}: keys are {', '.join(KEYS)}")
+            if key == "budget":
+                try:
+                    budget = float(val)
+                except ValueError:
+                    budget = -1.0
+                if not 0 < budget < 1:
+                    raise UsageError(f"--variants: {item!r}: budget must be in (0, 1)")
+            elif val not in ("rs", "off"):
+                raise UsageError(f"--variants: {item!r}: code is rs or off")
+            else:
+                code = val
+        v = Variant(item, tr, budget, code, {"LTP_DOWNLINK_CODE": code} if tr == "ltp" else {})
+        if v.label in [o.label for o in out]:
+            raise UsageError(f"--variants: {item!r} twice")
+        out.append(v)
+    return out
+
+
+@contextmanager
+def _env(extra: dict):
+    """This process's environment with `extra` for one run (ranks inherit it)."""
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _figures(res: dict) -> dict:
+    ps = res.get("ps_times") or {}
+    return {"iterations_per_s": res["iterations_per_s"],
+            "final_accuracy": res["final_accuracy"],
+            "delivered_fraction": res.get("delivered_fraction", 1.0),
+            "rounds_early_closed": res.get("rounds_early_closed", 0),
+            "filled_error_mean": res.get("filled_error_mean", 0.0),
+            "gather_s": ps.get("gather_s"), "broadcast_s": ps.get("broadcast_s"),
+            "replicas_identical": res.get("replicas_identical")}
+
+
+def run(*, losses: list[float], variants: list[Variant], workers: int, iterations: int,
+        rate_bps: int, buffer_bytes: int, repeats: int = 1, name: str = "lsweep",
+        seed: int = 0, progress: Callable[[str], None] | None = None) -> dict:
+    """The sweep on one rig; returns the documented JSON object."""
+    runs: dict[str, dict[str, list[dict]]] = {v.label: {str(p): [] for p in losses}
+                                               for v in variants}
+    total, done = repeats * len(losses) * len(variants), 0
+    with rig_config_rig(name, workers, rate_bps, buffer_bytes) as rig:
+        for rep in range(repeats):
+            for i, p in enumerate(losses):
+                rig.set_loss(p)
+                order = variants if (rep + i) % 2 == 0 else variants[::-1]
+                for v in order:
+                    cfg = TrainConfig(transport=v.transport, iterations=iterations, seed=seed)
+                    with _env(v.env):
+                        res = train_on_rig(rig, cfg, workers=workers,
+                                           early_close={"budget": v.budget} if v.budget
+                                           else None)
+                    runs[v.label][str(p)].append(_figures(res))
+                    done += 1
+                    if progress:
+                        progress(f"[{done}/{total}] loss {p:g} {v.label}: "
+                                 f"{res['iterations_per_s']:.2f} it/s, accuracy "
+                                 f"{res['final_accuracy']:.4f}")
+    return {"config": {"losses": losses, "variants": [v.label for v in variants],
+                       "workers": workers, "iterations": iterations, "rate_bps": rate_bps,
+                       "buffer_bytes": buffer_bytes, "repeats": repeats, "seed": seed},
+            "results": {label: _summary(per) for label, per in runs.items()}, "runs": runs}
+
+
+def rig_config_rig(name: str, workers: int, rate_bps: int, buffer_bytes: int):
+    from ...dataplane.rig.star import Rig   # noqa: PLC0415 (pyroute2 only where a rig is made)
+    return Rig(rig_config(name, "ltp", workers=workers, rate_bps=rate_bps,
+                          buffer_bytes=buffer_bytes, loss=0.0))
+
+
+def _summary(per: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per loss rate: the medians over repeats, and against the lossless run."""
+    out = {}
+    for p, rs in per.items():
+        out[p] = {k: statistics.median(r[k] for r in rs) for k in
+                  ("iterations_per_s", "final_accuracy", "delivered_fraction",
+                   "rounds_early_closed", "filled_error_mean")}
+        out[p]["replicas_identical"] = all(r["replicas_identical"] for r in rs)
+    base = out.get("0") or out.get("0.0")
+    if base:
+        for row in out.values():
+            row["vs_lossless"] = row["iterations_per_s"] / base["iterations_per_s"]
+            row["accuracy_pp"] = 100 * (row["final_accuracy"] - base["final_accuracy"])
+    return out
+
+
+def table(res: dict) -> str:
+    """One line per variant and loss rate."""
+    lines = [f"{'variant':<22} {'loss':>5} {'it/s':>7} {'vs 0':>6} {'accuracy':>9} "
+             f"{'pp':>6} {'early':>6} {'filled err':>10}"]
+    for label, per in res["results"].items():
+        for p, r in per.items():
+            lines.append(f"{label:<22} {float(p):>5g} {r['iterations_per_s']:>7.2f} "
+                         f"{r.get('vs_lossless', float('nan')):>6.2f} "
+                         f"{r['final_accuracy']:>9.4f} {r.get('accuracy_pp', float('nan')):>6.2f} "
+                         f"{r['rounds_early_closed']:>6g} {r['filled_error_mean']:>10.4f}")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: str) -> str:
+    """it/s and accuracy against the loss rate, a line per variant."""
+    import matplotlib   # noqa: PLC0415 (the plot extra; only with --plot)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt   # noqa: PLC0415 (as above)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, per in res["results"].items():
+        xs = [float(p) for p in per]
+        a.plot(xs, [r["iterations_per_s"] for r in per.values()], marker="o", label=label)
+        b.plot(xs, [r["final_accuracy"] for r in per.values()], marker="o", label=label)
+    a.set(xlabel="loss rate (every port)", ylabel="iterations/s")
+    b.set(xlabel="loss rate (every port)", ylabel="final accuracy")
+    a.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,51 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`ltp bench loss` end to end on a small sweep (numbers are not asserted
+against goals: speed belongs to the benchmark), and its variant parsing."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import requires_bpf
+from ltpx.control.bench.loss_sweep import parse_variants
+from ltpx.errors import UsageError
+
+LTP = [sys.executable, "-m", "ltpx.tools.cli"]
+
+
+@pytest.mark.unit
+def test_variants_parse_and_bad_ones_are_usage_errors():
+    vs = parse_variants("ltp,ltp:budget=0.35:code=rs,tcp")
+    assert [(v.transport, v.budget, v.code) for v in vs] == [
+        ("ltp", 0.0, "off"), ("ltp", 0.35, "rs"), ("tcp", 0.0, "off")]
+    assert vs[1].env == {"LTP_DOWNLINK_CODE": "rs"} and vs[2].env == {}
+    for bad, word in (("quic", "cannot read"), ("ltp:budget=2", "budget"),
+                      ("ltp:budget=x", "budget"), ("ltp:code=xor", "code"),
+                      ("ltp:speed=1", "keys"), ("tcp:budget=0.3", "cannot read"),
+                      ("ltp,ltp", "twice")):
+        with pytest.raises(UsageError, match=word):
+            parse_variants(bad)
+
+
+@pytest.mark.rig
+@pytest.mark.slow
+@requires_bpf
+def test_a_small_sweep_reports_every_variant_against_its_lossless_run():
+    out = subprocess.run(LTP + ["bench", "loss", "--loss", "0,0.2", "--variants",
+                                "ltp,ltp:budget=0.35", "--workers", "2", "--iterations", "14",
+                                "--name", "hdloss", "-j"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout)
+    assert res["config"]["variants"] == ["ltp", "ltp:budget=0.35"]
+    for label in ("ltp", "ltp:budget=0.35"):
+        per = res["results"][label]
+        assert set(per) == {"0.0", "0.2"}
+        assert per["0.0"]["vs_lossless"] == 1.0 and per["0.0"]["accuracy_pp"] == 0.0
+        assert per["0.0"]["delivered_fraction"] == 1.0 and per["0.0"]["filled_error_mean"] == 0
+        assert per["0.2"]["iterations_per_s"] > 0 and per["0.2"]["replicas_identical"]
+        assert len(res["runs"][label]["0.2"]) == 1
+    assert "[4/4]" in out.stderr                       # progress, one line a run

@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`ltp bench loss`: training speed and accuracy against the loss rate
+(control/bench/loss_sweep.py)."""
+from __future__ import annotations
+
+import sys
+
+from .common import (UsageError, add_command, add_json, emit, need_bcc, need_root,
+                     parse_size)
+from .flags import (add_buffer, add_rate, add_workers, check_loss, check_name, check_rate,
+                    check_workers)
+
+EPILOG = """examples:
+  ltp bench loss
+  ltp bench loss --loss 0,0.05,0.1,0.2,0.3 --variants ltp,ltp:budget=0.35,tcp -j
+  ltp bench loss --variants ltp,ltp:code=rs,ltp:budget=0.35:code=rs --repeats 3 --plot loss.png
+
+Variants: ltp (the paper's Early Close rule), ltp:budget=B (a loss budget,
+docs/transport.md), ltp:code=rs (coded answers), tcp (cubic). Each trains the
+same model from the same seed at every loss rate (on every port, both ways),
+in an order that alternates between loss rates and repeats.
+
+JSON keys: config, results (per variant, per loss rate: iterations_per_s,
+final_accuracy, delivered_fraction, rounds_early_closed, filled_error_mean,
+replicas_identical, vs_lossless: its it/s over its own at loss 0,
+accuracy_pp: its accuracy minus its own at loss 0, in percentage points),
+runs (every run's figures, gather_s and broadcast_s included).
+"""
+
+
+def register(bsub) -> None:
+    p = add_command(bsub, "loss", "training it/s and accuracy against the loss rate, "
+                    "LTP's rules and TCP", epilog=EPILOG)
+    p.add_argument("--loss", default="0,0.1,0.2,0.3", metavar="P,P,...",
+                   help="loss rates on every port (default 0,0.1,0.2,0.3; 0 first gives "
+                   "each variant its lossless reference)")
+    p.add_argument("--variants", default="ltp,ltp:budget=0.35,tcp",
+                   help="comma list of ltp, ltp:budget=B, ltp:code=rs, tcp (default "
+                   "ltp,ltp:budget=0.35,tcp)")
+    add_workers(p, 4)
+    p.add_argument("--iterations", type=int, default=150,
+                   help="training iterations per run (default 150)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per variant and loss rate (default 1; medians over them)")
+    add_rate(p)
+    add_buffer(p)
+    p.add_argument("--plot", metavar="FILE.png", help="draw it/s and accuracy against loss")
+    p.add_argument("--name", default="lsweep", help="name of the rig it builds (default "
+                   "lsweep; must not exist)")
+    add_json(p)
+    p.set_defaults(func=cmd_loss)
+
+
+def cmd_loss(args) -> int:
+    from ..control.bench import loss_sweep   # noqa: PLC0415 (torch-free --help)
+    losses = []
+    for text in args.loss.split(","):
+        p = check_loss(text.strip())
+        if p in losses:
+            raise UsageError(f"--loss: {p:g} twice")
+        losses.append(p)
+    variants = loss_sweep.parse_variants(args.variants)
+    check_workers(args.workers)
+    check_name(args.name)
+    if not 1 <= args.iterations <= 100_000:
+        raise UsageError(f"--iterations: must be in 1..100000, got {args.iterations}")
+    if not 1 <= args.repeats <= 20:
+        raise UsageError(f"--repeats: must be in 1..20, got {args.repeats}")
+    rate = check_rate(args.rate)
+    buffer = parse_size(args.buffer, "--buffer")
+    if args.plot:
+        from ..control.training.curves import check_outputs   # noqa: PLC0415 (as above)
+        check_outputs(None, args.plot)
+    need_root("ltp bench loss")
+    need_bcc()
+    res = loss_sweep.run(losses=losses, variants=variants, workers=args.workers,
+                         iterations=args.iterations, rate_bps=rate, buffer_bytes=buffer,
+                         repeats=args.repeats, name=args.name,
+                         progress=lambda m: print(m, file=sys.stderr, flush=True))
+    if args.plot:
+        res["plot"] = loss_sweep.plot(res, args.plot)
+    emit(args, res, loss_sweep.table)
+    return 0 if all(r["replicas_identical"] for per in res["results"].values()
+                    for r in per.values()) else 1
