@@ -112,6 +112,7 @@ struct ltp_rx {
 	__u32 chunk;
 	__u32 nchunks;              /* the bank's chunk count */
 	__u32 len;                  /* payload bytes */
+	__u32 thresh;               /* the bank's thresh (chunks per slot; 0: none) */
 	__u64 now;                  /* bpf_ktime_get_ns if read already for this frame, else 0 */
 };
 
@@ -190,6 +191,7 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 
 	rx->chunk = bpf_ntohl(h->chunk);
 	rx->nchunks = b->nchunks;
+	rx->thresh = b->thresh;
 	if (rx->chunk >= LTP_MAX_CHUNKS || rx->chunk >= rx->nchunks ||
 	    bpf_ntohl(h->nchunks) != rx->nchunks ||
 	    (rx->chunk + 1 == rx->nchunks ? len != b->last_len : len != LTP_CHUNK_BYTES)) {
@@ -204,7 +206,7 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 }
 
 /* Mark a stored chunk delivered: its done bit, its bank slot's progress
- * (chunks, bytes, re-sends, the first chunk's time) and, for the flow's last
+ * (chunks, bytes, re-sends, arrival times: first, last, threshold) and, for the flow's last
  * chunk, one flow fewer sharing the bank. */
 static __always_inline void data_mark(struct ltp_pkt *p, struct ltp_rx *rx,
 				      struct ltp_bitmap *done, struct ltp_progress *pr,
@@ -223,9 +225,20 @@ static __always_inline void data_mark(struct ltp_pkt *p, struct ltp_rx *rx,
 	if (p->h->flags & bpf_htons(LTP_F_RETX))
 		__sync_fetch_and_add(&pr->retx, 1);
 	__sync_fetch_and_add(&pr->bytes, rx->len);
-	/* The clock is read for the bank slot's first chunk only. */
-	if (!pr->first_ns)
-		pr->first_ns = rx->now ? rx->now : bpf_ktime_get_ns();
+	/* Arrival times: the frame's clock reading if it has one (the heartbeat
+	 * check's or the capture's); the clock is read here for the bank slot's
+	 * first chunk only. */
+	__u64 now = rx->now;
+	if (!pr->first_ns) {
+		if (!now)
+			now = bpf_ktime_get_ns();
+		pr->first_ns = now;
+	}
+	if (!now)
+		return;
+	pr->last_ns = now;
+	if (!pr->thresh_ns && rx->thresh && pr->chunks >= rx->thresh)
+		pr->thresh_ns = now;
 }
 
 /* Store an admitted DATA packet's payload in its bank's reassembly memory

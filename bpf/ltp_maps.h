@@ -102,6 +102,9 @@ struct ltp_bank {
 	__u32 nchunks;         /* chunk count of the buffer */
 	__u32 last_len;        /* payload bytes of the last chunk */
 	__be64 token;          /* the round's token as DATA carries it (network order) */
+	__u32 thresh;          /* chunks per slot at which its progress records thresh_ns
+	                          (Early Close's threshold of nchunks; 0: none) */
+	__u32 pad;
 };
 
 struct ltp_bitmap {
@@ -116,8 +119,15 @@ struct ltp_progress {
 	__u32 chunks;          /* distinct chunks delivered in this bank */
 	__u32 retx;            /* ... of which arrived as a re-send (LTP_F_RETX): loss seen */
 	__u64 bytes;           /* payload bytes delivered */
-	__u64 first_ns;        /* bpf_ktime_get_ns of the first delivered chunk (approx.) */
-	__u64 pad;
+	/* Arrival times at the NIC (bpf_ktime_get_ns, CLOCK_MONOTONIC), from the
+	 * one clock reading a frame already has: the heartbeat's staleness check
+	 * or the capture read it for every DATA of an open round. Without either
+	 * (no heartbeat: a worker's downlink, `ltp load`) the clock is read for the
+	 * first chunk only, and last_ns/thresh_ns hold the times of the chunks
+	 * that had a reading (the first at least). */
+	__u64 first_ns;        /* the first delivered chunk (approx.: racing CPUs) */
+	__u64 last_ns;         /* the latest delivered chunk */
+	__u64 thresh_ns;       /* the chunk that brought chunks to ltp_bank.thresh */
 	__u64 flow;            /* LTP_FLOW_*: set once each (64 bits: bcc's target
 	                          has a 64-bit fetch-or only) */
 	__u64 stops;           /* STOPs this flow's ACKs carried (the credit, ltp_data.h) */

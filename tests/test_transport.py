@@ -82,6 +82,11 @@ def test_lossless_rounds_are_bit_exact(lossless):
                               exp.mean(axis=0, dtype=np.float64).astype(np.float32))
         assert all(p.acked == p.chunks for p in reports.values())
         assert res.report()["delivered_fraction"] == 1.0
+        # each worker's chunks reached the NIC between open and close (one clock)
+        a = res.arrivals
+        assert (a.open_ns <= a.first_ns).all() and (a.last_ns <= a.close_ns).all()
+        assert (a.first_ns < a.last_ns).all()   # 57 chunks each: the heartbeat stamps each
+        assert ((a.first_ns <= a.thresh_ns) & (a.thresh_ns <= a.last_ns)).all()
 
 
 @pytest.mark.rig
@@ -233,6 +238,9 @@ def test_silent_worker_closes_by_deadline_and_is_named(lossless):
     assert reports[silent] is None
     others = [i for i, w in enumerate(cl.ids) if w != silent]
     assert res.masks[others].all()
+    a = res.arrivals   # nothing of it reached the NIC: no stamps
+    assert a.first_ns[3] == a.last_ns[3] == a.thresh_ns[3] == 0 and a.last_ns[others].all()
+    assert res.report()["arrivals"]["last_s"][3] is None
     # mean filling: the silent worker's values are the others' mean
     exp = expected(cl, r)[others].sum(axis=0, dtype=np.float64) / len(others)
     assert np.array_equal(res.values[3], exp.astype(np.float32))

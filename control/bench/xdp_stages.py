@@ -157,7 +157,8 @@ class DataFeed(Feed):
         super().__init__(frames, self.dp.prog_fd)
 
     def begin(self, round_: int) -> None:
-        self.maps.open_bank(round_, len(self.frames), CHUNK)
+        n = len(self.frames)   # a threshold to cross, as a receiver's rounds have
+        self.maps.open_bank(round_, n, CHUNK, thresh=n * 19 // 20)
         self.maps.beat()
 
     def end(self, round_: int) -> None:

@@ -3,6 +3,7 @@
 Close shuts it, then collect what arrived, Bubble-Filled, as a RoundResult."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -15,7 +16,7 @@ from .early_close import COMPLETE, TIMEOUT, EarlyClose
 from .fec import rebuild
 from .layout import FRAME_OVERHEAD, ChunkLayout
 from .rate import SharePolicy
-from .results import RoundResult
+from .results import RoundResult, arrivals_of
 
 LOSS_SAMPLE = 32  # chunks an interval needs before its re-sent share feeds the boost
 
@@ -127,13 +128,15 @@ class Receiver:
             if critical.shape != (layout.nchunks,):
                 raise ValueError(f"critical mask needs {layout.nchunks} entries, got {critical.shape}")
         self.maps.beat()  # the round's reader is alive (docs/transport.md, a hung receiver)
-        # ACKs divide the capacity among the flows not finished at that moment
-        # (the XDP program counts them down); share_kbps(1) is the whole of it.
-        self.maps.open_bank(round_, layout.nchunks, layout.last_len,
-                            share_kbps=self.share.share_kbps(1), flows=len(workers),
-                            token=self.tokens(round_), window=self.window)
         early = early or self.early
         early.start_round(layout.nbytes * len(workers))
+        # ACKs divide the capacity among the flows not finished at that moment
+        # (the XDP program counts them down); share_kbps(1) is the whole of it.
+        # thresh: a slot's progress is stamped when it reaches the threshold.
+        self.maps.open_bank(round_, layout.nchunks, layout.last_len,
+                            share_kbps=self.share.share_kbps(1), flows=len(workers),
+                            token=self.tokens(round_), window=self.window,
+                            thresh=math.ceil(early.threshold * layout.nchunks))
         st = OpenRound(round_, layout, workers, [self.peers[w] for w in workers], critical,
                        reliable, time.perf_counter(), early=early)
         self.rounds[round_] = st
@@ -258,8 +261,9 @@ class Receiver:
                           masks=masks, filled=filled,
                           threshold=st.early.threshold, deadline_s=st.early.deadline_s,
                           late=late, duplicates=dups, bad_token=bad_token, retx_chunks=retx,
-                          critical_missing=missing, rebuilt=rebuilt, **({"error": error}
-                                                                         if error else {}))
+                          critical_missing=missing, rebuilt=rebuilt,
+                          arrivals=arrivals_of(prog, st.t_open, t_close),
+                          **({"error": error} if error else {}))
         if not st.reliable:
             st.early.end_round(total_bytes=layout.nbytes * len(slots),
                                  delivered_bytes=int(prog["bytes"].sum()), active_s=active_s,

@@ -42,6 +42,38 @@ class PushReport:
 
 
 @dataclass
+class Arrivals:
+    """When a round's chunks reached the NIC, per worker (the XDP program's
+    stamps, bpf/ltp_maps.h struct ltp_progress): CLOCK_MONOTONIC ns, 0 where
+    none came. last_ns and thresh_ns are stamped where the program reads the
+    clock for every DATA (a receiver with a heartbeat, every endpoint's by
+    default); thresh_ns when the worker's own chunks reached the round's
+    Early Close threshold of its chunk count."""
+
+    open_ns: int                     # the round opened (perf_counter: the same clock)
+    close_ns: int                    # ... and closed
+    first_ns: np.ndarray             # int64 [W]: the first chunk taken
+    last_ns: np.ndarray              # int64 [W]: the latest
+    thresh_ns: np.ndarray            # int64 [W]: the one that reached the threshold
+
+    def relative(self) -> dict[str, list]:
+        """Seconds after open per worker (None: nothing came), for reports."""
+        def rel(a):
+            return [round((int(x) - self.open_ns) / 1e9, 6) if x else None for x in a]
+        return {"first_s": rel(self.first_ns), "last_s": rel(self.last_ns),
+                "thresh_s": rel(self.thresh_ns)}
+
+
+def arrivals_of(progress: np.ndarray, t_open: float, t_close: float) -> Arrivals:
+    """Copy a closed round's stamps out of its bank's progress rows (one per
+    worker); t_open, t_close: perf_counter() seconds (CLOCK_MONOTONIC on Linux)."""
+    def col(name):
+        return np.array(progress[name], dtype=np.int64)
+    return Arrivals(open_ns=int(t_open * 1e9), close_ns=int(t_close * 1e9),
+                    first_ns=col("first_ns"), last_ns=col("last_ns"), thresh_ns=col("thresh_ns"))
+
+
+@dataclass
 class RoundResult:
     """What a parameter server gets when a round closes."""
 
@@ -67,6 +99,7 @@ class RoundResult:
     # the holes' cost (bubble.error_estimate, before filling): the aggregate's
     # error against its own sampling noise and against its norm
     error: dict = field(default_factory=lambda: {"vs_noise": 0.0, "vs_aggregate": 0.0})
+    arrivals: Arrivals | None = None  # when each worker's chunks reached the NIC
 
     @functools.cached_property
     def aggregate(self) -> np.ndarray:
@@ -97,4 +130,5 @@ class RoundResult:
                 "error_vs_noise": round(self.error["vs_noise"], 6),
                 "error_vs_aggregate": round(self.error["vs_aggregate"], 6),
                 "threshold": round(self.threshold, 6), "deadline_s": round(self.deadline_s, 6),
-                "critical_missing": {str(k): v for k, v in self.critical_missing.items()}}
+                "critical_missing": {str(k): v for k, v in self.critical_missing.items()},
+                **({"arrivals": self.arrivals.relative()} if self.arrivals else {})}

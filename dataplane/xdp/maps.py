@@ -211,7 +211,7 @@ class LtpMaps:
         return round_ % self.geometry.banks
 
     def open_bank(self, round_: int, nchunks: int, last_len: int, share_kbps: int = 0,
-                  flows: int = 1, token: int = 0, window: int = 0) -> int:
+                  flows: int = 1, token: int = 0, window: int = 0, thresh: int = 0) -> int:
         """Make round `round_` writable in its bank; returns the bank index.
 
         The bank is marked FREE while its bitmaps are cleared, so no packet
@@ -219,7 +219,9 @@ class LtpMaps:
         ACKs divide among the `flows` senders not yet finished (see set_share).
         token: the round's; DATA carrying another is dropped as bad_token.
         window: packets the round's clocked flows may keep in flight together
-        (each active one window / active, at least 1; 0: no credit limit)."""
+        (each active one window / active, at least 1; 0: no credit limit).
+        thresh: the chunks per slot whose arrival stamps its progress's
+        thresh_ns (Early Close's threshold of nchunks; 0: none)."""
         g = self.geometry
         word = token_word(token)
         if not 1 <= nchunks <= g.max_chunks:
@@ -228,7 +230,7 @@ class LtpMaps:
             raise ValueError(f"last chunk length must be a multiple of 4 in 4..{g.chunk_bytes}")
         b = self.bank_index(round_)
         self.banks.set(b, Bank(round=round_, state=BANK_FREE, nchunks=nchunks, last_len=last_len,
-                               token=word))
+                               token=word, thresh=max(0, min(int(thresh), nchunks))))
         self.claim[b] = 0
         self.done[b] = 0
         self.progress[b] = 0
@@ -237,7 +239,7 @@ class LtpMaps:
             self.share[b]["active"] = max(1, int(flows))
             self.share[b]["window"] = max(0, min(int(window), 2**32 - 1))
         self.banks.set(b, Bank(round=round_, state=BANK_OPEN, nchunks=nchunks, last_len=last_len,
-                               token=word))
+                               token=word, thresh=max(0, min(int(thresh), nchunks))))
         return b
 
     def close_bank(self, round_: int, settle_s: float = 0.01) -> None:

@@ -81,13 +81,17 @@ class Cfg(ctypes.Structure):
 class Bank(ctypes.Structure):
     _fields_ = [("round", ctypes.c_uint32), ("state", ctypes.c_uint32),
                 ("nchunks", ctypes.c_uint32), ("last_len", ctypes.c_uint32),
-                ("token", ctypes.c_uint64)]  # wire.token_word of the round's token
+                ("token", ctypes.c_uint64),  # wire.token_word of the round's token
+                ("thresh", ctypes.c_uint32),  # chunks per slot that stamp thresh_ns (0: none)
+                ("pad", ctypes.c_uint32)]
 
 
 class Progress(ctypes.Structure):
     _fields_ = [("chunks", ctypes.c_uint32), ("retx", ctypes.c_uint32),
-                ("bytes", ctypes.c_uint64), ("first_ns", ctypes.c_uint64),
-                ("pad", ctypes.c_uint64), ("flow", ctypes.c_uint64),
+                ("bytes", ctypes.c_uint64),
+                # arrival times at the NIC, CLOCK_MONOTONIC ns (bpf/ltp_maps.h)
+                ("first_ns", ctypes.c_uint64), ("last_ns", ctypes.c_uint64),
+                ("thresh_ns", ctypes.c_uint64), ("flow", ctypes.c_uint64),
                 ("stops", ctypes.c_uint64)]
 
 
