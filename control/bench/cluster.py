@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import select
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from ...errors import BenchError
 from ..transport.early_close import EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer, PushReport, RoundResult
 from ..transport.rate import CREDIT_RTT_S, quiet_gc
-from ..transport.tokens import new_secret
+from .. import jobkey
 from .cpustat import busy_s
 
 
@@ -41,11 +42,13 @@ def worker_tensor(seed: int, worker: int, round_: int, nelems: int) -> np.ndarra
 class WorkerProc:
     """A worker process and its pipe."""
 
-    def __init__(self, host, worker_id: int, args: list[str]):
+    def __init__(self, host, worker_id: int, args: list[str], secret_file: str | None = None):
         self.host, self.worker = host, worker_id
+        # the job key by file (LTP_SECRET_FILE), never on the argv
+        env = dict(os.environ, **{jobkey.ENV: secret_file} if secret_file else {})
         self.proc = netns.popen(host.netns, [sys.executable, "-m", "ltpx.control.bench.worker_proc",
                                              *args], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True, bufsize=1)
+                                stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
 
     def send(self, msg: dict) -> None:
         self.proc.stdin.write(json.dumps(msg) + "\n")
@@ -93,15 +96,21 @@ class LtpCluster:
         self.round_no = 0  # the last round a caller numbered (callers that take turns go on from it)
         # The largest chunk a frame of the rig's MTU carries (whole float64 pairs).
         self.chunk_bytes = chunk_bytes or (cfg.mtu - 20 - 8 - W.HDR_LEN) // 8 * 8
-        # a fresh job secret per cluster: its rounds carry tokens, as training's do
-        self.secret = new_secret()
+        # a fresh job key per cluster, handed to the workers in a 0600 file: its
+        # rounds carry tokens, as training's do
+        self.keyfile = jobkey.KeyFile()
+        self.secret = jobkey.token_secret(self.keyfile.key)
         self.credit_bytes = cfg.buffer_bytes + self.capacity * CREDIT_RTT_S / 8  # buffer + BDP
-        self.ps = Endpoint(rig.ps.ifname, rig.ps.ip, {w: i for i, w in enumerate(self.ids)},
-                           max_elems, ns=rig.ps.netns, mode=self.mode, job=job,
-                           capacity_bps=self.capacity, bubble_strategy=bubble,
-                           early_close=early_close, chunk_bytes=self.chunk_bytes,
-                           secret=self.secret, sender=sender,
-                           credit_bytes=self.credit_bytes)
+        try:
+            self.ps = Endpoint(rig.ps.ifname, rig.ps.ip, {w: i for i, w in enumerate(self.ids)},
+                               max_elems, ns=rig.ps.netns, mode=self.mode, job=job,
+                               capacity_bps=self.capacity, bubble_strategy=bubble,
+                               early_close=early_close, chunk_bytes=self.chunk_bytes,
+                               secret=self.secret, sender=sender,
+                               credit_bytes=self.credit_bytes)
+        except BaseException:
+            self.keyfile.close()
+            raise
         self.sender = sender  # how every push leaves: "socket" or "xdp" (the ACK clock)
         self.procs: list[WorkerProc] = []
         try:
@@ -112,9 +121,10 @@ class LtpCluster:
                     "--max-elems", str(max_elems), "--mode", self.mode,
                     "--capacity", str(self.capacity), "--ps-ip", rig.ps.ip,
                     "--workers", str(len(hosts)), "--chunk-bytes", str(self.chunk_bytes),
-                    "--secret", self.secret.hex(), "--sender", sender]))
+                    "--sender", sender], secret_file=self.keyfile.path))
             for p in self.procs:
                 p.recv(timeout=120)  # "ready": program compiled and attached
+            self.keyfile.close()     # every worker has read it
             if warmup:  # round 0, not reported: first-touch and first-call costs
                 self.run_round(0, max_elems)
             quiet_gc()
@@ -190,6 +200,7 @@ class LtpCluster:
         if self.ps is not None:
             self.ps.close()
             self.ps = None
+        self.keyfile.close()
         gc.unfreeze()  # this process (a CLI, a test run) lives on: collect as usual again
 
     def __enter__(self) -> LtpCluster:

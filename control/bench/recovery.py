@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import select
 import subprocess
 import sys
@@ -37,10 +38,10 @@ from ...dataplane import netns
 from ...dataplane.rig.star import Rig, RigConfig
 from ...errors import BenchError
 from ..transport.early_close import EarlyCloseConfig
+from .. import jobkey
 from ..transport.endpoint import Endpoint, Peer
 from ..transport.options import PushOptions
 from ..transport.rate import CREDIT_RTT_S
-from ..transport.tokens import new_secret
 from .cpustat import busy_s
 
 ARMS = ("xdp", "python", "socket")
@@ -60,10 +61,12 @@ def _tensor(worker: int, round_: int, nelems: int) -> np.ndarray:
 def worker_main(argv: list[str]) -> int:
     """A worker process (inside its namespace): one endpoint; per command
     line {"round", "nelems", "arm"} it pushes and answers with its report."""
-    dev, ip, wid, ps_ip, max_elems, cap, secret = argv
+    dev, ip, wid, ps_ip, max_elems, cap = argv
     wid, cap = int(wid), float(cap)
+    # the job key: in the 0600 file LTP_SECRET_FILE names, never on the argv
     ep = Endpoint(dev, ip, {wid: 0}, int(max_elems), capacity_bps=cap, sender="xdp",
-                  initial_rate_bps=cap / 4, self_id=wid, secret=bytes.fromhex(secret))
+                  initial_rate_bps=cap / 4, self_id=wid,
+                  secret=jobkey.token_secret(jobkey.key_from_env()))
     print(json.dumps({"ready": True}), flush=True)
     try:
         for line in sys.stdin:
@@ -83,10 +86,10 @@ def worker_main(argv: list[str]) -> int:
 
 
 class _Worker:
-    def __init__(self, host, args: list[str]):
+    def __init__(self, host, args: list[str], secret_file: str):
         self.proc = netns.popen(host.netns, [sys.executable, "-m", MODULE, "--worker", *args],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                bufsize=1)
+                                bufsize=1, env=dict(os.environ, **{jobkey.ENV: secret_file}))
 
     def send(self, msg: dict) -> None:
         self.proc.stdin.write(json.dumps(msg) + "\n")
@@ -143,8 +146,9 @@ def run(workers: int = 4, kib: int = 256, loss: float = 0.05, blocks: int = 4, b
     early = (EarlyCloseConfig(threshold_min=1.0, threshold_max=1.0, min_deadline_s=5.0,
                               hard_timeout_s=10.0) if complete else None)
     rounds: list[dict] = []
-    with Rig(cfg) as rig:
-        secret, cap = new_secret(), float(cfg.rate_bps)
+    with Rig(cfg) as rig, jobkey.KeyFile() as keyfile:
+        cap = float(cfg.rate_bps)
+        secret = jobkey.token_secret(keyfile.key)
         ids = [h.index for h in rig.workers]
         procs: list[_Worker] = []
         with Endpoint(rig.ps.ifname, rig.ps.ip, {w: i for i, w in enumerate(ids)}, nelems,
@@ -154,9 +158,10 @@ def run(workers: int = 4, kib: int = 256, loss: float = 0.05, blocks: int = 4, b
             try:
                 for h in rig.workers:
                     procs.append(_Worker(h, [h.ifname, h.ip, str(h.index), rig.ps.ip,
-                                             str(nelems), str(cap), secret.hex()]))
+                                             str(nelems), str(cap)], keyfile.path))
                 for p in procs:
                     p.recv()
+                keyfile.close()      # every worker has read it
                 rig.set_loss(loss)
                 r = 1
                 for arm in arms:  # warm-up, not counted

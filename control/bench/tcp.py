@@ -37,6 +37,7 @@ from typing import Any
 
 from ...dataplane.tcp_cc import ensure_cc, set_cc
 from ...errors import BenchError, LtpError
+from ..accept import accept_workers
 from ..procs import stop_all
 from .cpustat import busy_s
 
@@ -152,27 +153,10 @@ def _emit(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def _accept(ls: socket.socket, workers: int, timeout_s: float) -> dict[int, socket.socket]:
-    """Up to `workers` connections by the index each worker sends first (4 bytes);
-    fewer if the listening socket waits `timeout_s` for the next one."""
-    ls.settimeout(timeout_s)
-    conns: dict[int, socket.socket] = {}
-    try:
-        while len(conns) < workers:
-            c, _ = ls.accept()
-            c.settimeout(10.0)
-            hello = b""
-            while len(hello) < 4:
-                chunk = c.recv(4 - len(hello))
-                if not chunk:
-                    break
-                hello += chunk
-            c.settimeout(None)
-            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conns[int.from_bytes(hello, "big")] = c
-    except TimeoutError:
-        pass
-    return conns
+def _index(raw: bytes, workers: int) -> int | None:
+    """A worker agent's hello: its index, 4 bytes big-endian (None: not one)."""
+    i = int.from_bytes(raw, "big")
+    return i if i < workers else None
 
 
 def _ps_agent(a: argparse.Namespace) -> int:
@@ -182,10 +166,14 @@ def _ps_agent(a: argparse.Namespace) -> int:
     ls.bind((a.bind, a.port))
     ls.listen(a.workers + 8)
     print("ready", flush=True)
-    conns = _accept(ls, a.workers, 30.0)
+    got = accept_workers(ls, a.workers, 4, lambda raw: _index(raw, a.workers), 30.0)
+    conns = got.conns
     if len(conns) < a.workers:
-        _emit({"error": f"only {len(conns)} of {a.workers} workers connected in 30 s"})
+        _emit({"error": f"only {len(conns)} of {a.workers} workers connected in 30 s "
+                        f"({got.strays} other connection(s) closed)"})
         return 1
+    for c in conns.values():
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     socks = list(conns.values())
     fdmap = {s.fileno(): s for s in socks}
     buf = bytearray(1 << 20)
@@ -225,7 +213,7 @@ def _ps_agent(a: argparse.Namespace) -> int:
             s.sendall(b"q")
         except OSError:
             pass
-    _emit({"done": True})
+    _emit({"done": True, "strays": got.strays})
     for s in socks:
         s.close()
     return 0

@@ -13,6 +13,8 @@ JSON command per line and answers one JSON line:
   expect  {"round", "nelems", "timeout"}          -> {"ready": true}, then after
           the reliable round completes             -> {"sha256": hex}
   quit
+The job key comes in the 0600 file LTP_SECRET_FILE names (control/jobkey.py),
+never on the argv; the endpoint's round tokens derive from it.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import hashlib
 import json
 import sys
 
+from .. import jobkey
 from ..transport.endpoint import Endpoint, Peer
 from ..transport.options import PushOptions
 from ..transport.rate import quiet_gc
@@ -55,7 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ps-ip", required=True)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--chunk-bytes", type=int, default=1424)
-    ap.add_argument("--secret", type=bytes.fromhex, default=None, help="the job secret, hex")
     ap.add_argument("--sender", default="socket", help="socket, or xdp (the ACK clock)")
     a = ap.parse_args(argv)
 
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, ns=a.netns, mode=a.mode, job=a.job,
                       capacity_bps=a.capacity, initial_rate_bps=a.capacity / a.workers,
-                      chunk_bytes=a.chunk_bytes, self_id=a.id, secret=a.secret, sender=a.sender)
+                      chunk_bytes=a.chunk_bytes, self_id=a.id,
+                      secret=jobkey.token_secret(jobkey.key_from_env()), sender=a.sender)
     except Exception as e:  # report, then exit
         reply({"error": f"endpoint: {e}"})
         return 1

@@ -27,6 +27,14 @@ sees a stale barrier):
   k/<s>/<w>        wbsp: how many gradients worker w averaged for op s
   fin              the server's summary when the job ends
   user/...         what code above the API keeps here (lt.store_set/store_get)
+  floor            the lowest op whose keys are still there (storegc.py)
+
+Every value is sealed and checked when read (sealed.py): a forged or
+garbled one ends the rank with a StoreValueError naming the key. Counters
+(ready, first, post, join, hb) carry no MAC. Keys are deleted once every
+rank has read them (storegc.py: the server, a few ops behind; a joiner its
+ticket's keys), so the store holds a bounded number of keys however long
+the job runs.
 """
 from __future__ import annotations
 
@@ -38,14 +46,18 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from ...errors import CommError
+from .sealed import (MAX_COUNT, Seal, StoreValueError, any_json, donor_value, flag,
+                     go_value, meta_value, op_value, text_int, worker_id)
 from .liveness import Beat, Watch
 from .ops import Go, Members, Op
+from .storegc import Reaper
 
 log = logging.getLogger("ltpx.torch.coord")
 
 KEY = f"ltpx/job/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 GROUP_BITS = 62    # arrival bits per int64 counter
 SLICE_S = 0.25     # a wait that watches liveness looks this often
+TICKET_WAIT_S = 10.0   # a join ticket whose worker id never shows is given up after this
 
 
 class Excluded(CommError):
@@ -71,21 +83,31 @@ class Coord:
 
     `me` is this worker's id (None on a server); `view` the membership it
     keeps (ops.Members); `watch` reads heartbeats once start_liveness ran
-    (without it, waits take the store's timeout)."""
+    (without it, waits take the store's timeout). `key`: the job's store
+    key (jobkey.store_key; None: values unsealed), `scope` what sets this
+    coordination apart from others in the same store (a shard's prefix)."""
 
-    def __init__(self, store, workers: int, timeout_s: float, servers: int = 1):
+    def __init__(self, store, workers: int, timeout_s: float, servers: int = 1,
+                 key: bytes | None = None, scope: str = ""):
         self.store, self.workers, self.timeout_s = store, workers, timeout_s
         self.servers = servers
         self.timeout = timedelta(seconds=timeout_s)
         store.set_timeout(self.timeout)
+        self.seal = Seal(key, scope)
         self.me: int | None = None
         self.view = Members(workers)
         self.watch: Watch | None = None
         self.beat: Beat | None = None
         self.tickets_seen = 0
+        self.unseen: dict[int, float] = {}   # tickets counted, worker id not there yet: since
         self.on_server_dead = None   # called once (heartbeat thread) when the server stops
         self.joins: dict[int, int] = {}   # the server's: worker -> ticket, not yet admitted
         self.on_wait: Callable[[], None] | None = None   # called during waits (server: beat)
+        self.reaper = Reaper(store, KEY, self.groups)     # the server's (next_op)
+
+    @property
+    def groups(self) -> int:
+        return -(-self.workers // GROUP_BITS)
 
     def start_liveness(self, rank: int, store_netns: str | None = None) -> None:
         """Beat this rank's heartbeat and watch the others'."""
@@ -124,24 +146,42 @@ class Coord:
 
     def started(self) -> bool:
         """Has op 0's barrier lifted (so a worker starting now is a rejoining one)?"""
-        return self.store.check([f"{KEY}go/0"])
+        return self.store.check([f"{KEY}go/0"]) or self.store.check([f"{KEY}floor"])
 
-    # ------------------------------------------------------------------ metadata
+    # ------------------------------------------------------------------ values
+    def put(self, key: str, payload: bytes | str) -> None:
+        """Store a sealed value under KEY + key."""
+        self.store.set(KEY + key, self.seal.seal(KEY + key, payload))
+
+    def take(self, key: str, parse=any_json):
+        """The value under KEY + key (it must be there), verified and parsed
+        (StoreValueError naming the key when it is refused)."""
+        return self.seal.read(KEY + key, self.store.get(KEY + key), parse)
+
+    def drop(self, *keys: str) -> None:
+        for k in keys:
+            self.store.delete_key(KEY + k)
+
     def set_json(self, key: str, obj) -> None:
-        self.store.set(KEY + key, json.dumps(obj))
+        self.put(key, json.dumps(obj))
 
-    def get_json(self, key: str):
+    def get_json(self, key: str, parse=any_json):
         self.wait([key])
-        return json.loads(self.store.get(KEY + key))
+        return self.take(key, parse)
 
-    def get_many(self, keys: list[str]) -> list:
+    def metas(self, ranks) -> list[dict]:
+        """meta/<rank> of each of `ranks`, checked (sealed.meta_value)."""
+        keys = [f"meta/{r}" for r in ranks]
         self.wait(keys)
-        return [json.loads(v) for v in self.store.multi_get([KEY + k for k in keys])]
+        raws = self.store.multi_get([KEY + k for k in keys])
+        return [self.seal.read(KEY + k, raw, meta_value(r, self.servers))
+                for r, k, raw in zip(ranks, keys, raws)]
 
     def wait(self, keys: list[str], timeout_s: float | None = None,
-             server: bool = False) -> None:
+             server: bool = False, check: Callable[[], None] | None = None) -> None:
         """Wait for keys; with server=True (and a watch) give up as soon as the
-        server stops beating, not at the timeout."""
+        server stops beating, not at the timeout. check(), if given, is
+        called between slices (it raises to give up)."""
         total = self.timeout_s if timeout_s is None else timeout_s
         if not server or self.watch is None:
             self._wait(keys, total)
@@ -155,6 +195,8 @@ class Coord:
                 raise PeerGone(f"the server (rank 0) stopped beating "
                                f"{self.watch.silent_s(0):.1f}s ago while this rank waited "
                                f"for {', '.join(keys)}: it died or hangs")
+            if check is not None:
+                check()
 
     def _wait(self, keys: list[str], seconds: float, quiet: bool = False) -> bool:
         """True when the keys are there; on a timeout False if quiet, else
@@ -186,8 +228,7 @@ class Coord:
 
     # ------------------------------------------------------------------ op barrier
     def arrived(self, s: int) -> set[int]:
-        groups = -(-self.workers // GROUP_BITS)
-        return _bits([self.store.add(f"{KEY}ready/{s}/{g}", 0) for g in range(groups)])
+        return _bits([self.store.add(f"{KEY}ready/{s}/{g}", 0) for g in range(self.groups)])
 
     def arrive(self, s: int, op: Op) -> bool:
         """This worker is at op s; True if it was the last the barrier waits for
@@ -200,20 +241,19 @@ class Coord:
         # the first to arrive (by a counter: arrival bits span several keys)
         # describes the op, before its bit shows: who sees a bit finds desc/<s>
         if self.store.add(f"{KEY}first/{s}", 1) == 1:
-            self.store.set(f"{KEY}desc/{s}", op.to_json())
+            self.put(f"desc/{s}", op.to_json())
         mine = self.store.add(f"{KEY}ready/{s}/{g}", 1 << bit)
-        groups = -(-self.workers // GROUP_BITS)
         here = _bits([mine if k == g else self.store.add(f"{KEY}ready/{s}/{k}", 0)
-                      for k in range(groups)])
+                      for k in range(self.groups)])
         if self.view.expect() <= here and self.store.add(f"{KEY}post/{s}", 1) == 1:
-            self.store.set(f"{KEY}go/{s}", Go(op, tuple(sorted(self.view.absent))).to_json())
+            self.put(f"go/{s}", Go(op, tuple(sorted(self.view.absent))).to_json())
             return True
         return False
 
     def read_go(self, s: int) -> Go:
         """Op s's barrier value (after it lifted); the view follows it. Excluded
         when the barrier went on without this worker."""
-        go = Go.from_json(self.store.get(f"{KEY}go/{s}"))
+        go = self.take(f"go/{s}", go_value(self.workers))
         self.view.after_go(go)
         if self.me is not None and self.me in go.absent:
             raise Excluded(f"op {s}'s barrier went on without worker {self.me} (it was "
@@ -221,19 +261,42 @@ class Coord:
         return go
 
     def wait_go(self, s: int) -> Go:
-        self.wait([f"go/{s}"], server=True)
+        self.wait([f"go/{s}"], server=True, check=lambda: self.check_behind(s))
         return self.read_go(s)
 
     def gone(self, s: int) -> bool:
-        return self.store.check([f"{KEY}go/{s}"])
+        if self.store.check([f"{KEY}go/{s}"]):
+            return True
+        self.check_behind(s)
+        return False
 
-    def next_op(self, s: int, idle_s: float = 86400.0) -> Go:
+    def floor(self) -> int:
+        """The lowest op whose keys are still in the store (storegc.py)."""
+        if not self.store.check([f"{KEY}floor"]):
+            return 0
+        return self.take("floor", text_int(0, MAX_COUNT, "the floor"))
+
+    def check_behind(self, s: int) -> None:
+        """Excluded when op s's keys are gone (the job is ops ahead: this
+        worker was absent from them); what this worker made of op s goes."""
+        if s < self.floor() and not self.store.check([f"{KEY}go/{s}"]):
+            self.drop(f"first/{s}", f"desc/{s}", f"post/{s}",
+                      *(f"ready/{s}/{g}" for g in range(self.groups)))
+            raise Excluded(f"op {s}'s keys are gone from the store: the job went on without "
+                           f"worker {self.me}; it must rejoin")
+
+    def next_op(self, s: int, idle_s: float = 86400.0, up: int | None = None) -> Go:
         """The server's wait for op s: as long as the workers take (they may
         evaluate or save between steps; a launcher ends a job whose rank
         failed), at most idle_s seconds. Once the workers it waits for are
         all either there or dead (no heartbeat for liveness.DEAD_S), it lifts
         the barrier itself, naming the dead as absent; when every one of them
-        is dead, it ends (CommError) instead of waiting for nobody."""
+        is dead, it ends (CommError) instead of waiting for nobody. First, the
+        keys of ops every rank is done with go (storegc.py; up: op s's first
+        uplink round)."""
+        if self.reaper.floor(s):
+            self.put("floor", str(self.reaper.floor(s)))
+        self.reaper.reap(s, up)
         end = time.monotonic() + idle_s
         while not self._wait([f"go/{s}"], SLICE_S, quiet=True):
             if time.monotonic() > end:
@@ -257,24 +320,40 @@ class Coord:
         if self.store.add(f"{KEY}post/{s}", 1) != 1:
             return                              # the last worker posted first
         self.wait([f"desc/{s}"])
-        op = Op.from_json(self.store.get(f"{KEY}desc/{s}"))
+        op = self.take(f"desc/{s}", op_value(self.workers))
         absent = tuple(sorted(self.view.absent | dead))
-        self.store.set(f"{KEY}go/{s}", Go(op, absent).to_json())
+        self.put(f"go/{s}", Go(op, absent).to_json())
 
     # ------------------------------------------------------------------ membership
     def request_join(self, w: int) -> int:
         """Ask to be admitted back; the ticket (sync/<ticket> will hold the state)."""
         n = self.store.add(f"{KEY}join", 1)
-        self.store.set(f"{KEY}join/{n}", str(w))
+        self.put(f"join/{n}", str(w))
         return n
 
     def poll_joins(self) -> None:
-        """The server's look at join requests since its last (one store read)."""
+        """The server's look at join requests since its last (one store read).
+        A ticket whose worker id is not there yet is looked for again at the
+        next poll (TICKET_WAIT_S at most: a count with no request is a forgery)."""
         n = self.store.add(f"{KEY}join", 0)
+        if n - self.tickets_seen > 16 * self.workers + 64:
+            raise StoreValueError(
+                f"store key {KEY}join: the join ticket count jumped from {self.tickets_seen} "
+                f"to {n}, more than {self.workers} workers could ask for: forged")
+        now = time.monotonic()
         for t in range(self.tickets_seen + 1, n + 1):
-            self.wait([f"join/{t}"])
-            self.joins[int(self.store.get(f"{KEY}join/{t}"))] = t
-        self.tickets_seen = n
+            self.unseen[t] = now
+        self.tickets_seen = max(n, self.tickets_seen)
+        for t, since in sorted(self.unseen.items()):
+            if self.store.check([f"{KEY}join/{t}"]):
+                w = self.take(f"join/{t}", worker_id(self.workers))
+                self.joins[w] = t
+                self.drop(f"join/{t}")
+                del self.unseen[t]
+            elif now - since > TICKET_WAIT_S:
+                log.warning("join ticket %d: no worker id under %sjoin/%d after %gs: ignored",
+                            t, KEY, t, TICKET_WAIT_S)
+                del self.unseen[t]
 
     def take_joins(self, donor: int | None = None) -> dict[int, int]:
         """Worker -> ticket of every request not admitted yet; they are now,
@@ -283,11 +362,11 @@ class Coord:
         self.poll_joins()
         out, self.joins = self.joins, {}
         for ticket in out.values():
-            self.store.set(f"{KEY}donor/{ticket}", "" if donor is None else str(donor))
+            self.put(f"donor/{ticket}", "" if donor is None else str(donor))
         return out
 
     def put_sync(self, ticket: int, blob: bytes) -> None:
-        self.store.set(f"{KEY}sync/{ticket}", blob)
+        self.put(f"sync/{ticket}", blob)
 
     def take_sync(self, ticket: int, timeout_s: float | None = None,
                   w: int | None = None) -> bytes | None:
@@ -295,7 +374,8 @@ class Coord:
         Worker w (this joiner), if given, asks again with a new ticket when the
         member that owes it the state dies before handing it over: the
         server takes a worker asking to join as gone from the barrier, and the
-        next step admits it with a living donor."""
+        next step admits it with a living donor. The ticket's keys go once
+        the state is taken."""
         end = time.monotonic() + (timeout_s or self.timeout_s)
         donor: int | None = None
         while not self._wait([f"sync/{ticket}"], SLICE_S, quiet=True):
@@ -305,7 +385,8 @@ class Coord:
                 raise PeerGone("the server (rank 0) stopped beating while this worker "
                                "waited to be admitted back")
             if donor is None and self.store.check([f"{KEY}donor/{ticket}"]):
-                donor = int(self.store.get(f"{KEY}donor/{ticket}") or -1)
+                donor = self.take(f"donor/{ticket}", donor_value(self.workers))
+                donor = -1 if donor is None else donor
             if w is not None and donor is not None and donor >= 0 \
                     and not self.worker_alive(donor):
                 if self.store.check([f"{KEY}sync/{ticket}"]):
@@ -313,21 +394,25 @@ class Coord:
                 new = self.request_join(w)
                 log.warning("worker %d: worker %d, which owed it the state (ticket %d), "
                             "stopped beating; asking again (ticket %d)", w, donor, ticket, new)
+                self.drop(f"donor/{ticket}")
                 ticket, donor = new, None
             if time.monotonic() > end:
                 raise CommError(f"not admitted back after {timeout_s or self.timeout_s:g}s "
                                 f"(ticket {ticket})")
-        return self.store.get(f"{KEY}sync/{ticket}")
+        blob = self.take(f"sync/{ticket}", bytes)
+        self.drop(f"sync/{ticket}", f"donor/{ticket}")
+        return blob
 
     # ------------------------------------------------------------------ rounds
     def announce_open(self, r: int) -> None:
-        self.store.set(f"{KEY}open/{r}", "1")
+        self.put(f"open/{r}", "1")
 
     def wait_open(self, r: int) -> None:
         self.wait([f"open/{r}"], server=True)
+        self.take(f"open/{r}", flag)
 
     def ack(self, r: int, w: int) -> None:
-        self.store.set(f"{KEY}ack/{r}/{w}", "1")
+        self.put(f"ack/{r}/{w}", "1")
 
     def wait_acks(self, r: int, workers: list[int]) -> None:
         """Each worker's word on round r; a worker that stopped beating has none
@@ -340,10 +425,12 @@ class Coord:
                 if time.monotonic() > end:
                     raise CommError(f"no word from worker {w} on round {r} after "
                                     f"{self.timeout_s:g}s")
+            else:            # it is there: it must be the worker's
+                self.take(f"ack/{r}/{w}", flag)
 
     # ------------------------------------------------------------------ wbsp
     def set_k(self, s: int, w: int, k: int) -> None:
-        self.store.set(f"{KEY}k/{s}/{w}", str(k))
+        self.put(f"k/{s}/{w}", str(k))
 
     def get_k(self, s: int, ids: list[int]) -> list[int]:
         """The k of each worker in ids; 0 for the absent (the k-weighted mean is
@@ -351,5 +438,7 @@ class Coord:
         present = [w for w in ids if w not in self.view.absent]
         keys = [f"k/{s}/{w}" for w in present]
         self.wait(keys)
-        got = dict(zip(present, (int(v) for v in self.store.multi_get([KEY + k for k in keys]))))
+        raws = self.store.multi_get([KEY + k for k in keys])
+        parse = text_int(0, MAX_COUNT, "k")
+        got = {w: self.seal.read(KEY + k, raw, parse) for w, k, raw in zip(present, keys, raws)}
         return [got.get(w, 0) for w in ids]

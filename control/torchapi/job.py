@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from ...dataplane import netns
 from ...errors import UsageError
+from .. import jobkey
 from .coord import Coord
 from .exchange import Exchange
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs
@@ -68,7 +69,10 @@ class Job:
             ensure_bpffs()
         if s.dev and not s.ip:
             s = self.s = dataclasses.replace(s, ip=dev_ipv4(s.dev))
+        self.key = job_key(s)
         self.store, self.global_rank, self.world = rendezvous(s.store_netns, s.timeout, self.place)
+        if self.key is None and self.global_rank == 0:
+            warn_keyless(s)
         self.workers = self.world - s.servers
         if self.workers < 1:
             raise UsageError(f"WORLD_SIZE={self.world}: a job needs {s.servers} server "
@@ -78,14 +82,14 @@ class Job:
         if s.servers > 1:   # sharded servers: shards.py sets up coord, links, exchange
             start_sharded(self)
             return
-        self.coord = Coord(self.store, self.workers, s.timeout)
+        self.coord = Coord(self.store, self.workers, s.timeout, key=jobkey.store_key(self.key))
         self.coord.start_liveness(self.global_rank, s.store_netns)   # heartbeats: liveness.py
         self.link = self.make_link()
         me = {"rank": self.global_rank, "role": "server" if self.is_server else "worker",
               "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid(),
               **self.link.address()}
         self.coord.set_json(f"meta/{self.global_rank}", me)
-        metas = self.coord.get_many([f"meta/{r}" for r in range(self.world)])
+        metas = self.coord.metas(range(self.world))
         self.local_rank = self.local_index(metas)
         if self.is_server:
             self.link.connect({w: metas[s.servers + w] for w in range(self.workers)})
@@ -93,22 +97,24 @@ class Job:
             self.link.connect(metas[0])
             self.exchange = Exchange(self.link, self.coord, self.rank, self.workers)
 
-    def make_link(self):
+    def make_link(self, shard: int = 0):
         s = self.s
         if s.transport == "tcp":
             if self.is_server:
                 if not s.ip:
                     raise UsageError("init(): the TCP server needs its address: dev= or ip= "
                                      "(LTP_DEV / LTP_IP)")
-                return TcpServerLink(s, self.workers)
-            return TcpWorkerLink(s, self.rank, self.workers)
+                return TcpServerLink(s, self.workers, key=jobkey.hello_key(self.key))
+            return TcpWorkerLink(s, self.rank, self.workers, key=jobkey.hello_key(self.key))
         if self.is_server:
             self.group = s.group or dev_broadcast(s.dev)
             if self.group is None:
                 log.warning("ltpx: %s has no IPv4 broadcast address and no group was given: "
                             "answers go to each worker (unicast)", s.dev)
-            return LtpServerLink(s, self.workers, self.group)
-        return LtpWorkerLink(s, self.rank, self.workers)
+            return LtpServerLink(s, self.workers, self.group,
+                                 secret=jobkey.token_secret(self.key, shard))
+        return LtpWorkerLink(s, self.rank, self.workers,
+                             secret=jobkey.token_secret(self.key, shard))
 
     def local_index(self, metas: list[dict]) -> int:
         """This worker's index among the workers on its host (servers: 0)."""
@@ -131,6 +137,26 @@ class Job:
         if self.link is not None:
             link, self.link = self.link, None
             link.close()
+
+
+def job_key(s: Settings) -> bytes | None:
+    """The job key from s.secret_file (LTP_SECRET_FILE); None, with a
+    warning, when there is none (UsageError under require_secret)."""
+    if s.secret_file:
+        return jobkey.read_key_file(s.secret_file, "secret_file (LTP_SECRET_FILE)")
+    if s.require_secret:
+        raise UsageError("init(): require_secret is set and no job key was given: set "
+                         "LTP_SECRET_FILE (or secret_file=) to a 0600 file holding the key as "
+                         "hex, the same on every rank (`ltp launch` makes one)")
+    return None
+
+
+def warn_keyless(s: Settings) -> None:
+    """Rank 0's one line for a job without a key."""
+    log.warning("ltpx.torch: no job key (LTP_SECRET_FILE): %sthe store's values are not "
+                "authenticated, so whoever reaches MASTER_ADDR:MASTER_PORT can forge them; "
+                "give every rank the same 0600 key file (`openssl rand -hex 32`), as `ltp "
+                "launch` does", "LTP's round tokens are off and " if s.transport == "ltp" else "")
 
 
 def rendezvous(store_netns: str | None, timeout_s: float, place: tuple[int, int] | None = None):

@@ -24,7 +24,6 @@ from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer
 from ..transport.rate import CREDIT_RTT_S
 from ..transport import fec
-from ..transport.tokens import new_secret
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
 from .settings import Settings
@@ -44,7 +43,8 @@ class LtpServerLink(ServerLink):
     name = "ltp"
     opens = True       # a round must be open before its data arrives
 
-    def __init__(self, s: Settings, workers: int, group: str | None):
+    def __init__(self, s: Settings, workers: int, group: str | None,
+                 secret: bytes | None = None):
         self.s, self.ids = s, list(range(workers))
         self.group = (group, W.PORT) if group else None
         self.ep: Endpoint | None = None
@@ -54,14 +54,14 @@ class LtpServerLink(ServerLink):
         self.wait_s = min(s.timeout, ROUND_LIMIT_S)
         self.log = bool(os.environ.get("LTPX_ROUND_LOG"))
         self.policies: dict = {}     # round kind -> its EarlyClose (see policy())
-        # the job's secret: made here, handed to the workers in this rank's
-        # store record (address()); every round's token derives from it
-        self.secret = new_secret()
+        # the round tokens' secret, derived from the job key every rank read
+        # from its LTP_SECRET_FILE (jobkey.token_secret): never in the store
+        self.secret = secret
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and ServerCodec(codec, s.error_feedback)
 
     def address(self) -> dict:
-        return {"secret": self.secret.hex(), "compress": self.s.compress,
+        return {"compress": self.s.compress,
                 "chunk_bytes": chunk_bytes_for(self.s.mtu),
                 "downlink_code": self.s.downlink_code}
 
@@ -145,7 +145,8 @@ class LtpServerLink(ServerLink):
                         delivered=res.masks.sum(axis=1), chunks=res.layout.nchunks,
                         filled=np.asarray(res.filled), reason=res.reason,
                         chunk_elems=chunk_elems, masks=res.masks,
-                        duration_s=res.duration_s, error=res.error["vs_noise"])
+                        duration_s=res.duration_s, error=res.error["vs_noise"],
+                        arrivals=res.arrivals, attribution=res.attribution)
 
     def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
              wait_s: float | None = None) -> None:
@@ -177,13 +178,13 @@ class LtpWorkerLink(WorkerLink):
     name = "ltp"
     opens = True
 
-    def __init__(self, s: Settings, worker: int, workers: int):
+    def __init__(self, s: Settings, worker: int, workers: int, secret: bytes | None = None):
         self.s, self.id, self.workers = s, worker, workers
         self.ep: Endpoint | None = None
         self.size = 0
         self.ps: Peer | None = None
         self.wait_s = min(s.timeout, ROUND_LIMIT_S)
-        self.secret: bytes | None = None   # the server's, from its store record
+        self.secret = secret               # the tokens' (jobkey.token_secret), as the server's
         self.coded = False                 # the downlink is coded (the server says, connect)
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and WorkerCodec(codec)
@@ -200,7 +201,6 @@ class LtpWorkerLink(WorkerLink):
     def connect(self, server: dict) -> None:
         check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server)
         self.ps = Peer(self.id, server["ip"])
-        self.secret = bytes.fromhex(server["secret"])
         self.coded = server.get("downlink_code") == "rs"   # the server's choice rules
 
     def ensure(self, nelems: int) -> bool:

@@ -21,6 +21,7 @@ import numpy as np
 
 from ...dataplane.tcp_cc import set_cc
 from ...errors import CommError
+from ..accept import MAC_HELLO, accept_workers, mac_hello, mac_parser
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
 from .settings import Settings
@@ -33,8 +34,10 @@ class TcpServerLink(ServerLink):
     name = "tcp"
     opens = False
 
-    def __init__(self, s: Settings, workers: int):
+    def __init__(self, s: Settings, workers: int, key: bytes | None = None):
         self.ids, self.cc, self.timeout_s = list(range(workers)), s.cc, s.timeout
+        self.key = key     # the hellos' MAC key (jobkey.hello_key)
+        self.strays = 0    # connections that were not a worker's, closed
         self.values = np.empty((workers, 0), dtype=np.float32)
         self.ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -56,24 +59,23 @@ class TcpServerLink(ServerLink):
         return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes}
 
     def connect(self, metas: dict[int, dict]) -> None:
-        """Accept one connection per worker; each says its id first."""
-        by_id: dict[int, socket.socket] = {}
-        self.ls.settimeout(self.timeout_s)
-        try:
-            while len(by_id) < len(self.ids):
-                c, _ = self.ls.accept()
-                c.settimeout(self.timeout_s)
-                wid = struct.unpack(">I", recv_exact(c, 4))[0]
-                if wid not in self.ids or wid in by_id:
-                    c.close()
-                    raise CommError(f"unexpected worker id {wid} connected")
-                set_cc(c, self.cc)
-                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                c.setblocking(False)
-                by_id[wid] = c
-        except TimeoutError:
+        """Accept one connection per worker; each says its id and a MAC of it
+        under the job key first (accept.py: any other connection is closed,
+        counted in `strays`, and the wait goes on)."""
+        got = accept_workers(self.ls, len(self.ids), MAC_HELLO.size,
+                             mac_parser(self.ids, self.key), self.timeout_s)
+        self.strays += got.strays
+        by_id = got.conns
+        if len(by_id) < len(self.ids):
+            for c in by_id.values():
+                c.close()
             raise CommError(f"only {len(by_id)} of {len(self.ids)} workers connected within "
-                            f"{self.timeout_s:g}s") from None
+                            f"{self.timeout_s:g}s ({got.strays} other connection(s) closed: "
+                            "a hello without this job's key?)")
+        for c in by_id.values():
+            set_cc(c, self.cc)
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c.setblocking(False)
         self.conns = [by_id[w] for w in self.ids]
 
     def ensure(self, nelems: int) -> bool:
@@ -200,8 +202,9 @@ class TcpWorkerLink(WorkerLink):
     name = "tcp"
     opens = False
 
-    def __init__(self, s: Settings, worker: int, workers: int):
+    def __init__(self, s: Settings, worker: int, workers: int, key: bytes | None = None):
         self.id, self.cc, self.timeout_s = worker, s.cc, s.timeout
+        self.key = key     # the hello's MAC key (jobkey.hello_key), as the server's
         self.sock: socket.socket | None = None
         self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
         codec = make_codec(s.compress, self.chunk_bytes)
@@ -228,7 +231,7 @@ class TcpWorkerLink(WorkerLink):
                     raise CommError(f"cannot connect to the server at {server['ip']}:"
                                     f"{server['port']}: {e}") from e
                 time.sleep(0.05)
-        s.sendall(struct.pack(">I", self.id))
+        s.sendall(mac_hello(self.id, self.key))
         self.sock = s
 
     def ensure(self, nelems: int) -> bool:

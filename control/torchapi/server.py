@@ -150,7 +150,7 @@ class Server:
         """Serve until the workers shut the job down; returns the summary."""
         try:
             while True:
-                op = self.co.next_op(self.clock.seq).op
+                op = self.co.next_op(self.clock.seq, up=self.clock.up).op
                 if op.kind == SHUTDOWN:
                     break
                 self.execute(op)

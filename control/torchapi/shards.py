@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from ...dataplane import netns
 from ...errors import UsageError
+from .. import jobkey
 from .coord import Coord
 from .exchange import Exchange
 from .link_ltp import LtpWorkerLink
@@ -321,12 +322,14 @@ def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]
                          "`ltp rig up --servers S` gives each worker one per server subnet")
     links = []
     try:
-        for dev, ip in nets:
+        for i, (dev, ip) in enumerate(nets):
             sub = dataclasses.replace(s, dev=dev, ip=ip)
             if s.transport == "tcp":
-                links.append(TcpWorkerLink(sub, job.rank, job.workers))
+                links.append(TcpWorkerLink(sub, job.rank, job.workers,
+                                           key=jobkey.hello_key(job.key)))
             else:
-                links.append(LtpWorkerLink(sub, job.rank, job.workers))
+                links.append(LtpWorkerLink(sub, job.rank, job.workers,
+                                           secret=jobkey.token_secret(job.key, i)))
     except BaseException:
         for link in links:
             link.close()
@@ -338,31 +341,33 @@ def start_sharded(job) -> None:
     """job.Job.start for servers > 1 (after the rendezvous): coordination,
     links and, on a worker, the ShardedExchange."""
     s, S, W = job.s, job.s.servers, job.workers
-    root = Coord(job.store, W, s.timeout)
+    key = jobkey.store_key(job.key)
+    root = Coord(job.store, W, s.timeout, servers=S, key=key)
     me = {"rank": job.global_rank, "role": "server" if job.is_server else "worker",
           "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid()}
     if job.is_server:
         i = job.global_rank
-        job.coord = Coord(_store(job.store, i), W, s.timeout)
-        job.link = job.make_link()
+        job.coord = Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}")
+        job.link = job.make_link(shard=i)
         root.set_json(f"meta/{i}", {**me, "shard": i, **job.link.address()})
-        metas = root.get_many([f"meta/{r}" for r in range(job.world)])
+        metas = root.metas(range(job.world))
         job.local_rank = 0
         job.link.connect({w: dict(metas[S + w], ip=metas[S + w]["shard_ips"][i])
                           for w in range(W)})
         return
     job.coord = root
-    servers = root.get_many([f"meta/{i}" for i in range(S)])
+    servers = root.metas(range(S))
     links, nets = worker_links(job, servers)
     job.link = ShardLinks(links)
     root.set_json(f"meta/{job.global_rank}", {**me, "shard_ips": [ip for _, ip in nets],
                                               "shard_devs": [d for d, _ in nets]})
-    metas = root.get_many([f"meta/{r}" for r in range(job.world)])
+    metas = root.metas(range(job.world))
     job.local_rank = job.local_index(metas)
     for link, m in zip(links, servers):
         link.connect(m)
     job.exchange = ShardedExchange(
-        [Exchange(link, Coord(_store(job.store, i), W, s.timeout), job.rank, W)
+        [Exchange(link, Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}"),
+                  job.rank, W)
          for i, link in enumerate(links)], job.rank, W)
 
 

@@ -28,6 +28,12 @@ others get `grace_s` to notice, then SIGTERM (a rank unwinds and detaches
 its XDP program), then SIGKILL; a rank that died may first be started again
 (`respawn`, as faults.RestartPolicy decides: `follow`). `ltp launch`
 (tools/cmd_launch.py) and `ltp train` (onrig.py) are its two users.
+
+The job key (control/jobkey.py): the file LTP_SECRET_FILE names in this
+process's environment, else one RigJob makes (mode 0600 in a 0700 folder,
+removed at close); each rank gets LTP_SECRET_FILE naming it. The key is
+never in an argv, an environment or the store: LTP's round tokens and the
+MACs of the store's values derive from it in each rank.
 """
 from __future__ import annotations
 
@@ -39,11 +45,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from collections.abc import Callable
 
 from ...dataplane import netns
 from ...dataplane.rig.star import broadcast_of
+from .. import jobkey
 from ..procs import stop_all
 from ..settings_table import to_env
 from . import forkserver
@@ -139,10 +145,14 @@ class RigJob:
     def __init__(self, rig, ranks: list[Rank], store_timeout_s: float = 300.0):
         self.rig, self.ranks = rig, ranks
         self.sel = selectors.DefaultSelector()
-        self.store = self.store_proc = self.relay = None
+        self.store = self.store_sock = self.store_proc = self.relay = None
         self.zygote = forkserver.take(new=False)      # the one warm() started, if any
         self.zygote_asked = self.zygote is not None
+        self.keyfile = None
         try:
+            # the job key: LTP_SECRET_FILE's, or one made for this job (a 0600
+            # file, removed at close); every rank is told the file, never the key
+            self.secret_file, self.keyfile = jobkey.for_launch()
             self.port = self.host_store(store_timeout_s)
             # MASTER_ADDR=127.0.0.1 must reach the store from every rank's namespace
             self.relay = StoreRelay(self.port, rig.ps.netns, [r.host.netns for r in ranks])
@@ -164,10 +174,9 @@ class RigJob:
             if p is not None:
                 stop_all([p], grace_s=1.0)
                 forkserver.note("the store did not start there; hosting it here")
-        import torch.distributed as dist  # noqa: PLC0415 (only without the fork server: the launcher never imports torch otherwise)
+        from .storehost import loopback_store  # noqa: PLC0415 (imports torch: only without the fork server)
         with netns.inside(self.rig.ps.netns):
-            self.store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s),
-                                       wait_for_workers=False)
+            self.store, self.store_sock = loopback_store(timeout_s)
         return self.store.port
 
     def start(self, argv_for: Callable[[Rank], list[str]],
@@ -179,7 +188,7 @@ class RigJob:
     def spawn(self, r: Rank) -> None:
         """Start rank r's process (again, after it died: the same argv and
         environment in the same namespace, as torchrun's agent restarts one)."""
-        argv, env = self.argv_for(r), self.env_for(r)
+        argv, env = self.argv_for(r), {**self.env_for(r), jobkey.ENV: self.secret_file}
         r.proc = self.fork(r, argv, env)
         r.forked = r.proc is not None
         if r.proc is None:
@@ -263,8 +272,13 @@ class RigJob:
             stop_all([self.store_proc], grace_s=2.0)
         if self.zygote is not None:
             self.zygote.close()
+        if self.keyfile is not None:
+            self.keyfile.close()
         self.sel.close()
         self.store = None
+        if self.store_sock is not None:
+            self.store_sock.close()
+            self.store_sock = None
 
 
 def follow(job: RigJob, on_line: Callable[[Rank, str, str], None], policy, *,

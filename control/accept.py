@@ -1,0 +1,124 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A TCP server's accept of its workers, each known by the hello it sends first; strays are ignored.
+
+A listening socket is open to whoever reaches it: a port scan, a health
+check, another job's worker, a forger. `accept_workers` takes connections
+until every expected worker has said a valid hello, reading all hellos at
+once (a connection that stays silent holds nobody up), and closes and
+counts (`Accepted.strays`) every connection whose hello is short, silent
+for `hello_s`, not a valid id, or an id already taken. Used by the TCP
+transport's server (torchapi/link_tcp.py, whose hello carries a MAC under
+the job key) and the TCP incast bench's PS agent (bench/tcp.py). Torch-free.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import selectors
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger("ltpx.accept")
+
+MAC_HELLO = struct.Struct(">I32s")    # worker id, HMAC-SHA256 of it under the job's hello key
+
+
+@dataclass
+class Accepted:
+    """What accept_workers took: worker id -> connection, and the strays it closed."""
+
+    conns: dict[int, socket.socket] = field(default_factory=dict)
+    strays: int = 0
+
+
+def mac_hello(wid: int, key: bytes | None) -> bytes:
+    """A worker's hello: its id and a MAC of it (zeros without a key)."""
+    mac = hmac.new(key, b"ltpx-tcp-hello/%d" % wid, hashlib.sha256).digest() if key else bytes(32)
+    return MAC_HELLO.pack(wid, mac)
+
+
+def mac_parser(ids, key: bytes | None) -> Callable[[bytes], int | None]:
+    """parse() for accept_workers: the id of a hello whose MAC verifies."""
+    ids = set(ids)
+
+    def parse(raw: bytes) -> int | None:
+        wid, mac = MAC_HELLO.unpack(raw)
+        if wid not in ids or not hmac.compare_digest(mac, mac_hello(wid, key)[4:]):
+            return None
+        return wid
+    return parse
+
+
+def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[bytes], int | None],
+                   timeout_s: float, hello_s: float = 5.0) -> Accepted:
+    """Connections until `need` workers said a hello of `size` bytes that
+    parse() turns into a worker id (None: not one), or timeout_s passed
+    (then fewer: the caller says what is missing). Returned connections are
+    blocking, as accepted."""
+    out = Accepted()
+    sel = selectors.DefaultSelector()
+    pending: dict[socket.socket, list] = {}      # conn -> [bytes so far, since]
+    ls.setblocking(False)
+    sel.register(ls, selectors.EVENT_READ)
+    end = time.monotonic() + timeout_s
+
+    def stray(c: socket.socket, why: str) -> None:
+        out.strays += 1
+        log.warning("a connection from %s was not a worker (%s): closed", _peer(c), why)
+        pending.pop(c, None)
+        sel.unregister(c)
+        c.close()
+    try:
+        while len(out.conns) < need and time.monotonic() < end:
+            for key, _ in sel.select(0.2):
+                c = key.fileobj
+                if c is ls:
+                    try:
+                        conn, _ = ls.accept()
+                    except OSError:
+                        continue
+                    conn.setblocking(False)
+                    pending[conn] = [b"", time.monotonic()]
+                    sel.register(conn, selectors.EVENT_READ)
+                    continue
+                try:
+                    data = c.recv(size - len(pending[c][0]))
+                except OSError:
+                    data = b""
+                if not data:
+                    stray(c, "closed before its hello")
+                    continue
+                pending[c][0] += data
+                if len(pending[c][0]) < size:
+                    continue
+                wid = parse(pending[c][0])
+                if wid is None or wid in out.conns:
+                    stray(c, "bad hello" if wid is None else f"worker {wid} is connected")
+                    continue
+                pending.pop(c)
+                sel.unregister(c)
+                c.setblocking(True)
+                out.conns[wid] = c
+            now = time.monotonic()
+            for c in [c for c, (_, t) in pending.items() if now - t > hello_s]:
+                stray(c, f"no hello in {hello_s:g}s")
+    finally:
+        out.strays += len(pending)     # still saying nothing when the workers were all in
+        for c in list(pending):
+            sel.unregister(c)
+            c.close()
+        sel.close()
+        ls.setblocking(True)
+    return out
+
+
+def _peer(c: socket.socket) -> str:
+    try:
+        host, port = c.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"

@@ -1,0 +1,244 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Values in the rendezvous store: sealed with an HMAC under the job's key, checked when read.
+
+torch's TCPStore has no authentication, and it listens on every interface
+whatever address it is given: whoever reaches it can read every value and
+write any. So nothing secret goes into it (the job key reaches each rank
+in a file: control/jobkey.py), and every value the job reads back is
+sealed: `Seal.seal` puts MAGIC and an HMAC-SHA256 of (scope, key name,
+payload) under the job's store key before the payload, and `Seal.read`
+verifies it, then parses and checks the payload (types, ranges, worker ids
+within the job). A value that fails either is refused with a
+`StoreValueError` naming the key, never a KeyError or IndexError from deep
+in the server, and never taken. The key name is under the MAC, so a value
+cannot be moved to another key; the scope keeps sharded servers' values
+apart. Without a job key (a torchrun job given no LTP_SECRET_FILE) values
+go unsealed and are still checked.
+
+Counters (store.add: arrivals, heartbeats, join tickets) cannot carry a MAC:
+a forged count can delay a barrier or end the job (operations.md, "Threat
+model"), not change what it computes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import ipaddress
+import json
+import math
+
+from ...errors import CommError
+from ..settings_table import COMPRESS, DOWNLINKS, TABLE
+from ..transport.bubble import STRATEGIES
+from ..transport.early_close import EarlyCloseConfig
+from .ops import KINDS, Go, Op
+
+MAGIC = b"LTS1"
+MAC_BYTES = 32
+MAX_PIECES = 1 << 16        # uplink rounds one op may have
+MAX_ELEMS = (1 << 31) - 1   # float32 elements of one piece
+MAX_COUNT = 1 << 40         # a k, a counter's value
+
+
+class StoreValueError(CommError):
+    """A value read from the rendezvous store was refused (bad MAC, or it does
+    not parse or hold what the key must hold); the message names the key."""
+
+
+class Seal:
+    """Seal and open the values of one scope of the store (a shard's prefix)."""
+
+    def __init__(self, key: bytes | None, scope: str = ""):
+        self.key, self.scope = key, scope
+
+    def _mac(self, name: str, payload: bytes) -> bytes:
+        msg = b"%s\0%s\0%s" % (self.scope.encode(), name.encode(), payload)
+        return hmac.new(self.key, msg, hashlib.sha256).digest()
+
+    def seal(self, name: str, payload: bytes | str) -> bytes:
+        """What to store under `name` for `payload`."""
+        payload = payload.encode() if isinstance(payload, str) else bytes(payload)
+        if self.key is None:
+            return payload
+        return MAGIC + self._mac(name, payload) + payload
+
+    def open(self, name: str, raw: bytes) -> bytes:
+        """The payload of a stored value; StoreValueError when its MAC is not
+        this job's (forged, garbled, another job's, or moved from another key)."""
+        raw = bytes(raw)
+        sealed = raw[:len(MAGIC)] == MAGIC and len(raw) >= len(MAGIC) + MAC_BYTES
+        if self.key is None:
+            if sealed:
+                raise StoreValueError(f"store key {name}: the value is sealed with a job key "
+                                      "this rank does not have: give every rank the same "
+                                      "LTP_SECRET_FILE")
+            return raw
+        if not sealed:
+            raise StoreValueError(f"store key {name}: the value carries no MAC: forged, or "
+                                  "written by a rank without this job's key (LTP_SECRET_FILE)")
+        mac, payload = raw[len(MAGIC):len(MAGIC) + MAC_BYTES], raw[len(MAGIC) + MAC_BYTES:]
+        if not hmac.compare_digest(mac, self._mac(name, payload)):
+            raise StoreValueError(f"store key {name}: the value's MAC does not verify: forged, "
+                                  "garbled, or another job's (every rank needs the same "
+                                  "LTP_SECRET_FILE)")
+        return payload
+
+    def read(self, name: str, raw: bytes, parse):
+        """open(), then parse(payload); StoreValueError naming the key when the
+        payload does not hold what parse wants."""
+        payload = self.open(name, raw)
+        try:
+            return parse(payload)
+        except StoreValueError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+            raise StoreValueError(f"store key {name}: refused: {e}") from None
+
+
+# --------------------------------------------------------------------------- parsers
+# Each takes the payload (bytes) and returns the value, or raises ValueError.
+
+def _json(payload: bytes):
+    try:
+        return json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("not JSON") from None
+
+
+def _int(x, lo: int, hi: int, what: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
+        raise ValueError(f"{what} must be an integer in {lo}..{hi}, got {x!r}")
+    return x
+
+
+def flag(payload: bytes) -> bool:
+    """A key whose being there is the message (open/<r>, ack/<r>/<w>)."""
+    if payload != b"1":
+        raise ValueError(f"expected 1, got {payload[:20]!r}")
+    return True
+
+
+def text_int(lo: int, hi: int, what: str):
+    """An integer written as text, in lo..hi."""
+    def parse(payload: bytes) -> int:
+        try:
+            x = int(payload.decode("ascii"), 10)
+        except (UnicodeDecodeError, ValueError):
+            raise ValueError(f"{what} must be an integer, got {payload[:20]!r}") from None
+        return _int(x, lo, hi, what)
+    return parse
+
+
+def worker_id(workers: int):
+    return text_int(0, workers - 1, "a worker id")
+
+
+def donor_value(workers: int):
+    """donor/<ticket>: a worker id, or empty (no member to hand the state)."""
+    def parse(payload: bytes) -> int | None:
+        return None if payload == b"" else worker_id(workers)(payload)
+    return parse
+
+
+def json_dict(payload: bytes) -> dict:
+    d = _json(payload)
+    if not isinstance(d, dict):
+        raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+    return d
+
+
+def any_json(payload: bytes):
+    return _json(payload)
+
+
+def check_op(op: Op, workers: int) -> Op:
+    """ValueError unless every field of op is one a worker could have sent."""
+    if op.kind not in KINDS:
+        raise ValueError(f"unknown op kind {op.kind!r}")
+    if not isinstance(op.sizes, tuple) or len(op.sizes) > MAX_PIECES:
+        raise ValueError("sizes must be a list of at most 65536 pieces")
+    for n in op.sizes:
+        _int(n, 1, MAX_ELEMS, "a piece's size")
+    if (op.kind == "shutdown") != (not op.sizes):
+        raise ValueError(f"a {op.kind} op with {len(op.sizes)} piece(s)")
+    if op.root is not None or op.kind == "broadcast":
+        _int(op.root, 0, workers - 1, "a broadcast's root")
+    if op.sync not in ("bsp", "wbsp") or op.bubble not in STRATEGIES \
+            or op.downlink not in DOWNLINKS or not isinstance(op.average, bool):
+        raise ValueError("sync, bubble, downlink or average out of their choices")
+    fields = json.loads(op.early_close) if isinstance(op.early_close, str) else None
+    names = {f.name for f in dataclasses.fields(EarlyCloseConfig)}
+    if not isinstance(fields, dict) or not set(fields) <= names or not all(
+            isinstance(v, str) or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                   and math.isfinite(v)) for v in fields.values()):
+        raise ValueError("early_close must be a JSON object of EarlyCloseConfig fields")
+    EarlyCloseConfig(**fields)
+    return op
+
+
+def op_value(workers: int):
+    """desc/<s>: an op's description (Op JSON)."""
+    def parse(payload: bytes) -> Op:
+        d = json_dict(payload)
+        d["sizes"] = tuple(d.get("sizes", ()))
+        return check_op(Op(**d), workers)
+    return parse
+
+
+def go_value(workers: int):
+    """go/<s>: the barrier's value: the op, and the absent (worker ids, no repeats)."""
+    def parse(payload: bytes) -> Go:
+        d = json_dict(payload)
+        absent = d.get("absent", [])
+        if not isinstance(absent, list) or len(set(absent)) != len(absent):
+            raise ValueError("absent must be a list of distinct worker ids")
+        for w in absent:
+            _int(w, 0, workers - 1, "an absent worker")
+        o = op_value(workers)(json.dumps(d["op"]).encode())
+        return Go(o, tuple(absent))
+    return parse
+
+
+def _ip(x, what: str) -> None:
+    if x is None:
+        return
+    if not isinstance(x, str):
+        raise ValueError(f"{what} must be an address, got {x!r}")
+    try:
+        ipaddress.ip_address(x)
+    except ValueError:
+        raise ValueError(f"{what} is not an address: {x[:40]!r}") from None
+
+
+def meta_value(rank: int, servers: int):
+    """meta/<rank>: a rank's record (its place, address, its link's fields)."""
+    def parse(payload: bytes) -> dict:
+        d = json_dict(payload)
+        _int(d.get("rank"), rank, rank, "rank")
+        role = "server" if rank < servers else "worker"
+        if d.get("role") != role:
+            raise ValueError(f"role must be {role}, got {d.get('role')!r}")
+        if role == "server" and not isinstance(d.get("ip"), str):
+            raise ValueError("a server's record must hold its address (ip)")
+        _ip(d.get("ip"), "ip")
+        shard_ips = d.get("shard_ips", [])
+        if not isinstance(shard_ips, list) or \
+                len(shard_ips) != (servers if role == "worker" and servers > 1 else 0):
+            raise ValueError(f"shard_ips must list one address per server ({servers})")
+        for ip in shard_ips:
+            _ip(ip, "a shard_ips entry")
+        for k in ("dev", "host"):
+            if d.get(k) is not None and not isinstance(d[k], str):
+                raise ValueError(f"{k} must be text")
+        _int(d.get("pid", 0), 0, 1 << 31, "pid")
+        if "port" in d:
+            _int(d["port"], 0, 65535, "port")
+        if "chunk_bytes" in d:
+            _int(d["chunk_bytes"], 1, 65535, "chunk_bytes")
+        if d.get("compress", "none") not in COMPRESS:
+            raise ValueError(f"compress must be one of {', '.join(COMPRESS)}")
+        if d.get("downlink_code", "off") not in TABLE["downlink_code"].choices:
+            raise ValueError("downlink_code out of its choices")
+        return d
+    return parse
