@@ -69,14 +69,16 @@ def test_each_shard_gets_a_slice_of_every_piece_and_short_pieces_are_padded():
 def test_merged_report_takes_the_worst_close_and_sums_what_was_filled():
     a = StepReport(step=5, reasons=["complete", "early"], delivered={0: 1.0, 1: 0.5},
                    filled_chunks={0: 0, 1: 4}, wholly_filled={0: 0, 1: 1}, ks=[1, 1],
-                   gather_s=0.02)
+                   gather_s=0.02, straggler=1, lateness={0: -0.001, 1: 0.004})
     b = StepReport(step=5, reasons=["deadline", "complete"], delivered={0: 1.0, 1: 1.0},
                    filled_chunks={0: 0, 1: 0}, wholly_filled={0: 0, 1: 0}, ks=[1, 1],
-                   gather_s=0.03)
+                   gather_s=0.03, lateness={0: -0.001, 1: 0.002})
     m = merge_reports([a, b], 2)
     assert m.reasons == ["deadline", "early"] and m.step == 5
     assert m.delivered == {0: 1.0, 1: 0.75} and m.filled_chunks == {0: 0, 1: 4}
     assert m.wholly_filled == {0: 0, 1: 1} and m.gather_s == 0.03
+    # one server named worker 1, the other none: worker 1; lateness averaged
+    assert m.straggler == 1 and m.lateness == pytest.approx({0: -0.001, 1: 0.003})
     words = np.zeros(report_words(2, 2), dtype=np.float32)   # it travels as the answer's tail
     m.encode(words)
     back = StepReport.decode(words)

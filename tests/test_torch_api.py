@@ -171,13 +171,19 @@ def test_step_report_round_trips_through_float32():
     rep = StepReport(step=12, reasons=["complete", "deadline", "early"],
                      delivered={0: 1.0, 1: 0.5, 2: 0.9990234375},
                      filled_chunks={0: 0, 1: 700, 2: 3}, wholly_filled={0: 0, 1: 1, 2: 0},
-                     ks=[1, 3, 2], gather_s=0.25, filled_error=0.3125)
+                     ks=[1, 3, 2], gather_s=0.25, filled_error=0.3125,
+                     straggler=2, lateness={0: -0.000244140625, 2: 0.03125})
     words = np.zeros(report_words(3, 3), dtype=np.float32)
     rep.encode(words)
     back = StepReport.decode(words)
     assert back.to_dict() == rep.to_dict()
     assert back.reason == "deadline" and back.early_closed and back.missing_workers == [1]
     assert back.filled_error == 0.3125
+    # the straggler: a worker id, or none named; lateness only where timed (1: none)
+    assert back.straggler == 2 and back.lateness == {0: -0.000244140625, 2: 0.03125}
+    rep.straggler = None
+    rep.encode(words)
+    assert StepReport.decode(words).straggler is None
     with pytest.raises(ValueError, match="report"):
         StepReport.decode(np.zeros_like(words))
 
@@ -187,9 +193,9 @@ def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_step():
     from ltpx.control.torchapi.ops import BROADCAST, STEP, Op, RoundClock, preopened
     step = Op(STEP, sizes=(10, 20, 30))
     assert Op.from_json(step.to_json()) == step
-    # the answer: 60 values, then the report (4 words, a reason per bucket, 6 per
-    # worker, gather_s and filled_error)
-    assert step.down_elems(4) == 60 + 4 + 3 + 24 + 2 and step.max_elems(4) == 93
+    # the answer: 60 values, then the report (4 words, a reason per bucket, 7 per
+    # worker, gather_s, filled_error and the straggler)
+    assert step.down_elems(4) == 60 + 4 + 3 + 28 + 3 and step.max_elems(4) == 98
     assert step.offsets() == [0, 10, 30]
     c = RoundClock()
     assert c.rounds(step) == [1, 2, 3]

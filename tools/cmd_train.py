@@ -382,6 +382,12 @@ class _Progress:
         self.bar.stop()
 
 
+def _straggler(r: dict) -> str:   # the worker named straggler most often, in how many steps
+    named = r.get("straggler_rounds") or {}
+    w = max(named, key=named.get, default=None)
+    return f"w{w} {named[w]}/{r['iterations']}" if w is not None else "-"
+
+
 def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str:
     r0 = results[0]
     rc = r0.get("rig", {})
@@ -413,6 +419,7 @@ def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str
             ("wall s", [f"{r['wall_s']:.2f}" for r in results]),
             ("delivered", [f"{r['delivered_fraction']:.5f}" for r in results]),
             ("early-closed", [early(r) for r in results]),
+            ("straggler", [_straggler(r) for r in results]),
             ("replicas equal", ["yes" if r.get("replicas_identical") else "NO" for r in results])]
     if args.target_accuracy is not None:
         rows.insert(4, (f"s to acc {args.target_accuracy:g}", [ttt(r) for r in results]))

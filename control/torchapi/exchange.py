@@ -62,6 +62,9 @@ class Exchange:
         self.clock = RoundClock()
         self.prev: Op | None = None
         self.times = dict.fromkeys(("barrier_s", "push_s", "pull_s"), 0.0)
+        # the latest barrier as this worker saw it: (op, seconds it waited after
+        # arriving, whether it arrived last: it lifted the barrier)
+        self.barrier_seen: tuple[int, float, bool] | None = None
         # the job ran before this process joined it: it must be admitted first
         self.joining = coord.started()
         self.donations: dict[int, int] = {}   # worker -> ticket this worker owes its state
@@ -93,9 +96,12 @@ class Exchange:
     def barrier(self, run: Run) -> None:
         t0 = time.perf_counter()
         self.check_member()
-        self.co.arrive(run.seq, run.op)
+        last = self.co.arrive(run.seq, run.op)
+        t1 = time.perf_counter()
         run.go = self.co.wait_go(run.seq)
-        self.times["barrier_s"] += time.perf_counter() - t0
+        t2 = time.perf_counter()
+        self.times["barrier_s"] += t2 - t0
+        self.barrier_seen = (run.seq, t2 - t1, last)
 
     def push(self, run: Run, i: int, piece: np.ndarray) -> None:
         """Piece i of the op (one bucket of a step) into its uplink round."""

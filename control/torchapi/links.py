@@ -45,6 +45,8 @@ class Gathered:
     masks: np.ndarray | None = None   # bool [k, chunks] (LTP)
     duration_s: float = 0.0
     error: float = 0.0            # the holes' cost against the aggregate's noise (LTP)
+    arrivals: object = None       # results.Arrivals: the NIC's arrival times (LTP)
+    attribution: object = None    # straggler.Attribution: whom the round waited for (LTP)
 
     @property
     def missing(self) -> list[int]:

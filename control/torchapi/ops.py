@@ -10,7 +10,7 @@ barrier stores the op's description as the value of `go/<s>`; the server
 reads it there and needs no model of its own.
 
 A step's answer is the aggregate gradient followed by a `StepReport` as
-float32 words (`REPORT_WORDS` + 6 per worker + 1 per bucket + 1), so every
+float32 words (`REPORT_WORDS` + 7 per worker + 1 per bucket + 3), so every
 worker learns what happened to the round at no extra cost, membership
 changes included (`status`: a worker dropped after too many missed steps, or
 admitted back with its join ticket).
@@ -34,7 +34,7 @@ KINDS = (STEP, BROADCAST, ALLREDUCE, SHUTDOWN)
 REASONS = ("complete", "early", "deadline", "timeout")   # a round's close, worst last
 REPORT_MAGIC = 0x1CE
 REPORT_WORDS = 4            # magic, step, buckets, workers; then the per-bucket and per-worker words
-PER_WORKER = 6              # delivered, filled, wholly filled, k, status, non-finite
+PER_WORKER = 7              # delivered, filled, wholly filled, k, status, non-finite, lateness
 DROPPED = -1                # status: no longer a member (missed --max-missed steps, or gone)
 
 
@@ -111,7 +111,7 @@ class RoundClock:
 
 
 def report_words(buckets: int, workers: int) -> int:
-    return REPORT_WORDS + buckets + PER_WORKER * workers + 2   # gather_s, filled_error
+    return REPORT_WORDS + buckets + PER_WORKER * workers + 3   # gather_s, filled_error, straggler
 
 
 @dataclass(frozen=True)
@@ -205,6 +205,17 @@ class StepReport:
     # the ledger: the worst bucket's filled error against the aggregate's own
     # sampling noise (bubble.error_estimate; 0 when nothing was filled)
     filled_error: float = 0.0
+    # who the step waited for (control/transport/straggler.py): the worker named
+    # in most of its rounds (None: none named, or no arrival times: TCP), and
+    # per worker its last chunk's arrival at the NIC minus the round's median
+    # last arrival, seconds, averaged over the step's rounds
+    straggler: int | None = None
+    lateness: dict[int, float] = field(default_factory=dict)
+    # this worker's own view of the step's barrier (set by its optimizer, not
+    # sent): seconds it waited there after arriving, and whether it arrived
+    # last (it lifted the barrier: in bsp the one the others waited for)
+    barrier_wait_s: float | None = None
+    barrier_last: bool = False
 
     @property
     def nonfinite_workers(self) -> list[int]:
@@ -248,7 +259,8 @@ class StepReport:
                 "gather_s": round(self.gather_s, 6), "absent": self.absent,
                 "dropped": self.dropped, "admitted": sorted(self.admitted),
                 "nonfinite_workers": self.nonfinite_workers,
-                "filled_error": round(self.filled_error, 6)}
+                "filled_error": round(self.filled_error, 6), "straggler": self.straggler,
+                "lateness_s": {str(w): round(v, 6) for w, v in self.lateness.items()}}
 
     def encode(self, out: np.ndarray) -> None:
         """Write the report into `out` (float32 [report_words(B, W)])."""
@@ -258,8 +270,9 @@ class StepReport:
                  *(self.delivered[w] for w in ids), *(self.filled_chunks[w] for w in ids),
                  *(self.wholly_filled[w] for w in ids), *self.ks,
                  *(-2 if w in self.absent and not self.status.get(w) else self.status.get(w, 0)
-                   for w in ids), *(self.nonfinite.get(w, 0) for w in ids), self.gather_s,
-                 self.filled_error]
+                   for w in ids), *(self.nonfinite.get(w, 0) for w in ids),
+                 *(self.lateness.get(w, np.nan) for w in ids), self.gather_s,
+                 self.filled_error, -1 if self.straggler is None else self.straggler]
         out[:] = np.asarray(words, dtype=np.float32)
 
     @classmethod
@@ -280,6 +293,8 @@ class StepReport:
                    wholly_filled={k: int(per[2][k]) for k in range(W)},
                    ks=[int(x) for x in per[3]], gather_s=w[i + PER_WORKER * W],
                    filled_error=w[i + PER_WORKER * W + 1],
+                   straggler=None if w[i + PER_WORKER * W + 2] < 0 else int(w[i + PER_WORKER * W + 2]),
+                   lateness={k: x for k, x in enumerate(per[6]) if not np.isnan(x)},
                    status={k: v for k, v in enumerate(st) if v != -2},
                    absent=[k for k, v in enumerate(st) if v == -2],
                    nonfinite={k: int(x) for k, x in enumerate(per[5]) if x})

@@ -23,7 +23,9 @@ and a scale per LTP chunk (codec.py), and the aggregate comes back the same
 way; with error_feedback (the default) what rounding left out of a bucket
 is added to the same bucket's next gradient.
 
-Every step's StepReport is `last_report`; when a worker's whole
+Every step's StepReport is `last_report` (with who the step waited for:
+the server's straggler from the NIC's arrival times, and this worker's own
+wait at the step's barrier); when a worker's whole
 contribution to a bucket was Bubble-Filled a `FilledWarning` says so on
 worker 0 and on that worker, at the first time and every `warn_every`-th.
 """
@@ -299,6 +301,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             b.apply(self.answer_t)
         self.steps += 1
         rep.step = self.steps     # this optimizer's step (the server counts every step op)
+        seen = getattr(self.ex, "barrier_seen", None)   # bsp: this step's barrier
+        if seen is not None:
+            rep.barrier_wait_s, rep.barrier_last = seen[1], seen[2]
+            self.ex.barrier_seen = None
         self.note(rep)
         self.synced = True
 

@@ -38,6 +38,7 @@ import numpy as np
 from ...errors import DeadPeerError, LtpError, TransportError
 from ..transport.bubble import fill as fill_bubbles
 from ..transport.rate import quiet_gc
+from ..transport.straggler import StepStragglers
 from .ops import ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
 
 FIRST_TRY_S = 3.0   # an answer's first try: long enough for a live worker to answer
@@ -96,6 +97,7 @@ class StepTally:
         self.nonfinite = np.zeros(workers, dtype=np.int64)
         self.gather_s = 0.0
         self.filled_error = 0.0
+        self.stragglers = StepStragglers(workers)
 
     def add(self, g, seconds: float) -> None:
         ids = np.asarray(g.workers, dtype=np.int64)   # the round's rows, by worker id
@@ -106,6 +108,7 @@ class StepTally:
         self.wholly[ids] += g.delivered == 0
         self.gather_s += seconds
         self.filled_error = max(self.filled_error, g.error)
+        self.stragglers.add(g.attribution)
 
     def report(self, step: int, ws: list[int], ks: list[int]) -> StepReport:
         W = len(self.delivered)
@@ -117,7 +120,9 @@ class StepTally:
                           wholly_filled={w: int(self.wholly[w]) for w in range(W)},
                           ks=[kw.get(w, 0) for w in range(W)], gather_s=self.gather_s,
                           nonfinite={w: int(self.nonfinite[w]) for w in range(W)
-                                     if self.nonfinite[w]}, filled_error=self.filled_error)
+                                     if self.nonfinite[w]}, filled_error=self.filled_error,
+                          straggler=self.stragglers.straggler(),
+                          lateness=self.stragglers.lateness())
 
 
 class Server:

@@ -90,7 +90,8 @@ def merge_reports(reps: list[StepReport], workers: int) -> StepReport:
     """One step's report from the S servers' (each saw a slice of every bucket):
     per bucket the worst close, per worker the mean delivered fraction and
     the summed filled chunks and wholly filled bucket slices, the longest
-    gather time and the largest filled error; anything else (step, ks, ...) as server 0 says."""
+    gather time and the largest filled error, the stragglers merged
+    (merge_stragglers); anything else (step, ks, ...) as server 0 says."""
     B = len(reps[0].reasons)
     reasons = [max((r.reasons[b] for r in reps), key=REASONS.index) for b in range(B)]
     ws = range(workers)
@@ -101,7 +102,22 @@ def merge_reports(reps: list[StepReport], workers: int) -> StepReport:
         wholly_filled={w: sum(r.wholly_filled[w] for r in reps) for w in ws},
         nonfinite={w: n for w in ws if (n := sum(r.nonfinite.get(w, 0) for r in reps))},
         gather_s=max(r.gather_s for r in reps),
-        filled_error=max(r.filled_error for r in reps))
+        filled_error=max(r.filled_error for r in reps), **merge_stragglers(reps))
+
+
+def merge_stragglers(reps: list[StepReport]) -> dict:
+    """The servers' straggler attributions as one: per worker the mean
+    lateness over the servers that timed it, and the worker most servers
+    named (ties: the later one), None if none did."""
+    late: dict[int, list[float]] = {}
+    for r in reps:
+        for w, v in r.lateness.items():
+            late.setdefault(w, []).append(v)
+    lateness = {w: float(np.mean(v)) for w, v in sorted(late.items())}
+    named = [r.straggler for r in reps if r.straggler is not None]
+    straggler = max(set(named), key=lambda w: (named.count(w), lateness.get(w, 0.0))) \
+        if named else None
+    return {"straggler": straggler, "lateness": lateness}
 
 
 def merge_summaries(sums: list[dict]) -> dict:
@@ -145,6 +161,7 @@ class ShardedExchange:
         self.threads = [CallThread(f"ltpx-shard{i}") for i in range(self.S)]
         self.answers: dict[int, list[np.ndarray]] = {}   # per shard: answer buffers by size
         self.barrier_s = 0.0
+        self.barrier_seen: tuple[int, float, bool] | None = None
         self.donations: dict = {}   # elastic.py's: rejoining is one-server only (see joining)
 
     def __getattr__(self, name: str):
@@ -185,11 +202,13 @@ class ShardedExchange:
     def barrier(self, run: ShardRun) -> None:
         """Arrive at every server's barrier, then wait for each to lift."""
         t0 = time.perf_counter()
-        for ex, r in zip(self.exs, run.runs):
-            ex.co.arrive(r.seq, r.op)
+        last = [ex.co.arrive(r.seq, r.op) for ex, r in zip(self.exs, run.runs)]
+        t1 = time.perf_counter()
         for ex, r in zip(self.exs, run.runs):
             ex.co.wait_go(r.seq)
-        self.barrier_s += time.perf_counter() - t0
+        t2 = time.perf_counter()
+        self.barrier_s += t2 - t0
+        self.barrier_seen = (run.runs[0].seq, t2 - t1, last[0])   # as Exchange's
 
     def push(self, run: ShardRun, i: int, piece: np.ndarray) -> None:
         """Piece i: slice s to server s, from shard s's thread (returns at once;

@@ -42,6 +42,7 @@ from .config import TrainConfig, iterations_per_epoch
 from .data import BatchStream, split
 from .local import Clock, Evaluator, Stepper, VersionChain, eval_due, setup_torch
 from .model import build_mlp
+from .stragglers import BarrierNotes, attribute_steps
 
 EARLY = ("early", "deadline")
 
@@ -74,6 +75,9 @@ class Demo:
         self.loss_sum, self.loss_n = 0.0, 0
         self.resumed_from: int | None = None
         self.missing: dict[int, int] = {}   # worker -> steps it was named missing in
+        self.nic: dict[int, int] = {}       # step -> the worker its server named straggler
+        self.notes = BarrierNotes()         # this worker's view of the steps' barriers
+        self.lateness: dict[int, array] = {}   # worker -> its lateness per step, s
         self.wall0 = 0.0            # training seconds before the checkpoint resumed from
 
     def run(self) -> dict:
@@ -201,6 +205,11 @@ class Demo:
         for w in rep.missing_workers:    # named missing: nothing of it arrived in a round
             self.missing[w] = self.missing.get(w, 0) + 1
         self.delivered_sum += rep.delivered_fraction
+        if rep.straggler is not None:    # the worker the step waited for (the NIC's times)
+            self.nic[rep.step] = rep.straggler
+        self.notes.add(rep)
+        for w, v in rep.lateness.items():
+            self.lateness.setdefault(w, array("d")).append(v)
         self.round_s.append(rep.gather_s)
         self.filled_error.append(rep.filled_error)
         self.last_report = rep
@@ -210,7 +219,7 @@ class Demo:
                    "wall_s": self.clock.elapsed(), "reason": rep.reason,
                    "delivered": rep.delivered_fraction,
                    "filled_chunks": sum(rep.filled_chunks.values()), "round_s": rep.gather_s,
-                   "k": rep.ks})
+                   "k": rep.ks, "straggler": rep.straggler})
         if eval_due(t, self.total, self.ipe, self.cfg.eval_every):
             ev(t, t / self.ipe)
 
@@ -224,7 +233,19 @@ class Demo:
                 "chain": self.chain.hexdigest(), "local_steps": int(sum(opt.ks)),
                 "ks": opt.ks, "versions": self.total + 1,
                 "mean_loss": self.loss_sum / self.loss_n if self.loss_n else None,
+                "barrier": self.notes.to_dict(),
                 "times": {k: round(v, 4) for k, v in times.items()}}
+
+    def straggler_fields(self, done: dict[int, dict], wall: float) -> dict:
+        """Who the steps waited for (stragglers.py, docs/slow-or-stuck.md): per
+        worker the steps it was named the straggler of, the steps that named
+        one, and per worker its lateness at the NIC, p50 and p99 (ms)."""
+        n = len(self.round_s)
+        notes = {w: d["barrier"] for w, d in done.items() if d.get("barrier")}
+        return {**attribute_steps(notes, self.nic, n, wall / n if n else 0.0),
+                "lateness_ms": {str(w): {"p50": round(float(np.percentile(v, 50)) * 1e3, 3),
+                                         "p99": round(float(np.percentile(v, 99)) * 1e3, 3)}
+                                for w, v in sorted(self.lateness.items()) if len(v)}}
 
     @staticmethod
     def uplink_fields(done: dict[int, dict]) -> dict:
@@ -258,6 +279,7 @@ class Demo:
             "filled_error_mean": float(np.mean(self.filled_error)) if n else 0.0,
             "filled_error_max": float(np.max(self.filled_error)) if n else 0.0,
             **self.ev.target_fields(),
+            **self.straggler_fields(done, wall),
             "local_steps": {str(w): done[w]["local_steps"] for w in ids},
             "ps_digest": mine["digest"],
             "worker_digests": {str(w): done[w]["digest"] for w in ids},
