@@ -166,11 +166,11 @@ def _ps_agent(a: argparse.Namespace) -> int:
     ls.bind((a.bind, a.port))
     ls.listen(a.workers + 8)
     print("ready", flush=True)
-    got = accept_workers(ls, a.workers, 4, lambda raw: _index(raw, a.workers), 30.0)
-    conns = got.conns
+    acc = accept_workers(ls, a.workers, 4, lambda raw: _index(raw, a.workers), 30.0)
+    conns = acc.conns
     if len(conns) < a.workers:
         _emit({"error": f"only {len(conns)} of {a.workers} workers connected in 30 s "
-                        f"({got.strays} other connection(s) closed)"})
+                        f"({acc.strays} other connection(s) closed)"})
         return 1
     for c in conns.values():
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -213,7 +213,7 @@ def _ps_agent(a: argparse.Namespace) -> int:
             s.sendall(b"q")
         except OSError:
             pass
-    _emit({"done": True, "strays": got.strays})
+    _emit({"done": True, "strays": acc.strays})
     for s in socks:
         s.close()
     return 0

@@ -145,7 +145,7 @@ class RigJob:
     def __init__(self, rig, ranks: list[Rank], store_timeout_s: float = 300.0):
         self.rig, self.ranks = rig, ranks
         self.sel = selectors.DefaultSelector()
-        self.store = self.store_sock = self.store_proc = self.relay = None
+        self.store = self.store_proc = self.relay = None
         self.zygote = forkserver.take(new=False)      # the one warm() started, if any
         self.zygote_asked = self.zygote is not None
         self.keyfile = None
@@ -176,7 +176,7 @@ class RigJob:
                 forkserver.note("the store did not start there; hosting it here")
         from .storehost import loopback_store  # noqa: PLC0415 (imports torch: only without the fork server)
         with netns.inside(self.rig.ps.netns):
-            self.store, self.store_sock = loopback_store(timeout_s)
+            self.store = loopback_store(timeout_s)
         return self.store.port
 
     def start(self, argv_for: Callable[[Rank], list[str]],
@@ -276,9 +276,6 @@ class RigJob:
             self.keyfile.close()
         self.sel.close()
         self.store = None
-        if self.store_sock is not None:
-            self.store_sock.close()
-            self.store_sock = None
 
 
 def follow(job: RigJob, on_line: Callable[[Rank, str, str], None], policy, *,

@@ -22,8 +22,7 @@ import torch.distributed as dist
 
 
 def loopback_store(timeout_s: float):
-    """(store, its listening socket): a TCPStore server listening on
-    127.0.0.1 only, at an ephemeral port. Keep the socket as long as the store."""
+    """A TCPStore server listening on 127.0.0.1 only, at an ephemeral port."""
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         ls.bind(("127.0.0.1", 0))
@@ -34,12 +33,13 @@ def loopback_store(timeout_s: float):
     except BaseException:
         ls.close()
         raise
-    return store, ls
+    ls.detach()      # the store owns the socket now, and closes it when it goes
+    return store
 
 
 def main() -> None:
     timeout_s = float(sys.argv[1]) if len(sys.argv) > 1 else 300.0
-    store, _ls = loopback_store(timeout_s)
+    store = loopback_store(timeout_s)
     print(json.dumps({"port": store.port}), flush=True)
     try:
         while True:     # until SIGTERM or SIGKILL (or the fork server's end)

@@ -1,0 +1,367 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The job key out of the store's reach; the store's values sealed and checked; its keys bounded.
+
+A process that reaches the rendezvous store (torch's TCPStore: no
+authentication) but was not given the job key must find nothing there from
+which the key or a round token can be computed, and every value it forges
+must end in a clear StoreValueError naming the key, never a crash or a
+hang. Real TCPStores, real sockets, real ranks (tests/store_soak_job.py
+over the TCP transport on loopback), no mocks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from conftest import outputs
+
+from ltpx.control import jobkey
+from ltpx.control.accept import accept_workers, mac_hello, mac_parser, MAC_HELLO
+from ltpx.control.torchapi import sealed
+from ltpx.control.torchapi.coord import KEY, Coord, Excluded
+from ltpx.control.torchapi.ops import STEP, Go, Op
+from ltpx.control.training.storehost import loopback_store
+from ltpx.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+SOAK = Path(__file__).resolve().parent / "store_soak_job.py"
+
+
+def _key_file(tmp_path, mode: int = 0o600, text: str | None = None) -> str:
+    p = tmp_path / "job.key"
+    p.write_text(jobkey.new_key().hex() if text is None else text)
+    os.chmod(p, mode)
+    return str(p)
+
+
+@pytest.fixture
+def store():
+    """A real TCPStore server (on 127.0.0.1 only)."""
+    return loopback_store(30.0)
+
+
+# --------------------------------------------------------------------------- the key file
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_group_or_world_readable_key_file_is_refused(tmp_path, mode):
+    path = _key_file(tmp_path, mode)
+    with pytest.raises(UsageError, match=f"mode {mode:04o}.*chmod 600 {path}"):
+        jobkey.read_key_file(path)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text, word", [("not hex\n", "as hex"), ("ab" * 8 + "a", "as hex"),
+                                        ("ab" * 15, "15 bytes")])
+def test_a_key_file_that_is_not_a_long_enough_hex_key_is_refused(tmp_path, text, word):
+    with pytest.raises(UsageError, match=word):
+        jobkey.read_key_file(_key_file(tmp_path, 0o600, text))
+
+
+@pytest.mark.unit
+def test_the_launchers_key_file_is_private_and_gone_at_close(tmp_path):
+    path, kf = jobkey.for_launch({})
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+    assert jobkey.read_key_file(path) == kf.key and len(kf.key) == jobkey.KEY_BYTES
+    kf.close()
+    assert not os.path.exists(os.path.dirname(path))
+    mine = _key_file(tmp_path, 0o400)       # an operator's file is used as it is
+    assert jobkey.for_launch({jobkey.ENV: mine}) == (mine, None)
+
+
+@pytest.mark.unit
+def test_tokens_verify_only_with_the_files_key_and_no_link_address_carries_it(tmp_path):
+    from ltpx.control.torchapi.link_ltp import LtpServerLink
+    from ltpx.control.torchapi.settings import Settings
+    from ltpx.control.transport import tokens
+    key = jobkey.read_key_file(_key_file(tmp_path))
+    uses = [jobkey.token_secret(key), jobkey.token_secret(key, 1), jobkey.store_key(key),
+            jobkey.hello_key(key), key]
+    assert len(set(uses)) == len(uses)          # each use its own key
+    link = LtpServerLink(Settings(dev="lo", ip="127.0.0.1"), 2, None,
+                         secret=jobkey.token_secret(key))
+    assert set(link.address()) == {"compress", "chunk_bytes", "downlink_code"}
+    other = jobkey.token_secret(jobkey.new_key())
+    for r in (1, 2, 77):
+        tok = tokens.derive(link.secret, 0x7472, r)
+        assert tok == tokens.derive(jobkey.token_secret(key), 0x7472, r)
+        assert tok != tokens.derive(other, 0x7472, r) and tok != tokens.derive(key, 0x7472, r)
+
+
+# --------------------------------------------------------------------------- sealed values
+
+@pytest.mark.unit
+def test_a_sealed_value_opens_and_a_forged_moved_or_unsealed_one_is_refused():
+    key = jobkey.store_key(jobkey.new_key())
+    seal = sealed.Seal(key)
+    v = seal.seal("a/go/1", b'{"x": 1}')
+    assert seal.read("a/go/1", v, sealed.json_dict) == {"x": 1}
+    bad = [("a/go/1", sealed.Seal(jobkey.store_key(jobkey.new_key())).seal("a/go/1", b"{}"),
+            "does not verify"),                              # another job's key
+           ("a/go/2", v, "does not verify"),                 # moved to another key
+           ("a/go/1", v[:-2] + b"2}", "does not verify"),    # garbled
+           ("a/go/1", b'{"x": 1}', "no MAC"),                # unsealed
+           ("a/go/1", b"", "no MAC")]
+    for name, raw, word in bad:
+        with pytest.raises(sealed.StoreValueError, match=f"store key {name}: .*{word}"):
+            seal.read(name, raw, sealed.json_dict)
+    with pytest.raises(sealed.StoreValueError, match="same LTP_SECRET_FILE"):
+        sealed.Seal(None).read("a/go/1", v, sealed.json_dict)
+    keyless = sealed.Seal(None)          # no key: unsealed, still checked
+    assert keyless.read("k", keyless.seal("k", "7"), sealed.text_int(0, 9, "k")) == 7
+    with pytest.raises(sealed.StoreValueError, match="store key k: refused: k must be"):
+        keyless.read("k", b"70", sealed.text_int(0, 9, "k"))
+
+
+W = 3
+GOOD_OP = Op(STEP, sizes=(10, 20))
+
+
+def _forge(store, name: str, value) -> None:
+    store.set(KEY + name, value)
+
+
+# (name, what is forged: key -> raw value, how the Coord reads it); keyed: the
+# forger has no key, so its values carry no MAC; keyless: they must still parse
+FORGED = {
+    "meta": ({"meta/0": json.dumps({"rank": 0, "role": "server", "ip": "198.18.0.1",
+                                    "secret": "00" * 16})},
+             {"meta/0": json.dumps({"rank": 0, "role": "worker", "ip": "x"})},
+             lambda co: co.metas([0])),
+    "go": ({"go/3": Go(GOOD_OP).to_json()},
+           {"go/3": json.dumps({"op": {"kind": "step", "sizes": [10]}, "absent": [999]})},
+           lambda co: co.read_go(3)),
+    "desc": ({"desc/0": GOOD_OP.to_json()},
+             {"desc/0": json.dumps({"kind": "step", "sizes": [-4]})},
+             lambda co: co.take("desc/0", sealed.op_value(W))),
+    "join": ({"join/1": "1"}, {"join/1": "999"}, lambda co: co.poll_joins()),
+    "donor": ({"donor/1": "0"}, {"donor/1": "-3"}, lambda co: co.take_sync(1, 3.0, w=1)),
+    "sync": ({"sync/1": b"\x80\x02forged model"}, None, lambda co: co.take_sync(1, 3.0)),
+    "k": ({"k/0/0": "1", "k/0/1": "1"}, {"k/0/0": "many", "k/0/1": "1"},
+          lambda co: co.get_k(0, [0, 1])),
+    "open": ({"open/5": "1"}, {"open/5": "0"}, lambda co: co.wait_open(5)),
+    "ack": ({"ack/5/0": "1"}, {"ack/5/0": "yes"}, lambda co: co.wait_acks(5, [0])),
+    "fin": ({"fin": "{}"}, {"fin": "{not json"}, lambda co: co.get_json("fin")),
+    "floor": ({"floor": "9"}, {"floor": "-1"}, lambda co: co.gone(4)),
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "keyless"])
+@pytest.mark.parametrize("kind", sorted(FORGED))
+def test_a_forged_value_of_each_kind_ends_in_a_clear_error(store, kind, keyed):
+    forged_keyed, forged_keyless, read = FORGED[kind]
+    values = forged_keyed if keyed else forged_keyless
+    if values is None:
+        pytest.skip("a keyless job's state blob is whatever its donor sent")
+    co = Coord(store, W, 5.0, key=jobkey.store_key(jobkey.new_key()) if keyed else None)
+    if kind == "join":
+        store.add(KEY + "join", 1)
+    for name, raw in values.items():
+        _forge(store, name, raw)
+    t0 = time.monotonic()
+    with pytest.raises(sealed.StoreValueError, match=f"store key {KEY}[a-z]+"):
+        read(co)
+    assert time.monotonic() - t0 < 4.0      # refused, not waited out
+
+
+@pytest.mark.unit
+def test_a_forged_join_count_neither_hangs_the_server_nor_is_taken(store):
+    co = Coord(store, W, 5.0, key=jobkey.store_key(jobkey.new_key()))
+    store.add(KEY + "join", 2)              # two tickets, no worker ids behind them
+    t0 = time.monotonic()
+    co.poll_joins()
+    assert time.monotonic() - t0 < 1.0 and co.joins == {} and set(co.unseen) == {1, 2}
+    store.add(KEY + "join", 10**6)
+    with pytest.raises(sealed.StoreValueError, match="join ticket count jumped"):
+        co.poll_joins()
+
+
+@pytest.mark.unit
+def test_a_worker_left_behind_learns_it_from_the_floor_not_a_hang(store):
+    key = jobkey.store_key(jobkey.new_key())
+    server, worker = Coord(store, W, 5.0, key=key), Coord(store, W, 5.0, key=key)
+    worker.me = 1
+    server.start_liveness(0)
+    worker.start_liveness(2)
+    try:
+        worker.arrive(2, GOOD_OP)           # op 2, long reaped: the job is at op 7
+        server.put("floor", "5")            # as the server's wait for op 7 publishes it
+        t0 = time.monotonic()
+        with pytest.raises(Excluded, match="op 2's keys are gone"):
+            worker.wait_go(2)
+        assert time.monotonic() - t0 < 2.0
+        # what its late arrival made is gone again
+        assert not any(store.check([KEY + k]) for k in ("first/2", "desc/2", "ready/2/0"))
+    finally:
+        worker.stop_liveness()
+        server.stop_liveness()
+
+
+@pytest.mark.unit
+def test_the_store_listens_on_loopback_only(store):
+    port = f"{store.port:04X}"
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, st = line.split()[1], line.split()[3]
+            if st == "0A" and local.endswith(":" + port):
+                listening.append(local)
+    assert listening == ["0100007F:" + port]     # 127.0.0.1 alone, no :: or 0.0.0.0
+
+
+# --------------------------------------------------------------------------- strays
+
+@pytest.mark.unit
+def test_a_stray_connection_is_closed_and_counted_never_fatal():
+    key = jobkey.hello_key(jobkey.new_key())
+    ls = socket.create_server(("127.0.0.1", 0))
+    addr = ls.getsockname()
+    res = {}
+    th = threading.Thread(target=lambda: res.update(got=accept_workers(
+        ls, 2, MAC_HELLO.size, mac_parser([0, 1], key), 10.0, hello_s=0.5)))
+    th.start()
+    socks = [socket.create_connection(addr) for _ in range(6)]
+    socks[0].sendall(b"GET / HTTP/1.0\r\n\r\n" * 3)          # garbage
+    socks[1].sendall(mac_hello(0, jobkey.hello_key(jobkey.new_key())))  # another key
+    socks[2].sendall(mac_hello(7, key))                     # no such worker
+    # socks[3] says nothing
+    socks[4].sendall(mac_hello(1, key))
+    time.sleep(0.1)
+    socks[5].sendall(mac_hello(1, key)[:10])                # worker 1 again, cut short
+    socks[5].close()
+    late = socket.create_connection(addr)
+    late.sendall(mac_hello(0, key))
+    th.join(15)
+    got = res["got"]
+    assert sorted(got.conns) == [0, 1] and got.strays == 5
+    for s in [*socks, late, *got.conns.values(), ls]:
+        s.close()
+
+
+@pytest.mark.root     # the agents set TCP congestion control
+def test_the_tcp_baseline_ps_runs_its_rounds_past_a_stray_connection():
+    port = socket.create_server(("127.0.0.1", 0))
+    p_num = port.getsockname()[1]
+    port.close()
+    agent = [sys.executable, "-m", "ltpx.control.bench.tcp"]
+    ps = subprocess.Popen([*agent, "ps", "--bind", "127.0.0.1", "--port", str(p_num),
+                           "--size", "4096", "--workers", "2", "--rounds", "3"],
+                          stdout=subprocess.PIPE, text=True)
+    assert ps.stdout.readline().strip() == "ready"
+    stray = socket.create_connection(("127.0.0.1", p_num))
+    stray.sendall(b"\xff\xff\xff\xff")                    # worker 4294967295
+    ws = [subprocess.Popen([*agent, "worker", "--ps", "127.0.0.1", "--port", str(p_num),
+                            "--size", "4096", "--id", str(i)], stdout=subprocess.PIPE)
+          for i in (0, 1)]
+    out = outputs([ps, *ws], 60)
+    stray.close()
+    lines = [json.loads(x) for x in out[0][0].splitlines()]
+    assert ps.returncode == 0 and [x["round"] for x in lines if "round" in x] == [0, 1, 2]
+    assert lines[-1] == {"done": True, "strays": 1}
+
+
+@pytest.mark.unit
+def test_bench_ranks_never_get_the_key_on_their_argv():
+    for f in (ROOT / "control" / "bench").glob("*.py"):
+        text = f.read_text()
+        assert '"--secret"' not in text and "secret.hex()" not in text, f.name
+
+
+# --------------------------------------------------------------------------- whole jobs
+
+def _job(steps: int, key_path: str | None, workers: int = 2, during=None):
+    """Run store_soak_job.py over TCP on loopback with this process hosting
+    the store; during(store, stop) runs in a thread while it does."""
+    store = loopback_store(120.0)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+               TORCHELASTIC_USE_AGENT_STORE="True", LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1",
+               LTP_WORLD_SIZE=str(workers + 1), WORLD_SIZE=str(workers + 1),
+               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
+    if key_path:
+        env[jobkey.ENV] = key_path
+    procs = [subprocess.Popen([sys.executable, str(SOAK), str(steps)], cwd=ROOT,
+                              env=dict(env, LTP_RANK=str(r), RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(workers + 1)]
+    stop = threading.Event()
+    th = threading.Thread(target=during, args=(store, stop), daemon=True) if during else None
+    if th:
+        th.start()
+    try:
+        outs = outputs(procs, 300)
+    finally:
+        stop.set()
+        if th:
+            th.join(10)
+    return procs, outs, store
+
+
+def _scan(needles: list[bytes], found: list, seen: list):
+    def run(store, stop):
+        client = dist.TCPStore("127.0.0.1", store.port, None, False, timedelta(seconds=1))
+        while not stop.wait(0.05):
+            for k in client.list_keys():
+                try:
+                    v = client.get(k)
+                except RuntimeError:        # deleted since it was listed
+                    continue
+                seen.append(k)
+                found.extend((k, n) for n in needles if n in v or n in k.encode())
+    return run
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_no_store_value_holds_the_key_and_the_store_stays_small(tmp_path):
+    """A 300-step keyed job (600 ops): a process reading every key and value
+    of the store every 50 ms finds neither the job key nor any key derived
+    from it (raw or hex), nor "secret"; the store's key count stays flat."""
+    path = _key_file(tmp_path)
+    key = jobkey.read_key_file(path)
+    found, seen, needles = [], [], [b"secret"]
+    for k in (key, jobkey.token_secret(key), jobkey.store_key(key), jobkey.hello_key(key)):
+        needles.extend([k, k.hex().encode(), k.hex().upper().encode()])
+    procs, outs, store = _job(300, path, during=_scan(needles, found, seen))
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert not found and len(seen) > 100
+    assert "no job key" not in outs[0][1]
+    counts = [json.loads(x) for x in outs[1][0].splitlines() if x.startswith('{"step"')]
+    keys = [c["keys"] for c in counts]
+    digests = {json.loads(o.splitlines()[-1])["digest"] for o, _ in outs[1:]}
+    assert len(digests) == 1 and len(keys) == 12
+    print("store keys by step:", {c["step"]: c["keys"] for c in counts},
+          "at the end:", store.num_keys())
+    # flat: the last 200 steps hold no more keys than the first 100 (+ a few
+    # in flight), where 600 ops that kept theirs would leave thousands
+    assert max(keys[4:]) <= max(keys[:4]) + 6 and store.num_keys() < 40
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_a_forged_join_in_a_keyed_job_ends_it_with_a_clear_error(tmp_path):
+    """A process without the key asks to join as worker 999: the server
+    refuses the value naming the key (no IndexError) and the job ends."""
+    def during(store, stop):
+        while not store.check([KEY + "floor"]) and not stop.is_set():   # a few ops in
+            time.sleep(0.05)
+        n = store.add(KEY + "join", 1)
+        store.set(KEY + f"join/{n}", "999")
+    procs, outs, store = _job(400, _key_file(tmp_path), during=during)
+    server_err = outs[0][1]
+    assert procs[0].returncode == 1, server_err[-2000:]
+    assert f"store key {KEY}join/1: the value carries no MAC" in server_err
+    for _, err in outs:
+        assert "IndexError" not in err and "KeyError" not in err
