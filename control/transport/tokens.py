@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Round tokens: what stops a host off the path from forging a job's packets.
 
-A job has one secret (SECRET_BYTES random bytes: `new_secret`, made once by
-whoever starts the job and handed to its members over the rendezvous store).
+A job has one secret (SECRET_BYTES random bytes: `new_secret`; ltpx.torch's
+ranks each derive theirs from the job key in their LTP_SECRET_FILE,
+control/jobkey.py: it never crosses the network or the rendezvous store).
 Every member derives each round's token from it, a keyed BLAKE2b of (job,
 round) cut to 64 bits, so no round needs an exchange of its own, and the
 token of one round, seen on the path, says nothing of another's. A receiver
