@@ -189,6 +189,10 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        metavar="FILE"),
     _s("require_secret", bool, False, "refuse to start without a job key (secret_file) "
        "instead of running with tokens off and a warning", shown="0"),
+    _s("trace", str, None, "write a Chrome trace-event JSON file (Perfetto, chrome://tracing) "
+       "of the job's rounds: per server its rounds and answers, per worker its barrier, "
+       "pushes and answers and its chunks' first and last arrival at the server's NIC "
+       "(docs/slow-or-stuck.md)", shown="-", metavar="FILE.json", flags=(TRAIN,)),
     _s("buffer", int, 0, "the bottleneck's queue in bytes: with sender xdp a receiver's "
        "credit is this plus one BDP", lo=0, shown="0 (32 KiB)", metavar="BYTES",
        flags=(RANK,), launcher=True),

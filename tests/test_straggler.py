@@ -88,3 +88,21 @@ def test_the_run_names_the_barriers_last_arriver_beyond_the_margin():
     assert out["rounds_attributed"] == 4 and out["attributed_by"] == {"barrier": 2, "nic": 2}
     # a long step widens the margin: 10 % of 0.5 s is 50 ms, more than the waits
     assert attribute_steps(notes, {}, steps=5, step_s=0.5)["rounds_attributed"] == 0
+
+
+def test_the_trace_checker_finds_what_perfetto_would_refuse():
+    from ltpx.control.torchapi.trace import chrome_trace, problems
+    good = chrome_trace({}, {0: [{"op": 1, "kind": "step", "arrive_ns": 1000, "lift_ns": 5000,
+                                  "last": False, "pushes": [[1, 5000, 9000]],
+                                  "pull": [9000, 20000]}]})
+    assert problems(good) == []
+    bad = {"traceEvents": [
+        {"ph": "X", "ts": 5, "pid": 1, "tid": 0, "name": "a", "dur": 1},
+        {"ph": "X", "ts": 4, "pid": 1, "tid": 0, "name": "b", "dur": 1},   # back in time
+        {"ph": "X", "ts": 6, "pid": 1, "tid": 1, "name": "c"},             # no duration
+        {"ph": "B", "ts": 7, "pid": 1, "tid": 2, "name": "d"},             # never ended
+        {"ph": "i", "ts": 8, "pid": 1, "name": "e"},                       # no tid
+        {"ph": "s", "ts": 9, "pid": 1, "tid": 3, "name": "f", "id": 1}]}   # no finish
+    found = problems(bad)
+    assert len(found) == 5 and "back in time" in found[0] and "without a duration" in found[1]
+    assert problems({}) == ["no traceEvents list"]

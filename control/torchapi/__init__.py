@@ -36,6 +36,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   links, link_ltp, link_tcp   the transports under the server and the workers
   exchange     a worker's side of an op
   server       the server's loop (sums, answers; no model)
+  trace        each rank's ring of its latest rounds/ops, and the job's trace-event file
   buckets      gradient buckets: reverse registration order, copy in and out
   optimizer    DistributedOptimizer (hooks, overlap, wbsp, report, warnings)
   collectives  broadcast_parameters, allreduce, digest

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .coord import Excluded, PeerGone
+from .trace import OpRecord, Timeline, now_ns
 from .ops import STEP, Go, Op, RoundClock, SHUTDOWN, StepReport, preopened
 
 log = logging.getLogger("ltpx.torch.exchange")
@@ -48,6 +49,7 @@ class Run:
     rounds: list[int]        # its uplink rounds
     npre: int                # how many of them the server opened before the barrier
     go: Go | None = None     # the barrier's value, once read
+    rec: OpRecord | None = None   # its timeline record (trace.py)
 
 
 class Exchange:
@@ -65,6 +67,7 @@ class Exchange:
         # the latest barrier as this worker saw it: (op, seconds it waited after
         # arriving, whether it arrived last: it lifted the barrier)
         self.barrier_seen: tuple[int, float, bool] | None = None
+        self.timeline = Timeline()   # the latest ops' records (trace.py)
         # the job ran before this process joined it: it must be admitted first
         self.joining = coord.started()
         self.donations: dict[int, int] = {}   # worker -> ticket this worker owes its state
@@ -81,6 +84,7 @@ class Exchange:
         """Number the next op; the clock moves on now, so a later op can be
         planned while this one is still being pushed."""
         run = Run(op, self.clock.seq, self.clock.rounds(op), preopened(self.prev, op))
+        run.rec = OpRecord(run.seq, op.kind)
         self.clock.advance(op)
         self.prev = op
         return run
@@ -91,7 +95,9 @@ class Exchange:
 
     def arrive(self, run: Run) -> bool:
         self.check_member()
-        return self.co.arrive(run.seq, run.op)
+        run.rec.arrive_ns = now_ns()
+        run.rec.last = self.co.arrive(run.seq, run.op)
+        return run.rec.last
 
     def barrier(self, run: Run) -> None:
         t0 = time.perf_counter()
@@ -102,6 +108,7 @@ class Exchange:
         t2 = time.perf_counter()
         self.times["barrier_s"] += t2 - t0
         self.barrier_seen = (run.seq, t2 - t1, last)
+        run.rec.arrive_ns, run.rec.lift_ns, run.rec.last = int(t0 * 1e9), int(t2 * 1e9), last
 
     def push(self, run: Run, i: int, piece: np.ndarray) -> None:
         """Piece i of the op (one bucket of a step) into its uplink round."""
@@ -113,6 +120,7 @@ class Exchange:
             self.co.wait_open(r)
         with self.on_rounds():
             closed_early = self.link.push(r, piece, run.op.reliable, answer=run.seq)
+        run.rec.pushes.append((r, int(t0 * 1e9), now_ns()))
         if closed_early:
             # the server closed r before all of this arrived: say so, it may be
             # waiting for that before it reuses r's bank (coord.py, ack/<r>/<w>)
@@ -126,6 +134,8 @@ class Exchange:
         with self.on_rounds():
             self.link.pull(run.seq, view)
         self.times["pull_s"] += time.perf_counter() - t0
+        run.rec.pull = (int(t0 * 1e9), now_ns())
+        self.timeline.add(run.rec)
         if run.op.kind == STEP:
             self.follow(StepReport.decode(view[sum(run.op.sizes):]))
         return view

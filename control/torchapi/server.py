@@ -39,6 +39,8 @@ from ...errors import DeadPeerError, LtpError, TransportError
 from ..transport.bubble import fill as fill_bubbles
 from ..transport.rate import quiet_gc
 from ..transport.straggler import StepStragglers
+from .trace import Timeline, answer_record, chrome_trace, now_ns, round_record
+from .trace import write as write_trace
 from .ops import ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
 
 FIRST_TRY_S = 3.0   # an answer's first try: long enough for a live worker to answer
@@ -150,6 +152,9 @@ class Server:
         self.reasons: dict[str, int] = {}
         self.delivered: list[float] = []
         self.round_s: list[float] = []
+        self.timeline = Timeline()   # the latest rounds and answers (trace.py)
+        self.trace: str | None = None      # write the server's view of the job here at its end
+        self.index = 0                     # this server's (sharded: 0..S-1)
 
     def run(self) -> dict:
         """Serve until the workers shut the job down; returns the summary."""
@@ -162,6 +167,10 @@ class Server:
                 if self.clock.seq == 1:
                     quiet_gc()   # set-up is done: never scan its objects again
             summary = self.summary()
+            if self.trace:   # before fin: a lead that writes the whole job's trace comes after
+                summary["timeline"] = self.timeline.records()
+                write_trace(self.trace if self.index == 0 else f"{self.trace}.server{self.index}",
+                            chrome_trace({self.index: summary["timeline"]}, {}))
             self.co.set_json("fin", summary)
             return summary
         finally:
@@ -189,6 +198,7 @@ class Server:
             t0 = time.perf_counter()
             g = self.link.gather(r, op.sizes[i], ws)
             t1 = time.perf_counter()
+            self.timeline.add(round_record(r, seq, op.kind, g))
             if op.kind == STEP and ks is None:
                 ks = self.co.get_k(seq, ws) if op.sync == "wbsp" else \
                     [0 if w in absent else 1 for w in ws]
@@ -220,6 +230,7 @@ class Server:
         t3 = time.perf_counter()
         self.answer_to(targets, seq, self.answer[:op.down_elems(self.W)],
                        group=self.group_ok and op.downlink == "group")
+        self.timeline.add(answer_record(seq, int(t3 * 1e9), now_ns()))
         self.times["update_s"] += t3 - t2
         self.times["broadcast_s"] += time.perf_counter() - t3
         self.clock.advance(op)
@@ -326,6 +337,7 @@ def run_server(job) -> int:
     error (one line on stderr)."""
     srv = Server(job.link, job.coord, job.workers, group_ok=job.group is not None,
                  max_missed=job.s.max_missed)
+    srv.trace, srv.index = job.s.trace, job.global_rank
     try:
         job.summary = srv.run()
         return 0

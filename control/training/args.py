@@ -61,6 +61,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     add_flag(p, "compress", TRAIN)
     add_flag(p, "sender", TRAIN)
     add_flag(p, "max_missed", TRAIN)
+    add_flag(p, "trace", TRAIN)
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="worker 0 saves model and optimizer every N steps to "
                    "--checkpoint-dir; a job started again resumes from the newest (default: "
@@ -144,6 +145,7 @@ def config_from_args(a: argparse.Namespace, *, transport: str | None = None,
                       sender=a.sender if transport in LTP_TRANSPORTS
                       else TABLE["sender"].default,
                       max_missed=a.max_missed, checkpoint_every=a.checkpoint_every,
+                      trace=a.trace,
                       checkpoint_dir=os.path.abspath(a.checkpoint_dir) if a.checkpoint_dir
                       else None, pace_s=max(0.0, a.pace))
     try:

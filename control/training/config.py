@@ -54,11 +54,12 @@ class TrainConfig:
     # ("group", LTP only), or to each worker ("unicast"). None: DEFAULT_DOWNLINK
     # for LTP, unicast for the others (they have no group sends).
     downlink: str | None = None
-    # these four are ltpx.torch settings: the settings table says what they mean
+    # these five are ltpx.torch settings: the settings table says what they mean
     servers: int = TABLE["servers"].default
     compress: str = TABLE["compress"].default
     sender: str = TABLE["sender"].default
     max_missed: int = TABLE["max_missed"].default
+    trace: str | None = None            # the lead writes the job's trace here (FILE.json)
     # worker 0 checkpoints every N steps to the folder, a new job resumes from it
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None

@@ -35,7 +35,7 @@ import torch
 
 from ..torchapi import (DistributedOptimizer, broadcast_parameters, digest, rank, shutdown,
                         size)
-from ..torchapi import checkpoint, elastic
+from ..torchapi import checkpoint, elastic, trace
 from ..torchapi.coord import Excluded
 from ..torchapi.job import current
 from .config import TrainConfig, iterations_per_epoch
@@ -185,6 +185,13 @@ class Demo:
         done = {w: co.get_json(f"user/train/done/{w}") for w in ids}
         server = shutdown() or {}
         res = self.result(done, server, wall)
+        if self.cfg.trace:    # the servers wrote their view; the whole job's replaces it
+            sums = server.get("servers") or [server]
+            trace.write(self.cfg.trace, trace.chrome_trace(
+                {s: d.get("timeline", []) for s, d in enumerate(sums)},
+                {w: d.get("timeline", []) for w, d in done.items()},
+                {"job": "ltp train", "workers": self.W, "steps": len(self.round_s)}))
+            res["trace"] = self.cfg.trace
         res.update(workers_lost=sorted(ex.lost), workers_rejoined=sorted(ex.rejoined),
                    resumed_from=self.resumed_from, workers_present=ids,
                    lost_at={str(w): t for w, t in sorted(ex.lost.items())},
@@ -234,6 +241,8 @@ class Demo:
                 "ks": opt.ks, "versions": self.total + 1,
                 "mean_loss": self.loss_sum / self.loss_n if self.loss_n else None,
                 "barrier": self.notes.to_dict(),
+                **({"timeline": current().exchange.timeline.records()} if self.cfg.trace
+                   else {}),
                 "times": {k: round(v, 4) for k, v in times.items()}}
 
     def straggler_fields(self, done: dict[int, dict], wall: float) -> dict:

@@ -51,11 +51,11 @@ class BarrierNotes:
 
 
 def attribute_steps(notes: dict[int, dict], nic: dict[int, int], steps: int,
-                    step_s: float) -> dict:
+                    step_s: float, keys=None) -> dict:
     """The run's straggler fields: per worker the steps it was named in, the
     steps attributed, and by which witness. notes: worker -> its
     BarrierNotes.to_dict() (missing: it kept none); nic: step -> the worker
-    the server named."""
+    the server named; keys: the steps' numbers (default 1..steps)."""
     margin = max(BARRIER_MARGIN_S, BARRIER_MARGIN_FRAC * step_s)
     last_at: dict[int, int] = {}
     for w, n in notes.items():
@@ -65,7 +65,7 @@ def attribute_steps(notes: dict[int, dict], nic: dict[int, int], steps: int,
               for w, n in notes.items()}
     named: dict[int, int] = {}
     by = {"barrier": 0, "nic": 0}
-    for s in range(1, steps + 1):
+    for s in (range(1, steps + 1) if keys is None else keys):
         w = last_at.get(s)
         others = [waited[o].get(s, 0.0) for o in waited if o != w]
         if w is not None and others and float(np.median(others)) > margin:

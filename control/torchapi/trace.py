@@ -1,0 +1,266 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A job's timeline as a Chrome trace-event file (Perfetto's JSON importer,
+chrome://tracing), and the per-worker table `ltp trace summary` prints.
+
+Every rank keeps its latest records in a ring (`Timeline`, RING of them: a
+bounded cost however long the job runs): a server one per uplink round it
+gathered (`round_record`: open and close, reason, and per worker the first,
+last and threshold chunk's arrival at its NIC with the round's straggler
+attribution) and one per answer it sent; a worker one per op (`OpRecord`:
+its barrier, each piece's push, the answer's pull). Times are
+CLOCK_MONOTONIC ns (`perf_counter_ns`, and the XDP program's
+bpf_ktime_get_ns): one clock on one host, which is what a rig is. Across
+hosts the clocks differ by their offset; nothing here aligns them.
+
+`chrome_trace` lays them out: a process per server (SERVER_PID + s) with a
+track per round bank ("rounds, bank b"), one for answers and one per worker
+("NIC: worker w": its chunks as a slice from the first arrival to the last,
+and both as instants); a process per worker (WORKER_PID + w) with tracks
+for its barrier, pushes and answers. A flow arrow links each push to its
+chunks at the server's NIC. Rounds carry their attribution in args, which
+`summarize` reads back.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+RING = 4096            # records a rank keeps (the trace holds its latest RING rounds/ops)
+SERVER_PID, WORKER_PID = 1, 1001
+BANKS = 2              # a round r lives in bank r % 2 (its slices never overlap there)
+T_ANSWERS, T_NIC = 2, 10              # server tracks: answers; NIC: worker w at T_NIC + w
+T_BARRIER, T_PUSH, T_PULL = 0, 1, 2   # worker tracks
+
+
+class Timeline:
+    """A rank's ring of its latest records (dicts)."""
+
+    def __init__(self, n: int = RING):
+        self.ring: deque = deque(maxlen=n)
+
+    def add(self, rec) -> None:
+        if rec is not None:
+            self.ring.append(rec)
+
+    def records(self) -> list[dict]:
+        return [r if isinstance(r, dict) else r.to_dict() for r in self.ring]
+
+
+def round_record(r: int, op: int, kind: str, g) -> dict | None:
+    """A server's record of gathered round r of op `op` (links.Gathered);
+    None without arrival times (TCP)."""
+    a, att = g.arrivals, g.attribution
+    if a is None:
+        return None
+    late = att.lateness if att is not None else {}
+    return {"round": r, "op": op, "kind": kind, "reason": g.reason,
+            "open_ns": a.open_ns, "close_ns": a.close_ns, "workers": list(g.workers),
+            "first_ns": a.first_ns.tolist(), "last_ns": a.last_ns.tolist(),
+            "thresh_ns": a.thresh_ns.tolist(),
+            "critical": att.critical if att is not None else None,
+            "cause": att.cause if att is not None else "",
+            "lateness_s": [late.get(w) for w in g.workers]}
+
+
+def answer_record(op: int, t0_ns: int, t1_ns: int) -> dict:
+    return {"answer": op, "t0_ns": t0_ns, "t1_ns": t1_ns}
+
+
+@dataclass
+class OpRecord:
+    """A worker's view of one op: its barrier (arrived, lifted; whether it
+    arrived last), its pushes (round, start, end) and the answer's pull."""
+
+    op: int
+    kind: str
+    arrive_ns: int = 0
+    lift_ns: int = 0
+    last: bool = False
+    pushes: list = field(default_factory=list)
+    pull: tuple = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def now_ns() -> int:
+    return time.perf_counter_ns()
+
+
+def _us(ns: int) -> float:
+    return ns / 1e3
+
+
+def _meta(pid: int, tid: int, what: str, name: str) -> dict:
+    return {"ph": "M", "name": what, "pid": pid, "tid": tid, "ts": 0, "args": {"name": name}}
+
+
+def _x(name: str, pid: int, tid: int, t0: int, t1: int, cat: str, args=None) -> dict:
+    ev = {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": _us(t0),
+          "dur": max(0.0, _us(t1) - _us(t0))}
+    if args:
+        ev["args"] = args
+    return ev
+
+
+def _server_events(s: int, recs: list[dict]) -> tuple[list[dict], dict]:
+    """Server s's events, and where each (round, worker)'s chunks began at its
+    NIC (pid, tid, ns): the flows' ends."""
+    pid, ev, ends, workers = SERVER_PID + s, [], {}, set()
+    ev.append(_meta(pid, 0, "process_name", f"server {s}"))
+    for b in range(BANKS):
+        ev.append(_meta(pid, b, "thread_name", f"rounds, bank {b}"))
+    ev.append(_meta(pid, T_ANSWERS, "thread_name", "answers"))
+    for r in recs:
+        if "answer" in r:
+            ev.append(_x(f"answer {r['answer']}", pid, T_ANSWERS, r["t0_ns"], r["t1_ns"],
+                         "answer"))
+            continue
+        late = {str(w): round(v * 1e3, 3) for w, v in zip(r["workers"], r["lateness_s"])
+                if v is not None}
+        ev.append(_x(f"round {r['round']}", pid, r["round"] % BANKS, r["open_ns"],
+                     r["close_ns"], "round",
+                     {"op": r["op"], "kind": r["kind"], "reason": r["reason"],
+                      "straggler": r["critical"], "cause": r["cause"], "lateness_ms": late}))
+        for w, f, last, th in zip(r["workers"], r["first_ns"], r["last_ns"], r["thresh_ns"]):
+            if not f:
+                continue
+            workers.add(w)
+            tid = T_NIC + w
+            named = " (straggler)" if r["critical"] == w else ""
+            ev.append(_x(f"w{w} round {r['round']}{named}", pid, tid, f, max(f, last), "nic",
+                         {"round": r["round"], "thresh_ms": round((th - f) / 1e6, 3)
+                          if th else None}))
+            ev.append({"ph": "i", "s": "t", "name": "first chunk", "cat": "nic", "pid": pid,
+                       "tid": tid, "ts": _us(f)})
+            if last and last != f:
+                ev.append({"ph": "i", "s": "t", "name": "last chunk", "cat": "nic", "pid": pid,
+                           "tid": tid, "ts": _us(last)})
+            ends[(r["round"], w)] = (pid, tid, f)
+    ev += [_meta(pid, T_NIC + w, "thread_name", f"NIC: worker {w}") for w in sorted(workers)]
+    return ev, ends
+
+
+def _worker_events(w: int, recs: list[dict], ends: dict) -> list[dict]:
+    pid = WORKER_PID + w
+    ev = [_meta(pid, 0, "process_name", f"worker {w}"),
+          _meta(pid, T_BARRIER, "thread_name", "barrier"),
+          _meta(pid, T_PUSH, "thread_name", "push"), _meta(pid, T_PULL, "thread_name", "answer")]
+    for o in recs:
+        if o["arrive_ns"] and o["lift_ns"]:
+            ev.append(_x(f"barrier {o['op']}", pid, T_BARRIER, o["arrive_ns"], o["lift_ns"],
+                         "barrier", {"op": o["op"], "last": o["last"]}))
+        for r, t0, t1 in o["pushes"]:
+            ev.append(_x(f"push {r}", pid, T_PUSH, t0, t1, "push", {"op": o["op"], "round": r}))
+            end = ends.get((r, w))
+            if end is not None:     # an arrow from the push to its chunks at the NIC
+                fid = r * 65536 + w
+                ev.append({"ph": "s", "name": "push", "cat": "flow", "id": fid, "pid": pid,
+                           "tid": T_PUSH, "ts": _us(t0)})
+                ev.append({"ph": "f", "bp": "e", "name": "push", "cat": "flow", "id": fid,
+                           "pid": end[0], "tid": end[1], "ts": _us(max(end[2], t0))})
+        if o["pull"]:
+            ev.append(_x(f"answer {o['op']}", pid, T_PULL, o["pull"][0], o["pull"][1], "answer",
+                         {"op": o["op"]}))
+    return ev
+
+
+def chrome_trace(servers: dict[int, list[dict]], workers: dict[int, list[dict]],
+                 meta: dict | None = None) -> dict:
+    """The trace-event JSON object of the servers' and workers' records
+    (server/worker id -> its records), events sorted by time."""
+    events, ends = [], {}
+    for s, recs in sorted(servers.items()):
+        ev, e = _server_events(s, recs)
+        events += ev
+        ends.update(e)
+    for w, recs in sorted(workers.items()):
+        events += _worker_events(w, recs, ends)
+    events.sort(key=lambda e: (e["ts"], e["ph"] != "M"))
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"clock": "CLOCK_MONOTONIC", **(meta or {})}}
+
+
+def write(path: str, trace: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(trace, f, separators=(",", ":"))
+
+
+def summarize(trace: dict) -> dict:
+    """What a trace says of who the job waited for: per worker how many rounds
+    the server named it straggler and its lateness at the NIC (ms) p50 and
+    p99; per step op the worker its rounds named most (`nic`); and each
+    worker's barrier notes (`notes`: the ops it arrived last at, its waits
+    in ms), from which control/training/stragglers.attribute_steps names each
+    step as `ltp train -j` does."""
+    events = trace.get("traceEvents", [])
+    rounds = [e for e in events if e.get("cat") == "round"]
+    named: dict[str, int] = {}
+    late: dict[str, list[float]] = {}
+    per_op: dict[int, dict[int, int]] = {}
+    for e in rounds:
+        a = e.get("args", {})
+        if a.get("kind") == "step" and a.get("straggler") is not None:
+            k = str(a["straggler"])
+            named[k] = named.get(k, 0) + 1
+            op = per_op.setdefault(int(a["op"]), {})
+            op[a["straggler"]] = op.get(a["straggler"], 0) + 1
+        for w, v in (a.get("lateness_ms") or {}).items():
+            late.setdefault(w, []).append(v)
+    steps = sorted({int(e["args"]["op"]) for e in rounds if e.get("args", {}).get("kind") == "step"})
+    notes: dict[int, dict] = {}
+    for e in events:
+        if e.get("cat") == "barrier" and int(e["args"]["op"]) in steps:
+            n = notes.setdefault(e["pid"] - WORKER_PID, {"last": [], "waited_ms": {}})
+            if e["args"]["last"]:
+                n["last"].append(int(e["args"]["op"]))
+            else:
+                n["waited_ms"][str(e["args"]["op"])] = e["dur"] / 1e3
+    spans = [e["ts"] for e in rounds if e.get("args", {}).get("kind") == "step"]
+    step_s = (max(spans) - min(spans)) / 1e6 / max(1, len(steps) - 1) if len(spans) > 1 else 0.0
+
+    def pct(v, q):
+        return round(float(np.percentile(v, q)), 3) if v else None
+    workers = sorted(set(named) | set(late) | {str(w) for w in notes}, key=int)
+    return {"rounds": len(rounds), "steps": steps, "step_s": step_s,
+            "workers": {w: {"nic_rounds": named.get(w, 0), "lateness_p50_ms": pct(late.get(w), 50),
+                            "lateness_p99_ms": pct(late.get(w), 99)} for w in workers},
+            "nic": {op: max(c, key=c.get) for op, c in per_op.items()}, "notes": notes}
+
+
+def problems(trace: dict) -> list[str]:
+    """What keeps a trace from being a well-formed trace-event file (empty:
+    none): every event has ph, ts, pid, tid and name; an X slice a duration;
+    timestamps never go back on a track; B/E pairs match per track; a flow's
+    start and finish come in pairs."""
+    out, last, open_b, flows = [], {}, {}, {}
+    events = trace.get("traceEvents")
+    if not isinstance(events, list):
+        return ["no traceEvents list"]
+    for i, e in enumerate(events):
+        miss = [k for k in ("ph", "ts", "pid", "tid", "name") if k not in e]
+        if miss:
+            out.append(f"event {i} lacks {', '.join(miss)}")
+            continue
+        track = (e["pid"], e["tid"])
+        if e["ts"] < last.get(track, float("-inf")):
+            out.append(f"event {i} ({e['name']}) goes back in time on track {track}")
+        last[track] = e["ts"]
+        ph = e["ph"]
+        if ph == "X" and not (isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0):
+            out.append(f"event {i} ({e['name']}): an X slice without a duration")
+        elif ph == "B":
+            open_b[track] = open_b.get(track, 0) + 1
+        elif ph == "E":
+            open_b[track] = open_b.get(track, 0) - 1
+            if open_b[track] < 0:
+                out.append(f"event {i}: E without its B on track {track}")
+        elif ph in ("s", "f"):
+            flows.setdefault(e.get("id"), []).append(ph)
+    out += [f"track {t}: {n} B without E" for t, n in open_b.items() if n > 0]
+    out += [f"flow {k}: {v}" for k, v in flows.items() if sorted(v) != ["f", "s"]]
+    return out

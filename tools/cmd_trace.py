@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`ltp trace`: read a job's trace file (`ltp train --trace FILE.json`,
+`lt.init(trace=...)`): who the rounds waited for. See docs/slow-or-stuck.md.
+
+  ltp trace summary FILE [-j]     per worker: rounds named straggler, lateness p50/p99
+  ltp trace check FILE [-j]       is it a well-formed trace-event file?
+"""
+from __future__ import annotations
+
+import json
+
+from .common import UsageError, add_command, add_json, emit
+
+EPILOG = """examples:
+  sudo ltp train --workers 4 --iterations 50 --straggler 2:100 --trace /tmp/t.json
+  ltp trace summary /tmp/t.json
+  ltp trace check /tmp/t.json -j
+Open the file in Perfetto (ui.perfetto.dev: Open trace file) or chrome://tracing.
+"""
+
+
+def register(sub) -> None:
+    p = add_command(sub, "trace", "read a job's trace file: who the rounds waited for",
+                    description="Per worker, from a Chrome trace-event file a job wrote "
+                    "(ltp train --trace, lt.init(trace=...)): the rounds that named it "
+                    "straggler and its lateness at the server's NIC.", epilog=EPILOG)
+    psub = p.add_subparsers(dest="trace_command", metavar="ACTION")
+    sm = add_command(psub, "summary", "per worker: rounds named straggler, lateness p50/p99")
+    sm.add_argument("file", metavar="FILE")
+    add_json(sm)
+    sm.set_defaults(func=cmd_summary)
+    ck = add_command(psub, "check", "check the file against the trace-event format")
+    ck.add_argument("file", metavar="FILE")
+    add_json(ck)
+    ck.set_defaults(func=cmd_check)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read trace {path}: {e}") from None
+    if not isinstance(d, dict) or "traceEvents" not in d:
+        raise UsageError(f"{path} is not a trace-event file (no traceEvents)")
+    return d
+
+
+def _text(s: dict) -> str:
+    lines = [f"{len(s['steps'])} steps ({s['rounds']} rounds), {s['rounds_attributed']} "
+             f"attributed to a straggler ({s['attributed_by']['barrier']} by the barrier, "
+             f"{s['attributed_by']['nic']} by the NIC)",
+             f"{'worker':>8} {'straggler':>10} {'NIC rounds':>11} {'lateness p50':>13} {'p99':>9}"]
+    for w, v in s["workers"].items():
+        p50, p99 = v["lateness_p50_ms"], v["lateness_p99_ms"]
+        lines.append(f"{w:>8} {v['straggler_steps']:>10} {v['nic_rounds']:>11} "
+                     f"{'-' if p50 is None else f'{p50:.2f} ms':>13} "
+                     f"{'-' if p99 is None else f'{p99:.2f} ms':>9}")
+    return "\n".join(lines)
+
+
+def summary(trace: dict) -> dict:
+    """Per worker: the steps named it straggler (the barrier's last arriver
+    beyond the margin, else the NIC's: as `ltp train -j`), the rounds the
+    server's NIC named it in, its NIC lateness p50/p99."""
+    from ..control.torchapi.trace import summarize  # noqa: PLC0415 (numpy: not for --help)
+    from ..control.training.stragglers import attribute_steps  # noqa: PLC0415 (as above)
+    s = summarize(trace)
+    att = attribute_steps(s["notes"], s["nic"], len(s["steps"]), s["step_s"], keys=s["steps"])
+    for w, v in s["workers"].items():
+        v["straggler_steps"] = att["straggler_rounds"].get(w, 0)
+    return {"rounds": s["rounds"], "steps": s["steps"], **att, "workers": s["workers"]}
+
+
+def cmd_summary(a) -> int:
+    emit(a, summary(_load(a.file)), _text)
+    return 0
+
+
+def cmd_check(a) -> int:
+    from ..control.torchapi.trace import problems  # noqa: PLC0415 (numpy: not for --help)
+    d = _load(a.file)
+    bad = problems(d)
+    emit(a, {"file": a.file, "events": len(d["traceEvents"]), "ok": not bad, "problems": bad},
+         lambda r: f"{r['file']}: {r['events']} events, "
+         + ("well-formed" if r["ok"] else "\n  ".join(["problems:", *r["problems"]])))
+    return 0 if not bad else 1
