@@ -156,6 +156,14 @@ struct ltp_slot_stats {
 #define LTP_ROUND_TIME_BUCKETS 20
 #define LTP_ROUND_TIME_BASE_US 100
 
+/* A slot's lateness in a round (its last chunk's arrival at the NIC minus
+ * the round's median last arrival, control/transport/straggler.py) in
+ * ltp_round_stats.late_hist: bucket 0 counts rounds it was at most
+ * LTP_LATE_BASE_US late (on time or early included), bucket i > 0 at most
+ * LTP_LATE_BASE_US << i, the last every later one (0.1 ms .. 1.6 s). */
+#define LTP_LATE_BUCKETS 15
+#define LTP_LATE_BASE_US 100
+
 /* Round outcomes per slot, decided in user space (control/transport/receiver.py
  * Receiver.collect) and recorded with LtpMaps.record_round. Counts are in
  * rounds, chunk sums in chunks; "filled" = chunks that did not arrive and
@@ -173,6 +181,8 @@ struct ltp_round_stats {
 	__u32 pad;
 	__u64 time_us;         /* round times summed, microseconds (rounds recorded with one) */
 	__u64 time_hist[LTP_ROUND_TIME_BUCKETS];  /* rounds per time bucket, see above */
+	__u64 straggler;       /* rounds that named this slot's worker their straggler */
+	__u64 late_hist[LTP_LATE_BUCKETS];  /* rounds per lateness bucket, see above */
 };
 
 /* Per-bank rate sharing. The control plane opens a round with `active` =

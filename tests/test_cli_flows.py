@@ -96,17 +96,22 @@ def test_round_stats_struct_matches_the_c_definition(small_geometry):
         assert layout == [(n, getattr(M.RoundStats, n).offset) for n, *_ in M.RoundStats._fields_]
         assert ctypes.sizeof(leaf) == ctypes.sizeof(M.RoundStats)
         m = dp.maps()
-        m.record_round(1, "early", 50, 7, round_=3, duration_s=0.05)
-        m.record_round(1, "complete", 57, 0, round_=4, duration_s=0.0001)
-        m.record_round(1, "timeout", 0, 57, round_=5, duration_s=30.0)
+        m.record_round(1, "early", 50, 7, round_=3, duration_s=0.05, lateness_s=-0.002)
+        m.record_round(1, "complete", 57, 0, round_=4, duration_s=0.0001, straggler=True,
+                       lateness_s=0.03)
+        m.record_round(1, "timeout", 0, 57, round_=5, duration_s=30.0, straggler=True,
+                       lateness_s=9.0)
         m.record_round(1, "deadline", 1, 56, round_=6)          # no time: not in the histogram
         hist = [0] * M.ROUND_TIME_BUCKETS
         hist[0] = hist[9] = hist[-1] = 1      # 0.1 ms <= 100 us; 50 ms <= 51.2 ms; 30 s > 26.2 s
         assert M.ROUND_TIME_BOUNDS_S[0] == 0.0001 and M.ROUND_TIME_BOUNDS_S[9] == 0.0512
+        late = [0] * (len(M.LATE_BOUNDS_S) + 1)   # early: bucket 0; 30 ms <= 51.2 ms; 9 s > 1.6 s
+        late[0] = late[9] = late[-1] = 1
         assert m.round_stats(1) == {"complete": 1, "early": 1, "deadline": 1, "timeout": 1,
                                     "delivered": 108, "filled": 120, "last_round": 6,
                                     "last_delivered": 1, "last_filled": 56,
-                                    "time_us": 30_050_100, "time_hist": hist}
+                                    "time_us": 30_050_100, "time_hist": hist,
+                                    "straggler": 2, "late_hist": late}
         with pytest.raises(ValueError, match="reason"):
             m.record_round(0, "lost", 1, 1)
 

@@ -106,7 +106,7 @@ def _get(samples: dict, name: str, **labels):
 @requires_bpf
 def test_scrape_matches_flows_and_status(cluster, exporter):
     from ltpx.dataplane.xdp.maps import ROUND_REASONS
-    from ltpx.dataplane.xdp.metrics import BUCKET_LABELS, FLOW_COUNTERS
+    from ltpx.dataplane.xdp.metrics import BUCKET_LABELS, FLOW_COUNTERS, LATE_LABELS
     rig, cl = cluster
     for r in range(1, ROUNDS + 1):
         rig.set_loss(0.05 if r > 2 else 0.0)   # some lost chunks: re-sent or filled
@@ -137,8 +137,15 @@ def test_scrape_matches_flows_and_status(cluster, exporter):
             hist = [_get(m, "ltp_flow_round_seconds_bucket", **fl, le=le) for le in BUCKET_LABELS]
             assert hist == sorted(hist) and hist[-1] == recorded  # cumulative, all timed
             assert _get(m, "ltp_flow_round_seconds_count", **fl) == recorded
+            # who the rounds waited for: named rounds and the lateness histogram
+            assert _get(m, "ltp_flow_straggler_rounds_total", **fl) == f["straggler_rounds"]
+            late = [_get(m, "ltp_flow_lateness_seconds_bucket", **fl, le=le) for le in LATE_LABELS]
+            assert late == sorted(late)
             if s["role"] == "ps":
                 assert recorded == ROUNDS + 1 and f["packets"] > 0
+                # one worker: always the median, never late: every round in bucket 0
+                assert late[0] == late[-1] == recorded and f["straggler_rounds"] == 0
+                assert f["lateness_p50_ms"] == f["lateness_p99_ms"] == 0.1
                 assert 0 < _get(m, "ltp_flow_round_seconds_sum", **fl) < recorded * 10
                 assert _get(m, "ltp_flow_delivered_ratio", **fl) == \
                     pytest.approx(1 - f["loss"])

@@ -17,6 +17,7 @@ from .fec import rebuild
 from .layout import FRAME_OVERHEAD, ChunkLayout
 from .rate import SharePolicy
 from .results import RoundResult, arrivals_of
+from .straggler import attribute
 
 LOSS_SAMPLE = 32  # chunks an interval needs before its re-sent share feeds the boost
 
@@ -248,11 +249,15 @@ class Receiver:
         error = (estimate_error(chunked, masks) if not st.reliable and not masks.all()
                  else None)
         filled = self._fill(st, chunked, masks)
-        for i, s in enumerate(slots):  # round outcomes, for `ltp flows` from any process
-            maps.record_round(s, reason, int(masks[i].sum()), int(filled[i]), round_=round_,
-                              duration_s=t_close - st.t_open)
-        values = chunked.reshape(len(slots), nch * ce)[:, :layout.nelems]
         prog = maps.progress[bank][slots]
+        arrivals = arrivals_of(prog, st.t_open, t_close)
+        att = attribute(arrivals, st.workers, masks.sum(axis=1), reason)
+        for i, s in enumerate(slots):  # round outcomes, for `ltp flows` from any process
+            w = st.workers[i]
+            maps.record_round(s, reason, int(masks[i].sum()), int(filled[i]), round_=round_,
+                              duration_s=t_close - st.t_open, straggler=att.critical == w,
+                              lateness_s=att.lateness.get(w))
+        values = chunked.reshape(len(slots), nch * ce)[:, :layout.nelems]
         late, dups, bad_token = self._since_last_report()
         retx = int(prog["retx"].sum())
         active_s = (t_close - t_first) if t_first else 0.0
@@ -262,7 +267,7 @@ class Receiver:
                           threshold=st.early.threshold, deadline_s=st.early.deadline_s,
                           late=late, duplicates=dups, bad_token=bad_token, retx_chunks=retx,
                           critical_missing=missing, rebuilt=rebuilt,
-                          arrivals=arrivals_of(prog, st.t_open, t_close),
+                          arrivals=arrivals, attribution=att,
                           **({"error": error} if error else {}))
         if not st.reliable:
             st.early.end_round(total_bytes=layout.nbytes * len(slots),

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...dataplane.xdp import wire as W
 from .layout import ChunkLayout
-from .straggler import Attribution, attribute
+from .straggler import Attribution
 
 
 @dataclass
@@ -101,17 +101,12 @@ class RoundResult:
     # error against its own sampling noise and against its norm
     error: dict = field(default_factory=lambda: {"vs_noise": 0.0, "vs_aggregate": 0.0})
     arrivals: Arrivals | None = None  # when each worker's chunks reached the NIC
+    attribution: Attribution | None = None   # whom it waited for (straggler.attribute)
 
     @functools.cached_property
     def aggregate(self) -> np.ndarray:
         """float32 [nelems]: mean over workers after filling (accumulated in float64)."""
         return self.values.mean(axis=0, dtype=np.float64).astype(np.float32)
-
-    @functools.cached_property
-    def attribution(self) -> Attribution:
-        """Who the round waited for (straggler.attribute; not attributed
-        without arrival times)."""
-        return attribute(self.arrivals, self.workers, self.masks.sum(axis=1), self.reason)
 
     @property
     def delivered_fraction(self) -> float:
@@ -138,5 +133,5 @@ class RoundResult:
                 "error_vs_aggregate": round(self.error["vs_aggregate"], 6),
                 "threshold": round(self.threshold, 6), "deadline_s": round(self.deadline_s, 6),
                 "critical_missing": {str(k): v for k, v in self.critical_missing.items()},
-                **({"arrivals": self.arrivals.relative(),
-                    "straggler": self.attribution.to_dict()} if self.arrivals else {})}
+                **({"arrivals": self.arrivals.relative()} if self.arrivals else {}),
+                **({"straggler": self.attribution.to_dict()} if self.attribution else {})}

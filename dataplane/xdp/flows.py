@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .maps import BANK_STATES, ROUND_REASONS
+from .maps import BANK_STATES, LATE_BOUNDS_S, ROUND_REASONS
 
 #: ltp_stats fields a row shows, under the row's names
 _STATS = {"packets": "rx_packets", "bytes": "rx_bytes", "acks": "acks_tx", "dup": "dup",
@@ -34,6 +34,21 @@ RATE_FIELDS = ("packets", "bytes", "acks", "dup", "late", "out_of_range", "deliv
 
 def _frac(part: int, whole: int) -> float | None:
     return part / whole if whole else None
+
+
+def hist_quantile(hist: list[int], bounds: tuple[float, ...], q: float) -> float | None:
+    """The q-quantile of a histogram (counts per bucket of `bounds`, the last
+    bucket open-ended) as its bucket's upper bound in seconds: an upper bound
+    of the quantile (past the last bound: twice it). None if empty."""
+    total = sum(hist)
+    if not total:
+        return None
+    need, seen = q * total, 0
+    for i, n in enumerate(hist):
+        seen += n
+        if seen >= need:
+            return bounds[i] if i < len(bounds) else 2 * bounds[-1]
+    return 2 * bounds[-1]
 
 
 def snapshot(rec, maps) -> dict[str, Any]:
@@ -62,6 +77,12 @@ def snapshot(rec, maps) -> dict[str, Any]:
         row["last_filled"] = rs["last_filled"]
         row["loss"] = _frac(rs["filled"], rs["delivered"] + rs["filled"])
         row["loss_last"] = _frac(rs["last_filled"], rs["last_delivered"] + rs["last_filled"])
+        # who the rounds waited for (control/transport/straggler.py): the rounds
+        # that named this worker, and its lateness's p50/p99 (upper bounds, ms)
+        row["straggler_rounds"] = rs["straggler"]
+        for q in (50, 99):
+            v = hist_quantile(rs["late_hist"], LATE_BOUNDS_S, q / 100)
+            row[f"lateness_p{q}_ms"] = None if v is None else round(v * 1e3, 3)
         if live is not None:
             p = maps.progress[live["bank"], slot]
             row["round_chunks"] = int(p["chunks"])     # newest bank, live

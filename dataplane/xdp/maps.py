@@ -22,9 +22,10 @@ from ...errors import DataplaneError
 from .. import clib
 from . import headers
 from .mapstructs import (BANK_CLOSED, BANK_FREE, BANK_OPEN, BANK_STATES, CFG_SELF,  # noqa: F401
-                         PROGRESS_DTYPE, ROUND_REASONS, ROUND_TIME_BOUNDS_S, ROUND_TIME_BUCKETS,
-                         SENDSLOT_DTYPE, SHARE_DTYPE, SLOT_STATS, TX_DTYPE, Bank, Cfg, FdMap,
-                         Geometry, Progress, RoundStats, SendSlot, Share, SlotStats, Tx, mmap_rw)
+                         LATE_BOUNDS_S, PROGRESS_DTYPE, ROUND_REASONS, ROUND_TIME_BOUNDS_S,
+                         ROUND_TIME_BUCKETS, SENDSLOT_DTYPE, SHARE_DTYPE, SLOT_STATS, TX_DTYPE,
+                         Bank, Cfg, FdMap, Geometry, Progress, RoundStats, SendSlot, Share,
+                         SlotStats, Tx, mmap_rw)
 from .wire import LtpHdr, token_word
 
 #: enum ltp_counter, in order; the maps bpf/ltp_maps.h declares, in order
@@ -306,10 +307,13 @@ class LtpMaps:
 
     # --- round outcomes (decided in user space, kept in ltp_rounds) -----
     def record_round(self, slot: int, reason: str, delivered_chunks: int, filled_chunks: int,
-                     *, round_: int | None = None, duration_s: float | None = None) -> None:
+                     *, round_: int | None = None, duration_s: float | None = None,
+                     straggler: bool = False, lateness_s: float | None = None) -> None:
         """Count one closed round of `slot`: why it closed (one of
         ROUND_REASONS), how many of its chunks arrived and were filled and,
-        if given, how long it was open (into the time histogram).
+        if given, how long it was open (into the time histogram), whether it
+        named this slot's worker its straggler, and the worker's lateness
+        (into the lateness histogram; control/transport/straggler.py).
 
         One writer per program (the receiving endpoint): this is a read,
         modify, write of the slot's entry, not atomic across processes."""
@@ -334,17 +338,22 @@ class LtpMaps:
             st.time_us += max(0, round(duration_s * 1e6))
             # the first bucket whose bound is >= the time; past the last bound, the last
             st.time_hist[bisect.bisect_left(ROUND_TIME_BOUNDS_S, duration_s)] += 1
+        st.straggler += bool(straggler)
+        if lateness_s is not None:
+            st.late_hist[bisect.bisect_left(LATE_BOUNDS_S, lateness_s)] += 1
         self.rounds.set(slot, st)
 
     def round_stats(self, slot: int) -> dict[str, int | list[int]]:
         """Round outcomes of `slot`: complete, early, deadline, timeout (rounds),
         delivered, filled (chunks over all recorded rounds), last_round,
         last_delivered, last_filled, time_us and time_hist (a list, buckets
-        of ROUND_TIME_BOUNDS_S); all zero if nothing was recorded."""
+        of ROUND_TIME_BOUNDS_S), straggler (rounds that named it) and
+        late_hist (buckets of LATE_BOUNDS_S); all zero if nothing was recorded."""
         st = self.rounds.get(slot) if self.rounds is not None else RoundStats()
         out = {n: int(getattr(st, n)) for n, *_ in RoundStats._fields_
-               if n not in ("pad", "time_hist")}
+               if n not in ("pad", "time_hist", "late_hist")}
         out["time_hist"] = [int(v) for v in st.time_hist]
+        out["late_hist"] = [int(v) for v in st.late_hist]
         return out
 
     def last_header(self, counter: str) -> LtpHdr:

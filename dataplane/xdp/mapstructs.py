@@ -133,6 +133,11 @@ ROUND_TIME_BOUNDS_S = tuple((_D["LTP_ROUND_TIME_BASE_US"] << i) / 1e6
                             for i in range(ROUND_TIME_BUCKETS - 1))
 
 
+LATE_BUCKETS = _D["LTP_LATE_BUCKETS"]
+#: upper bounds (seconds) of RoundStats.late_hist's buckets but the last
+LATE_BOUNDS_S = tuple((_D["LTP_LATE_BASE_US"] << i) / 1e6 for i in range(LATE_BUCKETS - 1))
+
+
 class RoundStats(ctypes.Structure):
     """struct ltp_round_stats: one slot's round outcomes (written by user space)."""
 
@@ -140,7 +145,8 @@ class RoundStats(ctypes.Structure):
                 ("delivered", ctypes.c_uint64), ("filled", ctypes.c_uint64),
                 ("last_round", ctypes.c_uint32), ("last_delivered", ctypes.c_uint32),
                 ("last_filled", ctypes.c_uint32), ("pad", ctypes.c_uint32),
-                ("time_us", ctypes.c_uint64), ("time_hist", ctypes.c_uint64 * ROUND_TIME_BUCKETS)]
+                ("time_us", ctypes.c_uint64), ("time_hist", ctypes.c_uint64 * ROUND_TIME_BUCKETS),
+                ("straggler", ctypes.c_uint64), ("late_hist", ctypes.c_uint64 * LATE_BUCKETS)]
 
 
 class Share(ctypes.Structure):

@@ -25,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from ...errors import LtpError
 from . import flows, registry
-from .maps import COUNTERS, ROUND_REASONS, ROUND_TIME_BOUNDS_S
+from .maps import COUNTERS, LATE_BOUNDS_S, ROUND_REASONS, ROUND_TIME_BOUNDS_S
 
 log = logging.getLogger("ltpx.metrics")
 
@@ -33,6 +33,8 @@ PROGRAM = ["netns", "dev", "job"]
 FLOW = PROGRAM + ["worker", "slot"]
 #: the `le` labels of the round-time histogram (the last bucket takes the rest)
 BUCKET_LABELS = [*map(floatToGoString, ROUND_TIME_BOUNDS_S), "+Inf"]
+#: ... and of the lateness histogram's
+LATE_LABELS = [*map(floatToGoString, LATE_BOUNDS_S), "+Inf"]
 
 #: per-flow counters: the key of a `ltp flows -j` row -> help text; each is
 #: served as ltp_flow_<key>_total
@@ -92,13 +94,21 @@ class _Families:
         self.time = HistogramMetricFamily("ltp_flow_round_seconds", "round time, open to "
                                           "close, of the flow's recorded rounds",
                                           labels=FLOW)
+        self.straggler = c("ltp_flow_straggler_rounds", "rounds that named the flow's "
+                           "worker their straggler (its last chunk came last beyond the "
+                           "margin, or the round waited for it; docs/slow-or-stuck.md)",
+                           labels=FLOW)
+        self.late = HistogramMetricFamily("ltp_flow_lateness_seconds", "the flow's lateness "
+                                          "per round: its last chunk's arrival at the NIC "
+                                          "minus the round's median last arrival (on time "
+                                          "or early: the first bucket)", labels=FLOW)
         self.scrape = g("ltp_scrape_duration_seconds", "time this scrape took to read "
                         "every program")
 
     def all(self) -> list:
         return [self.info, self.up, self.xdp, self.round, self.round_open, self.round_chunks, self.delivered,
                 *self.flow.values(), self.rounds, self.flow_delivered, self.flow_last,
-                self.last_round, self.live, self.time, self.scrape]
+                self.last_round, self.live, self.time, self.straggler, self.late, self.scrape]
 
     def add_program(self, snap: dict[str, Any], hists: dict[int, dict]) -> None:
         """One program's snapshot (flows.snapshot) and its flows' round
@@ -136,6 +146,12 @@ class _Families:
             cumulative += n
             buckets.append((bound, cumulative))
         self.time.add_metric(labels, buckets, rs["time_us"] / 1e6)
+        self.straggler.add_metric(labels, rs["straggler"])
+        cumulative, buckets = 0, []
+        for bound, n in zip(LATE_LABELS, rs["late_hist"]):
+            cumulative += n
+            buckets.append((bound, cumulative))
+        self.late.add_metric(labels, buckets, 0.0)   # no sum kept: lateness can be negative
 
 
 class LtpCollector:
