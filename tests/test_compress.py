@@ -265,12 +265,14 @@ def test_a_retried_answer_goes_out_in_the_same_words():
 def test_tcp_server_link_sends_a_retried_answer_in_the_same_bytes():
     import socket
     import struct
+    from ltpx.control.accept import mac_hello
     from ltpx.control.torchapi.link_tcp import TcpServerLink
     n, tail = 5000, 7
-    link = TcpServerLink(Settings.resolve({"compress": "uint8", "ip": "127.0.0.1"}), 1)
+    link = TcpServerLink(Settings.resolve({"compress": "uint8", "ip": "127.0.0.1",
+                                           "timeout": 30}), 1)
     c = socket.create_connection(("127.0.0.1", link.port), timeout=10)
     try:
-        c.sendall(struct.pack(">I", 0))
+        c.sendall(mac_hello(0, None))      # worker 0's hello (a keyless job)
         link.connect({})
         link.codec.codec = MinMaxUInt8(CB)
         answer = compressed_answer(link.codec, n, tail)
