@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
-import zfec
 
 from ...errors import TransportError
 
@@ -138,12 +137,14 @@ def owed_bits(plan: Plan, words: list[np.ndarray], unsent: np.ndarray) -> list[i
 
 
 @cache
-def _encoder(k: int, n: int) -> zfec.Encoder:
+def _encoder(k: int, n: int):
+    import zfec  # noqa: PLC0415 (the C library only coded rounds need: uncoded jobs run without it)
     return zfec.Encoder(k, n)
 
 
 @cache
-def _decoder(k: int, n: int) -> zfec.Decoder:
+def _decoder(k: int, n: int):
+    import zfec  # noqa: PLC0415 (as _encoder)
     return zfec.Decoder(k, n)
 
 
