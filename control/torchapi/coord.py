@@ -189,7 +189,8 @@ class Coord:
         end = time.monotonic() + total
         while True:
             left = end - time.monotonic()
-            if self._wait(keys, min(SLICE_S, max(left, 0.001)), quiet=left > SLICE_S):
+            if self._wait(keys, min(SLICE_S, max(left, 0.001)), quiet=left > SLICE_S,
+                          total=total):
                 return
             if not self.watch.alive(0):
                 raise PeerGone(f"the server (rank 0) stopped beating "
@@ -198,19 +199,21 @@ class Coord:
             if check is not None:
                 check()
 
-    def _wait(self, keys: list[str], seconds: float, quiet: bool = False) -> bool:
+    def _wait(self, keys: list[str], seconds: float, quiet: bool = False,
+              total: float | None = None) -> bool:
         """True when the keys are there; on a timeout False if quiet, else
         CommError. With on_wait set (a server's link beat) the wait is cut
         into slices, on_wait() before each: an open round's XDP program
         keeps ACKing while this process waits here (ltp_cfg's heartbeat)."""
+        total = seconds if total is None else total   # what a timeout's message says
         if self.on_wait is None:
-            return self._store_wait(keys, seconds, seconds, quiet)
+            return self._store_wait(keys, seconds, total, quiet)
         end = time.monotonic() + seconds
         while True:
             self.on_wait()
             left = end - time.monotonic()
             if left <= SLICE_S:
-                return self._store_wait(keys, max(left, 0.001), seconds, quiet)
+                return self._store_wait(keys, max(left, 0.001), total, quiet)
             if self._store_wait(keys, SLICE_S, seconds, quiet=True):
                 return True
 

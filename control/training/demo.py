@@ -190,7 +190,11 @@ class Demo:
             trace.write(self.cfg.trace, trace.chrome_trace(
                 {s: d.get("timeline", []) for s, d in enumerate(sums)},
                 {w: d.get("timeline", []) for w, d in done.items()},
-                {"job": "ltp train", "workers": self.W, "steps": len(self.round_s)}))
+                {"job": "ltp train", "workers": self.W, "steps": len(self.round_s),
+                 # the mean step the run's straggler margin came from: a summary
+                 # of the trace names the steps `-j` named (its own estimate from
+                 # the slices' span differed by enough to flip one step in 30)
+                 "step_s": wall / len(self.round_s) if self.round_s else 0.0}))
             res["trace"] = self.cfg.trace
         res.update(workers_lost=sorted(ex.lost), workers_rejoined=sorted(ex.rejoined),
                    resumed_from=self.resumed_from, workers_present=ids,
