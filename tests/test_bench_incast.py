@@ -158,7 +158,7 @@ def test_no_round_is_cut_on_a_loss_free_rig():
         # chunks missing only where a flow lost more than a repair is waited
         # for (cores so busy the senders' re-sends lag: 2 CPU hogs beside it
         # here cut 3-7 socket-sender rounds of 300, each missing 10+ chunks)
-        assert r["path_drops"] >= 0 and r["rounds"] == 300
+        assert r["rounds"] == 300
         assert all(w > allowance for w in r["cut_worst"]), (name, r["cut_worst"], r["reasons"])
         assert len(r["cut_worst"]) == 300 - r["reasons"].get("complete", 0)
 

@@ -79,9 +79,7 @@ class Push:
         self.hdrs, self.addrs = self._plan_headers(group)
         self.bodies = self._plan_bodies()
         self.pieces = self._plan_pieces()
-        nt = len(targets)  # a group push's first pass goes to the group alone
-        self.runs = ([(nt, self.order)] if self.group else
-                     pass_runs(self.order, [0] * nt, [False] * nt))
+        self.runs = self._first_runs()
 
     def code(self, plan, r: int) -> None:
         """Make this (reliable) push a coded one (fec.py): it sends the data
@@ -92,9 +90,14 @@ class Push:
         self.unsent_bits = int.from_bytes(np.packbits(self.unsent, bitorder="little").tobytes(),
                                           "little")
         self.order = [c for c in self.order if not self.unsent[c]]
+        self.runs = self._first_runs()
+
+    def _first_runs(self) -> list[tuple[int, list[int]]]:
+        """The first pass's runs: the whole order to the group (a group push),
+        else to each target in turn."""
         nt = len(self.targets)
-        self.runs = ([(nt, self.order)] if self.group else
-                     pass_runs(self.order, [0] * nt, [False] * nt))
+        return ([(nt, self.order)] if self.group else
+                pass_runs(self.order, [0] * nt, [False] * nt))
 
     # ------------------------------------------------------------------ plan
     def _plan_headers(self, group: tuple[str, int] | None) -> tuple[list, list]:
