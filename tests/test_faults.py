@@ -169,6 +169,74 @@ time.sleep(120)
 """
 
 
+HALF_ARRIVER = r"""
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from ltpx.control.torchapi.coord import KEY, Coord
+from ltpx.control.torchapi.ops import STEP, Op
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timedelta(seconds=30))
+co = Coord(store, 3, 30.0)
+co.start_liveness(3)                      # worker 2
+stage = sys.argv[2]
+if store.add(f"{KEY}first/0", 1) == 1 and stage != "first":
+    co.put("desc/0", Op(STEP, sizes=(4,)).to_json())
+if stage in ("bit", "post"):
+    store.add(f"{KEY}ready/0/0", 1 << 2)
+if stage == "post":
+    assert store.add(f"{KEY}post/0", 1) == 1
+print("stopped", flush=True)              # where a SIGKILL finds it
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["first", "bit", "post"])
+def test_a_worker_killed_inside_its_arrival_never_holds_the_barrier(tmp_path, monkeypatch,
+                                                                    stage):
+    # A real store. Worker 2, a real process, is SIGKILLed part way through
+    # its arrival at op 0: "first" after it took the first-arriver counter
+    # but before it described the op (it arrives first); "bit" after its
+    # arrival bit, "post" after it also took the post, both before it posted
+    # the go (it arrives last). Before, each hung the barrier until the
+    # store's timeout: the server waited for a description nobody wrote, or
+    # saw everyone there and left the go to a poster who was dead. Now the
+    # barrier lifts without worker 2, naming it absent, and both live workers
+    # read the same go.
+    from ltpx.control.torchapi.coord import Coord
+    from ltpx.control.torchapi.ops import STEP, Op
+    monkeypatch.setenv("LTP_DEAD_S", "1.0")
+    store, srv = _server_store()
+    script = tmp_path / "half.py"
+    script.write_text(HALF_ARRIVER)
+    ws = [Coord(store, 3, 30.0) for _ in range(2)]
+    for w, co in enumerate(ws):
+        co.me = w
+    op = Op(STEP, sizes=(4,))
+
+    def run_worker2():
+        p = subprocess.Popen([sys.executable, str(script), str(store.port), stage],
+                             env=dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR"),
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "stopped"
+        time.sleep(0.5)                 # a few beats: the server has seen it alive
+        p.kill()
+        p.wait()
+        p.stdout.close()
+
+    try:
+        if stage == "first":
+            run_worker2()
+        assert [co.arrive(0, op) for co in ws] == [False, False]
+        if stage != "first":
+            run_worker2()
+        go = srv.next_op(0, idle_s=30)
+        assert go.absent == (2,) and go.op == op
+        assert [co.wait_go(0).absent for co in ws] == [(2,), (2,)]
+    finally:
+        srv.stop_liveness()
+
+
 @pytest.mark.slow
 def test_a_joiner_whose_donor_dies_asks_again_and_takes_the_new_tickets_state(
         tmp_path, monkeypatch):

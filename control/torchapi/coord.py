@@ -46,18 +46,18 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from ...errors import CommError
-from .sealed import (MAX_COUNT, Seal, StoreValueError, any_json, donor_value, flag,
-                     go_value, meta_value, op_value, text_int, worker_id)
+from .sealed import (MAX_COUNT, Seal, any_json, donor_value, flag,
+                     go_value, meta_value, op_value, text_int)
 from .liveness import Beat, Watch
 from .ops import Go, Members, Op
 from .storegc import Reaper
+from .tickets import Tickets
 
 log = logging.getLogger("ltpx.torch.coord")
 
 KEY = f"ltpx/job/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 GROUP_BITS = 62    # arrival bits per int64 counter
 SLICE_S = 0.25     # a wait that watches liveness looks this often
-TICKET_WAIT_S = 10.0   # a join ticket whose worker id never shows is given up after this
 
 
 class Excluded(CommError):
@@ -78,7 +78,7 @@ def _bits(masks: list[int]) -> set[int]:
             if m >> b & 1}
 
 
-class Coord:
+class Coord(Tickets):
     """Barriers and metadata through the store (a torch.distributed Store).
 
     `me` is this worker's id (None on a server); `view` the membership it
@@ -86,6 +86,8 @@ class Coord:
     (without it, waits take the store's timeout). `key`: the job's store
     key (jobkey.store_key; None: values unsealed), `scope` what sets this
     coordination apart from others in the same store (a shard's prefix)."""
+
+    prefix = KEY      # every key's (tickets.py's too)
 
     def __init__(self, store, workers: int, timeout_s: float, servers: int = 1,
                  key: bytes | None = None, scope: str = ""):
@@ -102,6 +104,7 @@ class Coord:
         self.unseen: dict[int, float] = {}   # tickets counted, worker id not there yet: since
         self.on_server_dead = None   # called once (heartbeat thread) when the server stops
         self.joins: dict[int, int] = {}   # the server's: worker -> ticket, not yet admitted
+        self.unposted: dict[int, float] = {}  # the server's: op -> since its post was taken, no go
         self.on_wait: Callable[[], None] | None = None   # called during waits (server: beat)
         self.reaper = Reaper(store, KEY, self.groups)     # the server's (next_op)
 
@@ -243,7 +246,9 @@ class Coord:
         g, bit = divmod(w, GROUP_BITS)
         # the first to arrive (by a counter: arrival bits span several keys)
         # describes the op, before its bit shows: who sees a bit finds desc/<s>
-        if self.store.add(f"{KEY}first/{s}", 1) == 1:
+        # (or, if the first died before it did, whoever sees it missing: the same value)
+        if self.store.add(f"{KEY}first/{s}", 1) == 1 or \
+                not self.store.check([f"{KEY}desc/{s}"]):
             self.put(f"desc/{s}", op.to_json())
         mine = self.store.add(f"{KEY}ready/{s}/{g}", 1 << bit)
         here = _bits([mine if k == g else self.store.add(f"{KEY}ready/{s}/{k}", 0)
@@ -314,63 +319,33 @@ class Coord:
         return self.read_go(s)
 
     def release_without_dead(self, s: int) -> None:
+        """Lift op s's barrier when the workers it waits for are all there or
+        dead. Also when all arrived and one of them died before the go was
+        posted (killed between its arrival bit and its post): once the post
+        has been missing for the watch's dead_s, the server posts it."""
         expect = self.view.expect()
         here = self.arrived(s)
         self.poll_joins()     # a worker asking to come back will not arrive either
         dead = {w for w in expect - here if w in self.joins or not self.worker_alive(w)}
-        if not dead or not (expect - dead) <= here or not (here & expect):
+        if not (expect - dead) <= here or not (here & expect):
             return
-        if self.store.add(f"{KEY}post/{s}", 1) != 1:
-            return                              # the last worker posted first
+        if not dead:           # all there, yet no go: did the one posting it die?
+            dead = {w for w in expect if not self.worker_alive(w)}
+            if not dead:
+                return
+        if self.store.add(f"{KEY}post/{s}", 1) != 1:    # someone took the post
+            since = self.unposted.setdefault(s, time.monotonic())
+            if time.monotonic() - since < self.watch.dead_s or \
+                    self.store.check([f"{KEY}go/{s}"]):
+                return                          # a live poster has time to post
+            log.warning("op %d: every worker arrived, but worker(s) %s died before the go "
+                        "was posted: the server posts it", s, sorted(dead))
+        self.unposted.pop(s, None)
         self.wait([f"desc/{s}"])
         op = self.take(f"desc/{s}", op_value(self.workers))
-        absent = tuple(sorted(self.view.absent | dead))
-        self.put(f"go/{s}", Go(op, absent).to_json())
+        self.put(f"go/{s}", Go(op, tuple(sorted(self.view.absent | dead))).to_json())
 
     # ------------------------------------------------------------------ membership
-    def request_join(self, w: int) -> int:
-        """Ask to be admitted back; the ticket (sync/<ticket> will hold the state)."""
-        n = self.store.add(f"{KEY}join", 1)
-        self.put(f"join/{n}", str(w))
-        return n
-
-    def poll_joins(self) -> None:
-        """The server's look at join requests since its last (one store read).
-        A ticket whose worker id is not there yet is looked for again at the
-        next poll (TICKET_WAIT_S at most: a count with no request is a forgery)."""
-        n = self.store.add(f"{KEY}join", 0)
-        if n - self.tickets_seen > 16 * self.workers + 64:
-            raise StoreValueError(
-                f"store key {KEY}join: the join ticket count jumped from {self.tickets_seen} "
-                f"to {n}, more than {self.workers} workers could ask for: forged")
-        now = time.monotonic()
-        for t in range(self.tickets_seen + 1, n + 1):
-            self.unseen[t] = now
-        self.tickets_seen = max(n, self.tickets_seen)
-        for t, since in sorted(self.unseen.items()):
-            if self.store.check([f"{KEY}join/{t}"]):
-                w = self.take(f"join/{t}", worker_id(self.workers))
-                self.joins[w] = t
-                self.drop(f"join/{t}")
-                del self.unseen[t]
-            elif now - since > TICKET_WAIT_S:
-                log.warning("join ticket %d: no worker id under %sjoin/%d after %gs: ignored",
-                            t, KEY, t, TICKET_WAIT_S)
-                del self.unseen[t]
-
-    def take_joins(self, donor: int | None = None) -> dict[int, int]:
-        """Worker -> ticket of every request not admitted yet; they are now,
-        and `donor` (the member that will hand over the state) is named for
-        each under donor/<ticket>."""
-        self.poll_joins()
-        out, self.joins = self.joins, {}
-        for ticket in out.values():
-            self.put(f"donor/{ticket}", "" if donor is None else str(donor))
-        return out
-
-    def put_sync(self, ticket: int, blob: bytes) -> None:
-        self.put(f"sync/{ticket}", blob)
-
     def take_sync(self, ticket: int, timeout_s: float | None = None,
                   w: int | None = None) -> bytes | None:
         """The state for `ticket`; None if the job ended first (its summary is in).

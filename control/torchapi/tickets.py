@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Join tickets: how a (re)started or excluded worker asks the server to take it back.
+
+A Coord's half of the membership protocol (coord.py's keys join, join/<n>,
+donor/<n>, sync/<n>): the worker takes a ticket and names itself under it
+(`request_join`), the server reads the requests at each op's wait
+(`poll_joins`) and admits them in the next step, naming the member that
+owes the joiner the state (`take_joins`); that member hands it over
+(`put_sync`) and the joiner takes it (`take_sync`), asking again when its
+donor dies first (coord.Coord.take_sync). A mixin of coord.Coord: it uses the Coord's store, seal,
+watch and waits.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from .sealed import StoreValueError, worker_id
+
+log = logging.getLogger("ltpx.torch.coord")
+
+TICKET_WAIT_S = 10.0   # a join ticket whose worker id never shows is given up after this
+
+
+class Tickets:
+    """The join-ticket methods of coord.Coord (which sets prefix, store, workers,
+    tickets_seen, unseen, joins, watch and the put/take/drop/_wait helpers)."""
+
+    def request_join(self, w: int) -> int:
+        """Ask to be admitted back; the ticket (sync/<ticket> will hold the state)."""
+        n = self.store.add(f"{self.prefix}join", 1)
+        self.put(f"join/{n}", str(w))
+        return n
+
+    def poll_joins(self) -> None:
+        """The server's look at join requests since its last (one store read).
+        A ticket whose worker id is not there yet is looked for again at the
+        next poll (TICKET_WAIT_S at most: a count with no request is a forgery)."""
+        n = self.store.add(f"{self.prefix}join", 0)
+        if n - self.tickets_seen > 16 * self.workers + 64:
+            raise StoreValueError(
+                f"store key {self.prefix}join: the join ticket count jumped from {self.tickets_seen} "
+                f"to {n}, more than {self.workers} workers could ask for: forged")
+        now = time.monotonic()
+        for t in range(self.tickets_seen + 1, n + 1):
+            self.unseen[t] = now
+        self.tickets_seen = max(n, self.tickets_seen)
+        for t, since in sorted(self.unseen.items()):
+            if self.store.check([f"{self.prefix}join/{t}"]):
+                w = self.take(f"join/{t}", worker_id(self.workers))
+                self.joins[w] = t
+                self.drop(f"join/{t}")
+                del self.unseen[t]
+            elif now - since > TICKET_WAIT_S:
+                log.warning("join ticket %d: no worker id under %sjoin/%d after %gs: ignored",
+                            t, self.prefix, t, TICKET_WAIT_S)
+                del self.unseen[t]
+
+    def take_joins(self, donor: int | None = None) -> dict[int, int]:
+        """Worker -> ticket of every request not admitted yet; they are now,
+        and `donor` (the member that will hand over the state) is named for
+        each under donor/<ticket>."""
+        self.poll_joins()
+        out, self.joins = self.joins, {}
+        for ticket in out.values():
+            self.put(f"donor/{ticket}", "" if donor is None else str(donor))
+        return out
+
+    def put_sync(self, ticket: int, blob: bytes) -> None:
+        self.put(f"sync/{ticket}", blob)
