@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .flight import BARRIER, COMPUTE, PULL, PUSH
+from .flight import enter as flight_enter, heard as flight_heard
 from .coord import Excluded, PeerGone
 from .trace import OpRecord, Timeline, now_ns
 from .ops import STEP, Go, Op, RoundClock, SHUTDOWN, StepReport, preopened
@@ -95,6 +97,7 @@ class Exchange:
 
     def arrive(self, run: Run) -> bool:
         self.check_member()
+        flight_enter(BARRIER, run.seq)
         run.rec.arrive_ns = now_ns()
         run.rec.last = self.co.arrive(run.seq, run.op)
         return run.rec.last
@@ -102,6 +105,7 @@ class Exchange:
     def barrier(self, run: Run) -> None:
         t0 = time.perf_counter()
         self.check_member()
+        flight_enter(BARRIER, run.seq)
         last = self.co.arrive(run.seq, run.op)
         t1 = time.perf_counter()
         run.go = self.co.wait_go(run.seq)
@@ -116,6 +120,7 @@ class Exchange:
         if run.go is None:      # wbsp: arrived, saw the barrier lift (coord.gone)
             run.go = self.co.read_go(run.seq)
         r = run.rounds[i]
+        flight_enter(PUSH, run.seq, r)
         if self.link.opens and i >= run.npre:
             self.co.wait_open(r)
         with self.on_rounds():
@@ -131,10 +136,13 @@ class Exchange:
         """The op's answer, copied into out[:down_elems] (returned)."""
         t0 = time.perf_counter()
         view = out[:run.op.down_elems(self.workers)]
+        flight_enter(PULL, run.seq)
         with self.on_rounds():
             self.link.pull(run.seq, view)
         self.times["pull_s"] += time.perf_counter() - t0
         run.rec.pull = (int(t0 * 1e9), now_ns())
+        flight_heard(0, run.rec.pull[1])      # the server's answer: its latest packet here
+        flight_enter(COMPUTE, run.seq)
         self.timeline.add(run.rec)
         if run.op.kind == STEP:
             self.follow(StepReport.decode(view[sum(run.op.sizes):]))

@@ -32,6 +32,8 @@ import torch.distributed as dist
 from ...dataplane import netns
 from ...errors import UsageError
 from .. import jobkey
+from .flight import SERVER, WORKER, current as flight_current, start as flight_start
+from .flight import stop as flight_stop, trigger as flight_trigger
 from .coord import Coord
 from .exchange import Exchange
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs
@@ -79,6 +81,8 @@ class Job:
                              "rank(s) and at least one worker")
         self.is_server = self.global_rank < s.servers
         self.rank = None if self.is_server else self.global_rank - s.servers
+        flight_start(self.global_rank, SERVER if self.is_server else WORKER,
+                     self.global_rank if self.is_server else self.rank)   # LTP_FLIGHT_DIR
         if s.servers > 1:   # sharded servers: shards.py sets up coord, links, exchange
             start_sharded(self)
             return
@@ -96,6 +100,8 @@ class Job:
         else:
             self.link.connect(metas[0])
             self.exchange = Exchange(self.link, self.coord, self.rank, self.workers)
+            if flight_current() is not None:    # a dump carries the latest ops
+                flight_current().records = self.exchange.timeline.records
 
     def make_link(self, shard: int = 0):
         s = self.s
@@ -129,6 +135,7 @@ class Job:
             opt.drain()
 
     def close(self) -> None:
+        flight_stop()
         if getattr(self, "coord", None) is not None:
             self.coord.stop_liveness()
         for opt in self.optimizers:   # a dying rank does not wait for a push under way
@@ -279,6 +286,7 @@ def _install_exit_handlers(job: Job) -> None:
 
     def on_exception(*exc):
         job.crashed = True
+        flight_trigger(exc[0].__name__, str(exc[1]), now=True)   # the ring, as it ended
         prev_hook(*exc)
     sys.excepthook = on_exception
     if threading.current_thread() is threading.main_thread() and \

@@ -47,6 +47,7 @@ from ..transport.bubble import STRATEGIES
 from ..transport.early_close import EarlyCloseConfig
 from ..transport.rate import quiet_gc
 from .buckets import BucketPlan, named_params
+from .flight import trigger as flight_trigger
 from .codec import make_codec
 from .links import chunk_bytes_for
 from .shards import split_op
@@ -337,11 +338,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         crossed = before == 0 or before // self.warn_every < self.wholly_filled_total // self.warn_every
         bad = rep.nonfinite_workers
         if bad and (self.rank == 0 or self.rank in bad):
+            flight_trigger("FilledWarning", f"step {rep.step}: non-finite from {bad}")
             warnings.warn(f"ltpx.torch step {rep.step}: worker(s) {bad} sent NaN or Inf in "
                           f"{sum(rep.nonfinite.values())} bucket(s); the server treated those "
                           "as lost and filled them, so every replica stays finite "
                           "(opt.last_report.nonfinite)", FilledWarning, stacklevel=3)
         if now and crossed and (self.rank == 0 or rep.wholly_filled.get(self.rank)):
+            flight_trigger("FilledWarning", f"step {rep.step}: {now} bucket(s) wholly filled")
             warnings.warn(filled_text(rep, now, self.wholly_filled_total,
                                       self.gone(rep.missing_workers, rep)),
                           FilledWarning, stacklevel=3)

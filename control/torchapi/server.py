@@ -39,6 +39,9 @@ from ...errors import DeadPeerError, LtpError, TransportError
 from ..transport.bubble import fill as fill_bubbles
 from ..transport.rate import quiet_gc
 from ..transport.straggler import StepStragglers
+from .flight import GATHER, OPS, SEND
+from .flight import current as flight_current, enter as flight_enter, heard as flight_heard
+from .flight import trigger as flight_trigger
 from .trace import Timeline, answer_record, chrome_trace, now_ns, round_record
 from .trace import write as write_trace
 from .ops import ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
@@ -160,6 +163,7 @@ class Server:
         """Serve until the workers shut the job down; returns the summary."""
         try:
             while True:
+                flight_enter(OPS, self.clock.seq)   # waits for the workers' arrivals
                 op = self.co.next_op(self.clock.seq, up=self.clock.up).op
                 if op.kind == SHUTDOWN:
                     break
@@ -196,9 +200,11 @@ class Server:
         tally, ks, offs = StepTally(self.W), None, op.offsets()
         for i, r in enumerate(rounds):
             t0 = time.perf_counter()
+            flight_enter(GATHER, seq, r)
             g = self.link.gather(r, op.sizes[i], ws)
             t1 = time.perf_counter()
             self.timeline.add(round_record(r, seq, op.kind, g))
+            heard(g)
             if op.kind == STEP and ks is None:
                 ks = self.co.get_k(seq, ws) if op.sync == "wbsp" else \
                     [0 if w in absent else 1 for w in ws]
@@ -228,6 +234,7 @@ class Server:
                 self.open(nxt + j, op, j, announce=False)
                 self.pre.append(nxt + j)
         t3 = time.perf_counter()
+        flight_enter(SEND, seq)
         self.answer_to(targets, seq, self.answer[:op.down_elems(self.W)],
                        group=self.group_ok and op.downlink == "group")
         self.timeline.add(answer_record(seq, int(t3 * 1e9), now_ns()))
@@ -268,6 +275,7 @@ class Server:
             self.link.send(d, buf, group, to=to, wait_s=FIRST_TRY_S)
             return
         except DeadPeerError as e:     # silent: left out only if its heartbeat stopped too
+            flight_trigger("DeadPeerError", f"answer {d}: {e}")
             gone = self.co.dead_workers([p.worker for p in e.peers])
             self.silent |= gone
             if gone:
@@ -332,12 +340,24 @@ class Server:
                 "workers_lost": self.lost, "workers_rejoined": self.rejoined}
 
 
+def heard(g) -> None:
+    """The flight recorder's latest packet from each worker of gathered round g
+    (its last chunk's arrival at the NIC)."""
+    a = g.arrivals
+    if a is None or flight_current() is None:
+        return
+    for w, t in zip(g.workers, a.last_ns.tolist()):
+        flight_heard(w, t)
+
+
 def run_server(job) -> int:
     """Serve `job` (a job.Job of a server rank); 0 at a clean shutdown, 1 on an
     error (one line on stderr)."""
     srv = Server(job.link, job.coord, job.workers, group_ok=job.group is not None,
                  max_missed=job.s.max_missed)
     srv.trace, srv.index = job.s.trace, job.global_rank
+    if flight_current() is not None:       # a dump carries the latest rounds
+        flight_current().records = srv.timeline.records
     try:
         job.summary = srv.run()
         return 0

@@ -17,6 +17,7 @@ Modules, each with one job:
             (`ltp launch`)
   onrig     `ltp train`'s job on a rig: ranks, the lead's events, logs
   faults    fault injection (--kill ROLE:ID@ITER) and restart policies
+  hangs     the launcher's hang report: one line per rank from the flight recorder
   curves    training curves: TensorBoard scalars while a run goes, a PNG at the end
   forkserver, zygote   a fork server for ranks: torch imported once, a fork per rank
   storehost the job's rendezvous store (a TCPStore on a namespace's loopback)

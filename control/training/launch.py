@@ -34,6 +34,11 @@ process's environment, else one RigJob makes (mode 0600 in a 0700 folder,
 removed at close); each rank gets LTP_SECRET_FILE naming it. The key is
 never in an argv, an environment or the store: LTP's round tokens and the
 MACs of the store's values derive from it in each rank.
+
+The flight recorder (hangs.py): every rank gets LTP_FLIGHT_DIR, the job's
+flight folder; at each pump a new dump there (a rank that waited past its
+stall threshold, SIGUSR1, an error) makes a screen of one line per rank,
+handed to `on_hang` (default: stderr, each line prefixed [hang]).
 """
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ from ..procs import stop_all
 from ..settings_table import to_env
 from . import forkserver
 from .faults import describe_exit
+from .hangs import FlightWatch
 from .storerelay import StoreRelay
 
 STORE_MODULE = forkserver.STORE_MODULE
@@ -149,6 +155,8 @@ class RigJob:
         self.zygote = forkserver.take(new=False)      # the one warm() started, if any
         self.zygote_asked = self.zygote is not None
         self.keyfile = None
+        self.flight = FlightWatch()
+        self.on_hang: Callable[[list[str]], None] = _print_hang
         try:
             # the job key: LTP_SECRET_FILE's, or one made for this job (a 0600
             # file, removed at close); every rank is told the file, never the key
@@ -188,7 +196,8 @@ class RigJob:
     def spawn(self, r: Rank) -> None:
         """Start rank r's process (again, after it died: the same argv and
         environment in the same namespace, as torchrun's agent restarts one)."""
-        argv, env = self.argv_for(r), {**self.env_for(r), jobkey.ENV: self.secret_file}
+        argv, env = self.argv_for(r), {**self.env_for(r), jobkey.ENV: self.secret_file,
+                                       **self.flight.env()}
         r.proc = self.fork(r, argv, env)
         r.forked = r.proc is not None
         if r.proc is None:
@@ -220,9 +229,12 @@ class RigJob:
                 f.close()
         self.spawn(r)
 
-    def pump(self, on_line: Callable[[Rank, str, str], None], wait_s: float = 0.2) -> None:
+    def pump(self, on_line: Callable[[Rank, str, str], None], wait_s: float = 0.05) -> None:
         """Read what is there (waiting up to wait_s) and hand over whole lines;
-        note the ranks that exited."""
+        note the ranks that exited; a screen for a new flight dump."""
+        hang = self.flight.poll()
+        if hang:
+            self.on_hang(hang)
         for key, _ in self.sel.select(wait_s):
             r, stream = key.data
             fd = key.fileobj.fileno()
@@ -274,6 +286,9 @@ class RigJob:
             self.zygote.close()
         if self.keyfile is not None:
             self.keyfile.close()
+        kept = self.flight.close()
+        if kept and self.flight.screens:
+            self.on_hang([f"flight records kept in {kept}"])
         self.sel.close()
         self.store = None
 
@@ -301,6 +316,11 @@ def follow(job: RigJob, on_line: Callable[[Rank, str, str], None], policy, *,
         if t_end is not None and time.monotonic() > t_end:
             return True
     return False
+
+
+def _print_hang(lines: list[str]) -> None:
+    for ln in lines:
+        print(f"[hang] {ln}", file=sys.stderr, flush=True)
 
 
 def _port_of(p, wait_s: float = 60.0) -> int | None:

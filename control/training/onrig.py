@@ -106,12 +106,15 @@ class Follow:
 def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
                  progress: Callable[[dict], None] | None = None, timeout_s: float = 900.0,
                  rank_timeout_s: float = 120.0, deadline_min_s: float | None = None,
-                 early_close: dict | None = None, faults: Faults | None = None) -> dict:
+                 early_close: dict | None = None, faults: Faults | None = None,
+                 on_hang: Callable[[list[str]], None] | None = None) -> dict:
     """Run one training job on `rig` (a dataplane.rig.Rig); returns the lead's
     result dict. `progress(event)` sees every event it prints (start, iter,
     eval). `early_close`: EarlyCloseConfig fields for the LTP server (e.g.
     threshold 1.0: rounds close only complete). `faults`: kills to fire and
     the restart policy (faults.py; the result then has a "faults" entry).
+    `on_hang(lines)` gets each flight-recorder screen (hangs.py; default:
+    stderr); the result's "hangs" lists them.
     Every process started here is gone when this returns or raises."""
     cfg.validate()
     W = workers or len(rig.workers)
@@ -131,6 +134,8 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
         job = follow = None
         try:
             job = RigJob(rig, ranks, rank_timeout_s)
+            if on_hang is not None:
+                job.on_hang = on_hang
 
             def events(ev: dict, job=job) -> None:
                 fx.on_event(job, ev)
@@ -148,6 +153,8 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
                                  "ranks": len(ranks)}
             if fx.kills or fx.restart:
                 result["faults"] = fx.report()
+            if job.flight.screens:
+                result["hangs"] = job.flight.screens
             ok = True
             return result
         except RestartJob:

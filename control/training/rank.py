@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         _abandon()
         return 130
     except LtpError as e:
+        _flight_dump(e)
         _abandon()
         emit({"event": "error", "error": str(e)})
         print(str(e), file=sys.stderr)
@@ -174,10 +175,17 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         raise
     except Exception as e:  # one line for the launcher, the trace for the log
+        _flight_dump(e)
         _abandon()
         traceback.print_exc()
         emit({"event": "error", "error": f"{type(e).__name__}: {e}"})
         return 1
+
+
+def _flight_dump(e: BaseException) -> None:
+    """The flight recorder's ring as the rank ends on an error (flight.py)."""
+    if "ltpx.control.torchapi.flight" in sys.modules:
+        sys.modules["ltpx.control.torchapi.flight"].trigger(type(e).__name__, str(e), now=True)
 
 
 def exit_now(code: int) -> None:

@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The launcher's half of the flight recorder (control/torchapi/flight.py):
+who is slow, who is hung, in one screen (docs/slow-or-stuck.md).
+
+`FlightWatch` makes the job's flight folder (LTP_FLIGHT_DIR for every rank;
+the launcher's own LTP_FLIGHT_DIR if set, else a temporary one, removed at
+the end when nothing was dumped there) and, at each pump of the launcher's
+loop, looks for new dumps. A new one (a rank that waited past its stall
+threshold, a SIGUSR1, an error) makes a screen: a line saying what
+triggered it, then one line per rank from its `.now` file, which a stopped
+or hung process still has: the op and phase it is in and for how long,
+whom it waits for (a worker: its server; a server: the workers not yet at
+the op, from their own files), the last packet it got from each peer and
+its age, and its process's state (/proc: a SIGSTOPped rank is "STOPPED").
+One screen per stall (the ranks' positions), and one per other dump.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+
+from .. import flightrec as flight
+
+POLL_S = 0.05
+STATES = {"R": "running", "S": "sleeping", "D": "in the kernel (D)", "T": "STOPPED",
+          "t": "STOPPED (traced)", "Z": "exited (zombie)", "X": "gone"}
+
+
+def proc_state(pid: int) -> str:
+    """A process's state as /proc says it (STOPPED for a SIGSTOPped one)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return STATES.get(f.read().rsplit(")", 1)[1].split()[0], "?")
+    except (OSError, IndexError):
+        return "gone"
+
+
+def _label(now: dict) -> str:
+    return f"{'s' if now['role'] == 'server' else 'w'}{now['index']}"
+
+
+def _age(t_ns: int, now_ns: int) -> str:
+    return f"{(now_ns - t_ns) / 1e9:.2f} s"
+
+
+class FlightWatch:
+    """The job's flight folder, and the screens its dumps make."""
+
+    def __init__(self):
+        given = os.environ.get(flight.ENV_DIR)
+        self.own = not given
+        self.folder = given or tempfile.mkdtemp(prefix="ltp-flight-")
+        os.makedirs(self.folder, exist_ok=True)
+        self.seen: dict[str, int] = {}       # dump file -> its mtime (ns) when read
+        self.reported: set = set()
+        self.screens: list[list[str]] = []
+        self.next_poll = 0.0
+
+    def env(self) -> dict[str, str]:
+        return {flight.ENV_DIR: self.folder}
+
+    def nows(self) -> dict[int, dict]:
+        """Every rank's .now file: rank -> its fields."""
+        out = {}
+        for name in os.listdir(self.folder):
+            if name.startswith("rank") and name.endswith(".now"):
+                d = flight.read_now(os.path.join(self.folder, name))
+                if d is not None:
+                    out[d["rank"]] = d
+        return out
+
+    def new_dumps(self) -> list[dict]:
+        out = []
+        for e in os.scandir(self.folder):
+            if not (e.name.startswith("rank") and e.name.endswith(".json")):
+                continue
+            m = e.stat().st_mtime_ns
+            if self.seen.get(e.path) == m:
+                continue
+            self.seen[e.path] = m
+            try:
+                with open(e.path) as f:
+                    out.append(json.load(f))
+            except (OSError, ValueError):
+                self.seen.pop(e.path, None)     # half there: read it next time
+        return out
+
+    def poll(self) -> list[str] | None:
+        """A screen if a new dump calls for one (at most every POLL_S)."""
+        t = time.monotonic()
+        if t < self.next_poll:
+            return None
+        self.next_poll = t + POLL_S
+        dumps = self.new_dumps()
+        if not dumps:
+            return None
+        nows = self.nows()
+        where = tuple(sorted((r, d["seq"], d["phase"]) for r, d in nows.items()))
+        keys = {("stall", where) if d.get("reason") == "stall" else
+                (d.get("rank"), d.get("reason"), d.get("t_ns")) for d in dumps}
+        if keys <= self.reported:
+            return None
+        self.reported |= keys
+        lines = self.screen(dumps[0], nows)
+        self.screens.append(lines)
+        return lines
+
+    def screen(self, dump: dict, nows: dict[int, dict]) -> list[str]:
+        t = time.perf_counter_ns()
+        med = dump.get("median_op_s")
+        head = (f"rank {dump.get('rank')} ({'s' if dump.get('role') == 'server' else 'w'}"
+                f"{dump.get('index')}): {dump.get('reason')}"
+                + (f", {dump['detail']}" if dump.get("detail") else "")
+                + (f"; median op {med:.3f} s" if med else "")
+                + f"; flight records in {self.folder}")
+        return [head] + [self.rank_line(nows[r], nows, t) for r in sorted(nows)]
+
+    def rank_line(self, d: dict, nows: dict[int, dict], t: int) -> str:
+        state = proc_state(d["pid"])
+        rnd = f" round {d['round']}" if d["round"] >= 0 else ""
+        if d["phase"] == "end":
+            doing = f"ended after op {d['seq']}"
+        elif state.startswith("STOPPED") or state == "gone":
+            doing = f"{state.lower()} in op {d['seq']} {d['phase']}{rnd} (in it for " \
+                    f"{_age(d['since_ns'], t)})"
+        elif d["waits"]:
+            doing = (f"waits in op {d['seq']} {d['phase']}{rnd} for {self.whom(d, nows)} "
+                     f"for {_age(d['since_ns'], t)}")
+        else:
+            doing = f"in {d['phase']} after op {d['seq']} for {_age(d['since_ns'], t)}"
+        if d["role"] == "worker":
+            heard = (f"last packet from its server {_age(d['peers'][0], t)} ago"
+                     if 0 in d["peers"] else "no answer from its server yet")
+            seen = [_age(s["peers"][d["index"]], t) for s in nows.values()
+                    if s["role"] == "server" and d["index"] in s["peers"]]
+            if seen:
+                heard += f"; its last packet reached the server {seen[0]} ago"
+        else:
+            heard = "last packet: " + (", ".join(f"w{p} {_age(v, t)}" for p, v in
+                                                 sorted(d["peers"].items())) or "none yet")
+        return f"{_label(d)} (rank {d['rank']}, pid {d['pid']}, {state}): {doing}; {heard}"
+
+    def whom(self, d: dict, nows: dict[int, dict]) -> str:
+        """Whom a waiting rank waits for: a worker its server; a server the
+        workers whose files say they are not yet in op d['seq'] (or past
+        its barrier when it gathers)."""
+        if d["role"] == "worker":
+            theirs = [self.whom(s, nows) for s in nows.values()
+                      if s["role"] == "server" and s["waits"]]
+            return "its server" + (f" (which waits for {theirs[0]})" if theirs else "")
+        behind = []
+        for w in nows.values():
+            if w["role"] != "worker" or w["phase"] == "end":
+                continue
+            arrived = w["seq"] > d["seq"] or w["seq"] == d["seq"] and w["phase"] != "compute"
+            pushing = w["seq"] > d["seq"] or w["seq"] == d["seq"] and w["phase"] in ("push",
+                                                                                    "answer")
+            if not (pushing if d["phase"] == "gather" else arrived):
+                behind.append(_label(w))
+        return ", ".join(behind) if behind else "the workers"
+
+    def close(self) -> str | None:
+        """Remove the folder if it is this launcher's and holds no dump; else
+        its path (the dumps stay for a look)."""
+        dumped = any(n.endswith(".json") for n in os.listdir(self.folder)) \
+            if os.path.isdir(self.folder) else False
+        if self.own and not dumped:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return None
+        return self.folder
