@@ -12,7 +12,8 @@
 
 /* An ACK from the LTP port (its LTP header at h), for this host's flow in
  * ltp_tx at [its round's bank][its worker's slot]: checked against that
- * flow's round and token, recorded, then dropped or handed to the clock. */
+ * flow's round, token and chunk count, recorded, then dropped or handed to
+ * the clock. */
 static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 {
 	__u32 slot;
@@ -26,14 +27,22 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 	struct ltp_bitmap *acked = ltp_acked.lookup(&bidx);
 	if (!tx || !acked || !st)
 		return XDP_DROP;
-	if (tx->round != round) {
-		st->acks_stale += 1;
-		return drop(LTP_C_ACK_STALE, h);
-	}
-	/* Only an ACK built from our own DATA carries the token: a spoofed one
-	 * neither closes the round nor marks a chunk nor sets the rate. */
+	/* A round this host is not sending: no token here to check it by. */
+	if (tx->round != round)
+		return drop_unauth(LTP_C_ACK_STALE);
+	/* Only an ACK built by the receiver from our own DATA carries the token
+	 * (the receiver's for this flow): a spoofed one, or another member's,
+	 * neither closes the round nor marks a chunk nor sets the rate, nor
+	 * grows into DATA on the clock. */
 	if (h->token != tx->token)
 		return drop_spoof();
+	/* A chunk the round does not have: nothing recorded (a forged one
+	 * could make every chunk acked unreachable, or close the round). */
+	__u32 chunk = bpf_ntohl(h->chunk);
+	if (chunk >= tx->nchunks || chunk >= LTP_MAX_CHUNKS) {
+		st->out_of_range += 1;
+		return drop(LTP_C_OUT_OF_RANGE, h);
+	}
 	__u16 hflags = bpf_ntohs(h->flags);
 	if (h->state == LTP_RS_CLOSED)
 		tx->closed = 1;
@@ -47,9 +56,6 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 	}
 	st->acks_rx += 1;
 	count(LTP_C_ACK_RX);
-	__u32 chunk = bpf_ntohl(h->chunk);
-	if (chunk >= LTP_MAX_CHUNKS)
-		return XDP_DROP;
 	__u64 word = bitmap_word(chunk);
 	if (word >= LTP_BM_WORDS)
 		return XDP_DROP;

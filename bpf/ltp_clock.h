@@ -72,6 +72,7 @@ static __always_inline int clock_headers(struct xdp_md *ctx, struct ltp_tx *tx,
 	h->pad = 0;
 	h->rate = bpf_htonl(LTP_CLOCK_STAMP((__u32)(inflight > 0xffff ? 0xffff : inflight),
 					    (__u32)tx->stops));
+	h->token = tx->dtoken;  /* the flow's DATA token, not the ACK's */
 	udp_csum(iph, udp, so->csum);  /* the payload's sum, from the control plane */
 	__sync_fetch_and_add(&tx->sent, 1);
 	count(LTP_C_CLOCK_TX);

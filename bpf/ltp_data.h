@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /* The receiver: DATA in, its ACK out. on_data admits a DATA packet
- * (data_admit: its sender, its length, its round and chunk), stores its
+ * (data_admit: its sender, its round and token, its length, its chunk), stores its
  * payload (data_store: claim, copy, mark delivered) and turns the packet
  * into its ACK (send_ack), which carries the sender's rate or, for a
  * clocked flow, its credit.
@@ -45,9 +45,10 @@ static __always_inline __u32 credit(struct ltp_hdr *h, __u32 bank, __u32 slot, _
 }
 
 /* Turn the DATA packet at ctx into its ACK in place and return XDP_TX:
- * addresses and ports swapped, payload cut off, IP and UDP checksums right. */
+ * addresses and ports swapped, payload cut off, the ACK's token (its slot's,
+ * ltp_slottok.ack) in place of the DATA's, IP and UDP checksums right. */
 static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 rstate,
-				    __u16 extra_flags, __u32 slot, __u32 bank)
+				    __u16 extra_flags, __u32 slot, __u32 bank, __be64 token)
 {
 	struct ltp_hdr *h = p->h;
 	turn_around(p->eth, p->iph, p->udp, 0);
@@ -74,6 +75,7 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 
 	h->state = rstate;
 	h->pad = 0;
 	h->rate = bpf_htonl(rate);
+	h->token = token;  /* the ACK's own: the receiver's, for this slot's flow */
 	udp_csum(p->iph, p->udp, 0);
 
 	int delta = (int)(PAY_OFF) - (int)(ctx->data_end - ctx->data);
@@ -113,6 +115,7 @@ struct ltp_rx {
 	__u32 nchunks;              /* the bank's chunk count */
 	__u32 len;                  /* payload bytes */
 	__u32 thresh;               /* the bank's thresh (chunks per slot; 0: none) */
+	__be64 ack_token;           /* what its ACK carries (ltp_slottok.ack) */
 	__u64 now;                  /* bpf_ktime_get_ns if read already for this frame, else 0 */
 };
 
@@ -132,18 +135,42 @@ static __always_inline int take_group(struct ltp_pkt *p, struct ltp_cfg *cfg)
 	return 0;
 }
 
-/* Admit a DATA packet: a known sender, lengths that agree, the round its
- * bank holds open, its token, a live owner, a chunk in range. Fills rx and
- * returns LTP_ADMITTED, or the verdict: a counted drop, or for a closed
- * round an ACK that says CLOSED. */
+/* Admit a DATA packet: a known sender, the round its bank holds, its token
+ * (its slot's, or the bank's group token for DATA flagged GROUP), lengths
+ * that agree, a slot the round takes, a live owner, a chunk in range. Fills
+ * rx and returns LTP_ADMITTED, or the verdict: a counted drop, or for a
+ * closed round or slot an ACK that says CLOSED. Nothing but a per-CPU count
+ * changes before the token is checked. */
 static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 				      struct ltp_cfg *cfg, struct ltp_rx *rx)
 {
 	struct ltp_hdr *h = p->h;
-	if ((h->flags & bpf_htons(LTP_F_GROUP)) && take_group(p, cfg))
+	__u16 group = h->flags & bpf_htons(LTP_F_GROUP);
+	if (group && take_group(p, cfg))
 		return drop(LTP_C_UNKNOWN_WORKER, h);
 	if (peer_slot(h, &rx->slot))
 		return drop(LTP_C_UNKNOWN_WORKER, h);
+
+	__u32 round = bpf_ntohl(h->round);
+	rx->bank = round % LTP_BANKS;
+	struct ltp_bank *b = ltp_banks.lookup(&rx->bank);
+	if (!b)
+		return XDP_DROP;
+	/* A round the bank does not hold: no token here to check it by. */
+	if (b->state == LTP_BANK_FREE || (__s32)(round - b->round) > 0)
+		return drop_unauth(LTP_C_FUTURE);
+	if (round != b->round)
+		return drop_unauth(LTP_C_STALE);
+	/* Before anything is written or ACKed, closed rounds included: without
+	 * its worker's token for this round (or the round's group token) a
+	 * packet is a spoof, another member's, or from another secret. */
+	__u32 bidx = rx->bank * LTP_SLOTS + rx->slot;
+	struct ltp_slot_tok *tk = ltp_slottok.lookup(&bidx);
+	if (!tk)
+		return XDP_DROP;
+	if (group ? (!b->group || h->token != b->token) : h->token != tk->data)
+		return drop_spoof();
+	rx->ack_token = tk->ack;
 	struct ltp_slot_stats *st = ltp_stats.lookup(&rx->slot);
 	if (!st)
 		return XDP_DROP;
@@ -160,29 +187,18 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 		return drop(LTP_C_MALFORMED, h);
 	rx->len = len;
 
-	__u32 round = bpf_ntohl(h->round);
-	rx->bank = round % LTP_BANKS;
-	struct ltp_bank *b = ltp_banks.lookup(&rx->bank);
-	if (!b)
-		return XDP_DROP;
-	if (b->state == LTP_BANK_FREE || (__s32)(round - b->round) > 0) {
-		st->future += 1;
-		return drop(LTP_C_FUTURE, h);
-	}
-	if (round != b->round) {
-		st->stale += 1;
-		return drop(LTP_C_STALE, h);
-	}
-	/* Before anything is written or ACKed, closed rounds included: without
-	 * the round's token a packet is a spoof (or from another secret). */
-	if (h->token != b->token)
-		return drop_spoof();
 	if (b->state != LTP_BANK_OPEN) {
 		/* Late for a closed round: never written, but ACKed CLOSED so the
 		 * sender stops at once. */
 		st->late += 1;
 		count(LTP_C_LATE);
-		return send_ack(ctx, p, LTP_RS_CLOSED, 0, rx->slot, rx->bank);
+		return send_ack(ctx, p, LTP_RS_CLOSED, 0, rx->slot, rx->bank, rx->ack_token);
+	}
+	if (!tk->open) {
+		/* A worker this round does not take (dropped, or never in it):
+		 * nothing written, no flow counted down; CLOSED stops it. */
+		count(LTP_C_SLOT_CLOSED);
+		return send_ack(ctx, p, LTP_RS_CLOSED, 0, rx->slot, rx->bank, rx->ack_token);
 	}
 	/* An ACK promises a live reader: with a stale heartbeat the round's
 	 * owner is hung, and its senders must hear nothing. */
@@ -263,7 +279,7 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 	if (!skipped(LTP_SKIP_CLAIM) && (__sync_fetch_and_or(&claim->w[word], bit) & bit)) {
 		st->dup += 1;
 		count(LTP_C_DUP);
-		return send_ack(ctx, p, LTP_RS_OPEN, LTP_F_DUP, rx->slot, rx->bank);
+		return send_ack(ctx, p, LTP_RS_OPEN, LTP_F_DUP, rx->slot, rx->bank, rx->ack_token);
 	}
 
 	__u32 midx = bidx * LTP_MAX_CHUNKS + chunk;
@@ -287,7 +303,7 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 	count(LTP_C_DATA);
 	if (skipped(LTP_SKIP_ACK))
 		return XDP_TX;
-	return send_ack(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank);
+	return send_ack(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank, rx->ack_token);
 }
 
 /* DATA to this host's port (a whole LTP header at p->h): admitted, stored,

@@ -67,6 +67,9 @@ enum ltp_counter {
 	                          limit: the process that would read it is hung or stopped */
 	LTP_C_CLOCK_RETX,      /* sender: ACKs turned into a re-send of a chunk RACK found lost
 	                          (also in clock_tx) */
+	LTP_C_SLOT_CLOSED,     /* receiver: DATA with its token from a worker the round does not
+	                          take (not in it, or dropped: ltp_slottok.open 0): never written,
+	                          ACKed CLOSED */
 	LTP_C_MAX,
 };
 
@@ -101,9 +104,23 @@ struct ltp_bank {
 	__u32 state;           /* LTP_BANK_* */
 	__u32 nchunks;         /* chunk count of the buffer */
 	__u32 last_len;        /* payload bytes of the last chunk */
-	__be64 token;          /* the round's token as DATA carries it (network order) */
+	__be64 token;          /* the token DATA flagged GROUP of this round carries (network
+	                          order); each worker's own DATA carries its slot's (ltp_slottok) */
 	__u32 thresh;          /* chunks per slot at which its progress records thresh_ns
 	                          (Early Close's threshold of nchunks; 0: none) */
+	__u32 group;           /* 1: GROUP DATA is taken with `token`; 0: this endpoint holds no
+	                          group token (a member key): GROUP DATA is dropped bad_token */
+};
+
+/* The tokens of one [bank][slot] (tokens.py): what the slot's DATA of the
+ * bank's round must carry (derived from that worker's own key and the
+ * flow's direction, so a member cannot write another's slot) and what its
+ * ACK carries back (so a member cannot close another's push). */
+struct ltp_slot_tok {
+	__be64 data;           /* the token this slot's DATA carries (network order) */
+	__be64 ack;            /* the token its ACK carries (network order) */
+	__u32 open;            /* 1: the round takes this slot's DATA; 0: a worker not in the
+	                          round, or dropped: its DATA is never written, ACKed CLOSED */
 	__u32 pad;
 };
 
@@ -234,6 +251,9 @@ struct ltp_tx {
 	__u64 rexmit;          /* XDP: re-sends it made */
 	__u32 rack;            /* control plane: 1 lets XDP recover this flow's losses */
 	__u32 pad2;
+	__be64 dtoken;         /* control plane: the token this flow's DATA carries (network
+	                          order; `token` is its ACKs'): the clock writes it into the
+	                          DATA it grows */
 };
 
 #define LTP_RACK_REORDER 3       /* log entries an ACK may overtake before loss is judged */
@@ -307,6 +327,8 @@ BPF_F_TABLE("array", __u32, struct ltp_cfg, ltp_cfg, 1, BPF_F_MMAPABLE);
 BPF_ARRAY(ltp_peers, __u32, LTP_MAX_WORKER_ID);
 /* ltp_banks: control plane opens/closes rounds; XDP reads to validate DATA */
 BPF_ARRAY(ltp_banks, struct ltp_bank, LTP_BANKS);
+/* ltp_slottok: control plane writes per [bank][slot] at open (mmapped; open 0 closes a slot); XDP reads to check DATA and sign its ACK */
+BPF_F_TABLE("array", __u32, struct ltp_slot_tok, ltp_slottok, LTP_BANKS * LTP_SLOTS, BPF_F_MMAPABLE);
 /* ltp_mem: XDP writes payloads at [bank][slot][chunk]; control plane maps it with numpy */
 BPF_F_TABLE("array", __u32, struct ltp_chunk, ltp_mem, LTP_BANKS * LTP_SLOTS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
 /* ltp_claim: XDP sets a chunk's bit before copying (dedupe); control plane clears on open */
@@ -337,7 +359,7 @@ BPF_ARRAY(ltp_sendlog, __u32, LTP_BANKS * LTP_SLOTS * LTP_SENDLOG);
 BPF_F_TABLE("array", __u32, __u64, ltp_sentat, LTP_BANKS * LTP_SLOTS * LTP_MAX_CHUNKS, BPF_F_MMAPABLE);
 /* ltp_rounds: control plane writes per slot as it closes a round (LtpMaps.record_round); `ltp flows` reads; XDP never touches it */
 BPF_ARRAY(ltp_rounds, struct ltp_round_stats, LTP_SLOTS);
-/* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why; never for bad_token: a spoof writes nothing but its per-CPU count); CLI reads */
+/* ltp_lasthdr: XDP keeps the latest header per counter class (what was dropped and why; never for a frame of a known worker that is not authenticated: bad_token, stale, future, ack_stale); CLI reads */
 BPF_ARRAY(ltp_lasthdr, struct ltp_hdr, LTP_C_MAX);
 
 /* ltp_capcfg: `ltp capture` writes (on/off lease, snaplen, filters); XDP reads every packet */

@@ -42,6 +42,11 @@ static __always_inline int ltp_parse(struct xdp_md *ctx, struct ltp_pkt *p)
 		return LTP_OTHER;
 	if (iph->ihl != 5)  /* LTP never sends IP options */
 		return LTP_OTHER;
+	/* A fragment after the first has no UDP header: what sits where its
+	 * ports would be is payload, so it is never LTP's, whatever it reads.
+	 * (A first fragment to the port is LTP's, and malformed: ltp_run.) */
+	if (iph->frag_off & bpf_htons(0x1fff))
+		return LTP_OTHER;
 	struct udphdr *udp = (void *)(iph + 1);
 	if ((void *)(udp + 1) > data_end)
 		return LTP_OTHER;

@@ -55,6 +55,16 @@ static __always_inline int drop_spoof(void)
 	return XDP_DROP;
 }
 
+/* A frame of a known worker's flow that cannot be authenticated: a round
+ * this host does not hold (stale, future, an ACK of a round not being
+ * sent), whose token is not here to check. Counted per CPU and nothing
+ * else: no per-slot count, no kept header, as for a spoof. */
+static __always_inline int drop_unauth(__u32 idx)
+{
+	count(idx);
+	return XDP_DROP;
+}
+
 /* Bitmap word of a chunk, opaque to clang so the bound test that follows
  * stays in the program for the verifier (LTP_BM_WORDS need not be a power
  * of two). */

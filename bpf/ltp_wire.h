@@ -63,11 +63,13 @@ struct ltp_hdr {
 	__be32 rate;     /* ACK: advertised send rate for this worker, kbit/s (0 = none);
 	                    ACK of LTP_F_CLOCK DATA: the flow's window, packets;
 	                    DATA with LTP_F_CLOCK: the sender's stamp (LTP_CLOCK_STAMP) */
-	__be64 token;    /* the round's token, derived by the members from the job's secret:
-	                    a receiver drops DATA, a sender ACKs, whose token is not the one its
-	                    control plane set for that round (ltp_banks, ltp_tx), so a host off
-	                    the path cannot forge either, as TCP's sequence numbers stop blind
-	                    injection. An ACK carries its DATA's. 0: the job has no secret */
+	__be64 token;    /* the flow's token for this round (control/transport/tokens.py),
+	                    derived from the key of the flow's worker and its direction: DATA
+	                    carries its sender's, an ACK the receiver's, GROUP DATA the round's
+	                    group token. A receiver drops DATA, a sender ACKs, whose token is not
+	                    the one its control plane set (ltp_slottok, ltp_banks, ltp_tx), so
+	                    neither a host off the path nor a member holding only its own key
+	                    can forge another's. 0: the job has no secret */
 } __attribute__((packed));
 
 /* The stamp clocked DATA carries in `rate`: the packets its flow had in

@@ -11,8 +11,9 @@
  *          instead grown into the flow's next chunk from ltp_sendbuf and
  *          sent with XDP_TX, unless the receiver's credit said STOP or
  *          nothing is left (the ACK clock, docs/transport.md).
- * Both must carry the round's token (ltp_hdr.token, set per round by the
- * control plane in ltp_banks and ltp_tx); others are dropped as bad_token.
+ * Both must carry their flow's token (ltp_hdr.token: per worker, direction
+ * and round, set by the control plane in ltp_slottok and ltp_tx; GROUP DATA
+ * the round's group token in ltp_banks); others are dropped as bad_token.
  * other -> XDP_PASS untouched (LTP control types are passed up too).
  *
  * While `ltp capture` has switched capture on (ltp_capcfg), each LTP frame

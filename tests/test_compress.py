@@ -187,14 +187,14 @@ def test_a_lost_chunk_changes_only_its_own_slice(rig):
         words = [WorkerCodec(codec).piece(g.copy()).copy() for g in grads]
         data = [w.tobytes() for w in words]
         nch = -(-len(data[0]) // CB)
-        tok = tokens.derive(link.secret, s.job, r)
         for w in (0, 1):
             for c in range(nch):
                 if (w, c) == (0, lost):
                     continue
                 body = data[w][c * CB:(c + 1) * CB]
                 hdr = W.pack_header(worker=w, job=s.job, round=r, chunk=c, nchunks=nch,
-                                    length=len(body), token=tok,
+                                    length=len(body),
+                                    token=tokens.derive(link.secret, s.job, r, w, tokens.UP),
                                     flags=W.F_LAST if c == nch - 1 else 0)
                 socks[w].sendto(hdr + body, (rig.ps.ip, W.PORT))
         g = link.gather(r, NEL, [0, 1])

@@ -47,6 +47,30 @@ def test_tokens_are_per_round_per_job_per_secret_and_never_zero():
 
 
 @pytest.mark.unit
+def test_tokens_are_per_worker_and_direction_and_a_member_key_makes_only_its_own():
+    s = tokens.new_secret()
+    kinds = (tokens.UP, tokens.UP_ACK, tokens.DOWN, tokens.DOWN_ACK)
+    every = {tokens.derive(s, JOB, 7, w, k) for w in (0, 1, 2) for k in kinds}
+    every.add(tokens.derive(s, JOB, 7, kind=tokens.GROUP))
+    assert len(every) == 13 and 0 not in every
+    m1 = tokens.member(s, 1)
+    assert len(m1.key) == 32 and m1.key != s
+    assert [tokens.derive(m1, JOB, 7, 1, k) for k in kinds] == \
+        [tokens.derive(s, JOB, 7, 1, k) for k in kinds]
+    with pytest.raises(ValueError, match="worker 2"):
+        tokens.derive(m1, JOB, 7, 2, tokens.UP)
+    assert tokens.derive(m1, JOB, 7, kind=tokens.GROUP) is None
+    # the two ends of each flow agree: a worker's uplink is the server's to
+    # receive, the server's answer the worker's
+    server, worker = tokens.RoundTokens(s, JOB), tokens.RoundTokens(m1, JOB, self_id=1)
+    assert worker.send(7, 1) == server.receive(7, 1) != server.send(7, 1) == worker.receive(7, 1)
+    assert worker.bank(7, {1: 0, 2: 1}) == {0: server.send(7, 1)}
+    assert worker.group(7) is None and server.group(7) == tokens.derive(s, JOB, 7, 0, tokens.GROUP)
+    with pytest.raises(ValueError, match="self_id=1"):
+        tokens.RoundTokens(m1, JOB, self_id=2)
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("bad,err,word", [
     (b"short", ValueError, "16..64 bytes"), (b"x" * 65, ValueError, "16..64 bytes"),
     ("0123456789abcdef0123", TypeError, "bytes"), (1234, TypeError, "bytes"),
@@ -66,7 +90,8 @@ def test_no_secret_warns_once_per_process(monkeypatch):
         tokens.RoundTokens(tokens.new_secret(), JOB)
     assert [w.category for w in got] == [tokens.UnprotectedWarning]
     assert "no secret" in str(got[0].message) and "new_secret" in str(got[0].message)
-    assert not first.protected and first(5) == second(5) == 0
+    assert not first.protected and first.send(5, 0) == second.receive(5, 0) == (0, 0)
+    assert first.group(5) == 0
     assert tokens.RoundTokens(bytearray(range(32)), JOB).protected
 
 
@@ -224,7 +249,8 @@ def test_spoofed_closed_acks_do_not_stop_a_workers_push(rig, job):
         wk.prepare_push(r2, g, Peer(0, rig.ps.ip))
         attacker.sendto(W.pack_header(type=W.T_ACK, worker=0, job=JOB, round=r2, chunk=0,
                                       nchunks=nch, state=W.RS_CLOSED,
-                                      token=tokens.derive(wk.sender.tokens.secret, JOB, r2)),
+                                      token=tokens.derive(wk.sender.tokens.secret, JOB, r2,
+                                                          0, tokens.UP_ACK)),
                         to)
         assert _until(lambda: wk.maps.tx_state(r2, 0)["closed"] == 1)
     finally:

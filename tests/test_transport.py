@@ -205,7 +205,8 @@ def test_late_packets_never_touch_the_next_round(rig, lossless):
         sock.bind((host.ip, 0))
         late = W.pack_header(worker=host.index, job=cl.ps.job, round=r, chunk=0,
                              nchunks=res.layout.nchunks, length=cl.chunk_bytes,
-                             token=tokens.derive(cl.secret, cl.ps.job, r))
+                             token=tokens.derive(cl.secret, cl.ps.job, r, host.index,
+                                                 tokens.UP))
         late += b"\xff" * cl.chunk_bytes
         before = cl.ps.counters()
         sock.sendto(late, (rig.ps.ip, W.PORT))  # round r closed, bank still holds it

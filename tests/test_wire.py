@@ -27,7 +27,7 @@ def dp(small_geometry):
 @pytest.mark.parametrize("table,mirror", [
     ("ltp_lasthdr", W.LtpHdr), ("ltp_cfg", M.Cfg), ("ltp_banks", M.Bank),
     ("ltp_progress", M.Progress), ("ltp_stats", M.SlotStats), ("ltp_tx", M.Tx),
-    ("ltp_share", M.Share),
+    ("ltp_share", M.Share), ("ltp_slottok", M.SlotTok),
 ])
 def test_c_and_python_structs_agree(dp, table, mirror):
     tbl = dp.table(table)

@@ -146,7 +146,8 @@ class Endpoint:
             raise ValueError("an endpoint needs at least one peer")
         if liveness_s is not None and not liveness_s >= 0:
             raise ValueError(f"liveness_s must be >= 0 seconds or None, got {liveness_s!r}")
-        tokens = RoundTokens(secret, job, f"Endpoint({dev!r})")  # checked before the compile
+        # checked before the compile
+        tokens = RoundTokens(secret, job, f"Endpoint({dev!r})", self_id=self_id)
         share, early = SharePolicy(capacity_bps), EarlyClose(capacity_bps, early_close)
         self.ip, self.ns, self.job, self.port = ip, ns, job, port
         self.peers = dict(peers)
@@ -227,6 +228,10 @@ class Endpoint:
         to come, so a receiver that waits costs little CPU (many share a
         machine on the rig) and still sees the last chunk within `poll_s`."""
         return self.receiver.wait(round_, poll_s)
+
+    def drop_worker(self, round_: int, worker: int) -> None:
+        """Take no more of `worker`'s DATA in open round_ (see Receiver.drop)."""
+        self.receiver.drop(round_, worker)
 
     def cancel_round(self, round_: int) -> None:
         """Retire an open round without collecting it (its bank is closed)."""

@@ -17,6 +17,7 @@ from .layout import ChunkLayout, as_f32
 from .options import DEFAULTS, PushOptions
 from .results import Peer
 from .sender import UDP_SEGMENT, Push
+from .tokens import RoundTokens
 
 LOSS_EWMA = 0.3
 
@@ -27,10 +28,10 @@ class Sender:
 
     def __init__(self, sock: socket.socket, maps, peers: dict[int, int], *, job: int,
                  chunk_bytes: int, max_elems: int, initial_rate_bps: float,
-                 tokens=lambda round_: 0, options: PushOptions = DEFAULTS,
+                 tokens: RoundTokens | None = None, options: PushOptions = DEFAULTS,
                  kinds: dict[str, type[Push]] | None = None):
         self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
-        self.tokens = tokens  # round -> its token (tokens.RoundTokens)
+        self.tokens = tokens or RoundTokens.off()  # each flow's per round
         self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
         self.initial_rate_bps = initial_rate_bps
         self.rate_hint: dict[int, float] = {}

@@ -18,6 +18,7 @@ from .layout import FRAME_OVERHEAD, ChunkLayout
 from .rate import SharePolicy
 from .results import RoundResult, arrivals_of
 from .straggler import attribute
+from .tokens import RoundTokens
 
 LOSS_SAMPLE = 32  # chunks an interval needs before its re-sent share feeds the boost
 
@@ -100,9 +101,9 @@ class Receiver:
 
     def __init__(self, maps, peers: dict[int, int], nslots: int, *, chunk_bytes: int,
                  max_elems: int, capacity_bps: float, share: SharePolicy, early: EarlyClose,
-                 bubble_strategy: str, tokens=lambda round_: 0, window: int = 0):
+                 bubble_strategy: str, tokens: RoundTokens | None = None, window: int = 0):
         self.maps, self.peers, self.nslots = maps, peers, nslots
-        self.tokens = tokens  # round -> its token (tokens.RoundTokens)
+        self.tokens = tokens or RoundTokens.off()  # each flow's per round
         self.window = window  # packets clocked senders may keep in flight together (the credit)
         self.chunk_bytes, self.max_elems, self.capacity_bps = chunk_bytes, max_elems, capacity_bps
         self.share, self.early, self.bubble_strategy = share, early, bubble_strategy
@@ -136,12 +137,23 @@ class Receiver:
         # thresh: a slot's progress is stamped when it reaches the threshold.
         self.maps.open_bank(round_, layout.nchunks, layout.last_len,
                             share_kbps=self.share.share_kbps(1), flows=len(workers),
-                            token=self.tokens(round_), window=self.window,
-                            thresh=math.ceil(early.threshold * layout.nchunks))
+                            slot_tokens=self.tokens.bank(round_, self.peers),
+                            group_token=self.tokens.group(round_), window=self.window,
+                            thresh=math.ceil(early.threshold * layout.nchunks),
+                            slots=[self.peers[w] for w in workers])
         st = OpenRound(round_, layout, workers, [self.peers[w] for w in workers], critical,
                        reliable, time.perf_counter(), early=early)
         self.rounds[round_] = st
         return st
+
+    def drop(self, round_: int, worker: int) -> None:
+        """Stop round_ taking `worker`'s DATA (it is dropped from the round):
+        its frames are ACKed CLOSED, never written, and count no flow down,
+        in XDP from now on; what it delivered before stays."""
+        st = self.rounds.get(round_)
+        if st is None or worker not in st.workers:
+            raise ValueError(f"worker {worker} is not in open round {round_}")
+        self.maps.close_slot(round_, self.peers[worker])
 
     def cancel(self, round_: int) -> None:
         if self.rounds.pop(round_, None) is None:

@@ -70,9 +70,10 @@ class Push:
         self.targets, self.crit, self.reliable, self.timeout_s = targets, crit, reliable, timeout_s
         self.group = group is not None  # the last of hdrs/addrs/pieces is the group
         self.slots = [sender.peers[t.worker] for t in targets]
-        self.token = sender.tokens(round_)
-        for s in self.slots:
-            sender.maps.tx_start(round_, s, self.token)
+        # per target: (its DATA's token, its ACKs' token), this flow's own
+        self.tokens = [sender.tokens.send(round_, t.worker) for t in targets]
+        for s, (dtok, atok) in zip(self.slots, self.tokens):
+            sender.maps.tx_start(round_, s, atok, nchunks=layout.nchunks, dtoken=dtok)
         rng = np.random.default_rng(seed if seed is not None else
                                     (round_ * 1_000_003 + targets[0].worker) % 2**32)
         self.order = rng.permutation(layout.nchunks).tolist()
@@ -102,17 +103,17 @@ class Push:
     # ------------------------------------------------------------------ plan
     def _plan_headers(self, group: tuple[str, int] | None) -> tuple[list, list]:
         """Every header of the round, per target ([chunk] -> HDR_LEN bytes), and the addresses."""
-        nch, lay, job, r, tok = (self.layout.nchunks, self.layout, self.sender.job, self.round_,
-                                 self.token)
+        nch, lay, job, r = self.layout.nchunks, self.layout, self.sender.job, self.round_
         flags = np.full(nch, W.F_RELIABLE if self.reliable else 0, dtype=np.uint16)
         flags[self.crit] |= W.F_CRITICAL
         flags[-1] |= W.F_LAST
         hdrs = [memoryview(data_headers(job, r, t.worker, nch, flags, lay, tok))
-                for t in self.targets]
+                for t, (tok, _) in zip(self.targets, self.tokens)]
         addrs = [(t.ip, t.port) for t in self.targets]
         if group is not None:  # one more "target": the group, its headers flagged GROUP
-            # (the round's token is the same for every member)
-            hdrs.append(memoryview(data_headers(job, r, 0, nch, flags | W.F_GROUP, lay, tok)))
+            # (the round's group token: one frame reaches every member)
+            gtok = self.sender.tokens.group(r) or 0
+            hdrs.append(memoryview(data_headers(job, r, 0, nch, flags | W.F_GROUP, lay, gtok)))
             addrs.append((group[0], int(group[1])))
         return hdrs, addrs
 

@@ -1,16 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Round tokens: what stops a host off the path from forging a job's packets.
+"""Flow tokens: what stops a host off the path, or a member holding only its
+own key, from forging a job's packets.
 
 A job has one secret (SECRET_BYTES random bytes: `new_secret`; ltpx.torch's
 ranks each derive theirs from the job key in their LTP_SECRET_FILE,
 control/jobkey.py: it never crosses the network or the rendezvous store).
-Every member derives each round's token from it, a keyed BLAKE2b of (job,
-round) cut to 64 bits, so no round needs an exchange of its own, and the
-token of one round, seen on the path, says nothing of another's. A receiver
-writes the token into the round's bank as it opens it, a sender into its tx
-state as it starts the round; the XDP program compares the header's token
-with them (a constant-size compare, no crypto in BPF) and drops the rest as
-`bad_token`. A blind spoofer must guess 64 bits per packet.
+From it each worker w has a key of its own (`member_key`, a keyed BLAKE2b of
+w), and each round of each flow a token: a keyed BLAKE2b of (job, round,
+kind) under the worker's key, cut to 64 bits, so no round needs an exchange.
+The kind is the frame's direction and role: UP (worker w's DATA to the
+server), UP_ACK (the server's ACK of it), DOWN (the server's DATA to w: a
+downlink answer), DOWN_ACK (w's ACK of that). So a token seen on the wire
+serves neither another round, nor another worker, nor the other direction,
+and a member given only its own key (`member`, MemberSecret) cannot write
+another worker's chunks, close another's push, or answer another worker.
+DATA flagged GROUP (one frame to every worker) carries the round's GROUP
+token, derived from the job secret itself: only endpoints holding it accept
+group frames (a member key's endpoint refuses them, and the server's
+repair re-sends to it alone then reach it).
+
+A receiver writes each slot's (DATA, ACK) tokens into the round's bank as it
+opens it (ltp_slottok) and the XDP program writes the ACK's into each ACK it
+builds; a sender writes the ACK token it expects, and its DATA token for the
+ACK clock, into its tx state. The program compares 8 bytes (no crypto in
+BPF) and drops the rest as `bad_token`. A blind spoofer must guess 64 bits
+per packet.
 
 Without a secret every token is 0, on the wire and in the maps: the job
 cookie is then the only check (wire version 1's protection, none against a
@@ -19,10 +33,12 @@ a process warns (`UnprotectedWarning`).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 import struct
 import warnings
+from typing import NamedTuple
 
 SECRET_BYTES = 16          # 128 bits: the least a secret may have
 SECRET_MAX = 64            # BLAKE2b's longest key
@@ -38,11 +54,16 @@ def new_secret() -> bytes:
     return secrets.token_bytes(SECRET_BYTES)
 
 
-def check_secret(secret) -> bytes | None:
-    """`secret` as bytes (None stays None); TypeError/ValueError if it is
-    not SECRET_BYTES..SECRET_MAX bytes."""
+def check_secret(secret):
+    """`secret` as bytes (None stays None, a MemberSecret stays one);
+    TypeError/ValueError if it is not SECRET_BYTES..SECRET_MAX bytes."""
     if secret is None:
         return None
+    if isinstance(secret, MemberSecret):
+        if not (isinstance(secret.key, bytes) and len(secret.key) == 32):
+            raise ValueError("a member secret's key must be 32 bytes: make it with "
+                             "tokens.member(secret, worker)")
+        return secret
     if not isinstance(secret, (bytes, bytearray, memoryview)):
         raise TypeError(f"secret must be bytes (e.g. tokens.new_secret()), got "
                         f"{type(secret).__name__}")
@@ -53,23 +74,75 @@ def check_secret(secret) -> bytes | None:
     return secret
 
 
-def derive(secret: bytes | None, job: int, round_: int) -> int:
-    """The token of `round_` of `job`: 0 without a secret, else a nonzero
-    64-bit value (0 is kept for "no secret", so no derived token equals it)."""
-    if secret is None:
-        return 0
-    msg = struct.pack("!II", job % 2**32, round_ % 2**32)
-    digest = hashlib.blake2b(msg, digest_size=8, key=secret, person=_PERSON).digest()
+UP, UP_ACK, DOWN, DOWN_ACK, GROUP = 1, 2, 3, 4, 5   # token kinds (see the module's doc)
+KINDS = (UP, UP_ACK, DOWN, DOWN_ACK, GROUP)
+_MEMBER = b"ltpx-member-key"   # keeps member keys apart from tokens
+
+
+class MemberSecret(NamedTuple):
+    """What a member given only its own key holds: worker `worker`'s key.
+    With it an endpoint makes and checks its own flows' tokens and no one
+    else's, and takes no GROUP frame."""
+
+    worker: int
+    key: bytes
+
+
+@functools.lru_cache(maxsize=4096)
+def member_key(secret: bytes, worker: int) -> bytes:
+    """Worker `worker`'s own key (32 bytes) under the job `secret`."""
+    if not 0 <= worker < 2**16:
+        raise ValueError(f"worker id must be in 0..65535, got {worker}")
+    return hashlib.blake2b(struct.pack("!H", worker), digest_size=32, key=secret,
+                           person=_MEMBER).digest()
+
+
+def member(secret, worker: int) -> MemberSecret:
+    """The MemberSecret a launcher hands worker `worker` in place of the job secret."""
+    return MemberSecret(worker, member_key(check_secret(secret), worker))
+
+
+def _token(key: bytes, job: int, round_: int, kind: int) -> int:
+    msg = struct.pack("!IIB", job % 2**32, round_ % 2**32, kind)
+    digest = hashlib.blake2b(msg, digest_size=8, key=key, person=_PERSON).digest()
     return int.from_bytes(digest, "big") or 1
 
 
+def derive(secret, job: int, round_: int, worker: int = 0, kind: int = UP) -> int | None:
+    """The token of `kind` (UP, UP_ACK, DOWN, DOWN_ACK; GROUP: worker is not
+    used) for worker `worker`'s flow in `round_` of `job`: 0 without a
+    secret, else a nonzero 64-bit value (0 is kept for "no secret", so no
+    derived token equals it). With a MemberSecret: that worker's flows
+    only (ValueError for another's), and None for GROUP (not held)."""
+    if secret is None:
+        return 0
+    if kind not in KINDS:
+        raise ValueError(f"token kind must be one of {KINDS}, got {kind!r}")
+    if isinstance(secret, MemberSecret):
+        if kind == GROUP:
+            return None
+        if worker != secret.worker:
+            raise ValueError(f"a member key of worker {secret.worker} makes no tokens of "
+                             f"worker {worker}'s flows")
+        return _token(secret.key, job, round_, kind)
+    if kind == GROUP:
+        return _token(secret, job, round_, GROUP)
+    return _token(member_key(secret, worker), job, round_, kind)
+
+
 class RoundTokens:
-    """One endpoint's tokens: `tokens(round_)` is that round's token."""
+    """One endpoint's tokens. The endpoint is worker `self_id` (None: a
+    server): a flow of its own worker id is its uplink (it sends DATA UP,
+    receives ACKs UP_ACK) and its downlink (it receives DATA DOWN, sends
+    ACKs DOWN_ACK); any other worker's flow it holds is the server's side."""
 
     _warned = False  # once per process: one line, not one per endpoint
 
-    def __init__(self, secret, job: int, where: str = "endpoint"):
-        self.secret, self.job = check_secret(secret), job
+    def __init__(self, secret, job: int, where: str = "endpoint", self_id: int | None = None):
+        self.secret, self.job, self.self_id = check_secret(secret), job, self_id
+        if isinstance(self.secret, MemberSecret) and self_id != self.secret.worker:
+            raise ValueError(f"{where}: a member key of worker {self.secret.worker} needs "
+                             f"self_id={self.secret.worker}, got self_id={self_id}")
         if self.secret is None and not RoundTokens._warned:
             RoundTokens._warned = True
             warnings.warn(f"{where} has no secret: its rounds carry token 0 and only the job "
@@ -77,9 +150,36 @@ class RoundTokens:
                           "DATA and ACKs; pass secret=tokens.new_secret(), shared by every "
                           "member of the job", UnprotectedWarning, stacklevel=3)
 
+    @classmethod
+    def off(cls) -> RoundTokens:
+        """Tokens 0 everywhere, without the warning (a part made on its own, in tests)."""
+        t = cls.__new__(cls)
+        t.secret, t.job, t.self_id = None, 0, None
+        return t
+
     @property
     def protected(self) -> bool:
         return self.secret is not None
 
-    def __call__(self, round_: int) -> int:
-        return derive(self.secret, self.job, round_)
+    def _flow(self, round_: int, worker: int, down: bool) -> tuple[int, int]:
+        kinds = (DOWN, DOWN_ACK) if down else (UP, UP_ACK)
+        return tuple(derive(self.secret, self.job, round_, worker, k) for k in kinds)
+
+    def receive(self, round_: int, worker: int) -> tuple[int, int]:
+        """(the DATA token, the ACK token) of `worker`'s flow this endpoint receives."""
+        return self._flow(round_, worker, down=worker == self.self_id)
+
+    def send(self, round_: int, worker: int) -> tuple[int, int]:
+        """(the DATA token, the ACK token) of this endpoint's flow to `worker`."""
+        return self._flow(round_, worker, down=worker != self.self_id)
+
+    def bank(self, round_: int, peers: dict[int, int]) -> dict[int, tuple[int, int]]:
+        """{slot: (DATA token, ACK token)} of every peer this endpoint may
+        receive round_ from (a member key: its own flow only)."""
+        if isinstance(self.secret, MemberSecret):
+            peers = {w: s for w, s in peers.items() if w == self.secret.worker}
+        return {slot: self.receive(round_, w) for w, slot in peers.items()}
+
+    def group(self, round_: int) -> int | None:
+        """The token of round_'s GROUP frames; None if this endpoint holds none."""
+        return derive(self.secret, self.job, round_, kind=GROUP)

@@ -23,14 +23,16 @@ from .. import clib
 from . import headers
 from .mapstructs import (BANK_CLOSED, BANK_FREE, BANK_OPEN, BANK_STATES, CFG_SELF,  # noqa: F401
                          LATE_BOUNDS_S, PROGRESS_DTYPE, ROUND_REASONS, ROUND_TIME_BOUNDS_S,
-                         ROUND_TIME_BUCKETS, SENDSLOT_DTYPE, SHARE_DTYPE, SLOT_STATS, TX_DTYPE,
-                         Bank, Cfg, FdMap, Geometry, Progress, RoundStats, SendSlot, Share,
-                         SlotStats, Tx, mmap_rw)
+                         ROUND_TIME_BUCKETS, SENDSLOT_DTYPE, SHARE_DTYPE, SLOT_STATS,
+                         SLOTTOK_DTYPE, TX_DTYPE, Bank, Cfg, FdMap, Geometry, Progress,
+                         RoundStats, SendSlot, Share, SlotStats, SlotTok, Tx, mmap_rw)
 from .wire import LtpHdr, token_word
 
 #: enum ltp_counter, in order; the maps bpf/ltp_maps.h declares, in order
 COUNTERS = headers.enum_members("ltp_maps.h", "ltp_counter", "LTP_C_")
 MAP_NAMES = headers.map_names("ltp_maps.h")
+#: maps a program built from an older bpf/ may not have (LtpMaps then goes without)
+OPTIONAL_MAPS = ("ltp_slottok",)
 # The longest heartbeat limit: the program compares ltp_cfg.limit_ns as a
 # signed 64-bit count (bpf/ltp_data.h, owner_stale), 2^63 - 1 ns ~ 9.22e9 s.
 MAX_LIVENESS_S = 9.2e9
@@ -80,6 +82,11 @@ class LtpMaps:
         #: sender state [bank, slot] (round, closed, rate_kbps, acked, token), read with no syscall
         self.tx = view("ltp_tx", TX_DTYPE.itemsize * g.banks * g.slots, TX_DTYPE,
                        (g.banks, g.slots))
+        #: per [bank, slot]: the tokens its DATA and ACK carry, and whether the
+        #: bank's round takes its DATA (open); None in fd sets made before it
+        self.slottok = (view("ltp_slottok", SLOTTOK_DTYPE.itemsize * g.banks * g.slots,
+                             SLOTTOK_DTYPE, (g.banks, g.slots))
+                        if "ltp_slottok" in fds else None)
         self.progress = view("ltp_progress", PROGRESS_DTYPE.itemsize * g.banks * g.slots,
                              PROGRESS_DTYPE, (g.banks, g.slots))
         #: per bank (active flows, capacity to share in kbit/s); None in fd sets
@@ -110,7 +117,16 @@ class LtpMaps:
 
     @classmethod
     def from_bpf(cls, bpf, geometry) -> LtpMaps:
-        return cls({n: bpf[n.encode()].get_fd() for n in MAP_NAMES}, geometry)
+        """The maps of a program bcc loaded; one built from an older bpf/
+        (`ltp bench xdp --against`) may lack the maps added since (OPTIONAL)."""
+        fds = {}
+        for n in MAP_NAMES:
+            try:
+                fds[n] = bpf[n.encode()].get_fd()
+            except KeyError:
+                if n not in OPTIONAL_MAPS:
+                    raise
+        return cls(fds, geometry)
 
     @classmethod
     def from_pins(cls, directory: str, geometry) -> LtpMaps:
@@ -127,6 +143,7 @@ class LtpMaps:
     def close(self) -> None:
         # Views must go before their mmaps can close.
         for attr in ("mem", "mem_bytes", "claim", "done", "acked", "progress", "tx", "share",
+                     "slottok",
                      "sendbuf", "sendorder", "live", "sentat"):
             self.__dict__.pop(attr, None)
         for mm in self._mm.values():
@@ -212,13 +229,20 @@ class LtpMaps:
         return round_ % self.geometry.banks
 
     def open_bank(self, round_: int, nchunks: int, last_len: int, share_kbps: int = 0,
-                  flows: int = 1, token: int = 0, window: int = 0, thresh: int = 0) -> int:
+                  flows: int = 1, token: int = 0, window: int = 0, thresh: int = 0,
+                  slot_tokens: dict[int, tuple[int, int]] | None = None,
+                  group_token: int | None = -1, slots: Iterable[int] | None = None) -> int:
         """Make round `round_` writable in its bank; returns the bank index.
 
         The bank is marked FREE while its bitmaps are cleared, so no packet
         of the old or new round lands in between. share_kbps: the capacity its
         ACKs divide among the `flows` senders not yet finished (see set_share).
-        token: the round's; DATA carrying another is dropped as bad_token.
+        token: every slot's DATA and ACK token and the group token, unless
+        slot_tokens ({slot: (data token, ack token)}, the rest 0) and
+        group_token (None: GROUP DATA is refused; -1: `token`) say otherwise;
+        DATA carrying another is dropped as bad_token. slots: the slots the
+        round takes (default all); another's DATA with its token is ACKed
+        CLOSED and never written (close_slot closes one later).
         window: packets the round's clocked flows may keep in flight together
         (each active one window / active, at least 1; 0: no credit limit).
         thresh: the chunks per slot whose arrival stamps its progress's
@@ -229,19 +253,40 @@ class LtpMaps:
             raise ValueError(f"nchunks must be in 1..{g.max_chunks}, got {nchunks}")
         if not 0 < last_len <= g.chunk_bytes or last_len % 4:
             raise ValueError(f"last chunk length must be a multiple of 4 in 4..{g.chunk_bytes}")
+        gword = word if group_token == -1 else token_word(group_token or 0)
         b = self.bank_index(round_)
-        self.banks.set(b, Bank(round=round_, state=BANK_FREE, nchunks=nchunks, last_len=last_len,
-                               token=word, thresh=max(0, min(int(thresh), nchunks))))
+        bank = dict(round=round_, nchunks=nchunks, last_len=last_len, token=gword,
+                    thresh=max(0, min(int(thresh), nchunks)), group=int(group_token is not None))
+        self.banks.set(b, Bank(state=BANK_FREE, **bank))
         self.claim[b] = 0
         self.done[b] = 0
         self.progress[b] = 0
+        if self.slottok is not None:
+            t = self.slottok[b]
+            if slot_tokens is None:
+                t["data"], t["ack"] = word, word
+            else:
+                t["data"], t["ack"] = 0, 0
+                for slot, (d, a) in slot_tokens.items():
+                    t[slot]["data"], t[slot]["ack"] = token_word(d), token_word(a)
+            t["open"] = 1 if slots is None else 0
+            if slots is not None:
+                t["open"][list(slots)] = 1
         if self.share is not None:
             self.share[b]["share_kbps"] = max(0, min(int(share_kbps), 2**32 - 1))
             self.share[b]["active"] = max(1, int(flows))
             self.share[b]["window"] = max(0, min(int(window), 2**32 - 1))
-        self.banks.set(b, Bank(round=round_, state=BANK_OPEN, nchunks=nchunks, last_len=last_len,
-                               token=word, thresh=max(0, min(int(thresh), nchunks))))
+        self.banks.set(b, Bank(state=BANK_OPEN, **bank))
         return b
+
+    def close_slot(self, round_: int, slot: int) -> None:
+        """Stop round_ taking `slot`'s DATA (a worker dropped from it): from
+        now on its frames are ACKed CLOSED, never written, and count no flow
+        down; what it delivered before stays."""
+        b = self.bank_index(round_)
+        if self.banks.get(b).round != round_:
+            raise ValueError(f"round {round_} is not in bank {b}")
+        self.slottok[b, slot]["open"] = 0
 
     def close_bank(self, round_: int, settle_s: float = 0.01) -> None:
         """Retire round `round_`: later packets are counted late, never written.
@@ -270,9 +315,13 @@ class LtpMaps:
         return self.mem[self.bank_index(round_), slot, :nelems]
 
     # --- sender state -------------------------------------------------
-    def tx_start(self, round_: int, slot: int, token: int = 0) -> None:
-        """Start sending round_ to `slot`: ACKs of other rounds, or without
-        the round's `token`, are ignored."""
+    def tx_start(self, round_: int, slot: int, token: int = 0, nchunks: int | None = None,
+                 dtoken: int | None = None) -> None:
+        """Start sending round_ (nchunks chunks; default the most there may
+        be) to `slot`: ACKs of other rounds, without the flow's ACK `token`,
+        or of a chunk past nchunks are ignored. dtoken: the token its DATA
+        carries (default `token`), which the ACK clock writes into the DATA
+        it grows."""
         b = self.bank_index(round_)
         t = self.tx[b, slot]
         t["round"] = (round_ + 1) % 2**32  # park: no ACK matches while resetting
@@ -284,7 +333,12 @@ class LtpMaps:
             t[name] = 0
         if self.sentat is not None:
             self.sentat[b, slot] = 0
+        n = self.geometry.max_chunks if nchunks is None else int(nchunks)
+        if not 1 <= n <= self.geometry.max_chunks:
+            raise ValueError(f"nchunks must be in 1..{self.geometry.max_chunks}, got {n}")
+        t["nchunks"] = n
         t["token"] = token_word(token)
+        t["dtoken"] = token_word(token if dtoken is None else dtoken)
         t["round"] = round_
 
     def tx_state(self, round_: int, slot: int) -> np.void:

@@ -83,7 +83,13 @@ class Bank(ctypes.Structure):
                 ("nchunks", ctypes.c_uint32), ("last_len", ctypes.c_uint32),
                 ("token", ctypes.c_uint64),  # wire.token_word of the round's token
                 ("thresh", ctypes.c_uint32),  # chunks per slot that stamp thresh_ns (0: none)
-                ("pad", ctypes.c_uint32)]
+                ("group", ctypes.c_uint32)]   # 1: GROUP DATA taken with `token`
+
+
+class SlotTok(ctypes.Structure):
+    """struct ltp_slot_tok: one [bank][slot]'s tokens (wire.token_word each)."""
+    _fields_ = [("data", ctypes.c_uint64), ("ack", ctypes.c_uint64),
+                ("open", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
 class Progress(ctypes.Structure):
@@ -114,13 +120,14 @@ TX_CLOCK_FIELDS = [("clock", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                    # recovery in XDP (RACK over its send log)
                    ("xseq", ctypes.c_uint64), ("scan", ctypes.c_uint64),
                    ("newest", ctypes.c_uint64), ("rexmit", ctypes.c_uint64),
-                   ("rack", ctypes.c_uint32), ("pad2", ctypes.c_uint32)]
+                   ("rack", ctypes.c_uint32), ("pad2", ctypes.c_uint32),
+                   ("dtoken", ctypes.c_uint64)]  # wire.token_word of the flow's DATA token
 
 
 class Tx(ctypes.Structure):
     _fields_ = [("round", ctypes.c_uint32), ("closed", ctypes.c_uint32),
                 ("rate_kbps", ctypes.c_uint32), ("acked", ctypes.c_uint32),
-                ("token", ctypes.c_uint64),  # wire.token_word of the round's token
+                ("token", ctypes.c_uint64),  # wire.token_word of the flow's ACK token
                 *TX_CLOCK_FIELDS]
 
 
@@ -166,6 +173,7 @@ SO_CHUNK, SO_CRITICAL = _D["LTP_SO_CHUNK"], _D["LTP_SO_CRITICAL"]
 # numpy views of the mmapable maps use the same layouts
 SHARE_DTYPE = np.dtype(Share)
 TX_DTYPE = np.dtype(Tx)
+SLOTTOK_DTYPE = np.dtype(SlotTok)
 SENDSLOT_DTYPE = np.dtype(SendSlot)
 PROGRESS_DTYPE = np.dtype(Progress)
 
