@@ -283,8 +283,8 @@ def _xdp_ab(args, xdpbench) -> None:
                 f"{p['median_ratio']:.3f})")
     emit(args, res, lambda r: (
         path("DATA path", r["data"]) + "\n" + path("... capturing", r["capture"]) + "\n" +
-        path("ACK path", r["ack"]) + "\n" +
-        path("ACK clock", r["clock"]) + "\n"
+        (path("ACK path", r["ack"]) + "\n" + path("ACK clock", r["clock"]) + "\n"
+         if "ack" in r else f"not timed: {r['skipped']}\n") +
         f"{r['blocks']} alternating blocks, {r['packets_per_arm']} packets an arm; ns: the "
         f"middle 80 % of packets' mean less an empty program's on the same frames "
         f"({r['harness_ns']:.0f} ns; ACKs {r['ack_harness_ns']:.0f})"))
