@@ -51,9 +51,18 @@ examples:
       the trainers, as under torchrun)
   sudo ltp launch --workers 4 --servers 0 -- python docs/examples/ddp_backend.py --backend gloo
       (no server rank: the same script over gloo)
+  sudo ltp launch --workers 4 --trace /tmp/job.json -- python docs/examples/digits_cnn.py
+      (every rank's rounds and ops in one Perfetto/chrome://tracing file;
+      `ltp trace summary /tmp/job.json`)
   sudo ltp launch --workers 4 --max-restarts 2 -- python docs/examples/digits_cnn.py
       (a dead server: the job starts over, twice at most; digits_cnn.py does not
       rejoin, so a dead worker's restarts fail at their first op)
+
+A rank that waits on others past max(1.5 x its median op, 0.25 s), or gets
+SIGUSR1 (`kill -USR1 PID`), writes its flight recorder's ring as JSON, and
+the launcher prints one [hang] line per rank: the op and phase it is in,
+whom it waits for, the last packet from each peer and its age, its process
+state (docs/slow-or-stuck.md).
 
 --max-restarts N: a worker that exits non-zero or dies by a signal is started
 again (at most N times per rank) and rejoins the running job with a live
@@ -95,6 +104,9 @@ def register(sub) -> None:
                    help="restart a failed worker rank (at most N times per rank; it rejoins "
                    "the running job), or every rank after a server fails (at most N times); "
                    "default 0: a failed rank stops the others")
+    p.add_argument("--trace", default=None, metavar="FILE.json",
+                   help="write the job's Chrome trace-event file (Perfetto): every rank's "
+                   "rounds and ops, merged at the end (docs/slow-or-stuck.md)")
     add_json(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
     p.set_defaults(func=cmd_launch)
@@ -151,6 +163,11 @@ def _check(args) -> list[str]:
                                      mtu=args.mtu, servers=max(1, args.servers))
     except ValueError as e:
         raise UsageError(f"--{e}") from None
+    if args.trace is not None:
+        folder = os.path.dirname(os.path.abspath(args.trace))
+        if not args.trace or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise UsageError(f"--trace: cannot write {args.trace!r} (its folder {folder} is "
+                             "not a writable directory)")
     _check_runnable(cmd)     # after the flags: a bad flag is named first
     return cmd
 
@@ -187,6 +204,9 @@ def cmd_launch(args) -> int:
                  f"{c.buffer_bytes / 1000:g} kB queue, loss {c.loss:g}"
                  + ("; it stays (--keep)" if args.keep else "; removed at the end"))
     job: dict = {}          # the ranks and policy of the job running now, for a stop's report
+    if args.trace:
+        import tempfile
+        args.trace_dir = tempfile.mkdtemp(prefix="ltp-trace-")
     with sigterm_as_exit():     # SIGTERM unwinds as Ctrl-C does: ranks stopped, rig removed
         try:
             if kept or args.keep:
@@ -207,7 +227,34 @@ def cmd_launch(args) -> int:
                            running=job.get("running", []))
         finally:
             out.close()
-    return _report(args, rig, cmd, ranks, timed_out, kept or args.keep, policy)
+    trace = _merge_trace(args, out)
+    return _report(args, rig, cmd, ranks, timed_out, kept or args.keep, policy, trace=trace)
+
+
+def _trace_env(args, r) -> dict:
+    """--trace: each rank writes its own view into the launch's trace folder."""
+    if not args.trace:
+        return {}
+    return {"LTP_TRACE": os.path.join(args.trace_dir, f"rank{r.rank}.json"),
+            "LTP_TRACE_RANKS": "1"}
+
+
+def _merge_trace(args, out) -> dict | None:
+    """--trace: the ranks' files merged into one (trace.merge_ranks); what the
+    summary says of it."""
+    import shutil
+    if not args.trace:
+        return None
+    from ..control.torchapi.trace import merge_ranks, write  # noqa: PLC0415 (torch: after the job)
+    paths = [os.path.join(args.trace_dir, n) for n in os.listdir(args.trace_dir)
+             if n.startswith("rank") and ".json" in n and not n.endswith(".tmp")]
+    t, skipped = merge_ranks(paths, {"job": "ltp launch", "files": len(paths)})
+    write(args.trace, t)
+    shutil.rmtree(args.trace_dir, ignore_errors=True)
+    out.note(f"trace of {len(paths) - len(skipped)} rank file(s) in {args.trace}"
+             + (f" ({len(skipped)} unreadable)" if skipped else ""))
+    return {"file": args.trace, "rank_files": len(paths) - len(skipped),
+            "events": len(t["traceEvents"])}
 
 
 def _run(rig, args, argv: list[str], out: Output, now: dict):
@@ -228,8 +275,10 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
         job = None
         try:
             job = RigJob(rig, ranks)
-            job.start(lambda r: argv, lambda r, port=job.port, ranks=ranks: job_env(
-                rig, r, len(ranks), port, servers=args.servers, transport=args.transport))
+            job.on_hang = lambda lines: [out.note(f"[hang] {ln}") for ln in lines]
+            job.start(lambda r: argv, lambda r, port=job.port, ranks=ranks: {**job_env(
+                rig, r, len(ranks), port, servers=args.servers, transport=args.transport),
+                **_trace_env(args, r)})
             timed_out = follow(job, out.line, policy, grace_s=args.grace, t_end=t_end)
             return ranks, timed_out, policy
         except RestartJob:
@@ -307,7 +356,8 @@ def _json(text: str) -> dict | None:
 
 
 def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, policy,
-            stopped_by: str | None = None, running: list[str] | None = None) -> int:
+            stopped_by: str | None = None, running: list[str] | None = None,
+            trace: dict | None = None) -> int:
     """The summary (JSON under -j, else a line and a row per rank on stderr)
     and the launch's exit code: 0, the worst rank's, 124 on --timeout, 130
     or 143 when SIGINT or SIGTERM stopped the launch."""
@@ -327,7 +377,7 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     c = rig.config
     summary = {"exit_code": worst, "exit_from": whose, "timed_out": timed_out,
                "stopped_by": stopped_by, "command": cmd,
-               **policy.report(),
+               **policy.report(), "trace": trace,
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,
                        "servers": c.servers},

@@ -4,6 +4,8 @@
 
   ltp trace summary FILE [-j]     per worker: rounds named straggler, lateness p50/p99
   ltp trace check FILE [-j]       is it a well-formed trace-event file?
+  ltp trace merge A B -o OUT [--offset-us US] [-j]
+                                  B's events beside A's (a torch.profiler trace of the run)
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ EPILOG = """examples:
   sudo ltp train --workers 4 --iterations 50 --straggler 2:100 --trace /tmp/t.json
   ltp trace summary /tmp/t.json
   ltp trace check /tmp/t.json -j
+  ltp trace merge /tmp/t.json /tmp/torch_profile.json -o /tmp/both.json
+      (B's times put on A's clock through the wall clock: torch.profiler's
+      baseTimeNanoseconds; --offset-us US to give the shift yourself)
 Open the file in Perfetto (ui.perfetto.dev: Open trace file) or chrome://tracing.
 """
 
@@ -33,6 +38,18 @@ def register(sub) -> None:
     ck.add_argument("file", metavar="FILE")
     add_json(ck)
     ck.set_defaults(func=cmd_check)
+    mg = add_command(psub, "merge", "put trace B's events beside trace A's (one file)",
+                     description="Merge two trace-event files of one run: an LTP trace (A) "
+                     "and, e.g., a torch.profiler export_chrome_trace file (B), B's "
+                     "timestamps moved onto A's clock.")
+    mg.add_argument("a", metavar="A")
+    mg.add_argument("b", metavar="B")
+    mg.add_argument("-o", "--out", required=True, metavar="OUT", help="the merged file")
+    mg.add_argument("--offset-us", type=float, default=None, metavar="US",
+                    help="add US microseconds to B's timestamps (default: through the wall "
+                    "clock when B is a torch.profiler trace, else 0)")
+    add_json(mg)
+    mg.set_defaults(func=cmd_merge)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
@@ -76,6 +93,22 @@ def summary(trace: dict) -> dict:
 
 def cmd_summary(a) -> int:
     emit(a, summary(_load(a.file)), _text)
+    return 0
+
+
+def cmd_merge(a) -> int:
+    import math  # noqa: PLC0415
+    from ..control.torchapi.trace import merge, write  # noqa: PLC0415 (numpy: not for --help)
+    if a.offset_us is not None and not math.isfinite(a.offset_us):
+        raise UsageError(f"--offset-us: a finite number of microseconds, got {a.offset_us}")
+    t, off, how = merge(_load(a.a), _load(a.b), a.offset_us)
+    try:
+        write(a.out, t)
+    except OSError as e:
+        raise UsageError(f"-o: cannot write {a.out}: {e}") from None
+    emit(a, {"out": a.out, "events": len(t["traceEvents"]), "offset_us": off, "how": how},
+         lambda r: f"{r['out']}: {r['events']} events; B shifted by {r['offset_us']:.1f} us "
+         f"({r['how']})")
     return 0
 
 

@@ -41,8 +41,10 @@ from .link_ltp import LtpServerLink, LtpWorkerLink
 from .link_tcp import TcpServerLink, TcpWorkerLink
 from .server import run_server
 from .settings import Settings
+from .trace import rank_trace, write as write_trace
 from .shards import start_sharded
 
+TRACE_RANKS = "LTP_TRACE_RANKS"   # 1: a worker writes its own trace file too (TRACE.worker<W>)
 log = logging.getLogger("ltpx.torch")   # the API's logger; modules log under it
 
 _job: Job | None = None
@@ -269,6 +271,10 @@ def shutdown() -> dict | None:
             return job.summary
         job.drain()
         job.summary = job.exchange.shutdown()
+        if job.s.trace and os.environ.get(TRACE_RANKS) == "1" and \
+                hasattr(job.exchange, "timeline"):   # ltp launch --trace: each rank's view
+            write_trace(f"{job.s.trace}.worker{job.rank}",
+                        rank_trace({}, {job.rank: job.exchange.timeline.records()}))
         return job.summary
     finally:
         _end(job)

@@ -42,7 +42,7 @@ from ..transport.straggler import StepStragglers
 from .flight import GATHER, OPS, SEND
 from .flight import current as flight_current, enter as flight_enter, heard as flight_heard
 from .flight import trigger as flight_trigger
-from .trace import Timeline, answer_record, chrome_trace, now_ns, round_record
+from .trace import Timeline, answer_record, now_ns, rank_trace, round_record
 from .trace import write as write_trace
 from .ops import ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
 
@@ -174,7 +174,7 @@ class Server:
             if self.trace:   # before fin: a lead that writes the whole job's trace comes after
                 summary["timeline"] = self.timeline.records()
                 write_trace(self.trace if self.index == 0 else f"{self.trace}.server{self.index}",
-                            chrome_trace({self.index: summary["timeline"]}, {}))
+                            rank_trace({self.index: summary["timeline"]}, {}))
             self.co.set_json("fin", summary)
             return summary
         finally:

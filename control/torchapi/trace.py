@@ -23,6 +23,7 @@ chunks at the server's NIC. Rounds carry their attribution in args, which
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -182,12 +183,82 @@ def chrome_trace(servers: dict[int, list[dict]], workers: dict[int, list[dict]],
         events += _worker_events(w, recs, ends)
     events.sort(key=lambda e: (e["ts"], e["ph"] != "M"))
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"clock": "CLOCK_MONOTONIC", **(meta or {})}}
+            "otherData": {"clock": "CLOCK_MONOTONIC", **clock_pair(), **(meta or {})}}
+
+
+def clock_pair() -> dict:
+    """CLOCK_REALTIME minus CLOCK_MONOTONIC now (ns): what `merge` adds to a
+    monotonic timestamp to put it on a wall-clock trace's time base."""
+    m0 = time.perf_counter_ns()
+    wall = time.time_ns()
+    m1 = time.perf_counter_ns()
+    return {"realtime_minus_monotonic_ns": wall - (m0 + m1) // 2}
 
 
 def write(path: str, trace: dict) -> None:
-    with open(path, "w") as f:
+    """Write a trace file atomically (a temporary file renamed over it)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
         json.dump(trace, f, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+def rank_trace(servers: dict[int, list], workers: dict[int, list]) -> dict:
+    """One rank's trace: its events, and its records in otherData.ltp_records,
+    from which `merge_ranks` rebuilds the job's (flows included)."""
+    return chrome_trace(servers, workers, {"ltp_records": {"servers": servers,
+                                                          "workers": workers}})
+
+
+def merge_ranks(paths: list[str], meta: dict | None = None) -> tuple[dict, list[str]]:
+    """The job's trace from its ranks' files (`rank_trace`); the files skipped
+    (unreadable, or no records in them)."""
+    servers, workers, skipped = {}, {}, []
+    for p in sorted(paths):
+        try:
+            with open(p) as f:
+                recs = json.load(f)["otherData"]["ltp_records"]
+        except (OSError, ValueError, KeyError, TypeError):
+            skipped.append(p)
+            continue
+        servers.update({int(k): v for k, v in recs.get("servers", {}).items()})
+        workers.update({int(k): v for k, v in recs.get("workers", {}).items()})
+    return chrome_trace(servers, workers, meta), skipped
+
+
+def merge(a: dict, b: dict, offset_us: float | None = None) -> tuple[dict, float, str]:
+    """Trace b's events beside trace a's, b's timestamps shifted by offset_us
+    onto a's time base; the merged trace, the offset used and how it was
+    found. Without offset_us: an LTP trace a (CLOCK_MONOTONIC, its
+    otherData's realtime_minus_monotonic_ns) and a torch.profiler trace b
+    (its ts are microseconds after its baseTimeNanoseconds, a wall-clock
+    time) are aligned through the wall clock; any other b is taken to be on
+    a's clock already. b's pids that a uses move up by 1,000,000 (or get a "b:" prefix), and its
+    flow ids become "b:<id>", so the two never mix."""
+    base, mono = b.get("baseTimeNanoseconds"), (a.get("otherData") or {}).get(
+        "realtime_minus_monotonic_ns")
+    if offset_us is not None:
+        how = "given"
+    elif base is not None and mono is not None:
+        offset_us, how = (int(base) - int(mono)) / 1e3, "wall clock (baseTimeNanoseconds)"
+    else:
+        offset_us, how = 0.0, "same clock (none given, none found)"
+    pids = {e.get("pid") for e in a.get("traceEvents", [])}
+    moved = {p for p in {e.get("pid") for e in b.get("traceEvents", [])} if p in pids}
+    events = list(a.get("traceEvents", []))
+    for e in b.get("traceEvents", []):
+        e = dict(e)
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] = e["ts"] + offset_us
+        if e.get("pid") in moved:
+            e["pid"] = e["pid"] + 1_000_000 if isinstance(e["pid"], int) else f"b:{e['pid']}"
+        if e.get("ph") in ("s", "t", "f") and "id" in e:
+            e["id"] = f"b:{e['id']}"
+        events.append(e)
+    events.sort(key=lambda e: (e.get("ts", 0), e.get("ph") != "M"))
+    other = {**(a.get("otherData") or {}), "merged": {"offset_us": offset_us, "how": how,
+                                                      "pids_moved": sorted(moved, key=str)}}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}, offset_us, how
 
 
 def summarize(trace: dict) -> dict:
