@@ -116,6 +116,7 @@ struct ltp_rx {
 	__u32 len;                  /* payload bytes */
 	__u32 thresh;               /* the bank's thresh (chunks per slot; 0: none) */
 	__be64 ack_token;           /* what its ACK carries (ltp_slottok.ack) */
+	__u32 csum;                 /* verify its UDP checksum (LTP_CFG_CSUM) */
 	__u64 now;                  /* bpf_ktime_get_ns if read already for this frame, else 0 */
 };
 
@@ -171,6 +172,7 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 	if (group ? (!b->group || h->token != b->token) : h->token != tk->data)
 		return drop_spoof();
 	rx->ack_token = tk->ack;
+	rx->csum = cfg->flags & LTP_CFG_CSUM;
 	struct ltp_slot_stats *st = ltp_stats.lookup(&rx->slot);
 	if (!st)
 		return XDP_DROP;
@@ -296,6 +298,13 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 		return XDP_DROP;
 	if (!skipped(LTP_SKIP_COPY) && bpf_xdp_load_bytes(ctx, PAY_OFF, dst, n))
 		return drop(LTP_C_MALFORMED, 0);
+	/* Corrupted in flight: the copy is never marked delivered nor ACKed,
+	 * and the claim is given back, so a re-send of the chunk is written. */
+	if (rx->csum && !udp_csum_ok(p->iph, p->udp, dst, n)) {
+		__sync_fetch_and_and(&claim->w[word], ~bit);
+		count(LTP_C_BAD_CSUM);
+		return XDP_DROP;
+	}
 	if (!skipped(LTP_SKIP_MARK))
 		data_mark(p, rx, done, pr, word, bit);
 	if (!skipped(LTP_SKIP_COUNT))

@@ -8,6 +8,8 @@
 #define LTP_FRAME_H
 
 #include "ltp_wire.h"
+#include "ltp_maps.h"
+#include "ltp_util.h"
 
 static __always_inline __u16 ltp_csum_fold(__u32 sum)
 {
@@ -40,6 +42,40 @@ static __always_inline void udp_csum(struct iphdr *iph, struct udphdr *udp, __u3
 	sum += payload_sum;
 	__u16 c = ltp_csum_fold(sum);
 	udp->check = c ? c : 0xffff;
+}
+
+/* Whether the UDP checksum of a DATA frame verifies, its payload read from
+ * the n bytes (a multiple of 4) copied into chunk c: pseudo header, UDP
+ * header with its checksum, LTP header, then the payload through
+ * bpf_csum_diff in pieces of at most 512 bytes (the helper's limit). A
+ * frame without a checksum (0) does not verify. */
+static __always_inline int udp_csum_ok(struct iphdr *iph, struct udphdr *udp,
+				       struct ltp_chunk *c, __u64 n)
+{
+	if (!udp->check)
+		return 0;
+	__u64 sum = csum_words((__u16 *)&iph->saddr, 4) + bpf_htons(IPPROTO_UDP) + udp->len;
+	sum += csum_words((__u16 *)udp, (sizeof(*udp) + sizeof(struct ltp_hdr)) / 2);
+#pragma unroll
+	for (int i = 0; i < (LTP_CHUNK_BYTES + 511) / 512; i++) {
+		__u64 off = i * 512, room = LTP_CHUNK_BYTES - i * 512;
+		if (n <= off)
+			break;
+		__u64 len = n - off;
+		barrier_var(len);
+		if (len > 512)
+			len = 512;
+		barrier_var(len);
+		if (len > room || len > 512)
+			return 0;
+		__s64 s = bpf_csum_diff(NULL, 0, (__be32 *)(c->b + off), len, 0);
+		if (s < 0)
+			return 0;
+		sum += (__u32)s;
+	}
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	return ltp_csum_fold((__u32)sum) == 0;
 }
 
 /* Turn a frame around: swap MACs, addresses and ports, size it for an LTP

@@ -70,11 +70,17 @@ enum ltp_counter {
 	LTP_C_SLOT_CLOSED,     /* receiver: DATA with its token from a worker the round does not
 	                          take (not in it, or dropped: ltp_slottok.open 0): never written,
 	                          ACKed CLOSED */
+	LTP_C_BAD_CSUM,        /* receiver: DATA whose UDP checksum does not verify (corrupted in
+	                          flight; only with LTP_CFG_CSUM): never marked delivered, never
+	                          ACKed, so it is re-sent or filled */
 	LTP_C_MAX,
 };
 
 /* ltp_cfg.flags */
 #define LTP_CFG_SELF     1       /* self_* below are set: group DATA is accepted */
+#define LTP_CFG_CSUM     2       /* verify each DATA frame's UDP checksum before its chunk
+                                    counts (frames from a NIC; a veth hands socket-sent
+                                    frames over with the sum left to offload) */
 
 /* receiver config, written by the control plane at load; mmapable for the
  * heartbeat.

@@ -84,7 +84,7 @@ def register(sub) -> None:
                            "frame), capture_over_floor, ack_ns_per_packet, "
                            "clock_ns_per_packet (an ACK grown into the next DATA), arms, "
                            "socket_ns_per_packet, speedup (and the raw figures); "
-                           "with --against, per path (data, capture, ack, clock): this, against_arm "
+                           "with --against, per path (data, capture, csum, ack, clock): this, against_arm "
                            "(ns_per_packet, median_ns, block_ns), ratio (this / against), "
                            "median_ratio, block_ratios\n")
     x.add_argument("--packets", type=int, default=20000,
@@ -283,6 +283,7 @@ def _xdp_ab(args, xdpbench) -> None:
                 f"{p['median_ratio']:.3f})")
     emit(args, res, lambda r: (
         path("DATA path", r["data"]) + "\n" + path("... capturing", r["capture"]) + "\n" +
+        path("... verifying UDP checksums (where the program can)", r["csum"]) + "\n" +
         (path("ACK path", r["ack"]) + "\n" + path("ACK clock", r["clock"]) + "\n"
          if "ack" in r else f"not timed: {r['skipped']}\n") +
         f"{r['blocks']} alternating blocks, {r['packets_per_arm']} packets an arm; ns: the "

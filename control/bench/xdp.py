@@ -57,11 +57,13 @@ def bench_ab(against: Path, packets: int = 20000, blocks: int = 10,
     dirs = {"this": BPF_DIR, "against": Path(against)}
     # The sender's paths are set up through this version's ltp_tx layout: an
     # older program whose struct ltp_tx differs is timed on the DATA paths only.
-    paths = ("data", "capture") + (("ack", "clock") if _same_tx(Path(against)) else ())
+    paths = ("data", "capture", "csum") + (("ack", "clock") if _same_tx(Path(against)) else ())
     makers = {"empty": lambda: S.EmptyFeed(frames), "empty_ack": lambda: S.EmptyFeed(acks)}
     for side, d in dirs.items():
         makers[f"data:{side}"] = lambda d=d: S.DataFeed(frames, bpf_dir=d)
         makers[f"capture:{side}"] = lambda d=d: S.DataFeed(frames, bpf_dir=d, capture=True)
+        # UDP checksums verified (Endpoint(verify_csum=True)), where the program can
+        makers[f"csum:{side}"] = lambda d=d: S.DataFeed(frames, bpf_dir=d, csum=True)
         if "ack" in paths:
             makers[f"ack:{side}"] = lambda d=d: S.AckFeed(nchunks, clocked=False, bpf_dir=d)
             makers[f"clock:{side}"] = lambda d=d: S.AckFeed(nchunks, clocked=True, bpf_dir=d)
@@ -73,7 +75,7 @@ def bench_ab(against: Path, packets: int = 20000, blocks: int = 10,
     if "ack" not in paths:
         out["skipped"] = "ack, clock: the other program's struct ltp_tx differs"
     for path in paths:
-        b = base["empty" if path in ("data", "capture") else "empty_ack"]
+        b = base["empty" if path in ("data", "capture", "csum") else "empty_ack"]
         this, other = (S.figures(got[f"{path}:{k}"], b) for k in dirs)
         per = [round(t / max(a, 1.0), 3) for t, a in zip(this["block_ns"], other["block_ns"])]
         out[path] = {"this": this, "against_arm": other,

@@ -53,14 +53,27 @@ def trimmed_mean(values: list[int], cut: float = 0.1) -> float:
     return statistics.fmean(v[k:len(v) - k])
 
 
+def _udp_sum(addrs: bytes, udp: bytes) -> int:
+    """The UDP checksum of `udp` (its check field 0) between addrs (src + dst)."""
+    raw = addrs + bytes([0, 17]) + len(udp).to_bytes(2, "big") + udp
+    raw += b"\0" * (len(raw) % 2)
+    s = int(np.frombuffer(raw, dtype=">u2").sum(dtype=np.uint64))
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    return (~s & 0xffff) or 0xffff
+
+
 def _frame(sport: int, dport: int, ltp: bytes, body: bytes = b"") -> bytes:
-    """An Ethernet/IPv4/UDP frame 198.18.0.10 -> 198.18.0.1 (checksums 0:
-    the program does not check them)."""
+    """An Ethernet/IPv4/UDP frame 198.18.0.10 -> 198.18.0.1 (IP checksum 0:
+    the program does not check it; the UDP checksum whole, as a NIC delivers
+    it, for the arm that verifies it)."""
     udp_len = 8 + len(ltp) + len(body)
+    addrs = bytes([198, 18, 0, 10, 198, 18, 0, 1])
     ip = (bytes([0x45, 0]) + (20 + udp_len).to_bytes(2, "big") + bytes(4) +
-          bytes([64, 17]) + bytes(2) + bytes([198, 18, 0, 10, 198, 18, 0, 1]))
-    udp = sport.to_bytes(2, "big") + dport.to_bytes(2, "big") + udp_len.to_bytes(2, "big") + bytes(2)
-    return ETH_IP_UDP + ip + udp + ltp + body
+          bytes([64, 17]) + bytes(2) + addrs)
+    udp = sport.to_bytes(2, "big") + dport.to_bytes(2, "big") + udp_len.to_bytes(2, "big")
+    check = _udp_sum(addrs, udp + bytes(2) + ltp + body)
+    return ETH_IP_UDP + ip + udp + check.to_bytes(2, "big") + ltp + body
 
 
 def data_frames(nchunks: int) -> list[bytes]:
@@ -79,8 +92,18 @@ def ack_frames(nchunks: int, clocked: bool) -> list[bytes]:
 
 
 def with_round(frame: bytes, round_: int) -> bytes:
+    """`frame` of another round: the round field and the UDP checksum
+    updated for it (RFC 1624: HC' = ~(~HC + ~m + m'))."""
     off = 14 + 20 + 8 + 12  # round field in the LTP header
-    return frame[:off] + round_.to_bytes(4, "big") + frame[off + 4:]
+    new = round_.to_bytes(4, "big")
+    old_w = int.from_bytes(frame[off:off + 2], "big"), int.from_bytes(frame[off + 2:off + 4], "big")
+    new_w = int.from_bytes(new[:2], "big"), int.from_bytes(new[2:], "big")
+    hc = int.from_bytes(frame[40:42], "big")
+    s = (~hc & 0xffff) + sum(~w & 0xffff for w in old_w) + sum(new_w)
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    check = (~s & 0xffff) or 0xffff
+    return frame[:40] + check.to_bytes(2, "big") + frame[42:off] + new + frame[off + 4:]
 
 
 class Feed:
@@ -141,7 +164,8 @@ class DataFeed(Feed):
     after its last."""
 
     def __init__(self, frames: list[bytes], source: str = "ltp_xdp.c",
-                 defines: tuple[str, ...] = (), bpf_dir: Path = BPF_DIR, capture: bool = False):
+                 defines: tuple[str, ...] = (), bpf_dir: Path = BPF_DIR, capture: bool = False,
+                 csum: bool = False):
         self.dp = Dataplane(Geometry(slots=1, max_chunks=len(frames)), bpf_dir=bpf_dir,
                             source=source, defines=defines)
         self.cap = None
@@ -149,6 +173,7 @@ class DataFeed(Feed):
             self.maps = self.dp.maps()
             self.maps.set_peers({1: 0})
             self.maps.set_liveness(LIVENESS_S)   # checked for every packet, as an endpoint's is
+            self.maps.set_verify_csum(csum)      # (a program before LTP_CFG_CSUM ignores it)
             if capture:
                 self.cap = capring.RingCapture(capring.CaptureMaps.from_dataplane(self.dp)).start()
         except BaseException:

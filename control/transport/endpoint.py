@@ -93,11 +93,17 @@ class Endpoint:
     worker when self_id is given (workers name themselves), else a PS. Never
     from the peer count: a PS with one worker has one peer, as a worker does.
     secret: the job's secret (16..64 bytes, `tokens.new_secret()`), the same
-    on every member of the job: each round's DATA and ACKs carry a token
-    derived from it, and the XDP program drops packets without it
-    (`bad_token`), so a host off the path cannot forge them. Without one the
+    on every member of the job, or a worker's own key alone
+    (`tokens.member(secret, self_id)`): each flow's DATA and ACKs carry a
+    token derived from it per worker, direction and round, and the XDP
+    program drops packets without theirs (`bad_token`), so neither a host
+    off the path nor a member holding its own key can forge them. Without one the
     tokens are 0 and only the job cookie is checked (`protected` is False;
     the first such endpoint of a process warns: tokens.UnprotectedWarning).
+    verify_csum: the XDP program verifies each DATA frame's UDP checksum and
+    counts a frame that fails `bad_csum`, never delivered nor ACKed (frames
+    from a NIC; on a veth a local socket's frames carry the sum unfinished,
+    left to offload, so the rig's senders would all fail: off by default).
     sender: "socket" (default) or "xdp", how this endpoint's pushes leave
     (SENDERS; docs/transport.md, "The ACK clock"). push_options: the sender
     and the ACK clock's knobs together (options.PushOptions; a push may
@@ -129,7 +135,8 @@ class Endpoint:
                  self_id: int | None = None, role: str | None = None, force: bool = False,
                  secret: bytes | None = None, sender: str | None = None,
                  push_options: PushOptions | None = None,
-                 credit_bytes: float | None = None, liveness_s: float | None = LIVENESS_S):
+                 credit_bytes: float | None = None, liveness_s: float | None = LIVENESS_S,
+                 verify_csum: bool = False):
         if role not in (None, "ps", "worker"):
             raise ValueError(f"role must be ps or worker, got {role!r}")
         if self_id is not None and self_id not in peers:
@@ -164,6 +171,7 @@ class Endpoint:
             self.maps = self.dp.maps()
             self.maps.set_peers(self.peers)
             self.maps.set_liveness(liveness_s)
+            self.maps.set_verify_csum(verify_csum)
             self.dp.attach(dev, ns, mode, force=force, fix=FORCE_FIX)
             if publish:  # a record: `ltp status/flows/top` see this endpoint
                 self._publish(dev, ns, mode)

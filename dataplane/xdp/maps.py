@@ -21,7 +21,8 @@ import numpy as np
 from ...errors import DataplaneError
 from .. import clib
 from . import headers
-from .mapstructs import (BANK_CLOSED, BANK_FREE, BANK_OPEN, BANK_STATES, CFG_SELF,  # noqa: F401
+from .mapstructs import (BANK_CLOSED, BANK_FREE, BANK_OPEN, BANK_STATES, CFG_CSUM,  # noqa: F401
+                         CFG_SELF,
                          LATE_BOUNDS_S, PROGRESS_DTYPE, ROUND_REASONS, ROUND_TIME_BOUNDS_S,
                          ROUND_TIME_BUCKETS, SENDSLOT_DTYPE, SHARE_DTYPE, SLOT_STATS,
                          SLOTTOK_DTYPE, TX_DTYPE, Bank, Cfg, FdMap, Geometry, Progress,
@@ -179,6 +180,15 @@ class LtpMaps:
         c.self_worker = worker
         c.self_mac[:] = raw_mac
         c.flags |= CFG_SELF
+        self.cfg.set(0, c)
+
+    def set_verify_csum(self, on: bool) -> None:
+        """Verify every DATA frame's UDP checksum before its chunk counts: a
+        frame that fails is counted bad_csum, never marked delivered nor
+        ACKed. For frames from a NIC (which always carry the whole sum); a
+        veth hands socket-sent frames over with the sum left to offload."""
+        c = self.cfg.get(0)
+        c.flags = (c.flags | CFG_CSUM) if on else (c.flags & ~CFG_CSUM)
         self.cfg.set(0, c)
 
     def set_peers(self, peers: dict[int, int]) -> None:

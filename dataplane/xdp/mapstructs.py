@@ -24,6 +24,7 @@ _D = headers.defines("ltp_maps.h")
 BANK_FREE, BANK_OPEN, BANK_CLOSED = _D["LTP_BANK_FREE"], _D["LTP_BANK_OPEN"], _D["LTP_BANK_CLOSED"]
 BANK_STATES = {BANK_FREE: "free", BANK_OPEN: "open", BANK_CLOSED: "closed"}
 CFG_SELF = _D["LTP_CFG_SELF"]  # self_* set: group DATA accepted
+CFG_CSUM = _D["LTP_CFG_CSUM"]  # DATA's UDP checksum verified
 
 
 @dataclass(frozen=True)
