@@ -17,7 +17,8 @@ end unless --keep (or it was there before). The exit code is the worst
 rank's, and the summary says whose ("exit 2 (w1's own exit code)": a
 script's 2 is not ltp's usage error); -j prints one JSON summary (exit_from:
 the ranks the code is from; per rank: exit code, wall time, the last JSON
-object it printed; the restarts).
+object it printed; the restarts; the merged trace under --trace; the hang
+screens the flight recorder's dumps made, control/training/hangs.py).
 """
 from __future__ import annotations
 
@@ -228,7 +229,8 @@ def cmd_launch(args) -> int:
         finally:
             out.close()
     trace = _merge_trace(args, out)
-    return _report(args, rig, cmd, ranks, timed_out, kept or args.keep, policy, trace=trace)
+    return _report(args, rig, cmd, ranks, timed_out, kept or args.keep, policy, trace=trace,
+                   hangs=job.get("hangs"))
 
 
 def _trace_env(args, r) -> dict:
@@ -275,6 +277,7 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
         job = None
         try:
             job = RigJob(rig, ranks)
+            now["hangs"] = job.flight.screens    # (a restarted job's go on in a new list)
             job.on_hang = lambda lines: [out.note(f"[hang] {ln}") for ln in lines]
             job.start(lambda r: argv, lambda r, port=job.port, ranks=ranks: {**job_env(
                 rig, r, len(ranks), port, servers=args.servers, transport=args.transport),
@@ -357,7 +360,7 @@ def _json(text: str) -> dict | None:
 
 def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, policy,
             stopped_by: str | None = None, running: list[str] | None = None,
-            trace: dict | None = None) -> int:
+            trace: dict | None = None, hangs: list | None = None) -> int:
     """The summary (JSON under -j, else a line and a row per rank on stderr)
     and the launch's exit code: 0, the worst rank's, 124 on --timeout, 130
     or 143 when SIGINT or SIGTERM stopped the launch."""
@@ -377,7 +380,7 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     c = rig.config
     summary = {"exit_code": worst, "exit_from": whose, "timed_out": timed_out,
                "stopped_by": stopped_by, "command": cmd,
-               **policy.report(), "trace": trace,
+               **policy.report(), "trace": trace, "hangs": hangs or [],
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,
                        "servers": c.servers},

@@ -15,8 +15,8 @@ the rank changes phase:
   ring    the latest RING phase changes: (seq, phase, round, t_ns)
 
 Times are CLOCK_MONOTONIC ns (`perf_counter_ns`), as in trace.py. A
-watchdog thread ticks every median/8 (TICK_MIN_S..TICK_MAX_S) and writes the
-ring out as JSON (`rank<R>.json`, atomically: a temporary file renamed) when
+watchdog thread ticks every median/8 (TICK_MIN_S..TICK_MAX_S: 25-100 ms)
+and writes the ring out as JSON (`rank<R>.json`, atomically: a temporary file renamed) when
 the rank has waited on others past max(STALL_K x the median op interval,
 STALL_MIN_S) (LTP_STALL_K, LTP_STALL_MIN_S), once per stalled wait; also on
 SIGUSR1, a FilledWarning, a DeadPeerError a server answered, and an
@@ -45,7 +45,7 @@ log = logging.getLogger("ltpx.torch.flight")
 
 ENV_OFF, ENV_K, ENV_MIN = "LTP_FLIGHT", "LTP_STALL_K", "LTP_STALL_MIN_S"
 STALL_K, STALL_MIN_S = 1.5, 0.25
-TICK_MIN_S, TICK_MAX_S = 0.01, 0.1
+TICK_MIN_S, TICK_MAX_S = 0.025, 0.1
 ARMED_AFTER = 3        # ops before the median means anything
 INTERVALS = 32         # op intervals the median is taken over
 RE_DUMP_S = 10.0       # the same non-stall reason is dumped at most this often

@@ -152,7 +152,7 @@ class FlightWatch:
                       if s["role"] == "server" and s["waits"]]
             return "its server" + (f" (which waits for {theirs[0]})" if theirs else "")
         behind = []
-        for w in nows.values():
+        for w in sorted(nows.values(), key=lambda w: w["index"]):
             if w["role"] != "worker" or w["phase"] == "end":
                 continue
             arrived = w["seq"] > d["seq"] or w["seq"] == d["seq"] and w["phase"] != "compute"
