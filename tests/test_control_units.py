@@ -278,6 +278,32 @@ def test_batch_picker_group_run_skips_what_every_open_target_has():
 
 
 @pytest.mark.unit
+def test_a_group_push_re_sends_each_lost_chunk_once_to_the_group():
+    # Chunk 5 found lost at targets 0 and 2 while it waits: queued once for
+    # the group; once a batch took it, a new loss of it queues it again.
+    p = _picker([], acked=[0, 0, 0], closed=[False] * 3, grp=3)
+    assert p.lost_to_group(5) and p.lost_to_group(7)
+    assert not p.lost_to_group(5)
+    assert p.urgent == [(3, 5), (3, 7)]
+    assert p.pick(4)[:3] == (3, [5, 7], True)
+    assert p.lost_to_group(5) and p.pick(4)[:3] == (3, [5], True)
+    p.acked_open = 1 << 9                       # every open target has 9: not re-sent
+    assert p.lost_to_group(9) and p.pick(4)[:3] == (3, [], True)
+
+
+@pytest.mark.unit
+def test_a_group_push_repair_pass_is_one_run_of_what_any_answering_target_lacks():
+    from ltpx.control.transport.loss import group_pass
+    order, full = [4, 0, 3, 1, 2], 0b11111
+    # target 0 lacks 1 and 3, target 1 lacks 3 and 4, target 2 (silent: its
+    # probes are its own) lacks everything
+    chunks, lacks = group_pass(order, [0b10101, 0b00111, 0], full, [True, True, False])
+    assert chunks == [4, 3, 1]                  # the union, once, in the push's order
+    assert lacks == {0: 2, 1: 2}                # what each would leave unanswered
+    assert group_pass(order, [full, full], full, [True, True]) == ([], {})
+
+
+@pytest.mark.unit
 def test_retx_byte_sets_the_retx_flag_of_a_header():
     from ltpx.control.transport.sender import RETX_BYTE, data_headers
     from ltpx.dataplane.xdp import wire as W

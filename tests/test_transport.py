@@ -147,10 +147,11 @@ def test_reliable_downlink_survives_ten_percent_loss(rig, lossless):
 
 
 @pytest.mark.rig
-def test_group_downlink_sends_once_and_repairs_each_worker_alone(rig, lossless):
-    """The first pass goes once, to the rig's broadcast address; what each
-    worker misses (10% loss on every port) is re-sent to it alone. Every
-    worker ends bit-exact, with far fewer packets than one copy per worker."""
+def test_group_downlink_sends_once_and_repairs_through_the_group(rig, lossless):
+    """The first pass goes once, to the rig's broadcast address, and so do
+    the re-sends: a chunk several workers missed (10% loss on every port)
+    goes out once for all of them. Every worker ends bit-exact, with far
+    fewer packets than one copy per worker."""
     cl = lossless
     params = np.random.default_rng(4).standard_normal(NEL).astype(np.float32)
     nch = ChunkLayout(NEL, cl.chunk_bytes).nchunks

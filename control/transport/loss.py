@@ -45,6 +45,24 @@ def pass_runs(order: list[int], acked: list[int], done: list[bool],
     return out
 
 
+def group_pass(order: list[int], acked: list[int], full: int,
+               answering: list[bool]) -> tuple[list[int], dict[int, int]]:
+    """A group push's re-send pass: every chunk some answering target lacks,
+    in `order`, for one run to the group (a chunk that several lack costs the
+    sender's port one packet, not one per target; those that had it answer
+    DUP), and per answering target how many of them it lacks (what its
+    silence would leave unanswered: Backoff.listen's sent_to)."""
+    missing, lacks = 0, {}
+    for i, a in enumerate(acked):
+        if answering[i]:
+            lack = full & ~a
+            missing |= lack
+            lacks[i] = lack.bit_count()
+    if not missing:
+        return [], {}
+    return [c for c in order if (missing >> c) & 1], lacks
+
+
 class Backoff:
     """To which targets a re-send pass may go, and how much it may send them.
 
@@ -182,12 +200,23 @@ class BatchPicker:
         self.acked: list[int] = []
         self.closed: list[bool] = []
         self.acked_open = 0  # what every open target has: a group batch skips it
+        self.queued = 0      # bit c: chunk c waits in `urgent` for the group (queued once)
 
     def start(self, runs: list, acked: list[int], closed: list[bool]) -> None:
         """A new pass: its runs; what was queued as lost is in them."""
         self.runs, self.acked, self.closed = runs, acked, closed
         self.urgent.clear()
+        self.queued = 0
         self.ri = self.k = self.ui = 0
+
+    def lost_to_group(self, c: int) -> bool:
+        """Queue chunk c, found lost at some target of a group push, for one
+        re-send to the group (True), unless it already waits for one."""
+        if (self.queued >> c) & 1:
+            return False
+        self.queued |= 1 << c
+        self.urgent.append((self.grp, c))
+        return True
 
     def exhausted(self) -> bool:
         return self.ri >= len(self.runs) and self.ui >= len(self.urgent)
@@ -208,17 +237,21 @@ class BatchPicker:
     def _pick_lost(self, n: int) -> tuple[int, list[int]]:
         urgent, j, short = self.urgent, self.ui, self.short
         tgt = urgent[j][0]
-        a = self.acked[tgt]
+        grp = tgt == self.grp
+        a, shut = (self.acked_open, all(self.closed)) if grp else \
+            (self.acked[tgt], self.closed[tgt])
         batch = []
         while j < len(urgent) and len(batch) < n and urgent[j][0] == tgt:
             c = urgent[j][1]
             j += 1
+            if grp:
+                self.queued &= ~(1 << c)
             if not (a >> c) & 1:
                 batch.append(c)
                 if c == short:
                     break
         self.ui = j
-        return tgt, ([] if self.closed[tgt] else batch)
+        return tgt, ([] if shut else batch)
 
     def _pick_run(self, n: int) -> tuple[int, list[int]]:
         tgt, chunks = self.runs[self.ri]

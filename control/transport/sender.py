@@ -14,7 +14,7 @@ from ...dataplane.xdp import wire as W
 from ...errors import DeadPeerError, TransportError
 from . import fec
 from .layout import FRAME_OVERHEAD, ChunkLayout
-from .loss import Backoff, BatchPicker, LossDetector, pass_runs
+from .loss import Backoff, BatchPicker, LossDetector, group_pass, pass_runs
 from .options import DEFAULTS, PushOptions
 from .rate import Pacer
 from .results import Peer, PushReport
@@ -125,8 +125,8 @@ class Push:
     def _plan_pieces(self) -> list:
         """Per target and chunk, the two iovec pieces: header (its RETX flag is
         set in place from the second pass on) and payload. A group push
-        sends its first pass to the group only; the few re-sends to single
-        targets build theirs as they go (pieces None)."""
+        sends to the group, re-sends included; the probes of a silent
+        target go to it alone and build theirs as they go (pieces None)."""
         nt, hl, bodies = len(self.targets), W.HDR_LEN, self.bodies
         return [[(h[c * hl:(c + 1) * hl], bodies[c]) for c in range(self.layout.nchunks)]
                 if not self.group or i == nt else None for i, h in enumerate(self.hdrs)]
@@ -219,7 +219,7 @@ class Push:
 
     def refresh(self) -> list[bool]:
         """Closed flags; sets the pacer to the sum of the advertised rates
-        (their minimum during a group pass)."""
+        (their minimum in a group push: a group packet reaches every target at once)."""
         tx32, low = self.tx32, self.low
         self.sender.maps.beat()  # this endpoint's control thread runs (a hung receiver)
         closed = [bool(tx32[s, 1]) for s in self.slots]
@@ -228,22 +228,25 @@ class Push:
             if r and (not low[i] or r < low[i]):
                 low[i] = r
         if all(rates):  # a group packet reaches every target at once
-            self.pacer.set_rate((min(rates) if self.group and self.passes <= 1
-                                 else sum(rates)) * 1000)
+            self.pacer.set_rate((min(rates) if self.group else sum(rates)) * 1000)
         return closed
 
     def detect_losses(self) -> list[int]:
         """The ACK state per target; queues the chunks found lost, flagged RETX."""
         acked = self.acked()
-        urgent, hdr_u8 = self.picker.urgent, self.hdr_u8
+        picker, hdr_u8 = self.picker, self.hdr_u8
         parity_repairs = self.coded is not None and self.passes <= 1
+        grp = picker.grp
         for i, det in enumerate(self.detectors):
             lost = det.lost(acked[i])
             if parity_repairs:   # the first pass's parity is its repair: no re-sends yet
                 continue
-            for c in lost:
-                urgent.append((i, c))
-                hdr_u8[i][c, RETX_BYTE] |= W.F_RETX
+            for c in lost:       # a group push re-sends to the group: once for all it missed
+                if grp < 0:
+                    picker.urgent.append((i, c))
+                elif not picker.lost_to_group(c):
+                    continue
+                hdr_u8[i if grp < 0 else grp][c, RETX_BYTE] |= W.F_RETX
         return acked
 
     def _settle(self, closed: list[bool], acked: list[int]) -> bool:
@@ -297,10 +300,16 @@ class Push:
                 for hv in self.hdr_u8:
                     hv[:, RETX_BYTE] |= W.F_RETX
             bo = self.backoff
-            runs = pass_runs(self.order, acked, [not r for r in ready], bo.limits(ready))
-            bo.spend(runs)
-            to = {}
-            for i, chunks in runs:
+            runs, to = [], {}
+            if self.group:   # one run to the group for every answering target
+                chunks, to = group_pass(self.order, acked, self.full,
+                                        [r and not bo.silent[i] for i, r in enumerate(ready)])
+                runs = [(len(self.targets), chunks)] if chunks else []
+            more = pass_runs(self.order, acked, [not r or i in to for i, r in enumerate(ready)],
+                             bo.limits(ready))
+            bo.spend(more)
+            runs += more
+            for i, chunks in more:
                 to[i] = to.get(i, 0) + len(chunks)
             for det in self.detectors:  # this pass re-sends whatever is still out
                 det.restart()
