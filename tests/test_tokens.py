@@ -279,3 +279,42 @@ def test_a_peer_with_another_secret_is_not_heard(rig, job):
         ps.cancel_round(r)
     finally:
         other.close()
+
+
+@pytest.mark.rig
+def test_a_member_holding_its_own_key_cannot_write_another_workers_round(rig, job):
+    """From worker 1's namespace, a member given only its own key
+    (tokens.member) sends worker 0's whole round before worker 0 pushes, once
+    with each token its key makes (every kind, round r): the PS counts every
+    frame bad_token and writes or ACKs none; worker 0's real push then
+    completes bit-exact, no chunk taken for a duplicate."""
+    from ltpx.control.transport import Peer
+    ps, wk, _ = job
+    r, nch = 31, _nchunks()
+    m1 = tokens.member(wk.sender.tokens.secret, 1)
+    own = [tokens.derive(m1, JOB, r, 1, k)
+           for k in (tokens.UP, tokens.UP_ACK, tokens.DOWN, tokens.DOWN_ACK)]
+    member = rig.socket(rig.workers[1])
+    try:
+        member.bind((rig.workers[1].ip, 0))
+        ps.open_round(r, NEL)
+        before = ps.counters()
+        sent = 0
+        for tok in own:
+            for c in range(nch):
+                n = 1424 if c < nch - 1 else NEL * 4 - 1424 * (nch - 1)
+                member.sendto(W.pack_header(worker=0, job=JOB, round=r, chunk=c, nchunks=nch,
+                                            length=n, token=tok) + b"\xee" * n,
+                              (rig.ps.ip, W.PORT))
+                sent += 1
+        assert _until(lambda: ps.counters()["bad_token"] - before["bad_token"] == sent)
+        mid = ps.counters()
+        assert (mid["data"], mid["ack_tx"]) == (before["data"], before["ack_tx"])
+        assert not ps.maps.done[ps.maps.bank_index(r)].any()
+        g = _grad(r)
+        rep = wk.push(r, g, Peer(0, rig.ps.ip), timeout_s=10.0)
+        res = ps.wait_round(r)
+        assert res.reason == "complete" and np.array_equal(res.values[0], g)
+        assert rep.acked == nch and ps.counters()["dup"] == before["dup"]
+    finally:
+        member.close()
