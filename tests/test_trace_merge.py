@@ -105,3 +105,28 @@ def test_launch_trace_merges_every_ranks_view(tmp_path):
     assert sum(e["ph"] == "s" for e in ev) > 10
     assert sum(e.get("cat") == "round" for e in ev) > 10
     assert not [n for n in os.listdir(tmp_path) if n != "job.json"]
+
+
+@pytest.mark.slow
+def test_plot_draws_every_slice_and_instant_of_a_trace_on_its_track(tmp_path):
+    # A trace as a job writes it (chrome_trace of recorded rounds and ops):
+    # `ltp trace plot` draws a PNG with one row per track that has events,
+    # every complete slice as a bar and every instant as a tick; a window
+    # with nothing in it, a reversed or malformed window and a picture that
+    # is not a PNG are usage errors that write nothing.
+    src, png = tmp_path / "t.json", tmp_path / "t.png"
+    t = _ltp_trace(src)
+    shown = [e for e in t["traceEvents"] if e.get("ph") in ("X", "i")]
+    r = _ltp("trace", "plot", str(src), "-o", str(png), "-j")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert rep["tracks"] == len({(e["pid"], e["tid"]) for e in shown}) >= 2
+    assert rep["slices"] == sum(e["ph"] == "X" for e in shown) > 0
+    assert rep["instants"] == sum(e["ph"] == "i" for e in shown)
+    for args in (["--window", "5:"], ["--window", "2:1"], ["--window", "x"]):
+        bad = tmp_path / "bad.png"
+        r = _ltp("trace", "plot", str(src), "-o", str(bad), *args)
+        assert r.returncode == 2 and "window" in r.stderr and not bad.exists(), (args, r.stderr)
+    r = _ltp("trace", "plot", str(src), "-o", str(tmp_path / "t.txt"))
+    assert r.returncode == 2 and "PNG" in r.stderr

@@ -6,11 +6,14 @@
   ltp trace check FILE [-j]       is it a well-formed trace-event file?
   ltp trace merge A B -o OUT [--offset-us US] [-j]
                                   B's events beside A's (a torch.profiler trace of the run)
+  ltp trace plot FILE -o OUT.png [--window A:B] [-j]
+                                  the timeline as a picture (no browser needed)
 """
 from __future__ import annotations
 
 import json
 
+from . import traceview
 from .common import UsageError, add_command, add_json, emit
 
 EPILOG = """examples:
@@ -20,6 +23,8 @@ EPILOG = """examples:
   ltp trace merge /tmp/t.json /tmp/torch_profile.json -o /tmp/both.json
       (B's times put on A's clock through the wall clock: torch.profiler's
       baseTimeNanoseconds; --offset-us US to give the shift yourself)
+  ltp trace plot /tmp/t.json -o /tmp/t.png --window 1:2
+      (the timeline from 1 s to 2 s after its first event, as a PNG)
 Open the file in Perfetto (ui.perfetto.dev: Open trace file) or chrome://tracing.
 """
 
@@ -50,7 +55,32 @@ def register(sub) -> None:
                     "clock when B is a torch.profiler trace, else 0)")
     add_json(mg)
     mg.set_defaults(func=cmd_merge)
+    pl = add_command(psub, "plot", "draw the timeline as a PNG (one row per track)",
+                     description="One row per track (server rounds and answers, the NIC's "
+                     "view of each worker, each worker's barrier, pushes and answers), "
+                     "slices as bars by category, instants as ticks.")
+    pl.add_argument("file", metavar="FILE")
+    pl.add_argument("-o", "--out", required=True, metavar="OUT.png", help="the picture")
+    pl.add_argument("--window", type=_window, default=(None, None), metavar="A:B",
+                    help="seconds from the first event: A:B, A: or :B (default: all)")
+    add_json(pl)
+    pl.set_defaults(func=cmd_plot)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _window(text: str) -> tuple[float | None, float | None]:
+    import argparse  # noqa: PLC0415 (only for a bad --window)
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        pair = (float(lo) if lo else None, float(hi) if hi else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not A:B seconds (1:2, 3:, :0.5)") \
+            from None
+    if any(v is not None and not (v >= 0 and v < float("inf")) for v in pair):
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be finite and >= 0")
+    return pair
 
 
 def _load(path: str) -> dict:
@@ -120,3 +150,15 @@ def cmd_check(a) -> int:
          lambda r: f"{r['file']}: {r['events']} events, "
          + ("well-formed" if r["ok"] else "\n  ".join(["problems:", *r["problems"]])))
     return 0 if not bad else 1
+
+
+def cmd_plot(a) -> int:
+    if not a.out.endswith(".png"):
+        raise UsageError(f"-o: {a.out}: the picture is a PNG (name it .png)")
+    try:
+        r = traceview.plot(_load(a.file), a.out, *a.window)
+    except OSError as e:
+        raise UsageError(f"-o: cannot write {a.out}: {e}") from None
+    emit(a, r, lambda r: f"{r['out']}: {r['tracks']} tracks, {r['slices']} slices, "
+         f"{r['instants']} instants over {r['span_ms']:.0f} ms")
+    return 0
