@@ -35,8 +35,26 @@ class Accepted:
     strays: int = 0
 
 
+class OwnHello(bytes):
+    """One worker's own hello MAC, as its member key file holds it
+    (control/jobkey.py): it says that worker's hello and no other's, so a
+    member cannot say another worker's."""
+
+    worker: int
+
+    def __new__(cls, worker: int, mac: bytes):
+        self = super().__new__(cls, mac)
+        self.worker = worker
+        return self
+
+
 def mac_hello(wid: int, key: bytes | None) -> bytes:
-    """A worker's hello: its id and a MAC of it (zeros without a key)."""
+    """A worker's hello: its id and a MAC of it under the job's hello key
+    (zeros without a key; with an OwnHello, its MAC: ValueError for another id)."""
+    if isinstance(key, OwnHello):
+        if wid != key.worker:
+            raise ValueError(f"worker {key.worker}'s hello MAC cannot say worker {wid}'s hello")
+        return MAC_HELLO.pack(wid, bytes(key))
     mac = hmac.new(key, b"ltpx-tcp-hello/%d" % wid, hashlib.sha256).digest() if key else bytes(32)
     return MAC_HELLO.pack(wid, mac)
 

@@ -13,25 +13,54 @@ value MACs (`store_key`) and the TCP transport's hellos (`hello_key`)
 say nothing of each other or of the job key.
 
 The file holds the key as hex text (at least 32 digits: 16 bytes), as
-`openssl rand -hex 32` writes it. Importing this module needs neither
-torch nor numpy (the launcher uses it).
+`openssl rand -hex 32` writes it.
+
+Only server ranks get the job key. Each worker gets a member key file
+(`member_keys`, `member_text`; `RankKeys` writes them for a launcher, `ltp
+key member` for an operator): a small JSON object, versioned
+({"ltpx_member_key": 1, ...}), holding what worker w needs and nothing
+from which the job key or another worker's keys follow: its id, its own
+flow tokens' key per server shard (tokens.member_key), the group key per
+shard where the job's downlink is `group` (tokens.group_key), the store
+values' MAC key and its own TCP hello MAC (accept.OwnHello). `read_key_file`
+reads either kind (a `MemberKeys` for a member file); `token_secret`,
+`store_key` and `hello_key` take either. The store key is shared: a member
+can still forge store values (docs/operations.md, "Threat model").
+Importing this module needs neither torch nor numpy (the launcher uses it).
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import shutil
 import stat
 import tempfile
+from typing import NamedTuple
 
 from ..errors import UsageError
+from .accept import OwnHello, mac_hello
+from .transport import tokens
 
 ENV = "LTP_SECRET_FILE"
 KEY_BYTES = 32          # what new_key makes
 MIN_BYTES = 16          # the least a key file may hold
 MAX_BYTES = 512
+MEMBER_FORMAT = "ltpx_member_key"   # a member file's JSON names its version under this
+MEMBER_VERSION = 1
+MEMBER_MAX = 65536      # the most a member file may hold (bytes)
+
+
+class MemberKeys(NamedTuple):
+    """What a worker's member key file holds (see the module's doc)."""
+
+    worker: int
+    tokens: tuple[bytes, ...]          # its member key under each server shard's secret
+    group: tuple[bytes, ...] | None    # the group key of each shard (the group downlink)
+    store: bytes                       # the store values' MAC key (shared by the job)
+    hello: bytes                       # its own TCP hello MAC
 
 
 def new_key() -> bytes:
@@ -44,25 +73,108 @@ def derive(key: bytes, use: str) -> bytes:
     return hmac.new(key, b"ltpx-key/" + use.encode(), hashlib.sha256).digest()
 
 
-def token_secret(key: bytes | None, shard: int = 0) -> bytes | None:
+def token_secret(key, shard: int = 0):
     """The round tokens' secret of server shard `shard` (tokens.RoundTokens'
-    key); None without a job key (tokens off)."""
+    key); None without a job key (tokens off); from MemberKeys, that
+    worker's tokens.MemberSecret of the shard."""
+    if isinstance(key, MemberKeys):
+        if not 0 <= shard < len(key.tokens):
+            raise UsageError(f"worker {key.worker}'s member key file holds keys for "
+                             f"{len(key.tokens)} server(s), not for server {shard}: make it "
+                             f"for the job's servers (`ltp key member --servers S`)")
+        return tokens.MemberSecret(key.worker, key.tokens[shard],
+                                   key.group[shard] if key.group else None)
     return None if key is None else derive(key, f"tokens/{shard}")
 
 
-def store_key(key: bytes | None) -> bytes | None:
+def store_key(key) -> bytes | None:
     """The key of the store values' MACs (torchapi/sealed.py)."""
+    if isinstance(key, MemberKeys):
+        return key.store
     return None if key is None else derive(key, "store")
 
 
-def hello_key(key: bytes | None) -> bytes | None:
-    """The key of the TCP transport's hello MACs (control/accept.py)."""
+def hello_key(key) -> bytes | None:
+    """The key of the TCP transport's hello MACs (control/accept.py); from
+    MemberKeys, that worker's own hello MAC (accept.OwnHello)."""
+    if isinstance(key, MemberKeys):
+        return OwnHello(key.worker, key.hello)
     return None if key is None else derive(key, "tcp-hello")
 
 
-def read_key_file(path: str, where: str = ENV) -> bytes:
-    """The key in file `path`; UsageError naming the file and the fix when it
-    is missing, readable by group or others, or not hex of MIN_BYTES..MAX_BYTES."""
+def member_keys(key: bytes, worker: int, servers: int = 1, group: bool = True) -> MemberKeys:
+    """Worker `worker`'s MemberKeys under job key `key`, for a job of
+    `servers` server shards; group: it holds the group keys (the group downlink)."""
+    secrets_ = [token_secret(key, i) for i in range(servers)]
+    return MemberKeys(worker, tuple(tokens.member_key(s, worker) for s in secrets_),
+                      tuple(tokens.group_key(s) for s in secrets_) if group else None,
+                      store_key(key), mac_hello(worker, hello_key(key))[4:])
+
+
+def member_text(m: MemberKeys) -> str:
+    """A member key file's text (JSON, one line)."""
+    doc = {MEMBER_FORMAT: MEMBER_VERSION, "worker": m.worker,
+           "tokens": [k.hex() for k in m.tokens], "store": m.store.hex(), "hello": m.hello.hex()}
+    if m.group is not None:
+        doc["group"] = [k.hex() for k in m.group]
+    return json.dumps(doc) + "\n"
+
+
+def parse_member(text: str, where: str) -> MemberKeys:
+    """MemberKeys from a member file's text; UsageError (naming `where`) for anything else."""
+    fix = "make it again with `ltp key member --worker W JOBKEYFILE`"
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise UsageError(f"{where}: not a member key file (bad JSON): {fix}") from None
+    if not isinstance(doc, dict) or doc.get(MEMBER_FORMAT) != MEMBER_VERSION:
+        raise UsageError(f"{where}: a member key file must say "
+                         f'"{MEMBER_FORMAT}": {MEMBER_VERSION}, got '
+                         f"{doc.get(MEMBER_FORMAT) if isinstance(doc, dict) else doc!r}: {fix}")
+
+    def keys(name: str, many: bool):
+        v = doc.get(name)
+        vs = v if many else [v]
+        try:
+            out = [bytes.fromhex(x) for x in vs]
+        except (TypeError, ValueError):
+            out = []
+        if not out or any(len(k) != 32 for k in out) or many and not isinstance(v, list):
+            raise UsageError(f"{where}: the member key file's {name!r} must be "
+                             f"{'a list of ' if many else ''}32-byte hex keys: {fix}")
+        return tuple(out) if many else out[0]
+    w = doc.get("worker")
+    if not isinstance(w, int) or isinstance(w, bool) or not 0 <= w < 2**16:
+        raise UsageError(f"{where}: the member key file's 'worker' must be 0..65535, "
+                         f"got {w!r}: {fix}")
+    toks = keys("tokens", True)
+    group = keys("group", True) if "group" in doc else None
+    if group is not None and len(group) != len(toks):
+        raise UsageError(f"{where}: the member key file has {len(toks)} token keys and "
+                         f"{len(group)} group keys: {fix}")
+    return MemberKeys(w, toks, group, keys("store", False), keys("hello", False))
+
+
+def check_member(key, server: bool, worker: int | None, servers: int) -> None:
+    """UsageError unless a rank (a server, or worker `worker` of a job of
+    `servers` shards) may use `key` (a job key, a member file's, or None)."""
+    if not isinstance(key, MemberKeys):
+        return
+    if server:
+        raise UsageError(f"{ENV} names worker {key.worker}'s member key file, but this rank "
+                         "is a server: a server rank needs the job key file (hex)")
+    if key.worker != worker:
+        raise UsageError(f"{ENV} names worker {key.worker}'s member key file, but this rank "
+                         f"is worker {worker}: give each worker its own file "
+                         f"(`ltp key member --worker {worker} JOBKEYFILE`)")
+    if servers and len(key.tokens) < servers:
+        token_secret(key, servers - 1)      # raises, naming the fix
+
+
+def read_key_file(path: str, where: str = ENV) -> bytes | MemberKeys:
+    """The key in file `path` (MemberKeys for a member key file); UsageError
+    naming the file and the fix when it is missing, readable by group or
+    others, or neither hex of MIN_BYTES..MAX_BYTES nor a member file."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
@@ -74,37 +186,56 @@ def read_key_file(path: str, where: str = ENV) -> bytes:
                              f"{stat.S_IMODE(st.st_mode):04o}: group or others may read it; "
                              f"`chmod 600 {path}` (a Kubernetes secret volume: "
                              "defaultMode: 0400)")
-        raw = os.read(fd, 4 * MAX_BYTES)
+        raw = os.read(fd, MEMBER_MAX + 1)
     finally:
         os.close(fd)
+    if raw.lstrip().startswith(b"{"):
+        if len(raw) > MEMBER_MAX:
+            raise UsageError(f"{where}={path}: a member key file is at most {MEMBER_MAX} bytes")
+        return parse_member(raw.decode("utf-8", "replace"), f"{where}={path}")
     try:
         key = bytes.fromhex(raw.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         raise UsageError(f"{where}={path}: the job key file must hold the key as hex "
-                         "(`openssl rand -hex 32 > FILE`)") from None
+                         "(`openssl rand -hex 32 > FILE`), or be a worker's member key file "
+                         "(`ltp key member`)") from None
     if not MIN_BYTES <= len(key) <= MAX_BYTES:
         raise UsageError(f"{where}={path}: the job key is {len(key)} bytes; it must be "
                          f"{MIN_BYTES}..{MAX_BYTES} (`openssl rand -hex 32 > FILE`)")
     return key
 
 
-def key_from_env(environ=None) -> bytes | None:
+def key_from_env(environ=None) -> bytes | MemberKeys | None:
     """The key LTP_SECRET_FILE names, or None when it is unset."""
     path = (os.environ if environ is None else environ).get(ENV)
     return read_key_file(path) if path else None
 
 
+def write_private(path: str, text: str) -> None:
+    """A new file at `path` holding `text`, mode 0600 from its creation."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 class KeyFile:
     """A job key in a file of its own: mode 0600 in a fresh 0700 folder,
-    removed (folder and all) by close(). `path` names it to the ranks."""
+    removed (folder and all) by close(). `path` names it to the ranks
+    (servers); `member_path(w)` writes worker w's member file beside it."""
 
-    def __init__(self, key: bytes | None = None):
+    def __init__(self, key: bytes | None = None, write: bool = True):
         self.key = new_key() if key is None else key
         self.folder = tempfile.mkdtemp(prefix="ltp-key-")    # 0700
         self.path = os.path.join(self.folder, "job.key")
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.key.hex() + "\n")
+        if write:
+            write_private(self.path, self.key.hex() + "\n")
+
+    def member_path(self, worker: int, servers: int = 1, group: bool = True) -> str:
+        """Worker `worker`'s member key file (written at the first call)."""
+        path = os.path.join(self.folder, f"worker{worker}.key")
+        if not os.path.exists(path):
+            write_private(path, member_text(member_keys(self.key, worker, servers, group)))
+        return path
 
     def close(self) -> None:
         if self.folder:
@@ -124,7 +255,31 @@ def for_launch(environ=None) -> tuple[str, KeyFile | None]:
     KeyFile the caller closes when the job ends."""
     path = (os.environ if environ is None else environ).get(ENV)
     if path:
-        read_key_file(path)
+        if isinstance(read_key_file(path), MemberKeys):
+            raise UsageError(f"{ENV}={path} is a worker's member key file: a launcher needs "
+                             "the job key file (`openssl rand -hex 32`)")
         return path, None
     kf = KeyFile()
     return kf.path, kf
+
+
+class RankKeys:
+    """The key files a launcher hands its ranks: servers the job key's
+    (for_launch: LTP_SECRET_FILE's or a new one), each worker a member file
+    of its own, made for `servers` shards, with the group keys if `group`.
+    close() removes what it made."""
+
+    def __init__(self, servers: int = 1, group: bool = True, environ=None):
+        self.servers, self.group = servers, group
+        self.job_path, self.made = for_launch(environ)
+        key = self.made.key if self.made else read_key_file(self.job_path)
+        self.members = self.made or KeyFile(key, write=False)
+
+    def path(self, role: str, worker: int) -> str:
+        """The file rank (role, worker index) is told in LTP_SECRET_FILE."""
+        if role == "server":
+            return self.job_path
+        return self.members.member_path(worker, self.servers, self.group)
+
+    def close(self) -> None:
+        self.members.close()

@@ -182,9 +182,10 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _s("sender", str, "socket", "how LTP DATA leaves: socket (paced by Python) or xdp (the "
        "ACK clock: each ACK turned into the next chunk at the NIC; docs/transport.md)",
        choices=("socket", "xdp"), flags=(TRAIN,)),
-    _s("secret_file", str, None, "a file holding the job key as hex (mode 0600 or stricter; "
-       "`ltp launch` and `ltp train` make one per job): LTP's round tokens and the MACs of the "
-       "store's values derive from it; without one tokens are off and the store's values "
+    _s("secret_file", str, None, "a file holding the job key as hex on a server rank, a "
+       "worker's own member key file on a worker (`ltp key member`; mode 0600 or stricter; "
+       "`ltp launch` and `ltp train` make them per job): LTP's round tokens and the MACs of "
+       "the store's values derive from it; without one tokens are off and the store's values "
        "are not authenticated (docs/operations.md, \"Threat model\")", shown="-",
        metavar="FILE"),
     _s("require_secret", bool, False, "refuse to start without a job key (secret_file) "

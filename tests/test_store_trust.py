@@ -367,22 +367,5 @@ def test_a_forged_join_in_a_keyed_job_ends_it_with_a_clear_error(tmp_path):
         assert "IndexError" not in err and "KeyError" not in err
 
 
-PROBE = ("import json, os, stat; p = os.environ.get('LTP_SECRET_FILE'); "
-         "from ltpx.control import jobkey; k = jobkey.read_key_file(p); "
-         "print(json.dumps({'path': p, 'mode': stat.S_IMODE(os.stat(p).st_mode), "
-         "'key_len': len(k), 'in_env': any(k.hex() in v for v in os.environ.values()), "
-         "'on_argv': any(k.hex() in a for a in open('/proc/self/cmdline').read().split(chr(0)))}))")
-
-
-@pytest.mark.rig
-def test_ltp_launch_hands_every_rank_the_same_private_key_file_and_removes_it():
-    out = subprocess.run([str(Path(sys.executable).parent / "ltp"), "launch", "--rig",
-                          f"i26k{os.getpid() % 10000}", "--workers", "2", "-j", "--",
-                          "python", "-c", PROBE], capture_output=True, text=True,
-                         timeout=180, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    seen = [r["last_json"] for r in json.loads(out.stdout)["ranks"]]
-    assert len(seen) == 3 and len({s["path"] for s in seen}) == 1
-    assert all(s["mode"] == 0o600 and s["key_len"] == jobkey.KEY_BYTES and not s["in_env"]
-               and not s["on_argv"] for s in seen)
-    assert not os.path.exists(seen[0]["path"])              # removed with the job
+# `ltp launch`'s key files (servers the job key, each worker its own member
+# file): tests/test_member_keys.py

@@ -153,15 +153,16 @@ def group_answer(round_, token, seed=1.0):
                   flags="reliable+group", token=token) / Raw(payload(CHUNK, seed)))
 
 
-@pytest.mark.parametrize("holds", ["member key", "job secret"])
+@pytest.mark.parametrize("holds", ["member key", "member and group key", "job secret"])
 def test_no_member_can_send_an_answer_a_worker_takes(dp, maps, holds):
-    """Worker 3 waits for downlink answer 7 (its own key only, or the job
-    secret). Worker 9's answers, GROUP or unicast, with every token its key
-    makes, are counted bad_token and change nothing. The server's unicast
-    answer lands; its GROUP answer lands only where the worker holds the
-    group token (the job secret): a member key's endpoint refuses every
-    GROUP frame, and the server's repair then reaches it alone."""
-    secret = tokens.member(SECRET, 3) if holds == "member key" else SECRET
+    """Worker 3 waits for downlink answer 7 (its own key only, with the group
+    key, or the job secret). Worker 9's answers, GROUP or unicast, with every
+    token its member key makes, are counted bad_token and change nothing.
+    The server's unicast answer lands; its GROUP answer lands only where the
+    worker holds the group key: a member key's endpoint without it refuses
+    every GROUP frame, and the server's repair then reaches it alone."""
+    secret = {"member key": tokens.member(SECRET, 3),
+              "member and group key": tokens.member(SECRET, 3, group=True)}.get(holds, SECRET)
     maps.set_self(3, WORKER_IP, WORKER_MAC)
     worker_opens(maps, 7, secret)
     before, c0 = shared_state(maps), maps.counters()

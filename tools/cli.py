@@ -19,7 +19,7 @@ from .common import run
 
 # Subcommand modules, in help order.
 COMMANDS = ["cmd_demo", "cmd_train", "cmd_launch", "cmd_doctor", "cmd_ops", "cmd_flows", "cmd_capture",
-            "cmd_exporter", "cmd_bench", "cmd_rig", "cmd_paths", "cmd_trace"]
+            "cmd_exporter", "cmd_bench", "cmd_rig", "cmd_paths", "cmd_trace", "cmd_key"]
 
 EPILOG = """examples:
   ltp doctor --fix          check (and repair) root, bcc, headers, bpffs

@@ -233,6 +233,15 @@ def cmd_launch(args) -> int:
                    hangs=job.get("hangs"))
 
 
+def group_keys(args, environ=None) -> bool:
+    """Whether workers get the group key in their member key files: on LTP,
+    unless LTP_DOWNLINK=unicast says the job never sends to the group (then
+    no member can forge a GROUP answer; a script that still asks for group
+    answers gets each worker's by unicast repair)."""
+    environ = os.environ if environ is None else environ
+    return args.transport == "ltp" and environ.get("LTP_DOWNLINK", "group") != "unicast"
+
+
 def _trace_env(args, r) -> dict:
     """--trace: each rank writes its own view into the launch's trace folder."""
     if not args.trace:
@@ -276,7 +285,7 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
             forkserver.warm()      # the last job's closed with it
         job = None
         try:
-            job = RigJob(rig, ranks)
+            job = RigJob(rig, ranks, group_keys=group_keys(args))
             now["hangs"] = job.flight.screens    # (a restarted job's go on in a new list)
             job.on_hang = lambda lines: [out.note(f"[hang] {ln}") for ln in lines]
             job.start(lambda r: argv, lambda r, port=job.port, ranks=ranks: {**job_env(

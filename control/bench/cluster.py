@@ -96,8 +96,8 @@ class LtpCluster:
         self.round_no = 0  # the last round a caller numbered (callers that take turns go on from it)
         # The largest chunk a frame of the rig's MTU carries (whole float64 pairs).
         self.chunk_bytes = chunk_bytes or (cfg.mtu - 20 - 8 - W.HDR_LEN) // 8 * 8
-        # a fresh job key per cluster, handed to the workers in a 0600 file: its
-        # rounds carry tokens, as training's do
+        # a fresh job key per cluster; each worker gets its own member key
+        # file (0600): its rounds carry tokens, as training's do
         self.keyfile = jobkey.KeyFile()
         self.secret = jobkey.token_secret(self.keyfile.key)
         self.credit_bytes = cfg.buffer_bytes + self.capacity * CREDIT_RTT_S / 8  # buffer + BDP
@@ -121,7 +121,7 @@ class LtpCluster:
                     "--max-elems", str(max_elems), "--mode", self.mode,
                     "--capacity", str(self.capacity), "--ps-ip", rig.ps.ip,
                     "--workers", str(len(hosts)), "--chunk-bytes", str(self.chunk_bytes),
-                    "--sender", sender], secret_file=self.keyfile.path))
+                    "--sender", sender], secret_file=self.keyfile.member_path(h.index)))
             for p in self.procs:
                 p.recv(timeout=120)  # "ready": program compiled and attached
             self.keyfile.close()     # every worker has read it

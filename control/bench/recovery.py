@@ -63,7 +63,7 @@ def worker_main(argv: list[str]) -> int:
     line {"round", "nelems", "arm"} it pushes and answers with its report."""
     dev, ip, wid, ps_ip, max_elems, cap = argv
     wid, cap = int(wid), float(cap)
-    # the job key: in the 0600 file LTP_SECRET_FILE names, never on the argv
+    # its member key file (0600): LTP_SECRET_FILE names it, never on the argv
     ep = Endpoint(dev, ip, {wid: 0}, int(max_elems), capacity_bps=cap, sender="xdp",
                   initial_rate_bps=cap / 4, self_id=wid,
                   secret=jobkey.token_secret(jobkey.key_from_env()))
@@ -158,7 +158,8 @@ def run(workers: int = 4, kib: int = 256, loss: float = 0.05, blocks: int = 4, b
             try:
                 for h in rig.workers:
                     procs.append(_Worker(h, [h.ifname, h.ip, str(h.index), rig.ps.ip,
-                                             str(nelems), str(cap)], keyfile.path))
+                                             str(nelems), str(cap)],
+                                         keyfile.member_path(h.index, group=False)))
                 for p in procs:
                     p.recv()
                 keyfile.close()      # every worker has read it

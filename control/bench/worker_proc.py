@@ -13,8 +13,9 @@ JSON command per line and answers one JSON line:
   expect  {"round", "nelems", "timeout"}          -> {"ready": true}, then after
           the reliable round completes             -> {"sha256": hex}
   quit
-The job key comes in the 0600 file LTP_SECRET_FILE names (control/jobkey.py),
-never on the argv; the endpoint's round tokens derive from it.
+This worker's member key file (0600, control/jobkey.py: its own keys, not
+the job key) comes named by LTP_SECRET_FILE, never on the argv; the
+endpoint's round tokens derive from it.
 """
 from __future__ import annotations
 

@@ -83,6 +83,9 @@ class Job:
                              "rank(s) and at least one worker")
         self.is_server = self.global_rank < s.servers
         self.rank = None if self.is_server else self.global_rank - s.servers
+        # a worker may hold its own member key file only, a server the job key
+        jobkey.check_member(self.key, self.is_server, self.rank,
+                            s.servers if s.transport == "ltp" else 0)
         flight_start(self.global_rank, SERVER if self.is_server else WORKER,
                      self.global_rank if self.is_server else self.rank)   # LTP_FLIGHT_DIR
         if s.servers > 1:   # sharded servers: shards.py sets up coord, links, exchange
@@ -148,15 +151,17 @@ class Job:
             link.close()
 
 
-def job_key(s: Settings) -> bytes | None:
-    """The job key from s.secret_file (LTP_SECRET_FILE); None, with a
-    warning, when there is none (UsageError under require_secret)."""
+def job_key(s: Settings) -> bytes | jobkey.MemberKeys | None:
+    """The job key from s.secret_file (LTP_SECRET_FILE), or a worker's member
+    keys (jobkey.MemberKeys); None, with a warning, when there is none
+    (UsageError under require_secret)."""
     if s.secret_file:
         return jobkey.read_key_file(s.secret_file, "secret_file (LTP_SECRET_FILE)")
     if s.require_secret:
         raise UsageError("init(): require_secret is set and no job key was given: set "
-                         "LTP_SECRET_FILE (or secret_file=) to a 0600 file holding the key as "
-                         "hex, the same on every rank (`ltp launch` makes one)")
+                         "LTP_SECRET_FILE (or secret_file=) to a 0600 file: the job key as hex "
+                         "on servers, each worker's member key file on workers (`ltp launch` "
+                         "makes them)")
     return None
 
 
@@ -164,8 +169,9 @@ def warn_keyless(s: Settings) -> None:
     """Rank 0's one line for a job without a key."""
     log.warning("ltpx.torch: no job key (LTP_SECRET_FILE): %sthe store's values are not "
                 "authenticated, so whoever reaches MASTER_ADDR:MASTER_PORT can forge them; "
-                "give every rank the same 0600 key file (`openssl rand -hex 32`), as `ltp "
-                "launch` does", "LTP's round tokens are off and " if s.transport == "ltp" else "")
+                "give servers a 0600 job key file (`openssl rand -hex 32`) and each worker "
+                "its member file (`ltp key member`), as `ltp launch` does",
+                "LTP's round tokens are off and " if s.transport == "ltp" else "")
 
 
 def rendezvous(store_netns: str | None, timeout_s: float, place: tuple[int, int] | None = None):

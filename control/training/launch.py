@@ -31,9 +31,13 @@ its XDP program), then SIGKILL; a rank that died may first be started again
 
 The job key (control/jobkey.py): the file LTP_SECRET_FILE names in this
 process's environment, else one RigJob makes (mode 0600 in a 0700 folder,
-removed at close); each rank gets LTP_SECRET_FILE naming it. The key is
-never in an argv, an environment or the store: LTP's round tokens and the
-MACs of the store's values derive from it in each rank.
+removed at close). Server ranks get LTP_SECRET_FILE naming it; each worker
+a member key file of its own (jobkey.RankKeys: its own tokens' keys, the
+group keys when `group_keys`, the store's MAC key, its own TCP hello), from
+which neither the job key nor another worker's keys follow; a restarted
+worker is handed its file again. No key is ever in an argv, an environment
+or the store: LTP's round tokens and the MACs of the store's values derive
+from these files in each rank.
 
 The flight recorder (hangs.py): every rank gets LTP_FLIGHT_DIR, the job's
 flight folder; at each pump a new dump there (a rank that waited past its
@@ -148,19 +152,21 @@ def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
 class RigJob:
     """The ranks of one job on a rig: start, pump their output, stop."""
 
-    def __init__(self, rig, ranks: list[Rank], store_timeout_s: float = 300.0):
+    def __init__(self, rig, ranks: list[Rank], store_timeout_s: float = 300.0,
+                 group_keys: bool = True):
         self.rig, self.ranks = rig, ranks
         self.sel = selectors.DefaultSelector()
         self.store = self.store_proc = self.relay = None
         self.zygote = forkserver.take(new=False)      # the one warm() started, if any
         self.zygote_asked = self.zygote is not None
-        self.keyfile = None
+        self.keys = None
         self.flight = FlightWatch()
         self.on_hang: Callable[[list[str]], None] = _print_hang
         try:
             # the job key: LTP_SECRET_FILE's, or one made for this job (a 0600
-            # file, removed at close); every rank is told the file, never the key
-            self.secret_file, self.keyfile = jobkey.for_launch()
+            # file, removed at close), to the servers; each worker its member
+            # file; every rank is told its file, never a key
+            self.keys = jobkey.RankKeys(sum(r.role == "server" for r in ranks), group_keys)
             self.port = self.host_store(store_timeout_s)
             # MASTER_ADDR=127.0.0.1 must reach the store from every rank's namespace
             self.relay = StoreRelay(self.port, rig.ps.netns, [r.host.netns for r in ranks])
@@ -196,7 +202,8 @@ class RigJob:
     def spawn(self, r: Rank) -> None:
         """Start rank r's process (again, after it died: the same argv and
         environment in the same namespace, as torchrun's agent restarts one)."""
-        argv, env = self.argv_for(r), {**self.env_for(r), jobkey.ENV: self.secret_file,
+        argv, env = self.argv_for(r), {**self.env_for(r),
+                                       jobkey.ENV: self.keys.path(r.role, r.index),
                                        **self.flight.env()}
         r.proc = self.fork(r, argv, env)
         r.forked = r.proc is not None
@@ -284,8 +291,8 @@ class RigJob:
             stop_all([self.store_proc], grace_s=2.0)
         if self.zygote is not None:
             self.zygote.close()
-        if self.keyfile is not None:
-            self.keyfile.close()
+        if self.keys is not None:
+            self.keys.close()
         kept = self.flight.close()
         if kept and self.flight.screens:
             self.on_hang([f"flight records kept in {kept}"])

@@ -133,7 +133,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
         forkserver.warm()      # (a no-op if `ltp train` warmed it before the rig)
         job = follow = None
         try:
-            job = RigJob(rig, ranks, rank_timeout_s)
+            job = RigJob(rig, ranks, rank_timeout_s, group_keys=cfg.downlink == "group")
             if on_hang is not None:
                 job.on_hang = on_hang
 

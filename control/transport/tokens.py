@@ -15,9 +15,14 @@ serves neither another round, nor another worker, nor the other direction,
 and a member given only its own key (`member`, MemberSecret) cannot write
 another worker's chunks, close another's push, or answer another worker.
 DATA flagged GROUP (one frame to every worker) carries the round's GROUP
-token, derived from the job secret itself: only endpoints holding it accept
-group frames (a member key's endpoint refuses them, and the server's
-repair re-sends to it alone then reach it).
+token, made under the job's group key (`group_key`, derived from the job
+secret): only endpoints holding it accept group frames. A member is handed
+it (`member(secret, w, group=True)`) when the job's downlink is `group`;
+then any member can also forge a GROUP answer to all (one shared token
+cannot prove the server: that needs signatures), so a job that must bind
+every frame to its sender runs `--downlink unicast` and hands no group key.
+A member's endpoint without it refuses GROUP frames, and the server's
+repair re-sends to it alone then reach it.
 
 A receiver writes each slot's (DATA, ACK) tokens into the round's bank as it
 opens it (ltp_slottok) and the XDP program writes the ACK's into each ACK it
@@ -60,9 +65,10 @@ def check_secret(secret):
     if secret is None:
         return None
     if isinstance(secret, MemberSecret):
-        if not (isinstance(secret.key, bytes) and len(secret.key) == 32):
-            raise ValueError("a member secret's key must be 32 bytes: make it with "
-                             "tokens.member(secret, worker)")
+        for k in (secret.key, secret.group or bytes(32)):
+            if not (isinstance(k, bytes) and len(k) == 32):
+                raise ValueError("a member secret's keys must be 32 bytes: make it with "
+                                 "tokens.member(secret, worker)")
         return secret
     if not isinstance(secret, (bytes, bytearray, memoryview)):
         raise TypeError(f"secret must be bytes (e.g. tokens.new_secret()), got "
@@ -79,13 +85,18 @@ KINDS = (UP, UP_ACK, DOWN, DOWN_ACK, GROUP)
 _MEMBER = b"ltpx-member-key"   # keeps member keys apart from tokens
 
 
+_GROUP = b"ltpx-group-key"     # keeps the group key apart from member keys
+
+
 class MemberSecret(NamedTuple):
-    """What a member given only its own key holds: worker `worker`'s key.
-    With it an endpoint makes and checks its own flows' tokens and no one
-    else's, and takes no GROUP frame."""
+    """What a member given only its own key holds: worker `worker`'s key,
+    and the job's group key where its downlink is `group` (else None). With
+    it an endpoint makes and checks its own flows' tokens and no one else's,
+    and takes GROUP frames only if it holds the group key."""
 
     worker: int
     key: bytes
+    group: bytes | None = None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -97,9 +108,17 @@ def member_key(secret: bytes, worker: int) -> bytes:
                            person=_MEMBER).digest()
 
 
-def member(secret, worker: int) -> MemberSecret:
-    """The MemberSecret a launcher hands worker `worker` in place of the job secret."""
-    return MemberSecret(worker, member_key(check_secret(secret), worker))
+@functools.lru_cache(maxsize=64)
+def group_key(secret: bytes) -> bytes:
+    """The job's group key (32 bytes): the GROUP tokens' key under the job `secret`."""
+    return hashlib.blake2b(b"group", digest_size=32, key=secret, person=_GROUP).digest()
+
+
+def member(secret, worker: int, group: bool = False) -> MemberSecret:
+    """The MemberSecret a launcher hands worker `worker` in place of the job
+    secret; with group=True it holds the group key too (the group downlink)."""
+    secret = check_secret(secret)
+    return MemberSecret(worker, member_key(secret, worker), group_key(secret) if group else None)
 
 
 def _token(key: bytes, job: int, round_: int, kind: int) -> int:
@@ -113,20 +132,21 @@ def derive(secret, job: int, round_: int, worker: int = 0, kind: int = UP) -> in
     used) for worker `worker`'s flow in `round_` of `job`: 0 without a
     secret, else a nonzero 64-bit value (0 is kept for "no secret", so no
     derived token equals it). With a MemberSecret: that worker's flows
-    only (ValueError for another's), and None for GROUP (not held)."""
+    only (ValueError for another's), and for GROUP None unless it holds
+    the group key."""
     if secret is None:
         return 0
     if kind not in KINDS:
         raise ValueError(f"token kind must be one of {KINDS}, got {kind!r}")
     if isinstance(secret, MemberSecret):
         if kind == GROUP:
-            return None
+            return None if secret.group is None else _token(secret.group, job, round_, GROUP)
         if worker != secret.worker:
             raise ValueError(f"a member key of worker {secret.worker} makes no tokens of "
                              f"worker {worker}'s flows")
         return _token(secret.key, job, round_, kind)
     if kind == GROUP:
-        return _token(secret, job, round_, GROUP)
+        return _token(group_key(secret), job, round_, GROUP)
     return _token(member_key(secret, worker), job, round_, kind)
 
 
