@@ -10,6 +10,22 @@
 #include "ltp_util.h"
 #include "ltp_clock.h"
 
+/* The delivered bits an ACK carries for block `word` of a round of nchunks
+ * chunks (LTP_F_SACK), or 0: none, or not whole in the frame. */
+static __always_inline __u64 ack_sack(struct xdp_md *ctx, struct ltp_hdr *h, __u16 hflags,
+				      __u64 word, __u32 nchunks)
+{
+	__u64 *sack = (void *)(h + 1);
+	if (!(hflags & LTP_F_SACK) || h->len != bpf_htons(LTP_SACK_LEN) ||
+	    (void *)(sack + 1) > (void *)(long)ctx->data_end)
+		return 0;
+	__u64 bits = sack_le64(*sack);
+	__u64 first = word * 64;
+	if (first + 64 > nchunks)
+		bits &= nchunks > first ? (1ULL << (nchunks - first)) - 1 : 0;
+	return bits;
+}
+
 /* An ACK from the LTP port (its LTP header at h), for this host's flow in
  * ltp_tx at [its round's bank][its worker's slot]: checked against that
  * flow's round, token and chunk count, recorded, then dropped or handed to
@@ -61,11 +77,16 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 		return XDP_DROP;
 	__u64 bit = 1ULL << (chunk & 63);
 	__u64 had = 0;
-	/* A CLOSED ACK for a late chunk does not mean it was delivered. */
+	/* A CLOSED ACK for a late chunk does not mean it was delivered. An
+	 * OPEN one may carry its block's delivered bits (LTP_F_SACK): what ACKs
+	 * lost before it would have said, bits past the round's end left out. */
 	if (h->state != LTP_RS_CLOSED) {
-		had = __sync_fetch_and_or(&acked->w[word], bit) & bit;
-		if (!had)
-			__sync_fetch_and_add(&tx->acked, 1);
+		__u64 mark = bit | ack_sack(ctx, h, hflags, word, tx->nchunks);
+		__u64 old = __sync_fetch_and_or(&acked->w[word], mark);
+		had = old & bit;
+		__u64 fresh = mark & ~old;
+		if (fresh)
+			__sync_fetch_and_add(&tx->acked, popcount64(fresh));
 	}
 	if (!(hflags & LTP_F_CLOCK) || !tx->clock)
 		return XDP_DROP;

@@ -46,12 +46,24 @@ static __always_inline __u32 credit(struct ltp_hdr *h, __u32 bank, __u32 slot, _
 
 /* Turn the DATA packet at ctx into its ACK in place and return XDP_TX:
  * addresses and ports swapped, payload cut off, the ACK's token (its slot's,
- * ltp_slottok.ack) in place of the DATA's, IP and UDP checksums right. */
+ * ltp_slottok.ack) in place of the DATA's, IP and UDP checksums right. With
+ * `done` (an OPEN ACK), the ACK carries the delivered bits of the chunk's
+ * 64-chunk block (LTP_F_SACK) in the first LTP_SACK_LEN payload bytes, when
+ * the frame has them (all but a last chunk under 8 bytes). */
 static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 rstate,
-				    __u16 extra_flags, __u32 slot, __u32 bank, __be64 token)
+				    __u16 extra_flags, __u32 slot, __u32 bank, __be64 token,
+				    struct ltp_bitmap *done, __u64 word)
 {
 	struct ltp_hdr *h = p->h;
-	turn_around(p->eth, p->iph, p->udp, 0);
+	__u32 pay = 0, pay_sum = 0;
+	__u64 *sack = (void *)(h + 1);
+	if (done && word < LTP_BM_WORDS && (void *)(sack + 1) <= (void *)(long)ctx->data_end) {
+		*sack = sack_le64(done->w[word]);
+		pay = LTP_SACK_LEN;
+		pay_sum = csum_words((__u16 *)sack, LTP_SACK_LEN / 2);
+		extra_flags |= LTP_F_SACK;
+	}
+	turn_around(p->eth, p->iph, p->udp, pay);
 
 	/* The rate this sender may use: its share of the bank's capacity among
 	 * the flows active right now, or the per-slot rate if none is set; a
@@ -71,14 +83,14 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 
 	}
 	h->type = LTP_T_ACK;
 	h->flags = h->flags | bpf_htons(extra_flags);
-	h->len = 0;
+	h->len = bpf_htons(pay);
 	h->state = rstate;
 	h->pad = 0;
 	h->rate = bpf_htonl(rate);
 	h->token = token;  /* the ACK's own: the receiver's, for this slot's flow */
-	udp_csum(p->iph, p->udp, 0);
+	udp_csum(p->iph, p->udp, pay_sum);
 
-	int delta = (int)(PAY_OFF) - (int)(ctx->data_end - ctx->data);
+	int delta = (int)(PAY_OFF + pay) - (int)(ctx->data_end - ctx->data);
 	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta)) {
 		count(LTP_C_ACK_FAIL);
 		return XDP_DROP;
@@ -194,13 +206,13 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 		 * sender stops at once. */
 		st->late += 1;
 		count(LTP_C_LATE);
-		return send_ack(ctx, p, LTP_RS_CLOSED, 0, rx->slot, rx->bank, rx->ack_token);
+		return send_ack(ctx, p, LTP_RS_CLOSED, 0, rx->slot, rx->bank, rx->ack_token, 0, 0);
 	}
 	if (!tk->open) {
 		/* A worker this round does not take (dropped, or never in it):
 		 * nothing written, no flow counted down; CLOSED stops it. */
 		count(LTP_C_SLOT_CLOSED);
-		return send_ack(ctx, p, LTP_RS_CLOSED, 0, rx->slot, rx->bank, rx->ack_token);
+		return send_ack(ctx, p, LTP_RS_CLOSED, 0, rx->slot, rx->bank, rx->ack_token, 0, 0);
 	}
 	/* An ACK promises a live reader: with a stale heartbeat the round's
 	 * owner is hung, and its senders must hear nothing. */
@@ -281,7 +293,8 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 	if (!skipped(LTP_SKIP_CLAIM) && (__sync_fetch_and_or(&claim->w[word], bit) & bit)) {
 		st->dup += 1;
 		count(LTP_C_DUP);
-		return send_ack(ctx, p, LTP_RS_OPEN, LTP_F_DUP, rx->slot, rx->bank, rx->ack_token);
+		return send_ack(ctx, p, LTP_RS_OPEN, LTP_F_DUP, rx->slot, rx->bank, rx->ack_token,
+				done, word);
 	}
 
 	__u32 midx = bidx * LTP_MAX_CHUNKS + chunk;
@@ -312,7 +325,7 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 	count(LTP_C_DATA);
 	if (skipped(LTP_SKIP_ACK))
 		return XDP_TX;
-	return send_ack(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank, rx->ack_token);
+	return send_ack(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank, rx->ack_token, done, word);
 }
 
 /* DATA to this host's port (a whole LTP header at p->h): admitted, stored,

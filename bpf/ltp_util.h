@@ -75,6 +75,26 @@ static __always_inline __u64 bitmap_word(__u32 chunk)
 	return word;
 }
 
+/* A bitmap word as an ACK's SACK bytes carry it (little-endian: byte k
+ * bit i is bit 8k + i), and back. */
+static __always_inline __u64 sack_le64(__u64 v)
+{
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+	return __builtin_bswap64(v);
+#else
+	return v;
+#endif
+}
+
+/* The set bits of x (BPF has no popcount instruction). */
+static __always_inline __u64 popcount64(__u64 x)
+{
+	x = x - ((x >> 1) & 0x5555555555555555ULL);
+	x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+	x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+	return (x * 0x0101010101010101ULL) >> 56;
+}
+
 /* The slot of the packet's worker id; nonzero if the worker is unknown. */
 static __always_inline int peer_slot(struct ltp_hdr *h, __u32 *slot)
 {

@@ -42,6 +42,11 @@
 #define LTP_F_STOP       0x0200 /* ACK of clocked DATA: the flow has more in flight than the
                                    receiver's credit allows: the sender consumes this ACK
                                    instead of sending its next chunk */
+#define LTP_F_SACK       0x0400 /* ACK: LTP_SACK_LEN bytes follow the header, the receiver's
+                                   delivered bits of the 64-chunk block holding `chunk`
+                                   (byte k bit i: chunk 64 * (chunk / 64) + 8k + i), so
+                                   one ACK that arrives stands in for lost ones before it */
+#define LTP_SACK_LEN     8
 
 /* receiver round state carried in an ACK (ltp_hdr.state) */
 #define LTP_RS_OPEN      1
@@ -57,7 +62,8 @@ struct ltp_hdr {
 	__be32 round;    /* round number (monotonic per job) */
 	__be32 chunk;    /* chunk index within the round's buffer */
 	__be32 nchunks;  /* chunk count of the round's buffer */
-	__be16 len;      /* payload bytes following the header (0 in an ACK) */
+	__be16 len;      /* payload bytes following the header (an ACK: 0, or LTP_SACK_LEN
+	                    with LTP_F_SACK) */
 	__u8   state;    /* ACK: receiver's round state LTP_RS_*; DATA: 0 */
 	__u8   pad;      /* zero */
 	__be32 rate;     /* ACK: advertised send rate for this worker, kbit/s (0 = none);

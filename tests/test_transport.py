@@ -100,16 +100,32 @@ def test_loss_closes_early_and_fills_by_strategy(rig, lossless, strategy):
         res0, _ = cl.run_round(r0, NEL, seed=7)
         prev, prev_masks = expected(cl, r0), res0.masks.copy()
     # A low threshold and no grace: the PS closes as soon as every worker has
-    # 70%, long before re-sends of the 20% lost could arrive, so holes remain
-    # for Bubble Filling to fill.
+    # 70%, usually before re-sends of the 20% lost arrive, so holes remain for
+    # Bubble Filling to fill. Usually: on a busy machine the PS may notice the
+    # threshold late and find everything in, so rounds are run until one
+    # closes with holes (the stale values are then each worker's chunk from
+    # the last round it arrived in, these included).
     cl.ps.early.cfg = EarlyCloseConfig(threshold_max=0.7, threshold_min=0.7, grace_factor=0.0,
                                        min_deadline_s=0.05, hard_timeout_s=5.0)
     rig.set_loss(0.2)
-    r = next_round()
-    res, _ = cl.run_round(r, NEL, seed=7)
-    rig.set_loss(0.0)
-    exp = expected(cl, r)
-    assert res.reason == "early"
+    try:
+        for _ in range(12):
+            r = next_round()
+            res, _ = cl.run_round(r, NEL, seed=7)
+            exp = expected(cl, r)
+            assert res.reason in ("early", "complete"), res.reason
+            if res.reason == "early" and res.delivered_fraction < 1.0:
+                break
+            if prev is not None:       # what this round delivered is the newest stale value
+                ce = res.layout.chunk_elems
+                for i in range(len(cl.ids)):
+                    for c in np.flatnonzero(res.masks[i]):
+                        prev[i, c * ce:(c + 1) * ce] = exp[i, c * ce:(c + 1) * ce]
+                prev_masks |= res.masks
+        else:
+            pytest.fail("12 rounds at 20 % loss with a 0.7 threshold, none closed with holes")
+    finally:
+        rig.set_loss(0.0)
     assert 0.7 <= res.delivered_fraction < 1.0
     lay = res.layout
     ce = lay.chunk_elems

@@ -35,7 +35,8 @@ NCHUNKS = 4
 WORKER_MAC, PS_MAC = "02:00:00:00:00:0a", "02:00:00:00:00:01"
 WORKER_IP, PS_IP = "198.18.0.10", "198.18.0.1"
 SECRET = bytes(range(16))
-ACK_LEN = 14 + 20 + 8 + W.HDR_LEN  # an ACK frame: headers only
+ACK_LEN = 14 + 20 + 8 + W.HDR_LEN  # an ACK frame: headers only (CLOSED, or built here)
+SACK_ACK_LEN = ACK_LEN + W.SACK_LEN  # an OPEN ACK the program sends: its block's bits too
 
 
 def tok(round_: int) -> int:
@@ -66,15 +67,47 @@ def ack(worker=3, round_=9, chunk=2, state=W.RS_OPEN, rate=0, flags=0, token=Non
                   token=tok(round_) if token is None else token))
 
 
-def expected_ack(pkt: Ether, state=W.RS_OPEN, flags=0, rate=0) -> Ether:
-    """What the program must turn `pkt` into, with checksums scapy computes."""
+def sack_ack(bits: set[int], sack_bytes: int | None = None, **kw) -> Ether:
+    """An ACK (as ack(**kw)) carrying the delivered bits `bits` of its block
+    (LTP_F_SACK); sack_bytes: cut the SACK bytes to that many (a short frame)."""
+    p = ack(**kw)
+    p[W.LTP].flags = int(p[W.LTP].flags) | W.F_SACK
+    p[W.LTP].len = W.SACK_LEN
+    raw = sum(1 << b for b in bits).to_bytes(W.SACK_LEN, "little")
+    return p / raw[:W.SACK_LEN if sack_bytes is None else sack_bytes]
+
+
+def sack_recorded(acked: list[bool], closed=False):
+    def check(m, res, pkt):
+        tx = m.tx_state(9, 1)
+        assert tx["closed"] == int(closed)
+        assert m.acked_mask(9, 1, NCHUNKS).tolist() == acked
+        assert tx["acked"] == sum(acked)      # counted once each: the bits that were new
+        assert not m.acked[m.bank_index(9), 1, 1:].any()   # no other block touched
+    return check
+
+
+def expected_ack(pkt: Ether, state=W.RS_OPEN, flags=0, rate=0, sack: int | None = None
+                 ) -> Ether:
+    """What the program must turn `pkt` into, with checksums scapy computes;
+    `sack`: the delivered bits of the chunk's block an OPEN ACK carries."""
     ip, udp, ltp = pkt[IP], pkt[UDP], pkt[W.LTP]
+    tail = b"" if sack is None else sack.to_bytes(W.SACK_LEN, "little")
     return (Ether(src=pkt.dst, dst=pkt.src) /
             IP(src=ip.dst, dst=ip.src, id=ip.id, ttl=64, flags=ip.flags) /
             UDP(sport=udp.dport, dport=udp.sport) /
-            W.LTP(type=W.T_ACK, flags=int(ltp.flags) | flags, worker=ltp.worker, job=ltp.job,
-                  round=ltp.round, chunk=ltp.chunk, nchunks=ltp.nchunks, len=0, state=state,
-                  rate=rate, token=ltp.token))
+            W.LTP(type=W.T_ACK, flags=int(ltp.flags) | flags | (W.F_SACK if tail else 0),
+                  worker=ltp.worker, job=ltp.job, round=ltp.round, chunk=ltp.chunk,
+                  nchunks=ltp.nchunks, len=len(tail), state=state, rate=rate,
+                  token=ltp.token) / tail)
+
+
+def sack_of(m, pkt: Ether) -> int:
+    """The delivered bits of the block of pkt's chunk in its bank and slot,
+    as the program reads them into an OPEN ACK."""
+    ltp = pkt[W.LTP]
+    slot = m.peers_of([int(ltp.worker)])[int(ltp.worker)]
+    return int(m.done[m.bank_index(int(ltp.round)), slot][int(ltp.chunk) // 64])
 
 
 @dataclass
@@ -157,7 +190,9 @@ def lands_in_memory(m, res, pkt):
 
 def is_ack_of(state=W.RS_OPEN, flags=0, rate=0, src=None):
     def check(m, res, pkt):
-        exp = expected_ack(src or pkt, state=state, flags=flags, rate=rate)
+        pkt = src or pkt
+        sack = sack_of(m, pkt) if state == W.RS_OPEN else None
+        exp = expected_ack(pkt, state=state, flags=flags, rate=rate, sack=sack)
         assert res.data == bytes(exp), (Ether(res.data).show2(dump=True), exp.show2(dump=True))
         # scapy recomputes both checksums from scratch and they agree
         got = Ether(res.data)
@@ -229,6 +264,10 @@ def start_tx(m):
     m.tx_start(9, 1, tok(9))
 
 
+def start_tx_of_4(m):
+    m.tx_start(9, 1, tok(9), nchunks=NCHUNKS)
+
+
 def close_round_4(m):
     m.close_bank(4)
 
@@ -293,6 +332,14 @@ CASES = [
          ack_recorded(rate=5000), before=start_tx),
     Case("ACK saying CLOSED stops the sender", ack(state=W.RS_CLOSED), XDP_DROP,
          {"ack_rx": 1}, ack_recorded(closed=True), before=start_tx),
+    Case("an ACK's SACK bits mark each chunk they name acked, none past the round's end",
+         sack_ack({0, 2, 3, 10, 63}), XDP_DROP, {"ack_rx": 1},
+         sack_recorded([True, False, True, True]), before=start_tx_of_4),
+    Case("a CLOSED ACK's SACK bits mark nothing", sack_ack({0, 1, 2}, state=W.RS_CLOSED),
+         XDP_DROP, {"ack_rx": 1}, sack_recorded([False] * 4, closed=True), before=start_tx_of_4),
+    Case("SACK bytes cut short: only the ACK's own chunk is marked",
+         sack_ack({0, 1, 2, 3}, sack_bytes=4), XDP_DROP, {"ack_rx": 1},
+         sack_recorded([False, False, True, False]), before=start_tx_of_4),
     Case("ACK of a round not being sent", ack(round_=7), XDP_DROP, {"ack_stale": 1},
          before=start_tx),
     Case("ACK from an unknown worker", ack(worker=4), XDP_DROP, {"unknown_worker": 1},
@@ -662,7 +709,7 @@ CAP_CASES = [
     CapCase("snaplen cuts the snapshot (wire length kept)", data(), {"snaplen": 100},
             [("in", XDP_TX, 100)]),
     CapCase("tx: the ACK the program sent follows its DATA", data(), {"filters": ["tx"]},
-            [("in", XDP_TX, FULL), ("out", XDP_TX, ACK_LEN)]),
+            [("in", XDP_TX, FULL), ("out", XDP_TX, SACK_ACK_LEN)]),
     CapCase("a dropped frame is recorded with XDP_DROP", data(magic=0x1234), {},
             [("in", XDP_DROP, FULL)]),
     CapCase("an ACK coming in is recorded (XDP_DROP: consumed)", ack(), {},

@@ -38,13 +38,16 @@ F_GROUP = _C["LTP_F_GROUP"]
 F_DUP = _C["LTP_F_DUP"]
 F_CLOCK = _C["LTP_F_CLOCK"]  # DATA of the ACK clock; its ACK carries the credit
 F_STOP = _C["LTP_F_STOP"]    # ACK: the credit says consume this packet
+F_SACK = _C["LTP_F_SACK"]    # ACK: SACK_LEN bytes of its block's delivered bits follow
+SACK_LEN = _C["LTP_SACK_LEN"]
 
 RS_OPEN = _C["LTP_RS_OPEN"]
 RS_CLOSED = _C["LTP_RS_CLOSED"]
 
 TYPE_NAMES = {T_DATA: "DATA", T_ACK: "ACK"}
 FLAG_NAMES = {F_CRITICAL: "critical", F_LAST: "last", F_RELIABLE: "reliable", F_RETX: "retx",
-              F_GROUP: "group", F_DUP: "dup", F_CLOCK: "clock", F_STOP: "stop"}
+              F_GROUP: "group", F_DUP: "dup", F_CLOCK: "clock", F_STOP: "stop",
+              F_SACK: "sack"}
 
 
 class LtpHdr(ctypes.BigEndianStructure):

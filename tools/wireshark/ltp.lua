@@ -31,6 +31,7 @@ local FLAGS = {
     {"clock", 0x0020, "ACK-clocked DATA (rate = stamp) or its ACK (rate = credit, packets)"},
     {"dup", 0x0100, "ACK: the receiver already had this chunk"},
     {"stop", 0x0200, "ACK: over the credit: the sender consumes it instead of sending on"},
+    {"sack", 0x0400, "ACK: 8 bytes follow, the delivered bits of the chunk's 64-chunk block"},
 }
 
 -- header field, size in bytes, label, display base, value names: struct ltp_hdr in order
@@ -62,6 +63,7 @@ for _, fl in ipairs(FLAGS) do
 end
 pf.payload_len = ProtoField.uint32("ltpx.payload_len", "Payload bytes in the frame", base.DEC)
 pf.payload = ProtoField.bytes("ltpx.payload", "Payload (float32 elements, little-endian)")
+pf.sack = ProtoField.uint64("ltpx.sack", "SACK: delivered bits of the chunk's block (bit i: chunk 64 * (chunk / 64) + i)", base.HEX)
 local fields = {}
 for _, f in pairs(pf) do fields[#fields + 1] = f end
 ltpx.fields = fields
@@ -120,7 +122,9 @@ function ltpx.dissector(tvb, pinfo, tree)
     local rest = tvb:len() - HDR_LEN
     local item = t:add(pf.payload_len, rest):set_generated()
     if rest ~= v.len then item:add_proto_expert_info(ef.len) end
-    if rest > 0 then
+    if v.type == 2 and rest == 8 then
+        t:add_le(pf.sack, tvb(HDR_LEN, 8))
+    elseif rest > 0 then
         local p = t:add(pf.payload, tvb(HDR_LEN, rest))
         local shown = {}
         for i = 0, math.min(math.floor(rest / 4), 4) - 1 do
