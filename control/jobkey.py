@@ -135,11 +135,12 @@ def parse_member(text: str, where: str) -> MemberKeys:
     def keys(name: str, many: bool):
         v = doc.get(name)
         vs = v if many else [v]
-        try:
+        try:    # (no token keys: a job without LTP servers, e.g. gloo's)
             out = [bytes.fromhex(x) for x in vs]
         except (TypeError, ValueError):
-            out = []
-        if not out or any(len(k) != 32 for k in out) or many and not isinstance(v, list):
+            out = None
+        if out is None or any(len(k) != 32 for k in out) or not many and not out or \
+                many and not isinstance(v, list):
             raise UsageError(f"{where}: the member key file's {name!r} must be "
                              f"{'a list of ' if many else ''}32-byte hex keys: {fix}")
         return tuple(out) if many else out[0]

@@ -94,6 +94,8 @@ def test_a_member_file_holds_its_own_keys_only(tmp_path, group):
     assert ("group" in text) == group
     with pytest.raises(UsageError, match="keys for 2 server"):
         jobkey.token_secret(m, 2)
+    gloo = jobkey.member_keys(key, 2, servers=0)           # no LTP server: no token keys
+    assert jobkey.parse_member(jobkey.member_text(gloo), "gloo") == gloo and not gloo.tokens
 
 
 @pytest.mark.unit

@@ -54,7 +54,7 @@ class LtpServerLink(ServerLink):
         self.wait_s = min(s.timeout, ROUND_LIMIT_S)
         self.log = bool(os.environ.get("LTPX_ROUND_LOG"))
         self.policies: dict = {}     # round kind -> its EarlyClose (see policy())
-        # the round tokens' secret, derived from the job key every rank read
+        # the round tokens' secret, derived from the job key the server read
         # from its LTP_SECRET_FILE (jobkey.token_secret): never in the store
         self.secret = secret
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
@@ -184,7 +184,9 @@ class LtpWorkerLink(WorkerLink):
         self.size = 0
         self.ps: Peer | None = None
         self.wait_s = min(s.timeout, ROUND_LIMIT_S)
-        self.secret = secret               # the tokens' (jobkey.token_secret), as the server's
+        # the tokens' (jobkey.token_secret): from a member key file, this
+        # worker's own key (tokens.MemberSecret), with the group key or not
+        self.secret = secret
         self.coded = False                 # the downlink is coded (the server says, connect)
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and WorkerCodec(codec)

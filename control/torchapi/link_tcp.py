@@ -204,7 +204,7 @@ class TcpWorkerLink(WorkerLink):
 
     def __init__(self, s: Settings, worker: int, workers: int, key: bytes | None = None):
         self.id, self.cc, self.timeout_s = worker, s.cc, s.timeout
-        self.key = key     # the hello's MAC key (jobkey.hello_key), as the server's
+        self.key = key     # the hello's MAC key (jobkey.hello_key); from a member file its own MAC
         self.sock: socket.socket | None = None
         self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
         codec = make_codec(s.compress, self.chunk_bytes)

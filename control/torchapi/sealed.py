@@ -3,8 +3,9 @@
 
 torch's TCPStore has no authentication, and it listens on every interface
 whatever address it is given: whoever reaches it can read every value and
-write any. So nothing secret goes into it (the job key reaches each rank
-in a file: control/jobkey.py), and every value the job reads back is
+write any. So nothing secret goes into it (the job key reaches each server
+rank in a file, each worker its own member key file holding the store key:
+control/jobkey.py), and every value the job reads back is
 sealed: `Seal.seal` puts MAGIC and an HMAC-SHA256 of (scope, key name,
 payload) under the job's store key before the payload, and `Seal.read`
 verifies it, then parses and checks the payload (types, ranges, worker ids
@@ -71,8 +72,8 @@ class Seal:
         if self.key is None:
             if sealed:
                 raise StoreValueError(f"store key {name}: the value is sealed with a job key "
-                                      "this rank does not have: give every rank the same "
-                                      "LTP_SECRET_FILE")
+                                      "this rank does not have: give every rank a key file "
+                                      "of this job (LTP_SECRET_FILE)")
             return raw
         if not sealed:
             raise StoreValueError(f"store key {name}: the value carries no MAC: forged, or "
@@ -80,8 +81,8 @@ class Seal:
         mac, payload = raw[len(MAGIC):len(MAGIC) + MAC_BYTES], raw[len(MAGIC) + MAC_BYTES:]
         if not hmac.compare_digest(mac, self._mac(name, payload)):
             raise StoreValueError(f"store key {name}: the value's MAC does not verify: forged, "
-                                  "garbled, or another job's (every rank needs the same "
-                                  "LTP_SECRET_FILE)")
+                                  "garbled, or another job's (every rank needs a key "
+                                  "file of this job in LTP_SECRET_FILE)")
         return payload
 
     def read(self, name: str, raw: bytes, parse):

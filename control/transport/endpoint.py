@@ -94,7 +94,8 @@ class Endpoint:
     from the peer count: a PS with one worker has one peer, as a worker does.
     secret: the job's secret (16..64 bytes, `tokens.new_secret()`), the same
     on every member of the job, or a worker's own key alone
-    (`tokens.member(secret, self_id)`): each flow's DATA and ACKs carry a
+    (`tokens.member(secret, self_id, group=...)`: GROUP frames taken only
+    with the group key): each flow's DATA and ACKs carry a
     token derived from it per worker, direction and round, and the XDP
     program drops packets without theirs (`bad_token`), so neither a host
     off the path nor a member holding its own key can forge them. Without one the
