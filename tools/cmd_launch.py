@@ -59,6 +59,11 @@ examples:
       (a dead server: the job starts over, twice at most; digits_cnn.py does not
       rejoin, so a dead worker's restarts fail at their first op)
 
+Keys: the server rank(s) get the job key file (LTP_SECRET_FILE's, else one
+made for the job), each worker a member key file of its own (its keys only;
+the group key unless LTP_DOWNLINK=unicast), named in LTP_SECRET_FILE and
+removed at the end (docs/operations.md, "Threat model").
+
 A rank that waits on others past max(1.5 x its median op, 0.25 s), or gets
 SIGUSR1 (`kill -USR1 PID`), writes its flight recorder's ring as JSON, and
 the launcher prints one [hang] line per rank: the op and phase it is in,
