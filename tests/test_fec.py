@@ -74,10 +74,3 @@ def test_parity_follows_the_loss():
     assert rs[0] == 0                              # none at 0 %
     assert rs == sorted(rs) and 0 < rs[1] < rs[3] < rs[4] <= fec.RMAX
     assert rs[-1] == fec.RMAX                      # capped
-
-
-@pytest.mark.unit
-def test_a_round_trip_loss_is_read_as_one_way_loss_both_ways():
-    assert fec.one_way(0.0) == 0.0
-    assert fec.one_way(1 - 0.9 ** 2) == pytest.approx(0.1)   # 10 % each way: 19 % measured
-    assert fec.one_way(1.0) == 1.0

@@ -313,7 +313,7 @@ class Endpoint:
         arr = as_f32(buf)
         cb = self.sender.chunk_bytes
         plan = fec.plan_for(arr.size, cb // 4)
-        r = fec.parity_for(fec.one_way(self.sender.loss_hat))
+        r = fec.parity_for(self.sender.loss_hat)   # DATA loss: SACK covers lost ACKs
         out = np.zeros(plan.nchunks * cb // 4, dtype=np.float32)
         out[:arr.size] = arr
         fec.encode(plan, out.view(np.uint8).reshape(plan.nchunks, cb), r)

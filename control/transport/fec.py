@@ -91,14 +91,6 @@ def coded_elems(nelems: int, chunk_elems: int) -> int:
     return plan_for(nelems, chunk_elems).nchunks * chunk_elems
 
 
-def one_way(round_trip: float) -> float:
-    """The DATA loss behind a loss a sender measures by its ACKs: a chunk
-    counts as lost when its DATA or its ACK is; with both directions alike,
-    1 - (1 - p)^2 = measured. (A path that drops one way only gets less
-    parity than it needs: what the code does not cover, re-sends do.)"""
-    return 1.0 - math.sqrt(max(0.0, 1.0 - min(1.0, round_trip)))
-
-
 def parity_for(loss: float, k: int = K, rmax: int = RMAX, target: float = TARGET) -> int:
     """The fewest parity chunks per group of k for which a group is beyond
     repair (more than r of its k + r chunks lost, each with probability
