@@ -118,7 +118,7 @@ _SCAPY_SPECIAL = {
     "magic": lambda n: XShortField(n, MAGIC),
     "version": lambda n: ByteField(n, VERSION),
     "type": lambda n: ByteEnumField(n, T_DATA, TYPE_NAMES),
-    "flags": lambda n: FlagsField(n, 0, 16, [FLAG_NAMES.get(1 << b, f"b{b}") for b in range(10)]),
+    "flags": lambda n: FlagsField(n, 0, 16, [FLAG_NAMES.get(1 << b, f"b{b}") for b in range(11)]),
     "nchunks": lambda n: IntField(n, 1),
     "len": lambda n: ShortField(n, None),
     "token": lambda n: XLongField(n, 0),
