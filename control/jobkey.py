@@ -62,6 +62,10 @@ class MemberKeys(NamedTuple):
     store: bytes                       # the store values' MAC key (shared by the job)
     hello: bytes                       # its own TCP hello MAC
 
+    def __repr__(self) -> str:      # no key material in a log line or a traceback
+        return (f"MemberKeys(worker={self.worker}, shards={len(self.tokens)}, "
+                f"group={self.group is not None})")
+
 
 def new_key() -> bytes:
     """A fresh job key from the system's CSPRNG."""

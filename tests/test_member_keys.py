@@ -83,6 +83,7 @@ def test_a_member_file_holds_its_own_keys_only(tmp_path, group):
     path = _key_file(tmp_path, name="w2.key")
     Path(path).write_text(text)
     assert jobkey.read_key_file(path) == m and json.loads(text)["ltpx_member_key"] == 1
+    assert repr(m) == f"MemberKeys(worker=2, shards=2, group={group})"   # no keys in logs
     assert jobkey.store_key(m) == jobkey.store_key(key)     # shared: documented
     assert mac_hello(2, jobkey.hello_key(m)) == mac_hello(2, jobkey.hello_key(key))
     with pytest.raises(ValueError, match="worker 2's hello"):
