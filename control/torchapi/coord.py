@@ -316,6 +316,7 @@ class Coord(Tickets):
                         not any(self.worker_alive(w) for w in expect):
                     raise CommError(f"every worker ({', '.join(map(str, sorted(expect)))}) "
                                     f"stopped beating before op {s}: nobody is left to serve")
+        self.unposted.pop(s, None)     # a live poster made it after all
         return self.read_go(s)
 
     def release_without_dead(self, s: int) -> None:
