@@ -315,10 +315,15 @@ def test_ltp_launch_hands_each_worker_its_own_file(rig, tmp_path, downlink):
     there only for the group downlink. The files go with the job."""
     key = jobkey.new_key()
     job = _key_file(tmp_path, key)
+    # the group downlink as LTP_DOWNLINK says it, the unicast one by --downlink
+    how = ["--downlink", downlink] if downlink == "unicast" else []
+    env = dict(os.environ, **{jobkey.ENV: job})
+    env.pop("LTP_DOWNLINK", None)
+    if not how:
+        env["LTP_DOWNLINK"] = downlink
     out = subprocess.run([str(BIN / "ltp"), "launch", "--rig", RIG, "--workers", "2", "-j",
-                          "--", "python", "-c", PROBE], capture_output=True, text=True,
-                         timeout=240, cwd=ROOT,
-                         env=dict(os.environ, LTP_DOWNLINK=downlink, **{jobkey.ENV: job}))
+                          *how, "--", "python", "-c", PROBE], capture_output=True, text=True,
+                         timeout=240, cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = json.loads(out.stdout)["ranks"]
     seen = {r["rank"]: r["last_json"] for r in ranks}      # servers first
@@ -394,3 +399,24 @@ def test_ltp_train_with_member_files_trains_the_same_over_group_and_unicast(rig)
         assert set(r["worker_digests"].values()) == {r["ps_digest"]}
     assert runs["group"]["ps_digest"] == runs["unicast"]["ps_digest"]
     assert runs["group"]["version_chain"]["ps"] == runs["unicast"]["version_chain"]["ps"]
+
+
+@pytest.mark.unit
+def test_launch_downlink_comes_from_the_flag_then_the_environment():
+    import argparse
+    from ltpx.tools.cmd_launch import downlink, group_keys
+    a = argparse.Namespace(transport="ltp", downlink=None)
+    assert downlink(a, {}) == "group" and group_keys(a, {})
+    assert downlink(a, {"LTP_DOWNLINK": "unicast"}) == "unicast"
+    assert not group_keys(a, {"LTP_DOWNLINK": "unicast"})
+    a.downlink = "group"                      # the flag wins over the environment
+    assert group_keys(a, {"LTP_DOWNLINK": "unicast"})
+    a.downlink = "unicast"
+    assert not group_keys(a, {})
+    assert not group_keys(argparse.Namespace(transport="tcp", downlink=None), {})
+
+
+@pytest.mark.unit
+def test_launch_refuses_an_unknown_downlink():
+    r = _ltp("launch", "--workers", "2", "--downlink", "multicast", "--", "true")
+    assert r.returncode == 2 and "--downlink" in r.stderr

@@ -29,7 +29,7 @@ import sys
 import time
 
 from ..control.progress import Throttle, describe, metrics_text
-from ..control.settings_table import LAUNCH, add_flag
+from ..control.settings_table import DOWNLINKS, LAUNCH, add_flag
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
                     check_name, check_rate, check_workers)
@@ -45,6 +45,8 @@ examples:
   sudo ltp launch --workers 4 -- python docs/examples/digits_cnn.py
   sudo ltp launch --workers 8 --loss 0.01 -j -- python docs/examples/big_model.py --epochs 1
   sudo ltp launch --workers 2 --transport tcp -- python my_train.py
+  sudo ltp launch --workers 4 --downlink unicast -- python my_train.py
+      (answers to each worker: no member holds a key to forge one for all)
   sudo ltp launch --workers 4 --rig myrig --keep -- python my_train.py     (the rig stays)
   sudo ltp launch --workers 8 --servers 2 -- python my_train.py   (2 servers, a slice each)
   sudo ltp launch --workers 4 -- python docs/examples/ddp_backend.py
@@ -61,7 +63,7 @@ examples:
 
 Keys: the server rank(s) get the job key file (LTP_SECRET_FILE's, else one
 made for the job), each worker a member key file of its own (its keys only;
-the group key unless LTP_DOWNLINK=unicast), named in LTP_SECRET_FILE and
+the group key unless --downlink or LTP_DOWNLINK is unicast), named in LTP_SECRET_FILE and
 removed at the end (docs/operations.md, "Threat model").
 
 A rank that waits on others past max(1.5 x its median op, 0.25 s), or gets
@@ -98,6 +100,10 @@ def register(sub) -> None:
     add_loss(p)
     p.add_argument("--mtu", type=int, default=1500, help="MTU of every rig link, 1280..3500 "
                    "(default 1500)")
+    p.add_argument("--downlink", choices=DOWNLINKS, default=None,
+                   help="LTP's parameter downlink, for every rank (LTP_DOWNLINK): group gives "
+                   "workers the group key (any member could then forge a GROUP answer), "
+                   "unicast binds every frame to its sender (default: LTP_DOWNLINK, else group)")
     p.add_argument("--rig", default=None, metavar="NAME",
                    help="use rig NAME (built if it does not exist; a rig that existed stays)")
     p.add_argument("--keep", action="store_true", help="leave the rig up afterwards")
@@ -238,13 +244,23 @@ def cmd_launch(args) -> int:
                    hangs=job.get("hangs"))
 
 
+def downlink(args, environ=None) -> str:
+    """The job's downlink: --downlink, else LTP_DOWNLINK, else group."""
+    environ = os.environ if environ is None else environ
+    return args.downlink or environ.get("LTP_DOWNLINK") or "group"
+
+
 def group_keys(args, environ=None) -> bool:
     """Whether workers get the group key in their member key files: on LTP,
-    unless LTP_DOWNLINK=unicast says the job never sends to the group (then
+    unless the downlink is unicast (the job never sends to the group: then
     no member can forge a GROUP answer; a script that still asks for group
     answers gets each worker's by unicast repair)."""
-    environ = os.environ if environ is None else environ
-    return args.transport == "ltp" and environ.get("LTP_DOWNLINK", "group") != "unicast"
+    return args.transport == "ltp" and downlink(args, environ) != "unicast"
+
+
+def _downlink_env(args) -> dict:
+    """--downlink: every rank's LTP_DOWNLINK (else what this environment has)."""
+    return {"LTP_DOWNLINK": args.downlink} if args.downlink else {}
 
 
 def _trace_env(args, r) -> dict:
@@ -295,7 +311,7 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
             job.on_hang = lambda lines: [out.note(f"[hang] {ln}") for ln in lines]
             job.start(lambda r: argv, lambda r, port=job.port, ranks=ranks: {**job_env(
                 rig, r, len(ranks), port, servers=args.servers, transport=args.transport),
-                **_trace_env(args, r)})
+                **_trace_env(args, r), **_downlink_env(args)})
             timed_out = follow(job, out.line, policy, grace_s=args.grace, t_end=t_end)
             return ranks, timed_out, policy
         except RestartJob:
