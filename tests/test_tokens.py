@@ -177,26 +177,22 @@ def _grad(round_: int) -> np.ndarray:
     return np.random.default_rng([JOB, round_]).standard_normal(NEL).astype(np.float32)
 
 
-@pytest.mark.rig
-def test_spoofed_data_sent_first_is_dropped_and_the_real_round_lands(rig, job):
-    """Every chunk of worker 0's round, with the right job, round, worker,
-    chunk count and lengths, sent from another host before worker 0 pushes,
-    without the token (then with guessed ones): none is written or ACKed,
-    each is counted bad_token, and the real round completes bit-exact with
-    no chunk taken for a duplicate."""
+def _forged_round_then_the_real_one(rig, ps, wk, sock, r: int, toks, fill: bytes):
+    """Round r opened; worker 0's whole round sent from `sock` once per token
+    in toks (payload bytes `fill`): every frame counted bad_token, none
+    written or ACKed; then worker 0's real push completes bit-exact with no
+    chunk taken for a duplicate. Returns the round's result, the frames
+    forged, and the counters before and after."""
     from ltpx.control.transport import Peer
-    ps, wk, spoofer = job
-    r, nch = 11, _nchunks()
-    spoofer.bind((rig.workers[1].ip, 0))
+    nch = _nchunks()
     ps.open_round(r, NEL)
     before = ps.counters()
     sent = 0
-    for tok in _guesses(GUESSES // nch + 1):
+    for tok in toks:
         for c in range(nch):
             n = 1424 if c < nch - 1 else NEL * 4 - 1424 * (nch - 1)
-            spoofer.sendto(W.pack_header(worker=0, job=JOB, round=r, chunk=c, nchunks=nch,
-                                         length=n, token=tok) + b"\xff" * n,
-                           (rig.ps.ip, W.PORT))
+            sock.sendto(W.pack_header(worker=0, job=JOB, round=r, chunk=c, nchunks=nch,
+                                      length=n, token=tok) + fill * n, (rig.ps.ip, W.PORT))
             sent += 1
     assert _until(lambda: ps.counters()["bad_token"] - before["bad_token"] == sent)
     mid = ps.counters()
@@ -208,6 +204,20 @@ def test_spoofed_data_sent_first_is_dropped_and_the_real_round_lands(rig, job):
     after = ps.counters()
     assert res.reason == "complete" and np.array_equal(res.values[0], g)
     assert rep.acked == nch and after["dup"] == before["dup"]
+    return res, sent, before, after
+
+
+@pytest.mark.rig
+def test_spoofed_data_sent_first_is_dropped_and_the_real_round_lands(rig, job):
+    """Every chunk of worker 0's round, with the right job, round, worker,
+    chunk count and lengths, sent from another host before worker 0 pushes,
+    without the token (then with guessed ones): none is written or ACKed,
+    each is counted bad_token, and the real round completes bit-exact with
+    no chunk taken for a duplicate."""
+    ps, wk, spoofer = job
+    spoofer.bind((rig.workers[1].ip, 0))
+    res, sent, before, after = _forged_round_then_the_real_one(
+        rig, ps, wk, spoofer, 11, _guesses(GUESSES // _nchunks() + 1), b"\xff")
     assert res.bad_token == sent and after["bad_token"] - before["bad_token"] == sent
 
 
@@ -288,33 +298,14 @@ def test_a_member_holding_its_own_key_cannot_write_another_workers_round(rig, jo
     with each token its key makes (every kind, round r): the PS counts every
     frame bad_token and writes or ACKs none; worker 0's real push then
     completes bit-exact, no chunk taken for a duplicate."""
-    from ltpx.control.transport import Peer
     ps, wk, _ = job
-    r, nch = 31, _nchunks()
+    r = 31
     m1 = tokens.member(wk.sender.tokens.secret, 1)
     own = [tokens.derive(m1, JOB, r, 1, k)
            for k in (tokens.UP, tokens.UP_ACK, tokens.DOWN, tokens.DOWN_ACK)]
     member = rig.socket(rig.workers[1])
     try:
         member.bind((rig.workers[1].ip, 0))
-        ps.open_round(r, NEL)
-        before = ps.counters()
-        sent = 0
-        for tok in own:
-            for c in range(nch):
-                n = 1424 if c < nch - 1 else NEL * 4 - 1424 * (nch - 1)
-                member.sendto(W.pack_header(worker=0, job=JOB, round=r, chunk=c, nchunks=nch,
-                                            length=n, token=tok) + b"\xee" * n,
-                              (rig.ps.ip, W.PORT))
-                sent += 1
-        assert _until(lambda: ps.counters()["bad_token"] - before["bad_token"] == sent)
-        mid = ps.counters()
-        assert (mid["data"], mid["ack_tx"]) == (before["data"], before["ack_tx"])
-        assert not ps.maps.done[ps.maps.bank_index(r)].any()
-        g = _grad(r)
-        rep = wk.push(r, g, Peer(0, rig.ps.ip), timeout_s=10.0)
-        res = ps.wait_round(r)
-        assert res.reason == "complete" and np.array_equal(res.values[0], g)
-        assert rep.acked == nch and ps.counters()["dup"] == before["dup"]
+        _forged_round_then_the_real_one(rig, ps, wk, member, r, own, b"\xee")
     finally:
         member.close()

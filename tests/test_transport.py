@@ -117,10 +117,10 @@ def test_loss_closes_early_and_fills_by_strategy(rig, lossless, strategy):
             if res.reason == "early" and res.delivered_fraction < 1.0:
                 break
             if prev is not None:       # what this round delivered is the newest stale value
-                ce = res.layout.chunk_elems
                 for i in range(len(cl.ids)):
                     for c in np.flatnonzero(res.masks[i]):
-                        prev[i, c * ce:(c + 1) * ce] = exp[i, c * ce:(c + 1) * ce]
+                        lo, hi = res.layout.elem_range(c)
+                        prev[i, lo:hi] = exp[i, lo:hi]
                 prev_masks |= res.masks
         else:
             pytest.fail("12 rounds at 20 % loss with a 0.7 threshold, none closed with holes")
