@@ -21,8 +21,10 @@ key member` for an operator): a small JSON object, versioned
 ({"ltpx_member_key": 1, ...}), holding what worker w needs and nothing
 from which the job key or another worker's keys follow: its id, its own
 flow tokens' key per server shard (tokens.member_key), the group key per
-shard where the job's downlink is `group` (tokens.group_key), the store
-values' MAC key and its own TCP hello MAC (accept.OwnHello). `read_key_file`
+shard where the job's downlink is `group` (tokens.group_key), each shard's
+public answer key (tokens.answer_pub: it checks the server's signature on
+each answer, transport/signing.py), the store values' MAC key and its own
+TCP hello MAC (accept.OwnHello). `read_key_file`
 reads either kind (a `MemberKeys` for a member file); `token_secret`,
 `store_key` and `hello_key` take either. The store key is shared: a member
 can still forge store values (docs/operations.md, "Threat model").
@@ -61,6 +63,7 @@ class MemberKeys(NamedTuple):
     group: tuple[bytes, ...] | None    # the group key of each shard (the group downlink)
     store: bytes                       # the store values' MAC key (shared by the job)
     hello: bytes                       # its own TCP hello MAC
+    sign: tuple[bytes, ...] = ()       # each shard's public answer key (transport/signing.py)
 
     def __repr__(self) -> str:      # no key material in a log line or a traceback
         return (f"MemberKeys(worker={self.worker}, shards={len(self.tokens)}, "
@@ -87,7 +90,7 @@ def token_secret(key, shard: int = 0):
                              f"{len(key.tokens)} server(s), not for server {shard}: make it "
                              f"for the job's servers (`ltp key member --servers S`)")
         return tokens.MemberSecret(key.worker, key.tokens[shard],
-                                   key.group[shard] if key.group else None)
+                                   key.group[shard] if key.group else None, key.sign[shard])
     return None if key is None else derive(key, f"tokens/{shard}")
 
 
@@ -112,13 +115,15 @@ def member_keys(key: bytes, worker: int, servers: int = 1, group: bool = True) -
     secrets_ = [token_secret(key, i) for i in range(servers)]
     return MemberKeys(worker, tuple(tokens.member_key(s, worker) for s in secrets_),
                       tuple(tokens.group_key(s) for s in secrets_) if group else None,
-                      store_key(key), mac_hello(worker, hello_key(key))[4:])
+                      store_key(key), mac_hello(worker, hello_key(key))[4:],
+                      tuple(tokens.answer_pub(s) for s in secrets_))
 
 
 def member_text(m: MemberKeys) -> str:
     """A member key file's text (JSON, one line)."""
     doc = {MEMBER_FORMAT: MEMBER_VERSION, "worker": m.worker,
-           "tokens": [k.hex() for k in m.tokens], "store": m.store.hex(), "hello": m.hello.hex()}
+           "tokens": [k.hex() for k in m.tokens], "store": m.store.hex(), "hello": m.hello.hex(),
+           "sign": [k.hex() for k in m.sign]}
     if m.group is not None:
         doc["group"] = [k.hex() for k in m.group]
     return json.dumps(doc) + "\n"
@@ -157,7 +162,11 @@ def parse_member(text: str, where: str) -> MemberKeys:
     if group is not None and len(group) != len(toks):
         raise UsageError(f"{where}: the member key file has {len(toks)} token keys and "
                          f"{len(group)} group keys: {fix}")
-    return MemberKeys(w, toks, group, keys("store", False), keys("hello", False))
+    sign = keys("sign", True)
+    if len(sign) != len(toks):
+        raise UsageError(f"{where}: the member key file has {len(toks)} token keys and "
+                         f"{len(sign)} server answer keys ('sign'): {fix}")
+    return MemberKeys(w, toks, group, keys("store", False), keys("hello", False), sign)
 
 
 def check_member(key, server: bool, worker: int | None, servers: int) -> None:

@@ -14,8 +14,9 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
+# python3-cryptography: Ed25519 for signed answers (control/transport/signing.py)
 # tshark: decodes `ltp capture` files with tools/wireshark/ltp.lua (tests/test_capture.py runs it)
-PKGS="python3-bpfcc python3-venv python3-dev clang iproute2 ethtool kmod libbpf1 linux-headers-amd64 tshark"
+PKGS="python3-bpfcc python3-cryptography python3-venv python3-dev clang iproute2 ethtool kmod libbpf1 linux-headers-amd64 tshark"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

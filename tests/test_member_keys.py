@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from conftest import outputs, reap, star_rig
 from ltpx.control import jobkey
@@ -51,6 +52,8 @@ def _not_derivable(text: str, key: bytes, worker: int, workers: int, servers: in
     for i in range(servers):
         s = jobkey.token_secret(key, i)
         forbidden += [s] + [tokens.member_key(s, w) for w in range(workers) if w != worker]
+        forbidden.append(tokens.answer_key(s).private_bytes(   # the server's signing key
+            Encoding.Raw, PrivateFormat.Raw, NoEncryption()))
     forbidden += [mac_hello(w, jobkey.hello_key(key))[4:] for w in range(workers) if w != worker]
     for k in forbidden:
         assert k.hex() not in text.lower() and k.hex().upper() not in text
@@ -135,6 +138,8 @@ def _edit(**kw) -> str:
     (_edit(store="zz"), "'store' must be"),
     (_edit(hello=None), "'hello' must be"),
     (_edit(group=["00" * 32] * 2), "1 token keys and 2 group keys"),
+    (_edit(sign=None), "'sign' must be a list"),        # made before answers were signed
+    (_edit(sign=["00" * 32] * 2), "1 token keys and 2 server answer keys"),
 ])
 def test_a_malformed_member_file_is_refused_in_one_line(tmp_path, text, words):
     p = tmp_path / "w1.key"
@@ -420,3 +425,98 @@ def test_launch_downlink_comes_from_the_flag_then_the_environment():
 def test_launch_refuses_an_unknown_downlink():
     r = _ltp("launch", "--workers", "2", "--downlink", "multicast", "--", "true")
     assert r.returncode == 2 and "--downlink" in r.stderr
+
+
+# ------------------------------------------------------------- signed answers
+
+@pytest.mark.unit
+def test_only_the_server_signs_an_answer_a_member_checks():
+    """A member's file holds the server's public answer key, not a way to
+    sign: what the server signs verifies; a flipped bit, another round or
+    job, or a signature made with anything a member holds does not."""
+    from ltpx.control.transport import signing
+    key = jobkey.new_key()
+    m = jobkey.member_keys(key, 1, servers=2)
+    assert m.sign == tuple(tokens.answer_pub(jobkey.token_secret(key, i)) for i in range(2))
+    assert m.sign[0] != m.sign[1]                           # one key per shard
+    ms, full = jobkey.token_secret(m, 1), jobkey.token_secret(key, 1)
+    assert tokens.answer_pub(ms) == tokens.answer_pub(full)
+    v = signing.Verifier(tokens.answer_pub(ms), JOB)
+    buf = np.random.default_rng(26).standard_normal(5000).astype(np.float32)
+    signed = signing.Signer(full, JOB).sign(9, buf)
+    assert len(signed) == len(buf) + signing.SIG_ELEMS
+    assert np.array_equal(v.check(9, signed), buf)
+    flipped = signed.copy()
+    flipped.view(np.uint8)[123] ^= 1
+    forged_sigs = [signing.Signer(k, JOB).sign(9, buf)       # keys a member holds or derives
+                   for k in (ms.key, ms.group, m.store, jobkey.token_secret(key, 0))]
+    for bad, d, job in [(flipped, 9, JOB), (signed, 10, JOB)] + [(f, 9, JOB) for f in forged_sigs]:
+        with pytest.raises(signing.ForgedAnswerError, match=f"answer {d}'s signature is not"):
+            signing.Verifier(tokens.answer_pub(ms), job).check(d, bad)
+    with pytest.raises(signing.ForgedAnswerError):
+        signing.Verifier(tokens.answer_pub(ms), JOB + 1).check(9, signed)
+    with pytest.raises(signing.ForgedAnswerError, match="too short"):
+        v.check(9, buf[:3])
+    big = np.ones(3 * signing.PIECE_BYTES // 4 + 7, np.float32)   # hashed in pieces
+    assert np.array_equal(v.check(4, signing.Signer(full, JOB).sign(4, big)), big)
+
+
+@pytest.mark.rig
+def test_a_members_forged_group_answer_is_refused_and_never_used(rig):
+    """The server's links on the rig, the group downlink, member keys with
+    the group key: a signed group answer reaches both workers' links bit
+    for bit. Then worker 1 sends worker 0 a whole GROUP answer of its own
+    (its frames carry the true group token, so worker 0's XDP takes them,
+    counting no bad_token): worker 0's pull refuses it, and its output
+    keeps what it held."""
+    from ltpx.control.torchapi.link_ltp import LtpServerLink, LtpWorkerLink
+    from ltpx.control.torchapi.settings import Settings
+    from ltpx.control.transport.layout import ChunkLayout
+    from ltpx.control.transport.sender import data_headers
+    from ltpx.control.transport.signing import SIG_ELEMS, ForgedAnswerError
+    from ltpx.dataplane.rig.star import BROADCAST
+    from ltpx.dataplane.xdp import wire as W
+    secret, n = tokens.new_secret(), 20_000
+
+    def settings(h):
+        return Settings(dev=h.ifname, ip=h.ip, netns=h.netns, xdp_mode=rig.config.mode,
+                        mtu=rig.config.mtu, timeout=20, job=JOB)
+    server = LtpServerLink(settings(rig.ps), 2, BROADCAST, secret=secret)
+    workers = [LtpWorkerLink(settings(h), w, 2, secret=tokens.member(secret, w, group=True))
+               for w, h in enumerate(rig.workers)]
+    sock = rig.socket(rig.workers[1])
+    try:
+        server.connect({w: {"ip": h.ip} for w, h in enumerate(rig.workers)})
+        server.ensure(n)
+        for wl in workers:
+            wl.connect({**server.address(), "ip": rig.ps.ip})
+            wl.ensure(n)
+            wl.expect(7, n)
+        g = np.random.default_rng(7).standard_normal(n).astype(np.float32)
+        server.send(7, g, True)
+        for wl in workers:
+            out = np.zeros(n, np.float32)
+            wl.pull(7, out)
+            assert np.array_equal(out, g)
+        # worker 1 forges answer 8 to worker 0, every chunk, before the server sends it
+        w0 = workers[0]
+        w0.expect(8, n)
+        bad_before = w0.ep.counters()["bad_token"]
+        forged = np.full(n + SIG_ELEMS, 3.0, np.float32)
+        lay = ChunkLayout(n + SIG_ELEMS, w0.ep.chunk_bytes)
+        flags = np.full(lay.nchunks, W.F_RELIABLE | W.F_GROUP, np.uint16)
+        gtok = tokens.derive(tokens.member(secret, 1, group=True), JOB, 8, kind=tokens.GROUP)
+        hdrs = data_headers(JOB, 8, 0, lay.nchunks, flags, lay, gtok).reshape(lay.nchunks, -1)
+        body = forged.tobytes()
+        for c in range(lay.nchunks):
+            sock.sendto(hdrs[c].tobytes() + body[c * lay.chunk_bytes:(c + 1) * lay.chunk_bytes],
+                        (rig.workers[0].ip, W.PORT))
+        held = np.full(n, -1.0, np.float32)
+        with pytest.raises(ForgedAnswerError, match="answer 8's signature is not the server's"):
+            w0.pull(8, held)
+        assert (held == -1.0).all()                              # nothing of it used
+        assert w0.ep.counters()["bad_token"] == bad_before       # the token alone let it in
+    finally:
+        sock.close()
+        for link in (*workers, server):
+            link.close()

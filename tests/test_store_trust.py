@@ -91,7 +91,9 @@ def test_tokens_verify_only_with_the_files_key_and_no_link_address_carries_it(tm
     assert len(set(uses)) == len(uses)          # each use its own key
     link = LtpServerLink(Settings(dev="lo", ip="127.0.0.1"), 2, None,
                          secret=jobkey.token_secret(key))
-    assert set(link.address()) == {"compress", "chunk_bytes", "downlink_code"}
+    addr = link.address()       # the server's answers are signed: it says so, no key in it
+    assert set(addr) == {"compress", "chunk_bytes", "downlink_code", "signed"}
+    assert addr["signed"] is True
     other = jobkey.token_secret(jobkey.new_key())
     for r in (1, 2, 77):
         tok = tokens.derive(link.secret, 0x7472, r)

@@ -23,7 +23,8 @@ from ...errors import CommError
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer
 from ..transport.rate import CREDIT_RTT_S
-from ..transport import fec
+from ..transport import fec, tokens
+from ..transport.signing import SIG_ELEMS, Signer, Verifier
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
 from .settings import Settings
@@ -57,13 +58,17 @@ class LtpServerLink(ServerLink):
         # the round tokens' secret, derived from the job key the server read
         # from its LTP_SECRET_FILE (jobkey.token_secret): never in the store
         self.secret = secret
+        # with a secret every answer is signed (transport/signing.py): a
+        # member holding the group key can send GROUP frames, not answers
+        self.signer = Signer(secret, s.job) if secret is not None else None
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and ServerCodec(codec, s.error_feedback)
 
     def address(self) -> dict:
         return {"compress": self.s.compress,
                 "chunk_bytes": chunk_bytes_for(self.s.mtu),
-                "downlink_code": self.s.downlink_code}
+                "downlink_code": self.s.downlink_code,
+                "signed": self.signer is not None}
 
     def connect(self, metas: dict[int, dict]) -> None:
         self.peers = [Peer(w, metas[w]["ip"]) for w in self.ids]
@@ -155,6 +160,8 @@ class LtpServerLink(ServerLink):
             return
         if self.codec:
             buf = self.codec.answer(buf, d)
+        if self.signer:
+            buf = self.signer.sign(d, buf)
         self.ep.push_reliable(d, buf, peers,
                               timeout_s=self.wait_s if wait_s is None else min(self.wait_s, wait_s),
                               group=self.group if group else None,
@@ -188,6 +195,7 @@ class LtpWorkerLink(WorkerLink):
         # worker's own key (tokens.MemberSecret), with the group key or not
         self.secret = secret
         self.coded = False                 # the downlink is coded (the server says, connect)
+        self.verifier: Verifier | None = None   # the answers are signed (the server says)
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and WorkerCodec(codec)
         # this worker's pushes so far: DATA sent, and how much of it the ACK clock made
@@ -204,6 +212,14 @@ class LtpWorkerLink(WorkerLink):
         check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server)
         self.ps = Peer(self.id, server["ip"])
         self.coded = server.get("downlink_code") == "rs"   # the server's choice rules
+        self.verifier = None
+        if server.get("signed"):
+            pub = tokens.answer_pub(self.secret)
+            if pub is None:
+                raise CommError("the server signs its answers but this worker holds no key "
+                                "to check them: give every rank a key file of this job "
+                                "(LTP_SECRET_FILE; a member file made by this ltp)")
+            self.verifier = Verifier(pub, self.s.job)
 
     def ensure(self, nelems: int) -> bool:
         if self.ep is not None and nelems <= self.size:
@@ -232,6 +248,8 @@ class LtpWorkerLink(WorkerLink):
     def expect(self, d: int, nelems: int) -> None:
         if self.codec:
             nelems = self.codec.wire_elems(d, nelems)
+        if self.verifier:
+            nelems += SIG_ELEMS
         self.ep.expect(d, nelems, self.id, coded=self.coded)
 
     def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None) -> bool:
@@ -256,10 +274,13 @@ class LtpWorkerLink(WorkerLink):
             raise CommError(f"the server's answer {d} is incomplete after "
                             f"{res.duration_s:.2f}s: {int(res.masks.sum())}/{res.masks.size} "
                             "chunks (is the server alive? is its --capacity right?)")
+        values = res.values[0]
+        if self.verifier:      # ForgedAnswerError unless the server's: nothing used then
+            values = self.verifier.check(d, values)
         if self.codec:
-            self.codec.decode(d, res.values[0], out)
+            self.codec.decode(d, values, out)
         else:
-            np.copyto(out, res.values[0])
+            np.copyto(out, values)
 
     def close(self) -> None:
         if self.ep is not None:

@@ -18,11 +18,14 @@ DATA flagged GROUP (one frame to every worker) carries the round's GROUP
 token, made under the job's group key (`group_key`, derived from the job
 secret): only endpoints holding it accept group frames. A member is handed
 it (`member(secret, w, group=True)`) when the job's downlink is `group`;
-then any member can also forge a GROUP answer to all (one shared token
-cannot prove the server: that needs signatures), so a job that must bind
-every frame to its sender runs `--downlink unicast` and hands no group key.
-A member's endpoint without it refuses GROUP frames, and the server's
-repair re-sends to it alone then reach it.
+then any member can also send GROUP frames (one shared token cannot prove
+the server), so the server signs each answer and a worker uses none whose
+signature does not verify (signing.py; the public key is `answer_pub`, in
+every member's MemberSecret). A forging member can then deny a worker its
+answer, not change it; a job that must bind every frame to its sender runs
+`--downlink unicast` and hands no group key. A member's endpoint without it
+refuses GROUP frames, and the server's repair re-sends to it alone then
+reach it.
 
 A receiver writes each slot's (DATA, ACK) tokens into the round's bank as it
 opens it (ltp_slottok) and the XDP program writes the ACK's into each ACK it
@@ -45,6 +48,9 @@ import struct
 import warnings
 from typing import NamedTuple
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
 SECRET_BYTES = 16          # 128 bits: the least a secret may have
 SECRET_MAX = 64            # BLAKE2b's longest key
 _PERSON = b"ltpx-round-tok"  # keeps these digests apart from any other use of the key
@@ -65,7 +71,7 @@ def check_secret(secret):
     if secret is None:
         return None
     if isinstance(secret, MemberSecret):
-        for k in (secret.key, secret.group or bytes(32)):
+        for k in (secret.key, secret.group or bytes(32), secret.server_pub or bytes(32)):
             if not (isinstance(k, bytes) and len(k) == 32):
                 raise ValueError("a member secret's keys must be 32 bytes: make it with "
                                  "tokens.member(secret, worker)")
@@ -86,17 +92,21 @@ _MEMBER = b"ltpx-member-key"   # keeps member keys apart from tokens
 
 
 _GROUP = b"ltpx-group-key"     # keeps the group key apart from member keys
+_SIGN = b"ltpx-answer-sign"    # keeps the answers' signing seed apart from both
+PUB_BYTES = 32                 # an Ed25519 public key
 
 
 class MemberSecret(NamedTuple):
     """What a member given only its own key holds: worker `worker`'s key,
     and the job's group key where its downlink is `group` (else None). With
     it an endpoint makes and checks its own flows' tokens and no one else's,
-    and takes GROUP frames only if it holds the group key."""
+    and takes GROUP frames only if it holds the group key. `server_pub`
+    checks the server's signature on each answer (signing.py)."""
 
     worker: int
     key: bytes
     group: bytes | None = None
+    server_pub: bytes | None = None   # the server's answer-signing key (public: signing.py)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -114,11 +124,29 @@ def group_key(secret: bytes) -> bytes:
     return hashlib.blake2b(b"group", digest_size=32, key=secret, person=_GROUP).digest()
 
 
+@functools.lru_cache(maxsize=16)
+def answer_key(secret: bytes) -> Ed25519PrivateKey:
+    """The key the server of token secret `secret` signs its answers with
+    (signing.py); only a holder of the secret can make it."""
+    seed = hashlib.blake2b(b"answers", digest_size=32, key=secret, person=_SIGN).digest()
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def answer_pub(secret) -> bytes | None:
+    """The public half of answer_key(secret) (PUB_BYTES); a MemberSecret's
+    server_pub; None without a secret."""
+    if secret is None or isinstance(secret, MemberSecret):
+        return None if secret is None else secret.server_pub
+    return answer_key(bytes(secret)).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
 def member(secret, worker: int, group: bool = False) -> MemberSecret:
     """The MemberSecret a launcher hands worker `worker` in place of the job
-    secret; with group=True it holds the group key too (the group downlink)."""
+    secret; with group=True it holds the group key too (the group downlink).
+    It holds the server's public answer key either way."""
     secret = check_secret(secret)
-    return MemberSecret(worker, member_key(secret, worker), group_key(secret) if group else None)
+    return MemberSecret(worker, member_key(secret, worker), group_key(secret) if group else None,
+                        answer_pub(secret))
 
 
 def _token(key: bytes, job: int, round_: int, kind: int) -> int:
