@@ -2,8 +2,8 @@
 /* The receiver: DATA in, its ACK out. on_data admits a DATA packet
  * (data_admit: its sender, its round and token, its length, its chunk), stores its
  * payload (data_store: claim, copy, mark delivered) and turns the packet
- * into its ACK (send_ack), which carries the sender's rate or, for a
- * clocked flow, its credit.
+ * into its ACK (ack_rewrite, before the copy; ack_send), which carries the
+ * sender's rate or, for a clocked flow, its credit.
  */
 #ifndef LTP_DATA_H
 #define LTP_DATA_H
@@ -12,6 +12,15 @@
 #include "ltp_parse.h"
 #include "ltp_frame.h"
 
+/* The flows sharing a bank once the chunk an ACK answers is marked: `ending`
+ * (1) when that chunk is to end its flow, which the marking (data_mark)
+ * takes off `active` after the ACK is written. */
+static __always_inline __u32 flows_after(struct ltp_share *sh, __u32 ending)
+{
+	__u32 active = sh->active;
+	return active > ending ? active - ending : 0;
+}
+
 /* The credit of a clocked flow (LTP_F_CLOCK DATA), as the ACK carries it:
  * each flow not finished may keep window / active packets in flight (at
  * least 1), so all of them together keep about the bank's window (the
@@ -19,13 +28,14 @@
  * had in flight when it left and how many STOPs its sender had seen; less
  * the STOPs sent since, that is what it has now. More than its credit: this
  * ACK says STOP (the sender consumes it: one packet fewer in flight). */
-static __always_inline __u32 credit(struct ltp_hdr *h, __u32 bank, __u32 slot, __u16 *extra)
+static __always_inline __u32 credit(struct ltp_hdr *h, __u32 bank, __u32 slot, __u32 ending,
+				    __u16 *extra)
 {
 	struct ltp_share *sh = ltp_share.lookup(&bank);
 	__u32 window = sh ? sh->window : 0;
 	if (!window)
 		return 0xffff;
-	__u32 active = sh->active;
+	__u32 active = flows_after(sh, ending);
 	__u32 allow = window / (active ? active : 1);
 	if (!allow)
 		allow = 1;
@@ -44,23 +54,41 @@ static __always_inline __u32 credit(struct ltp_hdr *h, __u32 bank, __u32 slot, _
 	return allow;
 }
 
-/* Turn the DATA packet at ctx into its ACK in place and return XDP_TX:
- * addresses and ports swapped, payload cut off, the ACK's token (its slot's,
- * ltp_slottok.ack) in place of the DATA's, IP and UDP checksums right. With
- * `done` (an OPEN ACK), the ACK carries the delivered bits of the chunk's
- * 64-chunk block (LTP_F_SACK) in the first LTP_SACK_LEN payload bytes, when
- * the frame has them (all but a last chunk under 8 bytes). */
-static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 rstate,
-				    __u16 extra_flags, __u32 slot, __u32 bank, __be64 token,
-				    struct ltp_bitmap *done, __u64 word)
+/* The ones' complement sum of a 64-bit value's four 16-bit words as it
+ * lies in memory (the lanes are the same words in either byte order). */
+static __always_inline __u32 csum_u64(__u64 v)
+{
+	return (v & 0xffff) + ((v >> 16) & 0xffff) + ((v >> 32) & 0xffff) + (v >> 48);
+}
+
+/* The SACK bytes of the ACK the frame at ctx becomes: right after its LTP
+ * header, or NULL where the frame has no room for them (a last chunk under
+ * 8 bytes). */
+static __always_inline __u64 *ack_sack_at(struct xdp_md *ctx, struct ltp_hdr *h)
+{
+	__u64 *sack = (void *)(h + 1);
+	if ((void *)(sack + 1) > (void *)(long)ctx->data_end)
+		return NULL;
+	return sack;
+}
+
+/* Rewrite the DATA packet at ctx in place into its ACK, all but the SACK
+ * bytes and the trim (ack_send): addresses and ports swapped, the ACK's
+ * token (its slot's, ltp_slottok.ack) in place of the DATA's, IP and UDP
+ * checksums right. With has_sack the ACK carries `sack` (LTP_F_SACK: a
+ * 64-chunk block's delivered bits, as the payload bytes hold them) in the
+ * first LTP_SACK_LEN payload bytes, which the caller stores: the checksum
+ * counts them already, so DATA's payload can still be copied out first.
+ * Returns the ACK's payload length. */
+static __always_inline __u32 ack_rewrite(struct xdp_md *ctx, struct ltp_pkt *p, __u8 rstate,
+					 __u16 extra_flags, __u32 slot, __u32 bank, __be64 token,
+					 int has_sack, __u64 sack, __u32 ending)
 {
 	struct ltp_hdr *h = p->h;
 	__u32 pay = 0, pay_sum = 0;
-	__u64 *sack = (void *)(h + 1);
-	if (done && word < LTP_BM_WORDS && (void *)(sack + 1) <= (void *)(long)ctx->data_end) {
-		*sack = sack_le64(done->w[word]);
+	if (has_sack) {
 		pay = LTP_SACK_LEN;
-		pay_sum = csum_words((__u16 *)sack, LTP_SACK_LEN / 2);
+		pay_sum = csum_u64(sack);
 		extra_flags |= LTP_F_SACK;
 	}
 	turn_around(p->eth, p->iph, p->udp, pay);
@@ -72,10 +100,10 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 
 	struct ltp_share *sh = ltp_share.lookup(&bank);
 	if ((h->flags & bpf_htons(LTP_F_CLOCK)) && rstate == LTP_RS_OPEN) {
 		__u16 more = 0;
-		rate = credit(h, bank, slot, &more);
+		rate = credit(h, bank, slot, ending, &more);
 		extra_flags |= more;
 	} else if (sh && sh->share_kbps) {
-		__u32 active = sh->active;
+		__u32 active = flows_after(sh, ending);
 		rate = sh->share_kbps / (active ? active : 1);
 	} else {
 		__u32 *r = ltp_rate.lookup(&slot);
@@ -89,7 +117,13 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 
 	h->rate = bpf_htonl(rate);
 	h->token = token;  /* the ACK's own: the receiver's, for this slot's flow */
 	udp_csum(p->iph, p->udp, pay_sum);
+	return pay;
+}
 
+/* Send the ACK ack_rewrite made, of `pay` payload bytes: the frame cut to
+ * its length, counted; XDP_TX. */
+static __always_inline int ack_send(struct xdp_md *ctx, __u32 slot, __u32 pay)
+{
 	int delta = (int)(PAY_OFF + pay) - (int)(ctx->data_end - ctx->data);
 	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta)) {
 		count(LTP_C_ACK_FAIL);
@@ -100,6 +134,26 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 
 	if (st && !skipped(LTP_SKIP_COUNT))
 		st->acks_tx += 1;
 	return XDP_TX;
+}
+
+/* Turn the DATA packet at ctx into its ACK in place and return XDP_TX
+ * (ack_rewrite, ack_send). With `done` (an OPEN ACK), the ACK carries the
+ * delivered bits of the chunk's 64-chunk block (LTP_F_SACK) when the frame
+ * has room for them. */
+static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 rstate,
+				    __u16 extra_flags, __u32 slot, __u32 bank, __be64 token,
+				    struct ltp_bitmap *done, __u64 word)
+{
+	__u64 *sack = ack_sack_at(ctx, p->h);
+	__u64 bits = 0;
+	int has_sack = 0;
+	if (done && word < LTP_BM_WORDS && sack) {
+		bits = sack_le64(done->w[word]);
+		*sack = bits;
+		has_sack = 1;
+	}
+	__u32 pay = ack_rewrite(ctx, p, rstate, extra_flags, slot, bank, token, has_sack, bits, 0);
+	return ack_send(ctx, slot, pay);
 }
 
 /* Is the receiving control plane's heartbeat (ltp_cfg.beat_ns) older than
@@ -129,6 +183,7 @@ struct ltp_rx {
 	__u32 thresh;               /* the bank's thresh (chunks per slot; 0: none) */
 	__be64 ack_token;           /* what its ACK carries (ltp_slottok.ack) */
 	__u32 csum;                 /* verify its UDP checksum (LTP_CFG_CSUM) */
+	__u32 retx;                 /* a re-send (LTP_F_RETX): read before the ACK rewrite */
 	__u64 now;                  /* bpf_ktime_get_ns if read already for this frame, else 0 */
 };
 
@@ -200,6 +255,7 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 	    pkt_len < PAY_OFF + len)
 		return drop(LTP_C_MALFORMED, h);
 	rx->len = len;
+	rx->retx = h->flags & bpf_htons(LTP_F_RETX);
 
 	if (b->state != LTP_BANK_OPEN) {
 		/* Late for a closed round: never written, but ACKed CLOSED so the
@@ -238,9 +294,8 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 /* Mark a stored chunk delivered: its done bit, its bank slot's progress
  * (chunks, bytes, re-sends, arrival times: first, last, threshold) and, for the flow's last
  * chunk, one flow fewer sharing the bank. */
-static __always_inline void data_mark(struct ltp_pkt *p, struct ltp_rx *rx,
-				      struct ltp_bitmap *done, struct ltp_progress *pr,
-				      __u64 word, __u64 bit)
+static __always_inline void data_mark(struct ltp_rx *rx, struct ltp_bitmap *done,
+				      struct ltp_progress *pr, __u64 word, __u64 bit)
 {
 	/* The done bit is what user space trusts: set only after the copy. */
 	__sync_fetch_and_or(&done->w[word], bit);
@@ -252,7 +307,7 @@ static __always_inline void data_mark(struct ltp_pkt *p, struct ltp_rx *rx,
 	if (sh && pr->chunks >= rx->nchunks &&
 	    !(__sync_fetch_and_or(&pr->flow, LTP_FLOW_DONE) & LTP_FLOW_DONE) && sh->active)
 		__sync_fetch_and_add(&sh->active, (__u32)-1);  /* no atomic sub in BPF */
-	if (p->h->flags & bpf_htons(LTP_F_RETX))
+	if (rx->retx)
 		__sync_fetch_and_add(&pr->retx, 1);
 	__sync_fetch_and_add(&pr->bytes, rx->len);
 	/* Arrival times: the frame's clock reading if it has one (the heartbeat
@@ -273,7 +328,16 @@ static __always_inline void data_mark(struct ltp_pkt *p, struct ltp_rx *rx,
 
 /* Store an admitted DATA packet's payload in its bank's reassembly memory
  * (ltp_mem) and mark it delivered; returns the verdict, its ACK (a chunk
- * delivered already is ACKed DUP and not written again). */
+ * delivered already is ACKed DUP and not written again).
+ *
+ * The copy's 1424 bytes of stores are still draining when it returns: the
+ * first locked operation after it (the done bit's) waits for them, and
+ * any store after it waits for room. So the ACK is written before the
+ * copy (all of it but its SACK bytes, which overlay the payload, and the
+ * trim), and what follows the copy is only what must: the SACK's one
+ * store, the marking (delivered only once copied) and the trim. With
+ * checksums to verify (LTP_CFG_CSUM), which the copy feeds, the ACK is made
+ * after it, as the ACK of a chunk that does not verify is never made. */
 static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, struct ltp_rx *rx)
 {
 	struct ltp_slot_stats *st = rx->st;
@@ -309,6 +373,22 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 	barrier_var(n);  /* keeps clang from merging the two tests */
 	if (n < 4)
 		return XDP_DROP;
+
+	/* The ACK first (see above), its SACK the block's delivered bits with
+	 * this chunk's, which the marking below sets. */
+	int early = !skipped(LTP_SKIP_ACK) && !rx->csum;
+	__u32 pay = 0;
+	__u64 sack = 0, *sackp = NULL;
+	if (early) {
+		sackp = ack_sack_at(ctx, p->h);
+		if (sackp)
+			sack = sack_le64(done->w[word] | bit);
+		/* This chunk ends its flow: its ACK already counts the flow out. */
+		__u32 ending = !skipped(LTP_SKIP_MARK) && pr->chunks + 1 >= rx->nchunks &&
+			       !(pr->flow & LTP_FLOW_DONE);
+		pay = ack_rewrite(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank, rx->ack_token,
+				  sackp != NULL, sack, ending);
+	}
 	if (!skipped(LTP_SKIP_COPY) && bpf_xdp_load_bytes(ctx, PAY_OFF, dst, n))
 		return drop(LTP_C_MALFORMED, 0);
 	/* Corrupted in flight: the copy is never marked delivered nor ACKed,
@@ -318,13 +398,21 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 		count(LTP_C_BAD_CSUM);
 		return XDP_DROP;
 	}
+	barrier_var(sackp);  /* tested as itself: clang would test what it derives from */
+	if (sackp) {
+		if ((void *)(sackp + 1) > (void *)(long)ctx->data_end)
+			return XDP_DROP;
+		*sackp = sack;
+	}
 	if (!skipped(LTP_SKIP_MARK))
-		data_mark(p, rx, done, pr, word, bit);
+		data_mark(rx, done, pr, word, bit);
 	if (!skipped(LTP_SKIP_COUNT))
 		st->delivered += 1;
 	count(LTP_C_DATA);
 	if (skipped(LTP_SKIP_ACK))
 		return XDP_TX;
+	if (early)
+		return ack_send(ctx, rx->slot, pay);
 	return send_ack(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank, rx->ack_token, done, word);
 }
 
