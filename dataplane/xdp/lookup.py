@@ -164,8 +164,30 @@ def xdp_on(dev: str, ns: str | None) -> dict[str, Any] | None:
     return attachment(dev, ns)[1]
 
 
-def attachment(dev: str, ns: str | None) -> tuple[int, dict[str, Any] | None]:
-    """(ifindex of `dev` in `ns`, what `xdp_on` says of it)."""
+# Device kinds whose frames come from sockets on this host: the kernel leaves
+# a UDP checksum unfinished for offload there (CHECKSUM_PARTIAL), so a frame
+# reaches XDP with only the pseudo-header's sum in its checksum field.
+LOCAL_KINDS = frozenset({"veth", "netkit", "macvlan", "macvtap", "ipvlan", "ipvtap", "bridge"})
+_IFF_LOOPBACK = 0x8
+
+
+def csum_complete(dev: str, ns: str | None) -> bool:
+    """Whether frames reaching `dev` in `ns` carry whole UDP checksums, so
+    the XDP program can verify them: yes for a NIC (the sending host's NIC
+    or stack finished each sum) and devices stacked on NICs (a VLAN, a
+    bond); no for loopback and LOCAL_KINDS, whose frames come from local
+    sockets with the sum left to offload. RegistryError as `attachment`."""
+    link = _link(dev, ns)[1]
+    if link["flags"] & _IFF_LOOPBACK:
+        return False
+    info = link.get_attr("IFLA_LINKINFO")
+    kind = info.get_attr("IFLA_INFO_KIND") if info else None
+    return kind not in LOCAL_KINDS
+
+
+def _link(dev: str, ns: str | None):
+    """(ifindex, pyroute2's link message) of `dev` in `ns`; RegistryError
+    naming what is missing."""
     from pyroute2 import IPRoute  # noqa: PLC0415 (0.15 s to import; only what touches links)
     if ns and not netns.exists(ns):
         raise RegistryError(f"no network namespace {ns!r} (`ip netns list` shows them)")
@@ -181,11 +203,17 @@ def attachment(dev: str, ns: str | None) -> tuple[int, dict[str, Any] | None]:
         link = ipr.get_links(idx[0])[0]
     finally:
         ipr.close()
+    return idx[0], link
+
+
+def attachment(dev: str, ns: str | None) -> tuple[int, dict[str, Any] | None]:
+    """(ifindex of `dev` in `ns`, what `xdp_on` says of it)."""
+    ifindex, link = _link(dev, ns)
     xdp = link.get_attr("IFLA_XDP")
     pid = xdp.get_attr("IFLA_XDP_PROG_ID") if xdp else None
     if not pid:
-        return idx[0], None
-    return idx[0], {"prog_id": int(pid),
+        return ifindex, None
+    return ifindex, {"prog_id": int(pid),
                     "mode": _XDP_ATTACHED.get(xdp.get_attr("IFLA_XDP_ATTACHED"), "?")}
 
 

@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checksums verified by default where frames carry whole ones (issue 26).
+
+The XDP program can verify each DATA frame's UDP checksum
+(tests/test_xdp_trust.py checks what it refuses). Frames from a NIC carry
+whole sums; frames from a socket on this host, over a veth or loopback,
+carry the sum unfinished (left to offload), so an endpoint verifies by
+default exactly where its device is neither (dataplane/xdp/lookup.py,
+csum_complete). Here on real devices in namespaces this test makes: a veth
+pair, loopback, and an ifb device standing in for a NIC (this kernel has no dummy).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ltpx.dataplane.rig.netlink import iproute
+from ltpx.dataplane.rig.pair import VethPair
+from ltpx.dataplane.xdp import lookup
+from ltpx.errors import RegistryError
+
+PREFIX = f"ltpcs{os.getpid() % 100000}"
+NIC_IP = "198.18.251.1"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    with VethPair(PREFIX) as p:
+        with iproute(p.a.ns) as ipr:       # a device of no host-local kind (ifb): a NIC's stand-in
+            ipr.link("add", ifname="n0", kind="ifb")
+            idx = ipr.link_lookup(ifname="n0")[0]
+            ipr.addr("add", index=idx, address=NIC_IP, prefixlen=24)
+            ipr.link("set", index=idx, state="up")
+        yield p
+
+
+@pytest.mark.rig
+def test_whole_checksums_are_told_by_the_device_kind(pair):
+    assert not lookup.csum_complete(pair.a.dev, pair.a.ns)       # a veth
+    assert not lookup.csum_complete("lo", pair.a.ns)
+    assert lookup.csum_complete("n0", pair.a.ns)
+    with pytest.raises(RegistryError, match="no device 'zz0'"):
+        lookup.csum_complete("zz0", pair.a.ns)
