@@ -4,7 +4,9 @@
  * can skip: read a DATA packet's round and chunk, look up that chunk's slot
  * in ltp_mem (slot 0 of the round's bank: ltp_xdp's maps, geometry and
  * memory layout) and copy the payload there, then XDP_TX. No checks, no
- * bitmaps, no counters, no ACK: never loaded on a device.
+ * bitmaps, no counters, no ACK: never loaded on a device. Built with
+ * LTP_FLOOR_PUBLISH, it also sets the chunk's done bit (the bench's
+ * published floor).
  */
 /* The program's license string (bcc's footer puts it in the license
  * section): the dual licence of the SPDX line, GPL-compatible for the kernel. */
@@ -35,5 +37,14 @@ int ltp_xdp(struct xdp_md *ctx)
 		return XDP_DROP;
 	if (bpf_xdp_load_bytes(ctx, PAY_OFF, dst, LTP_CHUNK_BYTES))
 		return XDP_DROP;
+#ifdef LTP_FLOOR_PUBLISH
+	/* The copy published as ltp_xdp publishes it: its done bit, a locked
+	 * operation, which waits for the copy's stores to drain. */
+	__u32 bidx = (bpf_ntohl(h->round) % LTP_BANKS) * LTP_SLOTS;
+	struct ltp_bitmap *done = ltp_done.lookup(&bidx);
+	__u64 word = chunk >> 6;
+	if (done && word < LTP_BM_WORDS)
+		__sync_fetch_and_or(&done->w[word], 1ULL << (chunk & 63));
+#endif
 	return XDP_TX;
 }

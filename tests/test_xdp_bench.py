@@ -39,6 +39,23 @@ def test_floor_copies_the_payload_into_the_rounds_bank(stages):
         assert np.array_equal(got[5], payload(S, frames[5]))
         assert not got[4].any() and not got[6].any()
         assert feed.maps.counters()["data"] == 0        # the floor counts nothing
+        assert not feed.maps.done_mask(3, 0, NCH).any()  # nor marks anything
+    finally:
+        feed.close()
+
+
+def test_published_floor_marks_the_chunk_done(stages):
+    """floor_done publishes its copy as ltp_xdp does: the chunk's done bit."""
+    S = stages
+    frames = S.data_frames(NCH)
+    feed = S.DataFeed(frames, source="ltp_floor.c", defines=("LTP_FLOOR_PUBLISH=1",))
+    try:
+        feed.maps.open_bank(3, NCH, S.CHUNK)
+        assert run_xdp(feed.fd, S.with_round(frames[5], 3)).verdict == XDP_TX
+        got = feed.maps.slot_values(3, 0, NCH * S.CHUNK // 4).reshape(NCH, -1)
+        assert np.array_equal(got[5], payload(S, frames[5]))
+        assert np.flatnonzero(feed.maps.done_mask(3, 0, NCH)).tolist() == [5]
+        assert feed.maps.counters()["data"] == 0
     finally:
         feed.close()
 
@@ -88,6 +105,7 @@ def test_breakdown_and_ab_run_end_to_end(stages, tmp_path):
     # shape, not speed: which arm is faster is the benchmark's to say (a
     # 400-packet block on a busy machine can order them either way)
     assert r["copy_floor_ns_per_packet"] > 0 and r["over_floor"] > 0
+    assert r["published_floor_ns_per_packet"] > 0 and r["over_published_floor"] > 0
     assert {"data", "-claim"} <= set(r["arms"])
     assert all(a["ns_per_packet"] > 0 for a in r["arms"].values())
     for f in BPF_DIR.iterdir():

@@ -6,7 +6,10 @@ alternating blocks of one run.
 Every arm is one program run by BPF_PROG_TEST_RUN, one packet per run, each
 packet a fresh chunk: `empty` (xdp_pass on the DATA frames: the harness),
 `floor` (bpf/ltp_floor.c: the one copy no LTP program can skip, same maps
-and memory layout), `data` (bpf/ltp_xdp.c), `capture` (the same while
+and memory layout), `floor_done` (the same publishing the copy with its done
+bit, as ltp_xdp does: a locked operation, which waits for the copy's stores
+to drain, where `floor` returns with them still draining), `data`
+(bpf/ltp_xdp.c), `capture` (the same while
 `ltp capture` records every frame), `-<stage>` (ltp_xdp.c compiled with
 -DLTP_BENCH_SKIP leaving that stage and the ones before it in STAGES out),
 `ack` (a sender's program taking the ACKs of a round), `clock` (the ACK
@@ -242,6 +245,8 @@ def arms(nchunks: int, stages: bool = True, capture: bool = True) -> dict:
     frames = data_frames(nchunks)
     out = {"empty": lambda: EmptyFeed(frames),
            "floor": lambda: DataFeed(frames, source="ltp_floor.c"),
+           "floor_done": lambda: DataFeed(frames, source="ltp_floor.c",
+                                          defines=("LTP_FLOOR_PUBLISH=1",)),
            "data": lambda: DataFeed(frames)}
     if capture:
         out["capture"] = lambda: DataFeed(frames, capture=True)
@@ -290,13 +295,17 @@ def breakdown(packets: int = 20000, blocks: int = 10, nchunks: int = 2048,
     validation, the lookups, the capture test). Cache misses dominate under
     this harness (every run starts cold), so a stage's figure depends on
     which lines the stages before it touched: read them as an order, not
-    as independent parts."""
+    as independent parts. `published_floor_ns_per_packet`: the floor with
+    its copy published by a done bit (`floor_done`), the floor of any
+    program that marks the copy with an atomic; `over_published_floor` the
+    DATA path over it."""
     got = interleave(arms(nchunks, stages=stages), packets, blocks, progress)
     base = {k: trimmed_mean([d for b in got[k] for d in b]) for k in ("empty", "empty_ack")}
     fig = {k: figures(v, base["empty_ack" if k in ("ack", "clock") else "empty"])
            for k, v in got.items() if not k.startswith("empty")}
     ns = {k: f["ns_per_packet"] for k, f in fig.items()}
     floor, data = max(ns["floor"], 1.0), ns["data"]
+    published = max(ns["floor_done"], 1.0)
     cost, prev = {}, data
     for s in STAGES if stages else ():
         cost[s], prev = round(prev - ns[f"-{s}"], 1), ns[f"-{s}"]
@@ -306,4 +315,6 @@ def breakdown(packets: int = 20000, blocks: int = 10, nchunks: int = 2048,
             "harness_ns": round(base["empty"], 1), "ack_harness_ns": round(base["empty_ack"], 1),
             "arms": fig, "copy_floor_ns_per_packet": ns["floor"],
             "over_floor": round(data / floor, 2), "stage_ns": cost,
+            "published_floor_ns_per_packet": ns["floor_done"],
+            "over_published_floor": round(data / published, 2),
             "ack_ns_per_packet": ns["ack"], "clock_ns_per_packet": ns["clock"]}
