@@ -23,11 +23,16 @@ from which the job key or another worker's keys follow: its id, its own
 flow tokens' key per server shard (tokens.member_key), the group key per
 shard where the job's downlink is `group` (tokens.group_key), each shard's
 public answer key (tokens.answer_pub: it checks the server's signature on
-each answer, transport/signing.py), the store values' MAC key and its own
-TCP hello MAC (accept.OwnHello). `read_key_file`
+each answer, transport/signing.py), its own store signing seed and the
+server's public store key (control/storeauth.py: each rank signs the store
+values it writes), the job's shared MAC key of the training job's own
+values (`store_key`, control/training/context.py) and its own TCP hello MAC
+(accept.OwnHello). `read_key_file`
 reads either kind (a `MemberKeys` for a member file); `token_secret`,
-`store_key` and `hello_key` take either. The store key is shared: a member
-can still forge store values (docs/operations.md, "Threat model").
+`store_auth`, `store_key` and `hello_key` take either. The shared store key
+seals only the built-in training job's result values: ltpx.torch's
+coordination values are signed by their writer (docs/operations.md,
+"Threat model").
 Importing this module needs neither torch nor numpy (the launcher uses it).
 """
 from __future__ import annotations
@@ -43,6 +48,7 @@ import tempfile
 from typing import NamedTuple
 
 from ..errors import UsageError
+from . import storeauth
 from .accept import OwnHello, mac_hello
 from .transport import tokens
 
@@ -64,6 +70,8 @@ class MemberKeys(NamedTuple):
     store: bytes                       # the store values' MAC key (shared by the job)
     hello: bytes                       # its own TCP hello MAC
     sign: tuple[bytes, ...] = ()       # each shard's public answer key (transport/signing.py)
+    store_sign: bytes = b""            # its own store signing seed (control/storeauth.py)
+    store_pub: bytes = b""             # the server's store signing key (public)
 
     def __repr__(self) -> str:      # no key material in a log line or a traceback
         return (f"MemberKeys(worker={self.worker}, shards={len(self.tokens)}, "
@@ -101,6 +109,14 @@ def store_key(key) -> bytes | None:
     return None if key is None else derive(key, "store")
 
 
+def store_auth(key) -> storeauth.StoreAuth | None:
+    """This rank's store identity (control/storeauth.py): the server's from
+    the job key, worker w's from its member file; None without a key."""
+    if isinstance(key, MemberKeys):
+        return storeauth.StoreAuth.member(key.worker, key.store_sign, key.store_pub)
+    return None if key is None else storeauth.StoreAuth.from_job_key(key)
+
+
 def hello_key(key) -> bytes | None:
     """The key of the TCP transport's hello MACs (control/accept.py); from
     MemberKeys, that worker's own hello MAC (accept.OwnHello)."""
@@ -112,18 +128,23 @@ def hello_key(key) -> bytes | None:
 def member_keys(key: bytes, worker: int, servers: int = 1, group: bool = True) -> MemberKeys:
     """Worker `worker`'s MemberKeys under job key `key`, for a job of
     `servers` server shards; group: it holds the group keys (the group downlink)."""
+    if not 0 <= worker < storeauth.SERVER:
+        raise UsageError(f"a worker id is 0..{storeauth.SERVER - 1}, got {worker}")
     secrets_ = [token_secret(key, i) for i in range(servers)]
     return MemberKeys(worker, tuple(tokens.member_key(s, worker) for s in secrets_),
                       tuple(tokens.group_key(s) for s in secrets_) if group else None,
                       store_key(key), mac_hello(worker, hello_key(key))[4:],
-                      tuple(tokens.answer_pub(s) for s in secrets_))
+                      tuple(tokens.answer_pub(s) for s in secrets_),
+                      storeauth.seed(key, worker),
+                      storeauth.public(storeauth.seed(key, storeauth.SERVER)))
 
 
 def member_text(m: MemberKeys) -> str:
     """A member key file's text (JSON, one line)."""
     doc = {MEMBER_FORMAT: MEMBER_VERSION, "worker": m.worker,
            "tokens": [k.hex() for k in m.tokens], "store": m.store.hex(), "hello": m.hello.hex(),
-           "sign": [k.hex() for k in m.sign]}
+           "sign": [k.hex() for k in m.sign], "store_sign": m.store_sign.hex(),
+           "store_pub": m.store_pub.hex()}
     if m.group is not None:
         doc["group"] = [k.hex() for k in m.group]
     return json.dumps(doc) + "\n"
@@ -154,8 +175,8 @@ def parse_member(text: str, where: str) -> MemberKeys:
                              f"{'a list of ' if many else ''}32-byte hex keys: {fix}")
         return tuple(out) if many else out[0]
     w = doc.get("worker")
-    if not isinstance(w, int) or isinstance(w, bool) or not 0 <= w < 2**16:
-        raise UsageError(f"{where}: the member key file's 'worker' must be 0..65535, "
+    if not isinstance(w, int) or isinstance(w, bool) or not 0 <= w < storeauth.SERVER:
+        raise UsageError(f"{where}: the member key file's 'worker' must be 0..65534, "
                          f"got {w!r}: {fix}")
     toks = keys("tokens", True)
     group = keys("group", True) if "group" in doc else None
@@ -166,7 +187,8 @@ def parse_member(text: str, where: str) -> MemberKeys:
     if len(sign) != len(toks):
         raise UsageError(f"{where}: the member key file has {len(toks)} token keys and "
                          f"{len(sign)} server answer keys ('sign'): {fix}")
-    return MemberKeys(w, toks, group, keys("store", False), keys("hello", False), sign)
+    return MemberKeys(w, toks, group, keys("store", False), keys("hello", False), sign,
+                      keys("store_sign", False), keys("store_pub", False))
 
 
 def check_member(key, server: bool, worker: int | None, servers: int) -> None:

@@ -11,6 +11,7 @@ over the TCP transport on loopback), no mocks.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -126,6 +127,74 @@ def test_a_sealed_value_opens_and_a_forged_moved_or_unsealed_one_is_refused():
         keyless.read("k", b"70", sealed.text_int(0, 9, "k"))
 
 
+@pytest.mark.unit
+def test_a_member_cannot_write_a_value_in_another_ranks_name():
+    """Each rank signs what it writes (storeauth.py): worker 1, holding only
+    its member file, cannot write worker 0's k, ack or meta, nor the
+    server's floor, open, donor or fin, nor pass its signature off as
+    another's; what it may write (its own k, a desc) is taken with its name.
+    A worker checks another worker's value only once it learnt the
+    directory the server publishes, and a shared-MAC value is no signature."""
+    from ltpx.control.storeauth import SERVER
+    key = jobkey.new_key()
+    auths = {"server": jobkey.store_auth(key)}
+    for w in (0, 1):
+        auths[w] = jobkey.store_auth(jobkey.member_keys(key, w))
+    seals = {who: sealed.Seal(a, prefix=KEY, servers=1) for who, a in auths.items()}
+    srv, w0, w1 = seals["server"], seals[0], seals[1]
+    own = w1.seal(KEY + "k/5/1", "3")
+    assert srv.read_from(KEY + "k/5/1", own, sealed.text_int(0, 9, "k")) == (1, 3)
+    for name in ("k/5/0", "ack/9/0", "meta/1", "floor", "open/4", "donor/2", "fin"):
+        with pytest.raises(sealed.StoreValueError,
+                           match=f"store key {KEY}{name}: written by worker 1, who may not"):
+            srv.open(KEY + name, w1.seal(KEY + name, "1"))
+    # worker 1's signature passed off as worker 0's (the writer field changed)
+    raw = bytearray(w1.seal(KEY + "k/5/0", "3"))
+    raw[4:6] = (0).to_bytes(2, "big")
+    with pytest.raises(sealed.StoreValueError, match="signature is not worker 0's"):
+        srv.open(KEY + "k/5/0", bytes(raw))
+    desc = w1.seal(KEY + "desc/3", GOOD_OP.to_json())
+    with pytest.raises(sealed.StoreValueError, match="signed by worker 1, whose key this rank "
+                       "has not learnt"):
+        w0.open(KEY + "desc/3", desc)
+    auths[0].learn(auths["server"].directory(2))
+    assert w0.read_from(KEY + "desc/3", desc, sealed.op_value(2)) == (1, GOOD_OP)
+    assert w0.read_from(KEY + "floor", srv.seal(KEY + "floor", "7"),
+                        sealed.text_int(0, 9, "f")) == (SERVER, 7)
+    with pytest.raises(sealed.StoreValueError, match="carries no signature"):
+        srv.open(KEY + "k/5/1", sealed.Seal(jobkey.store_key(key)).seal(KEY + "k/5/1", "3"))
+    with pytest.raises(ValueError, match=r"store_pubs\[0\] is not this worker's key"):
+        auths[0].learn(jobkey.store_auth(jobkey.new_key()).directory(2))
+    assert "key" not in repr(auths[1]).lower().replace("knows", "")
+
+
+@pytest.mark.unit
+def test_a_member_cannot_ask_to_join_as_another_nor_hand_a_joiner_a_state(store, caplog):
+    """Worker 1 asks to join as worker 0: the server's poll ignores it,
+    saying so, and the job goes on. A
+    state under a ticket written by a worker other than the donor the
+    server named: the joiner refuses it."""
+    key = jobkey.new_key()
+    server = Coord(store, W, 5.0, key=jobkey.store_auth(key))
+    member = {w: Coord(store, W, 5.0, key=jobkey.store_auth(jobkey.member_keys(key, w)))
+              for w in (0, 1, 2)}
+    for co in member.values():
+        co.seal.key.learn(server.seal.key.directory(W))
+    member[1].request_join(0)
+    with caplog.at_level(logging.WARNING, logger="ltpx.torch.coord"):
+        server.poll_joins()
+    assert server.joins == {} and "worker 1 asked to join as worker 0" in caplog.text
+    t = member[2].request_join(2)
+    server.poll_joins()
+    assert server.take_joins(donor=0) == {2: t}
+    member[1].put_sync(t, b"poisoned model")          # worker 0 owes it, worker 1 wrote it
+    with pytest.raises(sealed.StoreValueError, match="written by worker 1, not by worker 0, "
+                       "its donor"):
+        member[2].take_sync(t, 3.0)
+    member[0].put_sync(t, b"the model")
+    assert member[2].take_sync(t, 3.0) == b"the model"
+
+
 W = 3
 GOOD_OP = Op(STEP, sizes=(10, 20))
 
@@ -167,7 +236,7 @@ def test_a_forged_value_of_each_kind_ends_in_a_clear_error(store, kind, keyed):
     values = forged_keyed if keyed else forged_keyless
     if values is None:
         pytest.skip("a keyless job's state blob is whatever its donor sent")
-    co = Coord(store, W, 5.0, key=jobkey.store_key(jobkey.new_key()) if keyed else None)
+    co = Coord(store, W, 5.0, key=jobkey.store_auth(jobkey.new_key()) if keyed else None)
     if kind == "join":
         store.add(KEY + "join", 1)
     for name, raw in values.items():
@@ -180,7 +249,7 @@ def test_a_forged_value_of_each_kind_ends_in_a_clear_error(store, kind, keyed):
 
 @pytest.mark.unit
 def test_a_forged_join_count_neither_hangs_the_server_nor_is_taken(store):
-    co = Coord(store, W, 5.0, key=jobkey.store_key(jobkey.new_key()))
+    co = Coord(store, W, 5.0, key=jobkey.store_auth(jobkey.new_key()))
     store.add(KEY + "join", 2)              # two tickets, no worker ids behind them
     t0 = time.monotonic()
     co.poll_joins()
@@ -192,8 +261,9 @@ def test_a_forged_join_count_neither_hangs_the_server_nor_is_taken(store):
 
 @pytest.mark.unit
 def test_a_worker_left_behind_learns_it_from_the_floor_not_a_hang(store):
-    key = jobkey.store_key(jobkey.new_key())
-    server, worker = Coord(store, W, 5.0, key=key), Coord(store, W, 5.0, key=key)
+    key = jobkey.new_key()
+    server = Coord(store, W, 5.0, key=jobkey.store_auth(key))
+    worker = Coord(store, W, 5.0, key=jobkey.store_auth(jobkey.member_keys(key, 1)))
     worker.me = 1
     server.start_liveness(0)
     worker.start_liveness(2)

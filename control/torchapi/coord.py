@@ -29,9 +29,14 @@ sees a stale barrier):
   user/...         what code above the API keeps here (lt.store_set/store_get)
   floor            the lowest op whose keys are still there (storegc.py)
 
-Every value is sealed and checked when read (sealed.py): a forged or
-garbled one ends the rank with a StoreValueError naming the key. Counters
-(ready, first, post, join, hb) carry no MAC. Keys are deleted once every
+Every value is signed by the rank that wrote it and checked when read
+(sealed.py): the writer must be one the key admits (sealed.may_write: the
+server's floor, fin, open and donor; a rank's own meta; worker w's ack and
+k; a join or a state only from a worker, the join naming its writer, the
+state from the donor named), so neither an outsider nor a member can write
+in another rank's name; a forged or garbled value ends the rank with a
+StoreValueError naming the key. Counters (ready, first, post, join, hb)
+carry no signature. Keys are deleted once every
 rank has read them (storegc.py: the server, a few ops behind; a joiner its
 ticket's keys), so the store holds a bounded number of keys however long
 the job runs.
@@ -46,7 +51,8 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from ...errors import CommError
-from .sealed import (MAX_COUNT, Seal, any_json, donor_value, flag,
+from ..storeauth import SERVER, StoreAuth
+from .sealed import (MAX_COUNT, Seal, StoreValueError, any_json, donor_value, flag,
                      go_value, meta_value, op_value, text_int)
 from .liveness import Beat, Watch
 from .ops import Go, Members, Op
@@ -95,7 +101,7 @@ class Coord(Tickets):
         self.servers = servers
         self.timeout = timedelta(seconds=timeout_s)
         store.set_timeout(self.timeout)
-        self.seal = Seal(key, scope)
+        self.seal = Seal(key, scope, prefix=KEY, servers=servers)
         self.me: int | None = None
         self.view = Members(workers)
         self.watch: Watch | None = None
@@ -161,6 +167,10 @@ class Coord(Tickets):
         (StoreValueError naming the key when it is refused)."""
         return self.seal.read(KEY + key, self.store.get(KEY + key), parse)
 
+    def take_from(self, key: str, parse=any_json) -> tuple[int | None, object]:
+        """(who wrote it: storeauth.SERVER or a worker id, None if unsigned; take()'s value)."""
+        return self.seal.read_from(KEY + key, self.store.get(KEY + key), parse)
+
     def drop(self, *keys: str) -> None:
         for k in keys:
             self.store.delete_key(KEY + k)
@@ -172,13 +182,30 @@ class Coord(Tickets):
         self.wait([key])
         return self.take(key, parse)
 
+    def directory(self) -> dict:
+        """What a server's meta record adds: the workers' public store keys
+        (storeauth.py), so every worker can check the others' values; {} on
+        a worker or without a key."""
+        auth = self.seal.key
+        if isinstance(auth, StoreAuth) and auth.writer == SERVER:
+            return {"store_pubs": auth.directory(self.workers)}
+        return {}
+
     def metas(self, ranks) -> list[dict]:
         """meta/<rank> of each of `ranks`, checked (sealed.meta_value)."""
         keys = [f"meta/{r}" for r in ranks]
         self.wait(keys)
         raws = self.store.multi_get([KEY + k for k in keys])
-        return [self.seal.read(KEY + k, raw, meta_value(r, self.servers))
-                for r, k, raw in zip(ranks, keys, raws)]
+        out = []
+        for r, k, raw in zip(ranks, keys, raws):     # the servers' first: they name the
+            m = self.seal.read(KEY + k, raw, meta_value(r, self.servers))   # workers' keys
+            if r < self.servers and isinstance(self.seal.key, StoreAuth):
+                try:
+                    self.seal.key.learn(m.get("store_pubs", []))
+                except ValueError as e:
+                    raise StoreValueError(f"store key {KEY}{k}: refused: {e}") from None
+            out.append(m)
+        return out
 
     def wait(self, keys: list[str], timeout_s: float | None = None,
              server: bool = False, check: Callable[[], None] | None = None) -> None:
@@ -378,7 +405,13 @@ class Coord(Tickets):
             if time.monotonic() > end:
                 raise CommError(f"not admitted back after {timeout_s or self.timeout_s:g}s "
                                 f"(ticket {ticket})")
-        blob = self.take(f"sync/{ticket}", bytes)
+        writer, blob = self.take_from(f"sync/{ticket}", bytes)
+        if donor is None and self.store.check([f"{KEY}donor/{ticket}"]):
+            donor = self.take(f"donor/{ticket}", donor_value(self.workers))
+        if writer is not None and donor is not None and donor >= 0 and writer != donor:
+            raise StoreValueError(f"store key {KEY}sync/{ticket}: the state was written by "
+                                  f"worker {writer}, not by worker {donor}, its donor: forged "
+                                  "by a member")
         self.drop(f"sync/{ticket}", f"donor/{ticket}")
         return blob
 

@@ -91,12 +91,12 @@ class Job:
         if s.servers > 1:   # sharded servers: shards.py sets up coord, links, exchange
             start_sharded(self)
             return
-        self.coord = Coord(self.store, self.workers, s.timeout, key=jobkey.store_key(self.key))
+        self.coord = Coord(self.store, self.workers, s.timeout, key=jobkey.store_auth(self.key))
         self.coord.start_liveness(self.global_rank, s.store_netns)   # heartbeats: liveness.py
         self.link = self.make_link()
         me = {"rank": self.global_rank, "role": "server" if self.is_server else "worker",
               "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid(),
-              **self.link.address()}
+              **self.link.address(), **self.coord.directory()}
         self.coord.set_json(f"meta/{self.global_rank}", me)
         metas = self.coord.metas(range(self.world))
         self.local_rank = self.local_index(metas)

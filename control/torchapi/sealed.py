@@ -1,24 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Values in the rendezvous store: sealed with an HMAC under the job's key, checked when read.
+"""Values in the rendezvous store: signed by the rank that wrote them, checked when read.
 
 torch's TCPStore has no authentication, and it listens on every interface
 whatever address it is given: whoever reaches it can read every value and
 write any. So nothing secret goes into it (the job key reaches each server
-rank in a file, each worker its own member key file holding the store key:
-control/jobkey.py), and every value the job reads back is
-sealed: `Seal.seal` puts MAGIC and an HMAC-SHA256 of (scope, key name,
-payload) under the job's store key before the payload, and `Seal.read`
-verifies it, then parses and checks the payload (types, ranges, worker ids
-within the job). A value that fails either is refused with a
-`StoreValueError` naming the key, never a KeyError or IndexError from deep
-in the server, and never taken. The key name is under the MAC, so a value
-cannot be moved to another key; the scope keeps sharded servers' values
-apart. Without a job key (a torchrun job given no LTP_SECRET_FILE) values
-go unsealed and are still checked.
+rank in a file, each worker its own member key file: control/jobkey.py),
+and every value the job reads back is sealed. ltpx.torch's values are
+signed by their writer (`Seal` with a StoreAuth, control/storeauth.py):
+SIGNED, the writer's id and an Ed25519 signature of (scope, key name,
+writer, SHA-256 of the payload) before the payload. `Seal.read` takes a
+value only when the signature is its writer's and the writer may write that
+key (`may_write`: the server's own values, each rank's meta, each worker's
+ack and k), then parses and checks the payload (types, ranges, worker ids
+within the job). So neither an outsider nor a member can write a value in
+another rank's name. A value that fails is refused with a `StoreValueError`
+naming the key, never a KeyError or IndexError from deep in the server, and
+never taken. The key name is under the signature, so a value cannot be moved
+to another key; the scope keeps sharded servers' values apart. The built-in
+training job's own result values are MAC'd with the job's shared store key
+(MAGIC; control/training/context.py). Without a job key (a torchrun job given
+no LTP_SECRET_FILE) values go unsealed and are still checked.
 
-Counters (store.add: arrivals, heartbeats, join tickets) cannot carry a MAC:
-a forged count can delay a barrier or end the job (operations.md, "Threat
-model"), not change what it computes.
+Counters (store.add: arrivals, heartbeats, join tickets) cannot carry a
+signature: a forged count can delay a barrier or end the job
+(operations.md, "Threat model"), not change what it computes.
 """
 from __future__ import annotations
 
@@ -28,14 +33,17 @@ import hmac
 import ipaddress
 import json
 import math
+import struct
 
 from ...errors import CommError
+from ..storeauth import SERVER, SIG_BYTES, StoreAuth, writer_name
 from ..settings_table import COMPRESS, DOWNLINKS, TABLE
 from ..transport.bubble import STRATEGIES
 from ..transport.early_close import EarlyCloseConfig
 from .ops import KINDS, Go, Op
 
-MAGIC = b"LTS1"
+MAGIC = b"LTS1"            # MAC'd with the job's shared key
+SIGNED = b"LTS2"           # signed by its writer (storeauth.py)
 MAC_BYTES = 32
 MAX_PIECES = 1 << 16        # uplink rounds one op may have
 MAX_ELEMS = (1 << 31) - 1   # float32 elements of one piece
@@ -48,34 +56,59 @@ class StoreValueError(CommError):
 
 
 class Seal:
-    """Seal and open the values of one scope of the store (a shard's prefix)."""
+    """Seal and open the values of one scope of the store (a shard's prefix).
 
-    def __init__(self, key: bytes | None, scope: str = ""):
-        self.key, self.scope = key, scope
+    `key`: a StoreAuth (control/storeauth.py: this rank signs what it
+    writes, and a value is taken only with its writer's signature and from
+    a writer its key admits, `may_write`), the job's MAC key (bytes: the
+    built-in training job's own values), or None (unsealed). `prefix`: the
+    job's key prefix, which `may_write` reads names under; `servers`: the
+    server ranks (meta/<rank> below it is the server's)."""
+
+    def __init__(self, key: bytes | StoreAuth | None, scope: str = "", prefix: str = "",
+                 servers: int = 1):
+        self.key, self.scope, self.prefix, self.servers = key, scope, prefix, servers
 
     def _mac(self, name: str, payload: bytes) -> bytes:
         msg = b"%s\0%s\0%s" % (self.scope.encode(), name.encode(), payload)
         return hmac.new(self.key, msg, hashlib.sha256).digest()
+
+    def _msg(self, name: str, writer: int, payload: bytes) -> bytes:
+        return b"ltpx-store\0%s\0%s\0%s%s" % (self.scope.encode(), name.encode(),
+                                               struct.pack("!H", writer),
+                                               hashlib.sha256(payload).digest())
 
     def seal(self, name: str, payload: bytes | str) -> bytes:
         """What to store under `name` for `payload`."""
         payload = payload.encode() if isinstance(payload, str) else bytes(payload)
         if self.key is None:
             return payload
+        if isinstance(self.key, StoreAuth):
+            w = self.key.writer
+            return SIGNED + struct.pack("!H", w) + self.key.sign(self._msg(name, w, payload)) \
+                + payload
         return MAGIC + self._mac(name, payload) + payload
 
     def open(self, name: str, raw: bytes) -> bytes:
-        """The payload of a stored value; StoreValueError when its MAC is not
-        this job's (forged, garbled, another job's, or moved from another key)."""
+        """The payload of a stored value; StoreValueError when its MAC or
+        signature is not this job's (forged, garbled, another job's, moved
+        from another key, or written by a rank the key does not admit)."""
+        return self.open_from(name, raw)[1]
+
+    def open_from(self, name: str, raw: bytes) -> tuple[int | None, bytes]:
+        """(its writer: storeauth.SERVER or a worker id, None when unsigned; the payload)."""
         raw = bytes(raw)
-        sealed = raw[:len(MAGIC)] == MAGIC and len(raw) >= len(MAGIC) + MAC_BYTES
+        head = raw[:len(MAGIC)]
+        sealed = head in (MAGIC, SIGNED) and len(raw) >= len(MAGIC) + MAC_BYTES
         if self.key is None:
             if sealed:
                 raise StoreValueError(f"store key {name}: the value is sealed with a job key "
                                       "this rank does not have: give every rank a key file "
                                       "of this job (LTP_SECRET_FILE)")
-            return raw
-        if not sealed:
+            return None, raw
+        if isinstance(self.key, StoreAuth):
+            return self._open_signed(name, raw)
+        if not sealed or head != MAGIC:
             raise StoreValueError(f"store key {name}: the value carries no MAC: forged, or "
                                   "written by a rank without this job's key (LTP_SECRET_FILE)")
         mac, payload = raw[len(MAGIC):len(MAGIC) + MAC_BYTES], raw[len(MAGIC) + MAC_BYTES:]
@@ -83,18 +116,73 @@ class Seal:
             raise StoreValueError(f"store key {name}: the value's MAC does not verify: forged, "
                                   "garbled, or another job's (every rank needs a key "
                                   "file of this job in LTP_SECRET_FILE)")
-        return payload
+        return None, payload
+
+    def _open_signed(self, name: str, raw: bytes) -> tuple[int, bytes]:
+        head = len(SIGNED) + 2 + SIG_BYTES
+        if raw[:len(SIGNED)] != SIGNED or len(raw) < head:
+            raise StoreValueError(f"store key {name}: the value carries no signature: forged, "
+                                  "or written by a rank without this job's key "
+                                  "(LTP_SECRET_FILE)")
+        (w,) = struct.unpack_from("!H", raw, len(SIGNED))
+        sig, payload = raw[len(SIGNED) + 2:head], raw[head:]
+        if not may_write(self.relative(name), w, self.servers):
+            raise StoreValueError(f"store key {name}: written by {writer_name(w)}, who may not "
+                                  "write it: forged by a member")
+        ok = self.key.verify(w, sig, self._msg(name, w, payload))
+        if ok is None:
+            raise StoreValueError(f"store key {name}: signed by {writer_name(w)}, whose key "
+                                  "this rank has not learnt (a server's meta record lists "
+                                  "the workers' keys)")
+        if not ok:
+            raise StoreValueError(f"store key {name}: the value's signature is not "
+                                  f"{writer_name(w)}'s: forged, garbled, or another job's "
+                                  "(every rank needs a key file of this job in LTP_SECRET_FILE)")
+        return w, payload
+
+    def relative(self, name: str) -> str | None:
+        """`name` under the job's prefix; None for a name outside it."""
+        return name[len(self.prefix):] if self.prefix and name.startswith(self.prefix) else None
 
     def read(self, name: str, raw: bytes, parse):
         """open(), then parse(payload); StoreValueError naming the key when the
         payload does not hold what parse wants."""
-        payload = self.open(name, raw)
+        return self.read_from(name, raw, parse)[1]
+
+    def read_from(self, name: str, raw: bytes, parse):
+        """(the writer, as open_from says; read()'s value)."""
+        writer, payload = self.open_from(name, raw)
         try:
-            return parse(payload)
+            return writer, parse(payload)
         except StoreValueError:
             raise
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
             raise StoreValueError(f"store key {name}: refused: {e}") from None
+
+
+SERVER_ONLY = ("floor", "fin", "open", "donor")   # values only a server writes
+
+
+def may_write(rel: str | None, writer: int, servers: int) -> bool:
+    """Whether `writer` (storeauth.SERVER or a worker id) may write the key
+    `rel` (a name under the job's prefix; None: outside it, anyone's): the
+    server's own values, a rank's meta/<rank>, worker w's ack/<r>/<w> and
+    k/<s>/<w>; a join request or a joiner's state only from a worker (the
+    reader checks which: tickets.py, coord.take_sync); the barrier's desc
+    and go from any rank."""
+    if rel is None:
+        return True
+    parts = rel.split("/")
+    if parts[0] in SERVER_ONLY:
+        return writer == SERVER
+    if parts[0] == "meta" and len(parts) == 2 and parts[1].isdigit():
+        r = int(parts[1])
+        return writer == (SERVER if r < servers else r - servers)
+    if parts[0] in ("ack", "k") and len(parts) == 3 and parts[2].isdigit():
+        return writer == int(parts[2])
+    if parts[0] in ("join", "sync"):
+        return writer != SERVER
+    return True
 
 
 # --------------------------------------------------------------------------- parsers
@@ -235,6 +323,8 @@ def meta_value(rank: int, servers: int):
         _int(d.get("pid", 0), 0, 1 << 31, "pid")
         if "port" in d:
             _int(d["port"], 0, 65535, "port")
+        if "store_pubs" in d and (role != "server" or not isinstance(d["store_pubs"], list)):
+            raise ValueError("store_pubs: a server's list of the workers' keys")
         if "chunk_bytes" in d:
             _int(d["chunk_bytes"], 1, 65535, "chunk_bytes")
         if d.get("compress", "none") not in COMPRESS:

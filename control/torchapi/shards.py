@@ -360,7 +360,7 @@ def start_sharded(job) -> None:
     """job.Job.start for servers > 1 (after the rendezvous): coordination,
     links and, on a worker, the ShardedExchange."""
     s, S, W = job.s, job.s.servers, job.workers
-    key = jobkey.store_key(job.key)
+    key = jobkey.store_auth(job.key)     # one identity: what root learns, the shards know
     root = Coord(job.store, W, s.timeout, servers=S, key=key)
     me = {"rank": job.global_rank, "role": "server" if job.is_server else "worker",
           "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid()}
@@ -368,7 +368,8 @@ def start_sharded(job) -> None:
         i = job.global_rank
         job.coord = Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}")
         job.link = job.make_link(shard=i)
-        root.set_json(f"meta/{i}", {**me, "shard": i, **job.link.address()})
+        root.set_json(f"meta/{i}", {**me, "shard": i, **job.link.address(),
+                                    **root.directory()})
         metas = root.metas(range(job.world))
         job.local_rank = 0
         job.link.connect({w: dict(metas[S + w], ip=metas[S + w]["shard_ips"][i])

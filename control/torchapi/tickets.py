@@ -47,8 +47,12 @@ class Tickets:
         self.tickets_seen = max(n, self.tickets_seen)
         for t, since in sorted(self.unseen.items()):
             if self.store.check([f"{self.prefix}join/{t}"]):
-                w = self.take(f"join/{t}", worker_id(self.workers))
-                self.joins[w] = t
+                writer, w = self.take_from(f"join/{t}", worker_id(self.workers))
+                if writer is None or writer == w:
+                    self.joins[w] = t
+                else:          # a member in another's name: nothing to admit, the job goes on
+                    log.warning("join ticket %d: worker %d asked to join as worker %d "
+                                "(forged by a member): ignored", t, writer, w)
                 self.drop(f"join/{t}")
                 del self.unseen[t]
             elif now - since > TICKET_WAIT_S:
