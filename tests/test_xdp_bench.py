@@ -2,9 +2,12 @@
 """`ltp bench xdp`'s arms (control/bench/xdp_stages.py) do what they are
 timed for: the copy floor writes the payload where ltp_xdp would, a stage
 left out with LTP_BENCH_SKIP is out (and nothing else), the ACK and clock
-arms take their paths, and a short breakdown and A/B run end to end.
+arms take their paths, a short breakdown and A/B run end to end, and the
+live arms (a veth in namespaces) run every frame they send.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -113,3 +116,38 @@ def test_breakdown_and_ab_run_end_to_end(stages, tmp_path):
     ab = xdp.bench_ab(tmp_path, packets=400, blocks=2, nchunks=NCH)
     for path in ("data", "capture", "ack", "clock"):
         assert len(ab[path]["block_ratios"]) == 2 and ab[path]["ratio"] > 0
+
+
+def test_live_arms_run_every_packet_and_leave_nothing(stages):
+    """The live arms (xdp_live.py): every frame ltp_gen sends is run by the
+    arm's program on the veth (the DATA path delivers each chunk), and the
+    namespaces they made are gone afterwards."""
+    from ltpx.control.bench import xdp_live as L
+    r = L.live(packets=2 * NCH, blocks=2, nchunks=NCH)
+    assert {"floor", "data"} == set(r["arms"])
+    assert all(a["packets"] >= 2 * NCH and a["ns_per_packet"] > 0 for a in r["arms"].values())
+    assert r["over_floor"] > 0
+    assert not [n for n in os.listdir("/run/netns") if n.startswith(f"ltp-bl{os.getpid() % 100000}")]
+
+
+def test_live_generator_sends_a_rounds_chunks_to_the_data_path(stages):
+    from ltpx.control.bench import xdp_live as L
+    from ltpx.dataplane.rig.pair import VethPair
+    from ltpx.dataplane.xdp.loader import attach_fd, detach
+    S = stages
+    frames = S.data_frames(NCH)
+    with VethPair(f"ltp-blt{os.getpid() % 100000}") as pair:
+        gen = L.Generator(pair.a, frames[0], NCH)
+        feed = S.DataFeed(frames)
+        try:
+            attach_fd(feed.fd, pair.b.dev, pair.b.ns)
+            for round_ in (1, 2):
+                feed.begin(round_)
+                gen.send(round_)
+                assert feed.maps.done_mask(round_, 0, NCH).all()
+            c = feed.maps.counters()
+            assert (c["data"], c["ack_tx"], c["malformed"], c["dup"]) == (2 * NCH, 2 * NCH, 0, 0)
+        finally:
+            detach(pair.b.dev, pair.b.ns)
+            feed.close()
+            gen.close()

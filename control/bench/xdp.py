@@ -10,7 +10,9 @@ rewrote, so repetitions 2..n would measure the ACK path.) In alternating
 blocks of the same run: an empty program on the same frames (the harness,
 subtracted), the copy floor, the DATA path with its stages left out one
 after another, the same while capturing, the ACK path and the ACK clock.
-Socket side: a Python receive loop on a veth pair in namespaces doing the
+Live (xdp_live.py): the copy floor and the DATA path attached in native mode
+to a veth, receiving DATA a batch at a time in its NAPI loop, timed by the
+kernel's run-time statistics. Socket side: a Python receive loop on a veth pair in namespaces doing the
 same work (receive, copy into memory, send an ACK), timed from its first to
 its last packet.
 
@@ -37,6 +39,7 @@ from ...dataplane.rig.pair import VethPair
 from ...dataplane.xdp import wire as W
 from ...errors import BenchError
 from ...dataplane.xdp.mapstructs import Tx
+from . import xdp_live as L
 from . import xdp_stages as S
 
 CHUNK = S.CHUNK
@@ -148,6 +151,8 @@ def run(packets: int = 20000, blocks: int = 10, progress=None) -> dict:
     step = progress or (lambda msg: None)
     step("XDP arms: DATA path, copy floor, stages left out, capture, ACK path, ACK clock")
     bd = S.breakdown(packets, blocks, progress=step)
+    step("live arms: copy floor and DATA path receiving from a veth (native XDP)")
+    live = L.live(packets, blocks, progress=step)
     step("Python socket loop on a veth pair")
     s = bench_socket(max(packets, 20000))
     arms = bd["arms"]
@@ -170,6 +175,7 @@ def run(packets: int = 20000, blocks: int = 10, progress=None) -> dict:
             "ack_harness_ns": bd["ack_harness_ns"],
             "arms": {k: {f: v[f] for f in ("ns_per_packet", "median_ns", "raw_trimmed_mean_ns")}
                      for k, v in arms.items()},
+            "live": live,
             "socket_ns_per_packet": round(s["ns_per_packet"], 1),
             "socket_packets": s["packets"],
             "speedup": round(s["ns_per_packet"] / xdp_ns, 1)}
