@@ -109,12 +109,13 @@ def store_key(key) -> bytes | None:
     return None if key is None else derive(key, "store")
 
 
-def store_auth(key) -> storeauth.StoreAuth | None:
-    """This rank's store identity (control/storeauth.py): the server's from
-    the job key, worker w's from its member file; None without a key."""
+def store_auth(key, worker: int | None = None) -> storeauth.StoreAuth | None:
+    """This rank's store identity (control/storeauth.py): worker w's from its
+    member file; from the job key, the server's (worker None) or worker
+    `worker`'s, either able to check every writer; None without a key."""
     if isinstance(key, MemberKeys):
         return storeauth.StoreAuth.member(key.worker, key.store_sign, key.store_pub)
-    return None if key is None else storeauth.StoreAuth.from_job_key(key)
+    return None if key is None else storeauth.StoreAuth.from_job_key(key, worker)
 
 
 def hello_key(key) -> bytes | None:

@@ -64,9 +64,14 @@ class StoreAuth:
             SERVER: Ed25519PublicKey.from_public_bytes(server_pub)}
 
     @classmethod
-    def from_job_key(cls, key: bytes) -> StoreAuth:
-        s = seed(key, SERVER)
-        return cls(SERVER, s, public(s), job_key=key)
+    def from_job_key(cls, key: bytes, worker: int | None = None) -> StoreAuth:
+        """A rank holding the job key: it signs as the server (worker None)
+        or as `worker` (a job that hands every rank the job key), and
+        checks every writer."""
+        w = SERVER if worker is None else worker
+        if not 0 <= w <= SERVER:
+            raise ValueError(f"a worker id is 0..{SERVER - 1}, got {worker}")
+        return cls(w, seed(key, w), public(seed(key, SERVER)), job_key=key)
 
     @classmethod
     def member(cls, worker: int, seed_: bytes, server_pub: bytes) -> StoreAuth:

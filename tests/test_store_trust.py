@@ -166,6 +166,12 @@ def test_a_member_cannot_write_a_value_in_another_ranks_name():
     with pytest.raises(ValueError, match=r"store_pubs\[0\] is not this worker's key"):
         auths[0].learn(jobkey.store_auth(jobkey.new_key()).directory(2))
     assert "key" not in repr(auths[1]).lower().replace("knows", "")
+    # a job that hands every rank the job key: a worker signs as itself, not the server
+    as_w1 = sealed.Seal(jobkey.store_auth(key, 1), prefix=KEY)
+    assert srv.read_from(KEY + "meta/2", as_w1.seal(KEY + "meta/2", "{}"), sealed.json_dict) \
+        == (1, {})
+    with pytest.raises(sealed.StoreValueError, match="written by worker 1, who may not"):
+        srv.open(KEY + "floor", as_w1.seal(KEY + "floor", "1"))
 
 
 @pytest.mark.unit
@@ -434,7 +440,7 @@ def test_a_forged_join_in_a_keyed_job_ends_it_with_a_clear_error(tmp_path):
     procs, outs, store = _job(400, _key_file(tmp_path), during=during)
     server_err = outs[0][1]
     assert procs[0].returncode == 1, server_err[-2000:]
-    assert f"store key {KEY}join/1: the value carries no MAC" in server_err
+    assert f"store key {KEY}join/1: the value carries no signature" in server_err
     for _, err in outs:
         assert "IndexError" not in err and "KeyError" not in err
 

@@ -91,7 +91,7 @@ class Job:
         if s.servers > 1:   # sharded servers: shards.py sets up coord, links, exchange
             start_sharded(self)
             return
-        self.coord = Coord(self.store, self.workers, s.timeout, key=jobkey.store_auth(self.key))
+        self.coord = Coord(self.store, self.workers, s.timeout, key=jobkey.store_auth(self.key, self.rank))
         self.coord.start_liveness(self.global_rank, s.store_netns)   # heartbeats: liveness.py
         self.link = self.make_link()
         me = {"rank": self.global_rank, "role": "server" if self.is_server else "worker",

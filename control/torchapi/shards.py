@@ -360,7 +360,7 @@ def start_sharded(job) -> None:
     """job.Job.start for servers > 1 (after the rendezvous): coordination,
     links and, on a worker, the ShardedExchange."""
     s, S, W = job.s, job.s.servers, job.workers
-    key = jobkey.store_auth(job.key)     # one identity: what root learns, the shards know
+    key = jobkey.store_auth(job.key, job.rank)   # one identity: what root learns, the shards know
     root = Coord(job.store, W, s.timeout, servers=S, key=key)
     me = {"rank": job.global_rank, "role": "server" if job.is_server else "worker",
           "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid()}
