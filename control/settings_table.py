@@ -155,6 +155,11 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "off: repair by re-sends alone (the default: on this rig the encoding costs more "
        "than the round trips it saves, docs/benchmarks.md). The server's choice rules",
        choices=("rs", "off"), flags=(RANK,)),
+    _s("checksums", str, "auto", "verify each LTP DATA frame's UDP checksum in XDP, so a "
+       "corrupted frame is never used (counted bad_csum, re-sent or filled): auto: where "
+       "frames carry whole sums (a NIC; not a veth or loopback, whose local sockets leave "
+       "the sum to offload); on; off (docs/operations.md)", choices=("auto", "on", "off"),
+       flags=(RANK,)),
     _s("servers", int, 1, "server ranks, each summing a contiguous slice of every bucket on a "
        "host of its own (docs/training.md, Sharded servers)", lo=1, hi=MAX_SERVERS,
        flags=(TRAIN, LAUNCH), launcher=True),
@@ -184,9 +189,9 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        choices=("socket", "xdp"), flags=(TRAIN,)),
     _s("secret_file", str, None, "a file holding the job key as hex on a server rank, a "
        "worker's own member key file on a worker (`ltp key member`; mode 0600 or stricter; "
-       "`ltp launch` and `ltp train` make them per job): LTP's round tokens and the MACs of "
-       "the store's values derive from it; without one tokens are off and the store's values "
-       "are not authenticated (docs/operations.md, \"Threat model\")", shown="-",
+       "`ltp launch` and `ltp train` make them per job): LTP's round tokens, the answers' "
+       "and the store values' signatures derive from it; without one tokens are off and the "
+       "store's values are not authenticated (docs/operations.md, \"Threat model\")", shown="-",
        metavar="FILE"),
     _s("require_secret", bool, False, "refuse to start without a job key (secret_file) "
        "instead of running with tokens off and a warning", shown="0"),

@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+from conftest import requires_bpf
 from ltpx.dataplane.rig.netlink import iproute
 from ltpx.dataplane.rig.pair import VethPair
 from ltpx.dataplane.xdp import lookup
@@ -42,3 +43,25 @@ def test_whole_checksums_are_told_by_the_device_kind(pair):
     assert lookup.csum_complete("n0", pair.a.ns)
     with pytest.raises(RegistryError, match="no device 'zz0'"):
         lookup.csum_complete("zz0", pair.a.ns)
+
+
+@requires_bpf
+@pytest.mark.rig
+def test_an_endpoint_verifies_checksums_by_default_where_frames_carry_them(pair):
+    """Endpoint(verify_csum=None), the default of every rank: off on the
+    veth, on on the NIC's stand-in; an explicit choice wins; the XDP
+    program's setting is what the endpoint says."""
+    from ltpx.control.transport import Endpoint, tokens
+    secret = tokens.new_secret()
+    cases = [(pair.a.dev, pair.a.ip, "native", None, False),
+             ("n0", NIC_IP, "skb", None, True),
+             (pair.a.dev, pair.a.ip, "native", True, True),
+             ("n0", NIC_IP, "skb", False, False)]
+    for dev, ip, mode, given, want in cases:
+        ep = Endpoint(dev, ip, {0: 0}, 1000, ns=pair.a.ns, mode=mode, secret=secret,
+                      publish=False, verify_csum=given)
+        try:
+            assert ep.verify_csum is want, (dev, given)
+            assert ep.maps.verify_csum() is want, (dev, given)
+        finally:
+            ep.close()

@@ -30,6 +30,7 @@ from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
 from .settings import Settings
 
 HEADROOM = 4096        # extra elements an endpoint is made with (a step's report, small ops)
+CHECKSUMS = {"auto": None, "on": True, "off": False}   # setting -> Endpoint(verify_csum=)
 ROUND_LIMIT_S = 60.0   # one round's hard limit; a rank's waits may be longer (Settings.timeout)
 
 
@@ -88,7 +89,8 @@ class LtpServerLink(ServerLink):
                            secret=self.secret, credit_bytes=credit_bytes(s),
                            # the answers' group send goes once to every worker; the
                            # clock would clock each worker's own unicast copy of it
-                           sender="socket" if s.downlink == "group" else s.sender)
+                           sender="socket" if s.downlink == "group" else s.sender,
+                           verify_csum=CHECKSUMS[s.checksums])
         self.size = size
         return True
 
@@ -237,7 +239,7 @@ class LtpWorkerLink(WorkerLink):
                            # a worker computes between its pull and the next answer
                            # (wbsp: while the answer comes): only the server proves
                            # liveness to senders; a dead worker shows in the store
-                           liveness_s=None)
+                           liveness_s=None, verify_csum=CHECKSUMS[s.checksums])
         self.size = size
         return True
 

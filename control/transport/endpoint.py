@@ -24,7 +24,7 @@ import struct
 import numpy as np
 
 from ...dataplane import netns
-from ...dataplane.xdp import registry
+from ...dataplane.xdp import lookup, registry
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry
 from ...errors import DeadPeerError, TransportError
@@ -102,9 +102,11 @@ class Endpoint:
     tokens are 0 and only the job cookie is checked (`protected` is False;
     the first such endpoint of a process warns: tokens.UnprotectedWarning).
     verify_csum: the XDP program verifies each DATA frame's UDP checksum and
-    counts a frame that fails `bad_csum`, never delivered nor ACKed (frames
-    from a NIC; on a veth a local socket's frames carry the sum unfinished,
-    left to offload, so the rig's senders would all fail: off by default).
+    counts a frame that fails `bad_csum`, never delivered nor ACKed. None
+    (the default): where frames carry whole sums (lookup.csum_complete: a
+    NIC, yes; a veth or loopback, no: a local socket's frames carry the sum
+    unfinished, left to offload, so the rig's senders would all fail); the
+    choice is `self.verify_csum`.
     sender: "socket" (default) or "xdp", how this endpoint's pushes leave
     (SENDERS; docs/transport.md, "The ACK clock"). push_options: the sender
     and the ACK clock's knobs together (options.PushOptions; a push may
@@ -137,7 +139,7 @@ class Endpoint:
                  secret: bytes | None = None, sender: str | None = None,
                  push_options: PushOptions | None = None,
                  credit_bytes: float | None = None, liveness_s: float | None = LIVENESS_S,
-                 verify_csum: bool = False):
+                 verify_csum: bool | None = None):
         if role not in (None, "ps", "worker"):
             raise ValueError(f"role must be ps or worker, got {role!r}")
         if self_id is not None and self_id not in peers:
@@ -164,6 +166,8 @@ class Endpoint:
         max_chunks = ChunkLayout(max_elems, chunk_bytes).nchunks
         if not force:  # fail before the compile, naming whoever holds the device
             registry.check_free(dev, ns or netns.current(), fix=FORCE_FIX)
+        self.verify_csum = lookup.csum_complete(dev, ns) if verify_csum is None \
+            else bool(verify_csum)
         self.dp = Dataplane(Geometry(slots=self.slots, max_chunks=max_chunks,
                                      chunk_bytes=chunk_bytes, port=port), job=job)
         self._published = None
@@ -172,7 +176,7 @@ class Endpoint:
             self.maps = self.dp.maps()
             self.maps.set_peers(self.peers)
             self.maps.set_liveness(liveness_s)
-            self.maps.set_verify_csum(verify_csum)
+            self.maps.set_verify_csum(self.verify_csum)
             self.dp.attach(dev, ns, mode, force=force, fix=FORCE_FIX)
             if publish:  # a record: `ltp status/flows/top` see this endpoint
                 self._publish(dev, ns, mode)

@@ -191,6 +191,10 @@ class LtpMaps:
         c.flags = (c.flags | CFG_CSUM) if on else (c.flags & ~CFG_CSUM)
         self.cfg.set(0, c)
 
+    def verify_csum(self) -> bool:
+        """Whether the program verifies checksums now (set_verify_csum)."""
+        return bool(self.cfg.get(0).flags & CFG_CSUM)
+
     def set_peers(self, peers: dict[int, int]) -> None:
         """worker id -> slot (0-based). Workers not named stay unknown."""
         for worker, slot in peers.items():
