@@ -255,7 +255,6 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 	    pkt_len < PAY_OFF + len)
 		return drop(LTP_C_MALFORMED, h);
 	rx->len = len;
-	rx->retx = h->flags & bpf_htons(LTP_F_RETX);
 
 	if (b->state != LTP_BANK_OPEN) {
 		/* Late for a closed round: never written, but ACKed CLOSED so the
@@ -421,7 +420,7 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 static __always_inline int on_data(struct xdp_md *ctx, struct ltp_pkt *p, struct ltp_cfg *cfg,
 				   __u64 now)
 {
-	struct ltp_rx rx = {.now = now};
+	struct ltp_rx rx = {.now = now, .retx = p->h->flags & bpf_htons(LTP_F_RETX)};
 	int verdict = data_admit(ctx, p, cfg, &rx);
 	if (verdict != LTP_ADMITTED)
 		return verdict;
