@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # A/B two versions of LTP on `ltp train`, alternating (the machine drifts):
 #   sudo bash scripts/ab_train.sh REV_A REV_B [LOSS] [PAIRS] [-- more train flags]
 # e.g. sudo bash scripts/ab_train.sh 01a7270 HEAD 0 3
@@ -8,7 +9,7 @@
 # times. One line per run: revision, pair, it/s, final accuracy, the server's
 # times. Needs the venv (`bash scripts/setup.sh`) and root.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n 2,9p "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n 3,10p "$0" >&2; exit 2; }
 A=$1; B=$2; LOSS=${3:-0}; PAIRS=${4:-2}
 shift $(( $# < 4 ? $# : 4 )); [ "${1:-}" = "--" ] && shift
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -52,9 +52,9 @@ from datetime import timedelta
 
 from ...errors import CommError
 from ..storeauth import SERVER, StoreAuth
-from .sealed import (MAX_COUNT, Seal, StoreValueError, any_json, donor_value, flag,
+from .sealed import (MAX_COUNT, Seal, StoreValueError, any_json, flag,
                      go_value, meta_value, op_value, text_int)
-from .liveness import Beat, Watch
+from .liveness import SLICE_S, Beat, PeerGone, Watch
 from .ops import Go, Members, Op
 from .storegc import Reaper
 from .tickets import Tickets
@@ -63,16 +63,11 @@ log = logging.getLogger("ltpx.torch.coord")
 
 KEY = f"ltpx/job/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 GROUP_BITS = 62    # arrival bits per int64 counter
-SLICE_S = 0.25     # a wait that watches liveness looks this often
 
 
 class Excluded(CommError):
     """This worker is not in the job any more (the barrier went on without it,
     or the server dropped it): it must rejoin (elastic.py) before its next op."""
-
-
-class PeerGone(CommError):
-    """A rank this one waits for stopped beating (liveness.py)."""
 
 
 def _timed_out(e: RuntimeError) -> bool:
@@ -372,48 +367,6 @@ class Coord(Tickets):
         self.wait([f"desc/{s}"])
         op = self.take(f"desc/{s}", op_value(self.workers))
         self.put(f"go/{s}", Go(op, tuple(sorted(self.view.absent | dead))).to_json())
-
-    # ------------------------------------------------------------------ membership
-    def take_sync(self, ticket: int, timeout_s: float | None = None,
-                  w: int | None = None) -> bytes | None:
-        """The state for `ticket`; None if the job ended first (its summary is in).
-        Worker w (this joiner), if given, asks again with a new ticket when the
-        member that owes it the state dies before handing it over: the
-        server takes a worker asking to join as gone from the barrier, and the
-        next step admits it with a living donor. The ticket's keys go once
-        the state is taken."""
-        end = time.monotonic() + (timeout_s or self.timeout_s)
-        donor: int | None = None
-        while not self._wait([f"sync/{ticket}"], SLICE_S, quiet=True):
-            if self.store.check([f"{KEY}fin"]):
-                return None
-            if self.watch is not None and not self.watch.alive(0):
-                raise PeerGone("the server (rank 0) stopped beating while this worker "
-                               "waited to be admitted back")
-            if donor is None and self.store.check([f"{KEY}donor/{ticket}"]):
-                donor = self.take(f"donor/{ticket}", donor_value(self.workers))
-                donor = -1 if donor is None else donor
-            if w is not None and donor is not None and donor >= 0 \
-                    and not self.worker_alive(donor):
-                if self.store.check([f"{KEY}sync/{ticket}"]):
-                    break                # it handed the state over just before
-                new = self.request_join(w)
-                log.warning("worker %d: worker %d, which owed it the state (ticket %d), "
-                            "stopped beating; asking again (ticket %d)", w, donor, ticket, new)
-                self.drop(f"donor/{ticket}")
-                ticket, donor = new, None
-            if time.monotonic() > end:
-                raise CommError(f"not admitted back after {timeout_s or self.timeout_s:g}s "
-                                f"(ticket {ticket})")
-        writer, blob = self.take_from(f"sync/{ticket}", bytes)
-        if donor is None and self.store.check([f"{KEY}donor/{ticket}"]):
-            donor = self.take(f"donor/{ticket}", donor_value(self.workers))
-        if writer is not None and donor is not None and donor >= 0 and writer != donor:
-            raise StoreValueError(f"store key {KEY}sync/{ticket}: the state was written by "
-                                  f"worker {writer}, not by worker {donor}, its donor: forged "
-                                  "by a member")
-        self.drop(f"sync/{ticket}", f"donor/{ticket}")
-        return blob
 
     # ------------------------------------------------------------------ rounds
     def announce_open(self, r: int) -> None:

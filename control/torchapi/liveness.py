@@ -31,9 +31,11 @@ import time
 from datetime import timedelta
 
 from ...dataplane import netns
+from ...errors import CommError
 
 log = logging.getLogger("ltpx.torch.liveness")
 
+SLICE_S = 0.25     # a wait that watches liveness looks this often (coord.py)
 BEAT_S = 0.2
 DEAD_S = 2.0
 
@@ -45,6 +47,10 @@ def dead_after_s() -> float:
     except ValueError:
         return DEAD_S
     return v if v > 0 else DEAD_S
+
+
+class PeerGone(CommError):
+    """A rank this one waits for stopped beating."""
 
 
 class Beat:

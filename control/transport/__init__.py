@@ -8,7 +8,8 @@ sender and the clock's knobs, per endpoint or per push) and receives them
 (receiver.py: Early Close decides when a round ends, Bubble Filling gives
 every missing chunk a value). The policies live beside them: early_close.py,
 bubble.py, rate.py, layout.py; tokens.py keys a round's packets to the job's
-secret; loss.py chooses what a sender sends next (lost chunks first, backoff
+secret; signing.py signs each answer at the server and checks it at a
+worker; loss.py chooses what a sender sends next (lost chunks first, backoff
 for a silent peer); results.py holds the peers and what pushes and rounds
 report; outbox.py holds what an endpoint's pushes share (`Sender`: the socket,
 and what past pushes learnt of each target); fec.py erasure-codes a reliable
