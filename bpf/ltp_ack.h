@@ -76,7 +76,7 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 	if (word >= LTP_BM_WORDS)
 		return XDP_DROP;
 	__u64 bit = 1ULL << (chunk & 63);
-	__u64 had = 0;
+	__u64 had = 0, unseen = 0;
 	/* A CLOSED ACK for a late chunk does not mean it was delivered. An
 	 * OPEN one may carry its block's delivered bits (LTP_F_SACK): what ACKs
 	 * lost before it would have said, bits past the round's end left out. */
@@ -87,9 +87,18 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 		__u64 fresh = mark & ~old;
 		if (fresh)
 			__sync_fetch_and_add(&tx->acked, popcount64(fresh));
+		unseen = fresh & ~bit;
 	}
 	if (!(hflags & LTP_F_CLOCK) || !tx->clock)
 		return XDP_DROP;
+	/* Chunks only the SACK bits said were delivered: their own ACKs were
+	 * lost (or come later, and are dropped as seen), so no ACK of theirs
+	 * will ever become DATA. Their packets leave the flight now; else each
+	 * lost ACK would hold a place of the credit for the rest of the round,
+	 * and at heavy loss the window fills with packets that are gone (the
+	 * control plane grows the flow again into the places freed). */
+	if (unseen)
+		__sync_fetch_and_add(&tx->consumed, popcount64(unseen));
 	if (tx->closed)
 		return clock_consume(tx, LTP_C_CLOCK_IDLE);
 	/* A second ACK of one chunk (a re-send the first ACK overtook): the

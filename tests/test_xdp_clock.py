@@ -196,6 +196,31 @@ def test_a_second_ack_of_one_chunk_is_consumed(dp, maps):
 
 
 @pytest.mark.root
+def test_chunks_only_a_sack_names_leave_the_flight(dp, maps):
+    """Chunk 1's ACK was lost; chunk 2's ACK names it delivered in its SACK
+    bits: chunk 2's ACK still becomes the next DATA, and chunk 1's packet
+    leaves the flight (consumed), since no ACK of its own will clock
+    anything. Its ACK arriving late after all is dropped, consuming nothing
+    more; SACK bits already known free nothing."""
+    start_round(maps, primed=3)
+    p = ack(chunk=2, flags=W.F_CLOCK | W.F_SACK)
+    p[W.LTP].len = W.SACK_LEN
+    p = p / Raw(((1 << 1) | (1 << 2)).to_bytes(W.SACK_LEN, "little"))
+    assert run(dp, p).verdict == XDP_TX
+    assert maps.acked_mask(9, 1, NCH).tolist() == [False, True, True, False]
+    assert tx(maps)["consumed"] == 1 and tx(maps)["added"] == 3
+    assert run(dp, ack(chunk=1)).verdict == XDP_DROP       # late: seen in the SACK
+    assert tx(maps)["consumed"] == 1
+    again = ack(chunk=3, flags=W.F_CLOCK | W.F_SACK)
+    again[W.LTP].len = W.SACK_LEN
+    again = again / Raw(((1 << 1) | (1 << 2) | (1 << 3)).to_bytes(W.SACK_LEN, "little"))
+    c0 = maps.counters()
+    assert run(dp, again).verdict == XDP_DROP     # the order is all out: consumed, idle
+    assert delta(maps, c0) == {"ack_rx": 1, "clock_idle": 1}
+    assert tx(maps)["consumed"] == 2              # that one, none for the known SACK bits
+
+
+@pytest.mark.root
 def test_an_ack_that_cannot_grow_is_consumed_and_hands_nothing_out():
     """A frame with too little tailroom for a chunk (here: 4000-byte chunks,
     more than a test-run page holds after the headers): the ACK is consumed

@@ -173,7 +173,7 @@ class ClockPush(Push):
         credit (the smallest seen; past the first ACK, in flight never
         exceeds it) and, when the count grew, the RTO's clock. Returns the
         credit and the packets in flight."""
-        window, inflight = int(t["window"]), int(t["added"]) - int(t["consumed"])
+        window, inflight = int(t["window"]), max(0, int(t["added"]) - int(t["consumed"]))
         if window:
             self.low_window[i] = int(t["window_min"])
             if self.heard[i]:
