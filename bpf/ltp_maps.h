@@ -243,7 +243,7 @@ struct ltp_tx {
 	__u32 pad;
 	__u64 next;            /* next order position XDP sends (fetch-add) */
 	__u64 added;           /* packets the control plane put in flight (priming, growth) */
-	__u64 consumed;        /* ACKs XDP consumed: in flight = added - consumed */
+	__u64 consumed;        /* ACKs XDP consumed, and chunks only a SACK named: in flight = added - consumed */
 	__u64 stops;           /* STOP ACKs received (stamped into DATA, LTP_CLOCK_STAMP) */
 	__u64 sent;            /* DATA XDP made from ACKs */
 	/* Recovery in XDP (rack = 1, docs/transport.md): every DATA XDP sends is

@@ -6,9 +6,10 @@ A clocked sender writes the round's payload and send order where its XDP
 program reads them (`load`), starts each flow with the packets it primes
 (`start`), and takes order positions from the tail to grow a window
 (`take_tail`). Its XDP program hands out positions from the front with a
-fetch-add on `next` and counts the ACKs it consumes; in flight is
-`added - consumed`. Every field has one writer (the control plane or XDP),
-so nothing here needs an atomic operation.
+fetch-add on `next` and counts the ACKs it consumes (and the chunks only
+a SACK named delivered); in flight is `added - consumed`. Every field has
+one writer (the control plane or XDP), so nothing here needs an atomic
+operation.
 """
 from __future__ import annotations
 
