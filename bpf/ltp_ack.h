@@ -26,6 +26,29 @@ static __always_inline __u64 ack_sack(struct xdp_md *ctx, struct ltp_hdr *h, __u
 	return bits;
 }
 
+/* Record an OPEN ACK: its chunk (`bit` of block `word`) and the block's
+ * delivered bits it may carry (LTP_F_SACK: what ACKs lost before it would
+ * have said, bits past the round's end left out) in ltp_acked, the new ones
+ * counted in tx->acked; *had: its chunk was acked before. Returns the
+ * chunks only the SACK bits named: their own ACKs were lost (or come
+ * later, and are dropped as seen), so no ACK of theirs will ever become
+ * DATA; on the clock their packets leave the flight then, else each lost
+ * ACK would hold a place of the credit for the rest of the round and at
+ * heavy loss the window would fill with packets that are gone (the control
+ * plane grows the flow again into the places freed). */
+static __always_inline __u64 ack_mark(struct xdp_md *ctx, struct ltp_hdr *h, __u16 hflags,
+				      struct ltp_tx *tx, struct ltp_bitmap *acked, __u64 word,
+				      __u64 bit, __u64 *had)
+{
+	__u64 mark = bit | ack_sack(ctx, h, hflags, word, tx->nchunks);
+	__u64 old = __sync_fetch_and_or(&acked->w[word], mark);
+	*had = old & bit;
+	__u64 fresh = mark & ~old;
+	if (fresh)
+		__sync_fetch_and_add(&tx->acked, popcount64(fresh));
+	return fresh & ~bit;
+}
+
 /* An ACK from the LTP port (its LTP header at h), for this host's flow in
  * ltp_tx at [its round's bank][its worker's slot]: checked against that
  * flow's round, token and chunk count, recorded, then dropped or handed to
@@ -77,27 +100,12 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 		return XDP_DROP;
 	__u64 bit = 1ULL << (chunk & 63);
 	__u64 had = 0, unseen = 0;
-	/* A CLOSED ACK for a late chunk does not mean it was delivered. An
-	 * OPEN one may carry its block's delivered bits (LTP_F_SACK): what ACKs
-	 * lost before it would have said, bits past the round's end left out. */
-	if (h->state != LTP_RS_CLOSED) {
-		__u64 mark = bit | ack_sack(ctx, h, hflags, word, tx->nchunks);
-		__u64 old = __sync_fetch_and_or(&acked->w[word], mark);
-		had = old & bit;
-		__u64 fresh = mark & ~old;
-		if (fresh)
-			__sync_fetch_and_add(&tx->acked, popcount64(fresh));
-		unseen = fresh & ~bit;
-	}
+	/* A CLOSED ACK for a late chunk does not mean it was delivered. */
+	if (h->state != LTP_RS_CLOSED)
+		unseen = ack_mark(ctx, h, hflags, tx, acked, word, bit, &had);
 	if (!(hflags & LTP_F_CLOCK) || !tx->clock)
 		return XDP_DROP;
-	/* Chunks only the SACK bits said were delivered: their own ACKs were
-	 * lost (or come later, and are dropped as seen), so no ACK of theirs
-	 * will ever become DATA. Their packets leave the flight now; else each
-	 * lost ACK would hold a place of the credit for the rest of the round,
-	 * and at heavy loss the window fills with packets that are gone (the
-	 * control plane grows the flow again into the places freed). */
-	if (unseen)
+	if (unseen)   /* gone from the flight: see ack_mark */
 		__sync_fetch_and_add(&tx->consumed, popcount64(unseen));
 	if (tx->closed)
 		return clock_consume(tx, LTP_C_CLOCK_IDLE);
