@@ -23,6 +23,7 @@ at each worker, and one signature or verification (~0.1 ms).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -48,6 +49,13 @@ class ForgedAnswerError(CommError):
     was used."""
 
 
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    """The hashing threads, made at the first large answer and kept (not one
+    pool per answer: an answer goes every step)."""
+    return ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="ltpx-sign")
+
+
 def _sha(piece) -> bytes:
     return hashlib.sha256(piece).digest()
 
@@ -60,8 +68,7 @@ def digest(job: int, d: int, payload: np.ndarray) -> bytes:
     raw = memoryview(np.ascontiguousarray(payload)).cast("B")
     pieces = [raw[i:i + PIECE_BYTES] for i in range(0, len(raw), PIECE_BYTES)] or [raw]
     if len(pieces) > 1:
-        with ThreadPoolExecutor(min(HASH_THREADS, len(pieces))) as pool:
-            sums = list(pool.map(_sha, pieces))
+        sums = list(_pool().map(_sha, pieces))
     else:
         sums = [_sha(pieces[0])]
     return _sha(_DIGEST + struct.pack("!IQQ", job % 2**32, d, len(raw)) + b"".join(sums))
