@@ -169,6 +169,27 @@ def test_exit_codes_come_back(zygote, tmp_path, body, code, says):
 
 
 @pytest.mark.rig
+def test_a_thread_pool_left_open_does_not_keep_the_rank_alive(zygote, tmp_path):
+    """A job that ends with a ThreadPoolExecutor still open and referenced
+    (its idle threads are not daemons) exits as `python job.py` does: the pool's own exit call
+    stops its threads before they are joined (ltpx's answer hashing keeps
+    such a pool; ltp launch hung at the end of every big_model rank)."""
+    script = tmp_path / "pool.py"
+    script.write_text("from concurrent.futures import ThreadPoolExecutor\n"
+                      "import builtins\n"
+                      "pool = builtins.kept = ThreadPoolExecutor(2)   # alive to the end\n"
+                      "print(sum(pool.map(abs, [-1, 2, -3])), flush=True)\n")
+    p = zygote.spawn([PY, str(script)], env())
+    try:
+        code = p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("the rank did not exit: its pool's idle threads were joined "
+                    "before the pool was told to stop")
+    assert code == 0 and p.stdout.read() == b"6\n"
+
+
+@pytest.mark.rig
 @pytest.mark.parametrize("how,code", [("kill", -signal.SIGKILL),
                                       ("terminate", -signal.SIGTERM)])
 def test_signals_reach_the_child(zygote, tmp_path, how, code):

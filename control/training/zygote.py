@@ -334,7 +334,8 @@ def finish(job: Job) -> None:
     without the interpreter's teardown of every module the zygote imported
     (0.3-1 s of CPU with torch loaded): SystemExit's code (None 0, a message
     1), an exception's traceback and 1, KeyboardInterrupt by SIGINT; then
-    non-daemon threads joined, atexit handlers, stdio flushed, os._exit."""
+    threading's exit calls and non-daemon threads joined, atexit handlers,
+    stdio flushed, os._exit."""
     code, by_sigint = 0, False
     try:
         job.run()
@@ -343,10 +344,7 @@ def finish(job: Job) -> None:
     except BaseException as e:     # noqa: BLE001 - as the interpreter reports it
         sys.excepthook(type(e), e, e.__traceback__)
         code, by_sigint = 1, isinstance(e, KeyboardInterrupt)
-    main_thread = threading.main_thread()
-    for t in threading.enumerate():
-        if t is not main_thread and not t.daemon:
-            t.join()
+    join_threads()
     atexit._run_exitfuncs()
     for f in (sys.stdout, sys.stderr):
         try:
@@ -357,6 +355,21 @@ def finish(job: Job) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
+
+
+def join_threads() -> None:
+    """What the interpreter does first at its end: threading's own exit
+    calls (a concurrent.futures pool's, which tell its idle threads to stop),
+    then every non-daemon thread joined. Joining without those calls waits
+    for ever on any ThreadPoolExecutor the job left open."""
+    shutdown = getattr(threading, "_shutdown", None)    # what Py_FinalizeEx calls
+    if shutdown is not None:
+        shutdown()
+        return
+    main_thread = threading.main_thread()
+    for t in threading.enumerate():
+        if t is not main_thread and not t.daemon:
+            t.join()
 
 
 def exit_status(code) -> int:
