@@ -22,7 +22,6 @@ from ...dataplane.xdp import wire as W
 from ...errors import CommError
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer
-from ..transport.options import PushOptions
 from ..transport.rate import CREDIT_RTT_S
 from ..transport import fec, tokens
 from ..transport.signing import SIG_ELEMS, Signer, Verifier
@@ -236,10 +235,7 @@ class LtpWorkerLink(WorkerLink):
                            early_close=EarlyCloseConfig(hard_timeout_s=self.wait_s),
                            initial_rate_bps=s.capacity / max(1, self.workers),
                            self_id=self.id,   # group-sent answers are taken as its own
-                           secret=self.secret, credit_bytes=credit_bytes(s),
-                           # under a loss budget the first pass's losses wait for its end
-                           push_options=PushOptions(sender=s.sender,
-                                                    first_pass_resends=not s.loss_budget),
+                           secret=self.secret, sender=s.sender, credit_bytes=credit_bytes(s),
                            # a worker computes between its pull and the next answer
                            # (wbsp: while the answer comes): only the server proves
                            # liveness to senders; a dead worker shows in the store

@@ -32,21 +32,12 @@ class PushOptions:
     (`ltp bench incast --transports ltp-xdp:poll=250`).
 
     rto_rtts: the RTO is this many round trips, at least clock.RTO_MIN; 0 is
-    clock.RTO_MIN whatever the round trip (`ltp-xdp:rto=0`).
-
-    first_pass_resends (the socket sender): True re-sends a chunk found lost
-    during a push's first pass ahead of the pass's new chunks; False lets
-    what the first pass lost wait for its end (critical chunks still go at
-    once, and reliable pushes are not affected). A worker under a loss
-    budget sends so: the server may close the round on its first pass, and
-    re-sends made before then would take the bottleneck's time that the
-    budget tolerates the loss to save."""
+    clock.RTO_MIN whatever the round trip (`ltp-xdp:rto=0`)."""
 
     sender: str = "socket"
     xdp_recovery: bool = True
     poll_s: float | None = None
     rto_rtts: int = RTO_RTTS
-    first_pass_resends: bool = True
 
     def __post_init__(self) -> None:
         if self.sender not in SENDERS:

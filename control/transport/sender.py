@@ -236,18 +236,12 @@ class Push:
         acked = self.acked()
         picker, hdr_u8 = self.picker, self.hdr_u8
         parity_repairs = self.coded is not None and self.passes <= 1
-        # under a loss budget the receiver may close on the first pass: what
-        # it lost waits for the pass's end (critical chunks go at once)
-        tolerate = self.passes <= 1 and not self.reliable and \
-            not self.options.first_pass_resends
         grp = picker.grp
         for i, det in enumerate(self.detectors):
             lost = det.lost(acked[i])
             if parity_repairs:   # the first pass's parity is its repair: no re-sends yet
                 continue
             for c in lost:       # a group push re-sends to the group: once for all it missed
-                if tolerate and not self.crit[c]:
-                    continue
                 if grp < 0:
                     picker.urgent.append((i, c))
                 elif not picker.lost_to_group(c):
