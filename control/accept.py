@@ -24,6 +24,11 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger("ltpx.accept")
 
+# A worker's hello can come late on a lossy path: TCP re-sends its segment
+# after 1, 2, 4, 8 ... s, so at 30 % loss on every port (51 % each way) a 5 s
+# limit turned away real workers of `ltp train --transport tcp`.
+HELLO_S = 60.0
+MAX_PENDING = 64      # connections still to say their hello, at most
 MAC_HELLO = struct.Struct(">I32s")    # worker id, HMAC-SHA256 of it under the job's hello key
 
 
@@ -72,11 +77,13 @@ def mac_parser(ids, key: bytes | None) -> Callable[[bytes], int | None]:
 
 
 def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[bytes], int | None],
-                   timeout_s: float, hello_s: float = 5.0) -> Accepted:
+                   timeout_s: float, hello_s: float = HELLO_S) -> Accepted:
     """Connections until `need` workers said a hello of `size` bytes that
     parse() turns into a worker id (None: not one), or timeout_s passed
     (then fewer: the caller says what is missing). Returned connections are
-    blocking, as accepted."""
+    blocking, as accepted. A connection that says nothing is closed after
+    hello_s, or when MAX_PENDING newer ones wait too (the oldest first):
+    waiting on it holds up no other connection."""
     out = Accepted()
     sel = selectors.DefaultSelector()
     pending: dict[socket.socket, list] = {}      # conn -> [bytes so far, since]
@@ -100,6 +107,8 @@ def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[byt
                     except OSError:
                         continue
                     conn.setblocking(False)
+                    if len(pending) >= MAX_PENDING:
+                        stray(next(iter(pending)), f"{MAX_PENDING} newer connections wait")
                     pending[conn] = [b"", time.monotonic()]
                     sel.register(conn, selectors.EVENT_READ)
                     continue

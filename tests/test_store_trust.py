@@ -328,6 +328,32 @@ def test_a_stray_connection_is_closed_and_counted_never_fatal():
         s.close()
 
 
+@pytest.mark.unit
+def test_a_late_hello_is_taken_and_silent_connections_are_bounded():
+    """A worker's hello that TCP re-sent for seconds (heavy loss: at 30 % on
+    every rig port the TCP arm's workers were turned away at 5 s) is still
+    taken, while connections that say nothing are bounded: beyond
+    MAX_PENDING the oldest is closed, never fatal."""
+    from ltpx.control import accept
+    key = jobkey.hello_key(jobkey.new_key())
+    ls = socket.create_server(("127.0.0.1", 0), backlog=accept.MAX_PENDING + 8)
+    addr = ls.getsockname()
+    res = {}
+    th = threading.Thread(target=lambda: res.update(got=accept_workers(
+        ls, 1, MAC_HELLO.size, mac_parser([0], key), 20.0)))
+    th.start()
+    silent = [socket.create_connection(addr) for _ in range(accept.MAX_PENDING + 3)]
+    worker = socket.create_connection(addr)
+    time.sleep(6.0)                                         # past the old 5 s limit
+    worker.sendall(mac_hello(0, key))
+    th.join(15)
+    got = res["got"]
+    assert sorted(got.conns) == [0] and got.strays == accept.MAX_PENDING + 3
+    assert silent[0].recv(1) == b""                         # the oldest was closed
+    for s in [*silent, worker, *got.conns.values(), ls]:
+        s.close()
+
+
 @pytest.mark.root     # the agents set TCP congestion control
 def test_the_tcp_baseline_ps_runs_its_rounds_past_a_stray_connection():
     port = socket.create_server(("127.0.0.1", 0))
