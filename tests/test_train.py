@@ -320,3 +320,29 @@ def test_a_single_run_on_a_named_rig_makes_no_fairness_note_and_a_new_name_is_sa
         from ltpx.dataplane.rig.star import Rig
         if Rig.exists(fresh):
             Rig.destroy(fresh)
+
+
+@pytest.mark.rig
+@requires_bpf
+def test_a_compare_run_that_fails_keeps_the_runs_that_finished():
+    # TCP cubic at 30 % loss on every port cannot make 3 steps in 40 s (LTP
+    # takes under a second for them): the TCP run times out, and the LTP run's
+    # result is printed all the same, the failure named, exit 1
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+    from ltpx.tools import train_text
+    p = subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "train", "--workers", "2",
+                        "--iterations", "3", "--loss", "0.3", "--compare", "tcp",
+                        "--timeout", "40", "-j"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stderr[-2000:]
+    out = json.loads(p.stdout)                      # one JSON document, the runs' results
+    assert out["transport"] == "ltp" and out["iterations"] == 3 and out["replicas_identical"]
+    assert out["failed"] == ["tcp (cubic)"] and out["speedup"] == {"tcp (cubic)": None}
+    tcp = out["compare"][0]
+    assert tcp["transport"] == "tcp" and "longer than 40s" in tcp["error"]
+    assert "1 of 2 runs failed (tcp (cubic): training took longer than 40s" in p.stderr
+    # the text form: the finished run's table, the failed one named below it
+    args = SimpleNamespace(seed=0, target_accuracy=None, sync="bsp", plot=None, tensorboard=None)
+    text = train_text.text([out, tcp], args, 0.3, 10**9, 30_000)
+    assert "final accuracy" in text and text.rstrip().endswith(f"tcp (cubic): failed: {tcp['error']}")

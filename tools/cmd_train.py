@@ -18,10 +18,10 @@ import sys
 
 from ..control.settings_table import TABLE
 from ..control.training.args import add_train_flags
-from ..control.training.faults import fault_lines
+from . import train_text as show
 from .flags import MAX_WORKERS
-from .common import (LtpError, UsageError, add_json, emit, need_bcc, need_root, parse_rate,
-                     parse_size)
+from .common import (EXIT_ERROR, LtpError, UsageError, add_json, emit, need_bcc, need_root,
+                     parse_rate, parse_size)
 
 CCS = ("cubic", "bbr", "reno")   # the congestion controls --cc and --compare tcp:CC take
 
@@ -231,43 +231,27 @@ def cmd_train(args) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
     from ..control.training import forkserver
     forkserver.warm()          # the ranks' imports, while the rig is built
-    from ..control.training.args import config_from_args
-    from ..control.training.curves import Curves, run_label
-    from ..control.training.onrig import train_on_rig
+    from ..control.training.curves import Curves
 
     results = []
-    progress = _Progress(quiet=False)
+    progress = show.RunBars(quiet=False)
     curves = Curves(args.tensorboard, args.plot)
 
     def on_event(ev: dict) -> None:
         progress.event(ev)
         curves.event(ev)
-    try:   # LaunchError, RigError, BenchError are LtpErrors: common.run reports them
+    try:   # a run that fails is reported with the others (LaunchError, RigError: LtpErrors)
         for run in runs:
-            cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
-            cfg = dataclasses.replace(cfg, servers=run["servers"], compress=run["compress"],
-                                      sender=run["sender"])
-            rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
-            label = _label(cfg.transport, cfg.cc, cfg.servers, cfg.compress, cfg.sender)
-            progress.begin(label)
-            curves.begin(run_label(label))
-            faults = None
-            if run is runs[0] and (args.kills or args.restart):
-                from ..control.training.faults import Faults
-                faults = Faults(args.kills, restart=args.restart, servers=cfg.servers)
-            with rig:
-                res = train_on_rig(rig, cfg, workers=args.workers,
-                                   progress=on_event, faults=faults,
-                                   timeout_s=args.timeout, deadline_min_s=args.deadline_min)
-                res["rig"] = {"name": rig.name, "mode": rig.config.mode,
-                              "rate_bps": rig.config.rate_bps,
-                              "buffer_bytes": rig.config.buffer_bytes, "loss": rig.config.loss,
-                              "shape": rig.config.shape, "loss_on": rig.config.loss_on,
-                              "mtu": rig.config.mtu, "servers": rig.config.servers}
-                res["servers"] = cfg.servers
-                res["compress"] = cfg.compress
-                res["sender"] = cfg.sender
-            progress.end(res)
+            try:
+                res = _one_run(args, run, run is runs[0], progress, on_event, curves,
+                               loss=loss, rate=rate, buffer=buffer)
+            except UsageError:
+                raise
+            except LtpError as e:
+                if len(runs) == 1:
+                    raise
+                res = show.failed_run(run, str(e))
+                progress.note(f"{show.label_of(res)}: failed: {e}")
             results.append(res)
     finally:
         progress.close()
@@ -279,15 +263,53 @@ def cmd_train(args) -> int:
         out["tensorboard"] = args.tensorboard
     if len(results) > 1:
         out["compare"] = results[1:]
-        out["speedup"] = {_label(r["transport"], r.get("cc"), r.get("servers", 1),
-                                 r.get("compress", "none"), r.get("sender", "socket")):
-                          _ratio(results[0], r) for r in results[1:]}
-    emit(args, out, lambda o: _text(results, args, loss, rate, buffer))
+        out["speedup"] = {show.label_of(r): show.ratio(results[0], r) for r in results[1:]}
+    failed = [r for r in results if "error" in r]
+    if failed:
+        out["failed"] = [show.label_of(r) for r in failed]
+    emit(args, out, lambda o: show.text(results, args, loss, rate, buffer))
+    if failed:   # said on stderr only: stdout holds the one JSON document above
+        print(f"ltp: error: {len(failed)} of {len(results)} runs failed ("
+              + "; ".join(f"{show.label_of(r)}: {r['error']}" for r in failed)
+              + "); the other runs' results are above", file=sys.stderr)
+        return EXIT_ERROR
     broken = [r for r in results if not r.get("replicas_identical")]
     if broken:
-        raise LtpError(f"{_label(broken[0]['transport'], broken[0].get('cc'))}: the PS and the "
-                       f"workers ended with different parameters ({broken[0]['worker_digests']})")
+        raise LtpError(f"{show.label_of(broken[0])}: the PS and the workers ended with "
+                       f"different parameters ({broken[0]['worker_digests']})")
     return 0
+
+
+def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: float,
+             rate: int, buffer: int) -> dict:
+    """Train one of the runs on its rig; its result, with the rig it had."""
+    from ..control.training.args import config_from_args
+    from ..control.training.curves import run_label
+    from ..control.training.onrig import train_on_rig
+    cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
+    cfg = dataclasses.replace(cfg, servers=run["servers"], compress=run["compress"],
+                              sender=run["sender"])
+    rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
+    label = show.label(cfg.transport, cfg.cc, cfg.servers, cfg.compress, cfg.sender)
+    progress.begin(label)
+    curves.begin(run_label(label))
+    faults = None
+    if main and (args.kills or args.restart):
+        from ..control.training.faults import Faults
+        faults = Faults(args.kills, restart=args.restart, servers=cfg.servers)
+    with rig:
+        res = train_on_rig(rig, cfg, workers=args.workers, progress=on_event, faults=faults,
+                           timeout_s=args.timeout, deadline_min_s=args.deadline_min)
+        res["rig"] = {"name": rig.name, "mode": rig.config.mode,
+                      "rate_bps": rig.config.rate_bps,
+                      "buffer_bytes": rig.config.buffer_bytes, "loss": rig.config.loss,
+                      "shape": rig.config.shape, "loss_on": rig.config.loss_on,
+                      "mtu": rig.config.mtu, "servers": rig.config.servers}
+        res["servers"] = cfg.servers
+        res["compress"] = cfg.compress
+        res["sender"] = cfg.sender
+    progress.end(res)
+    return res
 
 
 def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
@@ -322,127 +344,10 @@ def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
     if comparing and (rig.config.mode != rig_mode_for(cfg.transport)
                       or rig.config.shape != "all"):
         progress.note(f"note: rig {args.name} is {rig.config.mode} mode, shape "
-                      f"{rig.config.shape}; {_label(cfg.transport, cfg.cc)} compares fairly "
+                      f"{rig.config.shape}; {show.label(cfg.transport, cfg.cc)} compares fairly "
                       f"on a {rig_mode_for(cfg.transport)}-mode rig with shape all "
                       "(docs/rig.md, docs/training.md)")
     return rig, cfg
-
-
-def _label(transport: str, cc: str | None, servers: int = 1, compress: str = "none",
-           sender: str = "socket") -> str:
-    base = f"tcp ({cc})" if transport == "tcp" else transport
-    base = f"{base} x{servers}" if servers > 1 else base
-    base = base if sender == "socket" else f"{base} {sender}-sender"
-    return base if compress == "none" else f"{base} {compress}"
-
-
-def _ratio(a: dict, b: dict) -> float | None:
-    if a.get("iterations_per_s") and b.get("iterations_per_s"):
-        return round(a["iterations_per_s"] / b["iterations_per_s"], 3)
-    return None
-
-
-class _Progress:
-    """A rich progress bar per run on stderr: iterations, accuracy, rounds/s."""
-
-    def __init__(self, quiet: bool = False):
-        from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
-        self.console = Console(stderr=True)
-        self.bar = Progress(TextColumn("{task.description:<12}"), BarColumn(bar_width=24),
-                            MofNCompleteColumn(), TextColumn("acc {task.fields[acc]}"),
-                            TextColumn("{task.fields[rps]} rounds/s"), TimeElapsedColumn(),
-                            console=self.console, disable=quiet)
-        self.bar.start()
-        self.task = None
-
-    def note(self, text: str) -> None:
-        self.console.print(text)
-
-    def begin(self, label: str) -> None:
-        self.task = self.bar.add_task(label, total=None, acc="-    ", rps="-   ")
-
-    def event(self, ev: dict) -> None:
-        kind = ev.get("event")
-        if kind == "start":
-            self.bar.update(self.task, total=ev["iterations"])
-        elif kind == "iter":
-            rps = ev["t"] / ev["wall_s"] if ev.get("wall_s") else 0.0
-            self.bar.update(self.task, completed=ev["t"], rps=f"{rps:5.1f}")
-        elif kind == "eval":
-            self.bar.update(self.task, acc=f"{ev['accuracy']:.3f}")
-
-    def end(self, res: dict) -> None:
-        self.bar.update(self.task, completed=res["iterations"],
-                        acc=f"{res['final_accuracy']:.3f}",
-                        rps=f"{res['iterations_per_s']:5.1f}")
-
-    def close(self) -> None:
-        self.bar.stop()
-
-
-def _straggler(r: dict) -> str:   # the worker named straggler most often, in how many steps
-    named = r.get("straggler_rounds") or {}
-    w = max(named, key=named.get, default=None)
-    return f"w{w} {named[w]}/{r['iterations']}" if w is not None else "-"
-
-
-def _text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str:
-    r0 = results[0]
-    rc = r0.get("rig", {})
-    head = (f"ltp train: {r0['workers']} workers, {r0['sync']}, {r0['epochs']:g} epochs "
-            f"({r0['iterations']} iterations), seed {args.seed}\n"
-            f"model: MLP, {r0['params']} parameters")
-    if r0.get("straggler"):
-        head += "; straggler " + ", ".join(f"w{k} x{v:g}" for k, v in r0["straggler"].items())
-    head += (f"\nrig: {rc.get('rate_bps', rate) / 1e9:g} Gbit/s, "
-             f"{rc.get('buffer_bytes', buffer) / 1000:g} KB queue, loss "
-             f"{rc.get('loss', loss):g} on "
-             f"{'every port' if rc.get('loss_on') == 'all' else 'the PS port'}")
-    cols = [_label(r["transport"], r.get("cc"), r.get("servers", 1), r.get("compress", "none"),
-                   r.get("sender", "socket")) for r in results]
-
-    def early(r):
-        if r["transport"] not in ("ltp", "ddp-ltp"):
-            return "-"
-        return f"{r['rounds_early_closed']}/{(r.get('ltp') or {}).get('rounds', r['iterations'])}"
-
-    def ttt(r):
-        t = r.get("time_to_target")
-        return f"{t['wall_s']:.2f}" if t else ("never" if r.get("target_accuracy") else "-")
-
-    rows = [("final accuracy", [f"{r['final_accuracy']:.4f}" for r in results]),
-            ("train loss", [f"{r['initial_train_loss']:.3f}->{r['final_train_loss']:.3f}"
-                            for r in results]),
-            ("rounds/s", [f"{r['iterations_per_s']:.2f}" for r in results]),
-            ("wall s", [f"{r['wall_s']:.2f}" for r in results]),
-            ("delivered", [f"{r['delivered_fraction']:.5f}" for r in results]),
-            ("early-closed", [early(r) for r in results]),
-            ("straggler", [_straggler(r) for r in results]),
-            ("replicas equal", ["yes" if r.get("replicas_identical") else "NO" for r in results])]
-    if args.target_accuracy is not None:
-        rows.insert(4, (f"s to acc {args.target_accuracy:g}", [ttt(r) for r in results]))
-    w = max(*(len(c) for c in cols), *(len(v) for _, vals in rows for v in vals)) + 2
-    lines = [head, "", " " * 18 + "".join(f"{c:>{w}}" for c in cols)]
-    lines += [f"{name:<18}" + "".join(f"{v:>{w}}" for v in vals) for name, vals in rows]
-    if args.sync == "wbsp":
-        lines += ["", "local steps per worker (gradients computed):"]
-        lines += [f"  {c:<16}" + " ".join(str(v) for v in r["local_steps"].values())
-                  for c, r in zip(cols, results)]
-    faults = [ln for c, r in zip(cols, results) for ln in fault_lines(c, r)]
-    lines += [""] + faults if faults else []
-    ratios = [(c, _ratio(r0, r)) for c, r in zip(cols[1:], results[1:])]
-    if any(x for _, x in ratios):
-        lines.append("")
-    lines += [f"{cols[0]}: {x:.2f}x the rounds/s of {c}" for c, x in ratios if x]
-    if args.plot or args.tensorboard:
-        lines.append("")
-    if args.plot:
-        lines.append(f"plot: {args.plot}")
-    if args.tensorboard:
-        lines.append(f"tensorboard: {args.tensorboard} (tensorboard --logdir {args.tensorboard})")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # pragma: no cover

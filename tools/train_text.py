@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What `ltp train` shows: a progress bar per run on stderr, the runs side by
+side as text, and the labels and ratios its JSON names runs by."""
+from __future__ import annotations
+
+from ..control.training.faults import fault_lines
+
+
+def label(transport: str, cc: str | None, servers: int = 1, compress: str = "none",
+           sender: str = "socket") -> str:
+    base = f"tcp ({cc})" if transport == "tcp" else transport
+    base = f"{base} x{servers}" if servers > 1 else base
+    base = base if sender == "socket" else f"{base} {sender}-sender"
+    return base if compress == "none" else f"{base} {compress}"
+
+
+def ratio(a: dict, b: dict) -> float | None:
+    if a.get("iterations_per_s") and b.get("iterations_per_s"):
+        return round(a["iterations_per_s"] / b["iterations_per_s"], 3)
+    return None
+
+
+class RunBars:
+    """A rich progress bar per run on stderr: iterations, accuracy, rounds/s."""
+
+    def __init__(self, quiet: bool = False):
+        from rich.console import Console  # noqa: PLC0415 (ltp's start stays light)
+        from rich.progress import (  # noqa: PLC0415 (as above)
+            BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn)
+        self.console = Console(stderr=True)
+        self.bar = Progress(TextColumn("{task.description:<12}"), BarColumn(bar_width=24),
+                            MofNCompleteColumn(), TextColumn("acc {task.fields[acc]}"),
+                            TextColumn("{task.fields[rps]} rounds/s"), TimeElapsedColumn(),
+                            console=self.console, disable=quiet)
+        self.bar.start()
+        self.task = None
+
+    def note(self, text: str) -> None:
+        self.console.print(text)
+
+    def begin(self, label: str) -> None:
+        self.task = self.bar.add_task(label, total=None, acc="-    ", rps="-   ")
+
+    def event(self, ev: dict) -> None:
+        kind = ev.get("event")
+        if kind == "start":
+            self.bar.update(self.task, total=ev["iterations"])
+        elif kind == "iter":
+            rps = ev["t"] / ev["wall_s"] if ev.get("wall_s") else 0.0
+            self.bar.update(self.task, completed=ev["t"], rps=f"{rps:5.1f}")
+        elif kind == "eval":
+            self.bar.update(self.task, acc=f"{ev['accuracy']:.3f}")
+
+    def end(self, res: dict) -> None:
+        self.bar.update(self.task, completed=res["iterations"],
+                        acc=f"{res['final_accuracy']:.3f}",
+                        rps=f"{res['iterations_per_s']:5.1f}")
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+def _straggler(r: dict) -> str:   # the worker named straggler most often, in how many steps
+    named = r.get("straggler_rounds") or {}
+    w = max(named, key=named.get, default=None)
+    return f"w{w} {named[w]}/{r['iterations']}" if w is not None else "-"
+
+
+def label_of(r: dict) -> str:
+    """A run's label from its result (or its failure record)."""
+    return label(r["transport"], r.get("cc"), r.get("servers", 1), r.get("compress", "none"),
+                 r.get("sender", "socket"))
+
+
+def failed_run(run: dict, error: str) -> dict:
+    """What a run that raised leaves in the results: its settings and why."""
+    return {**run, "cc": run["cc"] if run["transport"] == "tcp" else None, "error": error}
+
+
+def text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str:
+    """The runs side by side; a run that failed is named below the table."""
+    failed = [f"{label_of(r)}: failed: {r['error']}" for r in results if "error" in r]
+    results = [r for r in results if "error" not in r]
+    if not results:
+        return "\n".join(failed)
+    r0 = results[0]
+    rc = r0.get("rig", {})
+    head = (f"ltp train: {r0['workers']} workers, {r0['sync']}, {r0['epochs']:g} epochs "
+            f"({r0['iterations']} iterations), seed {args.seed}\n"
+            f"model: MLP, {r0['params']} parameters")
+    if r0.get("straggler"):
+        head += "; straggler " + ", ".join(f"w{k} x{v:g}" for k, v in r0["straggler"].items())
+    head += (f"\nrig: {rc.get('rate_bps', rate) / 1e9:g} Gbit/s, "
+             f"{rc.get('buffer_bytes', buffer) / 1000:g} KB queue, loss "
+             f"{rc.get('loss', loss):g} on "
+             f"{'every port' if rc.get('loss_on') == 'all' else 'the PS port'}")
+    cols = [label_of(r) for r in results]
+
+    def early(r):
+        if r["transport"] not in ("ltp", "ddp-ltp"):
+            return "-"
+        return f"{r['rounds_early_closed']}/{(r.get('ltp') or {}).get('rounds', r['iterations'])}"
+
+    def ttt(r):
+        t = r.get("time_to_target")
+        return f"{t['wall_s']:.2f}" if t else ("never" if r.get("target_accuracy") else "-")
+
+    rows = [("final accuracy", [f"{r['final_accuracy']:.4f}" for r in results]),
+            ("train loss", [f"{r['initial_train_loss']:.3f}->{r['final_train_loss']:.3f}"
+                            for r in results]),
+            ("rounds/s", [f"{r['iterations_per_s']:.2f}" for r in results]),
+            ("wall s", [f"{r['wall_s']:.2f}" for r in results]),
+            ("delivered", [f"{r['delivered_fraction']:.5f}" for r in results]),
+            ("early-closed", [early(r) for r in results]),
+            ("straggler", [_straggler(r) for r in results]),
+            ("replicas equal", ["yes" if r.get("replicas_identical") else "NO" for r in results])]
+    if args.target_accuracy is not None:
+        rows.insert(4, (f"s to acc {args.target_accuracy:g}", [ttt(r) for r in results]))
+    w = max(*(len(c) for c in cols), *(len(v) for _, vals in rows for v in vals)) + 2
+    lines = [head, "", " " * 18 + "".join(f"{c:>{w}}" for c in cols)]
+    lines += [f"{name:<18}" + "".join(f"{v:>{w}}" for v in vals) for name, vals in rows]
+    if args.sync == "wbsp":
+        lines += ["", "local steps per worker (gradients computed):"]
+        lines += [f"  {c:<16}" + " ".join(str(v) for v in r["local_steps"].values())
+                  for c, r in zip(cols, results)]
+    faults = [ln for c, r in zip(cols, results) for ln in fault_lines(c, r)]
+    lines += [""] + faults if faults else []
+    ratios = [(c, ratio(r0, r)) for c, r in zip(cols[1:], results[1:])]
+    if any(x for _, x in ratios):
+        lines.append("")
+    lines += [f"{cols[0]}: {x:.2f}x the rounds/s of {c}" for c, x in ratios if x]
+    lines += [""] + failed if failed else []
+    if args.plot or args.tensorboard:
+        lines.append("")
+    if args.plot:
+        lines.append(f"plot: {args.plot}")
+    if args.tensorboard:
+        lines.append(f"tensorboard: {args.tensorboard} (tensorboard --logdir {args.tensorboard})")
+    return "\n".join(lines)
