@@ -211,7 +211,13 @@ def test_ltp_train_ddp_ltp_against_gloo_and_compressed_in_one_command():
         [("ddp-ltp", "none"), ("gloo", "none"), ("ddp-ltp", "uint8")]
     assert all(r["replicas_identical"] and r["iterations"] == 20 for r in runs)
     assert set(res["speedup"]) == {"gloo", "ddp-ltp uint8"}
-    assert res["ltp"]["buckets"] == 20 and res["ltp"]["delivered"] == 1.0
+    ltp = res["ltp"]
+    assert ltp["buckets"] == 20 and 0.9 < ltp["delivered"] <= 1.0
+    # whole unless Early Close cut a bucket, and then the report says so: no
+    # loss is configured, but the rig's 30 KB queues are real and drop a
+    # burst when a busy CPU stalls a sender's pacing (once in CI: 0.9925)
+    assert ltp["delivered"] == 1.0 or ltp["early_buckets"] > 0, ltp
+    assert res["delivered_fraction"] == ltp["delivered"]
     assert runs[1]["ltp"] is None
 
 
