@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import requires_bpf
-from ltpx.control.bench.loss_sweep import parse_variants
+from ltpx.control.bench.loss_sweep import parse_variants, table
 from ltpx.errors import UsageError
 
 LTP = [sys.executable, "-m", "ltpx.tools.cli"]
@@ -49,3 +49,26 @@ def test_a_small_sweep_reports_every_variant_against_its_lossless_run():
         assert per["0.2"]["iterations_per_s"] > 0 and per["0.2"]["replicas_identical"]
         assert len(res["runs"][label]["0.2"]) == 1
     assert "[4/4]" in out.stderr                       # progress, one line a run
+
+
+@pytest.mark.rig
+@pytest.mark.slow
+@requires_bpf
+def test_a_run_that_fails_is_kept_and_the_sweep_goes_on():
+    # TCP cubic at 30 % loss on every port cannot make 3 steps in 40 s; it
+    # runs first, and LTP's run after it is still made and reported
+    out = subprocess.run(LTP + ["bench", "loss", "--loss", "0.3", "--variants", "tcp,ltp",
+                                "--workers", "2", "--iterations", "3", "--run-timeout", "40",
+                                "--name", "hdlfail", "-j"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1, out.stderr[-2000:]
+    res = json.loads(out.stdout)                    # one JSON document, every run in it
+    assert res["config"]["run_timeout_s"] == 40.0
+    tcp, ltp = res["results"]["tcp"]["0.3"], res["results"]["ltp"]["0.3"]
+    assert "longer than 40s" in tcp["error"] and tcp["runs_failed"] == 1
+    assert ltp["iterations_per_s"] > 0 and ltp["runs_failed"] == 0 and ltp["replicas_identical"]
+    assert [(f["variant"], f["loss"]) for f in res["failed"]] == [("tcp", 0.3)]
+    assert "1 run(s) failed" in out.stderr and "[2/2] loss 0.3 ltp:" in out.stderr
+    lines = table(res).splitlines()                 # the text form: the failed row says so
+    assert any(ln.split()[:3] == ["tcp", "0.3", "failed:"] for ln in lines), lines
+    assert any(ln.split()[:2] == ["ltp", "0.3"] and "failed" not in ln for ln in lines)

@@ -24,7 +24,10 @@ JSON keys: config, results (per variant, per loss rate: iterations_per_s,
 final_accuracy, delivered_fraction, rounds_early_closed, filled_error_mean,
 replicas_identical, vs_lossless: its it/s over its own at loss 0,
 accuracy_pp: its accuracy minus its own at loss 0, in percentage points),
-runs (every run's figures, gather_s and broadcast_s included).
+runs (every run's figures, gather_s and broadcast_s included; a failed run's
+error), failed (each failed run's variant, loss and error: it exits 1).
+A run that fails or passes --run-timeout is kept as its error and the sweep
+goes on.
 """
 
 
@@ -44,6 +47,9 @@ def register(bsub) -> None:
                    help="runs per variant and loss rate (default 1; medians over them)")
     add_rate(p)
     add_buffer(p)
+    p.add_argument("--run-timeout", type=float, default=900.0, metavar="S",
+                   help="give a run up after S seconds, keep its error and go on (default "
+                   "900; TCP at 20-30 %% loss takes seconds a step)")
     p.add_argument("--plot", metavar="FILE.png", help="draw it/s and accuracy against loss")
     p.add_argument("--name", default="lsweep", help="name of the rig it builds (default "
                    "lsweep; must not exist)")
@@ -66,6 +72,8 @@ def cmd_loss(args) -> int:
         raise UsageError(f"--iterations: must be in 1..100000, got {args.iterations}")
     if not 1 <= args.repeats <= 20:
         raise UsageError(f"--repeats: must be in 1..20, got {args.repeats}")
+    if not args.run_timeout > 0:
+        raise UsageError(f"--run-timeout: must be positive seconds, got {args.run_timeout}")
     rate = check_rate(args.rate)
     buffer = parse_size(args.buffer, "--buffer")
     if args.plot:
@@ -76,9 +84,15 @@ def cmd_loss(args) -> int:
     res = loss_sweep.run(losses=losses, variants=variants, workers=args.workers,
                          iterations=args.iterations, rate_bps=rate, buffer_bytes=buffer,
                          repeats=args.repeats, name=args.name,
-                         progress=lambda m: print(m, file=sys.stderr, flush=True))
+                         progress=lambda m: print(m, file=sys.stderr, flush=True),
+                         run_timeout_s=args.run_timeout)
     if args.plot:
         res["plot"] = loss_sweep.plot(res, args.plot)
     emit(args, res, loss_sweep.table)
+    if res["failed"]:     # on stderr: stdout holds the one JSON document above
+        print(f"ltp: error: {len(res['failed'])} run(s) failed (the others' figures are "
+              "above): " + "; ".join(f"{f['variant']} at loss {f['loss']:g}: {f['error']}"
+                                     for f in res["failed"]), file=sys.stderr)
+        return 1
     return 0 if all(r["replicas_identical"] for per in res["results"].values()
                     for r in per.values()) else 1

@@ -15,7 +15,10 @@ Each variant's figures per loss rate: iterations/s (median over repeats),
 final accuracy, delivered fraction, rounds closed early, the ledger's mean
 filled error, the server's gather and broadcast seconds; and against its own
 lossless run (`vs_lossless`: it/s ratio; `accuracy_pp`: accuracy difference
-in percentage points).
+in percentage points). A run that fails (a rank's error, or longer than
+`run_timeout_s`: TCP at heavy loss can take minutes a step) is kept as its
+error and the sweep goes on; its variant and loss rate have figures only
+from the runs that finished.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ...errors import UsageError
+from ...errors import LtpError, UsageError
 from ..training.config import TrainConfig
 from ..training.onrig import rig_config, train_on_rig
 
@@ -100,7 +103,8 @@ def _figures(res: dict) -> dict:
 
 def run(*, losses: list[float], variants: list[Variant], workers: int, iterations: int,
         rate_bps: int, buffer_bytes: int, repeats: int = 1, name: str = "lsweep",
-        seed: int = 0, progress: Callable[[str], None] | None = None) -> dict:
+        seed: int = 0, progress: Callable[[str], None] | None = None,
+        run_timeout_s: float = 900.0) -> dict:
     """The sweep on one rig; returns the documented JSON object."""
     runs: dict[str, dict[str, list[dict]]] = {v.label: {str(p): [] for p in losses}
                                                for v in variants}
@@ -112,20 +116,29 @@ def run(*, losses: list[float], variants: list[Variant], workers: int, iteration
                 order = variants if (rep + i) % 2 == 0 else variants[::-1]
                 for v in order:
                     cfg = TrainConfig(transport=v.transport, iterations=iterations, seed=seed)
-                    with _env(v.env):
-                        res = train_on_rig(rig, cfg, workers=workers,
-                                           early_close={"budget": v.budget} if v.budget
-                                           else None)
-                    runs[v.label][str(p)].append(_figures(res))
+                    try:
+                        with _env(v.env):
+                            res = train_on_rig(rig, cfg, workers=workers,
+                                               timeout_s=run_timeout_s,
+                                               early_close={"budget": v.budget} if v.budget
+                                               else None)
+                        fig = _figures(res)
+                        said = (f"{res['iterations_per_s']:.2f} it/s, accuracy "
+                                f"{res['final_accuracy']:.4f}")
+                    except LtpError as e:
+                        fig, said = {"error": str(e)}, f"failed: {e}"
+                    runs[v.label][str(p)].append(fig)
                     done += 1
                     if progress:
-                        progress(f"[{done}/{total}] loss {p:g} {v.label}: "
-                                 f"{res['iterations_per_s']:.2f} it/s, accuracy "
-                                 f"{res['final_accuracy']:.4f}")
+                        progress(f"[{done}/{total}] loss {p:g} {v.label}: {said}")
+    failed = [{"variant": label, "loss": float(p), "error": r["error"]}
+              for label, per in runs.items() for p, rs in per.items() for r in rs if "error" in r]
     return {"config": {"losses": losses, "variants": [v.label for v in variants],
                        "workers": workers, "iterations": iterations, "rate_bps": rate_bps,
-                       "buffer_bytes": buffer_bytes, "repeats": repeats, "seed": seed},
-            "results": {label: _summary(per) for label, per in runs.items()}, "runs": runs}
+                       "buffer_bytes": buffer_bytes, "repeats": repeats, "seed": seed,
+                       "run_timeout_s": run_timeout_s},
+            "results": {label: _summary(per) for label, per in runs.items()}, "runs": runs,
+            "failed": failed}
 
 
 def rig_config_rig(name: str, workers: int, rate_bps: int, buffer_bytes: int):
@@ -137,16 +150,23 @@ def rig_config_rig(name: str, workers: int, rate_bps: int, buffer_bytes: int):
 def _summary(per: dict[str, list[dict]]) -> dict[str, dict]:
     """Per loss rate: the medians over repeats, and against the lossless run."""
     out = {}
-    for p, rs in per.items():
+    for p, runs in per.items():
+        rs = [r for r in runs if "error" not in r]
+        failed = len(runs) - len(rs)
+        if not rs:       # no run of it finished: why the first did not
+            out[p] = {"error": runs[0]["error"], "runs_failed": failed}
+            continue
         out[p] = {k: statistics.median(r[k] for r in rs) for k in
                   ("iterations_per_s", "final_accuracy", "delivered_fraction",
                    "rounds_early_closed", "filled_error_mean")}
         out[p]["replicas_identical"] = all(r["replicas_identical"] for r in rs)
+        out[p]["runs_failed"] = failed
     base = out.get("0") or out.get("0.0")
-    if base:
+    if base and "error" not in base:
         for row in out.values():
-            row["vs_lossless"] = row["iterations_per_s"] / base["iterations_per_s"]
-            row["accuracy_pp"] = 100 * (row["final_accuracy"] - base["final_accuracy"])
+            if "error" not in row:
+                row["vs_lossless"] = row["iterations_per_s"] / base["iterations_per_s"]
+                row["accuracy_pp"] = 100 * (row["final_accuracy"] - base["final_accuracy"])
     return out
 
 
@@ -156,6 +176,9 @@ def table(res: dict) -> str:
              f"{'pp':>6} {'early':>6} {'filled err':>10}"]
     for label, per in res["results"].items():
         for p, r in per.items():
+            if "error" in r:
+                lines.append(f"{label:<22} {float(p):>5g} failed: {r['error']}")
+                continue
             lines.append(f"{label:<22} {float(p):>5g} {r['iterations_per_s']:>7.2f} "
                          f"{r.get('vs_lossless', float('nan')):>6.2f} "
                          f"{r['final_accuracy']:>9.4f} {r.get('accuracy_pp', float('nan')):>6.2f} "
@@ -170,9 +193,11 @@ def plot(res: dict, path: str) -> str:
     import matplotlib.pyplot as plt   # noqa: PLC0415 (as above)
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     for label, per in res["results"].items():
-        xs = [float(p) for p in per]
-        a.plot(xs, [r["iterations_per_s"] for r in per.values()], marker="o", label=label)
-        b.plot(xs, [r["final_accuracy"] for r in per.values()], marker="o", label=label)
+        done = {float(p): r for p, r in per.items() if "error" not in r}   # failed: no point
+        a.plot(list(done), [r["iterations_per_s"] for r in done.values()], marker="o",
+               label=label)
+        b.plot(list(done), [r["final_accuracy"] for r in done.values()], marker="o",
+               label=label)
     a.set(xlabel="loss rate (every port)", ylabel="iterations/s")
     b.set(xlabel="loss rate (every port)", ylabel="final accuracy")
     a.legend()
