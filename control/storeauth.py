@@ -36,13 +36,15 @@ def seed(key: bytes, writer: int) -> bytes:
 
 
 @functools.lru_cache(maxsize=4096)
-def _private(seed_: bytes) -> Ed25519PrivateKey:
+def private(seed_: bytes) -> Ed25519PrivateKey:
+    """The Ed25519 key of a 32-byte signing seed (the store's writers' here,
+    the answers' in transport/tokens.py)."""
     return Ed25519PrivateKey.from_private_bytes(seed_)
 
 
 def public(seed_: bytes) -> bytes:
     """The public key (PUB_BYTES) of a signing seed."""
-    return _private(seed_).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return private(seed_).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
 def writer_name(writer: int) -> str:
@@ -59,7 +61,7 @@ class StoreAuth:
     def __init__(self, writer: int, seed_: bytes, server_pub: bytes,
                  job_key: bytes | None = None):
         self.writer, self.job_key = writer, job_key
-        self._sign = _private(seed_)
+        self._sign = private(seed_)
         self.pubs: dict[int, Ed25519PublicKey] = {
             SERVER: Ed25519PublicKey.from_public_bytes(server_pub)}
 

@@ -362,14 +362,7 @@ def join_threads() -> None:
     calls (a concurrent.futures pool's, which tell its idle threads to stop),
     then every non-daemon thread joined. Joining without those calls waits
     for ever on any ThreadPoolExecutor the job left open."""
-    shutdown = getattr(threading, "_shutdown", None)    # what Py_FinalizeEx calls
-    if shutdown is not None:
-        shutdown()
-        return
-    main_thread = threading.main_thread()
-    for t in threading.enumerate():
-        if t is not main_thread and not t.daemon:
-            t.join()
+    threading._shutdown()    # what Py_FinalizeEx calls, both steps in that order
 
 
 def exit_status(code) -> int:

@@ -34,9 +34,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ...errors import CommError
-from .tokens import PUB_BYTES, answer_key
+from ..storeauth import PUB_BYTES, SIG_BYTES
+from .tokens import answer_key
 
-SIG_BYTES = 64
 SIG_ELEMS = SIG_BYTES // 4        # float32 elements the signature takes at an answer's end
 _DIGEST = b"ltpx-answer-digest\0"
 PIECE_BYTES = 4 << 20             # what one thread hashes at a time

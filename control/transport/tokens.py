@@ -49,7 +49,8 @@ import warnings
 from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from ..storeauth import private, public
 
 SECRET_BYTES = 16          # 128 bits: the least a secret may have
 SECRET_MAX = 64            # BLAKE2b's longest key
@@ -93,7 +94,6 @@ _MEMBER = b"ltpx-member-key"   # keeps member keys apart from tokens
 
 _GROUP = b"ltpx-group-key"     # keeps the group key apart from member keys
 _SIGN = b"ltpx-answer-sign"    # keeps the answers' signing seed apart from both
-PUB_BYTES = 32                 # an Ed25519 public key
 
 
 class MemberSecret(NamedTuple):
@@ -124,12 +124,14 @@ def group_key(secret: bytes) -> bytes:
     return hashlib.blake2b(b"group", digest_size=32, key=secret, person=_GROUP).digest()
 
 
-@functools.lru_cache(maxsize=16)
+def _answer_seed(secret: bytes) -> bytes:
+    return hashlib.blake2b(b"answers", digest_size=32, key=secret, person=_SIGN).digest()
+
+
 def answer_key(secret: bytes) -> Ed25519PrivateKey:
     """The key the server of token secret `secret` signs its answers with
     (signing.py); only a holder of the secret can make it."""
-    seed = hashlib.blake2b(b"answers", digest_size=32, key=secret, person=_SIGN).digest()
-    return Ed25519PrivateKey.from_private_bytes(seed)
+    return private(_answer_seed(secret))
 
 
 def answer_pub(secret) -> bytes | None:
@@ -137,7 +139,7 @@ def answer_pub(secret) -> bytes | None:
     server_pub; None without a secret."""
     if secret is None or isinstance(secret, MemberSecret):
         return None if secret is None else secret.server_pub
-    return answer_key(bytes(secret)).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return public(_answer_seed(bytes(secret)))
 
 
 def member(secret, worker: int, group: bool = False) -> MemberSecret:
