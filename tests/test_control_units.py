@@ -292,28 +292,15 @@ def test_a_group_push_re_sends_each_lost_chunk_once_to_the_group():
 
 
 @pytest.mark.unit
-def test_a_group_push_repair_pass_sends_what_several_lack_to_the_group_and_the_rest_alone():
+def test_a_group_push_repair_pass_is_one_run_of_what_any_answering_target_lacks():
     from ltpx.control.transport.loss import group_pass
     order, full = [4, 0, 3, 1, 2], 0b11111
     # target 0 lacks 1 and 3, target 1 lacks 3 and 4, target 2 (silent: its
     # probes are its own) lacks everything
-    chunks, alone, lacks = group_pass(order, [0b10101, 0b00111, 0], full, [True, True, False])
-    assert chunks == [3]                        # lacked by both answering targets: once
-    assert alone == [(0, [1]), (1, [4])]        # lacked by one: to it alone, in the push's order
+    chunks, lacks = group_pass(order, [0b10101, 0b00111, 0], full, [True, True, False])
+    assert chunks == [4, 3, 1]                  # the union, once, in the push's order
     assert lacks == {0: 2, 1: 2}                # what each would leave unanswered
-    # two or more lack 1, 3 and 4: the group gets them, nobody anything alone
-    assert group_pass(order, [0b00101, 0b00101, 0b00111], full, [True] * 3)[:2] == ([4, 3, 1], [])
-    assert group_pass(order, [full, full], full, [True, True]) == ([], [], {})
-
-
-@pytest.mark.unit
-def test_a_chunk_lacked_by_one_open_target_is_its_alone():
-    from ltpx.control.transport.loss import lacked_by
-    acked = [0b011, 0b001, 0b111]
-    assert lacked_by(acked, [], 1) == 1           # before the first reading: all open
-    assert lacked_by(acked, [], 2) == 2
-    assert lacked_by(acked, [True, False, False], 2) == 1   # a closed target needs nothing
-    assert lacked_by(acked, [False] * 3, 0) == 0
+    assert group_pass(order, [full, full], full, [True, True]) == ([], {})
 
 
 @pytest.mark.unit

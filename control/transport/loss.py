@@ -46,43 +46,21 @@ def pass_runs(order: list[int], acked: list[int], done: list[bool],
 
 
 def group_pass(order: list[int], acked: list[int], full: int,
-               answering: list[bool]) -> tuple[list[int], list[tuple[int, list[int]]],
-                                               dict[int, int]]:
-    """A group push's re-send pass: every chunk two or more answering targets
-    lack, in `order`, for one run to the group (a chunk that several lack
-    costs the sender's port one packet, not one per target; those that had
-    it answer DUP); every chunk one answering target alone lacks, in a run to
-    that target (`alone`: see `lacked_by`); and per answering target how
-    many it lacks (what its silence would leave unanswered: Backoff.listen's
-    sent_to)."""
-    once = twice = 0   # bit c: chunk c lacked by one answering target or more / by two or more
-    lacks = {}
+               answering: list[bool]) -> tuple[list[int], dict[int, int]]:
+    """A group push's re-send pass: every chunk some answering target lacks,
+    in `order`, for one run to the group (a chunk that several lack costs the
+    sender's port one packet, not one per target; those that had it answer
+    DUP), and per answering target how many of them it lacks (what its
+    silence would leave unanswered: Backoff.listen's sent_to)."""
+    missing, lacks = 0, {}
     for i, a in enumerate(acked):
         if answering[i]:
             lack = full & ~a
-            twice |= once & lack
-            once |= lack
+            missing |= lack
             lacks[i] = lack.bit_count()
-    if not once:
-        return [], [], {}
-    single = once & ~twice
-    alone = [(i, [c for c in order if (mine >> c) & 1])
-             for i, a in enumerate(acked) if answering[i] and (mine := single & ~a)]
-    return [c for c in order if (twice >> c) & 1], alone, lacks
-
-
-def lacked_by(acked: list[int], closed: list[bool], c: int) -> int:
-    """How many open targets of a group push lack chunk c (closed: what the
-    ACKs said last; an empty list before the first reading).
-
-    A chunk only one target lacks is re-sent to that target alone: on a
-    bridge or switch that floods the group, a group frame costs every
-    member's port, receive path and DUP ACK, one to a target costs its own;
-    the sender's port carries one frame either way. On the 2-core rig, where
-    that per-member work sets the answer's pace, re-sending alone what only
-    one worker lacks made training at 10 % loss 4 % faster (docs/benchmarks.md)."""
-    return sum(1 for i, a in enumerate(acked)
-               if not (closed and closed[i]) and not (a >> c) & 1)
+    if not missing:
+        return [], {}
+    return [c for c in order if (missing >> c) & 1], lacks
 
 
 class Backoff:

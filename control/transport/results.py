@@ -37,7 +37,6 @@ class PushReport:
     stops: int = 0                   # ACKs the receiver's credit told to stop
     max_over_credit: int = 0         # most packets in flight above the credit, after the first ACK
     clock_retx: int = 0              # re-sends the XDP program made of ACKs (RACK in XDP; in clock_tx)
-    resent_alone: int = 0            # a group push's re-sends to one target alone (in resent)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

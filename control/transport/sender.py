@@ -14,7 +14,7 @@ from ...dataplane.xdp import wire as W
 from ...errors import DeadPeerError, TransportError
 from . import fec
 from .layout import FRAME_OVERHEAD, ChunkLayout
-from .loss import Backoff, BatchPicker, LossDetector, group_pass, lacked_by, pass_runs
+from .loss import Backoff, BatchPicker, LossDetector, group_pass, pass_runs
 from .options import DEFAULTS, PushOptions
 from .rate import Pacer
 from .results import Peer, PushReport
@@ -184,7 +184,7 @@ class Push:
         # The lowest rate a target advertised: its share with every flow active,
         # the rate to start the next round at (shares grow as flows finish).
         self.low = [0] * nt
-        self.sent = self.resent = self.passes = self.alone = 0
+        self.sent = self.resent = self.passes = 0
         self.backoff = Backoff(nt, nch, time.perf_counter())
         # The first batch goes at once: the round starts on the barrier, not a
         # pacing interval later.
@@ -241,13 +241,12 @@ class Push:
             lost = det.lost(acked[i])
             if parity_repairs:   # the first pass's parity is its repair: no re-sends yet
                 continue
-            for c in lost:       # a group push re-sends to the group: once for all it
-                # missed, unless this target alone lacks it (loss.lacked_by)
-                if grp < 0 or lacked_by(acked, picker.closed, c) <= 1:
+            for c in lost:       # a group push re-sends to the group: once for all it missed
+                if grp < 0:
                     picker.urgent.append((i, c))
-                    hdr_u8[i][c, RETX_BYTE] |= W.F_RETX
-                elif picker.lost_to_group(c):
-                    hdr_u8[grp][c, RETX_BYTE] |= W.F_RETX
+                elif not picker.lost_to_group(c):
+                    continue
+                hdr_u8[i if grp < 0 else grp][c, RETX_BYTE] |= W.F_RETX
         return acked
 
     def _settle(self, closed: list[bool], acked: list[int]) -> bool:
@@ -302,11 +301,10 @@ class Push:
                     hv[:, RETX_BYTE] |= W.F_RETX
             bo = self.backoff
             runs, to = [], {}
-            if self.group:   # one run to the group for what several answering targets
-                # lack, one to each for what it alone lacks
-                chunks, alone, to = group_pass(self.order, acked, self.full,
-                                               [r and not bo.silent[i] for i, r in enumerate(ready)])
-                runs = ([(len(self.targets), chunks)] if chunks else []) + alone
+            if self.group:   # one run to the group for every answering target
+                chunks, to = group_pass(self.order, acked, self.full,
+                                        [r and not bo.silent[i] for i, r in enumerate(ready)])
+                runs = [(len(self.targets), chunks)] if chunks else []
             more = pass_runs(self.order, acked, [not r or i in to for i, r in enumerate(ready)],
                              bo.limits(ready))
             bo.spend(more)
@@ -327,7 +325,7 @@ class Push:
         clock, t0, timeout_s = time.perf_counter, self.t0, self.timeout_s
         detectors, grp = self.detectors, picker.grp
         all_resent = self.passes > 1
-        sent = resent = alone = 0
+        sent = resent = 0
         refresh_at, wait_until = 0.0, None
         while True:
             if picker.exhausted():
@@ -364,10 +362,8 @@ class Push:
             sent += len(batch)
             if all_resent or lost:
                 resent += len(batch)
-                alone += len(batch) if 0 <= grp != tgt else 0
         self.sent += sent
         self.resent += resent
-        self.alone += alone
 
     def _read_acks(self) -> bool:
         """Rates, closed flags and losses into the picker; False once every
@@ -415,6 +411,5 @@ class Push:
                           resent=self.resent, acked=sum(a.bit_count() for a in self._raw_acked()),
                           closed_by_receiver=self.overtaken or
                           all(bool(tx32[s, 1]) for s in self.slots),
-                          duration_s=time.perf_counter() - self.t0, passes=self.passes,
-                          resent_alone=self.alone)
+                          duration_s=time.perf_counter() - self.t0, passes=self.passes)
 
