@@ -2,7 +2,10 @@
 """Control-plane policy without the kernel: layout, Bubble Filling, Early Close, rates."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
 import pytest
 
 from ltpx.control.transport import bubble
@@ -209,6 +212,44 @@ def test_loss_detector_judges_by_what_was_acked_after():
     det.sent.append(4)
     det.restart()                                 # a new pass covers all that is out
     assert det.lost(ack(1, 3, 2, 7, 9, 4)) == []
+
+
+@pytest.mark.unit
+def test_loss_detector_samples_the_round_trip_from_the_latest_acked_send():
+    import math
+
+    from ltpx.control.transport.loss import LossDetector
+    det = LossDetector()
+    det.note([4, 2], 10.000)
+    det.note([7], 10.001)
+    det.note([1, 6], 10.002)
+    assert det.lost(0, 10.0015) == [] and det.rtt == math.inf   # nothing acked yet
+    det.lost((1 << 4) | (1 << 2), 10.0022)      # position 1 (sent at 10.000) acked
+    assert det.rtt == pytest.approx(0.0022)
+    det.lost((1 << 4) | (1 << 2) | (1 << 7), 10.0016)   # 7, sent at 10.001: a shorter one
+    assert det.rtt == pytest.approx(0.0006)
+    det.lost((1 << 4) | (1 << 2) | (1 << 7), 10.005)    # nothing newer acked: no sample
+    assert det.rtt == pytest.approx(0.0006)
+    det.lost(1 << 6, 10.009)                    # position 4 (10.002): longer, the min stays
+    assert det.rtt == pytest.approx(0.0006)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rtts, want", [([math.inf, 0.0001], 0.002),   # one has none yet
+                                        ([0.0001, 0.0001], 0.0005),    # floor
+                                        ([0.0002, 0.0004], 0.001),     # 2 x the slowest + a read
+                                        ([0.003, 0.0001], 0.002)])     # cap
+def test_a_pass_tail_waits_twice_the_slowest_round_trip_within_bounds(rtts, want):
+    from ltpx.control.transport.loss import LossDetector
+    from ltpx.control.transport.sender import Push
+    p = Push.__new__(Push)       # tail_wait reads only the detectors and who is done
+    p.detectors = [LossDetector() for _ in rtts]
+    for d, r in zip(p.detectors, rtts):
+        d.rtt = r
+    p.done_t = [False] * len(rtts)
+    assert p.tail_wait() == pytest.approx(want)
+    p.done_t[0] = True            # a done target no longer counts
+    assert p.tail_wait() == pytest.approx(min(0.002, max(0.0005, 2 * rtts[1] + 0.0002)))
 
 
 @pytest.mark.unit

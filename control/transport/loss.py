@@ -8,6 +8,7 @@ ACK state is a Python int per target: bit c set once chunk c is acknowledged.
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 REORDER = 3  # a chunk is lost once one sent more than this many places later is acked
@@ -158,17 +159,35 @@ class LossDetector:
         self.reorder = reorder
         self.sent: list[int] = []
         self.judged = 0  # sent[:judged] are judged: acked, or reported lost
+        # when positions went out: batch i's first position and its time
+        self.at_pos: list[int] = []
+        self.at_t: list[float] = []
+        self.latest = -1       # the latest position seen acked
+        self.rtt = math.inf    # the shortest send-to-seen-acked time so far, s
+
+    def note(self, batch: list[int], now: float) -> None:
+        """A batch went out at `now`: its chunks take the next positions."""
+        self.at_pos.append(len(self.sent))
+        self.at_t.append(now)
+        self.sent.extend(batch)
 
     def restart(self) -> None:
         """A new pass re-sends everything outstanding: judge only what it sends."""
         self.judged = len(self.sent)
 
-    def lost(self, acked: int) -> list[int]:
-        """Chunks newly found lost, given the ACK state (bit c: chunk c acked)."""
+    def lost(self, acked: int, now: float | None = None) -> list[int]:
+        """Chunks newly found lost, given the ACK state (bit c: chunk c acked);
+        `now`, the time the state was read, also samples the round trip
+        (`rtt`): from the send of the latest position seen acked."""
         so, start = self.sent, self.judged
         j = len(so) - 1  # the latest position whose chunk is acked
         while j >= start and not (acked >> so[j]) & 1:
             j -= 1
+        if now is not None and j > self.latest and self.at_pos:
+            self.latest = j
+            b = bisect.bisect_right(self.at_pos, j) - 1
+            if b >= 0:
+                self.rtt = min(self.rtt, now - self.at_t[b])
         out = []
         p = start
         while p < j - self.reorder:

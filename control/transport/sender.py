@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import math
 import operator
 import time
 
@@ -20,7 +21,9 @@ from .rate import Pacer
 from .results import Peer, PushReport
 
 UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
-TAIL_WAIT = 0.002  # after a pass, how long the last ACKs may take before a re-send pass
+TAIL_WAIT = 0.002  # after a pass, the longest its last ACKs may take before a re-send pass
+TAIL_MIN = 0.0005  # ... and the shortest (see Push.tail_wait)
+TAIL_POLL = 0.0002  # how often the ACKs are read meanwhile
 # A re-send is flagged in the header bytes themselves, in place: flags is a
 # big-endian u16, so RETX (< 0x100) lives in its second, low-order byte.
 RETX_BYTE = W.OFF["flags"] + 1
@@ -233,12 +236,12 @@ class Push:
 
     def detect_losses(self) -> list[int]:
         """The ACK state per target; queues the chunks found lost, flagged RETX."""
-        acked = self.acked()
+        acked, now = self.acked(), time.perf_counter()
         picker, hdr_u8 = self.picker, self.hdr_u8
         parity_repairs = self.coded is not None and self.passes <= 1
         grp = picker.grp
         for i, det in enumerate(self.detectors):
-            lost = det.lost(acked[i])
+            lost = det.lost(acked[i], now)
             if parity_repairs:   # the first pass's parity is its repair: no re-sends yet
                 continue
             for c in lost:       # a group push re-sends to the group: once for all it missed
@@ -333,10 +336,10 @@ class Push:
                 # queueing) to come back.
                 now = clock()
                 if wait_until is None:
-                    wait_until = now + TAIL_WAIT
+                    wait_until = now + self.tail_wait()
                 if now >= wait_until or self._all_closed_or_acked():
                     break
-                time.sleep(0.0002)
+                time.sleep(TAIL_POLL)
                 picker.acked = self.detect_losses()
                 continue
             n = take()
@@ -356,14 +359,27 @@ class Push:
                 time.sleep(0.0002)  # local queue full: back off, retry these
                 picker.rewind(at)
                 continue
+            now = clock()
             for det in (detectors if tgt == grp else (detectors[tgt],)):
-                det.sent.extend(batch)
+                det.note(batch, now)
             wait_until = None
             sent += len(batch)
             if all_resent or lost:
                 resent += len(batch)
         self.sent += sent
         self.resent += resent
+
+    def tail_wait(self) -> float:
+        """How long a pass's last ACKs may take before what they have not
+        acknowledged is re-sent: twice the slowest open target's round trip
+        (the shortest it showed so far: LossDetector.rtt), plus a read of
+        the ACKs, within TAIL_MIN..TAIL_WAIT; TAIL_WAIT until every open
+        target showed one. A lost chunk among a pass's last few, which no
+        later ACK can show lost, waits that long: on the rig about 0.5 ms
+        instead of 2 (RACK-TLP's probe timeout, RFC 8985, is 2 SRTT)."""
+        rtt = max((d.rtt for d, done in zip(self.detectors, self.done_t) if not done),
+                  default=math.inf)
+        return min(TAIL_WAIT, max(TAIL_MIN, 2 * rtt + TAIL_POLL))
 
     def _read_acks(self) -> bool:
         """Rates, closed flags and losses into the picker; False once every
