@@ -155,6 +155,13 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "off: repair by re-sends alone (the default: on this rig the encoding costs more "
        "than the round trips it saves, docs/benchmarks.md). The server's choice rules",
        choices=("rs", "off"), flags=(RANK,)),
+    _s("downlink_loss", str, "repair", "what LTP's downlink does with a chunk of a step's "
+       "answer that some worker lost: repair: re-send it until every worker has it; defer: "
+       "send the answer once, and every worker leaves out (zero) the chunks any of them may "
+       "lack, which the server adds into its next answer, so their gradient is applied a "
+       "step late, alike on every replica (no re-sends but the step's report; needs "
+       "compress none and downlink_code off). The server's choice rules",
+       choices=("repair", "defer"), flags=(RANK,)),
     _s("checksums", str, "auto", "verify each LTP DATA frame's UDP checksum in XDP, so a "
        "corrupted frame is never used (counted bad_csum, re-sent or filled): auto: where "
        "frames carry whole sums (a NIC; not a veth or loopback, whose local sockets leave "

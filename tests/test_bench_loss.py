@@ -18,12 +18,16 @@ LTP = [sys.executable, "-m", "ltpx.tools.cli"]
 
 @pytest.mark.unit
 def test_variants_parse_and_bad_ones_are_usage_errors():
-    vs = parse_variants("ltp,ltp:budget=0.35:code=rs,tcp")
-    assert [(v.transport, v.budget, v.code) for v in vs] == [
-        ("ltp", 0.0, "off"), ("ltp", 0.35, "rs"), ("tcp", 0.0, "off")]
-    assert vs[1].env == {"LTP_DOWNLINK_CODE": "rs"} and vs[2].env == {}
+    vs = parse_variants("ltp,ltp:budget=0.35:code=rs,tcp,ltp:loss=defer:budget=0.5")
+    assert [(v.transport, v.budget, v.code, v.loss) for v in vs] == [
+        ("ltp", 0.0, "off", "repair"), ("ltp", 0.35, "rs", "repair"), ("tcp", 0.0, "off", "repair"),
+        ("ltp", 0.5, "off", "defer")]
+    assert vs[1].env == {"LTP_DOWNLINK_CODE": "rs", "LTP_DOWNLINK_LOSS": "repair"}
+    assert vs[2].env == {} and vs[3].env["LTP_DOWNLINK_LOSS"] == "defer"
     for bad, word in (("quic", "cannot read"), ("ltp:budget=2", "budget"),
                       ("ltp:budget=x", "budget"), ("ltp:code=xor", "code"),
+                      ("ltp:loss=drop", "loss is repair or defer"),
+                      ("ltp:code=rs:loss=defer", "do not combine"),
                       ("ltp:speed=1", "keys"), ("tcp:budget=0.3", "cannot read"),
                       ("ltp,ltp", "twice")):
         with pytest.raises(UsageError, match=word):

@@ -257,6 +257,28 @@ def test_heavy_loss_with_a_budget_and_coded_answers(rig, monkeypatch):
 
 @pytest.mark.rig
 @requires_bpf
+def test_tolerant_answers_defer_what_a_worker_lost_and_every_replica_agrees(rig, monkeypatch):
+    """10 % loss on every port, `downlink_loss=defer` (transport/defer.py):
+    each step's answer goes once, the chunks some worker lacks are deferred
+    a step by every worker alike and carried into the next answer, none
+    dropped; the replicas stay bit-identical and the model learns."""
+    monkeypatch.setenv("LTP_DOWNLINK_LOSS", "defer")   # the ranks' environment (job_env)
+    rig.set_loss(0.1)
+    try:
+        r = _train(rig, transport="ltp")
+    finally:
+        rig.set_loss(0.0)
+    d = r["downlink_deferred"]
+    assert r["iterations"] == STEPS and d["answers"] > 0 and d["values"] > 0, d
+    assert d["dropped"] == 0
+    assert r["replicas_identical"] and set(r["worker_digests"].values()) == {r["ps_digest"]}
+    chain = r["version_chain"]
+    assert set(chain["workers"].values()) == {chain["ps"]}
+    assert r["final_train_loss"] < 0.8 * r["initial_train_loss"]
+
+
+@pytest.mark.rig
+@requires_bpf
 def test_lossless_ltp_and_tcp_train_bit_identical_parameters(rig, ltp_run):
     tcp = _train(rig, transport="tcp")
     assert tcp["replicas_identical"]

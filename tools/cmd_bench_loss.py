@@ -14,9 +14,11 @@ EPILOG = """examples:
   ltp bench loss
   ltp bench loss --loss 0,0.05,0.1,0.2,0.3 --variants ltp,ltp:budget=0.35,tcp -j
   ltp bench loss --variants ltp,ltp:code=rs,ltp:budget=0.35:code=rs --repeats 3 --plot loss.png
+  ltp bench loss --loss 0,0.1,0.2,0.3 --variants ltp,ltp:loss=defer --repeats 2 -j
 
 Variants: ltp (the paper's Early Close rule), ltp:budget=B (a loss budget,
-docs/transport.md), ltp:code=rs (coded answers), tcp (cubic). Each trains the
+docs/transport.md), ltp:code=rs (coded answers), ltp:loss=defer (tolerant
+answers), tcp (cubic). Each trains the
 same model from the same seed at every loss rate (on every port, both ways),
 in an order that alternates between loss rates and repeats.
 
@@ -38,7 +40,8 @@ def register(bsub) -> None:
                    help="loss rates on every port (default 0,0.1,0.2,0.3; 0 first gives "
                    "each variant its lossless reference)")
     p.add_argument("--variants", default="ltp,ltp:budget=0.35,tcp",
-                   help="comma list of ltp, ltp:budget=B, ltp:code=rs, tcp (default "
+                   help="comma list of ltp, ltp:budget=B, ltp:code=rs, ltp:loss=defer, tcp "
+                   "(default "
                    "ltp,ltp:budget=0.35,tcp)")
     add_workers(p, 4)
     p.add_argument("--iterations", type=int, default=150,

@@ -175,22 +175,32 @@ class LtpCluster:
         return res, reports
 
     def downlink(self, round_: int, params: np.ndarray, timeout_s: float = 20.0,
-                 group: bool = False, coded: bool = False) -> tuple[PushReport, dict[int, str]]:
+                 group: bool = False, coded: bool = False,
+                 tolerant_from: int | None = None) -> tuple[PushReport, dict[int, str]]:
         """Reliable PS -> all workers; returns the push report and each
         worker's sha256 of what it received (`last_rebuilt`: the chunks each
         rebuilt from parity). group: the first pass goes once, to the rig's
         broadcast address, instead of once per worker; coded: erasure-coded
-        (Endpoint.push_reliable)."""
+        (Endpoint.push_reliable); tolerant_from: a tolerant answer whose
+        elements from there on are critical (Endpoint.push_deferred;
+        `last_deferred`: the chunks each worker's verdict deferred)."""
         for p in self.procs:
             p.send({"cmd": "expect", "round": round_, "nelems": int(params.size),
-                    "timeout": timeout_s, "coded": coded})
+                    "timeout": timeout_s, "coded": coded,
+                    "deferred": tolerant_from is not None})
         for p in self.procs:
             p.recv()
-        rep = self.ps.push_reliable(round_, params, [Peer(h.index, h.ip) for h in self.hosts],
-                                    timeout_s=timeout_s,
-                                    group=(BROADCAST, W.PORT) if group else None, coded=coded)
+        peers = [Peer(h.index, h.ip) for h in self.hosts]
+        grp = (BROADCAST, W.PORT) if group else None
+        if tolerant_from is None:
+            rep = self.ps.push_reliable(round_, params, peers, timeout_s=timeout_s, group=grp,
+                                        coded=coded)
+        else:
+            rep = self.ps.push_deferred(round_, params, peers, critical_from=tolerant_from,
+                                        timeout_s=timeout_s, group=grp)
         got = {p.worker: p.recv(timeout=timeout_s + 5) for p in self.procs}
         self.last_rebuilt = {w: g["rebuilt"] for w, g in got.items()}
+        self.last_deferred = {w: g.get("deferred") for w, g in got.items()}
         return rep, {w: g["sha256"] for w, g in got.items()}
 
     def close(self) -> None:

@@ -9,6 +9,8 @@ the next (the machine drifts). Variants:
     ltp               LTP with the paper's rule (Early Close's 0.95 floor)
     ltp:budget=B      LTP with a loss budget B (EarlyCloseConfig.budget)
     ltp:code=rs       ... with coded answers (LTP_DOWNLINK_CODE=rs), combinable
+    ltp:loss=defer    ... with tolerant answers (LTP_DOWNLINK_LOSS=defer), combinable
+                      with budget
     tcp               TCP cubic (the same server over TCP)
 
 Each variant's figures per loss rate: iterations/s (median over repeats),
@@ -32,7 +34,8 @@ from ...errors import LtpError, UsageError
 from ..training.config import TrainConfig
 from ..training.onrig import rig_config, train_on_rig
 
-KEYS = ("budget", "code")
+KEYS = ("budget", "code", "loss")
+CHOICES = {"code": ("rs", "off"), "loss": ("repair", "defer")}
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Variant:
     budget: float = 0.0
     code: str = "off"
     env: dict = field(default_factory=dict)
+    loss: str = "repair"
 
 
 def parse_variants(text: str) -> list[Variant]:
@@ -51,8 +55,8 @@ def parse_variants(text: str) -> list[Variant]:
         tr, *parts = item.split(":")
         if tr not in ("ltp", "tcp") or (tr == "tcp" and parts):
             raise UsageError(f"--variants: cannot read {item!r} (ltp, ltp:budget=B, "
-                             "ltp:code=rs, tcp)")
-        budget, code = 0.0, "off"
+                             "ltp:code=rs, ltp:loss=defer, tcp)")
+        budget, knobs = 0.0, {"code": "off", "loss": "repair"}
         for part in parts:
             key, eq, val = part.partition("=")
             if not eq or key not in KEYS:
@@ -64,11 +68,14 @@ def parse_variants(text: str) -> list[Variant]:
                     budget = -1.0
                 if not 0 < budget < 1:
                     raise UsageError(f"--variants: {item!r}: budget must be in (0, 1)")
-            elif val not in ("rs", "off"):
-                raise UsageError(f"--variants: {item!r}: code is rs or off")
+            elif val not in CHOICES[key]:
+                raise UsageError(f"--variants: {item!r}: {key} is {' or '.join(CHOICES[key])}")
             else:
-                code = val
-        v = Variant(item, tr, budget, code, {"LTP_DOWNLINK_CODE": code} if tr == "ltp" else {})
+                knobs[key] = val
+        if knobs["code"] == "rs" and knobs["loss"] == "defer":
+            raise UsageError(f"--variants: {item!r}: code=rs and loss=defer do not combine")
+        env = {"LTP_DOWNLINK_CODE": knobs["code"], "LTP_DOWNLINK_LOSS": knobs["loss"]}
+        v = Variant(item, tr, budget, knobs["code"], env if tr == "ltp" else {}, knobs["loss"])
         if v.label in [o.label for o in out]:
             raise UsageError(f"--variants: {item!r} twice")
         out.append(v)

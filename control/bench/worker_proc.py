@@ -10,8 +10,9 @@ JSON command per line and answers one JSON line:
           rto_rtts: its RTO in round trips from now on, 0: a fixed RTO_MIN;
           forget_windows: drop the credits learned so far, a block starts afresh)
   push    {"round"}                                -> {"report": PushReport}
-  expect  {"round", "nelems", "timeout"}          -> {"ready": true}, then after
-          the reliable round completes             -> {"sha256": hex}
+  expect  {"round", "nelems", "timeout"[, "coded", "deferred"]} -> {"ready": true}, then
+          after the reliable round completes       -> {"sha256": hex, "rebuilt": n,
+                                                       "deferred": chunks or null}
   quit
 This worker's member key file (0600, control/jobkey.py: its own keys, not
 the job key) comes named by LTP_SECRET_FILE, never on the argv; the
@@ -101,11 +102,18 @@ def main(argv: list[str] | None = None) -> int:
                     rep = ep.send(prepared.pop(msg["round"]))
                     reply({"report": rep.to_dict()})
                 elif cmd == "expect":
-                    ep.expect(msg["round"], msg["nelems"], a.id, coded=msg.get("coded", False))
+                    plan = None
+                    if msg.get("deferred"):
+                        plan = ep.expect_deferred(msg["round"], msg["nelems"], a.id)
+                    else:
+                        ep.expect(msg["round"], msg["nelems"], a.id,
+                                  coded=msg.get("coded", False))
                     reply({"ready": True})
                     res = ep.receive_round(msg["round"], timeout_s=msg.get("timeout", 20.0))
                     reply({"sha256": hashlib.sha256(res.values[0].tobytes()).hexdigest(),
-                           "rebuilt": res.rebuilt})
+                           "rebuilt": res.rebuilt,
+                           "deferred": None if plan is None else
+                           [int(c) for c in plan.deferred.nonzero()[0]]})
                 else:
                     reply({"error": f"unknown command {cmd!r}"})
             except Exception as e:

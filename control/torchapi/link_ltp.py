@@ -23,7 +23,7 @@ from ...errors import CommError
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import Endpoint, Peer
 from ..transport.rate import CREDIT_RTT_S
-from ..transport import fec, tokens
+from ..transport import defer, fec, tokens
 from ..transport.signing import SIG_ELEMS, Signer, Verifier
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
@@ -64,11 +64,17 @@ class LtpServerLink(ServerLink):
         self.signer = Signer(secret, s.job) if secret is not None else None
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and ServerCodec(codec, s.error_feedback)
+        self.defer = s.downlink_loss == "defer"
+        if self.defer and (codec or s.downlink_code == "rs"):
+            raise CommError("downlink_loss defer needs compress none and downlink_code off: "
+                            "a deferred chunk is one the answer's bytes leave out")
+        self.verdicts: dict[int, tuple] = {}   # answer -> its verdict (defer.py), for a retry
 
     def address(self) -> dict:
         return {"compress": self.s.compress,
                 "chunk_bytes": chunk_bytes_for(self.s.mtu),
                 "downlink_code": self.s.downlink_code,
+                "downlink_loss": self.s.downlink_loss,
                 "signed": self.signer is not None}
 
     def connect(self, metas: dict[int, dict]) -> None:
@@ -80,7 +86,7 @@ class LtpServerLink(ServerLink):
         if self.ep is not None and nelems <= self.size:
             return False
         self.close()
-        s, size = self.s, _room(nelems, self.s.downlink_code == "rs", self.s.mtu)
+        s, size = self.s, _room(nelems, self.s.downlink_code == "rs", self.s.mtu, self.defer)
         self.ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
                            ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
                            chunk_bytes=chunk_bytes_for(s.mtu),
@@ -156,18 +162,38 @@ class LtpServerLink(ServerLink):
                         arrivals=res.arrivals, attribution=res.attribution)
 
     def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
-             wait_s: float | None = None) -> None:
+             wait_s: float | None = None,
+             critical_from: int | None = None) -> np.ndarray | None:
         peers = self.peers if to is None else [p for p in self.peers if p.worker in to]
         if not peers:
-            return
+            return None
+        timeout_s = self.wait_s if wait_s is None else min(self.wait_s, wait_s)
+        if self.defer and critical_from is not None:
+            return self._send_deferred(d, buf, group, peers, critical_from, timeout_s)
         if self.codec:
             buf = self.codec.answer(buf, d)
         if self.signer:
             buf = self.signer.sign(d, buf)
-        self.ep.push_reliable(d, buf, peers,
-                              timeout_s=self.wait_s if wait_s is None else min(self.wait_s, wait_s),
+        self.ep.push_reliable(d, buf, peers, timeout_s=timeout_s,
                               group=self.group if group else None,
                               coded=self.s.downlink_code == "rs")
+        return None
+
+    def _send_deferred(self, d: int, buf: np.ndarray, group: bool, peers: list[Peer],
+                       critical_from: int, timeout_s: float) -> np.ndarray:
+        """A step's answer, tolerantly (transport/defer.py): the elements it
+        left out, for the server to carry into its next answer. A signed
+        job signs the answer as the workers use it (the deferred chunks zero)."""
+        signer = self.signer
+        sign = None if signer is None else (
+            lambda used: signer.sign(d, used)[-SIG_ELEMS:].tobytes())
+        for old in [k for k in self.verdicts if k < d - 4]:
+            del self.verdicts[old]
+        rep = self.ep.push_deferred(d, buf, peers, critical_from=critical_from,
+                                    timeout_s=timeout_s, group=self.group if group else None,
+                                    sign=sign, sig_bytes=SIG_ELEMS * 4 if signer else 0,
+                                    memo=self.verdicts)
+        return np.repeat(rep.deferred, chunk_bytes_for(self.s.mtu) // 4)[:buf.size]
 
     def close(self) -> None:
         if self.ep is not None:
@@ -175,11 +201,16 @@ class LtpServerLink(ServerLink):
             ep.close()
 
 
-def _room(nelems: int, coded: bool, mtu: int) -> int:
+def _room(nelems: int, coded: bool, mtu: int, deferred: bool = False) -> int:
     """Elements an endpoint for rounds of up to nelems holds: with a coded
-    downlink, room for an answer's parity slots too (up to half again)."""
+    downlink, room for an answer's parity slots too (up to half again); with
+    a tolerant one, for its verdict (defer.py)."""
+    cb = chunk_bytes_for(mtu)
     if coded:
-        nelems = fec.coded_elems(nelems, chunk_bytes_for(mtu) // 4)
+        nelems = fec.coded_elems(nelems, cb // 4)
+    if deferred:
+        data = -(-nelems // (cb // 4))
+        nelems = (data + defer.extra_chunks(data, cb, SIG_ELEMS * 4)) * (cb // 4)
     return nelems + HEADROOM
 
 
@@ -197,6 +228,8 @@ class LtpWorkerLink(WorkerLink):
         # worker's own key (tokens.MemberSecret), with the group key or not
         self.secret = secret
         self.coded = False                 # the downlink is coded (the server says, connect)
+        self.deferred = False              # ... tolerant: its steps' answers (defer.py)
+        self.plans: dict[int, object] = {}   # answer -> its defer.Plan
         self.verifier: Verifier | None = None   # the answers are signed (the server says)
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and WorkerCodec(codec)
@@ -214,6 +247,7 @@ class LtpWorkerLink(WorkerLink):
         check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server)
         self.ps = Peer(self.id, server["ip"])
         self.coded = server.get("downlink_code") == "rs"   # the server's choice rules
+        self.deferred = server.get("downlink_loss") == "defer"
         self.verifier = None
         if server.get("signed"):
             pub = tokens.answer_pub(self.secret)
@@ -227,7 +261,7 @@ class LtpWorkerLink(WorkerLink):
         if self.ep is not None and nelems <= self.size:
             return False
         self.close()
-        s, size = self.s, _room(nelems, self.coded, self.s.mtu)
+        s, size = self.s, _room(nelems, self.coded, self.s.mtu, self.deferred)
         # the answers are reliable: only completeness closes them, or this timeout
         self.ep = Endpoint(s.dev, s.ip, {self.id: 0}, size, ns=s.netns, mode=s.xdp_mode,
                            job=s.job, capacity_bps=s.capacity,
@@ -247,7 +281,12 @@ class LtpWorkerLink(WorkerLink):
         """Answer d starts with n compressed elements (a step's aggregate)."""
         self.codec.expect(d, n)
 
-    def expect(self, d: int, nelems: int) -> None:
+    def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
+        if self.deferred and tolerant:   # the signature comes in its verdict
+            self.plans = {k: p for k, p in self.plans.items() if k > d - 4}
+            self.plans[d] = self.ep.expect_deferred(
+                d, nelems, self.id, sig_bytes=SIG_ELEMS * 4 if self.verifier else 0)
+            return
         if self.codec:
             nelems = self.codec.wire_elems(d, nelems)
         if self.verifier:
@@ -277,6 +316,9 @@ class LtpWorkerLink(WorkerLink):
                             f"{res.duration_s:.2f}s: {int(res.masks.sum())}/{res.masks.size} "
                             "chunks (is the server alive? is its --capacity right?)")
         values = res.values[0]
+        plan = self.plans.pop(d, None)
+        if plan is not None and self.verifier:   # the answer as used, and the verdict's signature
+            values = np.concatenate([values, np.frombuffer(plan.sig, dtype=np.float32)])
         if self.verifier:      # ForgedAnswerError unless the server's: nothing used then
             values = self.verifier.check(d, values)
         if self.codec:

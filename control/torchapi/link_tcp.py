@@ -165,10 +165,11 @@ class TcpServerLink(ServerLink):
                         duration_s=time.perf_counter() - t0)
 
     def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
-             wait_s: float | None = None) -> None:
+             wait_s: float | None = None, critical_from: int | None = None) -> None:
         """The answer to every connected worker at once (non-blocking writes):
         each gets every byte within the link's timeout or the send fails, so
-        `to` and `wait_s` (for a lossy transport's silent peers) do not apply."""
+        `to`, `wait_s` (for a lossy transport's silent peers) and `critical_from` (its
+        tolerance) do not apply."""
         if self.codec:
             buf = self.codec.answer(buf, d)
         body = memoryview(np.ascontiguousarray(buf)).cast("B")
@@ -241,7 +242,7 @@ class TcpWorkerLink(WorkerLink):
         """Answer d starts with n compressed elements (a step's aggregate)."""
         self.codec.expect(d, n)
 
-    def expect(self, d: int, nelems: int) -> None:
+    def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
         pass
 
     def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None) -> bool:

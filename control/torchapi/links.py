@@ -95,9 +95,15 @@ class ServerLink(ABC):
 
     @abstractmethod
     def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
-             wait_s: float | None = None) -> None:
+             wait_s: float | None = None,
+             critical_from: int | None = None) -> np.ndarray | None:
         """Answer d to the workers `to` (None: every worker), trying at most
-        `wait_s` (None: the link's own limit). A transport that delivers every
+        `wait_s` (None: the link's own limit). critical_from, a step's
+        answer (its report from that element on): a link that tolerates
+        loss (LTP with downlink_loss defer) may leave out chunks before it
+        that a worker lost, zero for every worker, and returns them (a bool
+        mask over buf) for the server to add into its next answer; None when
+        buf went whole. A transport that delivers every
         byte or fails may send to every connected worker and take its own
         limit. A peer silent for the whole time raises DeadPeerError naming it."""
 
@@ -137,8 +143,9 @@ class WorkerLink(ABC):
         """Room for answers of nelems; True if the link was (re)made."""
 
     @abstractmethod
-    def expect(self, d: int, nelems: int) -> None:
-        """Be ready for answer d of nelems."""
+    def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
+        """Be ready for answer d of nelems (tolerant: a step's, which a link
+        that tolerates loss may send so: see ServerLink.send)."""
 
     @abstractmethod
     def expect_compressed(self, d: int, n: int) -> None:

@@ -152,6 +152,10 @@ class Server:
         self.stale: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.steps = 0
         self.times = dict.fromkeys(("gather_s", "update_s", "broadcast_s"), 0.0)
+        # a tolerant downlink (downlink_loss defer): what the last step's answer
+        # left out, carried into the next answer of its shape, and the counts
+        self.carry: tuple[tuple, np.ndarray] | None = None
+        self.deferral = dict.fromkeys(("answers", "values", "dropped"), 0)
         self.reasons: dict[str, int] = {}
         self.delivered: list[float] = []
         self.round_s: list[float] = []
@@ -225,6 +229,7 @@ class Server:
             self.steps += 1
             rep = tally.report(self.steps, ws, ks)
             rep.status, rep.absent = self.changes(tally, ws, n), sorted(absent & set(ws))
+            self.carry_in(op)
             rep.encode(self.answer[sum(op.sizes):op.down_elems(self.W)])
             self.view.after_report(rep)
             self.note(rep)
@@ -235,8 +240,11 @@ class Server:
                 self.pre.append(nxt + j)
         t3 = time.perf_counter()
         flight_enter(SEND, seq)
-        self.answer_to(targets, seq, self.answer[:op.down_elems(self.W)],
-                       group=self.group_ok and op.downlink == "group")
+        left = self.answer_to(targets, seq, self.answer[:op.down_elems(self.W)],
+                              group=self.group_ok and op.downlink == "group",
+                              critical_from=sum(op.sizes) if op.kind == STEP else None)
+        if left is not None:
+            self.carry_out(op, left)
         self.timeline.add(answer_record(seq, int(t3 * 1e9), now_ns()))
         self.times["update_s"] += t3 - t2
         self.times["broadcast_s"] += time.perf_counter() - t3
@@ -263,17 +271,44 @@ class Server:
                 self.pending[r] = [x for x in self.pending[r] if x != w]
         return status
 
-    def answer_to(self, targets: list[int], d: int, buf: np.ndarray, group: bool) -> None:
+    def carry_in(self, op: Op) -> None:
+        """Add what the last step's answer left out (a tolerant downlink's
+        deferred chunks, transport/defer.py) into this step's, so every
+        replica applies it now, a step late. An answer of another shape
+        cannot take it: it is dropped, counted and logged."""
+        if self.carry is None:
+            return
+        (sizes, vals), self.carry = self.carry, None
+        if sizes == tuple(op.sizes):
+            self.answer[:vals.size] += vals
+            return
+        self.deferral["dropped"] += int(np.count_nonzero(vals))
+        log.warning("ltpx.torch server: %d gradient values deferred by a lossy answer are "
+                    "dropped: the next step has another shape", np.count_nonzero(vals))
+
+    def carry_out(self, op: Op, left: np.ndarray) -> None:
+        """Keep the values this step's answer left out (`left`: its mask)."""
+        n = sum(op.sizes)
+        if not left[:n].any():
+            return
+        vals = np.zeros(n, dtype=np.float32)
+        np.copyto(vals, self.answer[:n], where=left[:n])
+        self.carry = (tuple(op.sizes), vals)
+        self.deferral["answers"] += 1
+        self.deferral["values"] += int(left[:n].sum())
+
+    def answer_to(self, targets: list[int], d: int, buf: np.ndarray, group: bool,
+                  critical_from: int | None = None) -> np.ndarray | None:
         """Send answer d to the present workers. A worker silent to it for
         FIRST_TRY_S (dead since the barrier) is left out, and dropped at the
-        next step; the others get it within the link's own time limit."""
+        next step; the others get it within the link's own time limit.
+        Returns what the answer left out (ServerLink.send), or None."""
         if not self.link.opens:   # every byte delivered or the send fails: one try
-            self.link.send(d, buf, group)
-            return
+            return self.link.send(d, buf, group, critical_from=critical_from)
         to = list(targets)
         try:
-            self.link.send(d, buf, group, to=to, wait_s=FIRST_TRY_S)
-            return
+            return self.link.send(d, buf, group, to=to, wait_s=FIRST_TRY_S,
+                                  critical_from=critical_from)
         except DeadPeerError as e:     # silent: left out only if its heartbeat stopped too
             flight_trigger("DeadPeerError", f"answer {d}: {e}")
             gone = self.co.dead_workers([p.worker for p in e.peers])
@@ -285,7 +320,8 @@ class Server:
         except TransportError:
             pass                 # slow, not silent: try again with the full time
         if to:
-            self.link.send(d, buf, group, to=to)
+            return self.link.send(d, buf, group, to=to, critical_from=critical_from)
+        return None
 
     def open(self, r: int, op: Op, i: int, announce: bool) -> None:
         """Open uplink round r, op's piece i. A worker that sent nothing of an
@@ -337,7 +373,8 @@ class Server:
                 "rounds_by_reason": self.reasons,
                 "delivered_fraction": float(np.mean(self.delivered)) if self.delivered else 1.0,
                 "round_s_median": float(np.median(self.round_s)) if self.round_s else None,
-                "workers_lost": self.lost, "workers_rejoined": self.rejoined}
+                "workers_lost": self.lost, "workers_rejoined": self.rejoined,
+                "downlink_deferred": dict(self.deferral)}
 
 
 def heard(g) -> None:

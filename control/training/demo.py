@@ -303,6 +303,7 @@ class Demo:
             "sender": cfg.sender,
             **self.uplink_fields(done),
             "ps_times": server.get("ps_times"),
+            "downlink_deferred": server.get("downlink_deferred"),
             **self.ev.tail(cfg),
         }
 

@@ -13,8 +13,10 @@ worker; loss.py chooses what a sender sends next (lost chunks first, backoff
 for a silent peer); results.py holds the peers and what pushes and rounds
 report; outbox.py holds what an endpoint's pushes share (`Sender`: the socket,
 and what past pushes learnt of each target); fec.py erasure-codes a reliable
-round (Reed-Solomon parity, so a receiver rebuilds what it lost);
-straggler.py names whom a round waited for from the NIC's arrival times.
+round (Reed-Solomon parity, so a receiver rebuilds what it lost); defer.py
+sends an answer tolerantly (once; what some worker lacks is deferred a step
+by every worker alike); straggler.py names whom a round waited for from the
+NIC's arrival times.
 
 The public names load on first use, so importing a policy module alone
 (e.g. early_close for a flag parser) does not load the dataplane.

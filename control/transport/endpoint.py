@@ -34,7 +34,7 @@ from .bubble import STRATEGIES
 # clock: the XDP program turns each ACK into the next DATA, clock.ClockPush)
 from .clock import ClockPush
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
-from . import fec
+from . import defer, fec
 from .layout import ChunkLayout, as_f32
 from .options import DEFAULTS, PushOptions
 from .rate import SharePolicy, credit_window, fine_timer_slack
@@ -326,6 +326,36 @@ class Endpoint:
                                       options=dataclasses.replace(self.sender.options, sender="socket"))
         plan_push.code(plan, r)
         return plan_push.send()
+
+    def push_deferred(self, round_: int, buf, to: list[Peer], *, critical_from: int,
+                      timeout_s: float = 10.0, group: tuple[str, int] | None = None,
+                      sign=None, sig_bytes: int = 0, memo: dict | None = None) -> PushReport:
+        """Send buf to every peer in `to` tolerantly (defer.py; the receivers
+        `expect_deferred` it): once, the elements from `critical_from` on
+        re-sent until every peer has them, then the verdict naming the
+        chunks some peer may lack, which every peer leaves out (zero).
+        `sign(answer as used)` gives its `sig_bytes`-byte signature. `memo`
+        (a dict) keeps each round's verdict, so a retry of the round sends
+        the same one. The report's `deferred` is the mask (per chunk)."""
+        memo = {} if memo is None else memo
+        rep, verdict = defer.push(self, round_, as_f32(buf), to, critical_from=critical_from,
+                                  group=group, timeout_s=timeout_s, sign=sign,
+                                  sig_bytes=sig_bytes, memo=memo)
+        rep.deferred = verdict[0]
+        return rep
+
+    def expect_deferred(self, round_: int, nelems: int, source_worker: int,
+                        sig_bytes: int = 0) -> defer.Plan:
+        """Open round_ for a tolerant answer of nelems elements (defer.py):
+        complete once its verdict is in and every chunk the verdict does not
+        defer; the deferred chunks read zero. The plan returned holds the
+        verdict (and its signature) once it is in."""
+        cb = self.sender.chunk_bytes
+        data = ChunkLayout(nelems, cb).nchunks
+        plan = defer.Plan(data, defer.extra_chunks(data, cb, sig_bytes))
+        self.open_round(round_, plan.nchunks * cb // 4, workers=[source_worker], reliable=True)
+        self.receiver.rounds[round_].code = (plan, nelems)
+        return plan
 
     def arrived(self, round_: int) -> int:
         """Chunks of round_ (open on this endpoint) taken so far; 0 if it is not open."""

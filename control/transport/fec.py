@@ -75,6 +75,19 @@ class Plan:
         have = np.bincount(self.group_of[mask[:self.nchunks]], minlength=self.groups)
         return have >= self.need()
 
+    @property
+    def least(self) -> int:
+        """Chunks that must be in before `complete` can be true."""
+        return self.data
+
+    def complete(self, mask: np.ndarray, chunks: np.ndarray) -> bool:
+        """Every group can be rebuilt from the chunks in `mask` (the
+        receiver's test; `chunks`, the round's bytes, unused)."""
+        return bool(self.whole(mask).all())
+
+    def rebuild(self, chunks: np.ndarray, mask: np.ndarray) -> int:
+        return rebuild(self, chunks, mask)
+
     def covered(self, mask: np.ndarray) -> np.ndarray:
         """`mask` with every chunk of a whole group set (nothing left to send there)."""
         ok = self.whole(mask)

@@ -13,7 +13,6 @@ from .bubble import error_estimate as estimate_error
 from .bubble import fill as fill_bubbles
 from .bubble import remember as remember_stale
 from .early_close import COMPLETE, TIMEOUT, EarlyClose
-from .fec import rebuild
 from .layout import FRAME_OVERHEAD, ChunkLayout
 from .rate import SharePolicy
 from .results import RoundResult, arrivals_of
@@ -37,7 +36,8 @@ class OpenRound:
     t_open: float                  # perf_counter() when opened
     timeout_s: float | None = None  # the hard timeout, if not Early Close's
     early: EarlyClose | None = None  # the Early Close state judging it (set by open)
-    code: tuple | None = None      # a coded reliable round: (fec.Plan, the data's elements)
+    code: tuple | None = None      # a coded or deferred reliable round: (fec.Plan or
+                                   # defer.Plan, the data's elements)
     # The rows as a slice when contiguous: indexing then gives views of the
     # mapped memory, not copies.
     rows: slice | list[int] = field(init=False)
@@ -231,10 +231,15 @@ class Receiver:
         return st.early.decide(now, w.first, chunks / nch, crit_ok, prog["retx"][rows])
 
     def _whole(self, st: OpenRound, done: int) -> bool:
-        """A coded round: every group has enough of its chunks to rebuild it."""
-        plan = st.code[0]
-        return done >= plan.data and bool(
-            plan.whole(self.maps.done_mask(st.round, st.slots[0], st.layout.nchunks)).all())
+        """A coded round (fec.py): every group has enough of its chunks to
+        rebuild it; a deferred one (defer.py): its verdict is in, and every
+        chunk the verdict does not defer."""
+        plan, nch = st.code[0], st.layout.nchunks
+        if done < plan.least:
+            return False
+        mem = self.maps.mem[self.maps.bank_index(st.round)][st.slots[0]]
+        return plan.complete(self.maps.done_mask(st.round, st.slots[0], nch),
+                             mem[:nch * st.layout.chunk_elems].view(np.uint8).reshape(nch, -1))
 
     def critical_ok(self, st: OpenRound) -> bool:
         """Every worker's critical chunks are in."""
@@ -254,7 +259,7 @@ class Receiver:
         missing, rebuilt = st.critical_missing(masks), 0
         if st.code is not None and reason == COMPLETE:   # rebuild what the code covers
             plan, nelems = st.code
-            rebuilt = rebuild(plan, chunked[0].view(np.uint8), masks[0])
+            rebuilt = plan.rebuild(chunked[0].view(np.uint8), masks[0])
             masks, missing = np.ones((1, plan.data), dtype=bool), {}
             chunked, layout = chunked[:, :plan.data], ChunkLayout(nelems, self.chunk_bytes)
             nch = layout.nchunks

@@ -37,9 +37,13 @@ class PushReport:
     stops: int = 0                   # ACKs the receiver's credit told to stop
     max_over_credit: int = 0         # most packets in flight above the credit, after the first ACK
     clock_retx: int = 0              # re-sends the XDP program made of ACKs (RACK in XDP; in clock_tx)
+    deferred: np.ndarray | None = None   # a tolerant push's deferred chunks (defer.py)
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        if self.deferred is not None:
+            out["deferred"] = int(self.deferred.sum())
+        return out
 
 
 @dataclass

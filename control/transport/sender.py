@@ -63,6 +63,9 @@ class Push:
     overtaken = False             # the push ended by `over`
     coded = None                  # (fec.Plan, parity per group) of a coded reliable push
     first_loss = None             # the worst target's loss in the first pass
+    only = None                   # bit c: chunk c is this push's (restrict); None: all are
+    tolerant = False              # only critical chunks are re-sent at once (restrict)
+    after_pass = None             # called with the push after each pass (defer.py)
 
     def __init__(self, sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
                  targets: list[Peer], crit: np.ndarray, *, reliable: bool, timeout_s: float,
@@ -94,6 +97,15 @@ class Push:
         self.unsent_bits = int.from_bytes(np.packbits(self.unsent, bitorder="little").tobytes(),
                                           "little")
         self.order = [c for c in self.order if not self.unsent[c]]
+        self.runs = self._first_runs()
+
+    def restrict(self, chunks, tolerant: bool = False, copies: int = 1) -> None:
+        """Send only `chunks`, done once they are acked, each `copies` times
+        in the first pass; tolerant: a loss found in a pass is re-sent at
+        once only if the chunk is critical (defer.py)."""
+        keep = {int(c) for c in chunks}
+        self.only, self.tolerant = sum(1 << c for c in keep), tolerant
+        self.order = [c for c in self.order if c in keep] * copies
         self.runs = self._first_runs()
 
     def _first_runs(self) -> list[tuple[int, list[int]]]:
@@ -178,7 +190,7 @@ class Push:
         self.tx32 = txv.view(np.uint32).reshape(txv.shape[0], -1)
         nwords = -(-nch // 64)
         self.words = [s.maps.acked[bank, slot, :nwords] for slot in self.slots]
-        self.full = (1 << nch) - 1  # every chunk acked
+        self.full = (1 << nch) - 1 if self.only is None else self.only  # every chunk acked
         self.hdr_u8 = [np.frombuffer(h, dtype=np.uint8).reshape(nch, W.HDR_LEN) for h in self.hdrs]
         self.detectors = [LossDetector() for _ in range(nt)]
         short = nch - 1 if self.layout.last_len != s.chunk_bytes else -1  # must end a GSO batch
@@ -245,6 +257,8 @@ class Push:
             if parity_repairs:   # the first pass's parity is its repair: no re-sends yet
                 continue
             for c in lost:       # a group push re-sends to the group: once for all it missed
+                if self.tolerant and not self.crit[c]:
+                    continue
                 if grp < 0:
                     picker.urgent.append((i, c))
                 elif not picker.lost_to_group(c):
@@ -263,7 +277,7 @@ class Push:
             return True
         for i, d in enumerate(done):
             if not d:
-                done[i] = closed[i] or acked[i] == full
+                done[i] = closed[i] or (acked[i] & full) == full
         return all(done)
 
     def _give_up(self, acked: list[int], now: float) -> None:
@@ -368,6 +382,8 @@ class Push:
                 resent += len(batch)
         self.sent += sent
         self.resent += resent
+        if self.after_pass is not None:
+            self.after_pass(self)
 
     def tail_wait(self) -> float:
         """How long a pass's last ACKs may take before what they have not
@@ -397,7 +413,7 @@ class Push:
 
     def _all_closed_or_acked(self) -> bool:
         tx32, full = self.tx32, self.full
-        return all(tx32[s, 1] or a == full for s, a in zip(self.slots, self.acked()))
+        return all(tx32[s, 1] or (a & full) == full for s, a in zip(self.slots, self.acked()))
 
     def _send_batch(self, tgt: int, batch: list[int]) -> bool:
         """One sendmsg to one target (GSO when several chunks); False when the
