@@ -157,7 +157,7 @@ class _FailingTcpLike(ServerLink):
     address = connect = configure = ensure = open = cancel = gather = close = (
         lambda self, *a, **k: None)
 
-    def send(self, d, buf, group, *, to=None, wait_s=None):
+    def send(self, d, buf, group, *, to=None, wait_s=None, critical_from=None):
         from ltpx.errors import CommError
         self.sends += 1
         raise CommError("sending to worker 1: broken pipe")
