@@ -215,25 +215,30 @@ def test_a_coded_downlink_rebuilds_what_it_lost_without_a_round_trip(rig, lossle
 @pytest.mark.parametrize("group", [False, True])
 def test_a_tolerant_downlink_defers_what_any_worker_lacks_and_every_worker_agrees(
         rig, lossless, group, monkeypatch):
-    """A tolerant answer (defer.py) on every port's loss: sent once, its
-    critical tail re-sent until every worker has it, then the verdict.
-    Every worker ends with the same values: the answer where the verdict
-    keeps a chunk, zero where it defers one, and the critical tail whole.
-    Lossless nothing is deferred; with no cap on what may be deferred,
-    nothing but the critical tail is re-sent; with the default cap, passes
-    re-send what some worker lacks until at most 40 % of the chunks are."""
+    """Tolerant answers (defer.py), one after another as a server sends
+    them: every worker ends with the same values, the answer where the
+    verdict keeps a chunk, zero where it defers one, the critical tail
+    whole. Lossless nothing is deferred, and after a clean answer the next
+    promises to be whole: one pass, the verdict in it. A loss in a promised
+    answer is repaired, and the next is tolerant: with no cap on what may be
+    deferred, only the critical tail is re-sent; with the default cap,
+    passes re-send what some worker lacks until at most 40 % of it is."""
     from ltpx.control.transport import defer
     cl = lossless
     n = 19_000      # 54 chunks, and the verdict's: within the endpoints' NEL
     lay = ChunkLayout(n, cl.chunk_bytes)
     ce, crit_from = lay.chunk_elems, n - 500      # the last 2 chunks are critical
-    for loss, cap, seed in ((0.0, None, 11), (0.10, 1.0, 12), (0.20, None, 13)):
+    memo: dict = {}
+    steps = [(0.0, None, "tolerant"), (0.0, None, "promised"), (0.10, 1.0, "promised"),
+             (0.10, 1.0, "tolerant"), (0.20, None, "tolerant")]
+    for seed, (loss, cap, kind) in enumerate(steps):
         params = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
         if cap is not None:
             monkeypatch.setattr(defer, "MAX_DEFERRED", cap)
         rig.set_loss(loss)
         try:
-            rep, digests = cl.downlink(next_round(), params, group=group, tolerant_from=crit_from)
+            rep, digests = cl.downlink(next_round(), params, group=group, tolerant_from=crit_from,
+                                       memo=memo)
         finally:
             rig.set_loss(0.0)
             monkeypatch.undo()
@@ -243,9 +248,13 @@ def test_a_tolerant_downlink_defers_what_any_worker_lacks_and_every_worker_agree
         for c in deferred:
             used[c * ce:(c + 1) * ce] = 0
         want = hashlib.sha256(used.tobytes()).hexdigest()
-        assert digests == dict.fromkeys(cl.ids, want), loss
+        assert digests == dict.fromkeys(cl.ids, want), (loss, kind)
         assert all(c < crit_from // ce for c in deferred)     # the critical tail never is
-        if loss == 0.0:
+        if kind == "promised":
+            assert deferred == [] and (rep.resent > 0) == (loss > 0)
+            if loss == 0:
+                assert rep.passes == 1 and rep.sent == (lay.nchunks + 1) * (1 if group else 8)
+        elif loss == 0.0:
             assert deferred == [] and rep.resent == 0
         elif cap == 1.0:
             # 8 workers, each losing ~10 % of 54 chunks: about half are deferred

@@ -176,14 +176,15 @@ class LtpCluster:
 
     def downlink(self, round_: int, params: np.ndarray, timeout_s: float = 20.0,
                  group: bool = False, coded: bool = False,
-                 tolerant_from: int | None = None) -> tuple[PushReport, dict[int, str]]:
+                 tolerant_from: int | None = None,
+                 memo: dict | None = None) -> tuple[PushReport, dict[int, str]]:
         """Reliable PS -> all workers; returns the push report and each
         worker's sha256 of what it received (`last_rebuilt`: the chunks each
         rebuilt from parity). group: the first pass goes once, to the rig's
         broadcast address, instead of once per worker; coded: erasure-coded
         (Endpoint.push_reliable); tolerant_from: a tolerant answer whose
-        elements from there on are critical (Endpoint.push_deferred;
-        `last_deferred`: the chunks each worker's verdict deferred)."""
+        elements from there on are critical (Endpoint.push_deferred, with
+        `memo`; `last_deferred`: the chunks each worker's verdict deferred)."""
         for p in self.procs:
             p.send({"cmd": "expect", "round": round_, "nelems": int(params.size),
                     "timeout": timeout_s, "coded": coded,
@@ -197,7 +198,7 @@ class LtpCluster:
                                         coded=coded)
         else:
             rep = self.ps.push_deferred(round_, params, peers, critical_from=tolerant_from,
-                                        timeout_s=timeout_s, group=grp)
+                                        timeout_s=timeout_s, group=grp, memo=memo)
         got = {p.worker: p.recv(timeout=timeout_s + 5) for p in self.procs}
         self.last_rebuilt = {w: g["rebuilt"] for w, g in got.items()}
         self.last_deferred = {w: g.get("deferred") for w, g in got.items()}

@@ -17,6 +17,11 @@ late, never lost. What the ACKs say is conservative: a chunk is held only
 once its worker's XDP program acknowledged writing it, so every worker
 holds every chunk not deferred (a lost ACK only defers a chunk that came).
 
+An answer after one that deferred nothing promises as much: its verdict
+(nothing deferred) goes in its first pass, and every chunk is re-sent until
+every worker has it, as a reliable answer's; a loss then makes the next
+answer tolerant. On a lossless path the verdict costs one chunk.
+
 The verdict: a header (magic, data chunks, deferred count, signature
 bytes), the bitmap (bit c of byte c // 8, little-endian bit order), the
 signature. Its chunks are the round's last; both ends size the round alike
@@ -150,9 +155,10 @@ def push(ep, round_: int, buf: np.ndarray, to, *, critical_from: int, group, tim
     """Send answer buf tolerantly (see the module), from the socket: the
     elements from `critical_from` on are critical. `sign(answer as used)`
     returns its `sig_bytes`-byte signature. memo[round_], the verdict
-    (deferred mask, signature) once made: a retry sends it again alone (it
-    must not defer other chunks than those workers may already have used).
-    Returns the report and the verdict."""
+    (deferred mask, signature, whether the answer met no loss) once made: a
+    retry sends it again (it must not defer other chunks than those workers
+    may already have used); memo[round_ - 1]'s says whether to promise the
+    answer whole. Returns the report and the verdict."""
     cb = ep.sender.chunk_bytes
     ce = cb // 4
     data = ChunkLayout(buf.size, cb).nchunks
@@ -163,7 +169,21 @@ def push(ep, round_: int, buf: np.ndarray, to, *, critical_from: int, group, tim
     crit[critical_from // ce:data] = True
     p = ep.prepare_push(round_, wire, to, critical=crit, timeout_s=timeout_s, group=group,
                         options=dataclasses.replace(ep.sender.options, sender="socket"))
-    rep, verdict = None, memo.get(round_)
+    rep, verdict, prev = None, memo.get(round_), memo.get(round_ - 1)
+    if verdict is None and prev is not None and prev[2]:
+        # the last answer deferred nothing: promise as much (what a lossless
+        # path costs is then a reliable answer's and one chunk); a loss in it
+        # is repaired, and makes the next answer tolerant
+        verdict = memo[round_] = (np.zeros(data, dtype=bool),
+                                  sign(buf) if sign is not None else b"", True)
+    if verdict is not None and not verdict[0].any():   # whole: every chunk until in
+        wire.view(np.uint8)[data * cb:] = encode(verdict[0], verdict[1], cb).reshape(-1)
+        p.crit[:] = True
+        p.restrict(range(data + extra))
+        rep = p.send()
+        if rep.resent:      # it met loss: the next answer is tolerant
+            verdict = memo[round_] = (*verdict[:2], False)
+        return rep, verdict
     if verdict is None:
         p.restrict(range(data), tolerant=True)
         p.after_pass = functools.partial(settle_when_few, data=data)
@@ -175,9 +195,9 @@ def push(ep, round_: int, buf: np.ndarray, to, *, critical_from: int, group, tim
                              dtype=np.uint8)
         deferred = ~np.unpackbits(bits, bitorder="little")[:data].astype(bool) & ~crit[:data]
         verdict = memo[round_] = (deferred, sign(zeroed(buf, deferred, ce))
-                                  if sign is not None else b"")
+                                  if sign is not None else b"", not deferred.any())
     # the same push again, for the verdict's chunks: critical, first sends
-    wire.view(np.uint8)[data * cb:] = encode(*verdict, cb).reshape(-1)
+    wire.view(np.uint8)[data * cb:] = encode(verdict[0], verdict[1], cb).reshape(-1)
     p.crit[data:] = True
     for h in p.hdrs:
         np.frombuffer(h, dtype=np.uint8).reshape(data + extra, -1)[data:, RETX_BYTE] &= \
