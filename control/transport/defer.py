@@ -199,6 +199,7 @@ def push(ep, round_: int, buf: np.ndarray, to, *, critical_from: int, group, tim
     # the same push again, for the verdict's chunks: critical, first sends
     wire.view(np.uint8)[data * cb:] = encode(verdict[0], verdict[1], cb).reshape(-1)
     p.crit[data:] = True
+    p.after_pass = None
     for h in p.hdrs:
         np.frombuffer(h, dtype=np.uint8).reshape(data + extra, -1)[data:, RETX_BYTE] &= \
             ~W.F_RETX & 0xFF
