@@ -161,7 +161,7 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "lack, which the server adds into its next answer, so their gradient is applied a "
        "step late, alike on every replica (no re-sends but the step's report; needs "
        "compress none and downlink_code off). The server's choice rules",
-       choices=("repair", "defer"), flags=(RANK,)),
+       choices=("repair", "defer"), flags=(TRAIN,)),
     _s("checksums", str, "auto", "verify each LTP DATA frame's UDP checksum in XDP, so a "
        "corrupted frame is never used (counted bad_csum, re-sent or filled): auto: where "
        "frames carry whole sums (a NIC; not a veth or loopback, whose local sockets leave "

@@ -175,6 +175,9 @@ def test_rank_bad_flags_exit_2():
     (["--servers", "2", "--kill", "worker:0@3"], "--kill"),
     (["--compare", "tcp:sender=xdp"], "--compare"),
     (["--compare", "ltp:sender=fast"], "--compare"),
+    (["--compare", "tcp:downlink_loss=defer"], "--compare"),
+    (["--compare", "ltp:compress=uint8:downlink_loss=defer"], "--compare"),
+    (["--downlink-loss", "defer", "--compress", "uint8"], "--downlink-loss"),
 ])
 def test_bad_values_exit_2_naming_the_flag(argv, flag, capsys):
     from ltpx.tools.cli import main
@@ -257,15 +260,14 @@ def test_heavy_loss_with_a_budget_and_coded_answers(rig, monkeypatch):
 
 @pytest.mark.rig
 @requires_bpf
-def test_tolerant_answers_defer_what_a_worker_lost_and_every_replica_agrees(rig, monkeypatch):
-    """10 % loss on every port, `downlink_loss=defer` (transport/defer.py):
+def test_tolerant_answers_defer_what_a_worker_lost_and_every_replica_agrees(rig):
+    """10 % loss on every port, `--downlink-loss defer` (transport/defer.py):
     each step's answer goes once, the chunks some worker lacks are deferred
     a step by every worker alike and carried into the next answer, none
     dropped; the replicas stay bit-identical and the model learns."""
-    monkeypatch.setenv("LTP_DOWNLINK_LOSS", "defer")   # the ranks' environment (job_env)
     rig.set_loss(0.1)
     try:
-        r = _train(rig, transport="ltp")
+        r = _train(rig, transport="ltp", downlink_loss="defer")
     finally:
         rig.set_loss(0.0)
     d = r["downlink_deferred"]

@@ -39,6 +39,9 @@ EPILOG = """examples:
   sudo ltp train --rate 100mbit --compare ltp,ltp:compress=uint8,tcp:cubic:compress=uint8
                                                   float32 against 8-bit codes, LTP and TCP
   sudo ltp train --compare ltp,ltp:sender=xdp     the paced socket sender against the ACK clock
+  sudo ltp train --loss 0.1 --compare ltp,ltp:downlink_loss=defer
+                                                  answers repaired against answers that defer
+                                                  what a worker lost a step (no re-sends)
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
 
@@ -101,7 +104,8 @@ def _runs(args) -> list[dict]:
     """The runs to make: the main one, then each --compare item."""
     main = {"transport": args.transport, "cc": args.cc, "servers": args.servers,
             "compress": args.compress,
-            "sender": args.sender if args.transport == "ltp" else "socket"}
+            "sender": args.sender if args.transport == "ltp" else "socket",
+            "downlink_loss": args.downlink_loss if args.transport == "ltp" else "repair"}
     runs = [main]
     if args.compare.strip().lower() in ("", "none"):
         return runs
@@ -116,7 +120,7 @@ def _runs(args) -> list[dict]:
 
 
 # --compare KEY=VALUE settings (their types, bounds and choices: the settings table)
-COMPARE_KEYS = ("servers", "compress", "sender")
+COMPARE_KEYS = ("servers", "compress", "sender", "downlink_loss")
 
 
 def _compare_value(key: str, text: str):
@@ -134,7 +138,8 @@ def _compare_item(item: str, args) -> dict:
     tr, *parts = item.split(":")
     run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers,
            "compress": "none" if tr == "gloo" else args.compress,
-           "sender": args.sender if tr in ("ltp", "ddp-ltp") else "socket"}
+           "sender": args.sender if tr in ("ltp", "ddp-ltp") else "socket",
+           "downlink_loss": args.downlink_loss if tr == "ltp" else "repair"}
     usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
              "ddp-ltp, "
              f"each with optional :KEY=VALUE, keys {', '.join(COMPARE_KEYS)})")
@@ -154,6 +159,9 @@ def _compare_item(item: str, args) -> dict:
             run[key] = _compare_value(key, val)
     if run["sender"] != "socket" and tr not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--compare: {item!r}: sender={run['sender']} is LTP's (the ACK clock)")
+    if run["downlink_loss"] == "defer" and (tr != "ltp" or run["compress"] != "none"):
+        raise UsageError(f"--compare: {item!r}: downlink_loss=defer is LTP's, with compress "
+                         "none")
     return run
 
 
@@ -288,9 +296,10 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
     from ..control.training.onrig import train_on_rig
     cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
     cfg = dataclasses.replace(cfg, servers=run["servers"], compress=run["compress"],
-                              sender=run["sender"])
+                              sender=run["sender"], downlink_loss=run["downlink_loss"])
     rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
-    label = show.label(cfg.transport, cfg.cc, cfg.servers, cfg.compress, cfg.sender)
+    label = show.label(cfg.transport, cfg.cc, cfg.servers, cfg.compress, cfg.sender,
+                       cfg.downlink_loss)
     progress.begin(label)
     curves.begin(run_label(label))
     faults = None
@@ -308,6 +317,7 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
         res["servers"] = cfg.servers
         res["compress"] = cfg.compress
         res["sender"] = cfg.sender
+        res["downlink_loss"] = cfg.downlink_loss
     progress.end(res)
     return res
 

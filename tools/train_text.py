@@ -7,10 +7,11 @@ from ..control.training.faults import fault_lines
 
 
 def label(transport: str, cc: str | None, servers: int = 1, compress: str = "none",
-           sender: str = "socket") -> str:
+           sender: str = "socket", downlink_loss: str = "repair") -> str:
     base = f"tcp ({cc})" if transport == "tcp" else transport
     base = f"{base} x{servers}" if servers > 1 else base
     base = base if sender == "socket" else f"{base} {sender}-sender"
+    base = base if downlink_loss == "repair" else f"{base} {downlink_loss}"
     return base if compress == "none" else f"{base} {compress}"
 
 
@@ -69,7 +70,7 @@ def _straggler(r: dict) -> str:   # the worker named straggler most often, in ho
 def label_of(r: dict) -> str:
     """A run's label from its result (or its failure record)."""
     return label(r["transport"], r.get("cc"), r.get("servers", 1), r.get("compress", "none"),
-                 r.get("sender", "socket"))
+                 r.get("sender", "socket"), r.get("downlink_loss", "repair"))
 
 
 def failed_run(run: dict, error: str) -> dict:

@@ -54,7 +54,8 @@ class TrainConfig:
     # ("group", LTP only), or to each worker ("unicast"). None: DEFAULT_DOWNLINK
     # for LTP, unicast for the others (they have no group sends).
     downlink: str | None = None
-    # these five are ltpx.torch settings: the settings table says what they mean
+    # these six are ltpx.torch settings: the settings table says what they mean
+    downlink_loss: str = TABLE["downlink_loss"].default
     servers: int = TABLE["servers"].default
     compress: str = TABLE["compress"].default
     sender: str = TABLE["sender"].default
@@ -102,6 +103,11 @@ class TrainConfig:
                                           self.transport not in LTP_TRANSPORTS):
             raise ValueError(f"sender: one of {', '.join(SENDERS)} (xdp: ltp, ddp-ltp), got "
                              f"{self.sender!r}")
+        if self.downlink_loss not in TABLE["downlink_loss"].choices or (
+                self.downlink_loss == "defer" and (self.transport != "ltp"
+                                                   or self.compress != "none")):
+            raise ValueError(f"downlink-loss: one of {', '.join(TABLE['downlink_loss'].choices)}"
+                             f" (defer: ltp, with compress none), got {self.downlink_loss!r}")
         if self.max_missed < 1 or self.checkpoint_every < 0:
             raise ValueError("max-missed: must be at least 1 (and checkpoint-every >= 0)")
         if self.checkpoint_every and not self.checkpoint_dir:
