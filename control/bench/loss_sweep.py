@@ -9,7 +9,7 @@ the next (the machine drifts). Variants:
     ltp               LTP with the paper's rule (Early Close's 0.95 floor)
     ltp:budget=B      LTP with a loss budget B (EarlyCloseConfig.budget)
     ltp:code=rs       ... with coded answers (LTP_DOWNLINK_CODE=rs), combinable
-    ltp:loss=defer    ... with tolerant answers (LTP_DOWNLINK_LOSS=defer), combinable
+    ltp:loss=defer    ... with tolerant answers (TrainConfig.downlink_loss), combinable
                       with budget
     tcp               TCP cubic (the same server over TCP)
 
@@ -74,8 +74,8 @@ def parse_variants(text: str) -> list[Variant]:
                 knobs[key] = val
         if knobs["code"] == "rs" and knobs["loss"] == "defer":
             raise UsageError(f"--variants: {item!r}: code=rs and loss=defer do not combine")
-        env = {"LTP_DOWNLINK_CODE": knobs["code"], "LTP_DOWNLINK_LOSS": knobs["loss"]}
-        v = Variant(item, tr, budget, knobs["code"], env if tr == "ltp" else {}, knobs["loss"])
+        v = Variant(item, tr, budget, knobs["code"],
+                    {"LTP_DOWNLINK_CODE": knobs["code"]} if tr == "ltp" else {}, knobs["loss"])
         if v.label in [o.label for o in out]:
             raise UsageError(f"--variants: {item!r} twice")
         out.append(v)
@@ -122,7 +122,8 @@ def run(*, losses: list[float], variants: list[Variant], workers: int, iteration
                 rig.set_loss(p)
                 order = variants if (rep + i) % 2 == 0 else variants[::-1]
                 for v in order:
-                    cfg = TrainConfig(transport=v.transport, iterations=iterations, seed=seed)
+                    cfg = TrainConfig(transport=v.transport, iterations=iterations, seed=seed,
+                                      downlink_loss=v.loss)
                     try:
                         with _env(v.env):
                             res = train_on_rig(rig, cfg, workers=workers,
