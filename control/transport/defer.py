@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import struct
 from dataclasses import dataclass, field
 
@@ -133,35 +132,22 @@ def zeroed(buf: np.ndarray, deferred: np.ndarray, chunk_elems: int) -> np.ndarra
     return out
 
 
-def held_by(p, data: int) -> np.ndarray:
-    """[targets, data] bool: the data chunks of push p each target acknowledged."""
-    nbytes, mask = -(-data // 8), (1 << data) - 1
-    return np.array([np.unpackbits(np.frombuffer((a & mask).to_bytes(nbytes, "little"),
-                                                 dtype=np.uint8), bitorder="little")[:data]
-                     for a in p._raw_acked()], dtype=bool)
+def lacking(p, data: int) -> int:
+    """Data chunks of push p some target has not acknowledged."""
+    held = -1
+    for a in p._raw_acked():
+        held &= a
+    return data - (held & ((1 << data) - 1)).bit_count()
 
 
-def settle_when_few(p, data: int, order: list[int]) -> None:
-    """After a pass of tolerant push p (`order`: its data chunks' order):
-    while more than MAX_DEFERRED of the data chunks are lacked by some
-    target, the next pass re-sends (to the group once) those the fewest
-    targets lack, as many as should bring that within MAX_DEFERRED at the
-    rate re-sends reach a target (a chunk one target lacks is likelier whole
-    after one re-send than one that four lack); then only the critical
-    chunks are waited for."""
-    held = held_by(p, data)
-    lackers = (~held).sum(axis=0)
-    lacked = np.flatnonzero(lackers)
-    over = lacked.size - int(MAX_DEFERRED * data)
-    if over <= 0:
-        p.order = [c for c in order if p.crit[c]]
+def settle_when_few(p, data: int) -> None:
+    """After a pass of tolerant push p: while more than MAX_DEFERRED of the
+    data chunks are lacked by some target, the next pass re-sends them (to
+    the group once); then only the critical chunks are waited for."""
+    if lacking(p, data) <= MAX_DEFERRED * data:
+        p.order = [c for c in p.order if p.crit[c]]
         p.full = sum(1 << c for c in p.order)
         p.after_pass = None
-        return
-    reach = max(0.2, float(held.mean()))
-    pick = lacked[np.argsort(lackers[lacked], kind="stable")][:math.ceil(over / reach)]
-    keep = set(pick.tolist()) | set(np.flatnonzero(p.crit[:data]).tolist())
-    p.order = [c for c in order if c in keep]
 
 
 def push(ep, round_: int, buf: np.ndarray, to, *, critical_from: int, group, timeout_s: float,
@@ -200,9 +186,14 @@ def push(ep, round_: int, buf: np.ndarray, to, *, critical_from: int, group, tim
         return rep, verdict
     if verdict is None:
         p.restrict(range(data), tolerant=True)
-        p.after_pass = functools.partial(settle_when_few, data=data, order=list(p.order))
+        p.after_pass = functools.partial(settle_when_few, data=data)
         rep = p.send()
-        deferred = ~held_by(p, data).all(axis=0) & ~crit[:data]
+        held = -1
+        for a in p._raw_acked():
+            held &= a
+        bits = np.frombuffer((held & ((1 << data) - 1)).to_bytes(-(-data // 8), "little"),
+                             dtype=np.uint8)
+        deferred = ~np.unpackbits(bits, bitorder="little")[:data].astype(bool) & ~crit[:data]
         verdict = memo[round_] = (deferred, sign(zeroed(buf, deferred, ce))
                                   if sign is not None else b"", not deferred.any())
     # the same push again, for the verdict's chunks: critical, first sends
