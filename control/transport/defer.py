@@ -120,7 +120,7 @@ class Plan:
 
     def rebuild(self, chunks: np.ndarray, mask: np.ndarray) -> int:
         """Zero the deferred chunks (those that came too: every worker
-        leaves the same ones out); returns how many."""
+        leaves the same ones out); returns 0, the chunks rebuilt."""
         chunks[:self.data][self.deferred] = 0
         return 0
 
@@ -132,19 +132,19 @@ def zeroed(buf: np.ndarray, deferred: np.ndarray, chunk_elems: int) -> np.ndarra
     return out
 
 
-def lacking(p, data: int) -> int:
-    """Data chunks of push p some target has not acknowledged."""
-    held = -1
+def held_by_all(p, data: int) -> int:
+    """The data chunks of push p every target acknowledged (bit c: chunk c)."""
+    held = (1 << data) - 1
     for a in p._raw_acked():
         held &= a
-    return data - (held & ((1 << data) - 1)).bit_count()
+    return held
 
 
 def settle_when_few(p, data: int) -> None:
     """After a pass of tolerant push p: while more than MAX_DEFERRED of the
     data chunks are lacked by some target, the next pass re-sends them (to
     the group once); then only the critical chunks are waited for."""
-    if lacking(p, data) <= MAX_DEFERRED * data:
+    if data - held_by_all(p, data).bit_count() <= MAX_DEFERRED * data:
         p.order = [c for c in p.order if p.crit[c]]
         p.full = sum(1 << c for c in p.order)
         p.after_pass = None
@@ -188,10 +188,7 @@ def push(ep, round_: int, buf: np.ndarray, to, *, critical_from: int, group, tim
         p.restrict(range(data), tolerant=True)
         p.after_pass = functools.partial(settle_when_few, data=data)
         rep = p.send()
-        held = -1
-        for a in p._raw_acked():
-            held &= a
-        bits = np.frombuffer((held & ((1 << data) - 1)).to_bytes(-(-data // 8), "little"),
+        bits = np.frombuffer(held_by_all(p, data).to_bytes(-(-data // 8), "little"),
                              dtype=np.uint8)
         deferred = ~np.unpackbits(bits, bitorder="little")[:data].astype(bool) & ~crit[:data]
         verdict = memo[round_] = (deferred, sign(zeroed(buf, deferred, ce))
