@@ -245,7 +245,7 @@ def test_ltpx_torch_logs_through_logging():
 
 @pytest.fixture(scope="module")
 def tcp_job():
-    return run_local_job("set_to_none,keep_grads,fp16,bf16,unused,nonfinite")
+    return run_local_job("set_to_none,keep_grads,fp16,bf16,unused,nonfinite,modes")
 
 
 def check_cases(results: list[dict], exact_atol: float = 1e-5) -> None:
@@ -266,6 +266,13 @@ def check_cases(results: list[dict], exact_atol: float = 1e-5) -> None:
     if "unused" in cases[0]:
         assert all(c["unused"]["never_unchanged"] and c["unused"]["never_grad_zero"]
                    and c["unused"]["only_w0_moved_everywhere"] for c in cases)
+    if "modes" in cases[0]:
+        n = len(cases)
+        for c in cases:
+            m = c["modes"]
+            assert m["allreduce"]["values"] == [(n + 1) / 2], m   # mean of ranks + 1
+            for name in ("no_overlap", "wbsp"):
+                assert m[name]["steps"] == 20 and m[name]["last_loss"] < m[name]["first_loss"], m
 
 
 @pytest.mark.root

@@ -15,6 +15,11 @@ prints one JSON line per case ({"case": ..., "digest": ..., ...}), then
   filled       worker 1 sleeps inside backward at step 3 (between two
                buckets): the server closes that bucket without it; the report
                counts it and a FilledWarning says so
+  nonfinite    worker 1's gradient turns NaN at step 3: every replica stays
+               finite, the report names it
+  modes        overlap=False and sync="wbsp" each train a model 20 steps; an allreduce
+
+JOB_DEVICE=cuda puts every model on the GPU (tests/gpu/test_ltpx_gpu.py).
 """
 import json
 import logging
@@ -31,6 +36,7 @@ import ltpx.torch as lt
 if os.environ.get("JOB_LOG"):   # a script that configures logging sees ltpx.torch's lines
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
+DEV = torch.device(os.environ.get("JOB_DEVICE", "cpu"))   # cuda: tests/gpu
 D, B, CLASSES = 12, 24, 3   # B divides by 2, 3, 4: equal shares of every batch
 WHOLE = {"threshold_min": 1.0, "threshold_max": 1.0, "min_deadline_s": 2.0}
 
@@ -44,14 +50,14 @@ def batches(seed: int, steps: int):
 
 
 def mine(t: torch.Tensor) -> torch.Tensor:
-    return t[lt.rank()::lt.size()]
+    return t[lt.rank()::lt.size()].to(DEV)
 
 
 def mlp(seed: int, hidden: int = 64) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(D, hidden), torch.nn.ReLU(),
                                torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-                               torch.nn.Linear(hidden, CLASSES))
+                               torch.nn.Linear(hidden, CLASSES)).to(DEV)
 
 
 def exact(set_to_none: bool) -> dict:
@@ -68,7 +74,7 @@ def exact(set_to_none: bool) -> dict:
         loss.backward()
         opt.step()
         ref_opt.zero_grad()
-        F.cross_entropy(ref(x), y).backward()
+        F.cross_entropy(ref(x.to(DEV)), y.to(DEV)).backward()
         ref_opt.step()
         losses.append(loss.item())
     diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
@@ -110,7 +116,7 @@ class Partly(torch.nn.Module):
 
 
 def unused() -> dict:
-    model = Partly()
+    model = Partly().to(DEV)
     before = model.never.weight.detach().clone()
     lt.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -154,7 +160,7 @@ Slow = on_worker1_at_step3("Identity; its backward sleeps on worker 1 at step 3.
 def filled() -> dict:
     torch.manual_seed(7)
     l1, l2, l3 = torch.nn.Linear(D, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 3)
-    model = torch.nn.ModuleList([l1, l2, l3])
+    model = torch.nn.ModuleList([l1, l2, l3]).to(DEV)
     lt.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                   named_parameters=model.named_parameters(), bucket_mb=0.1,
@@ -185,7 +191,7 @@ Poison = on_worker1_at_step3("Identity; its backward turns worker 1's gradient i
 def nonfinite() -> dict:
     torch.manual_seed(11)
     l1, l2 = torch.nn.Linear(D, 64), torch.nn.Linear(64, 3)
-    model = torch.nn.ModuleList([l1, l2])
+    model = torch.nn.ModuleList([l1, l2]).to(DEV)
     lt.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                   named_parameters=model.named_parameters())
@@ -204,9 +210,36 @@ def nonfinite() -> dict:
             "digest": lt.digest(model)}
 
 
+def modes() -> dict:
+    """The optimizer's other paths (no overlap; wbsp, whose step() adds
+    gradients into its host buffer) and an allreduce, on DEV."""
+    out = {}
+    for name, kw in (("no_overlap", {"overlap": False}), ("wbsp", {"sync": "wbsp"})):
+        model = mlp(9)
+        lt.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters(),
+                                      bucket_mb=0.01, **kw)
+        losses, data = [], batches(10, 60)
+        while opt.steps < 20:   # under wbsp a fast worker's step() may not move the model
+            x, y = next(data)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(mine(x)), mine(y))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        out[name] = {"first_loss": sum(losses[:5]) / 5, "last_loss": sum(losses[-5:]) / 5,
+                     "steps": opt.steps, "digest": lt.digest(model)}
+    t = torch.full((3, 2), float(lt.rank() + 1), device=DEV)
+    mean = lt.allreduce(t)
+    out["allreduce"] = {"device": mean.device.type, "values": sorted(set(mean.view(-1).tolist()))}
+    out["digest"] = out["no_overlap"]["digest"] + out["wbsp"]["digest"]
+    return out
+
+
 CASES = {"set_to_none": lambda: exact(True), "keep_grads": lambda: exact(False),
          "fp16": lambda: half(torch.float16), "bf16": lambda: half(torch.bfloat16),
-         "unused": unused, "filled": filled, "nonfinite": nonfinite}
+         "unused": unused, "filled": filled, "nonfinite": nonfinite, "modes": modes}
 
 if __name__ == "__main__":
     lt.init()

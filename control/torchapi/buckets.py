@@ -12,6 +12,11 @@ the aggregate converts back the same way on every worker).
 
 A parameter whose .grad is None in a step contributes zeros, as Horovod's
 does, and afterwards its .grad is the aggregate like every other's.
+
+Parameters on a GPU: the flat vectors are pinned host memory; a bucket's
+gradients go down with copies queued on their stream (an event says when the
+bucket may be sent) and its part of the aggregate comes back in one copy per
+device, each .grad a view of it.
 """
 from __future__ import annotations
 
@@ -35,8 +40,12 @@ class Bucket:
     def numel(self) -> int:
         return self.hi - self.lo
 
-    def pack(self, flat: torch.Tensor, add: bool = False) -> None:
-        """Copy (or add) this bucket's gradients into flat[lo:hi] as float32."""
+    def pack(self, flat: torch.Tensor, add: bool = False):
+        """Copy (or add) this bucket's gradients into flat[lo:hi] as float32.
+        A CUDA gradient's copy is queued on its stream (into pinned memory it
+        runs while the caller goes on): the returned CUDA event says when
+        flat[lo:hi] is whole; None when every copy is done on return."""
+        dev = None
         for p, (a, b), name in zip(self.params, self.spans, self.names):
             g = p.grad
             if g is None:
@@ -46,22 +55,41 @@ class Bucket:
             if g.is_sparse:
                 raise UsageError(f"parameter {name}: sparse gradients are not supported "
                                  "(use a dense embedding)")
+            src = g.detach().reshape(-1)
             if add:
-                flat[a:b].add_(g.detach().reshape(-1))
+                flat[a:b].add_(src.to(flat.device))
+            elif src.device.type == "cuda":
+                flat[a:b].copy_(src, non_blocking=True)
+                dev = src.device
             else:
-                flat[a:b].copy_(g.detach().reshape(-1))
+                flat[a:b].copy_(src)
+        if dev is None:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(dev))
+        return ev
 
-    def apply(self, agg: torch.Tensor) -> None:
+    def apply(self, agg: torch.Tensor) -> set:
         """Make each parameter's .grad the aggregate. A float32 parameter's .grad
-        becomes a view of `agg` (no copy); others get a converted copy."""
+        becomes a view of `agg` (no copy) or, on another device, of one copy
+        of the bucket's part there; others get a converted copy. Returns the
+        devices copied to (their streams hold copies from `agg`)."""
+        moved: dict = {}
         for p, (a, b) in zip(self.params, self.spans):
-            src = agg[a:b].view(p.shape)
+            src = agg[a:b]
+            if p.device != agg.device:
+                there = moved.get(p.device)
+                if there is None:   # one copy per device, from pinned memory: queued
+                    there = moved[p.device] = agg[self.lo:self.hi].to(p.device, non_blocking=True)
+                src = there[a - self.lo:b - self.lo]
+            src = src.view(p.shape)
             if p.dtype == torch.float32:
                 p.grad = src
             elif p.grad is not None and p.grad.dtype == p.dtype and p.grad.shape == p.shape:
                 p.grad.copy_(src)
             else:
                 p.grad = src.to(p.dtype)
+        return set(moved)
 
 
 class BucketPlan:

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Operations besides the optimizer's steps, each reliable end to end:
 `broadcast_parameters` (a root worker's tensors, bit for bit, to every worker),
-`allreduce` (the mean or sum of a tensor over the workers), and `digest`
-(a hash of a model's parameters, to compare replicas).
+`allreduce` (the mean or sum of a tensor over the workers, on the tensor's
+device), and `digest` (a hash of a model's parameters, to compare replicas).
 
 A broadcast packs the tensors' raw bytes, each at an 8-byte boundary, into
 one float32 buffer: any dtype (float16, bfloat16, integer buffers such as
@@ -81,14 +81,14 @@ def allreduce(tensor: torch.Tensor, average: bool = True) -> torch.Tensor:
     if job.is_server:
         raise UsageError("allreduce: this rank is a server")
     t = torch.as_tensor(tensor)
-    piece = t.detach().to(torch.float32).reshape(-1).contiguous().numpy().copy()
+    piece = t.detach().to("cpu", torch.float32, copy=True).reshape(-1).numpy()
     if piece.size == 0:
         return t.clone()
     job.drain()
     out = np.empty_like(piece)
     job.exchange.run(Op(ALLREDUCE, sizes=(piece.size,), average=average,
                         downlink=job.s.downlink), [piece], out)
-    return torch.from_numpy(out).reshape(t.shape).to(t.dtype)
+    return torch.from_numpy(out).reshape(t.shape).to(t.device, t.dtype)
 
 
 def digest(module_or_tensors) -> str:
@@ -98,5 +98,5 @@ def digest(module_or_tensors) -> str:
         else module_or_tensors
     h = hashlib.sha256()
     for t in ts:
-        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]

@@ -139,10 +139,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                      early_close=json.dumps(early_close, sort_keys=True),
                      downlink=downlink or job.s.downlink)
         self.job, self.ex, self.rank = job, job.exchange, job.rank
-        self.send = np.zeros(self.plan.numel, dtype=np.float32)
-        self.send_t = torch.from_numpy(self.send)
-        self.answer = np.zeros(self.op.down_elems(job.workers), dtype=np.float32)
-        self.answer_t = torch.from_numpy(self.answer)
+        # on a GPU the host buffers are pinned: the copies to and from them are queued
+        pin = any(p.device.type == "cuda" for b in self.plan.buckets for p in b.params)
+        self.send_t = torch.zeros(self.plan.numel, dtype=torch.float32, pin_memory=pin)
+        self.answer_t = torch.zeros(self.op.down_elems(job.workers), dtype=torch.float32,
+                                    pin_memory=pin)
+        self.send, self.answer = self.send_t.numpy(), self.answer_t.numpy()
+        self.packing: dict = {}      # bucket -> CUDA event of its copies into send
         self.setup_codec(job.s, error_feedback)
         self.overlap = overlap and sync == "bsp"
         self.passes, self.warn_every = backward_passes_per_step, warn_every
@@ -195,7 +198,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # rounding error comes back for it
             self.ef_buckets = [b for b in self.plan.buckets if b.numel >= s.servers]
 
+    def pack(self, b, add: bool = False) -> None:
+        ev = b.pack(self.send_t, add)
+        if ev is not None:
+            self.packing[b.index] = ev
+
     def push(self, run, i: int) -> None:
+        ev = self.packing.pop(i, None)
+        if ev is not None:   # its gradients' copies from the GPU are done
+            ev.synchronize()
         b = self.plan.buckets[i]
         piece = self.send[b.lo:b.hi]
         if self.residual is not None:
@@ -228,7 +239,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise UsageError("ltpx.torch: a gradient arrived after its bucket was sent; call "
                              "opt.step() after each backward, or give backward_passes_per_step")
         if st.pending[b] == 0:
-            self.plan.buckets[b].pack(self.send_t)
+            self.pack(self.plan.buckets[b])
             st.ready[b] = True
             self.hand_over(st)
 
@@ -258,7 +269,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         st = self.begin_step()
         for b in self.plan.buckets:
             if not st.ready[b.index]:
-                b.pack(self.send_t)
+                self.pack(b)
                 st.ready[b.index] = True
         if self.overlap:
             self.hand_over(st)
@@ -277,7 +288,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def sync_wbsp(self) -> bool:
         for b in self.plan.buckets:
-            b.pack(self.send_t, add=self.k > 0)
+            self.pack(b, add=self.k > 0)
+        for ev in self.packing.values():   # the host buffer whole before it is added to
+            ev.synchronize()
+        self.packing.clear()
         self.k += 1
         if self.k == 1:
             self.wrun = self.plan_run()
@@ -298,8 +312,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def apply(self, answer: np.ndarray) -> None:
         self.keep_residual()
         rep = StepReport.decode(answer[self.plan.numel:])
+        moved = set()
         for b in self.plan.buckets:
-            b.apply(self.answer_t)
+            moved |= b.apply(self.answer_t)
+        for dev in moved:   # the copies out of answer done: the next step may write it
+            torch.cuda.current_stream(dev).synchronize()
         self.steps += 1
         rep.step = self.steps     # this optimizer's step (the server counts every step op)
         seen = getattr(self.ex, "barrier_seen", None)   # bsp: this step's barrier
