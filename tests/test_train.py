@@ -178,6 +178,10 @@ def test_rank_bad_flags_exit_2():
     (["--compare", "tcp:downlink_loss=defer"], "--compare"),
     (["--compare", "ltp:compress=uint8:downlink_loss=defer"], "--compare"),
     (["--downlink-loss", "defer", "--compress", "uint8"], "--downlink-loss"),
+    (["--loss-budget", "1.5"], "--loss-budget"),
+    (["--loss-budget", "nan"], "--loss-budget"),
+    (["--compare", "tcp:loss_budget=0.5"], "--compare"),
+    (["--compare", "ltp:loss_budget=-1"], "--compare"),
 ])
 def test_bad_values_exit_2_naming_the_flag(argv, flag, capsys):
     from ltpx.tools.cli import main
@@ -248,7 +252,7 @@ def test_heavy_loss_with_a_budget_and_coded_answers(rig, monkeypatch):
     monkeypatch.setenv("LTP_DOWNLINK_CODE", "rs")     # the ranks' environment (job_env)
     rig.set_loss(0.2)
     try:
-        r = _train(rig, transport="ltp", early_close={"budget": 0.35})
+        r = _train(rig, transport="ltp", loss_budget=0.35)     # ltp train --loss-budget
     finally:
         rig.set_loss(0.0)
     assert r["iterations"] == STEPS and r["rounds_early_closed"] > 0, r["rounds_by_reason"]

@@ -42,6 +42,9 @@ EPILOG = """examples:
   sudo ltp train --loss 0.1 --compare ltp,ltp:downlink_loss=defer
                                                   answers repaired against answers that defer
                                                   what a worker lost a step (no re-sends)
+  sudo ltp train --loss 0.2 --downlink-loss defer --loss-budget 0.7
+                                                  heavy loss: rounds closed after one pass,
+                                                  answers sent once (docs/transport.md)
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
 
@@ -105,7 +108,8 @@ def _runs(args) -> list[dict]:
     main = {"transport": args.transport, "cc": args.cc, "servers": args.servers,
             "compress": args.compress,
             "sender": args.sender if args.transport == "ltp" else "socket",
-            "downlink_loss": args.downlink_loss if args.transport == "ltp" else "repair"}
+            "downlink_loss": args.downlink_loss if args.transport == "ltp" else "repair",
+            "loss_budget": args.loss_budget if args.transport in ("ltp", "ddp-ltp") else 0.0}
     runs = [main]
     if args.compare.strip().lower() in ("", "none"):
         return runs
@@ -120,7 +124,7 @@ def _runs(args) -> list[dict]:
 
 
 # --compare KEY=VALUE settings (their types, bounds and choices: the settings table)
-COMPARE_KEYS = ("servers", "compress", "sender", "downlink_loss")
+COMPARE_KEYS = ("servers", "compress", "sender", "downlink_loss", "loss_budget")
 
 
 def _compare_value(key: str, text: str):
@@ -139,7 +143,8 @@ def _compare_item(item: str, args) -> dict:
     run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers,
            "compress": "none" if tr == "gloo" else args.compress,
            "sender": args.sender if tr in ("ltp", "ddp-ltp") else "socket",
-           "downlink_loss": args.downlink_loss if tr == "ltp" else "repair"}
+           "downlink_loss": args.downlink_loss if tr == "ltp" else "repair",
+           "loss_budget": args.loss_budget if tr in ("ltp", "ddp-ltp") else 0.0}
     usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
              "ddp-ltp, "
              f"each with optional :KEY=VALUE, keys {', '.join(COMPARE_KEYS)})")
@@ -162,6 +167,8 @@ def _compare_item(item: str, args) -> dict:
     if run["downlink_loss"] == "defer" and (tr != "ltp" or run["compress"] != "none"):
         raise UsageError(f"--compare: {item!r}: downlink_loss=defer is LTP's, with compress "
                          "none")
+    if run["loss_budget"] and tr not in ("ltp", "ddp-ltp"):
+        raise UsageError(f"--compare: {item!r}: loss_budget is LTP's Early Close (ltp, ddp-ltp)")
     return run
 
 
@@ -296,10 +303,11 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
     from ..control.training.onrig import train_on_rig
     cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
     cfg = dataclasses.replace(cfg, servers=run["servers"], compress=run["compress"],
-                              sender=run["sender"], downlink_loss=run["downlink_loss"])
+                              sender=run["sender"], downlink_loss=run["downlink_loss"],
+                              loss_budget=run["loss_budget"])
     rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
     label = show.label(cfg.transport, cfg.cc, cfg.servers, cfg.compress, cfg.sender,
-                       cfg.downlink_loss)
+                       cfg.downlink_loss, cfg.loss_budget)
     progress.begin(label)
     curves.begin(run_label(label))
     faults = None
@@ -318,6 +326,7 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
         res["compress"] = cfg.compress
         res["sender"] = cfg.sender
         res["downlink_loss"] = cfg.downlink_loss
+        res["loss_budget"] = cfg.loss_budget
     progress.end(res)
     return res
 

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...errors import LtpError, UsageError
+from ..settings_table import TABLE
 from ..training.config import TrainConfig
 from ..training.onrig import rig_config, train_on_rig
 
@@ -66,8 +67,9 @@ def parse_variants(text: str) -> list[Variant]:
                     budget = float(val)
                 except ValueError:
                     budget = -1.0
-                if not 0 < budget < 1:
-                    raise UsageError(f"--variants: {item!r}: budget must be in (0, 1)")
+                if not 0 < budget <= TABLE["loss_budget"].hi:
+                    raise UsageError(f"--variants: {item!r}: budget must be in "
+                                     f"(0, {TABLE['loss_budget'].hi}]")
             elif val not in CHOICES[key]:
                 raise UsageError(f"--variants: {item!r}: {key} is {' or '.join(CHOICES[key])}")
             else:
@@ -123,13 +125,11 @@ def run(*, losses: list[float], variants: list[Variant], workers: int, iteration
                 order = variants if (rep + i) % 2 == 0 else variants[::-1]
                 for v in order:
                     cfg = TrainConfig(transport=v.transport, iterations=iterations, seed=seed,
-                                      downlink_loss=v.loss)
+                                      downlink_loss=v.loss, loss_budget=v.budget)
                     try:
                         with _env(v.env):
                             res = train_on_rig(rig, cfg, workers=workers,
-                                               timeout_s=run_timeout_s,
-                                               early_close={"budget": v.budget} if v.budget
-                                               else None)
+                                               timeout_s=run_timeout_s)
                         fig = _figures(res)
                         said = (f"{res['iterations_per_s']:.2f} it/s, accuracy "
                                 f"{res['final_accuracy']:.4f}")

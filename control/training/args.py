@@ -52,6 +52,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     add_flag(p, "cc", TRAIN)
     add_flag(p, "downlink", TRAIN)
     add_flag(p, "downlink_loss", TRAIN)
+    add_flag(p, "loss_budget", TRAIN)
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N iterations (default: at each epoch's end)")
     p.add_argument("--target-accuracy", type=float, default=None,
@@ -143,6 +144,8 @@ def config_from_args(a: argparse.Namespace, *, transport: str | None = None,
                       downlink=a.downlink if transport in LTP_TRANSPORTS else "unicast",
                       downlink_loss=a.downlink_loss if transport == "ltp"
                       else TABLE["downlink_loss"].default,
+                      loss_budget=a.loss_budget if transport in LTP_TRANSPORTS
+                      else TABLE["loss_budget"].default,
                       servers=a.servers if transport != "gloo" else TABLE["servers"].default,
                       compress=a.compress if transport != "gloo" else TABLE["compress"].default,
                       sender=a.sender if transport in LTP_TRANSPORTS

@@ -54,8 +54,9 @@ class TrainConfig:
     # ("group", LTP only), or to each worker ("unicast"). None: DEFAULT_DOWNLINK
     # for LTP, unicast for the others (they have no group sends).
     downlink: str | None = None
-    # these six are ltpx.torch settings: the settings table says what they mean
+    # these seven are ltpx.torch settings: the settings table says what they mean
     downlink_loss: str = TABLE["downlink_loss"].default
+    loss_budget: float = TABLE["loss_budget"].default
     servers: int = TABLE["servers"].default
     compress: str = TABLE["compress"].default
     sender: str = TABLE["sender"].default
@@ -108,6 +109,12 @@ class TrainConfig:
                                                    or self.compress != "none")):
             raise ValueError(f"downlink-loss: one of {', '.join(TABLE['downlink_loss'].choices)}"
                              f" (defer: ltp, with compress none), got {self.downlink_loss!r}")
+        bad = TABLE["loss_budget"].problem(self.loss_budget)
+        if bad:
+            raise ValueError(f"loss-budget: {bad}")
+        if self.loss_budget and self.transport not in LTP_TRANSPORTS:
+            raise ValueError(f"loss-budget: Early Close is LTP's (ltp, ddp-ltp), got "
+                             f"{self.loss_budget} for {self.transport}")
         if self.max_missed < 1 or self.checkpoint_every < 0:
             raise ValueError("max-missed: must be at least 1 (and checkpoint-every >= 0)")
         if self.checkpoint_every and not self.checkpoint_dir:
