@@ -22,14 +22,16 @@ from ltpx.control.torchapi.job import current
 lt.init()
 ckdir = sys.argv[1]
 checkpoint.PIECE_BYTES = int(os.environ["CKPT_PIECE"])
+DEV = torch.device(os.environ.get("JOB_DEVICE", "cpu"))   # cuda: tests/gpu
 torch.manual_seed(1)
-model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(),
+                            torch.nn.Linear(32, 3)).to(DEV)
 lt.broadcast_parameters(model.state_dict(), root_rank=0)
 opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                               named_parameters=model.named_parameters())
 g = torch.Generator().manual_seed(2)
 for _ in range(3):
-    x = torch.randn(8, 12, generator=g)
+    x = torch.randn(8, 12, generator=g).to(DEV)
     opt.zero_grad()
     F.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
     opt.step()
@@ -42,6 +44,10 @@ before = current().exchange.clock.seq
 extra = checkpoint.resume(opt, ckdir, "fp")
 ops = current().exchange.clock.seq - before
 size = len(torch.load(path, weights_only=True)["blob"]) if path else None
+state_devices = sorted({v.device.type for s in opt.inner.state.values() for v in s.values()
+                        if torch.is_tensor(v)})
 print(json.dumps({"rank": lt.rank(), "saved": saved, "resumed": lt.digest(model), "ops": ops,
-                  "size": size, "extra": extra, "steps": opt.steps}), flush=True)
+                  "size": size, "extra": extra, "steps": opt.steps,
+                  "devices": sorted({p.device.type for p in model.parameters()}),
+                  "state_devices": state_devices}), flush=True)
 lt.shutdown()

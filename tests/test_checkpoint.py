@@ -128,16 +128,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.root          # the TCP link sets cubic, which only root may set here
-@pytest.mark.slow
-def test_resume_broadcasts_a_checkpoint_in_pieces_of_piece_bytes(tmp_path):
-    """Two workers over TCP: worker 0 saves, both move their parameters apart,
-    resume() with PIECE_BYTES=512 gives both the saved parameters and step in
-    1 + ceil(size / 512) ops (the length, then the pieces)."""
+def check_resume(ckdir, **env_extra: str) -> list[dict]:
+    """Run checkpoint_job.py (a server and two workers over TCP on loopback) in
+    ckdir and check what every run of it must show; each worker's line."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                WORLD_SIZE="3", LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1", OMP_NUM_THREADS="1",
-               TORCH_CPP_LOG_LEVEL="ERROR", CKPT_PIECE="512")
-    procs = [subprocess.Popen([sys.executable, str(JOB), str(tmp_path)], env=dict(env, RANK=str(r)),
+               TORCH_CPP_LOG_LEVEL="ERROR", CKPT_PIECE="512", **env_extra)
+    procs = [subprocess.Popen([sys.executable, str(JOB), str(ckdir)], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(3)]
     outs = finish_all(procs, timeout=240)
@@ -147,3 +144,16 @@ def test_resume_broadcasts_a_checkpoint_in_pieces_of_piece_bytes(tmp_path):
     assert w0["resumed"] == w1["resumed"] == w0["saved"]
     assert w0["steps"] == w1["steps"] == 3
     assert w0["extra"] == w1["extra"] == {"note": "three steps", "resumed_from": 3}
+    # resumed where the model lives: parameters and the optimizer's momentum
+    assert w0["state_devices"] == w1["state_devices"] == w0["devices"] == w1["devices"]
+    return [w0, w1]
+
+
+@pytest.mark.root          # the TCP link sets cubic, which only root may set here
+@pytest.mark.slow
+def test_resume_broadcasts_a_checkpoint_in_pieces_of_piece_bytes(tmp_path):
+    """Two workers over TCP: worker 0 saves, both move their parameters apart,
+    resume() with PIECE_BYTES=512 gives both the saved parameters and step in
+    1 + ceil(size / 512) ops (the length, then the pieces)."""
+    w0, _ = check_resume(tmp_path)
+    assert w0["devices"] == ["cpu"]

@@ -180,7 +180,7 @@ def resume(opt, ckdir: str | None, fingerprint: str) -> dict | None:
     if lead and ckdir:
         for path in checkpoints(ckdir, fingerprint):   # newest first; a torn one skipped
             try:
-                ck = torch.load(path, weights_only=True)
+                ck = torch.load(path, weights_only=True, map_location="cpu")
             except Exception:
                 continue
             if ck.get("fingerprint") == fingerprint:
@@ -199,8 +199,11 @@ def resume(opt, ckdir: str | None, fingerprint: str) -> dict | None:
 
 def _load(opt, blob: bytes) -> dict:
     """Parameters, optimizer state and step from a checkpoint's blob (the
-    exchange's clock stays this job's own: a new job numbers ops afresh)."""
-    st = torch.load(io.BytesIO(blob), weights_only=True)
+    exchange's clock stays this job's own: a new job numbers ops afresh).
+    Loaded on the CPU whatever device saved it: the copies into the
+    parameters and the wrapped optimizer's load_state_dict move each value
+    to its parameter's device, so a GPU job's checkpoint resumes anywhere."""
+    st = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
     with torch.no_grad():
         for p, v in zip([p for g in opt.param_groups for p in g["params"]], st["params"]):
             p.copy_(v)

@@ -59,7 +59,7 @@ def state_blob(opt, extra: dict | None = None) -> bytes:
 
 def load_blob(opt, blob: bytes) -> dict:
     """Make this worker's optimizer and parameters the blob's; its `extra`."""
-    st = torch.load(io.BytesIO(blob), weights_only=True)
+    st = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
     with torch.no_grad():
         for p, v in zip(_params(opt), st["params"]):
             p.copy_(v)

@@ -12,19 +12,24 @@ back in one copy per bucket; the checks are the CPU run's: replicas
 bit-identical, the exact cases equal to one process trained on the same
 global batches (on the GPU too), half precision kept, unused layers
 untouched, a NaN gradient contained, the no-overlap and wbsp paths
-training, and an allreduce's mean on the tensor's device.
+training, and an allreduce's mean on the tensor's device. Then
+tests/checkpoint_job.py on cuda:0: a checkpoint saved from the GPU and
+resumed (loaded on the CPU, moved back by the copies and the optimizer's
+load_state_dict) gives the saved parameters, with the momentum on the GPU.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import tempfile
 import time
 
 import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from test_checkpoint import check_resume  # noqa: E402
 from test_torch_api import check_cases, start_local_job  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -57,12 +62,22 @@ def test_ltpx_torch_on_cuda():
         assert nf["finite"] and nf["reports"][2] == [1], nf
 
 
+@pytest.mark.slow
+def test_checkpoint_saved_on_cuda_resumes_there(tmp_path):
+    w0, _ = check_resume(tmp_path, JOB_DEVICE="cuda")
+    print(json.dumps({"checkpoint": {k: w0[k] for k in ("size", "ops", "devices",
+                                                         "state_devices")}}))
+    assert w0["devices"] == w0["state_devices"] == ["cuda"], w0
+
+
 if __name__ == "__main__":
     if not torch.cuda.is_available():
         print(json.dumps({"skipped": "no CUDA"}))
         sys.exit(0)
     try:
         test_ltpx_torch_on_cuda()
+        with tempfile.TemporaryDirectory() as d:
+            test_checkpoint_saved_on_cuda_resumes_there(d)
     except AssertionError as e:
         print(f"FAILED: {e}", file=sys.stderr)
         sys.exit(1)
