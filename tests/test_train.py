@@ -285,6 +285,24 @@ def test_tolerant_answers_defer_what_a_worker_lost_and_every_replica_agrees(rig)
 
 @pytest.mark.rig
 @requires_bpf
+def test_tolerant_answers_under_ddp_keep_every_replica_equal(rig):
+    """The same under stock DDP over the `ltp` backend (`--transport ddp-ltp
+    --downlink-loss defer`): the buckets' answers defer what some worker
+    lost, each worker counts them, and the replicas stay bit-identical."""
+    rig.set_loss(0.1)
+    try:
+        r = _train(rig, transport="ddp-ltp", downlink_loss="defer")
+    finally:
+        rig.set_loss(0.0)
+    ltp = r["ltp"]
+    assert r["iterations"] == STEPS and ltp["deferred_answers"] > 0, ltp
+    assert ltp["deferred_chunks"] >= ltp["deferred_answers"]
+    assert r["replicas_identical"]
+    assert r["final_train_loss"] < 0.8 * r["initial_train_loss"]
+
+
+@pytest.mark.rig
+@requires_bpf
 def test_lossless_ltp_and_tcp_train_bit_identical_parameters(rig, ltp_run):
     tcp = _train(rig, transport="tcp")
     assert tcp["replicas_identical"]

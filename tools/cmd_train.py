@@ -108,7 +108,8 @@ def _runs(args) -> list[dict]:
     main = {"transport": args.transport, "cc": args.cc, "servers": args.servers,
             "compress": args.compress,
             "sender": args.sender if args.transport == "ltp" else "socket",
-            "downlink_loss": args.downlink_loss if args.transport == "ltp" else "repair",
+            "downlink_loss": args.downlink_loss if args.transport in ("ltp", "ddp-ltp")
+            else "repair",
             "loss_budget": args.loss_budget if args.transport in ("ltp", "ddp-ltp") else 0.0}
     runs = [main]
     if args.compare.strip().lower() in ("", "none"):
@@ -143,7 +144,7 @@ def _compare_item(item: str, args) -> dict:
     run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers,
            "compress": "none" if tr == "gloo" else args.compress,
            "sender": args.sender if tr in ("ltp", "ddp-ltp") else "socket",
-           "downlink_loss": args.downlink_loss if tr == "ltp" else "repair",
+           "downlink_loss": args.downlink_loss if tr in ("ltp", "ddp-ltp") else "repair",
            "loss_budget": args.loss_budget if tr in ("ltp", "ddp-ltp") else 0.0}
     usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
              "ddp-ltp, "
@@ -164,9 +165,10 @@ def _compare_item(item: str, args) -> dict:
             run[key] = _compare_value(key, val)
     if run["sender"] != "socket" and tr not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--compare: {item!r}: sender={run['sender']} is LTP's (the ACK clock)")
-    if run["downlink_loss"] == "defer" and (tr != "ltp" or run["compress"] != "none"):
-        raise UsageError(f"--compare: {item!r}: downlink_loss=defer is LTP's, with compress "
-                         "none")
+    if run["downlink_loss"] == "defer" and (tr not in ("ltp", "ddp-ltp")
+                                            or run["compress"] != "none"):
+        raise UsageError(f"--compare: {item!r}: downlink_loss=defer is LTP's (ltp, ddp-ltp), "
+                         "with compress none")
     if run["loss_budget"] and tr not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--compare: {item!r}: loss_budget is LTP's Early Close (ltp, ddp-ltp)")
     return run

@@ -311,9 +311,14 @@ class TolerantReduce:
             self.last_report = rep
 
     def stats(self) -> dict:
+        """What its rounds did; `deferred_answers` / `deferred_chunks`: the
+        answers (downlink_loss defer) that left chunks out, a step late."""
+        down = self.job.link.downlink if self.job.link is not None else {}
         return {"buckets": self.buckets, "ops": self.ops, "early_buckets": self.early_buckets,
                 "wholly_filled_total": self.wholly_filled_total,
-                "delivered": self.delivered_sum / self.buckets if self.buckets else 1.0}
+                "delivered": self.delivered_sum / self.buckets if self.buckets else 1.0,
+                "deferred_answers": down.get("answers", 0),
+                "deferred_chunks": down.get("chunks", 0)}
 
     # the job's calls (job.optimizers): before another op, and at the end
     def drain(self) -> None:

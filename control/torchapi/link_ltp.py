@@ -235,10 +235,15 @@ class LtpWorkerLink(WorkerLink):
         self.codec = codec and WorkerCodec(codec)
         # this worker's pushes so far: DATA sent, and how much of it the ACK clock made
         self.counts = {"pushes": 0, "sent": 0, "clock_tx": 0}
+        self.deferrals = {"answers": 0, "chunks": 0}   # tolerant answers that deferred some
 
     @property
     def uplink(self) -> dict:
         return self.counts
+
+    @property
+    def downlink(self) -> dict:
+        return self.deferrals
 
     def address(self) -> dict:
         return {}
@@ -317,6 +322,9 @@ class LtpWorkerLink(WorkerLink):
                             "chunks (is the server alive? is its --capacity right?)")
         values = res.values[0]
         plan = self.plans.pop(d, None)
+        if plan is not None and plan.deferred is not None and plan.deferred.any():
+            self.deferrals["answers"] += 1
+            self.deferrals["chunks"] += int(plan.deferred.sum())
         if plan is not None and self.verifier:   # the answer as used, and the verdict's signature
             values = np.concatenate([values, np.frombuffer(plan.sig, dtype=np.float32)])
         if self.verifier:      # ForgedAnswerError unless the server's: nothing used then

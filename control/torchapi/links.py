@@ -126,6 +126,12 @@ class WorkerLink(ABC):
         """Counters of this worker's pushes (LTP: pushes, DATA sent, clock-made)."""
         return {}
 
+    @property
+    def downlink(self) -> dict:
+        """Counters of the answers it took (LTP, deferred answers: `answers`
+        that deferred something, the `chunks` they deferred)."""
+        return {}
+
     def parts(self) -> list[WorkerLink]:
         """The links to each server (one, unsharded)."""
         return [self]

@@ -288,6 +288,14 @@ class ShardedExchange:
         self.threads = []
 
 
+def _added(counters) -> dict:
+    out: dict[str, int] = {}
+    for c in counters:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
 class ShardLinks:
     """A sharded worker's links, one per server, closed together (job.link):
     the parts and counters of links.WorkerLink."""
@@ -301,11 +309,12 @@ class ShardLinks:
     @property
     def uplink(self) -> dict:
         """The links' push counters, added up (WorkerLink.uplink)."""
-        out: dict[str, int] = {}
-        for link in self.links:
-            for k, v in link.uplink.items():
-                out[k] = out.get(k, 0) + v
-        return out
+        return _added(link.uplink for link in self.links)
+
+    @property
+    def downlink(self) -> dict:
+        """The links' answer counters, added up (WorkerLink.downlink)."""
+        return _added(link.downlink for link in self.links)
 
     def close(self) -> None:
         for link in self.links:

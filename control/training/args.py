@@ -142,7 +142,7 @@ def config_from_args(a: argparse.Namespace, *, transport: str | None = None,
                       target_accuracy=a.target_accuracy, cc=cc or a.cc,
                       verify_versions=a.verify_versions,
                       downlink=a.downlink if transport in LTP_TRANSPORTS else "unicast",
-                      downlink_loss=a.downlink_loss if transport == "ltp"
+                      downlink_loss=a.downlink_loss if transport in LTP_TRANSPORTS
                       else TABLE["downlink_loss"].default,
                       loss_budget=a.loss_budget if transport in LTP_TRANSPORTS
                       else TABLE["loss_budget"].default,

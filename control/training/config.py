@@ -105,10 +105,10 @@ class TrainConfig:
             raise ValueError(f"sender: one of {', '.join(SENDERS)} (xdp: ltp, ddp-ltp), got "
                              f"{self.sender!r}")
         if self.downlink_loss not in TABLE["downlink_loss"].choices or (
-                self.downlink_loss == "defer" and (self.transport != "ltp"
+                self.downlink_loss == "defer" and (self.transport not in LTP_TRANSPORTS
                                                    or self.compress != "none")):
             raise ValueError(f"downlink-loss: one of {', '.join(TABLE['downlink_loss'].choices)}"
-                             f" (defer: ltp, with compress none), got {self.downlink_loss!r}")
+                             f" (defer: ltp or ddp-ltp, with compress none), got {self.downlink_loss!r}")
         bad = TABLE["loss_budget"].problem(self.loss_budget)
         if bad:
             raise ValueError(f"loss-budget: {bad}")
