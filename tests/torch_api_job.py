@@ -220,8 +220,10 @@ def modes() -> dict:
         opt = lt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       named_parameters=model.named_parameters(),
                                       bucket_mb=0.01, **kw)
-        losses, data = [], batches(10, 60)
-        while opt.steps < 20:   # under wbsp a fast worker's step() may not move the model
+        # under wbsp a fast worker's step() may not move the model: as many
+        # batches as it takes (the stream is lazy)
+        losses, data = [], batches(10, 10**6)
+        while opt.steps < 20:
             x, y = next(data)
             opt.zero_grad()
             loss = F.cross_entropy(model(mine(x)), mine(y))
