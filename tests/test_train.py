@@ -280,7 +280,9 @@ def test_tolerant_answers_defer_what_a_worker_lost_and_every_replica_agrees(rig)
     assert r["replicas_identical"] and set(r["worker_digests"].values()) == {r["ps_digest"]}
     chain = r["version_chain"]
     assert set(chain["workers"].values()) == {chain["ps"]}
-    assert r["final_train_loss"] < 0.8 * r["initial_train_loss"]
+    # it learns (0.74-0.75 x its first loss after 14 steps here; deferral sets
+    # early training back, docs/benchmarks.md): the bound is not how fast
+    assert r["final_train_loss"] < 0.9 * r["initial_train_loss"]
 
 
 @pytest.mark.rig
@@ -298,7 +300,9 @@ def test_tolerant_answers_under_ddp_keep_every_replica_equal(rig):
     assert r["iterations"] == STEPS and ltp["deferred_answers"] > 0, ltp
     assert ltp["deferred_chunks"] >= ltp["deferred_answers"]
     assert r["replicas_identical"]
-    assert r["final_train_loss"] < 0.8 * r["initial_train_loss"]
+    # it learns (0.74-0.75 x its first loss after 14 steps here; deferral sets
+    # early training back, docs/benchmarks.md): the bound is not how fast
+    assert r["final_train_loss"] < 0.9 * r["initial_train_loss"]
 
 
 @pytest.mark.rig
