@@ -38,7 +38,8 @@ EPILOG = """examples:
                                                   2 sharded servers, against 1 and TCP x2
   sudo ltp train --rate 100mbit --compare ltp,ltp:compress=uint8,tcp:cubic:compress=uint8
                                                   float32 against 8-bit codes, LTP and TCP
-  sudo ltp train --compare ltp,ltp:sender=xdp     the paced socket sender against the ACK clock
+  sudo ltp train --sender socket --compare ltp:sender=xdp
+                                                  the paced socket sender against the ACK clock
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
 
@@ -101,7 +102,7 @@ def _runs(args) -> list[dict]:
     """The runs to make: the main one, then each --compare item."""
     main = {"transport": args.transport, "cc": args.cc, "servers": args.servers,
             "compress": args.compress,
-            "sender": args.sender if args.transport == "ltp" else "socket"}
+            "sender": args.sender if args.transport == "ltp" else NO_SENDER}
     runs = [main]
     if args.compare.strip().lower() in ("", "none"):
         return runs
@@ -117,6 +118,7 @@ def _runs(args) -> list[dict]:
 
 # --compare KEY=VALUE settings (their types, bounds and choices: the settings table)
 COMPARE_KEYS = ("servers", "compress", "sender")
+NO_SENDER = TABLE["sender"].default   # a run without LTP: the sender is not its to name
 
 
 def _compare_value(key: str, text: str):
@@ -134,7 +136,7 @@ def _compare_item(item: str, args) -> dict:
     tr, *parts = item.split(":")
     run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers,
            "compress": "none" if tr == "gloo" else args.compress,
-           "sender": args.sender if tr in ("ltp", "ddp-ltp") else "socket"}
+           "sender": args.sender if tr in ("ltp", "ddp-ltp") else NO_SENDER}
     usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
              "ddp-ltp, "
              f"each with optional :KEY=VALUE, keys {', '.join(COMPARE_KEYS)})")
@@ -152,7 +154,7 @@ def _compare_item(item: str, args) -> dict:
             raise UsageError(f"--compare: {item!r}: {key} must be {TABLE[key].takes()}")
         else:
             run[key] = _compare_value(key, val)
-    if run["sender"] != "socket" and tr not in ("ltp", "ddp-ltp"):
+    if run["sender"] == "xdp" and tr not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--compare: {item!r}: sender={run['sender']} is LTP's (the ACK clock)")
     return run
 
@@ -167,7 +169,7 @@ def _validate(args) -> tuple:
     from ..control.training.args import config_from_args
     if not 1 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
-    if args.sender != "socket" and args.transport not in ("ltp", "ddp-ltp"):
+    if args.sender == "xdp" and args.transport not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--sender {args.sender}: the ACK clock is LTP's (--transport ltp "
                          "or ddp-ltp)")
     try:
@@ -329,10 +331,10 @@ def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
 
 
 def _label(transport: str, cc: str | None, servers: int = 1, compress: str = "none",
-           sender: str = "socket") -> str:
+           sender: str = NO_SENDER) -> str:
     base = f"tcp ({cc})" if transport == "tcp" else transport
     base = f"{base} x{servers}" if servers > 1 else base
-    base = base if sender == "socket" else f"{base} {sender}-sender"
+    base = base if sender == NO_SENDER else f"{base} {sender}-sender"
     return base if compress == "none" else f"{base} {compress}"
 
 

@@ -7,6 +7,7 @@ push's arguments and plans it with the kind of push its options name
 from __future__ import annotations
 
 import collections
+import dataclasses
 import socket
 import struct
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from ...dataplane.xdp import wire as W
 from .layout import ChunkLayout, as_f32
-from .options import DEFAULTS, PushOptions
+from .options import AUTO, DEFAULTS, PushOptions
 from .results import Peer
 from .sender import UDP_SEGMENT, Push
 from .tokens import RoundTokens
@@ -29,7 +30,7 @@ class Sender:
     def __init__(self, sock: socket.socket, maps, peers: dict[int, int], *, job: int,
                  chunk_bytes: int, max_elems: int, initial_rate_bps: float,
                  tokens: RoundTokens | None = None, options: PushOptions = DEFAULTS,
-                 kinds: dict[str, type[Push]] | None = None):
+                 kinds: dict[str, type[Push]] | None = None, why: str = ""):
         self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
         self.tokens = tokens or RoundTokens.off()  # each flow's per round
         self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
@@ -40,6 +41,7 @@ class Sender:
         # ... and the mean time between the ACKs of its last push
         self.gap_hint: dict[int, float] = {}
         self.options = options  # a push's by default (sender, the ACK clock's knobs)
+        self.why = why or f"{options.sender}: the endpoint's"  # why options.sender (reports)
         # sender name -> what plans its pushes: Push, or the ACK clock's clock.ClockPush
         self.kinds = kinds or {"socket": Push}
         self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
@@ -55,7 +57,11 @@ class Sender:
                 group: tuple[str, int] | None = None,
                 options: PushOptions | None = None) -> Push:
         """Check a push's arguments and plan it (see Endpoint.prepare_push)."""
-        options = options or self.options
+        options, why = options or self.options, self.why
+        if options.sender == AUTO:  # a push's own knobs, the endpoint's chosen sender
+            options = dataclasses.replace(options, sender=self.options.sender)
+        elif options.sender != self.options.sender:
+            why = f"{options.sender}: asked for by this push"
         if options.sender not in self.kinds:
             raise ValueError(f"sender {options.sender!r} is not one of this endpoint's "
                              f"({', '.join(self.kinds)})")
@@ -74,9 +80,11 @@ class Sender:
             np.zeros(nch, dtype=bool) if critical is None else np.asarray(critical, dtype=bool))
         if crit.shape != (nch,):
             raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
-        return self.kinds[options.sender](self, round_, arr, layout, targets, crit,
+        push = self.kinds[options.sender](self, round_, arr, layout, targets, crit,
                                           reliable=reliable, timeout_s=timeout_s, seed=seed,
                                           group=group, options=options)
+        push.sender_why = why
+        return push
 
     def start_rate(self, targets: list[Peer], group: bool) -> float:
         hints = [self.rate_hint.get(t.worker, self.initial_rate_bps) for t in targets]

@@ -37,6 +37,7 @@ class PushReport:
     stops: int = 0                   # ACKs the receiver's credit told to stop
     max_over_credit: int = 0         # most packets in flight above the credit, after the first ACK
     clock_retx: int = 0              # re-sends the XDP program made of ACKs (RACK in XDP; in clock_tx)
+    sender_why: str = ""             # why this sender: the endpoint's choice, or the push's own
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

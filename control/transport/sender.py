@@ -60,6 +60,7 @@ class Push:
     overtaken = False             # the push ended by `over`
     coded = None                  # (fec.Plan, parity per group) of a coded reliable push
     first_loss = None             # the worst target's loss in the first pass
+    sender_why = ""               # why this push's sender (outbox.Sender.prepare says)
 
     def __init__(self, sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
                  targets: list[Peer], crit: np.ndarray, *, reliable: bool, timeout_s: float,
@@ -411,5 +412,6 @@ class Push:
                           resent=self.resent, acked=sum(a.bit_count() for a in self._raw_acked()),
                           closed_by_receiver=self.overtaken or
                           all(bool(tx32[s, 1]) for s in self.slots),
-                          duration_s=time.perf_counter() - self.t0, passes=self.passes)
+                          duration_s=time.perf_counter() - self.t0, passes=self.passes,
+                          sender_why=self.sender_why)
 
