@@ -94,10 +94,13 @@ def pair():
 def _endpoints(pair, **worker_kw):
     """A PS on b and worker 1 on a, native mode (both ends carry ltp_xdp)."""
     from ltpx.control.transport.endpoint import Endpoint
-    ps = Endpoint(pair.b.dev, pair.b.ip, {1: 0}, 4096, ns=pair.b.ns, sender="socket")
+    from ltpx.control.transport.tokens import new_secret
+    secret = new_secret()
+    ps = Endpoint(pair.b.dev, pair.b.ip, {1: 0}, 4096, ns=pair.b.ns, sender="socket",
+                  secret=secret)
     try:
         wk = Endpoint(pair.a.dev, pair.a.ip, {1: 0}, 4096, ns=pair.a.ns, self_id=1,
-                      **worker_kw)
+                      secret=secret, **worker_kw)
     except BaseException:
         ps.close()
         raise
