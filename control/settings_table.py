@@ -191,9 +191,11 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "step", shown="1"),
     _s("max_missed", int, 3, "drop a worker that delivered nothing of K steps in a row; "
        "training goes on without it until it rejoins", lo=1, metavar="K", flags=(TRAIN,)),
-    _s("sender", str, "socket", "how LTP DATA leaves: socket (paced by Python) or xdp (the "
-       "ACK clock: each ACK turned into the next chunk at the NIC; docs/transport.md)",
-       choices=("socket", "xdp"), flags=(TRAIN,)),
+    _s("sender", str, "auto", "how LTP DATA leaves: xdp (the ACK clock: each ACK turned into "
+       "the next chunk at the NIC), socket (paced by Python), or auto: xdp where `ltp doctor`'s "
+       "grow check passes, else socket, and socket toward a peer whose packets are lost more "
+       "than 6 % of the time (docs/transport.md)",
+       choices=("auto", "socket", "xdp"), flags=(TRAIN,)),
     _s("secret_file", str, None, "a file holding the job key as hex on a server rank, a "
        "worker's own member key file on a worker (`ltp key member`; mode 0600 or stricter; "
        "`ltp launch` and `ltp train` make them per job): LTP's round tokens, the answers' "

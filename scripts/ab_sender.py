@@ -18,6 +18,7 @@ USAGE (root; from the repository root):
   sudo .venv/bin/python scripts/ab_sender.py                 # everything, 3 reps
   sudo .venv/bin/python scripts/ab_sender.py --reps 2 --only train
   sudo .venv/bin/python scripts/ab_sender.py --summary /tmp/ab-sender/runs.jsonl
+  sudo .venv/bin/python scripts/ab_sender.py --arms ltp-auto,ltp-xdp,ltp-socket --reps 2
 The `ltp` it runs is the ltpx this interpreter imports (PYTHONPATH first: a
 worktree's copy measures that commit).
 """
@@ -92,12 +93,12 @@ def incast_runs(rep: int, only: set[str]):
 def train_runs(rep: int, only: set[str]):
     """Each arm its own `ltp train` (a run that stalls loses only its own
     figures), the arms' order alternating by rep."""
-    arms = ("socket", "xdp") if rep % 2 == 0 else ("xdp", "socket")
+    arms = [a.removeprefix("ltp-") for a in (ARMS if rep % 2 == 0 else ARMS[::-1])]
     for name, loss in TRAIN.items():
         if "train" in only:
             runs = [_run(LTP + ["train", *TRAIN_FLAGS, "--loss", loss, "--sender", arm,
                                 "--name", "absnd", "-j"]) for arm in arms]
-            yield name, {**runs[0], "out": [r["out"] for r in runs],
+            yield name, {**runs[0], "out": [r["out"] for r in runs], "arms": arms,
                          "error": "; ".join(f"{arm}: {r['error']}" for arm, r in zip(arms, runs)
                                             if r.get("error")) or None,
                          "load_after": runs[-1]["load_after"],
@@ -119,15 +120,32 @@ def _incast_row(out: dict) -> dict:
     return row
 
 
-def _train_row(outs: list) -> dict:
+def _train_row(outs: list, arms: list[str]) -> dict:
+    """Each arm's figures (keyed by the sender asked for: auto's report
+    names what it chose)."""
     row = {}
-    for r in outs:
+    for arm, r in zip(arms, outs):
         if r and r.get("transport") == "ltp":
-            row["ltp-" + r["sender"]] = {
+            row["ltp-" + arm] = {
                 "it_per_s": r["iterations_per_s"], "final_accuracy": r["final_accuracy"],
                 "wall_s": r["wall_s"], "cut": r["rounds_early_closed"],
                 "delivered": r["delivered_fraction"], "clock_share": r.get("uplink_clock_share")}
     return row
+
+
+def _line(row: dict, ratios: dict) -> str:
+    """One run: each arm's figure, and its ratio to the socket's."""
+    arms = [a for a in row if a.startswith("ltp-")]
+    train = "it_per_s" in row[arms[0]]
+    key = "it_per_s" if train else "median_over_limit"
+    figs = " ".join(f"{a[4:]} {row[a][key]:.3f}" for a in arms)
+    rat = ", ".join(f"{a[4:]}/socket {x:.3f}" for a, x in ratios.items())
+    more = ("acc " + "/".join(f"{row[a]['final_accuracy']:.3f}" for a in arms) if train else
+            "p99 " + "/".join(f"{row[a]['p99_over_limit']:.3f}" for a in arms) + "  cpu " +
+            "/".join(f"{row[a]['cpu_s_per_round'] * 1e3:.0f}" for a in arms) + " ms")
+    share = "/".join(f"{row[a]['clock_share'] or 0:.2f}" for a in arms)
+    return (f"{'it/s' if train else 'median/limit'} {figs} ({rat})  {more}  cut "
+            f"{'/'.join(str(row[a]['cut']) for a in arms)}  clock share {share}")
 
 
 def summary(lines: list[dict]) -> str:
@@ -138,51 +156,34 @@ def summary(lines: list[dict]) -> str:
     for name, runs in by.items():
         text.append(f"{name}:")
         for ln in runs:
-            row = ln["row"]
-            x, s = row.get("ltp-xdp"), row.get("ltp-socket")
             if ln.get("error"):
                 text.append(f"  rep {ln['rep']} first {ln['first']:<10} {ln['error'][:200]}")
-            if not (x and s):
-                continue
-            load = f"load {ln['load_before']:.1f}-{ln['load_after']:.1f}"
-            if "it_per_s" in x:
-                text.append(
-                    f"  rep {ln['rep']} first {ln['first']:<10} it/s xdp {x['it_per_s']:.2f} "
-                    f"socket {s['it_per_s']:.2f} ({x['it_per_s'] / s['it_per_s']:.3f}x)  acc "
-                    f"{x['final_accuracy']:.3f}/{s['final_accuracy']:.3f}  wall "
-                    f"{x['wall_s']:.1f}/{s['wall_s']:.1f} s  cut {x['cut']}/{s['cut']}  {load}")
-            else:
-                tcp = row.get("tcp-cubic")
-                vs_tcp = (f"  goodput/cubic {x['goodput_bps'] / tcp['goodput_bps']:.2f}/"
-                          f"{s['goodput_bps'] / tcp['goodput_bps']:.2f}" if tcp else "")
-                text.append(
-                    f"  rep {ln['rep']} first {ln['first']:<10} median/limit xdp "
-                    f"{x['median_over_limit']:.3f} socket {s['median_over_limit']:.3f} "
-                    f"({x['median_over_limit'] / s['median_over_limit']:.3f}x)  p99 "
-                    f"{x['p99_over_limit']:.3f}/{s['p99_over_limit']:.3f}  goodput "
-                    f"{x['goodput_bps'] / 1e9:.3f}/{s['goodput_bps'] / 1e9:.3f} Gb/s{vs_tcp}  cpu "
-                    f"{x['cpu_s_per_round'] * 1e3:.0f}/{s['cpu_s_per_round'] * 1e3:.0f} ms  "
-                    f"delivered {x['delivered']:.4f}/{s['delivered']:.4f}  cut "
-                    f"{x['cut']}/{s['cut']}  {load}")
-        ratios = [ln["ratio"] for ln in runs if ln.get("ratio")]
-        if ratios:
-            text.append(f"  clock/socket ({ratios[0][0]}): median of runs "
-                        f"{statistics.median(r[1] for r in ratios):.3f}, range "
-                        f"{min(r[1] for r in ratios):.3f}-{max(r[1] for r in ratios):.3f}")
+            ratios = _ratios(ln["row"])
+            if ratios:
+                text.append(f"  rep {ln['rep']} first {ln['first']:<10} "
+                            f"{_line(ln['row'], ratios)}  load {ln['load_before']:.1f}-"
+                            f"{ln['load_after']:.1f}")
+        for arm in dict.fromkeys(a for ln in runs for a in _ratios(ln["row"])):
+            xs = [_ratios(ln["row"])[arm] for ln in runs if arm in _ratios(ln["row"])]
+            text.append(f"  {arm[4:]}/socket ({'it/s, higher' if 'train' in name else 'median round, lower'} "
+                        f"is better): median of runs {statistics.median(xs):.3f}, range "
+                        f"{min(xs):.3f}-{max(xs):.3f}")
     return "\n".join(text)
 
 
-def _ratio(row: dict) -> tuple[str, float] | None:
-    x, s = row.get("ltp-xdp"), row.get("ltp-socket")
-    if not (x and s):
-        return None
-    if "it_per_s" in x:
-        return "it/s, higher is better", x["it_per_s"] / s["it_per_s"]
-    return "median round, lower is better", x["median_over_limit"] / s["median_over_limit"]
+def _ratios(row: dict) -> dict[str, float]:
+    """Each arm's figure over the socket's (it/s in training, the median
+    round in incast)."""
+    s = row.get("ltp-socket")
+    if not s:
+        return {}
+    key = "it_per_s" if "it_per_s" in s else "median_over_limit"
+    return {a: r[key] / s[key] for a, r in row.items()
+            if a.startswith("ltp-") and a != "ltp-socket" and r.get(key)}
 
 
 def main() -> int:
-    global RUN_TIMEOUT_S
+    global RUN_TIMEOUT_S, ARMS
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("USAGE", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -193,6 +194,9 @@ def main() -> int:
                    help="comma list of incast, flow, train (default all)")
     p.add_argument("--out", default="/tmp/ab-sender", help="folder for runs.jsonl")
     p.add_argument("--summary", metavar="RUNS.jsonl", help="only summarise an earlier run")
+    p.add_argument("--arms", default=",".join(ARMS),
+                   help=f"the senders, as bench transports (default {','.join(ARMS)}; "
+                   "ltp-auto: the default sender, choosing per push)")
     p.add_argument("--run-timeout", type=float, default=RUN_TIMEOUT_S,
                    help=f"seconds one command may take (default {RUN_TIMEOUT_S:g})")
     a = p.parse_args()
@@ -202,6 +206,9 @@ def main() -> int:
         return 0
     only = set(a.only.split(","))
     RUN_TIMEOUT_S = a.run_timeout
+    ARMS = tuple(a.arms.split(","))
+    if "ltp-socket" not in ARMS or not set(ARMS) <= {"ltp-xdp", "ltp-socket", "ltp-auto"}:
+        p.error(f"--arms: ltp-socket and any of ltp-xdp, ltp-auto, got {a.arms!r}")
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "runs.jsonl")
     lines = []
@@ -209,12 +216,12 @@ def main() -> int:
         for rep in range(a.first_rep, a.first_rep + a.reps):
             for kind, gen in (("bench", incast_runs), ("train", train_runs)):
                 for name, run in gen(rep, only):
-                    row = (_train_row(run["out"]) if kind == "train" else
+                    row = (_train_row(run["out"], run["arms"]) if kind == "train" else
                            {} if run["out"] is None else _incast_row(run["out"]))
                     first = (run["cmd"][run["cmd"].index("--sender") + 1] if kind == "train"
                              else run["cmd"][run["cmd"].index("--transports") + 1].split(",")[0])
                     ln = {"name": name, "rep": rep, "first": first, "row": row,
-                          "ratio": _ratio(row), "error": run.get("error"),
+                          "error": run.get("error"),
                           **{k: run[k] for k in ("cmd", "load_before", "load_after", "wall_s")}}
                     f.write(json.dumps(ln) + "\n")
                     f.flush()

@@ -121,7 +121,7 @@ def test_no_module_reaches_past_the_contract():
 
 
 def test_push_options_are_frozen_checked_and_default_to_what_a_job_runs():
-    assert PushOptions(sender="socket", xdp_recovery=True, poll_s=None, rto_rtts=2) == DEFAULTS
+    assert PushOptions(sender="auto", xdp_recovery=True, poll_s=None, rto_rtts=2) == DEFAULTS
     with pytest.raises(dataclasses.FrozenInstanceError):
         DEFAULTS.poll_s = 0.001
     for bad in ({"sender": "carrier-pigeon"}, {"poll_s": 0}, {"rto_rtts": -1}):

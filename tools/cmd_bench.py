@@ -122,8 +122,9 @@ def _register_incast(bsub) -> None:
                    help="repeat over these worker counts and report the scaling")
     i.add_argument("--mtu", type=int, default=1500, help="rig MTU (1280..3500, default 1500)")
     i.add_argument("--sender", default=None, metavar="socket|xdp",
-                   help="how plain ltp's pushes leave: socket (paced, default) or xdp (the ACK "
-                   "clock); to A/B both: --transports ltp-xdp,ltp-socket,...")
+                   help="how plain ltp's pushes leave: xdp (the ACK clock) or socket (paced); "
+                   "default: xdp where `ltp doctor`'s grow check passes, else socket (the JSON's "
+                   "config says which and why); to A/B both: --transports ltp-xdp,ltp-socket,...")
     i.add_argument("--early-close", default="progress", metavar="RULE[,RULE]",
                    help="Early Close deadline rule(s) of LTP: progress (default) or capacity "
                    "(the fixed-capacity rule, kept for A/B); two run every LTP transport under each, "
@@ -307,7 +308,7 @@ def cmd_incast(args) -> None:
     except ValueError as e:
         raise UsageError(f"--transports: {e}") from None
     sender = _check_sender(args.sender, transports)
-    if sender != "xdp" and any(t.startswith("ltp:") for t in transports):
+    if sender == "socket" and any(t.startswith("ltp:") for t in transports):
         raise UsageError("--transports: knobs are the ACK clock's: plain ltp takes them with "
                          "--sender xdp (or name ltp-xdp)")
     rules = [r.strip() for r in args.early_close.split(",") if r.strip()]
@@ -331,6 +332,10 @@ def cmd_incast(args) -> None:
         raise UsageError(f"--name: a-z 0-9 _ up to 12 characters, got {args.name!r}")
     need_root("ltp bench incast")
     need_bcc()
+    sender, sender_why = _choose_sender(sender, transports)
+    if sender != "xdp" and any(t.startswith("ltp:") for t in transports):
+        raise UsageError(f"--transports: knobs are the ACK clock's, and plain ltp's sender is "
+                         f"{sender_why}: name ltp-xdp instead")
     from ..control.bench import incast as bench_incast
     from rich.progress import Progress
     results = []
@@ -348,16 +353,33 @@ def cmd_incast(args) -> None:
                 sender=sender, block=args.block, rules=rules, progress=tick))
     if args.plot:
         bench_incast.plot(results, args.plot)
+    for r in results:
+        r["config"]["sender_why"] = sender_why
     out = results[0] if len(results) == 1 else {"sweep": results}
     emit(args, out, lambda o: "\n\n".join(bench_incast.table(r) for r in results) +
          (f"\nplot: {args.plot}" if args.plot else ""))
 
 
-def _check_sender(sender: str | None, transports: list[str]) -> str:
-    """Plain ltp's sender. One of socket and xdp; a list is the transports'
-    job, and so is a sender for ltp-socket/ltp-xdp."""
+def _choose_sender(sender: str | None, transports: list[str]) -> tuple[str, str]:
+    """Plain ltp's sender and why: as asked, or (None) the endpoints' default
+    (options.choose_sender) decided once for the run; socket and "" when no
+    plain ltp runs."""
+    if sender is not None:
+        return sender, f"{sender}: asked for"
+    if "ltp" not in [t.partition(":")[0] for t in transports]:
+        return "socket", ""
+    from ..control.transport.options import AUTO, choose_sender
+    from ..dataplane.doctor.growcheck import grow_verdict
+    c = choose_sender(AUTO, lambda: grow_verdict("native"), where="ltp bench incast")
+    return c.sender, c.why
+
+
+def _check_sender(sender: str | None, transports: list[str]) -> str | None:
+    """Plain ltp's sender as asked (None: not asked, _choose_sender's). One
+    of socket and xdp; a list is the transports' job, and so is a sender for
+    ltp-socket/ltp-xdp."""
     if sender is None:
-        return "socket"
+        return None
     if "," in sender:
         raise UsageError(f"--sender takes one sender, got {sender!r}; to A/B the senders in one "
                          "run name them as transports: --transports ltp-xdp,ltp-socket,tcp-cubic")

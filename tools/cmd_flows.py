@@ -150,8 +150,11 @@ def _program_title(s: dict) -> str:
     rn = s["round_now"]
     now = (f"round {rn['round']} {rn['state']}, {rn['nchunks']} chunks" if rn
            else "no round opened yet")
+    # "sender xdp (the default)", "sender socket (the fallback)", "... (asked for)"
+    why = (s.get("sender_why") or "").partition(":")[2].split(",")[0].strip()
+    sender = f"  sender {s['sender']}" + (f" ({why})" if why else "") if s.get("sender") else ""
     return _wrap(f"{s['netns']}/{s['dev']}  {s['role']}  job {job_text(s['job'])}  prog "
-                 f"{s['prog_id']} ({s['mode']})  {now}")
+                 f"{s['prog_id']} ({s['mode']}){sender}  {now}")
 
 
 _DROP_NAMES = {"malformed": "malformed", "foreign_job": "foreign-job",

@@ -38,7 +38,8 @@ EPILOG = """examples:
                                                   2 sharded servers, against 1 and TCP x2
   sudo ltp train --rate 100mbit --compare ltp,ltp:compress=uint8,tcp:cubic:compress=uint8
                                                   float32 against 8-bit codes, LTP and TCP
-  sudo ltp train --compare ltp,ltp:sender=xdp     the paced socket sender against the ACK clock
+  sudo ltp train --sender socket --compare ltp:sender=xdp
+                                                  the paced socket sender against the ACK clock
   sudo ltp train --loss 0.1 --compare ltp,ltp:downlink_loss=defer
                                                   answers repaired against answers that defer
                                                   what a worker lost a step (no re-sends)
@@ -107,7 +108,7 @@ def _runs(args) -> list[dict]:
     """The runs to make: the main one, then each --compare item."""
     main = {"transport": args.transport, "cc": args.cc, "servers": args.servers,
             "compress": args.compress,
-            "sender": args.sender if args.transport == "ltp" else "socket",
+            "sender": args.sender if args.transport == "ltp" else NO_SENDER,
             "downlink_loss": args.downlink_loss if args.transport in ("ltp", "ddp-ltp")
             else "repair",
             "loss_budget": args.loss_budget if args.transport in ("ltp", "ddp-ltp") else 0.0}
@@ -126,6 +127,7 @@ def _runs(args) -> list[dict]:
 
 # --compare KEY=VALUE settings (their types, bounds and choices: the settings table)
 COMPARE_KEYS = ("servers", "compress", "sender", "downlink_loss", "loss_budget")
+NO_SENDER = show.NO_SENDER
 
 
 def _compare_value(key: str, text: str):
@@ -143,7 +145,7 @@ def _compare_item(item: str, args) -> dict:
     tr, *parts = item.split(":")
     run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers,
            "compress": "none" if tr == "gloo" else args.compress,
-           "sender": args.sender if tr in ("ltp", "ddp-ltp") else "socket",
+           "sender": args.sender if tr in ("ltp", "ddp-ltp") else NO_SENDER,
            "downlink_loss": args.downlink_loss if tr in ("ltp", "ddp-ltp") else "repair",
            "loss_budget": args.loss_budget if tr in ("ltp", "ddp-ltp") else 0.0}
     usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
@@ -163,7 +165,7 @@ def _compare_item(item: str, args) -> dict:
             raise UsageError(f"--compare: {item!r}: {key} must be {TABLE[key].takes()}")
         else:
             run[key] = _compare_value(key, val)
-    if run["sender"] != "socket" and tr not in ("ltp", "ddp-ltp"):
+    if run["sender"] == "xdp" and tr not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--compare: {item!r}: sender={run['sender']} is LTP's (the ACK clock)")
     if run["downlink_loss"] == "defer" and (tr not in ("ltp", "ddp-ltp")
                                             or run["compress"] != "none"):
@@ -184,7 +186,7 @@ def _validate(args) -> tuple:
     from ..control.training.args import config_from_args
     if not 1 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
-    if args.sender != "socket" and args.transport not in ("ltp", "ddp-ltp"):
+    if args.sender == "xdp" and args.transport not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--sender {args.sender}: the ACK clock is LTP's (--transport ltp "
                          "or ddp-ltp)")
     try:

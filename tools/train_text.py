@@ -3,15 +3,18 @@
 side as text, and the labels and ratios its JSON names runs by."""
 from __future__ import annotations
 
+from ..control.settings_table import TABLE
 from ..control.training.faults import fault_lines
+
+NO_SENDER = TABLE["sender"].default   # a run without LTP: the sender is not its to name
 
 
 def label(transport: str, cc: str | None, servers: int = 1, compress: str = "none",
-           sender: str = "socket", downlink_loss: str = "repair",
+           sender: str = NO_SENDER, downlink_loss: str = "repair",
            loss_budget: float = 0.0) -> str:
     base = f"tcp ({cc})" if transport == "tcp" else transport
     base = f"{base} x{servers}" if servers > 1 else base
-    base = base if sender == "socket" else f"{base} {sender}-sender"
+    base = base if sender == NO_SENDER else f"{base} {sender}-sender"
     base = base if downlink_loss == "repair" else f"{base} {downlink_loss}"
     base = f"{base} budget {loss_budget:g}" if loss_budget else base
     return base if compress == "none" else f"{base} {compress}"
@@ -72,7 +75,7 @@ def _straggler(r: dict) -> str:   # the worker named straggler most often, in ho
 def label_of(r: dict) -> str:
     """A run's label from its result (or its failure record)."""
     return label(r["transport"], r.get("cc"), r.get("servers", 1), r.get("compress", "none"),
-                 r.get("sender", "socket"), r.get("downlink_loss", "repair"),
+                 r.get("sender", NO_SENDER), r.get("downlink_loss", "repair"),
                  r.get("loss_budget", 0.0))
 
 

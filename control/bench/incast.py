@@ -43,7 +43,7 @@ from ..transport.early_close import RULES
 from .cpustat import ncpu
 from .runners import LTP_SENDERS, Rounds, is_ltp, make_runners, parse_label, variant
 
-TRANSPORTS = ("ltp", "ltp-socket", "ltp-xdp", "tcp-cubic", "tcp-bbr")
+TRANSPORTS = ("ltp", "ltp-socket", "ltp-xdp", "ltp-auto", "tcp-cubic", "tcp-bbr")
 
 
 def _pct(xs, q) -> float:

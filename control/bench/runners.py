@@ -36,7 +36,7 @@ from ..transport.rate import credit_window
 from .cluster import LtpCluster
 from .tcp import run_tcp_incast
 
-LTP_SENDERS = {"ltp-socket": "socket", "ltp-xdp": "xdp"}
+LTP_SENDERS = {"ltp-socket": "socket", "ltp-xdp": "xdp", "ltp-auto": "auto"}
 #: warm-up rounds added to the first block of each LTP sender on a rig (a run
 #: of a sweep builds one rig per configuration): a rig's first clocked
 #: rounds ran 1.3-1.7x the limit (first touch of the
@@ -129,7 +129,7 @@ class _Shared:
         self.warmed: set[str] = set()  # senders whose first block ran (FIRST_WARMUP)
         attach_pass(rig.ps.port, rig.switch_ns, "native")
         try:
-            self.clock_on(sender == "xdp")
+            self.clock_on(sender != "socket")
             self.cluster = LtpCluster(rig, size // 4, mode="native", sender=sender)
             self.window = self.cluster.ps.receiver.window  # the default credit
         except BaseException:
@@ -177,7 +177,7 @@ class LtpRunner:
 
     def block(self, n: int, tick: Callable[[int], None]) -> Rounds:
         sh = self.shared
-        sh.clock_on(self.sender == "xdp")
+        sh.clock_on(self.sender != "socket")
         cl = sh.cluster
         cl.ps.early = self.early  # this variant's Early Close state, learning from its rounds
         cl.ps.receiver.window = self.window

@@ -100,7 +100,7 @@ class TrainConfig:
         if self.compress not in COMPRESS or (self.compress != "none" and self.transport == "gloo"):
             raise ValueError(f"compress: one of {', '.join(COMPRESS)} (ltp or tcp; gloo sends "
                              f"float32), got {self.compress!r}")
-        if self.sender not in SENDERS or (self.sender != "socket" and
+        if self.sender not in SENDERS or (self.sender == "xdp" and
                                           self.transport not in LTP_TRANSPORTS):
             raise ValueError(f"sender: one of {', '.join(SENDERS)} (xdp: ltp, ddp-ltp), got "
                              f"{self.sender!r}")

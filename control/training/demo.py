@@ -38,6 +38,7 @@ from ..torchapi import (DistributedOptimizer, broadcast_parameters, digest, rank
 from ..torchapi import checkpoint, elastic, trace
 from ..torchapi.coord import Excluded
 from ..torchapi.job import current
+from ..torchapi.link_ltp import LtpWorkerLink
 from .config import TrainConfig, iterations_per_epoch
 from .data import BatchStream, split
 from .local import Clock, Evaluator, Stepper, VersionChain, eval_due, setup_torch
@@ -240,7 +241,7 @@ class Demo:
                      straggle_s=self.stepper.straggle_s)
         link = current().link
         return {"worker": self.wid, "digest": digest(self.module),
-                "uplink": dict(link.uplink),
+                "uplink": dict(link.uplink), "sender": _sender_choice(link),
                 "chain": self.chain.hexdigest(), "local_steps": int(sum(opt.ks)),
                 "ks": opt.ks, "versions": self.total + 1,
                 "mean_loss": self.loss_sum / self.loss_n if self.loss_n else None,
@@ -259,6 +260,16 @@ class Demo:
                 "lateness_ms": {str(w): {"p50": round(float(np.percentile(v, 50)) * 1e3, 3),
                                          "p99": round(float(np.percentile(v, 99)) * 1e3, 3)}
                                 for w, v in sorted(self.lateness.items()) if len(v)}}
+
+    @staticmethod
+    def sender_fields(done: dict[int, dict]) -> dict:
+        """LTP: the sender the workers' endpoints chose (one name, or the
+        names joined when they differ) and why (the distinct reasons)."""
+        picks = [d["sender"] for d in done.values() if d.get("sender")]
+        if not picks:
+            return {"sender": None, "sender_why": None}
+        return {"sender": ",".join(sorted({p["sender"] for p in picks})),
+                "sender_why": "; ".join(dict.fromkeys(p["why"] for p in picks))}
 
     @staticmethod
     def uplink_fields(done: dict[int, dict]) -> dict:
@@ -300,12 +311,21 @@ class Demo:
             "version_chain": ({"ps": chain, "workers": {str(w): done[w]["chain"] for w in ids}}
                               if chain is not None else None),
             "worker_times": {str(w): done[w]["times"] for w in ids},
-            "sender": cfg.sender,
+            **self.sender_fields(done),
             **self.uplink_fields(done),
             "ps_times": server.get("ps_times"),
             "downlink_deferred": server.get("downlink_deferred"),
             **self.ev.tail(cfg),
         }
+
+
+def _sender_choice(link) -> dict | None:
+    """The sender this worker's LTP endpoint chose and why (SenderChoice);
+    None for other transports or before its first push."""
+    for part in link.parts():
+        if isinstance(part, LtpWorkerLink) and part.ep is not None:
+            return part.ep.sender_choice.to_dict()
+    return None
 
 
 def run_demo(cfg: TrainConfig, early_close: dict, emit) -> dict:

@@ -121,7 +121,7 @@ class ClockPush(Push):
                 C.stop(s.maps, self.round_, slot)
         s.learn_windows(self.targets, self.low_window)
         s.learn_gaps(self.targets, [self._mean_gap(i) for i in range(nt)])
-        return self._clock_report()
+        return s.learned(self, self._clock_report())
 
     def _run(self, nt: int) -> None:
         """Poll until every target is done (or the timeout). A poll that

@@ -24,6 +24,7 @@ import struct
 import numpy as np
 
 from ...dataplane import netns
+from ...dataplane.doctor.growcheck import grow_verdict
 from ...dataplane.xdp import lookup, registry
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry
@@ -36,7 +37,7 @@ from .clock import ClockPush
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
 from . import defer, fec
 from .layout import ChunkLayout, as_f32
-from .options import DEFAULTS, PushOptions
+from .options import AUTO, DEFAULTS, PushOptions, choose_sender
 from .rate import SharePolicy, credit_window, fine_timer_slack
 from .receiver import Receiver
 from .results import Peer, PushReport, RoundResult
@@ -107,8 +108,13 @@ class Endpoint:
     NIC, yes; a veth or loopback, no: a local socket's frames carry the sum
     unfinished, left to offload, so the rig's senders would all fail); the
     choice is `self.verify_csum`.
-    sender: "socket" (default) or "xdp", how this endpoint's pushes leave
-    (SENDERS; docs/transport.md, "The ACK clock"). push_options: the sender
+    sender: how this endpoint's pushes leave (SENDERS; docs/transport.md,
+    "The ACK clock"): "xdp" (the ACK clock), "socket" (the paced socket), or
+    "auto" (the default): the clock where `ltp doctor`'s grow check passes in
+    this `mode`, else the socket, with a warning logged once per process;
+    chosen once, here (`sender_choice` says which and why; the check runs
+    once per process and its answer is cached per kernel). An
+    explicit sender is used as given. push_options: the sender
     and the ACK clock's knobs together (options.PushOptions; a push may
     name its own: `push(..., options=)`). credit_bytes: what the
     clocked senders pushing to this endpoint may keep in flight together,
@@ -168,6 +174,10 @@ class Endpoint:
             registry.check_free(dev, ns or netns.current(), fix=FORCE_FIX)
         self.verify_csum = lookup.csum_complete(dev, ns) if verify_csum is None \
             else bool(verify_csum)
+        #: which sender this endpoint's pushes use and why (options.SenderChoice)
+        self.sender_choice = choose_sender(options.sender, lambda: grow_verdict(mode),
+                                           where=f"Endpoint({dev!r})")
+        options = dataclasses.replace(options, sender=self.sender_choice.sender)
         self.dp = Dataplane(Geometry(slots=self.slots, max_chunks=max_chunks,
                                      chunk_bytes=chunk_bytes, port=port), job=job)
         self._published = None
@@ -193,7 +203,10 @@ class Endpoint:
                                  chunk_bytes=chunk_bytes, max_elems=max_elems, initial_rate_bps=(
                                      initial_rate_bps or capacity_bps / max(1, len(peers))),
                                  tokens=tokens, options=options,
-                                 kinds={"socket": Push, "xdp": ClockPush})
+                                 kinds={"socket": Push, "xdp": ClockPush},
+                                 why=self.sender_choice.why,
+                                 asked_auto=self.sender_choice.asked == AUTO,
+                                 auto=lambda: self._auto_choice(mode))
         except BaseException:  # nothing of a half-made endpoint stays attached or listed
             if getattr(self, "sock", None) is not None:
                 self.sock.close()
@@ -203,10 +216,20 @@ class Endpoint:
         self.protected = tokens.protected
         fine_timer_slack()
 
+    def _auto_choice(self, mode: str):
+        """What auto picks here (options.SenderChoice): the endpoint's choice
+        if it asked for auto, else the grow check's now (a push asking for
+        auto on an endpoint given a sender)."""
+        if self.sender_choice.asked == AUTO:
+            return self.sender_choice
+        return choose_sender(AUTO, lambda: grow_verdict(mode), where="Endpoint")
+
     def _publish(self, dev: str, ns: str | None, mode: str) -> None:
         ns = ns or netns.current()  # a process started inside a namespace
         self._published = registry.publish(self.dp, dev, ns, role=self.role, job=self.job,
-                                           mode=mode, peers=self.peers)
+                                           mode=mode, peers=self.peers,
+                                           sender=self.sender_choice.sender,
+                                           sender_why=self.sender_choice.why)
 
     def _withdraw(self) -> None:
         if self._published:

@@ -5,20 +5,33 @@ One frozen `PushOptions` per endpoint (`Endpoint(push_options=...)`, or
 `Endpoint(sender=...)` for the sender alone) and, for a benchmark taking
 turns between arms on one endpoint, one per push
 (`Endpoint.push(..., options=...)`). The defaults are what a job runs.
+
+The sender by default is "auto": the ACK clock where this kernel grows an
+XDP_TX frame back into DATA (`ltp doctor`'s grow check, asked once per
+process and cached per kernel: dataplane/doctor/growcheck.py), else the
+paced socket. `choose_sender` makes that choice once per endpoint and says
+why; an explicit "socket" or "xdp" is taken as asked.
 """
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..settings_table import SENDERS
+
+AUTO = "auto"       # the sender chosen by the grow check (choose_sender)
+log = logging.getLogger("ltpx.sender")
 
 RTO_RTTS = 2        # the ACK clock's RTO in round trips (at least clock.RTO_MIN)
 
 
 @dataclass(frozen=True)
 class PushOptions:
-    """sender: "socket" (every DATA from Python's socket) or "xdp" (the ACK
-    clock, clock.ClockPush); the other fields apply to the ACK clock alone.
+    """sender: "socket" (every DATA from Python's socket), "xdp" (the ACK
+    clock, clock.ClockPush) or "auto" (the endpoint's choice: the clock where
+    the grow check passes, else the socket; choose_sender); the other fields
+    apply to the ACK clock alone.
 
     xdp_recovery: the XDP program recovers the losses of what it sent (RACK
     over its send log, before new chunks) and Python only those of its own
@@ -34,7 +47,7 @@ class PushOptions:
     rto_rtts: the RTO is this many round trips, at least clock.RTO_MIN; 0 is
     clock.RTO_MIN whatever the round trip (`ltp-xdp:rto=0`)."""
 
-    sender: str = "socket"
+    sender: str = AUTO
     xdp_recovery: bool = True
     poll_s: float | None = None
     rto_rtts: int = RTO_RTTS
@@ -48,4 +61,43 @@ class PushOptions:
             raise ValueError(f"rto_rtts must be >= 0 round trips, got {self.rto_rtts!r}")
 
 
-DEFAULTS = PushOptions()   # what a job runs: the socket sender, the clock's knobs as documented
+DEFAULTS = PushOptions()   # what a job runs: the sender chosen, the clock's knobs as documented
+
+
+@dataclass(frozen=True)
+class SenderChoice:
+    """The sender an endpoint's pushes use and why. asked: what was asked
+    ("auto" unless the caller named one); why: one line for reports."""
+
+    sender: str
+    asked: str
+    why: str
+
+    @property
+    def fell_back(self) -> bool:
+        return self.asked == AUTO and self.sender == "socket"
+
+    def to_dict(self) -> dict:
+        return {"sender": self.sender, "asked": self.asked, "why": self.why}
+
+
+def choose_sender(asked: str, grow: Callable[[], object], where: str = "") -> SenderChoice:
+    """The sender for `asked`: "socket" and "xdp" as asked; "auto" the ACK
+    clock if `grow()` (a growcheck.Verdict: .ok, .detail, .source) passes,
+    else the socket sender, logged as a warning naming `where` and the
+    check's words once per process (not again for an answer the process
+    already had). grow is called only for "auto"."""
+    if asked not in SENDERS:
+        raise ValueError(f"sender must be one of {', '.join(SENDERS)}, got {asked!r}")
+    if asked != AUTO:
+        return SenderChoice(asked, asked, f"{asked}: asked for")
+    v = grow()
+    seen = {"cache": "cached", "process": "this process's"}.get(getattr(v, "source", ""), "")
+    check = f"{seen + ' ' if seen else ''}grow check"
+    if v.ok:
+        return SenderChoice("xdp", AUTO, f"xdp: the default, the {check} passed ({v.detail})")
+    choice = SenderChoice("socket", AUTO, f"socket: the fallback, the {check} failed "
+                          f"({v.detail}); `ltp doctor` runs it")
+    if getattr(v, "source", "") != "process":
+        log.warning("%s: sender %s", where or "endpoint", choice.why)
+    return choice

@@ -1,25 +1,40 @@
 # SPDX-License-Identifier: Apache-2.0
 """Sender: what an endpoint's pushes share (its socket, maps and peers) and
 what it learnt of each target from past pushes (advertised rate, the ACK
-clock's credit and ACK gap, the loss reliable pushes met); `prepare` checks a
-push's arguments and plans it with the kind of push its options name
-(sender.Push, clock.ClockPush)."""
+clock's credit and ACK gap, the loss reliable pushes met, the share of the
+packets toward it that delivered nothing); `prepare` checks a push's
+arguments and plans it with the kind of push its options name (sender.Push,
+clock.ClockPush; "auto": the clock, but the socket toward a target whose
+path loses more than HEAVY_LOSS of its packets, until it loses less than
+LIGHT_LOSS)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import socket
 import struct
+from collections.abc import Callable
 
 import numpy as np
 
 from ...dataplane.xdp import wire as W
 from .layout import ChunkLayout, as_f32
-from .options import DEFAULTS, PushOptions
-from .results import Peer
+from .options import AUTO, DEFAULTS, PushOptions, SenderChoice
+from .results import Peer, PushReport
 from .sender import UDP_SEGMENT, Push
 from .tokens import RoundTokens
 
 LOSS_EWMA = 0.3
+# auto: the ACK clock slows under heavy loss (a lost DATA or ACK takes a tick
+# of the flow's clock, which Python's growth or the RTO must put back) and
+# the paced socket does not (docs/benchmarks.md, "The default sender under
+# loss"), so toward a target whose packets deliver nothing this often auto
+# sends by the socket, and by the clock again below LIGHT_LOSS (a gap, so a
+# path near the line does not flip each push)
+HEAVY_LOSS = 0.06
+LIGHT_LOSS = 0.03
+PATH_DECAY = 0.7    # the weight of the pushes before the latest in a path's loss
+PATH_MIN = 64       # packets (decayed) a path's loss is judged from, at least
 
 
 class Sender:
@@ -29,7 +44,8 @@ class Sender:
     def __init__(self, sock: socket.socket, maps, peers: dict[int, int], *, job: int,
                  chunk_bytes: int, max_elems: int, initial_rate_bps: float,
                  tokens: RoundTokens | None = None, options: PushOptions = DEFAULTS,
-                 kinds: dict[str, type[Push]] | None = None):
+                 kinds: dict[str, type[Push]] | None = None, why: str = "",
+                 asked_auto: bool = False, auto: Callable[[], SenderChoice] | None = None):
         self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
         self.tokens = tokens or RoundTokens.off()  # each flow's per round
         self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
@@ -40,6 +56,17 @@ class Sender:
         # ... and the mean time between the ACKs of its last push
         self.gap_hint: dict[int, float] = {}
         self.options = options  # a push's by default (sender, the ACK clock's knobs)
+        self.why = why or f"{options.sender}: the endpoint's"  # why options.sender (reports)
+        # auto: the endpoint asked for it (its pushes without a sender of
+        # their own choose per push), and what it picks where the loss is
+        # light (options.choose_sender; called once, for a push asking auto)
+        self.asked_auto = asked_auto
+        self._auto = auto or (lambda: SenderChoice("socket", AUTO, "socket: no grow check here"))
+        self._auto_choice: SenderChoice | None = None
+        # per target worker: (lost, sent) packets of its pushes, decayed
+        # (PATH_DECAY a push), and the targets auto sends to by the socket
+        self.path: dict[int, tuple[float, float]] = {}
+        self.heavy: set[int] = set()
         # sender name -> what plans its pushes: Push, or the ACK clock's clock.ClockPush
         self.kinds = kinds or {"socket": Push}
         self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
@@ -55,13 +82,26 @@ class Sender:
                 group: tuple[str, int] | None = None,
                 options: PushOptions | None = None) -> Push:
         """Check a push's arguments and plan it (see Endpoint.prepare_push)."""
-        options = options or self.options
+        auto = options.sender == AUTO if options else self.asked_auto
+        options, why = options or self.options, self.why
+        if options.sender == AUTO:  # a push's own knobs, auto's sender
+            if self._auto_choice is None:
+                self._auto_choice = self._auto()
+            options = dataclasses.replace(options, sender=self._auto_choice.sender)
+            why = self._auto_choice.why
+        elif options.sender != self.options.sender:
+            why = f"{options.sender}: asked for by this push"
         if options.sender not in self.kinds:
             raise ValueError(f"sender {options.sender!r} is not one of this endpoint's "
                              f"({', '.join(self.kinds)})")
         targets = [to] if isinstance(to, Peer) else list(to)
         if not targets:
             raise ValueError("push needs at least one target peer")
+        heavy = [t.worker for t in targets if t.worker in self.heavy]
+        if auto and heavy and options.sender == "xdp":
+            options = dataclasses.replace(options, sender="socket")
+            why = (f"socket: auto, {self.path_loss(heavy[0]):.0%} of the packets toward worker "
+                   f"{heavy[0]} lost (the ACK clock again below {LIGHT_LOSS:.0%})")
         for t in targets:
             if t.worker not in self.peers:
                 raise ValueError(f"peer worker id {t.worker} is not configured on this endpoint")
@@ -74,9 +114,38 @@ class Sender:
             np.zeros(nch, dtype=bool) if critical is None else np.asarray(critical, dtype=bool))
         if crit.shape != (nch,):
             raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
-        return self.kinds[options.sender](self, round_, arr, layout, targets, crit,
+        push = self.kinds[options.sender](self, round_, arr, layout, targets, crit,
                                           reliable=reliable, timeout_s=timeout_s, seed=seed,
                                           group=group, options=options)
+        push.sender_why = why
+        return push
+
+    def path_loss(self, worker: int) -> float | None:
+        """The share of the packets of recent pushes toward `worker` that
+        delivered nothing (PATH_DECAY a push; None: fewer than PATH_MIN)."""
+        lost, sent = self.path.get(worker, (0.0, 0.0))
+        return lost / sent if sent >= PATH_MIN else None
+
+    def learned(self, push: Push, rep: PushReport) -> PushReport:
+        """After `push`: its packets that delivered no chunk (sent - acked:
+        the DATA or its ACK lost, or a duplicate), a multi-target push's
+        shared among its targets alike, into each target's path loss, and
+        whether auto sends to it by the socket (HEAVY_LOSS, LIGHT_LOSS). A
+        group push's first pass reaches every target with one packet: not
+        counted. Returns rep."""
+        if push.group or not rep.sent:
+            return rep
+        n = len(push.targets)
+        lost, sent = max(0, rep.sent - rep.acked) / n, rep.sent / n
+        for t in push.targets:
+            l0, s0 = self.path.get(t.worker, (0.0, 0.0))
+            self.path[t.worker] = (PATH_DECAY * l0 + lost, PATH_DECAY * s0 + sent)
+            loss = self.path_loss(t.worker)
+            if loss is not None and loss > HEAVY_LOSS:
+                self.heavy.add(t.worker)
+            elif loss is not None and loss < LIGHT_LOSS:
+                self.heavy.discard(t.worker)
+        return rep
 
     def start_rate(self, targets: list[Peer], group: bool) -> float:
         hints = [self.rate_hint.get(t.worker, self.initial_rate_bps) for t in targets]

@@ -38,6 +38,7 @@ class PushReport:
     max_over_credit: int = 0         # most packets in flight above the credit, after the first ACK
     clock_retx: int = 0              # re-sends the XDP program made of ACKs (RACK in XDP; in clock_tx)
     deferred: np.ndarray | None = None   # a tolerant push's deferred chunks (defer.py)
+    sender_why: str = ""             # why this sender: the endpoint's choice, or the push's own
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)

@@ -66,6 +66,7 @@ class Push:
     only = None                   # bit c: chunk c is this push's (restrict); None: all are
     tolerant = False              # only critical chunks are re-sent at once (restrict)
     after_pass = None             # called with the push after each pass (defer.py)
+    sender_why = ""               # why this push's sender (outbox.Sender.prepare says)
 
     def __init__(self, sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
                  targets: list[Peer], crit: np.ndarray, *, reliable: bool, timeout_s: float,
@@ -178,7 +179,7 @@ class Push:
                 continue
             sent_to = self._start_pass(acked, closed, ready)
             self._run_pass()
-        return self._report()
+        return self.sender.learned(self, self._report())
 
     def _start(self) -> None:
         """Bind what the passes read: the tx map's rows, the ACK bitmaps, the pacer."""
@@ -443,5 +444,6 @@ class Push:
                           resent=self.resent, acked=sum(a.bit_count() for a in self._raw_acked()),
                           closed_by_receiver=self.overtaken or
                           all(bool(tx32[s, 1]) for s in self.slots),
-                          duration_s=time.perf_counter() - self.t0, passes=self.passes)
+                          duration_s=time.perf_counter() - self.t0, passes=self.passes,
+                          sender_why=self.sender_why)
 

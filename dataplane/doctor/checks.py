@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..clib import has_libbpf_symbol
 from ..xdp import bpfcache
 from ..xdp.loader import Dataplane, Geometry
-from .growcheck import grow_check
+from .growcheck import grow_verdict
 
 BPFFS = "/sys/fs/bpf"
 MIN_KERNEL = (5, 18)  # bpf_xdp_load_bytes
@@ -116,16 +116,17 @@ def run_checks(compile_test: bool = True) -> list[Check]:
 
 def clock_check(mode: str = "native") -> Check:
     """Does a frame grow on a veth device (the ACK clock, `sender="xdp"`)?
-    The clock is optional: a failure is a warning (the check stays ok, as
-    the compile cache's does), and the socket sender is the one to use."""
-    try:
-        ok, detail = grow_check(mode)
-    except Exception as e:  # report, do not crash the doctor
-        ok, detail = False, f"the check could not run: {e}"
-    if ok:
-        return Check("ack-clock", True, detail)
-    return Check("ack-clock", True, f"unavailable, use the socket sender (--sender socket, "
-                 f"the default), which works without it: {detail}", warn=True)
+    Its answer picks endpoints' default sender: the clock where it passes,
+    else the socket sender. The clock is optional: a failure is a warning
+    (the check stays ok, as the compile cache's does). Run afresh here; a
+    definite answer replaces the one endpoints read (growcheck.grow_verdict)."""
+    v = grow_verdict(mode, fresh=True)
+    if v.ok:
+        return Check("ack-clock", True, f"{v.detail}; endpoints send with the ACK clock "
+                     f"(sender auto: xdp)")
+    return Check("ack-clock", True, f"unavailable: endpoints fall back to the socket sender "
+                 f"(the default where this check fails; --sender socket names it), which "
+                 f"works without it: {v.detail}", warn=True)
 
 
 def cache_check() -> Check:

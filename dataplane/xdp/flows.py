@@ -96,6 +96,7 @@ def snapshot(rec, maps) -> dict[str, Any]:
     totals.update({k: counters[k] for k in PROGRAM_DROPS})
     return {"netns": rec.to_dict()["netns"], "dev": rec.dev, "role": rec.role, "job": rec.job,
             "mode": rec.mode, "prog_id": rec.prog_id, "slots": g.slots, "round_now": live,
+            "sender": rec.sender or None, "sender_why": rec.sender_why or None,
             "time": time.time(), "monotonic": time.monotonic(), "flows": rows,
             "totals": totals, "counters": counters}
 

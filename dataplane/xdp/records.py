@@ -94,6 +94,8 @@ class Record:
     pid_start: int = 0                                    # owner's start time (clock ticks)
     link_id: int = 0
     map_ids: dict[str, int] = field(default_factory=dict)  # map name -> kernel id
+    sender: str = ""           # an endpoint's pushes: "xdp" or "socket" ("": `ltp load`)
+    sender_why: str = ""       # ... and why (control/transport/options.SenderChoice)
 
     @property
     def pin_dir(self) -> str:
@@ -113,7 +115,8 @@ class Record:
                     timespec="seconds") if self.loaded_at else None,
                 "pid": self.pid, "pin_dir": self.pin_dir, "record": self.path,
                 "owner": "ltp load" if self.pinned else "process", "pid_start": self.pid_start,
-                "link_id": self.link_id, "map_ids": dict(self.map_ids)}
+                "link_id": self.link_id, "map_ids": dict(self.map_ids),
+                "sender": self.sender or None, "sender_why": self.sender_why or None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
@@ -126,7 +129,8 @@ class Record:
                    # version 1 records were all pinned (endpoints pinned then too)
                    pinned=d.get("owner", "ltp load") == "ltp load",
                    pid_start=int(d.get("pid_start", 0)), link_id=int(d.get("link_id", 0)),
-                   map_ids={str(k): int(v) for k, v in d.get("map_ids", {}).items()})
+                   map_ids={str(k): int(v) for k, v in d.get("map_ids", {}).items()},
+                   sender=str(d.get("sender") or ""), sender_why=str(d.get("sender_why") or ""))
 
 
 def read_record(dev: str, ns: str | None) -> Record | None:

@@ -106,17 +106,19 @@ def check_free(dev: str, ns: str | None, *, fix: str) -> None:
 
 
 def publish(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
-            peers: dict[int, int]) -> Record:
+            peers: dict[int, int], sender: str = "", sender_why: str = "") -> Record:
     """Write the record of a running endpoint's program (attached by `dp`
     through a link this process holds), so `ltp status/flows/top` see it
     from any process while it runs. Nothing is pinned: program, link and
     maps die with this process. `withdraw` removes the record when the
-    endpoint closes; after a crash `status` shows it `dead`."""
+    endpoint closes; after a crash `status` shows it `dead`. sender,
+    sender_why: which sender the endpoint's pushes use and why (`ltp flows`)."""
     me = os.getpid()
     rec = Record(dev=dev, netns=ns, role=role, job=job, geometry=dp.geometry, mode=mode,
                  prog_id=prog_id(dp.prog_fd), peers=dict(peers), loaded_at=time.time(),
                  pid=me, pinned=False, pid_start=process_start(me) or 0,
-                 link_id=dp.link_id(), map_ids=dp.map_ids())
+                 link_id=dp.link_id(), map_ids=dp.map_ids(), sender=sender,
+                 sender_why=sender_why)
     unpin(pin_dir(dev, ns))             # pins of a program this endpoint replaced (force)
     write_record(rec)
     return rec
