@@ -183,7 +183,7 @@ def test_bad_flags_are_usage_errors():
                        (["--transports", "ltp-xdp:poll=20000"], "at most"),
                        (["--transports", "ltp-xdp:rto=17"], "at most"),
                        (["--transports", "ltp-socket:credit=1"], "ACK clock"),
-                       (["--transports", "ltp:credit=1"], "--sender xdp"),
+                       (["--sender", "socket", "--transports", "ltp:credit=1"], "--sender xdp"),
                        (["--size", "10"], "--size"), (["--loss", "1.5"], "--loss"),
                        (["--sweep-workers", "4,x"], "--sweep-workers"),
                        (["--rate", "fast"], "--rate"), (["--name", "Bad-Name"], "--name")):

@@ -116,9 +116,12 @@ def rig():
 
 
 def _worker(h):
+    """A worker with the paced socket sender: the PS's advertised rate (SLOW)
+    keeps its pushes going for seconds, past the PS's death (the ACK clock
+    goes at the rig's line rate and would be done before it)."""
     from ltpx.control.transport import Endpoint
     return Endpoint(h.ifname, h.ip, {h.index: 0}, NEL, ns=h.netns, self_id=h.index,
-                    initial_rate_bps=SLOW / 2)
+                    initial_rate_bps=SLOW / 2, sender="socket")
 
 
 def _push(ep, h, ps, round_, out, timeout_s=2.0):

@@ -547,8 +547,14 @@ def test_rig_lost_data_and_lost_acks_both_recover(rig, fresh):
 @pytest.mark.rig
 def test_rig_window_never_exceeds_the_credit(fresh):
     """Past its first ACK, no flow keeps more in flight than the credit the
-    PS's latest ACK gave it; the PS's window is shared by 4 flows."""
+    PS's latest ACK gave it; the PS's window is shared by 4 flows. Rounds
+    close only when complete: Early Close may cut a round whose tail waits
+    5 ms for a re-send (a busy machine, a failed grow), and a cut round's
+    flows stop before the window is tried to its end."""
+    from ltpx.control.transport.early_close import EarlyClose, EarlyCloseConfig
     cl = fresh
+    cl.ps.early = EarlyClose(cl.capacity, EarlyCloseConfig(
+        threshold_min=1.0, threshold_max=1.0, min_deadline_s=5.0, hard_timeout_s=10.0))
     for _ in range(3):
         res, reps = cl.run_round(next(_rounds), NEL, seed=7)
         assert res.reason == "complete"
