@@ -334,8 +334,10 @@ def test_the_ack_clock_trains_the_same_parameters(rig, ltp_run):
     assert r["replicas_identical"] and r["ps_digest"] == ltp_run["ps_digest"]
     assert r["version_chain"]["ps"] == ltp_run["version_chain"]["ps"]
     assert r["uplink_clock_share"] == 0.0 and r["uplink_sent"] > 0
-    if default == "xdp":
+    assert r["uplink_socket_pushes"] == r["uplink_pushes"] > 0
+    if default == "xdp":   # lossless: auto never leaves the clock
         assert ltp_run["uplink_clock_share"] > 0.5
+        assert ltp_run["uplink_socket_pushes"] == 0 < ltp_run["uplink_pushes"]
 
 
 @pytest.mark.rig

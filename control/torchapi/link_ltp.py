@@ -233,8 +233,9 @@ class LtpWorkerLink(WorkerLink):
         self.verifier: Verifier | None = None   # the answers are signed (the server says)
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and WorkerCodec(codec)
-        # this worker's pushes so far: DATA sent, and how much of it the ACK clock made
-        self.counts = {"pushes": 0, "sent": 0, "clock_tx": 0}
+        # this worker's pushes so far, those the socket sent (auto under
+        # loss, or asked for): DATA sent, and how much of it the ACK clock made
+        self.counts = {"pushes": 0, "socket_pushes": 0, "sent": 0, "clock_tx": 0}
         self.deferrals = {"answers": 0, "chunks": 0}   # tolerant answers that deferred some
 
     @property
@@ -311,6 +312,7 @@ class LtpWorkerLink(WorkerLink):
         up = self.uplink
         up["pushes"], up["sent"], up["clock_tx"] = (up["pushes"] + 1, up["sent"] + rep.sent,
                                                     up["clock_tx"] + rep.clock_tx)
+        up["socket_pushes"] += rep.sender == "socket"
         return rep.closed_by_receiver and rep.acked < rep.chunks
 
     def pull(self, d: int, out: np.ndarray) -> None:

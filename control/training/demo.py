@@ -273,13 +273,16 @@ class Demo:
 
     @staticmethod
     def uplink_fields(done: dict[int, dict]) -> dict:
-        """LTP: the workers' DATA sent and the share of it the ACK clock made."""
+        """LTP: the workers' pushes, those the socket sent, their DATA and
+        the share of it the ACK clock made."""
         ups = [d.get("uplink") or {} for d in done.values()]
         sent = sum(u.get("sent", 0) for u in ups)
         if not sent:
             return {}
         return {"uplink_sent": sent,
-                "uplink_clock_share": sum(u.get("clock_tx", 0) for u in ups) / sent}
+                "uplink_clock_share": sum(u.get("clock_tx", 0) for u in ups) / sent,
+                "uplink_pushes": sum(u.get("pushes", 0) for u in ups),
+                "uplink_socket_pushes": sum(u.get("socket_pushes", 0) for u in ups)}
 
     def result(self, done: dict[int, dict], server: dict, wall: float) -> dict:
         cfg, ids = self.cfg, sorted(done)
