@@ -121,6 +121,26 @@ def test_both_senders_and_cubic_take_turns_in_one_run():
 
 @pytest.mark.rig
 @requires_bpf
+def test_plain_ltp_sends_as_an_endpoint_does_by_default():
+    """Without --sender, plain ltp's sender is the endpoints' default: auto
+    (the clock, per push, where the grow check passes; lossless, the clock
+    makes most DATA), else the socket; the JSON says which and why."""
+    from ltpx.dataplane.doctor.growcheck import grow_verdict
+    res, _ = bench("--workers", "2", "--rounds", "2", "--block", "2", "--size", "256KiB",
+                   "--transports", "ltp")
+    r, cfg = res["results"]["ltp"], res["config"]
+    if grow_verdict("native").ok:
+        assert cfg["sender"] == r["sender"] == "auto"
+        assert cfg["sender_why"].startswith("auto, xdp: the default, ")
+        assert r["clock_share"] > 0.5
+    else:
+        assert cfg["sender"] == r["sender"] == "socket" and r["clock_share"] == 0.0
+        assert cfg["sender_why"].startswith("socket: the fallback, ")
+    assert r["delivered"] == 1.0
+
+
+@pytest.mark.rig
+@requires_bpf
 def test_a_knob_makes_its_own_variant_in_the_same_run():
     """ltp-xdp:credit=1 and ltp-xdp take turns on one rig, each with its own
     credit at the PS (the default: the rig's buffer plus one BDP, at most a

@@ -114,17 +114,19 @@ def _register_incast(bsub) -> None:
     i.add_argument("--rounds", type=int, default=30, help="counted rounds per transport (30)")
     add_loss(i)
     i.add_argument("--transports", default="ltp,tcp-cubic,tcp-bbr",
-                   help="comma list of ltp, ltp-socket, ltp-xdp, tcp-cubic, tcp-bbr, run in "
-                   "this order in each turn")
+                   help="comma list of ltp, ltp-socket, ltp-xdp, ltp-auto (the default sender, "
+                   "choosing per push), tcp-cubic, tcp-bbr, run in this order in each turn")
     i.add_argument("--block", type=int, default=10,
                    help="counted rounds per block before the next transport's turn (10)")
     i.add_argument("--sweep-workers", default="", metavar="N,N,...",
                    help="repeat over these worker counts and report the scaling")
     i.add_argument("--mtu", type=int, default=1500, help="rig MTU (1280..3500, default 1500)")
-    i.add_argument("--sender", default=None, metavar="socket|xdp",
-                   help="how plain ltp's pushes leave: xdp (the ACK clock) or socket (paced); "
-                   "default: xdp where `ltp doctor`'s grow check passes, else socket (the JSON's "
-                   "config says which and why); to A/B both: --transports ltp-xdp,ltp-socket,...")
+    i.add_argument("--sender", default=None, metavar="auto|socket|xdp",
+                   help="how plain ltp's pushes leave: xdp (the ACK clock), socket (paced) or "
+                   "auto (the default): xdp where `ltp doctor`'s grow check passes, else socket, "
+                   "and socket toward a worker whose path loses more than 6 %% of the packets "
+                   "(the JSON's config says which and why); to A/B them: --transports "
+                   "ltp-auto,ltp-xdp,ltp-socket,...")
     i.add_argument("--early-close", default="progress", metavar="RULE[,RULE]",
                    help="Early Close deadline rule(s) of LTP: progress (default) or capacity "
                    "(the fixed-capacity rule, kept for A/B); two run every LTP transport under each, "
@@ -333,7 +335,7 @@ def cmd_incast(args) -> None:
     need_root("ltp bench incast")
     need_bcc()
     sender, sender_why = _choose_sender(sender, transports)
-    if sender != "xdp" and any(t.startswith("ltp:") for t in transports):
+    if sender == "socket" and any(t.startswith("ltp:") for t in transports):
         raise UsageError(f"--transports: knobs are the ACK clock's, and plain ltp's sender is "
                          f"{sender_why}: name ltp-xdp instead")
     from ..control.bench import incast as bench_incast
@@ -361,30 +363,33 @@ def cmd_incast(args) -> None:
 
 
 def _choose_sender(sender: str | None, transports: list[str]) -> tuple[str, str]:
-    """Plain ltp's sender and why: as asked, or (None) the endpoints' default
-    (options.choose_sender) decided once for the run; socket and "" when no
-    plain ltp runs."""
-    if sender is not None:
+    """Plain ltp's sender and why: socket or xdp as asked; auto (asked, or
+    None: the endpoints' default) the grow check's answer for the run
+    (options.choose_sender): auto, choosing per push as an endpoint does,
+    where it passes, else socket; socket and "" when no plain ltp runs."""
+    if sender not in (None, "auto"):
         return sender, f"{sender}: asked for"
     if "ltp" not in [t.partition(":")[0] for t in transports]:
         return "socket", ""
     from ..control.transport.options import AUTO, choose_sender
     from ..dataplane.doctor.growcheck import grow_verdict
     c = choose_sender(AUTO, lambda: grow_verdict("native"), where="ltp bench incast")
-    return c.sender, c.why
+    if c.sender != "xdp":
+        return c.sender, c.why
+    return AUTO, f"auto, {c.why}; per push, socket toward a worker losing more than 6 %"
 
 
 def _check_sender(sender: str | None, transports: list[str]) -> str | None:
     """Plain ltp's sender as asked (None: not asked, _choose_sender's). One
-    of socket and xdp; a list is the transports' job, and so is a sender for
+    of auto, socket and xdp; a list is the transports' job, and so is a sender for
     ltp-socket/ltp-xdp."""
     if sender is None:
         return None
     if "," in sender:
         raise UsageError(f"--sender takes one sender, got {sender!r}; to A/B the senders in one "
                          "run name them as transports: --transports ltp-xdp,ltp-socket,tcp-cubic")
-    if sender not in ("socket", "xdp"):
-        raise UsageError(f"--sender: socket or xdp, got {sender!r}")
+    if sender not in ("auto", "socket", "xdp"):
+        raise UsageError(f"--sender: auto, socket or xdp, got {sender!r}")
     if "ltp" not in [t.partition(":")[0] for t in transports]:
         raise UsageError(f"--sender applies to the transport ltp only, not in --transports "
                          f"{','.join(transports)} (ltp-socket and ltp-xdp name their sender)")

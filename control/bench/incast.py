@@ -16,12 +16,14 @@ round to the last worker's report, for TCP from "go" to the last byte; the
 whole machine, so on a shared one the alternating blocks matter). With one
 worker a configuration is a single-flow measurement: its goodput is the flow's.
 
-LTP's two senders can be A/B'd in one run: `ltp-socket` (the paced socket)
-and `ltp-xdp` (the ACK clock) take turns on the same endpoints with the
-other transports (`--transports ltp-xdp,ltp-socket,tcp-cubic`), and
-`ratios` gives each one's median, p99, goodput and CPU per round over every
-other transport's, all from the same run. Plain `ltp` is LTP with the
-sender `--sender` picks (socket by default).
+LTP's senders can be A/B'd in one run: `ltp-socket` (the paced socket),
+`ltp-xdp` (the ACK clock) and `ltp-auto` (the default: the clock, and the
+socket toward a worker whose path loses much, chosen per push) take turns on
+the same endpoints with the other transports (`--transports
+ltp-auto,ltp-xdp,ltp-socket,tcp-cubic`), and `ratios` gives each one's
+median, p99, goodput and CPU per round over every other transport's, all
+from the same run. Plain `ltp` is LTP with the sender `--sender` picks (auto
+by default, where the grow check passes).
 
 The rig is built without XDP on the switch ports (mode "skb") so the hosts'
 veths keep TSO for TCP as a real NIC would; LTP's endpoints run native XDP on
@@ -63,7 +65,7 @@ def check_transports(transports: list[str]) -> None:
                if knobs and (not is_ltp(t) or name == "ltp-socket")]
     if knobbed:
         raise ValueError(f"{', '.join(knobbed)}: only the ACK clock's transports take knobs "
-                         "(ltp-xdp, or ltp with --sender xdp)")
+                         "(ltp-xdp, ltp-auto, or ltp unless --sender socket)")
     if len(set(transports)) != len(transports):
         raise ValueError(f"a transport is named twice in {','.join(transports)}")
     names = [name for name, _, _ in parsed]
