@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""The senders' A/B: the paced socket against the ACK clock, on this machine.
+"""The senders' A/B: the paced socket against the ACK clock (and, with
+--arms, auto, the default, choosing per push), on this machine.
 
 Runs, --reps times with the arms' order swapped each time, the commands
 docs/benchmarks.md ("The ACK clock as the default sender") reports:
@@ -11,8 +12,9 @@ the goodput against TCP) and training (`ltp train --sender A`, then
 arm is named explicitly, so the result does not depend on the default
 sender; a run past --run-timeout is stopped and noted with how far it
 got. Each run's JSON goes to --out as one line of runs.jsonl, with the
-load average before and after; the summary gives clock / socket ratios
-within each run (training: of the two commands run one after the other).
+load average before and after; the summary gives each arm's figure over
+the socket's within each run (training: of the commands run one after the
+other).
 
 USAGE (root; from the repository root):
   sudo .venv/bin/python scripts/ab_sender.py                 # everything, 3 reps
