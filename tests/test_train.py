@@ -208,10 +208,15 @@ def rig():
 WHOLE = {"threshold_min": 1.0, "threshold_max": 1.0, "min_deadline_s": 2.0}
 
 
-def _train(rig, early_close=None, **kw):
+def _train(rig, early_close=None, loss=0.0, **kw):
+    """One run on the rig; `loss` on every port for its length, 0 after."""
     from ltpx.control.training.onrig import train_on_rig
     cfg = TrainConfig(iterations=STEPS, seed=5, verify_versions=True, **kw)
-    return train_on_rig(rig, cfg, timeout_s=300, early_close=early_close)
+    rig.set_loss(loss)
+    try:
+        return train_on_rig(rig, cfg, timeout_s=300, early_close=early_close)
+    finally:
+        rig.set_loss(0.0)
 
 
 @pytest.mark.rig
@@ -250,11 +255,7 @@ def test_heavy_loss_with_a_budget_and_coded_answers(rig, monkeypatch):
     holes (the ledger says what they cost against the aggregate's noise),
     and the coded answers keep every replica bit-identical."""
     monkeypatch.setenv("LTP_DOWNLINK_CODE", "rs")     # the ranks' environment (job_env)
-    rig.set_loss(0.2)
-    try:
-        r = _train(rig, transport="ltp", loss_budget=0.35)     # ltp train --loss-budget
-    finally:
-        rig.set_loss(0.0)
+    r = _train(rig, transport="ltp", loss_budget=0.35, loss=0.2)     # ltp train --loss-budget
     assert r["iterations"] == STEPS and r["rounds_early_closed"] > 0, r["rounds_by_reason"]
     assert r["delivered_fraction"] < 1.0
     assert 0 < r["filled_error_mean"] <= r["filled_error_max"] < 1.0
@@ -269,11 +270,7 @@ def test_tolerant_answers_defer_what_a_worker_lost_and_every_replica_agrees(rig)
     each step's answer goes once, the chunks some worker lacks are deferred
     a step by every worker alike and carried into the next answer, none
     dropped; the replicas stay bit-identical and the model learns."""
-    rig.set_loss(0.1)
-    try:
-        r = _train(rig, transport="ltp", downlink_loss="defer")
-    finally:
-        rig.set_loss(0.0)
+    r = _train(rig, transport="ltp", downlink_loss="defer", loss=0.1)
     d = r["downlink_deferred"]
     assert r["iterations"] == STEPS and d["answers"] > 0 and d["values"] > 0, d
     assert d["dropped"] == 0
@@ -291,11 +288,7 @@ def test_tolerant_answers_under_ddp_keep_every_replica_equal(rig):
     """The same under stock DDP over the `ltp` backend (`--transport ddp-ltp
     --downlink-loss defer`): the buckets' answers defer what some worker
     lost, each worker counts them, and the replicas stay bit-identical."""
-    rig.set_loss(0.1)
-    try:
-        r = _train(rig, transport="ddp-ltp", downlink_loss="defer")
-    finally:
-        rig.set_loss(0.0)
+    r = _train(rig, transport="ddp-ltp", downlink_loss="defer", loss=0.1)
     ltp = r["ltp"]
     assert r["iterations"] == STEPS and ltp["deferred_answers"] > 0, ltp
     assert ltp["deferred_chunks"] >= ltp["deferred_answers"]
