@@ -197,7 +197,14 @@ static __always_inline int take_group(struct ltp_pkt *p, struct ltp_cfg *cfg)
 {
 	if (!(cfg->flags & LTP_CFG_SELF))
 		return -1;
-	p->h->worker = bpf_htons(cfg->self_worker);
+	/* The checksums follow what is rewritten, so the frame verifies as
+	 * sent (udp_csum_ok sums the new words); a UDP sum of 0 is none. */
+	__be16 worker = bpf_htons(cfg->self_worker);
+	__u32 addr = csum_change32(p->iph->daddr, cfg->self_ip);
+	if (p->udp->check)
+		p->udp->check = csum_amend(p->udp->check, addr + csum_change(p->h->worker, worker));
+	p->iph->check = csum_amend(p->iph->check, addr);
+	p->h->worker = worker;
 	__builtin_memcpy(p->eth->h_dest, cfg->self_mac, ETH_ALEN);
 	p->iph->daddr = cfg->self_ip;
 	return 0;

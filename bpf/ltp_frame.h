@@ -31,6 +31,27 @@ static __always_inline __u32 csum_words(const __u16 *p, int n)
 	return sum;
 }
 
+/* What a stored checksum gains when one 16-bit word changes from `from` to
+ * `to` (RFC 1624, eqn. 3: HC' = ~(~HC + ~m + m')); words as they lie in
+ * memory. csum_amend applies the gains of several words at once. */
+static __always_inline __u32 csum_change(__u16 from, __u16 to)
+{
+	return (__u16)~from + (__u32)to;
+}
+
+static __always_inline __u32 csum_change32(__u32 from, __u32 to)
+{
+	return csum_change(from, to) + csum_change(from >> 16, to >> 16);
+}
+
+/* The checksum `check` corrected by `delta` (a sum of csum_change); a UDP
+ * sum that comes to 0 is sent as 0xffff (0 says "none"). */
+static __always_inline __u16 csum_amend(__u16 check, __u32 delta)
+{
+	__u16 c = ltp_csum_fold((__u16)~check + delta);
+	return c ? c : 0xffff;
+}
+
 /* The UDP checksum of an LTP frame: pseudo header (addresses, protocol,
  * UDP length), UDP and LTP headers, plus the payload's sum (0 for an ACK,
  * which has none). */

@@ -65,3 +65,49 @@ def test_an_endpoint_verifies_checksums_by_default_where_frames_carry_them(pair)
             assert ep.maps.verify_csum() is want, (dev, given)
         finally:
             ep.close()
+
+
+@pytest.fixture(scope="module")
+def nic_rig():
+    """A star rig of 2 workers whose switch finishes each frame's checksum
+    on its way to a host, as a NIC does before the wire: every host's
+    program sees whole sums, so verification can be on everywhere."""
+    from conftest import star_rig
+    from ltpx.dataplane.rig import netlink
+    for rig in star_rig(name="csr", workers=2, loss=0.0, loss_on="all"):
+        for h in rig.hosts:
+            netlink.whole_checksums(rig.switch_ns, h.port)
+        yield rig
+
+
+@requires_bpf
+@pytest.mark.rig
+@pytest.mark.parametrize("sender", ["socket", "xdp"])
+def test_rounds_and_group_answers_complete_with_checksums_verified(nic_rig, sender):
+    """Checksums verified on every rank (forced on: the rig's ports are
+    veths) over frames that carry whole sums: uplink rounds complete and a
+    GROUP answer (sent once, to the broadcast address, then rewritten by
+    each worker's program to its own id) reaches every worker bit-exact,
+    with not one frame failing its sum on any host (a GROUP frame whose sum
+    the rewrite broke would be counted bad_csum and only its repairs land)."""
+    import hashlib
+
+    import numpy as np
+
+    from ltpx.control.bench.cluster import LtpCluster, worker_tensor
+    from ltpx.control.transport.early_close import EarlyCloseConfig
+    nel = 20_000
+    full = EarlyCloseConfig(threshold_min=1.0, threshold_max=1.0, min_deadline_s=5.0,
+                            hard_timeout_s=10.0)
+    with LtpCluster(nic_rig, nel, checksums="on", sender=sender, early_close=full) as cl:
+        assert cl.ps.verify_csum and cl.ps.maps.verify_csum()
+        for r in (1, 2):
+            res, _ = cl.run_round(r, nel, seed=3)
+            assert res.reason == "complete"
+            want = np.stack([worker_tensor(3, w, r, nel) for w in cl.ids])
+            assert np.array_equal(res.values, want)
+        params = np.random.default_rng(5).standard_normal(nel).astype(np.float32)
+        rep, digests = cl.downlink(3, params, group=True)
+        assert digests == dict.fromkeys(cl.ids, hashlib.sha256(params.tobytes()).hexdigest())
+        assert cl.last_csum == dict.fromkeys(cl.ids, (True, 0))
+        assert cl.ps.maps.counters()["bad_csum"] == 0

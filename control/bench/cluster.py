@@ -28,7 +28,7 @@ from ...dataplane.rig.star import BROADCAST
 from ...dataplane.xdp import wire as W
 from ...errors import BenchError
 from ..transport.early_close import EarlyCloseConfig
-from ..transport.endpoint import Endpoint, Peer, PushReport, RoundResult
+from ..transport.endpoint import CHECKSUMS, Endpoint, Peer, PushReport, RoundResult
 from ..transport.rate import CREDIT_RTT_S, quiet_gc
 from .. import jobkey
 from .cpustat import busy_s
@@ -77,12 +77,14 @@ class WorkerProc:
 
 
 class LtpCluster:
-    """PS endpoint + worker processes on a rig (dataplane.rig.Rig)."""
+    """PS endpoint + worker processes on a rig (dataplane.rig.Rig).
+    checksums: auto, on or off, every endpoint's Endpoint(verify_csum=)."""
 
     def __init__(self, rig, max_elems: int, *, job: int = 0x17, capacity_bps: float | None = None,
                  bubble: str = "mean", early_close: EarlyCloseConfig | None = None,
                  workers: Iterable[int] | None = None, mode: str | None = None,
-                 chunk_bytes: int | None = None, warmup: bool = True, sender: str = "socket"):
+                 chunk_bytes: int | None = None, warmup: bool = True, sender: str = "socket",
+                 checksums: str = "auto"):
         self.rig = rig
         cfg = rig.config
         self.mode = mode or cfg.mode
@@ -107,7 +109,8 @@ class LtpCluster:
                                capacity_bps=self.capacity, bubble_strategy=bubble,
                                early_close=early_close, chunk_bytes=self.chunk_bytes,
                                secret=self.secret, sender=sender,
-                               credit_bytes=self.credit_bytes)
+                               credit_bytes=self.credit_bytes,
+                               verify_csum=CHECKSUMS[checksums])
         except BaseException:
             self.keyfile.close()
             raise
@@ -121,7 +124,8 @@ class LtpCluster:
                     "--max-elems", str(max_elems), "--mode", self.mode,
                     "--capacity", str(self.capacity), "--ps-ip", rig.ps.ip,
                     "--workers", str(len(hosts)), "--chunk-bytes", str(self.chunk_bytes),
-                    "--sender", sender], secret_file=self.keyfile.member_path(h.index)))
+                    "--sender", sender, "--checksums", checksums],
+                    secret_file=self.keyfile.member_path(h.index)))
             for p in self.procs:
                 p.recv(timeout=120)  # "ready": program compiled and attached
             self.keyfile.close()     # every worker has read it
@@ -202,6 +206,8 @@ class LtpCluster:
         got = {p.worker: p.recv(timeout=timeout_s + 5) for p in self.procs}
         self.last_rebuilt = {w: g["rebuilt"] for w, g in got.items()}
         self.last_deferred = {w: g.get("deferred") for w, g in got.items()}
+        # per worker: (checksums verified, frames that failed them so far)
+        self.last_csum = {w: (g["verify_csum"], g["bad_csum"]) for w, g in got.items()}
         return rep, {w: g["sha256"] for w, g in got.items()}
 
     def close(self) -> None:

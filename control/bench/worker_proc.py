@@ -27,7 +27,7 @@ import json
 import sys
 
 from .. import jobkey
-from ..transport.endpoint import Endpoint, Peer
+from ..transport.endpoint import CHECKSUMS, Endpoint, Peer
 from ..transport.options import PushOptions
 from ..transport.rate import quiet_gc
 from .cluster import worker_tensor
@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--chunk-bytes", type=int, default=1424)
     ap.add_argument("--sender", default="socket", help="socket, or xdp (the ACK clock)")
+    ap.add_argument("--checksums", default="auto", choices=CHECKSUMS,
+                    help="verify each DATA frame's UDP checksum (auto: where frames carry them)")
     a = ap.parse_args(argv)
 
     out = sys.stdout
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         ep = Endpoint(a.dev, a.ip, {a.id: 0}, a.max_elems, ns=a.netns, mode=a.mode, job=a.job,
                       capacity_bps=a.capacity, initial_rate_bps=a.capacity / a.workers,
                       chunk_bytes=a.chunk_bytes, self_id=a.id,
-                      secret=jobkey.token_secret(jobkey.key_from_env()), sender=a.sender)
+                      secret=jobkey.token_secret(jobkey.key_from_env()), sender=a.sender,
+                      verify_csum=CHECKSUMS[a.checksums])
     except Exception as e:  # report, then exit
         reply({"error": f"endpoint: {e}"})
         return 1
@@ -112,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                     res = ep.receive_round(msg["round"], timeout_s=msg.get("timeout", 20.0))
                     reply({"sha256": hashlib.sha256(res.values[0].tobytes()).hexdigest(),
                            "rebuilt": res.rebuilt,
+                           "verify_csum": ep.verify_csum,
+                           "bad_csum": ep.maps.counters()["bad_csum"],
                            "deferred": None if plan is None else
                            [int(c) for c in plan.deferred.nonzero()[0]]})
                 else:

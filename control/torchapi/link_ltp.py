@@ -21,7 +21,7 @@ import numpy as np
 from ...dataplane.xdp import wire as W
 from ...errors import CommError
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
-from ..transport.endpoint import Endpoint, Peer
+from ..transport.endpoint import CHECKSUMS, Endpoint, Peer
 from ..transport.rate import CREDIT_RTT_S
 from ..transport import defer, fec, tokens
 from ..transport.signing import SIG_ELEMS, Signer, Verifier
@@ -30,7 +30,6 @@ from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
 from .settings import Settings
 
 HEADROOM = 4096        # extra elements an endpoint is made with (a step's report, small ops)
-CHECKSUMS = {"auto": None, "on": True, "off": False}   # setting -> Endpoint(verify_csum=)
 ROUND_LIMIT_S = 60.0   # one round's hard limit; a rank's waits may be longer (Settings.timeout)
 
 

@@ -48,6 +48,7 @@ from .tokens import RoundTokens
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
 #: seconds a heartbeat counts (Endpoint(liveness_s=), docs/transport.md "A hung receiver")
 LIVENESS_S = 1.0
+CHECKSUMS = {"auto": None, "on": True, "off": False}   # a setting's word -> verify_csum=
 
 
 def _device_mac(sock: socket.socket, dev: str) -> str:

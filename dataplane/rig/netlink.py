@@ -78,12 +78,26 @@ def no_udp_gso(ns: str, ifname: str) -> None:
     batch to the host, whose generic-mode (skb) XDP program sees one
     oversized frame. (With a native-mode program the kernel already clears
     the feature on the peer.) TCP segmentation offload stays on."""
+    _features_off(ns, ifname, "tx-udp-segmentation")
+
+
+def whole_checksums(ns: str, ifname: str) -> None:
+    """Turn off checksum offload on `ifname`: a frame leaving through it
+    with its UDP sum unfinished (a socket's, left to offload) gets the whole
+    sum here, as a NIC writes it before the wire. On a switch port facing a
+    host, the host's XDP program then sees frames as a real NIC hands them
+    over, whose checksums it can verify (Endpoint(verify_csum=True))."""
+    _features_off(ns, ifname, "tx-checksum-ip-generic")
+
+
+def _features_off(ns: str, ifname: str, *names: str) -> None:
     from pyroute2.ethtool import Ethtool  # noqa: PLC0415 (0.15 s to import; only what touches links)
     with netns.inside(ns):
         et = Ethtool()
         try:
             feats = et.get_features(ifname)
-            feats.features["tx-udp-segmentation"].enable = False
+            for name in names:
+                feats.features[name].enable = False
             et.set_features(ifname, feats)
         finally:
             et.close()
