@@ -201,6 +201,43 @@ def test_a_member_cannot_ask_to_join_as_another_nor_hand_a_joiner_a_state(store,
     assert member[2].take_sync(t, 3.0) == b"the model"
 
 
+@pytest.mark.unit
+def test_a_state_written_before_the_donor_is_named_is_never_taken(store):
+    """Worker 1 writes a state under worker 2's ticket right after worker 2
+    asks to join, before the server names the donor: the joiner takes
+    nothing while no donor is named, then refuses it as not its donor's;
+    a state the named donor writes is taken."""
+    key = jobkey.new_key()
+    server = Coord(store, W, 5.0, key=jobkey.store_auth(key))
+    member = {w: Coord(store, W, 5.0, key=jobkey.store_auth(jobkey.member_keys(key, w)))
+              for w in (0, 1, 2)}
+    for co in member.values():
+        co.seal.key.learn(server.seal.key.directory(W))
+    t = member[2].request_join(2)
+    member[1].put_sync(t, b"poisoned model")
+    out: dict = {}
+
+    def joiner():
+        try:
+            out["blob"] = member[2].take_sync(t, 10.0)
+        except Exception as e:
+            out["error"] = e
+    th = threading.Thread(target=joiner, daemon=True)
+    th.start()
+    time.sleep(0.6)
+    assert th.is_alive() and not out          # no donor named: nothing taken
+    server.poll_joins()
+    assert server.take_joins(donor=0) == {2: t}
+    th.join(10)
+    assert isinstance(out.get("error"), sealed.StoreValueError), out
+    assert "written by worker 1, not by worker 0, its donor" in str(out["error"])
+    t2 = member[2].request_join(2)
+    server.poll_joins()
+    server.take_joins(donor=0)
+    member[0].put_sync(t2, b"the model")
+    assert member[2].take_sync(t2, 3.0) == b"the model"
+
+
 W = 3
 GOOD_OP = Op(STEP, sizes=(10, 20))
 
@@ -473,3 +510,44 @@ def test_a_forged_join_in_a_keyed_job_ends_it_with_a_clear_error(tmp_path):
 
 # `ltp launch`'s key files (servers the job key, each worker its own member
 # file): tests/test_member_keys.py
+
+
+def _state(**change):
+    import torch
+    st = {"params": [torch.ones(3, 2), torch.ones(4)], "optimizer": {}, "steps": 5,
+          "ks": [1] * 5, "extra": {},
+          "exchange": {"seq": 9, "up": 20, "prev": GOOD_OP.to_json(),
+                       "view": {"members": [0, 1], "absent": []},
+                       "lost": {}, "dropped": {}, "rejoined": {1: 3}}}
+    for k, v in change.items():
+        if k in st["exchange"]:
+            st["exchange"][k] = v
+        else:
+            st[k] = v
+    return st
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("change, word", [
+    ({"params": "tensors"}, "no parameters"),
+    ({"params": [1, 2]}, "parameter 0 is not"),
+    ({"params": [__import__("torch").ones(2, 3), __import__("torch").ones(4)]}, "shape"),
+    ({"params": [__import__("torch").ones(3, 2, dtype=__import__("torch").float64),
+                 __import__("torch").ones(4)]}, "parameter 0"),
+    ({"steps": -1}, "steps must be"), ({"steps": True}, "steps must be"),
+    ({"ks": [1] * 9}, "ks must be"), ({"ks": [1, -2]}, "a k must be"),
+    ({"seq": "9"}, "seq must be"), ({"prev": '{"kind": "step", "sizes": [-4]}'}, "size"),
+    ({"view": {"members": [0, 7], "absent": []}}, "view.members"),
+    ({"rejoined": {9: 1}}, "rejoined"), ({"lost": [1]}, "lost must map"),
+    ({"optimizer": None}, "dicts"),
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_a_handed_over_state_is_checked_before_anything_is_loaded(change, word):
+    """elastic.check_state, which load_blob and a checkpoint's resume call
+    before they copy anything: types, shapes and ranges, each refusal a
+    StoreValueError naming what was wrong."""
+    import torch
+    from ltpx.control.torchapi.elastic import check_state
+    params = [torch.zeros(3, 2), torch.zeros(4)]
+    check_state(_state(), params, 2)
+    with pytest.raises(sealed.StoreValueError, match=f"state handed over is refused: .*{word}"):
+        check_state(_state(**change), params, 2)

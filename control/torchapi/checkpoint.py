@@ -43,14 +43,17 @@ import time
 import torch
 
 from .collectives import broadcast_parameters
-from .elastic import state_blob
+from ...errors import CommError
+from .elastic import check_state, state_blob
 from .job import current
+from .sealed import StoreValueError
 
 KEEP = 2
 NAME = re.compile(r"ckpt-([0-9a-f]{16})-([0-9]+)\.pt")
 TMP = ".pt.tmp."          # <name>.pt.tmp.<host>.<pid>
 STALE_S = 3600.0          # a temporary file nobody wrote to for this long is abandoned
 PIECE_BYTES = 1 << 24     # resume() broadcasts a checkpoint in pieces of this many bytes
+STATE_SLACK = 1 << 26     # state_limit's room for what a script keeps in `extra`
 
 log = logging.getLogger("ltpx.torch.checkpoint")
 
@@ -172,6 +175,14 @@ def save(ckdir: str, opt, extra: dict, fingerprint: str) -> str | None:
     return path
 
 
+def state_limit(opt) -> int:
+    """The most bytes a state of this model may take: its parameters and
+    what an optimizer keeps per parameter (Adam: two moments) several times
+    over, plus room for `extra`."""
+    n = sum(p.numel() * p.element_size() for g in opt.param_groups for p in g["params"])
+    return 8 * n + STATE_SLACK
+
+
 def resume(opt, ckdir: str | None, fingerprint: str) -> dict | None:
     """Every worker, before its first op: the newest matching checkpoint, from
     worker 0 to all; its `extra` (None: there was none, start afresh)."""
@@ -190,6 +201,9 @@ def resume(opt, ckdir: str | None, fingerprint: str) -> dict | None:
     broadcast_parameters([n], root_rank=0)
     if int(n) == 0:
         return None
+    if not lead and not 0 < int(n) <= state_limit(opt):
+        raise CommError(f"worker 0 announced a checkpoint of {int(n)} bytes, more than this "
+                        f"model's state can be ({state_limit(opt)}): refused")
     data = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if lead else \
         torch.zeros(int(n), dtype=torch.uint8)
     for lo in range(0, int(n), PIECE_BYTES):   # each piece an op of its own size
@@ -203,9 +217,14 @@ def _load(opt, blob: bytes) -> dict:
     Loaded on the CPU whatever device saved it: the copies into the
     parameters and the wrapped optimizer's load_state_dict move each value
     to its parameter's device, so a GPU job's checkpoint resumes anywhere."""
-    st = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    params = [p for g in opt.param_groups for p in g["params"]]
+    try:
+        st = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    except Exception as e:
+        raise StoreValueError(f"the checkpoint worker 0 sent does not load: {e}") from None
+    check_state(st, params, None)
     with torch.no_grad():
-        for p, v in zip([p for g in opt.param_groups for p in g["params"]], st["params"]):
+        for p, v in zip(params, st["params"]):
             p.copy_(v)
     opt.inner.load_state_dict(st["optimizer"])
     opt.steps, opt.ks = st["steps"], list(st["ks"])

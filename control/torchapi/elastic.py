@@ -34,7 +34,9 @@ import io
 
 import torch
 
+from . import sealed
 from .job import current
+from .sealed import StoreValueError
 
 
 def joining() -> bool:
@@ -58,8 +60,13 @@ def state_blob(opt, extra: dict | None = None) -> bytes:
 
 
 def load_blob(opt, blob: bytes) -> dict:
-    """Make this worker's optimizer and parameters the blob's; its `extra`."""
-    st = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    """Make this worker's optimizer and parameters the blob's; its `extra`.
+    Nothing is loaded from a blob that check_state refuses."""
+    try:
+        st = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    except Exception as e:     # weights_only refuses anything but tensors and plain data
+        raise StoreValueError(f"the state handed over does not load: {e}") from None
+    check_state(st, _params(opt), current().exchange.co.workers)
     with torch.no_grad():
         for p, v in zip(_params(opt), st["params"]):
             p.copy_(v)
@@ -67,6 +74,63 @@ def load_blob(opt, blob: bytes) -> dict:
     opt.steps, opt.ks = st["steps"], list(st["ks"])
     current().exchange.restore(st["exchange"])
     return st["extra"]
+
+
+def check_state(st, params: list[torch.Tensor], workers: int | None) -> None:
+    """StoreValueError unless `st` is a state this worker can take: a
+    tensor of each parameter's shape and dtype, a step count, one k per
+    step, and (workers given) an exchange snapshot whose clock, op and
+    worker ids are in range: what a donor wrote, checked as any store value
+    is (a checkpoint's snapshot is not used: workers None)."""
+    def bad(why: str):
+        return StoreValueError(f"the state handed over is refused: {why}")
+    if not isinstance(st, dict) or not {"params", "optimizer", "steps", "ks", "exchange",
+                                        "extra"} <= set(st):
+        raise bad("not a state (params, optimizer, steps, ks, exchange, extra)")
+    ps = st["params"]
+    if not isinstance(ps, list) or len(ps) != len(params):
+        raise bad(f"{len(ps) if isinstance(ps, list) else 'no'} parameters, this model has "
+                  f"{len(params)}")
+    for i, (v, p) in enumerate(zip(ps, params)):
+        if not isinstance(v, torch.Tensor) or v.shape != p.shape or v.dtype != p.dtype:
+            raise bad(f"parameter {i} is not a {p.dtype} tensor of shape {tuple(p.shape)}")
+    if not isinstance(st["optimizer"], dict) or not isinstance(st["extra"], dict):
+        raise bad("the optimizer's state and extra must be dicts")
+    try:
+        steps = sealed.count_value(st["steps"], "steps")
+        ks = st["ks"]
+        if not isinstance(ks, list) or len(ks) > steps + 1:
+            raise ValueError(f"ks must be a list of at most steps + 1 = {steps + 1} counts")
+        for k in ks:
+            sealed.count_value(k, "a k")
+        if workers is not None:
+            check_snapshot(st["exchange"], workers)
+    except (ValueError, TypeError, KeyError) as e:
+        raise bad(str(e)) from None
+
+
+def check_snapshot(d, workers: int) -> None:
+    """ValueError unless `d` is an Exchange.snapshot of a job of `workers`."""
+    if not isinstance(d, dict):
+        raise ValueError("the exchange snapshot must be a dict")
+    for name in ("seq", "up"):
+        sealed.count_value(d[name], name)
+    if d["prev"] is not None:
+        sealed.op_value(workers)(str(d["prev"]).encode())
+    view = d["view"]
+    if not isinstance(view, dict):
+        raise ValueError("the view must be a dict")
+    for name in ("members", "absent"):
+        if not isinstance(view[name], list):
+            raise ValueError(f"view.{name} must be a list of worker ids")
+        for w in view[name]:
+            sealed.count_value(w, f"view.{name}", workers - 1)
+    for name in ("lost", "dropped", "rejoined"):
+        if not isinstance(d[name], dict):
+            raise ValueError(f"{name} must map worker ids to steps")
+        for w, step in d[name].items():
+            sealed.count_value(w, name, workers - 1)
+            sealed.count_value(step, name)
 
 
 def reset(opt) -> None:

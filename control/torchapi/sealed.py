@@ -201,6 +201,11 @@ def _int(x, lo: int, hi: int, what: str) -> int:
     return x
 
 
+def count_value(x, what: str, hi: int = MAX_COUNT) -> int:
+    """x, an integer in 0..hi (a count, a step, a worker id), or ValueError."""
+    return _int(x, 0, hi, what)
+
+
 def flag(payload: bytes) -> bool:
     """A key whose being there is the message (open/<r>, ack/<r>/<w>)."""
     if payload != b"1":

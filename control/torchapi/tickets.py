@@ -78,26 +78,43 @@ class Tickets:
     def take_sync(self, ticket: int, timeout_s: float | None = None,
                   w: int | None = None) -> bytes | None:
         """The state for `ticket`; None if the job ended first (its summary is in).
-        Worker w (this joiner), if given, asks again with a new ticket when the
-        member that owes it the state dies before handing it over: the
-        server takes a worker asking to join as gone from the barrier, and the
-        next step admits it with a living donor. The ticket's keys go once
-        the state is taken."""
+        In a keyed job the state is taken only from the donor the server
+        names under donor/<ticket> (written before any state is due): a
+        state there before the donor is named waits for it, and one written
+        by any other worker is a StoreValueError. Worker w (this joiner), if
+        given, asks again with a new ticket when the member that owes it
+        the state dies before handing it over: the server takes a worker
+        asking to join as gone from the barrier, and the next step admits it
+        with a living donor. The ticket's keys go once the state is taken."""
         end = time.monotonic() + (timeout_s or self.timeout_s)
-        donor: int | None = None
-        while not self._wait([f"sync/{ticket}"], SLICE_S, quiet=True):
+        donor: int | None = None     # -1: the server named none (no member to hand it)
+        while True:
+            if self._wait([f"sync/{ticket}"], SLICE_S, quiet=True):
+                writer, blob = self.take_from(f"sync/{ticket}", bytes)   # a forgery raises
+                if donor is None and self.store.check([f"{self.prefix}donor/{ticket}"]):
+                    donor = self._donor(ticket)
+                if writer is None:           # an unsealed job: no writer to check
+                    break
+                if donor is not None:
+                    if writer != donor:
+                        raise StoreValueError(
+                            f"store key {self.prefix}sync/{ticket}: the state was written by "
+                            f"worker {writer}, not by "
+                            f"{'its donor' if donor < 0 else f'worker {donor}, its donor'}"
+                            ": forged by a member")
+                    break
+                time.sleep(SLICE_S)          # there, but whose it must be is not named yet
             if self.store.check([f"{self.prefix}fin"]):
                 return None
             if self.watch is not None and not self.watch.alive(0):
                 raise PeerGone("the server (rank 0) stopped beating while this worker "
                                "waited to be admitted back")
             if donor is None and self.store.check([f"{self.prefix}donor/{ticket}"]):
-                donor = self.take(f"donor/{ticket}", donor_value(self.workers))
-                donor = -1 if donor is None else donor
+                donor = self._donor(ticket)
             if w is not None and donor is not None and donor >= 0 \
                     and not self.worker_alive(donor):
                 if self.store.check([f"{self.prefix}sync/{ticket}"]):
-                    break                # it handed the state over just before
+                    continue             # it handed the state over just before
                 new = self.request_join(w)
                 log.warning("worker %d: worker %d, which owed it the state (ticket %d), "
                             "stopped beating; asking again (ticket %d)", w, donor, ticket, new)
@@ -106,12 +123,10 @@ class Tickets:
             if time.monotonic() > end:
                 raise CommError(f"not admitted back after {timeout_s or self.timeout_s:g}s "
                                 f"(ticket {ticket})")
-        writer, blob = self.take_from(f"sync/{ticket}", bytes)
-        if donor is None and self.store.check([f"{self.prefix}donor/{ticket}"]):
-            donor = self.take(f"donor/{ticket}", donor_value(self.workers))
-        if writer is not None and donor is not None and donor >= 0 and writer != donor:
-            raise StoreValueError(f"store key {self.prefix}sync/{ticket}: the state was written by "
-                                  f"worker {writer}, not by worker {donor}, its donor: forged "
-                                  "by a member")
         self.drop(f"sync/{ticket}", f"donor/{ticket}")
         return blob
+
+    def _donor(self, ticket: int) -> int:
+        """donor/<ticket>: the worker that owes the state, -1 for none."""
+        donor = self.take(f"donor/{ticket}", donor_value(self.workers))
+        return -1 if donor is None else donor
