@@ -26,13 +26,22 @@ public answer key (tokens.answer_pub: it checks the server's signature on
 each answer, transport/signing.py), its own store signing seed and the
 server's public store key (control/storeauth.py: each rank signs the store
 values it writes), the job's shared MAC key of the training job's own
-values (`store_key`, control/training/context.py) and its own TCP hello MAC
-(accept.OwnHello). `read_key_file`
+values (`store_key`, control/training/context.py) and its own TCP hello key
+(accept.worker_key). `read_key_file`
 reads either kind (a `MemberKeys` for a member file); `token_secret`,
 `store_auth`, `store_key` and `hello_key` take either. The shared store key
 seals only the built-in training job's result values: ltpx.torch's
 coordination values are signed by their writer (docs/operations.md,
 "Threat model").
+
+One key file serves many runs (a job restarted, trained again), so what is
+derived from it is bound to one run: the run's id goes into every round
+token, answer signature, store value signature and TCP hello, and what was
+recorded in one run is refused in another. The id (`run_from_env`):
+LTP_RUN_ID where a launcher (`ltp launch`, `ltp train`: one per job) or an
+operator sets it, else torchrun's run id (--rdzv-id) unless it is
+torchrun's default "none"; else the job's rank 0 draws one (`new_run`) and
+every rank takes it from the store (torchapi/job.py, agree_run).
 Importing this module needs neither torch nor numpy (the launcher uses it).
 """
 from __future__ import annotations
@@ -49,10 +58,12 @@ from typing import NamedTuple
 
 from ..errors import UsageError
 from . import storeauth
-from .accept import OwnHello, mac_hello
+from .accept import HelloKey, worker_key
 from .transport import tokens
 
 ENV = "LTP_SECRET_FILE"
+RUN_ENV = "LTP_RUN_ID"            # this run's id (run_from_env)
+TORCHRUN_RUN = "TORCHELASTIC_RUN_ID"   # torchrun's --rdzv-id; "none" unless one is given
 KEY_BYTES = 32          # what new_key makes
 MIN_BYTES = 16          # the least a key file may hold
 MAX_BYTES = 512
@@ -68,7 +79,7 @@ class MemberKeys(NamedTuple):
     tokens: tuple[bytes, ...]          # its member key under each server shard's secret
     group: tuple[bytes, ...] | None    # the group key of each shard (the group downlink)
     store: bytes                       # the store values' MAC key (shared by the job)
-    hello: bytes                       # its own TCP hello MAC
+    hello: bytes                       # its own TCP hello key (accept.worker_key)
     sign: tuple[bytes, ...] = ()       # each shard's public answer key (transport/signing.py)
     store_sign: bytes = b""            # its own store signing seed (control/storeauth.py)
     store_pub: bytes = b""             # the server's store signing key (public)
@@ -83,23 +94,51 @@ def new_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
 
+def check_run(text: str, where: str = RUN_ENV) -> bytes:
+    """A run id given as text, as bytes; UsageError naming `where` unless it
+    is 1..tokens.RUN_MAX bytes of printable ASCII."""
+    raw = text.encode("utf-8", "replace")
+    if not 0 < len(raw) <= tokens.RUN_MAX or not text.isascii() or not text.isprintable():
+        raise UsageError(f"{where}={text[:40]!r}: a run id is 1..{tokens.RUN_MAX} printable "
+                         "ASCII characters (e.g. `openssl rand -hex 8`)")
+    return raw
+
+
+def run_from_env(environ=None) -> bytes | None:
+    """This run's id where the environment gives one (the module's doc):
+    LTP_RUN_ID, else torchrun's run id unless it is "none"; None: rank 0
+    draws one."""
+    env = os.environ if environ is None else environ
+    if env.get(RUN_ENV):
+        return check_run(env[RUN_ENV])
+    if env.get(TORCHRUN_RUN, "none") not in ("", "none"):
+        return check_run(env[TORCHRUN_RUN], TORCHRUN_RUN)
+    return None
+
+
+def new_run() -> str:
+    """A fresh run id (16 hex digits from the system's CSPRNG)."""
+    return secrets.token_hex(8)
+
+
 def derive(key: bytes, use: str) -> bytes:
     """The 32-byte key of one use of the job key (HMAC-SHA256 of the use's name)."""
     return hmac.new(key, b"ltpx-key/" + use.encode(), hashlib.sha256).digest()
 
 
-def token_secret(key, shard: int = 0):
+def token_secret(key, shard: int = 0, run: bytes = b""):
     """The round tokens' secret of server shard `shard` (tokens.RoundTokens'
-    key); None without a job key (tokens off); from MemberKeys, that
-    worker's tokens.MemberSecret of the shard."""
+    key) in run `run` (tokens.bind); None without a job key (tokens off);
+    from MemberKeys, that worker's tokens.MemberSecret of the shard."""
     if isinstance(key, MemberKeys):
         if not 0 <= shard < len(key.tokens):
             raise UsageError(f"worker {key.worker}'s member key file holds keys for "
                              f"{len(key.tokens)} server(s), not for server {shard}: make it "
                              f"for the job's servers (`ltp key member --servers S`)")
-        return tokens.MemberSecret(key.worker, key.tokens[shard],
-                                   key.group[shard] if key.group else None, key.sign[shard])
-    return None if key is None else derive(key, f"tokens/{shard}")
+        return tokens.bind(tokens.MemberSecret(key.worker, key.tokens[shard],
+                                               key.group[shard] if key.group else None,
+                                               key.sign[shard]), run)
+    return None if key is None else tokens.bind(derive(key, f"tokens/{shard}"), run)
 
 
 def store_key(key) -> bytes | None:
@@ -109,21 +148,23 @@ def store_key(key) -> bytes | None:
     return None if key is None else derive(key, "store")
 
 
-def store_auth(key, worker: int | None = None) -> storeauth.StoreAuth | None:
-    """This rank's store identity (control/storeauth.py): worker w's from its
-    member file; from the job key, the server's (worker None) or worker
-    `worker`'s, either able to check every writer; None without a key."""
+def store_auth(key, worker: int | None = None,
+               run: bytes = b"") -> storeauth.StoreAuth | None:
+    """This rank's store identity (control/storeauth.py) in run `run`:
+    worker w's from its member file; from the job key, the server's (worker
+    None) or worker `worker`'s, either able to check every writer; None
+    without a key."""
     if isinstance(key, MemberKeys):
-        return storeauth.StoreAuth.member(key.worker, key.store_sign, key.store_pub)
-    return None if key is None else storeauth.StoreAuth.from_job_key(key, worker)
+        return storeauth.StoreAuth.member(key.worker, key.store_sign, key.store_pub, run)
+    return None if key is None else storeauth.StoreAuth.from_job_key(key, worker, run)
 
 
-def hello_key(key) -> bytes | None:
-    """The key of the TCP transport's hello MACs (control/accept.py); from
-    MemberKeys, that worker's own hello MAC (accept.OwnHello)."""
+def hello_key(key, run: bytes = b"") -> HelloKey | None:
+    """The key of the TCP transport's hello MACs in run `run`
+    (control/accept.py); from MemberKeys, that worker's own hello key."""
     if isinstance(key, MemberKeys):
-        return OwnHello(key.worker, key.hello)
-    return None if key is None else derive(key, "tcp-hello")
+        return HelloKey(key.hello, key.worker, run)
+    return None if key is None else HelloKey(derive(key, "tcp-hello"), None, run)
 
 
 def member_keys(key: bytes, worker: int, servers: int = 1, group: bool = True) -> MemberKeys:
@@ -134,7 +175,7 @@ def member_keys(key: bytes, worker: int, servers: int = 1, group: bool = True) -
     secrets_ = [token_secret(key, i) for i in range(servers)]
     return MemberKeys(worker, tuple(tokens.member_key(s, worker) for s in secrets_),
                       tuple(tokens.group_key(s) for s in secrets_) if group else None,
-                      store_key(key), mac_hello(worker, hello_key(key))[4:],
+                      store_key(key), worker_key(hello_key(key).key, worker),
                       tuple(tokens.answer_pub(s) for s in secrets_),
                       storeauth.seed(key, worker),
                       storeauth.public(storeauth.seed(key, storeauth.SERVER)))

@@ -11,7 +11,10 @@ signed and which writer each key admits). A server rank derives every key.
 A worker's member key file holds its own signing seed and the server's
 public key; the workers' public keys it learns from the server's signed
 record (`directory`, in the server's meta/<rank>), so a member file needs no
-worker count. Importing this module needs neither torch nor numpy.
+worker count. A StoreAuth is bound to one run of the job (`run`): its
+signatures cover the run's id, so a value recorded in an earlier run under
+the same key is refused in a later one (jobkey.py says where the id comes
+from). Importing this module needs neither torch nor numpy.
 """
 from __future__ import annotations
 
@@ -59,25 +62,25 @@ class StoreAuth:
     from the start and the other workers once it `learn`s the directory."""
 
     def __init__(self, writer: int, seed_: bytes, server_pub: bytes,
-                 job_key: bytes | None = None):
-        self.writer, self.job_key = writer, job_key
+                 job_key: bytes | None = None, run: bytes = b""):
+        self.writer, self.job_key, self.run = writer, job_key, run
         self._sign = private(seed_)
         self.pubs: dict[int, Ed25519PublicKey] = {
             SERVER: Ed25519PublicKey.from_public_bytes(server_pub)}
 
     @classmethod
-    def from_job_key(cls, key: bytes, worker: int | None = None) -> StoreAuth:
+    def from_job_key(cls, key: bytes, worker: int | None = None, run: bytes = b"") -> StoreAuth:
         """A rank holding the job key: it signs as the server (worker None)
         or as `worker` (a job that hands every rank the job key), and
-        checks every writer."""
+        checks every writer; in run `run`."""
         w = SERVER if worker is None else worker
         if not 0 <= w <= SERVER:
             raise ValueError(f"a worker id is 0..{SERVER - 1}, got {worker}")
-        return cls(w, seed(key, w), public(seed(key, SERVER)), job_key=key)
+        return cls(w, seed(key, w), public(seed(key, SERVER)), job_key=key, run=run)
 
     @classmethod
-    def member(cls, worker: int, seed_: bytes, server_pub: bytes) -> StoreAuth:
-        return cls(worker, seed_, server_pub)
+    def member(cls, worker: int, seed_: bytes, server_pub: bytes, run: bytes = b"") -> StoreAuth:
+        return cls(worker, seed_, server_pub, run=run)
 
     def __repr__(self) -> str:         # no key material in a log line
         return f"StoreAuth({writer_name(self.writer)}, knows {len(self.pubs)} writer(s))"

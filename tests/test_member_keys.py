@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from conftest import outputs, reap, star_rig
 from ltpx.control import jobkey
-from ltpx.control.accept import mac_hello
+from ltpx.control.accept import mac_hello, worker_key
 from ltpx.control.training.storehost import loopback_store
 from ltpx.control.transport import tokens
 from ltpx.errors import UsageError
@@ -48,13 +48,13 @@ def _key_file(folder, key: bytes | None = None, name: str = "job.key") -> str:
 def _not_derivable(text: str, key: bytes, worker: int, workers: int, servers: int) -> None:
     """`text` holds neither the job key nor anything derived from it but the
     worker's own keys and the shared store key."""
-    forbidden = [key, jobkey.hello_key(key)]
+    forbidden = [key, jobkey.hello_key(key).key]
     for i in range(servers):
         s = jobkey.token_secret(key, i)
         forbidden += [s] + [tokens.member_key(s, w) for w in range(workers) if w != worker]
         forbidden.append(tokens.answer_key(s).private_bytes(   # the server's signing key
             Encoding.Raw, PrivateFormat.Raw, NoEncryption()))
-    forbidden += [mac_hello(w, jobkey.hello_key(key))[4:] for w in range(workers) if w != worker]
+    forbidden += [worker_key(jobkey.hello_key(key).key, w) for w in range(workers) if w != worker]
     for k in forbidden:
         assert k.hex() not in text.lower() and k.hex().upper() not in text
 

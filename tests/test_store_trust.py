@@ -88,7 +88,7 @@ def test_tokens_verify_only_with_the_files_key_and_no_link_address_carries_it(tm
     from ltpx.control.transport import tokens
     key = jobkey.read_key_file(_key_file(tmp_path))
     uses = [jobkey.token_secret(key), jobkey.token_secret(key, 1), jobkey.store_key(key),
-            jobkey.hello_key(key), key]
+            jobkey.hello_key(key).key, key]
     assert len(set(uses)) == len(uses)          # each use its own key
     link = LtpServerLink(Settings(dev="lo", ip="127.0.0.1"), 2, None,
                          secret=jobkey.token_secret(key))
@@ -472,7 +472,7 @@ def test_no_store_value_holds_the_key_and_the_store_stays_small(tmp_path):
     path = _key_file(tmp_path)
     key = jobkey.read_key_file(path)
     found, seen, needles = [], [], [b"secret"]
-    for k in (key, jobkey.token_secret(key), jobkey.store_key(key), jobkey.hello_key(key)):
+    for k in (key, jobkey.token_secret(key), jobkey.store_key(key), jobkey.hello_key(key).key):
         needles.extend([k, k.hex().encode(), k.hex().upper().encode()])
     procs, outs, store = _job(300, path, during=_scan(needles, found, seen))
     for p, (_, err) in zip(procs, outs):

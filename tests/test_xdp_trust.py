@@ -397,3 +397,19 @@ def test_each_data_kind_verifies_as_sent_with_checksums_on(dp, csum_on, kind):
     assert m.done_mask(round_, 1, NCHUNKS).tolist() == [c == chunk for c in range(NCHUNKS)]
     assert m.mem_bytes[m.bank_index(round_), 1,
                        chunk * CHUNK:chunk * CHUNK + n].tobytes() == bytes(good[Raw])
+
+
+def test_a_frame_of_an_earlier_run_is_a_bad_token(dp, maps):
+    """The same secret in two runs (tokens.bind): round 6 opened in run B
+    refuses worker 3's DATA recorded in run A's round 6 (bad_token, nothing
+    changes) and takes run B's."""
+    run_a = tokens.RoundTokens(tokens.bind(SECRET, b"run-a"), JOB)
+    run_b = tokens.RoundTokens(tokens.bind(SECRET, b"run-b"), JOB)
+    maps.open_bank(6, NCHUNKS, LAST, slot_tokens=run_b.bank(6, PEERS),
+                   group_token=run_b.group(6))
+    before, c0 = shared_state(maps), maps.counters()
+    assert run(dp, frame(worker=3, round_=6, token=run_a.receive(6, 3)[0])).verdict == XDP_DROP
+    assert delta(maps, c0) == {"bad_token": 1}
+    assert_same_state(before, shared_state(maps))
+    res = run(dp, frame(worker=3, round_=6, token=run_b.receive(6, 3)[0]))
+    assert res.verdict == XDP_TX and Ether(res.data)[W.LTP].token == run_b.receive(6, 3)[1]

@@ -34,11 +34,12 @@ from ...errors import UsageError
 from .. import jobkey
 from .flight import SERVER, WORKER, current as flight_current, start as flight_start
 from .flight import stop as flight_stop, trigger as flight_trigger
-from .coord import Coord
+from .coord import KEY, Coord
 from .exchange import Exchange
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs
 from .link_ltp import LtpServerLink, LtpWorkerLink
 from .link_tcp import TcpServerLink, TcpWorkerLink
+from .sealed import RUN_KEY, Seal, run_value
 from .server import run_server
 from .settings import Settings
 from .trace import rank_trace, write as write_trace
@@ -88,10 +89,14 @@ class Job:
                             s.servers if s.transport == "ltp" else 0)
         flight_start(self.global_rank, SERVER if self.is_server else WORKER,
                      self.global_rank if self.is_server else self.rank)   # LTP_FLIGHT_DIR
+        # every value, token, answer and hello below is bound to this run
+        self.run = agree_run(self.store, self.key, self.global_rank, self.rank,
+                             s.servers, s.timeout)
         if s.servers > 1:   # sharded servers: shards.py sets up coord, links, exchange
             start_sharded(self)
             return
-        self.coord = Coord(self.store, self.workers, s.timeout, key=jobkey.store_auth(self.key, self.rank))
+        self.coord = Coord(self.store, self.workers, s.timeout,
+                           key=jobkey.store_auth(self.key, self.rank, self.run))
         self.coord.start_liveness(self.global_rank, s.store_netns)   # heartbeats: liveness.py
         self.link = self.make_link()
         me = {"rank": self.global_rank, "role": "server" if self.is_server else "worker",
@@ -115,17 +120,18 @@ class Job:
                 if not s.ip:
                     raise UsageError("init(): the TCP server needs its address: dev= or ip= "
                                      "(LTP_DEV / LTP_IP)")
-                return TcpServerLink(s, self.workers, key=jobkey.hello_key(self.key))
-            return TcpWorkerLink(s, self.rank, self.workers, key=jobkey.hello_key(self.key))
+                return TcpServerLink(s, self.workers, key=jobkey.hello_key(self.key, self.run))
+            return TcpWorkerLink(s, self.rank, self.workers,
+                                 key=jobkey.hello_key(self.key, self.run))
         if self.is_server:
             self.group = s.group or dev_broadcast(s.dev)
             if self.group is None:
                 log.warning("ltpx: %s has no IPv4 broadcast address and no group was given: "
                             "answers go to each worker (unicast)", s.dev)
             return LtpServerLink(s, self.workers, self.group,
-                                 secret=jobkey.token_secret(self.key, shard))
+                                 secret=jobkey.token_secret(self.key, shard, self.run))
         return LtpWorkerLink(s, self.rank, self.workers,
-                             secret=jobkey.token_secret(self.key, shard))
+                             secret=jobkey.token_secret(self.key, shard, self.run))
 
     def local_index(self, metas: list[dict]) -> int:
         """This worker's index among the workers on its host (servers: 0)."""
@@ -163,6 +169,28 @@ def job_key(s: Settings) -> bytes | jobkey.MemberKeys | None:
                          "on servers, each worker's member key file on workers (`ltp launch` "
                          "makes them)")
     return None
+
+
+def agree_run(store, key, global_rank: int, worker: int | None, servers: int,
+              timeout_s: float) -> bytes:
+    """This run's id, the same on every rank (control/jobkey.py): the one
+    the environment gives (jobkey.run_from_env), else one rank 0 draws and
+    puts under `run` in the store, signed by the server, which every other
+    rank takes from there. That value cannot be bound to the run it names:
+    the server writes it first thing, so a value replayed there must win a
+    race with it; a run id in the environment takes even that away
+    (docs/operations.md, "Threat model")."""
+    given = jobkey.run_from_env()
+    if given is not None:
+        return given
+    seal = Seal(jobkey.store_auth(key, worker), prefix=KEY, servers=servers)
+    name = KEY + RUN_KEY
+    if global_rank == 0:
+        run = jobkey.new_run().encode()
+        store.set(name, seal.seal(name, run))
+        return run
+    store.wait([name], timedelta(seconds=timeout_s))
+    return seal.read_from(name, store.get(name), run_value)[1]
 
 
 def warn_keyless(s: Settings) -> None:

@@ -24,7 +24,7 @@ from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import CHECKSUMS, Endpoint, Peer
 from ..transport.rate import CREDIT_RTT_S
 from ..transport import defer, fec, tokens
-from ..transport.signing import SIG_ELEMS, Signer, Verifier
+from ..transport.signing import SIG_ELEMS, ForgedAnswerError, Signer, Verifier
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
 from .settings import Settings
@@ -260,7 +260,7 @@ class LtpWorkerLink(WorkerLink):
                 raise CommError("the server signs its answers but this worker holds no key "
                                 "to check them: give every rank a key file of this job "
                                 "(LTP_SECRET_FILE; a member file made by this ltp)")
-            self.verifier = Verifier(pub, self.s.job)
+            self.verifier = Verifier(pub, self.s.job, tokens.run_of(self.secret))
 
     def ensure(self, nelems: int) -> bool:
         if self.ep is not None and nelems <= self.size:
@@ -327,6 +327,10 @@ class LtpWorkerLink(WorkerLink):
             self.deferrals["answers"] += 1
             self.deferrals["chunks"] += int(plan.deferred.sum())
         if plan is not None and self.verifier:   # the answer as used, and the verdict's signature
+            if len(plan.sig) != SIG_ELEMS * 4:
+                raise ForgedAnswerError(f"answer {d}'s verdict carries a signature of "
+                                        f"{len(plan.sig)} bytes, not {SIG_ELEMS * 4}: refused, "
+                                        "nothing of it used")
             values = np.concatenate([values, np.frombuffer(plan.sig, dtype=np.float32)])
         if self.verifier:      # ForgedAnswerError unless the server's: nothing used then
             values = self.verifier.check(d, values)

@@ -8,7 +8,7 @@ rank in a file, each worker its own member key file: control/jobkey.py),
 and every value the job reads back is sealed. ltpx.torch's values are
 signed by their writer (`Seal` with a StoreAuth, control/storeauth.py):
 SIGNED, the writer's id and an Ed25519 signature of (scope, key name,
-writer, SHA-256 of the payload) before the payload. `Seal.read` takes a
+writer, the run's id, SHA-256 of the payload) before the payload. `Seal.read` takes a
 value only when the signature is its writer's and the writer may write that
 key (`may_write`: the server's own values, each rank's meta, each worker's
 ack and k), then parses and checks the payload (types, ranges, worker ids
@@ -40,6 +40,7 @@ from ..storeauth import SERVER, SIG_BYTES, StoreAuth, writer_name
 from ..settings_table import COMPRESS, DOWNLINKS, TABLE
 from ..transport.bubble import STRATEGIES
 from ..transport.early_close import EarlyCloseConfig
+from ..transport.tokens import RUN_MAX
 from .ops import KINDS, Go, Op
 
 MAGIC = b"LTS1"            # MAC'd with the job's shared key
@@ -74,9 +75,10 @@ class Seal:
         return hmac.new(self.key, msg, hashlib.sha256).digest()
 
     def _msg(self, name: str, writer: int, payload: bytes) -> bytes:
-        return b"ltpx-store\0%s\0%s\0%s%s" % (self.scope.encode(), name.encode(),
-                                               struct.pack("!H", writer),
-                                               hashlib.sha256(payload).digest())
+        run = self.key.run
+        return b"ltpx-store\0%s\0%s\0%s%s%s" % (self.scope.encode(), name.encode(),
+                                                 struct.pack("!HB", writer, len(run)), run,
+                                                 hashlib.sha256(payload).digest())
 
     def seal(self, name: str, payload: bytes | str) -> bytes:
         """What to store under `name` for `payload`."""
@@ -136,8 +138,10 @@ class Seal:
                                   "the workers' keys)")
         if not ok:
             raise StoreValueError(f"store key {name}: the value's signature is not "
-                                  f"{writer_name(w)}'s: forged, garbled, or another job's "
-                                  "(every rank needs a key file of this job in LTP_SECRET_FILE)")
+                                  f"{writer_name(w)}'s in this run: forged, garbled, "
+                                  "another job's, or replayed from an earlier run (every rank "
+                                  "needs a key file of this job in LTP_SECRET_FILE, and the "
+                                  "same LTP_RUN_ID)")
         return w, payload
 
     def relative(self, name: str) -> str | None:
@@ -160,7 +164,8 @@ class Seal:
             raise StoreValueError(f"store key {name}: refused: {e}") from None
 
 
-SERVER_ONLY = ("floor", "fin", "open", "donor")   # values only a server writes
+RUN_KEY = "run"     # the run's id where rank 0 drew it (job.agree_run)
+SERVER_ONLY = ("floor", "fin", "open", "donor", RUN_KEY)   # values only a server writes
 
 
 def may_write(rel: str | None, writer: int, servers: int) -> bool:
@@ -303,6 +308,15 @@ def _ip(x, what: str) -> None:
         ipaddress.ip_address(x)
     except ValueError:
         raise ValueError(f"{what} is not an address: {x[:40]!r}") from None
+
+
+def run_value(payload: bytes) -> bytes:
+    """run: a run id, 1..RUN_MAX printable ASCII bytes."""
+    if not 0 < len(payload) <= RUN_MAX or not payload.isascii() or \
+            not payload.decode().isprintable():
+        raise ValueError(f"a run id is 1..{RUN_MAX} printable ASCII bytes, "
+                         f"got {payload[:20]!r}")
+    return payload
 
 
 def meta_value(rank: int, servers: int):

@@ -354,10 +354,10 @@ def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]
             sub = dataclasses.replace(s, dev=dev, ip=ip)
             if s.transport == "tcp":
                 links.append(TcpWorkerLink(sub, job.rank, job.workers,
-                                           key=jobkey.hello_key(job.key)))
+                                           key=jobkey.hello_key(job.key, job.run)))
             else:
                 links.append(LtpWorkerLink(sub, job.rank, job.workers,
-                                           secret=jobkey.token_secret(job.key, i)))
+                                           secret=jobkey.token_secret(job.key, i, job.run)))
     except BaseException:
         for link in links:
             link.close()
@@ -369,7 +369,7 @@ def start_sharded(job) -> None:
     """job.Job.start for servers > 1 (after the rendezvous): coordination,
     links and, on a worker, the ShardedExchange."""
     s, S, W = job.s, job.s.servers, job.workers
-    key = jobkey.store_auth(job.key, job.rank)   # one identity: what root learns, the shards know
+    key = jobkey.store_auth(job.key, job.rank, job.run)   # one identity: what root learns, the shards know
     root = Coord(job.store, W, s.timeout, servers=S, key=key)
     me = {"rank": job.global_rank, "role": "server" if job.is_server else "worker",
           "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid()}

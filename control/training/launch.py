@@ -37,7 +37,8 @@ group keys when `group_keys`, the store's MAC key, its own TCP hello), from
 which neither the job key nor another worker's keys follow; a restarted
 worker is handed its file again. No key is ever in an argv, an environment
 or the store: LTP's round tokens and the MACs of the store's values derive
-from these files in each rank.
+from these files in each rank, bound to the job's run id (LTP_RUN_ID: the
+environment's, else one RigJob draws; the same for a restarted rank).
 
 The flight recorder (hangs.py): every rank gets LTP_FLIGHT_DIR, the job's
 flight folder; at each pump a new dump there (a rank that waited past its
@@ -167,6 +168,9 @@ class RigJob:
             # file, removed at close), to the servers; each worker its member
             # file; every rank is told its file, never a key
             self.keys = jobkey.RankKeys(sum(r.role == "server" for r in ranks), group_keys)
+            # one run id for the job (an operator's LTP_RUN_ID, else a new one),
+            # the same for a restarted rank: what the key derives is bound to it
+            self.run = os.environ.get(jobkey.RUN_ENV) or jobkey.new_run()
             self.port = self.host_store(store_timeout_s)
             # MASTER_ADDR=127.0.0.1 must reach the store from every rank's namespace
             self.relay = StoreRelay(self.port, rig.ps.netns, [r.host.netns for r in ranks])
@@ -204,6 +208,7 @@ class RigJob:
         environment in the same namespace, as torchrun's agent restarts one)."""
         argv, env = self.argv_for(r), {**self.env_for(r),
                                        jobkey.ENV: self.keys.path(r.role, r.index),
+                                       jobkey.RUN_ENV: self.run,
                                        **self.flight.env()}
         r.proc = self.fork(r, argv, env)
         r.forked = r.proc is not None

@@ -6,10 +6,12 @@ a group-downlink job holds that key (tokens.py): it keeps outsiders out, but
 one shared token cannot tell the server from a member, so any member could
 send every worker an answer of its own. The server therefore signs each
 answer: an Ed25519 signature, under a key derived from its shard's token
-secret (which only server ranks hold), of a digest of (job, round, the
-answer's bytes). It travels as the answer's last SIG_ELEMS float32
-elements, inside the reliable round, so no frame format changes and the XDP
-program does not know it is there. A worker checks it once the answer is
+secret (which only server ranks hold), of a digest of (job, the run the
+secret is bound to, round, the answer's bytes: an answer recorded in an
+earlier run under the same key does not verify in a later one). It
+travels as the answer's last SIG_ELEMS float32 elements, inside the
+reliable round, so no frame format changes and the XDP program does not
+know it is there. A worker checks it once the answer is
 complete and before it uses any of it (`Verifier.check`); one that does not
 verify is refused with ForgedAnswerError and never reaches the model. The
 public half is in each worker's member key file (control/jobkey.py), so a
@@ -35,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ...errors import CommError
 from ..storeauth import PUB_BYTES, SIG_BYTES
-from .tokens import answer_key
+from .tokens import answer_key, check_run, run_of
 
 SIG_ELEMS = SIG_BYTES // 4        # float32 elements the signature takes at an answer's end
 _DIGEST = b"ltpx-answer-digest\0"
@@ -60,9 +62,9 @@ def _sha(piece) -> bytes:
     return hashlib.sha256(piece).digest()
 
 
-def digest(job: int, d: int, payload: np.ndarray) -> bytes:
-    """What is signed: SHA-256 of (a tag, job, round d, and the SHA-256 of
-    each PIECE_BYTES of the payload). The pieces are hashed on up to
+def digest(job: int, d: int, payload: np.ndarray, run: bytes = b"") -> bytes:
+    """What is signed: SHA-256 of (a tag, job, round d, the payload's
+    length, the run, and the SHA-256 of each PIECE_BYTES of the payload). The pieces are hashed on up to
     HASH_THREADS threads (hashlib lets go of the GIL), so a large answer
     costs a fraction of one pass."""
     raw = memoryview(np.ascontiguousarray(payload)).cast("B")
@@ -71,14 +73,17 @@ def digest(job: int, d: int, payload: np.ndarray) -> bytes:
         sums = list(_pool().map(_sha, pieces))
     else:
         sums = [_sha(pieces[0])]
-    return _sha(_DIGEST + struct.pack("!IQQ", job % 2**32, d, len(raw)) + b"".join(sums))
+    head = struct.pack("!IQQB", job % 2**32, d, len(raw), len(run)) + run
+    return _sha(_DIGEST + head + b"".join(sums))
 
 
 class Signer:
     """The server's side: `sign(d, buf)` is buf with its signature appended."""
 
-    def __init__(self, secret: bytes, job: int):
-        self.key, self.job = answer_key(secret), job
+    def __init__(self, secret, job: int):
+        """secret: the shard's token secret (bytes, or a tokens.RunSecret:
+        the signatures then hold for its run only)."""
+        self.key, self.job, self.run = answer_key(secret), job, run_of(secret)
         self.last: tuple[int, np.ndarray, np.ndarray] | None = None
 
     def sign(self, d: int, buf: np.ndarray) -> np.ndarray:
@@ -91,7 +96,8 @@ class Signer:
             raise TypeError(f"an answer is float32, got {buf.dtype}")
         out = np.empty(len(buf) + SIG_ELEMS, dtype=np.float32)
         out[:len(buf)] = buf
-        out[len(buf):] = np.frombuffer(self.key.sign(digest(self.job, d, buf)), np.float32)
+        out[len(buf):] = np.frombuffer(self.key.sign(digest(self.job, d, buf, self.run)),
+                                       np.float32)
         self.last = (d, buf, out)
         return out
 
@@ -100,10 +106,11 @@ class Verifier:
     """A worker's side: `check(d, values)` is the answer without its
     signature, or ForgedAnswerError."""
 
-    def __init__(self, public: bytes, job: int):
+    def __init__(self, public: bytes, job: int, run: bytes = b""):
         if not isinstance(public, bytes) or len(public) != PUB_BYTES:
             raise ValueError(f"a server's public key is {PUB_BYTES} bytes")
         self.key, self.job = Ed25519PublicKey.from_public_bytes(public), job
+        self.run = check_run(run)
 
     def check(self, d: int, values: np.ndarray) -> np.ndarray:
         """values[:-SIG_ELEMS] once the signature at its end verifies."""
@@ -113,10 +120,11 @@ class Verifier:
         body = values[:-SIG_ELEMS]
         sig = np.ascontiguousarray(values[-SIG_ELEMS:]).tobytes()
         try:
-            self.key.verify(sig, digest(self.job, d, body))
+            self.key.verify(sig, digest(self.job, d, body, self.run))
         except InvalidSignature:
             raise ForgedAnswerError(
-                f"answer {d}'s signature is not the server's: a member holding the group "
-                "key (or a garbled frame) wrote it; refused, nothing of it used (a job "
-                "that must not trust its members runs --downlink unicast)") from None
+                f"answer {d}'s signature is not the server's in this run: a member holding "
+                "the group key, a garbled frame, or a replay of an earlier run wrote it; "
+                "refused, nothing of it used (a job that must not trust its members runs "
+                "--downlink unicast)") from None
         return body

@@ -34,6 +34,13 @@ ACK clock, into its tx state. The program compares 8 bytes (no crypto in
 BPF) and drops the rest as `bad_token`. A blind spoofer must guess 64 bits
 per packet.
 
+A secret may be bound to one run of the job (`bind`: a RunSecret, or a
+MemberSecret with its `run`): the run's id then goes into every token and
+answer signature it makes, so a frame or an answer recorded in an earlier
+run under the same secret (the documented setup reuses one key file) is not
+taken in a later one: a replayed frame is a `bad_token`. control/jobkey.py
+says where a run's id comes from.
+
 Without a secret every token is 0, on the wire and in the maps: the job
 cookie is then the only check (wire version 1's protection, none against a
 spoofer who reads the cookie off one packet), and the first such endpoint of
@@ -66,12 +73,27 @@ def new_secret() -> bytes:
     return secrets.token_bytes(SECRET_BYTES)
 
 
+RUN_MAX = 128              # the longest run id (bytes)
+
+
+def check_run(run) -> bytes:
+    """A run id as bytes: TypeError/ValueError unless it is at most RUN_MAX bytes."""
+    if not isinstance(run, (bytes, bytearray)):
+        raise TypeError(f"a run id is bytes, got {type(run).__name__}")
+    if len(run) > RUN_MAX:
+        raise ValueError(f"a run id is at most {RUN_MAX} bytes, got {len(run)}")
+    return bytes(run)
+
+
 def check_secret(secret):
-    """`secret` as bytes (None stays None, a MemberSecret stays one);
-    TypeError/ValueError if it is not SECRET_BYTES..SECRET_MAX bytes."""
+    """`secret` as bytes (None stays None, a MemberSecret or RunSecret stays
+    one); TypeError/ValueError if it is not SECRET_BYTES..SECRET_MAX bytes."""
     if secret is None:
         return None
+    if isinstance(secret, RunSecret):
+        return RunSecret(check_secret(secret.secret), check_run(secret.run))
     if isinstance(secret, MemberSecret):
+        check_run(secret.run)
         for k in (secret.key, secret.group or bytes(32), secret.server_pub or bytes(32)):
             if not (isinstance(k, bytes) and len(k) == 32):
                 raise ValueError("a member secret's keys must be 32 bytes: make it with "
@@ -107,6 +129,40 @@ class MemberSecret(NamedTuple):
     key: bytes
     group: bytes | None = None
     server_pub: bytes | None = None   # the server's answer-signing key (public: signing.py)
+    run: bytes = b""                  # the run its tokens hold for (`bind`)
+
+
+class RunSecret(NamedTuple):
+    """A job secret bound to run `run` (`bind`): its tokens and answer
+    signatures hold for that run only."""
+
+    secret: bytes
+    run: bytes
+
+    def __repr__(self) -> str:      # no key material in a log line
+        return f"RunSecret(run={self.run!r})"
+
+
+def bind(secret, run: bytes):
+    """`secret` (a job secret, a RunSecret or a MemberSecret; None stays
+    None) bound to run `run`: every token and answer signature it makes
+    then holds for that run only. b"": as it is."""
+    run = check_run(run)
+    if secret is None or not run:
+        return secret
+    if isinstance(secret, MemberSecret):
+        return secret._replace(run=run)
+    return RunSecret(check_secret(_unbound(secret)), run)
+
+
+def run_of(secret) -> bytes:
+    """The run a secret is bound to (b"": none)."""
+    return secret.run if isinstance(secret, (RunSecret, MemberSecret)) else b""
+
+
+def _unbound(secret):
+    """A job secret's bytes without its run (any other secret as it is)."""
+    return secret.secret if isinstance(secret, RunSecret) else secret
 
 
 @functools.lru_cache(maxsize=4096)
@@ -128,10 +184,10 @@ def _answer_seed(secret: bytes) -> bytes:
     return hashlib.blake2b(b"answers", digest_size=32, key=secret, person=_SIGN).digest()
 
 
-def answer_key(secret: bytes) -> Ed25519PrivateKey:
+def answer_key(secret) -> Ed25519PrivateKey:
     """The key the server of token secret `secret` signs its answers with
     (signing.py); only a holder of the secret can make it."""
-    return private(_answer_seed(secret))
+    return private(_answer_seed(_unbound(secret)))
 
 
 def answer_pub(secret) -> bytes | None:
@@ -139,20 +195,20 @@ def answer_pub(secret) -> bytes | None:
     server_pub; None without a secret."""
     if secret is None or isinstance(secret, MemberSecret):
         return None if secret is None else secret.server_pub
-    return public(_answer_seed(bytes(secret)))
+    return public(_answer_seed(bytes(_unbound(secret))))
 
 
 def member(secret, worker: int, group: bool = False) -> MemberSecret:
     """The MemberSecret a launcher hands worker `worker` in place of the job
     secret; with group=True it holds the group key too (the group downlink).
     It holds the server's public answer key either way."""
-    secret = check_secret(secret)
+    run, secret = run_of(secret), _unbound(check_secret(secret))
     return MemberSecret(worker, member_key(secret, worker), group_key(secret) if group else None,
-                        answer_pub(secret))
+                        answer_pub(secret), run)
 
 
-def _token(key: bytes, job: int, round_: int, kind: int) -> int:
-    msg = struct.pack("!IIB", job % 2**32, round_ % 2**32, kind)
+def _token(key: bytes, job: int, round_: int, kind: int, run: bytes) -> int:
+    msg = struct.pack("!IIB", job % 2**32, round_ % 2**32, kind) + run
     digest = hashlib.blake2b(msg, digest_size=8, key=key, person=_PERSON).digest()
     return int.from_bytes(digest, "big") or 1
 
@@ -168,16 +224,19 @@ def derive(secret, job: int, round_: int, worker: int = 0, kind: int = UP) -> in
         return 0
     if kind not in KINDS:
         raise ValueError(f"token kind must be one of {KINDS}, got {kind!r}")
+    run = run_of(secret)
     if isinstance(secret, MemberSecret):
         if kind == GROUP:
-            return None if secret.group is None else _token(secret.group, job, round_, GROUP)
+            return None if secret.group is None else \
+                _token(secret.group, job, round_, GROUP, run)
         if worker != secret.worker:
             raise ValueError(f"a member key of worker {secret.worker} makes no tokens of "
                              f"worker {worker}'s flows")
-        return _token(secret.key, job, round_, kind)
+        return _token(secret.key, job, round_, kind, run)
+    secret = _unbound(secret)
     if kind == GROUP:
-        return _token(group_key(secret), job, round_, GROUP)
-    return _token(member_key(secret, worker), job, round_, kind)
+        return _token(group_key(secret), job, round_, GROUP, run)
+    return _token(member_key(secret, worker), job, round_, kind, run)
 
 
 class RoundTokens:
