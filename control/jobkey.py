@@ -37,7 +37,7 @@ coordination values are signed by their writer (docs/operations.md,
 One key file serves many runs (a job restarted, trained again), so what is
 derived from it is bound to one run: the run's id goes into every round
 token, answer signature, store value signature and TCP hello, and what was
-recorded in one run is refused in another. The id (`run_from_env`):
+recorded in one run is refused in another. The id (`given_run`):
 LTP_RUN_ID where a launcher (`ltp launch`, `ltp train`: one per job) or an
 operator sets it, else torchrun's run id (--rdzv-id) unless it is
 torchrun's default "none"; else the job's rank 0 draws one (`new_run`) and
@@ -104,13 +104,13 @@ def check_run(text: str, where: str = RUN_ENV) -> bytes:
     return raw
 
 
-def run_from_env(environ=None) -> bytes | None:
-    """This run's id where the environment gives one (the module's doc):
-    LTP_RUN_ID, else torchrun's run id unless it is "none"; None: rank 0
-    draws one."""
+def given_run(run_id: str | None, environ=None) -> bytes | None:
+    """This run's id where one is given (the module's doc): `run_id` (the
+    run_id setting, LTP_RUN_ID), else torchrun's run id unless it is
+    "none"; None: rank 0 draws one."""
     env = os.environ if environ is None else environ
-    if env.get(RUN_ENV):
-        return check_run(env[RUN_ENV])
+    if run_id:
+        return check_run(run_id, f"run_id ({RUN_ENV})")
     if env.get(TORCHRUN_RUN, "none") not in ("", "none"):
         return check_run(env[TORCHRUN_RUN], TORCHRUN_RUN)
     return None

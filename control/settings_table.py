@@ -202,8 +202,15 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "and the store values' signatures derive from it; without one tokens are off and the "
        "store's values are not authenticated (docs/operations.md, \"Threat model\")", shown="-",
        metavar="FILE"),
-    _s("require_secret", bool, False, "refuse to start without a job key (secret_file) "
-       "instead of running with tokens off and a warning", shown="0"),
+    _s("require_secret", bool, None, "refuse to start without a job key (secret_file) "
+       "instead of running with tokens off and a warning; by default where the store "
+       "(MASTER_ADDR) is not on loopback", shown="auto"),
+    _s("run_id", str, None, "this run's id: the round tokens, the answers' and the store "
+       "values' signatures and the TCP hellos derived from the job key are bound to it, so "
+       "what was recorded in another run under the same key is refused (every rank alike; "
+       "default: torchrun's run id, --rdzv-id, unless it is \"none\", else one rank 0 draws "
+       "and publishes; `ltp launch` and `ltp train` draw one per job)", shown="-",
+       metavar="ID"),
     _s("trace", str, None, "write a Chrome trace-event JSON file (Perfetto, chrome://tracing) "
        "of the job's rounds: per server its rounds and answers, per worker its barrier, "
        "pushes and answers and its chunks' first and last arrival at the server's NIC "

@@ -115,13 +115,14 @@ def test_the_run_id_comes_from_the_environment_or_rank_zero(store, monkeypatch):
     """LTP_RUN_ID, else torchrun's run id (not its default "none"), else
     rank 0 draws one and the others take it from the store, the server's
     only; a bad one is a usage error naming the variable."""
-    assert jobkey.run_from_env({"LTP_RUN_ID": "abc", "TORCHELASTIC_RUN_ID": "x"}) == b"abc"
-    assert jobkey.run_from_env({"TORCHELASTIC_RUN_ID": "job-17"}) == b"job-17"
-    assert jobkey.run_from_env({"TORCHELASTIC_RUN_ID": "none"}) is None
+    from ltpx.control.torchapi.settings import Settings
+    assert Settings.resolve({}, {"LTP_RUN_ID": "abc"}).run_id == "abc"
+    assert jobkey.given_run("abc", {"TORCHELASTIC_RUN_ID": "x"}) == b"abc"
+    assert jobkey.given_run(None, {"TORCHELASTIC_RUN_ID": "job-17"}) == b"job-17"
+    assert jobkey.given_run(None, {"TORCHELASTIC_RUN_ID": "none"}) is None
     for bad in ("x" * 129, "tab\there"):
-        with pytest.raises(UsageError, match="LTP_RUN_ID=.*printable ASCII"):
-            jobkey.run_from_env({"LTP_RUN_ID": bad})
-    monkeypatch.delenv("LTP_RUN_ID", raising=False)
+        with pytest.raises(UsageError, match=r"run_id \(LTP_RUN_ID\)=.*printable ASCII"):
+            jobkey.given_run(bad, {})
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     key = jobkey.new_key()
     run = agree_run(store, key, 0, None, 1, 5.0)
@@ -130,5 +131,4 @@ def test_the_run_id_comes_from_the_environment_or_rank_zero(store, monkeypatch):
     store.set(KEY + "run", w1.seal(KEY + "run", b"chosen-by-worker-1"))
     with pytest.raises(sealed.StoreValueError, match="written by worker 1, who may not"):
         agree_run(store, jobkey.member_keys(key, 0), 1, 0, 1, 5.0)
-    monkeypatch.setenv("LTP_RUN_ID", "given")
-    assert agree_run(store, key, 0, None, 1, 5.0) == b"given"
+    assert agree_run(store, key, 0, None, 1, 5.0, "given") == b"given"

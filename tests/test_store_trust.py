@@ -551,3 +551,43 @@ def test_a_handed_over_state_is_checked_before_anything_is_loaded(change, word):
     check_state(_state(), params, 2)
     with pytest.raises(sealed.StoreValueError, match=f"state handed over is refused: .*{word}"):
         check_state(_state(**change), params, 2)
+
+
+@pytest.mark.unit
+def test_a_keyless_job_whose_store_is_not_on_loopback_refuses_to_start(monkeypatch):
+    """require_secret's default: a rank with no key file refuses (one line
+    naming the fix) where MASTER_ADDR is not a loopback address, or does
+    not resolve; on loopback it runs keyless; an explicit 0 or 1 wins."""
+    from ltpx.control.torchapi.job import job_key
+    from ltpx.control.torchapi.settings import Settings
+    monkeypatch.delenv("LTP_SECRET_FILE", raising=False)
+    monkeypatch.delenv("LTP_REQUIRE_SECRET", raising=False)
+    for addr, refused in [("127.0.0.1", False), ("localhost", False), ("::1", False),
+                          ("198.18.99.1", True), ("no-such-host.invalid", True)]:
+        monkeypatch.setenv("MASTER_ADDR", addr)
+        s = Settings.resolve({})
+        if refused:
+            with pytest.raises(UsageError, match=f"the store \\(MASTER_ADDR={addr}\\) is not on "
+                               "loopback and no job key was given: set LTP_SECRET_FILE"):
+                job_key(s)
+        else:
+            assert job_key(s) is None
+    assert job_key(Settings.resolve({"require_secret": False})) is None   # still 198.18/invalid
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(UsageError, match="require_secret is set"):
+        job_key(Settings.resolve({"require_secret": True}))
+
+
+@pytest.mark.slow
+def test_init_without_a_key_against_a_store_off_loopback_exits_naming_the_fix(tmp_path):
+    """The same through lt.init() in a rank of its own: it stops before it
+    connects anywhere, with the usage error's one line."""
+    script = tmp_path / "rank.py"
+    script.write_text("import ltpx.torch as lt\nlt.init()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LTP_")}
+    env.update(MASTER_ADDR="198.18.99.1", MASTER_PORT="29999", RANK="0", WORLD_SIZE="2",
+               LTP_TRANSPORT="tcp")
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0
+    assert "is not on loopback and no job key was given: set LTP_SECRET_FILE" in p.stderr

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import os
 import signal
@@ -91,7 +92,7 @@ class Job:
                      self.global_rank if self.is_server else self.rank)   # LTP_FLIGHT_DIR
         # every value, token, answer and hello below is bound to this run
         self.run = agree_run(self.store, self.key, self.global_rank, self.rank,
-                             s.servers, s.timeout)
+                             s.servers, s.timeout, s.run_id)
         if s.servers > 1:   # sharded servers: shards.py sets up coord, links, exchange
             start_sharded(self)
             return
@@ -160,27 +161,45 @@ class Job:
 def job_key(s: Settings) -> bytes | jobkey.MemberKeys | None:
     """The job key from s.secret_file (LTP_SECRET_FILE), or a worker's member
     keys (jobkey.MemberKeys); None, with a warning, when there is none
-    (UsageError under require_secret)."""
+    (UsageError under require_secret, by default where the store is not on
+    loopback: a job reachable from other hosts fails closed)."""
     if s.secret_file:
         return jobkey.read_key_file(s.secret_file, "secret_file (LTP_SECRET_FILE)")
-    if s.require_secret:
-        raise UsageError("init(): require_secret is set and no job key was given: set "
-                         "LTP_SECRET_FILE (or secret_file=) to a 0600 file: the job key as hex "
-                         "on servers, each worker's member key file on workers (`ltp launch` "
-                         "makes them)")
+    addr = os.environ.get("MASTER_ADDR", "")
+    require = s.require_secret if s.require_secret is not None else not on_loopback(addr)
+    if require:
+        why = "require_secret is set" if s.require_secret else \
+            f"the store (MASTER_ADDR={addr}) is not on loopback"
+        raise UsageError(f"init(): {why} and no job key was given: set LTP_SECRET_FILE (or "
+                         "secret_file=) to a 0600 file: the job key as hex on servers "
+                         "(`openssl rand -hex 32`), each worker's member key file on workers "
+                         "(`ltp key member`; `ltp launch` makes them)")
     return None
 
 
+def on_loopback(host: str) -> bool:
+    """Whether every address `host` names is a loopback one (a name that
+    does not resolve is not: a keyless job fails closed)."""
+    if not host:
+        return True          # no env:// store (rendezvous names what is missing)
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
 def agree_run(store, key, global_rank: int, worker: int | None, servers: int,
-              timeout_s: float) -> bytes:
+              timeout_s: float, run_id: str | None = None) -> bytes:
     """This run's id, the same on every rank (control/jobkey.py): the one
-    the environment gives (jobkey.run_from_env), else one rank 0 draws and
+    given (`run_id`, the run_id setting: LTP_RUN_ID), else torchrun's
+    (jobkey.given_run), else one rank 0 draws and
     puts under `run` in the store, signed by the server, which every other
     rank takes from there. That value cannot be bound to the run it names:
     the server writes it first thing, so a value replayed there must win a
     race with it; a run id in the environment takes even that away
     (docs/operations.md, "Threat model")."""
-    given = jobkey.run_from_env()
+    given = jobkey.given_run(run_id)
     if given is not None:
         return given
     seal = Seal(jobkey.store_auth(key, worker), prefix=KEY, servers=servers)
