@@ -291,7 +291,7 @@ def key_from_env(environ=None) -> bytes | MemberKeys | None:
 
 def write_private(path: str, text: str) -> None:
     """A new file at `path` holding `text`, mode 0600 from its creation."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
 

@@ -591,3 +591,55 @@ def test_init_without_a_key_against_a_store_off_loopback_exits_naming_the_fix(tm
                        timeout=60)
     assert p.returncode != 0
     assert "is not on loopback and no job key was given: set LTP_SECRET_FILE" in p.stderr
+
+
+@pytest.mark.unit
+def test_files_holding_tokens_models_or_traces_are_private_and_never_follow_a_symlink(
+        tmp_path):
+    """A capture, a checkpoint and a trace are made 0600 whatever the
+    umask, and a symlink planted where one is to be written is never
+    followed: its target stays as it was (a capture's name that is a
+    symlink is refused, a temporary file's is replaced)."""
+    from ltpx.control.torchapi import trace
+    from ltpx.control.torchapi.checkpoint import write_durably
+    from ltpx.dataplane.xdp.pcap import PcapError, Writer
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    old = os.umask(0o022)
+    try:
+        write_durably(str(tmp_path / "ck.pt"), b"model")
+        trace.write(str(tmp_path / "t.json"), {"traceEvents": []})
+        w = Writer(str(tmp_path / "c.pcap"))
+        w.close()
+        for name in ("ck.pt", "t.json", "c.pcap"):
+            assert os.stat(tmp_path / name).st_mode & 0o777 == 0o600, name
+        (tmp_path / "link.pcap").symlink_to(victim)
+        with pytest.raises(PcapError, match="cannot write"):
+            Writer(str(tmp_path / "link.pcap"))
+        tmp = tmp_path / f"t2.json.{os.getpid()}.tmp"     # trace.write's temporary name
+        tmp.symlink_to(victim)
+        trace.write(str(tmp_path / "t2.json"), {"traceEvents": []})
+        assert json.loads((tmp_path / "t2.json").read_text()) == {"traceEvents": []}
+        assert victim.read_text() == "keep me"
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind", ["meta", "go", "desc", "fin"])
+def test_a_deeply_nested_or_huge_store_value_is_one_clear_error(store, kind):
+    """A value nested past the JSON parser's depth, or larger than any of
+    the job's, is refused with StoreValueError naming the key, never a
+    RecursionError or a MemoryError from deep inside; an op may not declare
+    more elements in all than MAX_OP_ELEMS."""
+    co = Coord(store, W, 5.0)                     # keyless: the payload is parsed as is
+    _, _, read = FORGED[kind]
+    name = next(iter(FORGED[kind][0]))
+    _forge(store, name, "[" * 200_000 + "]" * 200_000)
+    with pytest.raises(sealed.StoreValueError, match=f"store key {KEY}{name}: .*too deeply"):
+        read(co)
+    with pytest.raises(ValueError, match="bytes of JSON, more than"):   # the store's own limit
+        sealed.json_dict(b" " * (sealed.MAX_JSON + 1))
+    huge = Op(STEP, sizes=(sealed.MAX_ELEMS,) * 2)
+    with pytest.raises(ValueError, match="elements in all"):
+        sealed.check_op(huge, W)

@@ -42,8 +42,9 @@ import time
 
 import torch
 
-from .collectives import broadcast_parameters
+from ...dataplane import files
 from ...errors import CommError
+from .collectives import broadcast_parameters
 from .elastic import check_state, state_blob
 from .job import current
 from .sealed import StoreValueError
@@ -141,7 +142,7 @@ def write_durably(path: str, data) -> None:
     temporary file written and fsynced, renamed, its folder fsynced."""
     tmp = temp_for(path)
     try:
-        with open(tmp, "wb") as f:
+        with files.create(tmp) as f:      # 0600, never through a symlink
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -35,6 +35,7 @@ import struct
 import threading
 import time
 
+from ...dataplane import files
 from ..flightrec import EV_REC as _EV, NOW_REC as _NOW
 from ..flightrec import (ENV_DIR, HEADER, MAGIC, OP_START, PEERS, PHASES, RING, RING_AT, SERVER,
                          W_DUMPS, W_EVENTS, W_SEQ, W_STEP, WAITS, WORDS)
@@ -192,7 +193,7 @@ class Recorder:
         """Write the ring as JSON (atomically); its path."""
         d = self.snapshot(reason, detail)
         tmp = f"{self.dump_path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
+        with files.create(tmp, binary=False) as f:  # 0600, never through a symlink
             json.dump(d, f, separators=(",", ":"), default=str)
         os.replace(tmp, self.dump_path)
         n = struct.unpack_from("<q", self.mm, W_DUMPS * 8)[0] + 1

@@ -49,6 +49,8 @@ MAC_BYTES = 32
 MAX_PIECES = 1 << 16        # uplink rounds one op may have
 MAX_ELEMS = (1 << 31) - 1   # float32 elements of one piece
 MAX_COUNT = 1 << 40         # a k, a counter's value
+MAX_OP_ELEMS = 1 << 31      # float32 elements of one op, all its pieces together
+MAX_JSON = 8 << 20          # bytes of one JSON value: TCPStore's own limit on a value
 
 
 class StoreValueError(CommError):
@@ -194,10 +196,14 @@ def may_write(rel: str | None, writer: int, servers: int) -> bool:
 # Each takes the payload (bytes) and returns the value, or raises ValueError.
 
 def _json(payload: bytes):
+    if len(payload) > MAX_JSON:
+        raise ValueError(f"{len(payload)} bytes of JSON, more than {MAX_JSON}")
     try:
         return json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ValueError("not JSON") from None
+    except RecursionError:      # nested deeper than the parser goes: no value of ours is
+        raise ValueError("JSON nested too deeply") from None
 
 
 def _int(x, lo: int, hi: int, what: str) -> int:
@@ -259,6 +265,8 @@ def check_op(op: Op, workers: int) -> Op:
         raise ValueError("sizes must be a list of at most 65536 pieces")
     for n in op.sizes:
         _int(n, 1, MAX_ELEMS, "a piece's size")
+    if sum(op.sizes) > MAX_OP_ELEMS:
+        raise ValueError(f"an op of {sum(op.sizes)} elements in all, more than {MAX_OP_ELEMS}")
     if (op.kind == "shutdown") != (not op.sizes):
         raise ValueError(f"a {op.kind} op with {len(op.sizes)} piece(s)")
     if op.root is not None or op.kind == "broadcast":
@@ -266,7 +274,7 @@ def check_op(op: Op, workers: int) -> Op:
     if op.sync not in ("bsp", "wbsp") or op.bubble not in STRATEGIES \
             or op.downlink not in DOWNLINKS or not isinstance(op.average, bool):
         raise ValueError("sync, bubble, downlink or average out of their choices")
-    fields = json.loads(op.early_close) if isinstance(op.early_close, str) else None
+    fields = _json(op.early_close.encode()) if isinstance(op.early_close, str) else None
     names = {f.name for f in dataclasses.fields(EarlyCloseConfig)}
     if not isinstance(fields, dict) or not set(fields) <= names or not all(
             isinstance(v, str) or (isinstance(v, (int, float)) and not isinstance(v, bool)

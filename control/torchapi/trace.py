@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ...dataplane import files
+
 RING = 4096            # records a rank keeps (the trace holds its latest RING rounds/ops)
 SERVER_PID, WORKER_PID = 1, 1001
 BANKS = 2              # a round r lives in bank r % 2 (its slices never overlap there)
@@ -198,7 +200,7 @@ def clock_pair() -> dict:
 def write(path: str, trace: dict) -> None:
     """Write a trace file atomically (a temporary file renamed over it)."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+    with files.create(tmp, binary=False) as f:      # 0600, never through a symlink
         json.dump(trace, f, separators=(",", ":"))
     os.replace(tmp, path)
 

@@ -46,8 +46,7 @@ from .sender import Push
 from .tokens import RoundTokens
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
-#: seconds a heartbeat counts (Endpoint(liveness_s=), docs/transport.md "A hung receiver")
-LIVENESS_S = 1.0
+LIVENESS_S = 1.0   # seconds a heartbeat counts (liveness_s=; docs/transport.md "A hung receiver")
 CHECKSUMS = {"auto": None, "on": True, "off": False}   # a setting's word -> verify_csum=
 
 

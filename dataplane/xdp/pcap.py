@@ -17,6 +17,7 @@ from typing import BinaryIO
 from collections.abc import Iterator
 
 from ...errors import DataplaneError
+from .. import files
 
 LINKTYPE_ETHERNET = 1
 PCAP_MAGIC_US, PCAP_MAGIC_NS = 0xA1B2C3D4, 0xA1B23C4D
@@ -209,7 +210,8 @@ class Writer:
         self.path, self.pcapng = path, str(path).endswith(".pcapng")
         self._opts: dict = {}
         try:
-            self.f = open(path, "wb", buffering=1 << 20)
+            # frames hold tokens: 0600 when new, never through a symlink
+            self.f = files.create(path, replace=True, buffering=1 << 20)
         except OSError as e:
             raise PcapError(f"cannot write {path}: {e.strerror}") from None
         if self.pcapng:
