@@ -61,11 +61,16 @@ def test_mlp_size_and_seeded_init():
 
 
 @pytest.mark.unit
-def test_equal_weights_aggregate_is_round_result_aggregate():
+def test_equal_weights_aggregate_is_the_float32_mean_in_row_order():
+    # Before issue 40 this was the float64 mean rounded once (RoundResult.aggregate's),
+    # bit for bit; the server now sums in float32 in row order (transport/aggregate.py,
+    # whose contract tests/test_aggregate.py checks against float64)
     v = np.random.default_rng(0).standard_normal((5, 1000)).astype(np.float32)
     out = np.empty(1000, dtype=np.float32)
     aggregate_into(out, v, [1] * 5)
-    assert np.array_equal(out, v.mean(axis=0, dtype=np.float64).astype(np.float32))
+    assert np.array_equal(out, (((v[0] + v[1]) + v[2]) + v[3] + v[4]) / np.float32(5))
+    assert np.allclose(out, v.mean(axis=0, dtype=np.float64), rtol=0, atol=5 * 2**-23 *
+                       np.abs(v).mean(axis=0))
 
 
 @pytest.mark.unit
@@ -305,7 +310,7 @@ def test_lossless_ltp_and_tcp_train_bit_identical_parameters(rig, ltp_run):
     assert tcp["replicas_identical"]
     # Bit-exact: with nothing lost every gradient row arrives unchanged, the
     # workers compute deterministically (one thread, same seeds), and both
-    # PSs aggregate with the same float64-accumulated mean rounded once.
+    # PSs aggregate with the same float32 sum in one fixed order (transport/aggregate.py).
     assert tcp["ps_digest"] == ltp_run["ps_digest"]
     assert tcp["version_chain"]["ps"] == ltp_run["version_chain"]["ps"]
     assert tcp["final_accuracy"] == ltp_run["final_accuracy"]

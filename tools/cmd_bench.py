@@ -7,13 +7,14 @@
   ltp bench incast [...]             LTP vs TCP cubic/BBR vs the line-rate limit
   ltp bench paths [-j] [--trials 10] two jobs over a leaf-spine: ECMP vs pinned paths
   ltp bench soak --minutes M [-j]    ltp train for M minutes: do RSS, fds, BPF objects stay flat?
+  ltp bench agg [-j]                 the server's summing vs memcpy and streaming-add floors
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from . import cmd_bench_loss
+from . import cmd_bench_agg, cmd_bench_loss
 from .common import (UsageError, add_command, add_json, emit, need_bcc, need_root, parse_size,
                      wants_json)
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, add_size, add_workers,
@@ -73,7 +74,8 @@ def register(sub) -> None:
     p = add_command(sub, "bench", "benchmarks (print numbers; -j for JSON)",
                     epilog="examples:\n  ltp bench xdp\n  ltp bench xdp -j --packets 50000\n"
                            "  ltp bench incast --workers 16 --rounds 30\n"
-                           "  ltp bench loss --loss 0,0.1,0.2\n")
+                           "  ltp bench loss --loss 0,0.1,0.2\n"
+                           "  ltp bench agg -j\n")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     x = add_command(bsub, "xdp", "ns per packet of the XDP DATA path vs a Python socket loop",
                     epilog="examples:\n  ltp bench xdp -j\n"
@@ -101,6 +103,7 @@ def register(sub) -> None:
     _register_paths(bsub)
     _register_soak(bsub)
     cmd_bench_loss.register(bsub)
+    cmd_bench_agg.register(bsub)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 

@@ -75,8 +75,8 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
 
 def allreduce(tensor: torch.Tensor, average: bool = True) -> torch.Tensor:
     """The mean (or, average=False, the sum) of `tensor` over the workers, as a
-    new tensor of its dtype and shape (computed in float32 on the way, float64
-    on the server)."""
+    new tensor of its dtype and shape (computed in float32 on the way and on
+    the server, in one fixed order: control/transport/aggregate.py)."""
     job = current()
     if job.is_server:
         raise UsageError("allreduce: this rank is a server")

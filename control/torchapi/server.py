@@ -7,8 +7,10 @@ Early Close and Bubble Filling, combines the rows, and sends the answer to
 every worker over the reliable class:
 
   step       the k-weighted mean of the workers' buckets (bsp: every k = 1;
-             wbsp: k = the gradients a worker averaged), float64-accumulated
-             and rounded once, then a StepReport; every worker applies it
+             wbsp: k = the gradients a worker averaged), summed in float32 in
+             one fixed order across threads (transport/aggregate.py: its
+             accuracy contract), a worker's NaN or Inf contained in the same
+             pass; then a StepReport. Every worker applies the one answer
              with its own optimizer, so the replicas stay bit-identical
   broadcast  the root worker's piece, sent reliably, back to everyone
   allreduce  the mean (or sum) of every worker's piece, sent reliably
@@ -36,7 +38,7 @@ import time
 import numpy as np
 
 from ...errors import DeadPeerError, LtpError, TransportError
-from ..transport.bubble import fill as fill_bubbles
+from ..transport.aggregate import aggregate_into, contain_nonfinite, sum_step
 from ..transport.rate import quiet_gc
 from ..transport.straggler import StepStragglers
 from .flight import GATHER, OPS, SEND
@@ -49,45 +51,6 @@ from .ops import ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, 
 FIRST_TRY_S = 3.0   # an answer's first try: long enough for a live worker to answer
 
 log = logging.getLogger("ltpx.torch.server")
-
-
-def aggregate_into(out: np.ndarray, values: np.ndarray, weights: list[int] | None = None) -> None:
-    """out (float32) = weighted mean of the rows of values, accumulated in float64.
-
-    Equal weights give values.mean(axis=0, dtype=float64) rounded once to
-    float32: bit for bit RoundResult.aggregate."""
-    if weights is None or len(set(weights)) == 1:
-        np.copyto(out, values.mean(axis=0, dtype=np.float64), casting="same_kind")
-        return
-    w = np.asarray(weights, dtype=np.float64)
-    acc = np.zeros(values.shape[1], dtype=np.float64)
-    for i in range(values.shape[0]):
-        acc += w[i] * values[i]
-    acc /= w.sum()
-    np.copyto(out, acc, casting="same_kind")
-
-
-def contain_nonfinite(g, strategy: str) -> np.ndarray:
-    """The rows of round `g` whose delivered values hold NaN or Inf (bool per
-    row). Such a row is treated as lost for this round: its chunks are
-    filled from the others by `strategy` ("stale" fills zeros here, and the
-    row is not remembered), and the others' filled chunks are filled again
-    without it, so one bad worker cannot make the aggregate non-finite."""
-    k, n = g.values.shape
-    ce = g.chunk_elems or n
-    nch = -(-n // ce) if n else 0
-    masks = g.masks if g.masks is not None else np.ones((k, nch), dtype=bool)
-    padded = np.zeros((k, nch * ce), dtype=np.float32)
-    padded[:, :n] = g.values
-    chunks = padded.reshape(k, nch, ce)
-    bad = (masks & ~np.isfinite(chunks).all(axis=2)).any(axis=1)
-    if bad.any():
-        keep = masks & ~bad[:, None]
-        fill_bubbles(chunks, keep, "zero" if strategy == "stale" else strategy)
-        g.values[:] = padded[:, :n]
-        if g.masks is not None:
-            g.masks = keep
-    return bad
 
 
 class StepTally:
@@ -215,10 +178,9 @@ class Server:
             missing = [w for w in g.missing if w not in absent]   # the absent push nothing
             if missing and self.link.opens:
                 self.pending[r] = missing
-            if op.kind == STEP:
-                bad = contain_nonfinite(g, op.bubble)
+            bad = self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + op.sizes[i]])
+            if bad is not None:
                 tally.nonfinite[np.asarray(g.workers, dtype=np.int64)[bad]] += 1
-            self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + op.sizes[i]])
             tally.add(g, t1 - t0)
             if i + 2 < n:
                 self.open(rounds[i + 2], op, i + 2, announce=True)
@@ -334,19 +296,21 @@ class Server:
         if announce and self.link.opens:
             self.co.announce_open(r)
 
-    def combine(self, op: Op, i: int, g, ks: list[int] | None, out: np.ndarray) -> None:
-        """Round i's rows into its place in the answer."""
+    def combine(self, op: Op, i: int, g, ks: list[int] | None,
+                out: np.ndarray) -> np.ndarray | None:
+        """Round i's rows into its place in the answer; a step's returns the
+        rows found holding NaN or Inf (contained: treated as lost)."""
         if op.kind == BROADCAST:
             np.copyto(out, g.values[0])
         elif op.kind == ALLREDUCE:
-            if op.average:
-                aggregate_into(out, g.values)
-            else:
-                np.copyto(out, g.values.sum(axis=0, dtype=np.float64), casting="same_kind")
+            aggregate_into(out, g.values, average=op.average)
+        elif op.bubble == "stale" and g.masks is not None:
+            bad = contain_nonfinite(g, op.bubble)   # before the rows are remembered
+            self.fill_stale(i, g)
+            return sum_step(out, g, ks, op.bubble, bad=bad)
         else:
-            if op.bubble == "stale" and g.masks is not None:
-                self.fill_stale(i, g)
-            aggregate_into(out, g.values, ks)
+            return sum_step(out, g, ks, op.bubble)
+        return None
 
     def fill_stale(self, i: int, g) -> None:
         """Bubble Filling "stale" per bucket: a chunk a worker did not deliver
