@@ -32,6 +32,7 @@ log = logging.getLogger("ltpx.accept")
 # limit turned away real workers of `ltp train --transport tcp`.
 HELLO_S = 60.0
 MAX_PENDING = 64      # connections still to say their hello, at most
+LOGGED = 3            # strays logged one by one; the rest are counted in one line
 MAC_HELLO = struct.Struct(">I32s")    # worker id, HMAC-SHA256 of the run under its hello key
 
 
@@ -96,8 +97,11 @@ def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[byt
     parse() turns into a worker id (None: not one), or timeout_s passed
     (then fewer: the caller says what is missing). Returned connections are
     blocking, as accepted. A connection that says nothing is closed after
-    hello_s, or when MAX_PENDING newer ones wait too (the oldest first):
-    waiting on it holds up no other connection."""
+    hello_s, or when MAX_PENDING newer ones wait too: what every waiting
+    connection has sent is read first, and the oldest that has sent
+    nothing goes (a worker whose hello is on its way is never the one), so
+    waiting on it holds up no other connection. The first LOGGED strays are
+    logged each, the rest in one line at the end."""
     out = Accepted()
     sel = selectors.DefaultSelector()
     pending: dict[socket.socket, list] = {}      # conn -> [bytes so far, since]
@@ -107,10 +111,41 @@ def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[byt
 
     def stray(c: socket.socket, why: str) -> None:
         out.strays += 1
-        log.warning("a connection from %s was not a worker (%s): closed", _peer(c), why)
+        if out.strays <= LOGGED:
+            log.warning("a connection from %s was not a worker (%s): closed", _peer(c), why)
         pending.pop(c, None)
         sel.unregister(c)
         c.close()
+
+    def hear(c: socket.socket) -> None:
+        """Read what c has sent; a whole hello makes it a worker's."""
+        try:
+            data = c.recv(size - len(pending[c][0]))
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            stray(c, "closed before its hello")
+            return
+        pending[c][0] += data
+        if len(pending[c][0]) < size:
+            return
+        wid = parse(pending[c][0])
+        if wid is None or wid in out.conns:
+            stray(c, "bad hello" if wid is None else f"worker {wid} is connected")
+            return
+        pending.pop(c)
+        sel.unregister(c)
+        c.setblocking(True)
+        out.conns[wid] = c
+
+    def make_room() -> None:
+        for c in list(pending):
+            hear(c)
+        if len(pending) >= MAX_PENDING:
+            silent = [c for c, (got, _) in pending.items() if not got]
+            stray((silent or list(pending))[0], f"{MAX_PENDING} newer connections wait")
     try:
         while len(out.conns) < need and time.monotonic() < end:
             for key, _ in sel.select(0.2):
@@ -122,28 +157,11 @@ def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[byt
                         continue
                     conn.setblocking(False)
                     if len(pending) >= MAX_PENDING:
-                        stray(next(iter(pending)), f"{MAX_PENDING} newer connections wait")
+                        make_room()
                     pending[conn] = [b"", time.monotonic()]
                     sel.register(conn, selectors.EVENT_READ)
-                    continue
-                try:
-                    data = c.recv(size - len(pending[c][0]))
-                except OSError:
-                    data = b""
-                if not data:
-                    stray(c, "closed before its hello")
-                    continue
-                pending[c][0] += data
-                if len(pending[c][0]) < size:
-                    continue
-                wid = parse(pending[c][0])
-                if wid is None or wid in out.conns:
-                    stray(c, "bad hello" if wid is None else f"worker {wid} is connected")
-                    continue
-                pending.pop(c)
-                sel.unregister(c)
-                c.setblocking(True)
-                out.conns[wid] = c
+                elif c in pending:
+                    hear(c)
             now = time.monotonic()
             for c in [c for c, (_, t) in pending.items() if now - t > hello_s]:
                 stray(c, f"no hello in {hello_s:g}s")
@@ -154,6 +172,9 @@ def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[byt
             c.close()
         sel.close()
         ls.setblocking(True)
+        if out.strays > LOGGED:
+            log.warning("%d connections in all were not workers (closed); the first %d are "
+                        "logged above", out.strays, LOGGED)
     return out
 
 

@@ -391,6 +391,39 @@ def test_a_late_hello_is_taken_and_silent_connections_are_bounded():
         s.close()
 
 
+@pytest.mark.unit
+def test_a_flood_of_silent_connections_never_evicts_a_worker_mid_hello(caplog):
+    """A worker has sent part of its hello when MAX_PENDING + 6 silent
+    connections arrive: the silent ones are closed to make room, never the
+    worker's, whose hello then completes; the first few strays are logged
+    each and the rest in one summary line, not one WARNING each."""
+    from ltpx.control import accept
+    key = jobkey.hello_key(jobkey.new_key())
+    ls = socket.create_server(("127.0.0.1", 0), backlog=accept.MAX_PENDING + 16)
+    addr = ls.getsockname()
+    res = {}
+    hello = mac_hello(0, key)
+    with caplog.at_level(logging.WARNING, logger="ltpx.accept"):
+        th = threading.Thread(target=lambda: res.update(got=accept_workers(
+            ls, 1, MAC_HELLO.size, mac_parser([0], key), 20.0)))
+        th.start()
+        worker = socket.create_connection(addr)
+        worker.sendall(hello[:10])
+        time.sleep(0.3)                                     # the server has its first bytes
+        flood = [socket.create_connection(addr) for _ in range(accept.MAX_PENDING + 6)]
+        time.sleep(0.5)
+        worker.sendall(hello[10:])
+        th.join(15)
+    got = res["got"]
+    assert sorted(got.conns) == [0] and got.strays == accept.MAX_PENDING + 6
+    each = [r for r in caplog.records if "was not a worker" in r.getMessage()]
+    assert len(each) == accept.LOGGED
+    assert any(f"{accept.MAX_PENDING + 6} connections in all were not workers" in r.getMessage()
+               for r in caplog.records)
+    for s in [*flood, worker, *got.conns.values(), ls]:
+        s.close()
+
+
 @pytest.mark.root     # the agents set TCP congestion control
 def test_the_tcp_baseline_ps_runs_its_rounds_past_a_stray_connection():
     port = socket.create_server(("127.0.0.1", 0))

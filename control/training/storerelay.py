@@ -7,7 +7,10 @@ connects to MASTER_ADDR from its own namespace, where that loopback is not
 the PS's: the launcher runs this relay, a listening socket on
 127.0.0.1:PORT in each other namespace of the job and, per connection, a
 socket made in the PS namespace to the store, with one thread copying bytes
-both ways. `ltpx.torch.init()` needs none of it (it opens its store socket
+both ways. Every socket is non-blocking and what one side cannot take yet
+waits in its own buffer (a side that holds more than HIGH pauses its
+peer's reads), so a client that stops reading stalls only itself, never
+another rank's store traffic. `ltpx.torch.init()` needs none of it (it opens its store socket
 inside the PS namespace: LTP_STORE_NETNS), but a gloo or `ltp` backend
 script does.
 """
@@ -21,6 +24,7 @@ import threading
 from ...dataplane import netns
 
 log = logging.getLogger("ltpx.launch")
+HIGH = 1 << 20     # bytes waiting for a slow side, past which its peer's reads pause
 
 
 def _nodelay(s: socket.socket) -> socket.socket:
@@ -36,6 +40,7 @@ class StoreRelay:
         self.port, self.store_netns = port, store_netns
         self.sel = selectors.DefaultSelector()
         self.peer: dict[socket.socket, socket.socket] = {}
+        self.out: dict[socket.socket, bytearray] = {}   # what waits to be sent on each
         self.stopping = False
         self.listeners: list[socket.socket] = []
         try:
@@ -60,11 +65,15 @@ class StoreRelay:
                 events = self.sel.select(0.2)
             except (OSError, ValueError):   # closed under us
                 return
-            for key, _ in events:
+            for key, mask in events:
+                s = key.fileobj
                 if key.data == "listen":
-                    self.accept(key.fileobj)
-                else:
-                    self.forward(key.fileobj)
+                    self.accept(s)
+                    continue
+                if mask & selectors.EVENT_WRITE:
+                    self.flush(s)
+                if mask & selectors.EVENT_READ and s in self.peer:
+                    self.forward(s)
 
     def accept(self, ls: socket.socket) -> None:
         try:
@@ -78,22 +87,57 @@ class StoreRelay:
         except OSError as e:
             log.warning("store relay: cannot reach the store: %s", e)
             conn.close()
+            up.close()
             return
-        for s in (conn, up):
-            _nodelay(s).setblocking(True)
-            self.sel.register(s, selectors.EVENT_READ, "data")
         self.peer[conn], self.peer[up] = up, conn
+        for s in (conn, up):
+            _nodelay(s).setblocking(False)
+            self.out[s] = bytearray()
+            self.sel.register(s, selectors.EVENT_READ, "data")
 
     def forward(self, s: socket.socket) -> None:
-        other = self.peer.get(s)
+        """s is readable: what it says goes to its peer (or waits for it)."""
         try:
             data = s.recv(1 << 16)
-            if data and other is not None:
-                other.sendall(data)
-                return
+        except BlockingIOError:
+            return
         except OSError:
-            pass
-        self.drop(s)
+            data = b""
+        if not data:
+            self.drop(s)
+            return
+        self.out[self.peer[s]] += data
+        self.flush(self.peer[s])
+
+    def flush(self, s: socket.socket) -> None:
+        """Send what waits for s, as much as it takes now; then watch s for
+        room while some is left, and its peer's reads only while little is."""
+        buf = self.out.get(s)
+        if buf is None:
+            return
+        try:
+            sent = s.send(buf) if buf else 0
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.drop(s)
+            return
+        del buf[:sent]
+        for x in (s, self.peer[s]):
+            events = selectors.EVENT_WRITE if self.out[x] else 0
+            if len(self.out[self.peer[x]]) < HIGH:
+                events |= selectors.EVENT_READ
+            self._watch(x, events)
+
+    def _watch(self, s: socket.socket, events: int) -> None:
+        try:
+            if events:
+                self.sel.modify(s, events, "data")
+            else:
+                self.sel.unregister(s)
+        except KeyError:             # not registered now (its reads were paused)
+            if events:
+                self.sel.register(s, events, "data")
 
     def drop(self, s: socket.socket) -> None:
         other = self.peer.pop(s, None)
@@ -101,6 +145,7 @@ class StoreRelay:
             if x is None:
                 continue
             self.peer.pop(x, None)
+            self.out.pop(x, None)
             try:
                 self.sel.unregister(x)
             except (KeyError, ValueError):
