@@ -113,8 +113,9 @@ def test_tokens_differ_per_run_and_agree_between_server_and_member():
 @pytest.mark.unit
 def test_the_run_id_comes_from_the_environment_or_rank_zero(store, monkeypatch):
     """LTP_RUN_ID, else torchrun's run id (not its default "none"), else
-    rank 0 draws one and the others take it from the store, the server's
-    only; a bad one is a usage error naming the variable."""
+    rank 0 draws one; the others take rank 0's from the store, the
+    server's only, and one given another id stops naming both; a bad one
+    is a usage error naming the variable."""
     from ltpx.control.torchapi.settings import Settings
     assert Settings.resolve({}, {"LTP_RUN_ID": "abc"}).run_id == "abc"
     assert jobkey.given_run("abc", {"TORCHELASTIC_RUN_ID": "x"}) == b"abc"
@@ -132,3 +133,6 @@ def test_the_run_id_comes_from_the_environment_or_rank_zero(store, monkeypatch):
     with pytest.raises(sealed.StoreValueError, match="written by worker 1, who may not"):
         agree_run(store, jobkey.member_keys(key, 0), 1, 0, 1, 5.0)
     assert agree_run(store, key, 0, None, 1, 5.0, "given") == b"given"
+    assert agree_run(store, jobkey.member_keys(key, 0), 1, 0, 1, 5.0, "given") == b"given"
+    with pytest.raises(UsageError, match="this rank's run id is 'other', rank 0's 'given'"):
+        agree_run(store, jobkey.member_keys(key, 0), 1, 0, 1, 5.0, "other")

@@ -191,25 +191,29 @@ def on_loopback(host: str) -> bool:
 
 def agree_run(store, key, global_rank: int, worker: int | None, servers: int,
               timeout_s: float, run_id: str | None = None) -> bytes:
-    """This run's id, the same on every rank (control/jobkey.py): the one
-    given (`run_id`, the run_id setting: LTP_RUN_ID), else torchrun's
-    (jobkey.given_run), else one rank 0 draws and
-    puts under `run` in the store, signed by the server, which every other
-    rank takes from there. That value cannot be bound to the run it names:
-    the server writes it first thing, so a value replayed there must win a
-    race with it; a run id in the environment takes even that away
-    (docs/operations.md, "Threat model")."""
+    """This run's id, the same on every rank (control/jobkey.py): rank 0
+    puts its own under `run` in the store, signed by the server: the one
+    given (`run_id`, the run_id setting: LTP_RUN_ID; else torchrun's,
+    jobkey.given_run), else one it draws. Every other rank takes it from
+    there, and one given an id of its own that differs stops with a usage
+    error naming both. That value cannot be bound to the run it names: the
+    server writes it first thing, so a value replayed there must win a race
+    with it, and where every rank is given the id, a replayed one is only
+    refused (docs/operations.md, "Threat model")."""
     given = jobkey.given_run(run_id)
-    if given is not None:
-        return given
     seal = Seal(jobkey.store_auth(key, worker), prefix=KEY, servers=servers)
     name = KEY + RUN_KEY
     if global_rank == 0:
-        run = jobkey.new_run().encode()
+        run = given or jobkey.new_run().encode()
         store.set(name, seal.seal(name, run))
         return run
     store.wait([name], timedelta(seconds=timeout_s))
-    return seal.read_from(name, store.get(name), run_value)[1]
+    run = seal.read_from(name, store.get(name), run_value)[1]
+    if given is not None and given != run:
+        raise UsageError(f"init(): this rank's run id is {given.decode()!r}, rank 0's "
+                         f"{run.decode()!r}: give every rank of the job the same LTP_RUN_ID "
+                         "(torchrun's --rdzv-id counts as one), or none")
+    return run
 
 
 def warn_keyless(s: Settings) -> None:
