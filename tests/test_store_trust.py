@@ -676,3 +676,32 @@ def test_a_deeply_nested_or_huge_store_value_is_one_clear_error(store, kind):
     huge = Op(STEP, sizes=(sealed.MAX_ELEMS,) * 2)
     with pytest.raises(ValueError, match="elements in all"):
         sealed.check_op(huge, W)
+
+
+@pytest.mark.unit
+def test_the_exact_groups_store_values_are_sealed_as_the_jobs_are(store):
+    """The `ltp` backend's gloo group rendezvouses through SealedStore: what
+    a trainer sets is signed (over the run) under ltp-exact/, a value an
+    outsider sets there, or one of an earlier run, is refused with
+    StoreValueError naming the key, and counters pass through."""
+    import torch.distributed as tdist
+    from ltpx.control.torchapi.backend import EXACT_KEYS, SealedStore
+    key = jobkey.new_key()
+
+    def trainer(w, run):
+        auth = jobkey.store_auth(jobkey.member_keys(key, w), w, run)
+        auth.learn(jobkey.store_auth(key).directory(2))
+        return SealedStore(tdist.PrefixStore(EXACT_KEYS, store),
+                           sealed.Seal(auth, prefix=KEY))
+    raw = tdist.PrefixStore(EXACT_KEYS, store)                       # what gloo's keys hold
+    t0, t1 = trainer(0, b"r2"), trainer(1, b"r2")
+    t0.set("0/0", b"198.18.0.10:4000")
+    assert raw.get("0/0").startswith(sealed.SIGNED)
+    assert t1.get("0/0") == b"198.18.0.10:4000"
+    raw.set("0/1", b"10.6.6.6:4000")                                  # an outsider's
+    with pytest.raises(sealed.StoreValueError, match=f"store key {EXACT_KEYS}0/1: .*no signature"):
+        t0.get("0/1")
+    trainer(1, b"r1").set("0/1", b"198.18.0.11:4000")                 # an earlier run's
+    with pytest.raises(sealed.StoreValueError, match="replayed from an earlier run"):
+        t0.get("0/1")
+    assert t0.add("n", 2) == 2 and t1.add("n", 1) == 3 and t0.check(["0/0"])

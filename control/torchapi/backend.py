@@ -57,19 +57,66 @@ EXACT = ("broadcast", "allgather", "allgather_coalesced", "allgather_into_tensor
          "reduce", "alltoall", "alltoall_base", "all_to_all_single", "barrier",
          "monitored_barrier")
 UNSUPPORTED = ("send", "recv", "recv_anysource")
+EXACT_KEYS = "ltp-exact/"    # the exact group's keys of the store
+_stores: list = []      # the exact groups' stores (SealedStore: Python objects torch holds)
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def exact_group(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
+class SealedStore(dist.Store):
+    """The exact group's keys of the store, its values sealed as the job's
+    are (`seal`, the job's sealed.Seal: signed by the rank that writes them,
+    over the run's id, and checked when read): whoever reaches the store
+    without a key of this job cannot hand gloo an address or a value, nor
+    replay an earlier run's (StoreValueError names the key). Any trainer
+    may write them, as gloo's ranks do; counters (add) carry no signature."""
+
+    def __init__(self, inner, seal):
+        super().__init__()
+        self.inner, self.seal = inner, seal
+
+    def set(self, key: str, value) -> None:
+        self.inner.set(key, self.seal.seal(EXACT_KEYS + key, bytes(value)))
+
+    def get(self, key: str) -> bytes:
+        return self.seal.open(EXACT_KEYS + key, self.inner.get(key))
+
+    def add(self, key: str, n: int) -> int:
+        return self.inner.add(key, n)
+
+    def check(self, keys) -> bool:
+        return self.inner.check(keys)
+
+    def wait(self, keys, timeout: timedelta | None = None) -> None:
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def delete_key(self, key: str) -> bool:
+        return self.inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.inner.set_timeout(timeout)
+
+
+def exact_group(store, rank: int, size: int, timeout: timedelta,
+                seal=None) -> dist.ProcessGroup:
     """A gloo process group of the same ranks, on its own keys of the store
-    (CPU tensors, and CUDA tensors where gloo was built with CUDA)."""
-    st = dist.PrefixStore("ltp-exact/", store)
+    (CPU tensors, and CUDA tensors where gloo was built with CUDA), their
+    values sealed with `seal` (SealedStore) where one is given."""
+    st = dist.PrefixStore(EXACT_KEYS, store)
+    if seal is not None:
+        st = SealedStore(st, seal)
     pg = dist.ProcessGroup(st, rank, size)
     pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
     gloo = ProcessGroupGloo(st, rank, size, timeout)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for d in devices:
         pg._register_backend(torch.device(d), dist.ProcessGroup.BackendType.GLOO, gloo)
+    _stores.append(st)     # a Python store lives as long as the process's groups may use it
     return pg
 
 
@@ -213,7 +260,8 @@ def create(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup
     global _groups
     _groups += 1
     if _groups > 1:    # a subgroup: exact only
-        return LtpProcessGroup(exact_group(store, rank, size, timeout), rank, size)
+        return LtpProcessGroup(exact_group(store, rank, size, timeout, current().coord.seal),
+                               rank, size)
     rule = tolerant_rule()
     lr, lw, server = ltp_place(rank, size)
     if joined() is None:
@@ -221,7 +269,7 @@ def create(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup
     job = current()
     if job.is_server:
         serve_and_exit()
-    exact = exact_group(store, rank, size, timeout)
+    exact = exact_group(store, rank, size, timeout, job.coord.seal)
     return LtpProcessGroup(exact, rank, size, tolerant_reduce(), rule)
 
 
