@@ -91,6 +91,80 @@ def mac_parser(ids, key: HelloKey | None) -> Callable[[bytes], int | None]:
     return parse
 
 
+class _Hellos:
+    """The connections accept_workers waits on for their hello, and what
+    it took (`out`)."""
+
+    def __init__(self, ls: socket.socket, size: int, parse: Callable[[bytes], int | None]):
+        self.size, self.parse, self.out = size, parse, Accepted()
+        self.sel = selectors.DefaultSelector()
+        self.pending: dict[socket.socket, list] = {}      # conn -> [bytes so far, since]
+        self.sel.register(ls, selectors.EVENT_READ)
+
+    def stray(self, c: socket.socket, why: str) -> None:
+        self.out.strays += 1
+        if self.out.strays <= LOGGED:
+            log.warning("a connection from %s was not a worker (%s): closed", _peer(c), why)
+        self.pending.pop(c, None)
+        self.sel.unregister(c)
+        c.close()
+
+    def add(self, conn: socket.socket) -> None:
+        conn.setblocking(False)
+        if len(self.pending) >= MAX_PENDING:
+            self.make_room()
+        self.pending[conn] = [b"", time.monotonic()]
+        self.sel.register(conn, selectors.EVENT_READ)
+
+    def hear(self, c: socket.socket) -> None:
+        """Read what c has sent; a whole hello makes it a worker's."""
+        got = self.pending[c][0]
+        try:
+            data = c.recv(self.size - len(got))
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.stray(c, "closed before its hello")
+            return
+        got = self.pending[c][0] = got + data
+        if len(got) < self.size:
+            return
+        wid = self.parse(got)
+        if wid is None or wid in self.out.conns:
+            self.stray(c, "bad hello" if wid is None else f"worker {wid} is connected")
+            return
+        self.pending.pop(c)
+        self.sel.unregister(c)
+        c.setblocking(True)
+        self.out.conns[wid] = c
+
+    def make_room(self) -> None:
+        """What every waiting connection sent is read; then the oldest that
+        has sent nothing goes (else the oldest)."""
+        for c in list(self.pending):
+            self.hear(c)
+        if len(self.pending) >= MAX_PENDING:
+            silent = [c for c, (got, _) in self.pending.items() if not got]
+            self.stray((silent or list(self.pending))[0], f"{MAX_PENDING} newer connections wait")
+
+    def expire(self, hello_s: float) -> None:
+        now = time.monotonic()
+        for c in [c for c, (_, t) in self.pending.items() if now - t > hello_s]:
+            self.stray(c, f"no hello in {hello_s:g}s")
+
+    def close(self) -> None:
+        self.out.strays += len(self.pending)   # still saying nothing when the workers were in
+        for c in list(self.pending):
+            self.sel.unregister(c)
+            c.close()
+        self.sel.close()
+        if self.out.strays > LOGGED:
+            log.warning("%d connections in all were not workers (closed); the first %d are "
+                        "logged above", self.out.strays, LOGGED)
+
+
 def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[bytes], int | None],
                    timeout_s: float, hello_s: float = HELLO_S) -> Accepted:
     """Connections until `need` workers said a hello of `size` bytes that
@@ -102,80 +176,26 @@ def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[byt
     nothing goes (a worker whose hello is on its way is never the one), so
     waiting on it holds up no other connection. The first LOGGED strays are
     logged each, the rest in one line at the end."""
-    out = Accepted()
-    sel = selectors.DefaultSelector()
-    pending: dict[socket.socket, list] = {}      # conn -> [bytes so far, since]
     ls.setblocking(False)
-    sel.register(ls, selectors.EVENT_READ)
+    h = _Hellos(ls, size, parse)
     end = time.monotonic() + timeout_s
-
-    def stray(c: socket.socket, why: str) -> None:
-        out.strays += 1
-        if out.strays <= LOGGED:
-            log.warning("a connection from %s was not a worker (%s): closed", _peer(c), why)
-        pending.pop(c, None)
-        sel.unregister(c)
-        c.close()
-
-    def hear(c: socket.socket) -> None:
-        """Read what c has sent; a whole hello makes it a worker's."""
-        try:
-            data = c.recv(size - len(pending[c][0]))
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            stray(c, "closed before its hello")
-            return
-        pending[c][0] += data
-        if len(pending[c][0]) < size:
-            return
-        wid = parse(pending[c][0])
-        if wid is None or wid in out.conns:
-            stray(c, "bad hello" if wid is None else f"worker {wid} is connected")
-            return
-        pending.pop(c)
-        sel.unregister(c)
-        c.setblocking(True)
-        out.conns[wid] = c
-
-    def make_room() -> None:
-        for c in list(pending):
-            hear(c)
-        if len(pending) >= MAX_PENDING:
-            silent = [c for c, (got, _) in pending.items() if not got]
-            stray((silent or list(pending))[0], f"{MAX_PENDING} newer connections wait")
     try:
-        while len(out.conns) < need and time.monotonic() < end:
-            for key, _ in sel.select(0.2):
+        while len(h.out.conns) < need and time.monotonic() < end:
+            for key, _ in h.sel.select(0.2):
                 c = key.fileobj
                 if c is ls:
                     try:
                         conn, _ = ls.accept()
                     except OSError:
                         continue
-                    conn.setblocking(False)
-                    if len(pending) >= MAX_PENDING:
-                        make_room()
-                    pending[conn] = [b"", time.monotonic()]
-                    sel.register(conn, selectors.EVENT_READ)
-                elif c in pending:
-                    hear(c)
-            now = time.monotonic()
-            for c in [c for c, (_, t) in pending.items() if now - t > hello_s]:
-                stray(c, f"no hello in {hello_s:g}s")
+                    h.add(conn)
+                elif c in h.pending:
+                    h.hear(c)
+            h.expire(hello_s)
     finally:
-        out.strays += len(pending)     # still saying nothing when the workers were all in
-        for c in list(pending):
-            sel.unregister(c)
-            c.close()
-        sel.close()
+        h.close()
         ls.setblocking(True)
-        if out.strays > LOGGED:
-            log.warning("%d connections in all were not workers (closed); the first %d are "
-                        "logged above", out.strays, LOGGED)
-    return out
+    return h.out
 
 
 def _peer(c: socket.socket) -> str:

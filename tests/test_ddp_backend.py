@@ -147,13 +147,21 @@ def test_backend_on_loopback_over_tcp_matches_gloo():
 
 @requires_bpf
 @pytest.mark.rig
-def test_torchrun_inside_rig_namespaces_with_a_server_process():
+def test_torchrun_inside_rig_namespaces_with_a_server_process(tmp_path):
     """docs/deploy.md's recipe on the rig: torchrun on each trainer host (node 0
     hosts the store, reached over the rig), the server started by hand with
-    LTP_ROLE=server; every command through `ltp rig exec`."""
+    LTP_ROLE=server; every command through `ltp rig exec`; the server given
+    the job key, each trainer its member file (section 3: the store is off
+    loopback, so a rank without a key refuses to start)."""
+    from ltpx.control import jobkey
     from ltpx.control.training.onrig import rig_config
     from ltpx.dataplane.rig.star import Rig
     name = "i23trun"
+    key = jobkey.new_key()
+    files = {"server": tmp_path / "job.key", 0: tmp_path / "w0.key", 1: tmp_path / "w1.key"}
+    jobkey.write_private(str(files["server"]), key.hex() + "\n")
+    for w in (0, 1):
+        jobkey.write_private(str(files[w]), jobkey.member_text(jobkey.member_keys(key, w)))
     with Rig(rig_config(name, "ltp", workers=2, rate_bps=10**9, buffer_bytes=30_000,
                         loss=0.0)) as rig:
         store = f"{rig.workers[0].ip}"
@@ -161,18 +169,19 @@ def test_torchrun_inside_rig_namespaces_with_a_server_process():
                   "LTP_SERVERS=1", "OMP_NUM_THREADS=1"]
         script = [str(ROOT / "docs/examples/ddp_backend.py"), "--epochs", "2"]
 
-        def on(host, *cmd):
+        def on(host, keyfile, *cmd):
             return subprocess.Popen([str(BIN / "ltp"), "rig", "exec", "--name", name, host.name,
                                      "--", "env", *common, f"LTP_DEV={host.ifname}",
-                                     f"GLOO_SOCKET_IFNAME={host.ifname}", *cmd],
+                                     f"GLOO_SOCKET_IFNAME={host.ifname}",
+                                     f"LTP_SECRET_FILE={keyfile}", *cmd],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     cwd=ROOT)
-        procs = [on(h, str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1",
-                    "--node-rank", str(i), "--master-addr", store, "--master-port", "29541",
-                    *script) for i, h in enumerate(rig.workers[:2])]
-        procs.append(on(rig.ps, "LTP_ROLE=server", "LTP_RANK=0", "LTP_WORLD_SIZE=3", "RANK=0",
-                        "WORLD_SIZE=2", "TORCHELASTIC_USE_AGENT_STORE=True",
-                        sys.executable, *script))
+        procs = [on(h, files[i], str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node",
+                    "1", "--node-rank", str(i), "--master-addr", store, "--master-port",
+                    "29541", *script) for i, h in enumerate(rig.workers[:2])]
+        procs.append(on(rig.ps, files["server"], "LTP_ROLE=server", "LTP_RANK=0",
+                        "LTP_WORLD_SIZE=3", "RANK=0", "WORLD_SIZE=2",
+                        "TORCHELASTIC_USE_AGENT_STORE=True", sys.executable, *script))
         outs = finish_all(procs, timeout=240)
     res = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs[:2]]
     assert [r["rank"] for r in res] == [0, 1] and res[0]["world"] == 2

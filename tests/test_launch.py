@@ -11,6 +11,7 @@ existing rig and leaves it). Each test starts a server and 2-3 workers
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,16 +109,22 @@ def test_a_failing_rank_fails_the_launch_and_the_rest_are_stopped(rig, tmp_path)
 
 
 @pytest.mark.rig
-def test_documented_torchrun_command_inside_rig_namespaces(rig):
+def test_documented_torchrun_command_inside_rig_namespaces(rig, tmp_path):
     # README / docs/training.md, as written, one command per host, each through
     # `ltp rig exec` (ip netns exec: a fresh /sys without bpffs)
+    # (the job key every host is given: the store is off loopback, so a rank
+    # without one refuses to start)
     hosts = [rig.ps, *rig.workers[:2]]
+    key = tmp_path / "job.key"
+    key.write_text(os.urandom(32).hex() + "\n")
+    key.chmod(0o600)
     procs = [subprocess.Popen(
         [str(BIN / "ltp"), "rig", "exec", "--name", RIG, h.name, "--",
          str(BIN / "torchrun"), "--nnodes", "3", "--nproc-per-node", "1", "--node-rank", str(r),
          "--master-addr", rig.ps.ip, "--master-port", "29531",
          "-m", "ltpx.control.training", "--transport", "ltp", "--dev", h.ifname,
          "--capacity", "1e9", "--epochs", "1", "--seed", "0"],
+        env=dict(os.environ, LTP_SECRET_FILE=str(key)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r, h in enumerate(hosts)]
     outs = finish_all(procs, timeout=240)
     result = json.loads(outs[1][0].strip().splitlines()[-1])     # worker 0 reports
