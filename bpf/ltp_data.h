@@ -11,6 +11,7 @@
 #include "ltp_util.h"
 #include "ltp_parse.h"
 #include "ltp_frame.h"
+#include "ltp_live.h"
 
 /* The flows sharing a bank once the chunk an ACK answers is marked: `ending`
  * (1) when that chunk is to end its flow, which the marking (data_mark)
@@ -156,22 +157,6 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 
 	return ack_send(ctx, slot, pay);
 }
 
-/* Is the receiving control plane's heartbeat (ltp_cfg.beat_ns) older than
- * its limit? Reads the clock into *now unless it holds a reading (nonzero)
- * already. No heartbeat yet, or no
- * limit: not stale (programs nobody beats for, e.g. `ltp load`ed ones, ACK
- * whatever the time). Signed, so a beat a little ahead of this CPU's clock
- * is fresh. */
-static __always_inline int owner_stale(struct ltp_cfg *cfg, __u64 *now)
-{
-	__u64 beat = cfg->beat_ns, limit = cfg->limit_ns;
-	if (!beat || !limit)
-		return 0;
-	if (!*now)
-		*now = bpf_ktime_get_ns();
-	return (__s64)(*now - beat) > (__s64)limit;
-}
-
 /* What data_admit found out about a DATA packet it let in. */
 struct ltp_rx {
 	struct ltp_slot_stats *st;  /* its sender's slot's counters */
@@ -184,7 +169,7 @@ struct ltp_rx {
 	__be64 ack_token;           /* what its ACK carries (ltp_slottok.ack) */
 	__u32 csum;                 /* verify its UDP checksum (LTP_CFG_CSUM) */
 	__u32 retx;                 /* a re-send (LTP_F_RETX): read before the ACK rewrite */
-	__u64 now;                  /* bpf_ktime_get_ns if read already for this frame, else 0 */
+	__u64 now;                  /* bpf_ktime_get_ns if read for this frame, else 0 */
 };
 
 #define LTP_ADMITTED (-1)           /* data_admit: store it (no verdict yet) */
@@ -316,19 +301,22 @@ static __always_inline void data_mark(struct ltp_rx *rx, struct ltp_bitmap *done
 	if (rx->retx)
 		__sync_fetch_and_add(&pr->retx, 1);
 	__sync_fetch_and_add(&pr->bytes, rx->len);
-	/* Arrival times: the frame's clock reading if it has one (the heartbeat
-	 * check's or the capture's); the clock is read here for the bank slot's
-	 * first chunk only. */
+	/* Arrival times (ltp_progress): the clock is read for a flow's edges, so
+	 * those stamps are exact: its first chunk, a re-send, and every chunk
+	 * from the one that reaches the bank's threshold (Early Close's) to the
+	 * one that completes the flow. Any other chunk stamps last_ns only if
+	 * the frame has a reading already (the heartbeat check's, the capture's). */
+	__u32 chunks = pr->chunks;
 	__u64 now = rx->now;
-	if (!pr->first_ns) {
-		if (!now)
-			now = bpf_ktime_get_ns();
-		pr->first_ns = now;
-	}
+	if (!now && (!pr->first_ns || rx->retx || chunks >= rx->nchunks ||
+		     (rx->thresh && chunks >= rx->thresh)))
+		now = bpf_ktime_get_ns();
 	if (!now)
 		return;
+	if (!pr->first_ns)
+		pr->first_ns = now;
 	pr->last_ns = now;
-	if (!pr->thresh_ns && rx->thresh && pr->chunks >= rx->thresh)
+	if (!pr->thresh_ns && rx->thresh && chunks >= rx->thresh)
 		pr->thresh_ns = now;
 }
 

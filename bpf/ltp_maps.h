@@ -92,8 +92,10 @@ enum ltp_counter {
  * open round only while now - beat_ns <= limit_ns, and drops it as
  * stale_owner otherwise, so the senders of a hung receiver hear nothing and
  * end in DeadPeerError. beat_ns 0 (nothing ever beat: `ltp load`, tests of
- * the packet path) or limit_ns 0 turns the check off. In this map, which
- * XDP looks up for every packet anyway, the check costs two loads. */
+ * the packet path) or limit_ns 0 turns the check off. `now` is read once a
+ * jiffy per CPU, or when the beat or the limit changed (ltp_beatchk keeps
+ * the verdict in between): a stale owner is refused within its limit plus
+ * one jiffy (1/HZ, 4 ms at HZ 250). */
 struct ltp_cfg {
 	__u32 job;             /* job cookie in host order; 0 accepts any job */
 	__u32 flags;           /* LTP_CFG_* */
@@ -103,6 +105,14 @@ struct ltp_cfg {
 	__u32 pad;
 	__u64 beat_ns;         /* control plane (mmapped): the latest heartbeat */
 	__u64 limit_ns;        /* control plane: the oldest heartbeat that still counts */
+};
+
+/* The heartbeat's verdict as one CPU last judged it (ltp_data.h, owner_stale). */
+struct ltp_beatchk {
+	__u64 jiffies;         /* bpf_jiffies64 when judged (0: never) */
+	__u64 beat_ns;         /* ltp_cfg.beat_ns it judged */
+	__u64 limit_ns;        /* ... and limit_ns */
+	__u64 stale;           /* 1: stale */
 };
 
 struct ltp_bank {
@@ -142,14 +152,16 @@ struct ltp_progress {
 	__u32 chunks;          /* distinct chunks delivered in this bank */
 	__u32 retx;            /* ... of which arrived as a re-send (LTP_F_RETX): loss seen */
 	__u64 bytes;           /* payload bytes delivered */
-	/* Arrival times at the NIC (bpf_ktime_get_ns, CLOCK_MONOTONIC), from the
-	 * one clock reading a frame already has: the heartbeat's staleness check
-	 * or the capture read it for every DATA of an open round. Without either
-	 * (no heartbeat: a worker's downlink, `ltp load`) the clock is read for the
-	 * first chunk only, and last_ns/thresh_ns hold the times of the chunks
-	 * that had a reading (the first at least). */
+	/* Arrival times at the NIC (bpf_ktime_get_ns, CLOCK_MONOTONIC; 0: none
+	 * yet), exact where they matter: the clock is read for a flow's first
+	 * chunk, its re-sends and every chunk from the one reaching thresh to the
+	 * one completing the flow (ltp_data.h, data_mark). Other chunks stamp
+	 * last_ns only with a reading the frame has anyway (the heartbeat
+	 * check's, once a jiffy per CPU, or the capture's). So last_ns is exact
+	 * for a flow that completed or passed thresh; for one that did neither,
+	 * it is its latest stamped chunk's. */
 	__u64 first_ns;        /* the first delivered chunk (approx.: racing CPUs) */
-	__u64 last_ns;         /* the latest delivered chunk */
+	__u64 last_ns;         /* the latest stamped chunk (above) */
 	__u64 thresh_ns;       /* the chunk that brought chunks to ltp_bank.thresh */
 	__u64 flow;            /* LTP_FLOW_*: set once each (64 bits: bcc's target
 	                          has a 64-bit fetch-or only) */
@@ -329,6 +341,8 @@ struct ltp_cap_stats {
 
 /* ltp_cfg: control plane writes at load, and beats beat_ns (mmapped) while it drives rounds; XDP reads every packet */
 BPF_F_TABLE("array", __u32, struct ltp_cfg, ltp_cfg, 1, BPF_F_MMAPABLE);
+/* ltp_beatchk: XDP's per-CPU heartbeat verdict, the jiffy, beat and limit it was for (owner_stale); nobody else */
+BPF_PERCPU_ARRAY(ltp_beatchk, struct ltp_beatchk, 1);
 /* ltp_peers: control plane writes worker id -> slot + 1 (0 = unknown); XDP reads */
 BPF_ARRAY(ltp_peers, __u32, LTP_MAX_WORKER_ID);
 /* ltp_banks: control plane opens/closes rounds; XDP reads to validate DATA */

@@ -30,6 +30,7 @@
  *   ltp_run.h      ltp_run: the checks every LTP packet passes, dispatch
  *   ltp_parse.h    ltp_parse: the one parser of an LTP frame
  *   ltp_data.h     on_data: DATA admitted, stored, turned into its ACK
+ *   ltp_live.h     owner_stale: the owner's heartbeat, judged once a jiffy
  *   ltp_ack.h      on_ack: an ACK recorded; a clocked one goes on to
  *   ltp_clock.h    the ACK clock: an ACK grown into the flow's next DATA
  *   ltp_capture.h  cap_begin and cap_end: the capture's snapshot and verdict

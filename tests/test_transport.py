@@ -85,7 +85,7 @@ def test_lossless_rounds_are_bit_exact(lossless):
         # each worker's chunks reached the NIC between open and close (one clock)
         a = res.arrivals
         assert (a.open_ns <= a.first_ns).all() and (a.last_ns <= a.close_ns).all()
-        assert (a.first_ns < a.last_ns).all()   # 57 chunks each: the heartbeat stamps each
+        assert (a.first_ns < a.last_ns).all()   # 57 chunks each: the completing one is stamped
         assert ((a.first_ns <= a.thresh_ns) & (a.thresh_ns <= a.last_ns)).all()
 
 

@@ -169,6 +169,8 @@ def run(packets: int = 20000, blocks: int = 10, progress=None) -> dict:
             "capture_over_floor": round(cap_ns / max(bd["copy_floor_ns_per_packet"], 1.0), 2),
             "published_floor_ns_per_packet": bd["published_floor_ns_per_packet"],
             "over_published_floor": bd["over_published_floor"],
+            "capture_over_published_floor": round(
+                cap_ns / max(bd["published_floor_ns_per_packet"], 1.0), 2),
             "stage_ns": bd["stage_ns"],
             "ack_ns_per_packet": bd["ack_ns_per_packet"],
             "clock_ns_per_packet": bd["clock_ns_per_packet"],

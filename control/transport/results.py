@@ -51,10 +51,11 @@ class PushReport:
 class Arrivals:
     """When a round's chunks reached the NIC, per worker (the XDP program's
     stamps, bpf/ltp_maps.h struct ltp_progress): CLOCK_MONOTONIC ns, 0 where
-    none came. last_ns and thresh_ns are stamped where the program reads the
-    clock for every DATA (a receiver with a heartbeat, every endpoint's by
-    default); thresh_ns when the worker's own chunks reached the round's
-    Early Close threshold of its chunk count."""
+    none came. first_ns and thresh_ns (when the worker's own chunks reached
+    the round's Early Close threshold of its chunk count) are exact; so is
+    last_ns for a worker that completed or passed its threshold (the program
+    reads the clock for every chunk from there on, and for re-sends); below
+    it, last_ns is its latest chunk that had a reading anyway (issue 45)."""
 
     open_ns: int                     # the round opened (perf_counter: the same clock)
     close_ns: int                    # ... and closed

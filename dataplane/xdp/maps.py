@@ -32,8 +32,9 @@ from .wire import LtpHdr, token_word
 #: enum ltp_counter, in order; the maps bpf/ltp_maps.h declares, in order
 COUNTERS = headers.enum_members("ltp_maps.h", "ltp_counter", "LTP_C_")
 MAP_NAMES = headers.map_names("ltp_maps.h")
-#: maps a program built from an older bpf/ may not have (LtpMaps then goes without)
-OPTIONAL_MAPS = ("ltp_slottok",)
+#: maps a program built from an older bpf/ may not have (LtpMaps then goes without;
+#: ltp_beatchk is the program's own, which no Python reads)
+OPTIONAL_MAPS = ("ltp_slottok", "ltp_beatchk")
 # The longest heartbeat limit: the program compares ltp_cfg.limit_ns as a
 # signed 64-bit count (bpf/ltp_data.h, owner_stale), 2^63 - 1 ns ~ 9.22e9 s.
 MAX_LIVENESS_S = 9.2e9
