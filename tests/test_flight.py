@@ -100,12 +100,19 @@ def test_a_stalled_wait_dumps_and_a_stopped_rank_is_named_from_its_file(tmp_path
         while proc_state(p.pid) != "STOPPED" and time.monotonic() < end:   # (asynchronous)
             time.sleep(0.02)
         os.environ["LTP_FLIGHT_DIR"] = str(tmp_path)
+        os.environ["LTP_HANG_S"] = "0.5"
         try:
             fw = FlightWatch()
         finally:
-            del os.environ["LTP_FLIGHT_DIR"]
-        lines = fw.poll()
-        assert lines is not None and "stall" in lines[0]
+            del os.environ["LTP_FLIGHT_DIR"], os.environ["LTP_HANG_S"]
+        # a stall is a hang once the rank has stayed in its wait LTP_HANG_S
+        # past its dump: no screen before, one then
+        t0, lines = time.monotonic(), fw.poll()
+        while lines is None and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+            lines = fw.poll()
+        assert time.monotonic() - t0 >= 0.5
+        assert lines is not None and "stall" in lines[0] and "still waiting" in lines[0]
         assert lines[1].startswith(f"w1 (rank 2, pid {p.pid}, STOPPED): stopped in op 9 barrier "
                                    "(in it for "), lines
         assert "last packet from its server" in lines[1]
@@ -217,3 +224,51 @@ def _dumps(seen) -> dict:
                     d = json.load(f)
                 out[d["rank"]] = d
     return out
+
+
+# a rank that stalls once (0.8 s in op 9's barrier) and goes on
+STALLS_ONCE = textwrap.dedent("""
+    import time
+    from ltpx.control.torchapi import flight
+    flight.start(2, flight.WORKER, 1)
+    for s in range(1, 14):
+        flight.enter(flight.BARRIER, s)
+        time.sleep(0.8 if s == 9 else 0.03)
+        flight.enter(flight.COMPUTE, s)
+    flight.stop()
+""")
+
+
+@pytest.mark.slow
+def test_a_stall_that_resolves_is_counted_not_screened_and_leaves_no_folder(monkeypatch):
+    """The rank dumps its stall (it waited past its threshold), then moves
+    on within LTP_HANG_S: the launcher's watch shows no screen, counts one
+    stall with its op, phase and length, and removes its folder at the end."""
+    from ltpx.control.training.hangs import FlightWatch
+    monkeypatch.delenv("LTP_FLIGHT_DIR", raising=False)
+    monkeypatch.setenv("LTP_HANG_S", "3")
+    fw = FlightWatch()
+    p = subprocess.Popen([sys.executable, "-c", STALLS_ONCE], env={**os.environ, **fw.env()})
+    screens = []
+    while p.poll() is None:
+        screens.append(fw.poll())
+        time.sleep(0.02)
+    screens.append(fw.poll())
+    assert p.returncode == 0
+    assert [s for s in screens if s] == []
+    assert any(n.endswith(".json") for n in os.listdir(fw.folder))   # it did dump
+    st = fw.stall_summary()
+    assert st is not None and st["count"] == 1 and st["rank"] == "w1", st
+    assert (st["op"], st["phase"]) == (9, "barrier") and 0.25 <= st["longest_s"] < 3, st
+    folder = fw.folder
+    assert fw.close() is None and not os.path.exists(folder)
+
+
+@pytest.mark.unit
+def test_the_hang_limit_is_read_from_its_variable():
+    from ltpx.control.training.hangs import HANG_S, hang_limit
+    from ltpx.errors import UsageError
+    assert hang_limit({}) == HANG_S and hang_limit({"LTP_HANG_S": "0.5"}) == 0.5
+    for bad in ("-1", "soon", "inf"):
+        with pytest.raises(UsageError, match="LTP_HANG_S="):
+            hang_limit({"LTP_HANG_S": bad})

@@ -31,6 +31,7 @@ import time
 from ..control.progress import Throttle, describe, metrics_text
 from ..control.settings_table import DOWNLINKS, LAUNCH, add_flag
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
+from .train_text import stall_line
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
                     check_name, check_rate, check_workers)
 
@@ -241,7 +242,8 @@ def cmd_launch(args) -> int:
             out.close()
     trace = _merge_trace(args, out)
     return _report(args, rig, cmd, ranks, timed_out, kept or args.keep, policy, trace=trace,
-                   hangs=job.get("hangs"))
+                   hangs=job.get("hangs"),
+                   stalls=job["flight"].stall_summary() if "flight" in job else None)
 
 
 def downlink(args, environ=None) -> str:
@@ -308,6 +310,7 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
         try:
             job = RigJob(rig, ranks, group_keys=group_keys(args))
             now["hangs"] = job.flight.screens    # (a restarted job's go on in a new list)
+            now["flight"] = job.flight
             job.on_hang = lambda lines: [out.note(f"[hang] {ln}") for ln in lines]
             job.start(lambda r: argv, lambda r, port=job.port, ranks=ranks: {**job_env(
                 rig, r, len(ranks), port, servers=args.servers, transport=args.transport),
@@ -390,7 +393,8 @@ def _json(text: str) -> dict | None:
 
 def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, policy,
             stopped_by: str | None = None, running: list[str] | None = None,
-            trace: dict | None = None, hangs: list | None = None) -> int:
+            trace: dict | None = None, hangs: list | None = None,
+            stalls: dict | None = None) -> int:
     """The summary (JSON under -j, else a line and a row per rank on stderr)
     and the launch's exit code: 0, the worst rank's, 124 on --timeout, 130
     or 143 when SIGINT or SIGTERM stopped the launch."""
@@ -410,7 +414,7 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     c = rig.config
     summary = {"exit_code": worst, "exit_from": whose, "timed_out": timed_out,
                "stopped_by": stopped_by, "command": cmd,
-               **policy.report(), "trace": trace, "hangs": hangs or [],
+               **policy.report(), "trace": trace, "hangs": hangs or [], "stalls": stalls,
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,
                        "servers": c.servers},
@@ -439,5 +443,6 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
             stop = (f"stopped by {stopped_by}" + (f" ({', '.join(gone)} stopped)" if gone else "")
                     + "; ")
         print("\n".join(["", "ltp launch: " + stop + ("timed out; " if timed_out else "") +
-                         f"exit {worst}{src}{again}; {tail}", *rows]), file=sys.stderr)
+                         f"exit {worst}{src}{again}; {tail}", *rows]
+                         + ([stall_line(stalls)] if stalls else [])), file=sys.stderr)
     return worst

@@ -72,6 +72,14 @@ def _straggler(r: dict) -> str:   # the worker named straggler most often, in ho
     return f"w{w} {named[w]}/{r['iterations']}" if w is not None else "-"
 
 
+def stall_line(st: dict) -> str:
+    """A run's stalls that resolved (hangs.FlightWatch.stall_summary) in one line."""
+    n = st["count"]
+    return (f"{n} stall{'s' if n != 1 else ''} (waits past the flight recorder's threshold "
+            f"that resolved), longest {st['longest_s']:.2f} s: {st['rank']} in op {st['op']} "
+            f"{st['phase']}, waiting for {st['waiting_for']}")
+
+
 def label_of(r: dict) -> str:
     """A run's label from its result (or its failure record)."""
     return label(r["transport"], r.get("cc"), r.get("servers", 1), r.get("compress", "none"),
@@ -132,6 +140,8 @@ def text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str:
                   for c, r in zip(cols, results)]
     faults = [ln for c, r in zip(cols, results) for ln in fault_lines(c, r)]
     lines += [""] + faults if faults else []
+    stalls = [f"{c}: {stall_line(r['stalls'])}" for c, r in zip(cols, results) if r.get("stalls")]
+    lines += [""] + stalls if stalls else []
     ratios = [(c, ratio(r0, r)) for c, r in zip(cols[1:], results[1:])]
     if any(x for _, x in ratios):
         lines.append("")

@@ -5,14 +5,20 @@ who is slow, who is hung, in one screen (docs/slow-or-stuck.md).
 `FlightWatch` makes the job's flight folder (LTP_FLIGHT_DIR for every rank;
 the launcher's own LTP_FLIGHT_DIR if set, else a temporary one, removed at
 the end when nothing was dumped there) and, at each pump of the launcher's
-loop, looks for new dumps. A new one (a rank that waited past its stall
-threshold, a SIGUSR1, an error) makes a screen: a line saying what
-triggered it, then one line per rank from its `.now` file, which a stopped
-or hung process still has: the op and phase it is in and for how long,
+loop, looks for new dumps. A rank's stall dump (it waited past its stall
+threshold) is a stall, not yet a hang: if that rank moves on within
+LTP_HANG_S (HANG_S) of the dump, the stall is only counted (`stalls`,
+summed up once at the end: `stall_summary`), with no screen; if it is
+still in the same wait then, it is a hang. A hang, or any other dump (a
+SIGUSR1, an error), makes a screen: a line saying what triggered it, then
+one line per rank from its `.now` file, which a stopped or hung process
+still has: the op and phase it is in and for how long,
 whom it waits for (a worker: its server; a server: the workers not yet at
 the op, from their own files), the last packet it got from each peer and
 its age, and its process's state (/proc: a SIGSTOPped rank is "STOPPED").
-One screen per stall (the ranks' positions), and one per other dump.
+One screen per hang (the ranks' positions), and one per other dump. The
+folder is removed at the end unless a screen was made or the caller keeps
+it (a failed rank): a healthy run with stalls leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -22,9 +28,12 @@ import shutil
 import tempfile
 import time
 
+from ...errors import UsageError
 from .. import flightrec as flight
 
 POLL_S = 0.05
+HANG_S = 2.0       # a stalled wait still the same this long after its dump is a hang (LTP_HANG_S)
+ENV_HANG = "LTP_HANG_S"
 STATES = {"R": "running", "S": "sleeping", "D": "in the kernel (D)", "T": "STOPPED",
           "t": "STOPPED (traced)", "Z": "exited (zombie)", "X": "gone"}
 
@@ -58,6 +67,9 @@ class FlightWatch:
         self.reported: set = set()
         self.screens: list[list[str]] = []
         self.next_poll = 0.0
+        self.hang_s = hang_limit()
+        self.waiting: dict[int, tuple[float, dict]] = {}   # rank -> (seen at, its stall dump)
+        self.stalls: list[dict] = []          # stalls that resolved: rank, op, waited_s, whom
 
     def env(self) -> dict[str, str]:
         return {flight.ENV_DIR: self.folder}
@@ -89,15 +101,24 @@ class FlightWatch:
         return out
 
     def poll(self) -> list[str] | None:
-        """A screen if a new dump calls for one (at most every POLL_S)."""
+        """A screen if a new dump, or a stall that became a hang, calls for
+        one (at most every POLL_S)."""
         t = time.monotonic()
         if t < self.next_poll:
             return None
         self.next_poll = t + POLL_S
-        dumps = self.new_dumps()
-        if not dumps:
+        dumps = []
+        for d in self.new_dumps():
+            if d.get("reason") == "stall" and isinstance(d.get("rank"), int):
+                self.waiting.setdefault(d["rank"], (t, d))
+            else:
+                dumps.append(d)
+        if not dumps and not self.waiting:
             return None
         nows = self.nows()
+        dumps += self.hung(nows, t)
+        if not dumps:
+            return None
         where = tuple(sorted((r, d["seq"], d["phase"]) for r, d in nows.items()))
         keys = {("stall", where) if d.get("reason") == "stall" else
                 (d.get("rank"), d.get("reason"), d.get("t_ns")) for d in dumps}
@@ -107,6 +128,35 @@ class FlightWatch:
         lines = self.screen(dumps[0], nows)
         self.screens.append(lines)
         return lines
+
+    def hung(self, nows: dict[int, dict], t: float) -> list[dict]:
+        """The stall dumps whose rank is still in the wait it dumped in,
+        HANG_S after: hangs. One whose rank moved on is a stall that
+        resolved: counted in `stalls`."""
+        out = []
+        for rank, (since, d) in list(self.waiting.items()):
+            now, was = nows.get(rank), d.get("now", {})
+            waited = was.get("for_s", 0.0) + (t - since)
+            if now is None or (now["seq"], now["phase"]) != (was.get("seq"), was.get("phase")):
+                del self.waiting[rank]
+                whom = self.whom(now, nows) if now is not None and now["waits"] else None
+                self.stalls.append({"rank": rank, "label": _dump_label(d), "op": was.get("seq"),
+                                    "phase": was.get("phase"), "waited_s": round(waited, 3),
+                                    "waiting_for": whom or _waits_for(d)})
+            elif t - since >= self.hang_s:
+                del self.waiting[rank]
+                out.append(dict(d, detail=f"{d.get('detail', '')}; still waiting "
+                                f"{waited:.2f} s in all (LTP_HANG_S={self.hang_s:g})"))
+        return out
+
+    def stall_summary(self) -> dict | None:
+        """The stalls that resolved, in one record (None: there were none):
+        how many, the longest (its rank, op, phase, what it waited for)."""
+        if not self.stalls:
+            return None
+        top = max(self.stalls, key=lambda s: s["waited_s"])
+        return {"count": len(self.stalls), "longest_s": top["waited_s"], "rank": top["label"],
+                "op": top["op"], "phase": top["phase"], "waiting_for": top["waiting_for"]}
 
     def screen(self, dump: dict, nows: dict[int, dict]) -> list[str]:
         t = time.perf_counter_ns()
@@ -162,12 +212,44 @@ class FlightWatch:
                 behind.append(_label(w))
         return ", ".join(behind) if behind else "the workers"
 
-    def close(self) -> str | None:
-        """Remove the folder if it is this launcher's and holds no dump; else
-        its path (the dumps stay for a look)."""
+    def close(self, keep: bool = False) -> str | None:
+        """Remove the folder if it is this launcher's and nothing went wrong:
+        no screen was made (a hang, a SIGUSR1, an error) and the caller does
+        not `keep` it (a failed rank); else its path (the dumps stay for a
+        look). A run whose stalls all resolved leaves nothing."""
+        for rank, (_, d) in list(self.waiting.items()):     # the job ended meanwhile
+            was = d.get("now", {})
+            self.stalls.append({"rank": rank, "label": _dump_label(d), "op": was.get("seq"),
+                                "phase": was.get("phase"), "waited_s": was.get("for_s", 0.0),
+                                "waiting_for": _waits_for(d)})
+        self.waiting = {}
         dumped = any(n.endswith(".json") for n in os.listdir(self.folder)) \
             if os.path.isdir(self.folder) else False
-        if self.own and not dumped:
+        if self.own and not (dumped and (keep or self.screens)):
             shutil.rmtree(self.folder, ignore_errors=True)
             return None
-        return self.folder
+        return self.folder if dumped or not self.own else None
+
+
+def hang_limit(environ=None) -> float:
+    """LTP_HANG_S, else HANG_S: how long after its stall dump a wait that
+    has not moved is reported as a hang."""
+    text = (os.environ if environ is None else environ).get(ENV_HANG)
+    if not text:
+        return HANG_S
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v < float("inf"):
+        raise UsageError(f"{ENV_HANG}={text!r}: seconds >= 0 (default {HANG_S:g})")
+    return v
+
+
+def _dump_label(d: dict) -> str:
+    return f"{'s' if d.get('role') == 'server' else 'w'}{d.get('index')}"
+
+
+def _waits_for(d: dict) -> str:
+    """What a stall dump's own rank waited for, as its role says."""
+    return "its server" if d.get("role") == "worker" else "the workers"

@@ -298,7 +298,7 @@ class RigJob:
             self.zygote.close()
         if self.keys is not None:
             self.keys.close()
-        kept = self.flight.close()
+        kept = self.flight.close(keep=bool(self.failed()))
         if kept and self.flight.screens:
             self.on_hang([f"flight records kept in {kept}"])
         self.sel.close()

@@ -155,6 +155,8 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
                 result["faults"] = fx.report()
             if job.flight.screens:
                 result["hangs"] = job.flight.screens
+            if job.flight.stall_summary():
+                result["stalls"] = job.flight.stall_summary()
             ok = True
             return result
         except RestartJob:
