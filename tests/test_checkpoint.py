@@ -100,16 +100,18 @@ def test_save_fsyncs_the_file_before_its_rename_and_the_folder_after(tmp_path):
 
 @pytest.mark.unit
 def test_a_failed_save_warns_naming_path_and_errno_and_training_goes_on(checkpoint, tmp_path,
-                                                                     caplog):
-    """A full disk (the temp name leads to /dev/full: ENOSPC) and a folder that is
-    a file (EEXIST): save returns None with a warning, leaves no temp file, and
-    keeps the last good checkpoint."""
+                                                                     caplog, monkeypatch):
+    """A full disk (the temporary file's writes go to /dev/full: ENOSPC; a
+    symlink planted there is no longer followed, dataplane/files.py) and a
+    folder that is a file (EEXIST): save returns None with a warning, leaves
+    no temp file, and keeps the last good checkpoint."""
     good = checkpoint.save(str(tmp_path), _Steps(5), {}, "fp")
     assert good and os.path.exists(good)
     path = checkpoint.path_for(str(tmp_path), 10, "fp")
     tmp = checkpoint.temp_for(path)
-    os.symlink("/dev/full", tmp)
-    with caplog.at_level(logging.WARNING, logger="ltpx.torch.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="ltpx.torch.checkpoint"), \
+            monkeypatch.context() as m:
+        m.setattr(checkpoint.files, "create", lambda p, binary=True, **kw: open("/dev/full", "wb"))
         assert checkpoint.save(str(tmp_path), _Steps(10), {}, "fp") is None
     assert path in caplog.text and "ENOSPC" in caplog.text, caplog.text
     assert not os.path.lexists(tmp) and not os.path.exists(path)
