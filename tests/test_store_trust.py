@@ -174,18 +174,25 @@ def test_a_member_cannot_write_a_value_in_another_ranks_name():
         srv.open(KEY + "floor", as_w1.seal(KEY + "floor", "1"))
 
 
+def _keyed_coords(store) -> tuple[Coord, dict[int, Coord]]:
+    """A keyed job's server Coord and its W workers' (member keys), each
+    worker knowing the others' store keys (the server's directory)."""
+    key = jobkey.new_key()
+    server = Coord(store, W, 5.0, key=jobkey.store_auth(key))
+    member = {w: Coord(store, W, 5.0, key=jobkey.store_auth(jobkey.member_keys(key, w)))
+              for w in range(W)}
+    for co in member.values():
+        co.seal.key.learn(server.seal.key.directory(W))
+    return server, member
+
+
 @pytest.mark.unit
 def test_a_member_cannot_ask_to_join_as_another_nor_hand_a_joiner_a_state(store, caplog):
     """Worker 1 asks to join as worker 0: the server's poll ignores it,
     saying so, and the job goes on. A
     state under a ticket written by a worker other than the donor the
     server named: the joiner refuses it."""
-    key = jobkey.new_key()
-    server = Coord(store, W, 5.0, key=jobkey.store_auth(key))
-    member = {w: Coord(store, W, 5.0, key=jobkey.store_auth(jobkey.member_keys(key, w)))
-              for w in (0, 1, 2)}
-    for co in member.values():
-        co.seal.key.learn(server.seal.key.directory(W))
+    server, member = _keyed_coords(store)
     member[1].request_join(0)
     with caplog.at_level(logging.WARNING, logger="ltpx.torch.coord"):
         server.poll_joins()
@@ -207,12 +214,7 @@ def test_a_state_written_before_the_donor_is_named_is_never_taken(store):
     asks to join, before the server names the donor: the joiner takes
     nothing while no donor is named, then refuses it as not its donor's;
     a state the named donor writes is taken."""
-    key = jobkey.new_key()
-    server = Coord(store, W, 5.0, key=jobkey.store_auth(key))
-    member = {w: Coord(store, W, 5.0, key=jobkey.store_auth(jobkey.member_keys(key, w)))
-              for w in (0, 1, 2)}
-    for co in member.values():
-        co.seal.key.learn(server.seal.key.directory(W))
+    server, member = _keyed_coords(store)
     t = member[2].request_join(2)
     member[1].put_sync(t, b"poisoned model")
     out: dict = {}
