@@ -163,8 +163,12 @@ def test_a_stopped_ps_stops_acking_and_recovers_on_sigcont(rig, sender):
         for t in threads:
             t.join()
         assert all(not isinstance(out[h.index], Exception) for h in ws), out
+        # ACKed again, so the round closes by what arrived: whole, or by Early
+        # Close's threshold (0.999 at most, 0.95 after round 2's silence lowered
+        # it: a tail chunk's re-send late on a busy host, seen once in a suite)
         done = ps.next()
-        assert (done["closed"], done["reason"], done["delivered"]) == (3, "complete", 1.0)
+        assert done["closed"] == 3 and done["reason"] in ("complete", "early"), done
+        assert done["delivered"] >= 0.95, done
     finally:
         ps.end()
         for ep in workers:
