@@ -147,7 +147,7 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _s("downlink", str, "group", DOWNLINK_HELP, choices=("group", "unicast"), flags=(TRAIN,)),
     _s("loss_budget", float, 0.0, "Early Close's loss budget: the error the filled part of a "
        "step's gradients may carry, against the aggregate's own sampling noise (0: off, the "
-       "paper's rule with its 0.95 floor; 0.35 closes rounds at 12 %% loss without waiting for "
+       "paper's rule with its 0.95 floor; 0.35 closes rounds at 12 % loss without waiting for "
        "re-sends; docs/transport.md)", lo=0, hi=0.99, flags=(TRAIN,)),
     _s("downlink_code", str, "off", "erasure-code LTP's parameter downlink: rs: Reed-Solomon "
        "parity per group of 32 chunks, as much as the loss the server's last answers met "

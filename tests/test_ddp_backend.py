@@ -145,6 +145,29 @@ def test_backend_on_loopback_over_tcp_matches_gloo():
     assert hook[0]["hook"]["buckets"] == hook[0]["steps"] and len({r["digest"] for r in hook}) == 1
 
 
+@pytest.mark.root
+@pytest.mark.slow
+def test_the_backend_needs_no_import_of_ltpx_torch(tmp_path):
+    """torch registers `ltp` at its own import (the torch.backends entry
+    point, control/torchplugin.py), lazily: a bare `import torch` knows the
+    backend without loading ltpx.torch, and the DDP example with its
+    `import ltpx.torch` line taken out trains as it does with it."""
+    from ddp_local import EXAMPLE, run_local
+    probe = subprocess.run([sys.executable, "-c",
+                            "import sys, torch.distributed as dist\n"
+                            "print('LTP' in dist.Backend._plugins,"
+                            " 'ltpx.control.torchapi' in sys.modules)"],
+                           capture_output=True, text=True, timeout=120)
+    assert probe.stdout.split() == ["True", "False"], probe.stderr[-2000:]
+    bare = tmp_path / "ddp_no_import.py"
+    bare.write_text("".join(ln for ln in EXAMPLE.read_text().splitlines(keepends=True)
+                            if not ln.startswith("import ltpx.torch")))
+    assert "ltpx" not in bare.read_text().split("dist.init_process_group")[0]
+    res = run_local(2, "--epochs", "1", script=bare)["results"]
+    assert [r["rank"] for r in res] == [0, 1] and res[0]["backend"] == "ltp"
+    assert len({r["digest"] for r in res}) == 1
+
+
 @requires_bpf
 @pytest.mark.rig
 def test_torchrun_inside_rig_namespaces_with_a_server_process(tmp_path):

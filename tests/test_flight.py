@@ -113,7 +113,7 @@ def test_a_stalled_wait_dumps_and_a_stopped_rank_is_named_from_its_file(tmp_path
             lines = fw.poll()
         assert time.monotonic() - t0 >= 0.5
         assert lines is not None and "stall" in lines[0] and "still waiting" in lines[0]
-        assert lines[1].startswith(f"w1 (rank 2, pid {p.pid}, STOPPED): stopped in op 9 barrier "
+        assert lines[1].startswith(f"w1 (rank 1, pid {p.pid}, STOPPED): stopped in op 9 barrier "
                                    "(in it for "), lines
         assert "last packet from its server" in lines[1]
         assert fw.poll() is None            # one screen per stall
@@ -179,7 +179,7 @@ def test_a_sigstopped_worker_is_named_and_the_job_goes_on_without_it(rig, monkey
     assert stop is not None, res
     # the SIGUSR1 screen: worker 1's own dump
     usr1 = [s for s in seen["screens"] if "SIGUSR1" in s[1][0]]
-    assert usr1 and usr1[0][1][0].startswith("rank 2 (w1): SIGUSR1"), seen["screens"]
+    assert usr1 and usr1[0][1][0].startswith("w1 (rank 1): SIGUSR1"), seen["screens"]
     d = usr1[0][2].get(2)
     assert d is not None and d["pid"] == seen["usr1"] and d["events"] and d["records"]
     # the stall screen: worker 2 named STOPPED, with its op and its last

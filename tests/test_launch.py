@@ -109,6 +109,47 @@ def test_a_failing_rank_fails_the_launch_and_the_rest_are_stopped(rig, tmp_path)
 
 
 @pytest.mark.rig
+def test_a_rank_that_raises_is_named_as_the_root_cause_in_a_few_lines(rig, tmp_path):
+    """A DDP script whose rank 1 raises at its sixth step: its traceback
+    starts in the script (no launcher or runpy frames), no hang screen calls
+    the crash a hang, the others are stopped at once (the default --grace
+    0), and the summary's last block names the first failure with its
+    error line, in torch's numbering; a handful of lines after the
+    traceback, not a screenful."""
+    script = tmp_path / "raise_ddp.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, torch.nn.functional as F\n"
+        "import ltpx.torch  # noqa: F401\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "dist.init_process_group('ltp')\n"
+        "torch.manual_seed(0)\n"
+        "model = DDP(torch.nn.Linear(32, 4))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(40):\n"
+        "    loss = F.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 4, (16,)))\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n"
+        "    if dist.get_rank() == 1 and step == 5:\n"
+        "        raise RuntimeError('boom: a bad batch on rank 1')\n")
+    out = subprocess.run([str(BIN / "ltp"), "launch", "--rig", RIG, "--workers", "3", "--",
+                          "python", str(script)], capture_output=True, text=True, timeout=240,
+                         cwd=ROOT)
+    assert out.returncode == 1, out.stderr[-3000:]
+    err = out.stderr.splitlines()
+    tb = [i for i, ln in enumerate(err) if "Traceback (most recent call last)" in ln]
+    assert tb and f"{script}" in err[tb[0] + 1], err          # the script's frame comes first
+    assert not any("zygote.py" in ln or "runpy" in ln or "[hang]" in ln for ln in err), err
+    last = max(i for i, ln in enumerate(err) if ln.endswith("RuntimeError: boom: a bad batch "
+                                                           "on rank 1") and ln.startswith("[w1]"))
+    assert len(err) - last <= 30, err[last:]
+    assert "[launch] worker 1 exited 1; the others are stopped" in err
+    assert err[-2:] == [err[-2], "  RuntimeError: boom: a bad batch on rank 1"]
+    assert err[-2].startswith("root cause (first failure): w1 (rank 1) exited 1 after "), err
+    rows = [ln for ln in err if ln.strip().startswith(("s0 ", "w0 ", "w1 ", "w2 "))]
+    assert [ln.split()[:3] for ln in rows] == [["s0", "server", "0"], ["w0", "rank", "0"],
+                                               ["w1", "rank", "1"], ["w2", "rank", "2"]], rows
+
+
+@pytest.mark.rig
 def test_documented_torchrun_command_inside_rig_namespaces(rig, tmp_path):
     # README / docs/training.md, as written, one command per host, each through
     # `ltp rig exec` (ip netns exec: a fresh /sys without bpffs)

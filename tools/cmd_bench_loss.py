@@ -18,7 +18,8 @@ EPILOG = """examples:
 
 Variants: ltp (the paper's Early Close rule), ltp:budget=B (a loss budget,
 docs/transport.md), ltp:code=rs (coded answers), ltp:loss=defer (tolerant
-answers), tcp (cubic). Each trains the
+answers), tcp (cubic); an ltp variant's knobs combine with ':'
+(ltp:loss=defer:budget=0.7). Each trains the
 same model from the same seed at every loss rate (on every port, both ways),
 in an order that alternates between loss rates and repeats.
 

@@ -8,8 +8,8 @@ and the LTP_* settings `ltpx.torch.init()` reads (device, address, XDP mode,
 capacity, MTU, group address). Every line a rank prints comes out prefixed
 with its rank ([s0], [w0], ...); a JSON line {"event": "progress", "step",
 "steps", ...} from worker 0 (lt.report_progress) drives a progress bar on a
-terminal. When a rank fails the others get --grace seconds, then are
-stopped, unless --max-restarts N allows a restart (faults.RestartPolicy): a
+terminal. When a rank fails the others are stopped (after --grace
+seconds, 0 by default), unless --max-restarts N allows a restart (faults.RestartPolicy): a
 worker is started again in its namespace and rejoins the running job, a
 server's death (or any rank's in a sharded job) starts every rank again;
 each restart is a `[launch] ...` line on stderr. The rig is removed at the
@@ -18,7 +18,7 @@ rank's, and the summary says whose ("exit 2 (w1's own exit code)": a
 script's 2 is not ltp's usage error); -j prints one JSON summary (exit_from:
 the ranks the code is from; per rank: exit code, wall time, the last JSON
 object it printed; the restarts; the merged trace under --trace; the hang
-screens the flight recorder's dumps made, control/training/hangs.py).
+screens, control/training/hangs.py; root_cause, the first failure).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import time
 from ..control.progress import Throttle, describe, metrics_text
 from ..control.settings_table import DOWNLINKS, LAUNCH, add_flag
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
-from .train_text import stall_line
+from .train_text import cause_lines, stall_line
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
                     check_name, check_rate, check_workers)
 
@@ -110,9 +110,9 @@ def register(sub) -> None:
     p.add_argument("--keep", action="store_true", help="leave the rig up afterwards")
     p.add_argument("--timeout", type=float, default=0.0,
                    help="stop every rank after this many seconds (default 0: no limit)")
-    p.add_argument("--grace", type=float, default=5.0,
+    p.add_argument("--grace", type=float, default=0.0,
                    help="after a rank fails, seconds the others get before they are stopped "
-                   "(default 5)")
+                   "(default 0: at once, as torchrun does)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="restart a failed worker rank (at most N times per rank; it rejoins "
                    "the running job), or every rank after a server fails (at most N times); "
@@ -342,6 +342,7 @@ class Output:
                                 MofNCompleteColumn(), TextColumn("{task.fields[info]}"))
 
     def line(self, r, stream: str, text: str) -> None:
+        r.heard(stream, text)
         msg = _json(text)
         if msg is not None and stream == "stdout":
             r.last_json = msg
@@ -381,11 +382,9 @@ class Output:
 
 
 def _json(text: str) -> dict | None:
-    text = text.strip()
-    if not text.startswith("{"):
-        return None
+    """A line's JSON object, or None."""
     try:
-        obj = json.loads(text)
+        obj = json.loads(text) if text.lstrip().startswith("{") else None
     except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
@@ -398,7 +397,7 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     """The summary (JSON under -j, else a line and a row per rank on stderr)
     and the launch's exit code: 0, the worst rank's, 124 on --timeout, 130
     or 143 when SIGINT or SIGTERM stopped the launch."""
-    from ..control.training.launch import exit_code
+    from ..control.training.launch import exit_code, first_failure
     own = sorted(((exit_code(r.code), r.label) for r in ranks if not r.killed), reverse=True)
     worst, source = own[0] if own else (0, None)
     if stopped_by:
@@ -412,13 +411,16 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     # whose code the launch exits with: a rank's own (a script's 2 is no usage error of ltp's)
     whose = ([lb for code, lb in own if code == worst] if source else [])
     c = rig.config
+    cause = first_failure(ranks)
     summary = {"exit_code": worst, "exit_from": whose, "timed_out": timed_out,
+               "root_cause": cause,
                "stopped_by": stopped_by, "command": cmd,
                **policy.report(), "trace": trace, "hangs": hangs or [], "stalls": stalls,
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,
                        "servers": c.servers},
-               "ranks": [{"rank": r.rank, "role": r.role, "label": r.label, "host": r.host.name,
+               "ranks": [{"rank": r.rank, "torch_rank": r.torch_rank, "role": r.role,
+                          "label": r.label, "host": r.host.name,
                           "netns": r.host.netns, "exit_code": exit_code(r.code),
                           "killed": r.killed, "forked": r.forked,
                           "restarts": policy.restarts.get(r.rank, 0),
@@ -427,7 +429,7 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     if wants_json(args):
         print(json.dumps(summary))
     else:
-        rows = [f"{r['label']:>4}  rank {r['rank']:<3} {r['host']:<5} exit {r['exit_code']:<4}"
+        rows = [f"{r['label']:>4}  {r['torch_rank']:<9} {r['host']:<5} exit {r['exit_code']:<4}"
                 f"{'(stopped) ' if r['killed'] else ''}{r['wall_s'] or 0:8.2f} s"
                 f"{'  restarted %dx' % r['restarts'] if r['restarts'] else ''}" for r in
                 summary["ranks"]]
@@ -443,6 +445,6 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
             stop = (f"stopped by {stopped_by}" + (f" ({', '.join(gone)} stopped)" if gone else "")
                     + "; ")
         print("\n".join(["", "ltp launch: " + stop + ("timed out; " if timed_out else "") +
-                         f"exit {worst}{src}{again}; {tail}", *rows]
-                         + ([stall_line(stalls)] if stalls else [])), file=sys.stderr)
+                         f"exit {worst}{src}{again}; {tail}", *rows, *[stall_line(stalls)] *
+                          bool(stalls), *cause_lines(cause)]), file=sys.stderr)
     return worst

@@ -80,6 +80,17 @@ def stall_line(st: dict) -> str:
             f"{st['phase']}, waiting for {st['waiting_for']}")
 
 
+def cause_lines(cause: dict | None) -> list[str]:
+    """The summary's last block: the first failure, as torchrun's Root Cause
+    (none without one)."""
+    if not cause:
+        return []
+    after = f" after {cause['after_s']:.2f} s" if cause["after_s"] is not None else ""
+    return ["", f"root cause (first failure): {cause['label']} ({cause['torch_rank']}) exited "
+            f"{cause['exit_code']}{after}",
+            f"  {cause['error'] or '(no error line: see its output above)'}"]
+
+
 def label_of(r: dict) -> str:
     """A run's label from its result (or its failure record)."""
     return label(r["transport"], r.get("cc"), r.get("servers", 1), r.get("compress", "none"),

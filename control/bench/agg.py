@@ -25,8 +25,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..transport.aggregate import cpu_threads, over_spans, sum_step
-from ..transport.bubble import fill as fill_bubbles
+from ..transport.aggregate import contain_chunks, cpu_threads, over_spans, sum_step
 
 # the MLPs of `ltp train`: the default, --hidden 2048,2048 and --hidden 5000,5000
 SIZES = (234_122, 4_349_962, 25_380_010)
@@ -51,22 +50,9 @@ def old_aggregate_into(out: np.ndarray, values: np.ndarray,
 
 def old_contain_nonfinite(g, strategy: str) -> np.ndarray:
     """server.contain_nonfinite before issue 40: the rows padded into a new
-    array and np.isfinite over all of it, every round."""
-    k, n = g.values.shape
-    ce = g.chunk_elems or n
-    nch = -(-n // ce) if n else 0
-    masks = g.masks if g.masks is not None else np.ones((k, nch), dtype=bool)
-    padded = np.zeros((k, nch * ce), dtype=np.float32)
-    padded[:, :n] = g.values
-    chunks = padded.reshape(k, nch, ce)
-    bad = (masks & ~np.isfinite(chunks).all(axis=2)).any(axis=1)
-    if bad.any():
-        keep = masks & ~bad[:, None]
-        fill_bubbles(chunks, keep, "zero" if strategy == "stale" else strategy)
-        g.values[:] = padded[:, :n]
-        if g.masks is not None:
-            g.masks = keep
-    return bad
+    array and np.isfinite over all of it, every round (what
+    aggregate.contain_chunks still does where a value is non-finite)."""
+    return contain_chunks(g, strategy)
 
 
 def _arms(values: np.ndarray, weights: list[int]) -> dict[str, Callable[[], object]]:

@@ -43,12 +43,12 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
 
 from ...errors import UsageError
+from ..torchplugin import NAME
 from .ddp import tolerant_reduce, tolerant_rule
 from .job import current, init, joined, serve_here, shutdown
 
 log = logging.getLogger("ltpx.torch.backend")
 
-NAME = "ltp"
 # the collectives handed to the exact group as they are
 EXACT = ("broadcast", "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced",
          "all_gather_single", "all_gather_single_coalesced", "reduce_scatter",

@@ -9,10 +9,12 @@ loop, looks for new dumps. A rank's stall dump (it waited past its stall
 threshold) is a stall, not yet a hang: if that rank moves on within
 LTP_HANG_S (HANG_S) of the dump, the stall is only counted (`stalls`,
 summed up once at the end: `stall_summary`), with no screen; if it is
-still in the same wait then, it is a hang. A hang, or any other dump (a
-SIGUSR1, an error), makes a screen: a line saying what triggered it, then
-one line per rank from its `.now` file, which a stopped or hung process
-still has: the op and phase it is in and for how long,
+still in the same wait then, it is a hang. A hang, or a SIGUSR1's,
+FilledWarning's or DeadPeerError's dump, makes a screen (a crash's dump
+makes none: its traceback says it; nor does anything once a rank failed):
+a line saying what triggered it, then one line per rank from its `.now`
+file, which a stopped or hung process still has: the op and phase it is in
+and for how long,
 whom it waits for (a worker: its server; a server: the workers not yet at
 the op, from their own files), the last packet it got from each peer and
 its age, and its process's state (/proc: a SIGSTOPped rank is "STOPPED").
@@ -32,6 +34,9 @@ from ...errors import UsageError
 from .. import flightrec as flight
 
 POLL_S = 0.05
+# the dumps that make a screen: an exception's (a crash) makes none, as its
+# rank's own traceback says what happened
+SCREENED = ("stall", "SIGUSR1", "FilledWarning", "DeadPeerError")
 HANG_S = 2.0       # a stalled wait still the same this long after its dump is a hang (LTP_HANG_S)
 ENV_HANG = "LTP_HANG_S"
 STATES = {"R": "running", "S": "sleeping", "D": "in the kernel (D)", "T": "STOPPED",
@@ -68,6 +73,7 @@ class FlightWatch:
         self.screens: list[list[str]] = []
         self.next_poll = 0.0
         self.hang_s = hang_limit()
+        self.quiet = False      # set once a rank failed: the ending job's waits are no hangs
         self.waiting: dict[int, tuple[float, dict]] = {}   # rank -> (seen at, its stall dump)
         self.stalls: list[dict] = []          # stalls that resolved: rank, op, waited_s, whom
 
@@ -109,11 +115,13 @@ class FlightWatch:
         self.next_poll = t + POLL_S
         dumps = []
         for d in self.new_dumps():
+            if self.quiet or d.get("reason") not in SCREENED:
+                continue        # a crash names itself in its traceback; a failed job is ending
             if d.get("reason") == "stall" and isinstance(d.get("rank"), int):
                 self.waiting.setdefault(d["rank"], (t, d))
             else:
                 dumps.append(d)
-        if not dumps and not self.waiting:
+        if self.quiet or not dumps and not self.waiting:
             return None
         nows = self.nows()
         dumps += self.hung(nows, t)
@@ -161,8 +169,7 @@ class FlightWatch:
     def screen(self, dump: dict, nows: dict[int, dict]) -> list[str]:
         t = time.perf_counter_ns()
         med = dump.get("median_op_s")
-        head = (f"rank {dump.get('rank')} ({'s' if dump.get('role') == 'server' else 'w'}"
-                f"{dump.get('index')}): {dump.get('reason')}"
+        head = (f"{_dump_label(dump)} ({_torch_rank(dump)}): {dump.get('reason')}"
                 + (f", {dump['detail']}" if dump.get("detail") else "")
                 + (f"; median op {med:.3f} s" if med else "")
                 + f"; flight records in {self.folder}")
@@ -191,7 +198,7 @@ class FlightWatch:
         else:
             heard = "last packet: " + (", ".join(f"w{p} {_age(v, t)}" for p, v in
                                                  sorted(d["peers"].items())) or "none yet")
-        return f"{_label(d)} (rank {d['rank']}, pid {d['pid']}, {state}): {doing}; {heard}"
+        return f"{_label(d)} ({_torch_rank(d)}, pid {d['pid']}, {state}): {doing}; {heard}"
 
     def whom(self, d: dict, nows: dict[int, dict]) -> str:
         """Whom a waiting rank waits for: a worker its server; a server the
@@ -244,6 +251,11 @@ def hang_limit(environ=None) -> float:
     if not 0 <= v < float("inf"):
         raise UsageError(f"{ENV_HANG}={text!r}: seconds >= 0 (default {HANG_S:g})")
     return v
+
+
+def _torch_rank(d: dict) -> str:
+    """A rank as its script knows it: a worker's torch rank, or the server's index."""
+    return f"{'server' if d.get('role') == 'server' else 'rank'} {d.get('index')}"
 
 
 def _dump_label(d: dict) -> str:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import selectors
 import subprocess
@@ -71,6 +72,11 @@ STORE_MODULE = forkserver.STORE_MODULE
 RC_KILLED = -1000   # a rank this launcher stopped (another one failed first, or the timeout)
 
 
+# a traceback's last line: "RuntimeError: ...", "torch.distributed.DistError: ..."
+ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Z]\w*"
+                        r"(?:Error|Exception|Interrupt|Exit)\b.*)$")
+
+
 @dataclass
 class Rank:
     """One process of the job."""
@@ -85,6 +91,7 @@ class Rank:
     code: int | None = None
     killed: bool = False
     last_json: dict | None = None
+    last_error: str | None = None   # its last stderr line that names an exception
     bufs: dict = field(default_factory=dict)   # fd -> partial line
     settled: bool = False       # died, and the job goes on without it (faults.py)
     starts: int = 0             # processes started for this rank
@@ -93,6 +100,19 @@ class Rank:
     @property
     def label(self) -> str:
         return f"{'s' if self.role == 'server' else 'w'}{self.index}"
+
+    @property
+    def torch_rank(self) -> str:
+        """The rank as its script knows it: a worker's torch rank (RANK), or
+        the server's index."""
+        return f"{'server' if self.role == 'server' else 'rank'} {self.index}"
+
+    def heard(self, stream: str, text: str) -> None:
+        """Keep a stderr line that names an exception (its last one is the
+        error a failure summary shows), torch's [rankN]: prefix cut."""
+        m = ERROR_LINE.match(text) if stream == "stderr" else None
+        if m:
+            self.last_error = m.group(1)
 
 
 def plan_ranks(rig, workers: int, servers: int = 1) -> list[Rank]:
@@ -305,6 +325,19 @@ class RigJob:
         self.store = None
 
 
+def first_failure(ranks: list[Rank]) -> dict | None:
+    """The first rank that failed by itself (not stopped by the launcher):
+    who, its exit code, when, and the last error line it printed; None
+    when none failed."""
+    failed = [r for r in ranks if not r.killed and r.code not in (None, 0)]
+    if not failed:
+        return None
+    r = min(failed, key=lambda r: r.t0 + (r.wall_s or 0.0))
+    return {"label": r.label, "torch_rank": r.torch_rank, "exit_code": exit_code(r.code),
+            "after_s": round(r.wall_s, 3) if r.wall_s is not None else None,
+            "error": r.last_error}
+
+
 def follow(job: RigJob, on_line: Callable[[Rank, str, str], None], policy, *,
            grace_s: float, t_end: float | None = None) -> bool:
     """Pump `job` until every rank has exited (`ltp launch`). A rank that dies
@@ -319,10 +352,12 @@ def follow(job: RigJob, on_line: Callable[[Rank, str, str], None], policy, *,
             policy.settle(job)
             if job.failed():
                 failed_at = time.monotonic()
+                job.flight.quiet = True     # the others' waits from here on are no hangs
                 who = ", ".join(f"{r.role} {r.index} exited {describe_exit(r.code)}"
                                 for r in job.failed())
-                policy.note(f"{who}; the others are stopped in {grace_s:g} s unless they "
-                            "end first (--grace)")
+                policy.note(f"{who}; " + (f"the others are stopped in {grace_s:g} s unless "
+                                          "they end first (--grace)" if grace_s else
+                                          "the others are stopped"))
         if failed_at is not None and time.monotonic() > failed_at + grace_s:
             return False
         if t_end is not None and time.monotonic() > t_end:

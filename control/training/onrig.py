@@ -182,6 +182,7 @@ def _follow(job: RigJob, follow: Follow, logdir: str, timeout_s: float,
         failed = faults.settle(job) + job.failed()
         if failed or (follow.error and not faults.restart):
             r, err = follow.error or (failed[0], None)
+            job.flight.quiet = True      # the others' waits from here on are no hangs
             time.sleep(0.5)
             job.pump(follow)
             job.stop(grace_s=5.0)

@@ -329,6 +329,17 @@ def main() -> None:
         finish(job)
 
 
+def script_frames(tb):
+    """A traceback from the script's own first frame on: this module's and
+    runpy's frames (how the zygote ran it) left out, as `python script.py`
+    shows none of its own."""
+    first = tb
+    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__ or
+                              "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb or first
+
+
 def finish(job: Job) -> None:
     """Run the child's job and end the process as `python script.py` would,
     without the interpreter's teardown of every module the zygote imported
@@ -342,6 +353,7 @@ def finish(job: Job) -> None:
     except SystemExit as e:
         code = exit_status(e.code)
     except BaseException as e:     # noqa: BLE001 - as the interpreter reports it
+        e = e.with_traceback(script_frames(e.__traceback__))   # torch's hook reads e's own
         sys.excepthook(type(e), e, e.__traceback__)
         code, by_sigint = 1, isinstance(e, KeyboardInterrupt)
     join_threads()

@@ -228,9 +228,17 @@ def contain_nonfinite(g, strategy: str, threads: int | None = None) -> np.ndarra
     row is not remembered), and the others' filled chunks are filled again
     without it, so one bad worker cannot make the aggregate non-finite.
     Finite rows (the rule) cost one pass that copies nothing."""
-    k, n = g.values.shape
     if rows_finite(g.values, threads).all():
-        return np.zeros(k, dtype=bool)
+        return np.zeros(g.values.shape[0], dtype=bool)
+    return contain_chunks(g, strategy)
+
+
+def contain_chunks(g, strategy: str) -> np.ndarray:
+    """contain_nonfinite's exact pass: the rows padded to whole chunks, each
+    chunk checked, the bad rows' chunks filled (a copy of the round: only
+    where a non-finite value is known to be, or, in bench/agg.py, as the
+    summing before issue 40 did every round)."""
+    k, n = g.values.shape
     ce = g.chunk_elems or n
     nch = -(-n // ce) if n else 0
     masks = g.masks if g.masks is not None else np.ones((k, nch), dtype=bool)

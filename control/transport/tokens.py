@@ -256,8 +256,10 @@ class RoundTokens:
             RoundTokens._warned = True
             warnings.warn(f"{where} has no secret: its rounds carry token 0 and only the job "
                           "cookie is checked, so a host that can send to it can forge its "
-                          "DATA and ACKs; pass secret=tokens.new_secret(), shared by every "
-                          "member of the job", UnprotectedWarning, stacklevel=3)
+                          "DATA and ACKs; a training job's ranks: give them a job key file "
+                          "(LTP_SECRET_FILE, `ltp key member`; `ltp launch` does); your own "
+                          "Endpoint: secret=tokens.new_secret(), shared by every member",
+                          UnprotectedWarning, stacklevel=3)
 
     @classmethod
     def off(cls) -> RoundTokens:
