@@ -115,10 +115,12 @@ def test_floors_per_step_and_a_breakdown_against_them():
     assert step["loopback_s"] == pytest.approx(16e6 / 2e9)
     assert floors.per_step(fl, 1_000_000, 4, servers=2)["wire_s"] == pytest.approx(
         step["wire_s"] / 2)
-    bd = {"step_s": 0.256, "worker": {"median": {"staging": 0.002, "copy_back": 0.0}},
+    bd = {"step_s": 0.256, "worker": {"median": {"staging": 0.002, "copy_back": 0.0,
+                                                 "wall": 0.128}},
           "server": {"median": {"aggregate": 0.0016}}}
     v = floors.against(bd, step)
-    assert v["step_over_wire"] == 2.0 and v["aggregate_over_floor"] == 2.0
+    assert v["step_over_wire"] == 2.0 and v["wall_over_wire"] == 1.0
+    assert v["aggregate_over_floor"] == 2.0
     assert v["staging_over_copy"] == 2.0 and v["copy_back_over_copy"] == 0.0
 
 

@@ -183,14 +183,15 @@ def breakdown_lines(cols: list[str], results: list[dict]) -> list[str]:
         return ms(((b.get(part) or {}).get("median") or {}).get(phase)) if b else "-"
     rows = [("step (wall / it)", [ms(r["wall_s"] / r["iterations"]) if r.get("iterations")
                                   else "-" for r in results])]
+    rows += [("step (median)", [cell(b, "worker", "wall") for b in bds])]
     rows += [(name, [cell(b, part, ph) for b in bds]) for name, part, ph in BREAKDOWN_ROWS]
     vs = [b.get("vs_floors") for b in bds]
     if any(vs):
         floors = [(v or {}).get("floors_s", {}) for v in vs]
         rows += [("floor: wire in", [ms(f.get("wire_s")) if f else "-" for f in floors]),
                  ("floor: aggregate", [ms(f.get("aggregate_s")) if f else "-" for f in floors]),
-                 ("step / wire floor", [f"{v['step_over_wire']:.2f}x" if v and
-                                        v.get("step_over_wire") else "-" for v in vs])]
+                 ("median / wire floor", [f"{v['wall_over_wire']:.2f}x" if v and
+                                          v.get("wall_over_wire") else "-" for v in vs])]
     w = max(10, *(len(c) + 2 for c in cols))
     lines = ["", "where a step goes, ms (medians; worker: the median worker's):",
              " " * 20 + "".join(f"{c:>{w}}" for c in cols)]

@@ -109,7 +109,8 @@ def per_step(floors: dict, params: int, workers: int, servers: int = 1) -> dict:
 
 def against(breakdown: dict, step: dict) -> dict:
     """A run's breakdown over the floors (per_step): how many times each floor
-    its step, summing, staging and copy back took (medians)."""
+    its step (the run's mean, and the median worker's median), summing,
+    staging and copy back took (medians)."""
     w = (breakdown.get("worker") or {}).get("median", {})
     s = (breakdown.get("server") or {}).get("median", {})
 
@@ -117,6 +118,7 @@ def against(breakdown: dict, step: dict) -> dict:
         return round(x / floor, 2) if x is not None and floor else None
     return {"floors_s": {k: (round(v, 6) if v is not None else None) for k, v in step.items()},
             "step_over_wire": over(breakdown.get("step_s"), step["wire_s"]),
+            "wall_over_wire": over(w.get("wall"), step["wire_s"]),
             "aggregate_over_floor": over(s.get("aggregate"), step["aggregate_s"]),
             "staging_over_copy": over(w.get("staging"), step["copy_s"]),
             "copy_back_over_copy": over(w.get("copy_back"), step["copy_s"])}
