@@ -48,8 +48,8 @@ EPILOG = """examples:
                                                   answers sent once (docs/transport.md)
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
-  sudo ltp train --transport ddp-ltp --hidden 2048,2048 --iterations 30 --compare gloo \
-      --floors -j                                 where a step's time goes (breakdown),
+  sudo ltp train --transport ddp-ltp --hidden 2048,2048 --floors -j
+                                                  where a step's time goes (breakdown),
                                                   beside the host's floors
 
 Ranks start as `python -m ltpx.control.training` with torch.distributed env://
