@@ -48,6 +48,9 @@ EPILOG = """examples:
                                                   answers sent once (docs/transport.md)
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
+  sudo ltp train --transport ddp-ltp --hidden 2048,2048 --floors -j
+                                                  where a step's time goes (breakdown),
+                                                  beside the host's floors
 
 Ranks start as `python -m ltpx.control.training` with torch.distributed env://
 variables, so the same entry point runs under torchrun on real hosts (rank 0 = PS;
@@ -91,6 +94,10 @@ def register(sub) -> None:
                     help="start a dead worker again (it rejoins with the current state); a "
                     "dead server, or any dead rank of a sharded job (--servers > 1), restarts "
                     "the job (it resumes from --checkpoint-dir)")
+    p.add_argument("--floors", action="store_true",
+                   help="after the runs, measure the host's floors (memcpy and streaming "
+                   "add, one loopback TCP stream: about 3 s) and set each run's step "
+                   "breakdown beside them and the rig's line rate (docs/training.md)")
     out = p.add_argument_group("curves")
     out.add_argument("--tensorboard", metavar="DIR", default=None,
                      help="write TensorBoard scalars as the runs go, one folder per run "
@@ -275,6 +282,8 @@ def cmd_train(args) -> int:
     finally:
         progress.close()
         written = curves.close()
+    if args.floors:
+        _floors(args, results, rate)
     out = {k: v for k, v in results[0].items() if k != "event"}
     if written:
         out["plot"] = written
@@ -297,6 +306,20 @@ def cmd_train(args) -> int:
         raise LtpError(f"{show.label_of(broken[0])}: the PS and the workers ended with "
                        f"different parameters ({broken[0]['worker_digests']})")
     return 0
+
+
+def _floors(args, results: list[dict], rate: int) -> None:
+    """The host's floors now (control/bench/floors.py), in every run's result,
+    and each breakdown over them."""
+    from ..control.bench import floors
+    fl = floors.measure(rate)
+    for r in results:
+        if "error" in r:
+            continue
+        r["floors"] = fl
+        if r.get("breakdown"):
+            step = floors.per_step(fl, r["params"], r["workers"], r.get("servers", 1))
+            r["breakdown"]["vs_floors"] = floors.against(r["breakdown"], step)
 
 
 def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: float,

@@ -149,6 +149,7 @@ def text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str:
         lines += ["", "local steps per worker (gradients computed):"]
         lines += [f"  {c:<16}" + " ".join(str(v) for v in r["local_steps"].values())
                   for c, r in zip(cols, results)]
+    lines += breakdown_lines(cols, results)
     faults = [ln for c, r in zip(cols, results) for ln in fault_lines(c, r)]
     lines += [""] + faults if faults else []
     stalls = [f"{c}: {stall_line(r['stalls'])}" for c, r in zip(cols, results) if r.get("stalls")]
@@ -165,3 +166,51 @@ def text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str:
     if args.tensorboard:
         lines.append(f"tensorboard: {args.tensorboard} (tensorboard --logdir {args.tensorboard})")
     return "\n".join(lines)
+
+
+# the breakdown's rows: (label, part of the breakdown, phase); docs/training.md
+BREAKDOWN_ROWS = (
+    ("worker compute", "worker", "compute"), ("  staging", "worker", "staging"),
+    ("  push (wait)", "worker", "push"), ("  pull (answer)", "worker", "pull"),
+    ("  copy back", "worker", "copy_back"), ("  optimizer", "worker", "optimizer"),
+    ("  other", "worker", "other"), ("  (comm: barrier)", "comm", "barrier"),
+    ("  (comm: push)", "comm", "push"), ("server idle", "server", "idle"),
+    ("  gather", "server", "gather"), ("  aggregate", "server", "aggregate"),
+    ("  send", "server", "send"), ("  (of it: sign)", "server", "sign"),
+    ("  other", "server", "other"))
+
+
+def breakdown_lines(cols: list[str], results: list[dict]) -> list[str]:
+    """Where a step's time went, ms per step (medians), a column per run;
+    the floors beside them when measured (--floors)."""
+    bds = [r.get("breakdown") or {} for r in results]
+    if not any(bds):
+        return []
+
+    def ms(v):
+        return f"{v * 1e3:.1f}" if v is not None else "-"
+
+    def cell(b, part, phase):
+        return ms(((b.get(part) or {}).get("median") or {}).get(phase)) if b else "-"
+    rows = [("step (wall / it)", [ms(r["wall_s"] / r["iterations"]) if r.get("iterations")
+                                  else "-" for r in results])]
+    rows += [("step (median)", [cell(b, "worker", "wall") for b in bds])]
+    rows += [(name, [cell(b, part, ph) for b in bds]) for name, part, ph in BREAKDOWN_ROWS]
+    vs = [b.get("vs_floors") for b in bds]
+    if any(vs):
+        floors = [(v or {}).get("floors_s", {}) for v in vs]
+        rows += [("floor: wire in", [ms(f.get("wire_s")) if f else "-" for f in floors]),
+                 ("floor: aggregate", [ms(f.get("aggregate_s")) if f else "-" for f in floors]),
+                 ("median / wire floor", [f"{v['wall_over_wire']:.2f}x" if v and
+                                          v.get("wall_over_wire") else "-" for v in vs])]
+    w = max(10, *(len(c) + 2 for c in cols))
+    lines = ["", "where a step goes, ms (medians; worker: the median worker's):",
+             " " * 20 + "".join(f"{c:>{w}}" for c in cols)]
+    lines += [f"{name:<20}" + "".join(f"{v:>{w}}" for v in vals) for name, vals in rows]
+    fl = next((r["floors"] for r in results if r.get("floors")), None)
+    if fl:
+        lines += [f"floors: memcpy {fl['memcpy_1']:.1f}/{fl['memcpy_all']:.1f} GB/s, add "
+                  f"{fl['add_1']:.1f}/{fl['add_all']:.1f} GB/s (1/{fl['threads_all']} threads),",
+                  f"        TCP loopback {fl['tcp_loopback_gbps']:.2f} GB/s (one stream), "
+                  f"line {fl['line_bps'] / 1e9:g} Gbit/s"]
+    return lines

@@ -38,6 +38,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   exchange     a worker's side of an op
   server       the server's loop (sums, answers; no model)
   trace        each rank's ring of its latest rounds/ops, and the job's trace-event file
+  breakdown    where a step's time goes: seconds per phase and step, on each rank
   flight       the flight recorder: each rank's phase now and its latest ones in a mapped
                file, dumped as JSON on a stall, SIGUSR1 or an error
   buckets      gradient buckets: reverse registration order, copy in and out

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -35,6 +36,7 @@ import torch
 import torch.distributed
 
 from ...errors import CommError, UsageError
+from .breakdown import worker as worker_phases
 from .codec import make_codec
 from .job import current
 from .links import chunk_bytes_for
@@ -174,6 +176,8 @@ class TolerantReduce:
         self.wholly_filled_total = 0
         self.delivered_sum = 0.0          # per bucket: the workers' mean delivered fraction
         self.last_report: StepReport | None = None
+        self.phases = worker_phases()  # staging here, comm_* on the communication thread
+        self.handed = 0.0                 # perf_counter at the latest bucket's hand-off
         job.optimizers.append(self)       # drained before other ops, closed with the job
 
     def op_for(self, bubble: str = "mean", early_close: dict | None = None,
@@ -197,11 +201,13 @@ class TolerantReduce:
         # keyed by the tensor's memory (DDP's bucket buffers persist): two
         # buckets in flight never share a host buffer or a rounding error
         store = (t.device.type, t.untyped_storage().data_ptr(), t.storage_offset(), n)
-        host = self.staging.host(store, n, t.device)
-        ev = self.staging.down(t, host)
+        with self.phases.timed("staging"):
+            host = self.staging.host(store, n, t.device)
+            ev = self.staging.down(t, host)
         fut = torch.futures.Future()
         b = Bucket(t, None, key, scale, fut, store)
         self.comm.submit(self.run, b, host, ev, base or self.base)
+        self.handed = time.perf_counter()
         return fut
 
     def run(self, b: Bucket, host, ev, base: Op) -> None:
@@ -278,10 +284,12 @@ class TolerantReduce:
             # went as a padded copy and left none
             if self.ef and b.piece.size >= self.job.s.servers:
                 self.residual[b.store] = b.piece.copy()
+            t0 = time.perf_counter()
             res = torch.from_numpy(view[off:off + b.piece.size])
             if b.scale != 1.0:
                 res = res * b.scale
             self.staging.up(res, b.t)
+            self.phases.add("comm_copy_back", time.perf_counter() - t0)
             b.fut.set_result(b.t)
         done = {id(b) for b in buckets}
         self.open = [w for w in self.open if id(w) not in done]

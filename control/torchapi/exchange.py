@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .breakdown import worker as worker_phases
 from .flight import BARRIER, COMPUTE, PULL, PUSH
 from .flight import enter as flight_enter, heard as flight_heard
 from .coord import Excluded, PeerGone
@@ -66,6 +67,7 @@ class Exchange:
         self.clock = RoundClock()
         self.prev: Op | None = None
         self.times = dict.fromkeys(("barrier_s", "push_s", "pull_s"), 0.0)
+        self.phases = worker_phases()    # the process's step breakdown (comm_* phases)
         # the latest barrier as this worker saw it: (op, seconds it waited after
         # arriving, whether it arrived last: it lifted the barrier)
         self.barrier_seen: tuple[int, float, bool] | None = None
@@ -111,6 +113,7 @@ class Exchange:
         run.go = self.co.wait_go(run.seq)
         t2 = time.perf_counter()
         self.times["barrier_s"] += t2 - t0
+        self.phases.add("comm_barrier", t2 - t0)
         self.barrier_seen = (run.seq, t2 - t1, last)
         run.rec.arrive_ns, run.rec.lift_ns, run.rec.last = int(t0 * 1e9), int(t2 * 1e9), last
 
@@ -130,7 +133,9 @@ class Exchange:
             # the server closed r before all of this arrived: say so, it may be
             # waiting for that before it reuses r's bank (coord.py, ack/<r>/<w>)
             self.co.ack(r, self.id)
-        self.times["push_s"] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.times["push_s"] += dt
+        self.phases.add("comm_push", dt)
 
     def finish(self, run: Run, out: np.ndarray) -> np.ndarray:
         """The op's answer, copied into out[:down_elems] (returned)."""
@@ -139,7 +144,9 @@ class Exchange:
         flight_enter(PULL, run.seq)
         with self.on_rounds():
             self.link.pull(run.seq, view)
-        self.times["pull_s"] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.times["pull_s"] += dt
+        self.phases.add("comm_pull", dt)
         run.rec.pull = (int(t0 * 1e9), now_ns())
         flight_heard(0, run.rec.pull[1])      # the server's answer: its latest packet here
         flight_enter(COMPUTE, run.seq)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -61,6 +62,7 @@ class LtpServerLink(ServerLink):
         # with a secret every answer is signed (transport/signing.py): a
         # member holding the group key can send GROUP frames, not answers
         self.signer = Signer(secret, s.job) if secret is not None else None
+        self.sign_s = 0.0            # seconds spent signing answers (the step breakdown's)
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and ServerCodec(codec, s.error_feedback)
         self.defer = s.downlink_loss == "defer"
@@ -172,25 +174,32 @@ class LtpServerLink(ServerLink):
         if self.codec:
             buf = self.codec.answer(buf, d)
         if self.signer:
-            buf = self.signer.sign(d, buf)
+            buf = self.timed_sign(d, buf)
         self.ep.push_reliable(d, buf, peers, timeout_s=timeout_s,
                               group=self.group if group else None,
                               coded=self.s.downlink_code == "rs")
         return None
+
+    def timed_sign(self, d: int, buf: np.ndarray) -> np.ndarray:
+        """Answer d signed; the time it took counted in sign_s."""
+        t0 = time.perf_counter()
+        try:
+            return self.signer.sign(d, buf)
+        finally:
+            self.sign_s += time.perf_counter() - t0
 
     def _send_deferred(self, d: int, buf: np.ndarray, group: bool, peers: list[Peer],
                        critical_from: int, timeout_s: float) -> np.ndarray:
         """A step's answer, tolerantly (transport/defer.py): the elements it
         left out, for the server to carry into its next answer. A signed
         job signs the answer as the workers use it (the deferred chunks zero)."""
-        signer = self.signer
-        sign = None if signer is None else (
-            lambda used: signer.sign(d, used)[-SIG_ELEMS:].tobytes())
+        sign = None if self.signer is None else (
+            lambda used: self.timed_sign(d, used)[-SIG_ELEMS:].tobytes())
         for old in [k for k in self.verdicts if k < d - 4]:
             del self.verdicts[old]
         rep = self.ep.push_deferred(d, buf, peers, critical_from=critical_from,
                                     timeout_s=timeout_s, group=self.group if group else None,
-                                    sign=sign, sig_bytes=SIG_ELEMS * 4 if signer else 0,
+                                    sign=sign, sig_bytes=SIG_ELEMS * 4 if self.signer else 0,
                                     memo=self.verdicts)
         return np.repeat(rep.deferred, chunk_bytes_for(self.s.mtu) // 4)[:buf.size]
 

@@ -63,6 +63,7 @@ class ServerLink(ABC):
 
     name: str          # "ltp" | "tcp"
     opens: bool        # uplink rounds are opened (and kept alive with beat()) before gathering
+    sign_s: float = 0.0   # seconds spent signing answers so far (the step breakdown's `sign`)
 
     @abstractmethod
     def address(self) -> dict:

@@ -46,6 +46,7 @@ from ...errors import UsageError
 from ..transport.bubble import STRATEGIES
 from ..transport.early_close import EarlyCloseConfig
 from ..transport.rate import quiet_gc
+from .breakdown import worker as worker_phases
 from .buckets import BucketPlan, named_params
 from .flight import trigger as flight_trigger
 from .codec import make_codec
@@ -158,6 +159,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.last_report: StepReport | None = None
         self.synced = False
         self.wait_s = 0.0
+        self.phases = worker_phases()   # where each step's time goes (breakdown.py)
         job.optimizers.append(self)
         # The model and its optimizer exist: collect once and freeze what is
         # alive, so no full collection walks them during training (one
@@ -199,7 +201,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.ef_buckets = [b for b in self.plan.buckets if b.numel >= s.servers]
 
     def pack(self, b, add: bool = False) -> None:
-        ev = b.pack(self.send_t, add)
+        with self.phases.timed("staging"):
+            ev = b.pack(self.send_t, add)
         if ev is not None:
             self.packing[b.index] = ev
 
@@ -271,9 +274,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if not st.ready[b.index]:
                 self.pack(b)
                 st.ready[b.index] = True
+        t0 = time.perf_counter()
         if self.overlap:
             self.hand_over(st)
-            t0 = time.perf_counter()
             self.comm.drain()
             self.wait_s += time.perf_counter() - t0
         else:
@@ -281,10 +284,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.ex.barrier(st.run)
             for b in self.plan.buckets:
                 self.push(st.run, b.index)
+        self.phases.add("push", time.perf_counter() - t0)
         self.cur = None
         self.ks.append(1)
-        self.apply(self.ex.finish(st.run, self.answer))
+        self.apply(self.pull(st.run))
         return True
+
+    def pull(self, run) -> np.ndarray:
+        with self.phases.timed("pull"):
+            return self.ex.finish(run, self.answer)
 
     def sync_wbsp(self) -> bool:
         for b in self.plan.buckets:
@@ -302,21 +310,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.k > 1:
             self.send_t.div_(self.k)
         self.ex.co.set_k(self.wrun.seq, self.rank, self.k)
-        for b in self.plan.buckets:
-            self.push(self.wrun, b.index)
+        with self.phases.timed("push"):
+            for b in self.plan.buckets:
+                self.push(self.wrun, b.index)
         self.ks.append(self.k)
         self.k = 0
-        self.apply(self.ex.finish(self.wrun, self.answer))
+        self.apply(self.pull(self.wrun))
         return True
 
     def apply(self, answer: np.ndarray) -> None:
         self.keep_residual()
         rep = StepReport.decode(answer[self.plan.numel:])
         moved = set()
-        for b in self.plan.buckets:
-            moved |= b.apply(self.answer_t)
-        for dev in moved:   # the copies out of answer done: the next step may write it
-            torch.cuda.current_stream(dev).synchronize()
+        with self.phases.timed("copy_back"):
+            for b in self.plan.buckets:
+                moved |= b.apply(self.answer_t)
+            for dev in moved:   # the copies out of answer done: the next step may write it
+                torch.cuda.current_stream(dev).synchronize()
         self.steps += 1
         rep.step = self.steps     # this optimizer's step (the server counts every step op)
         seen = getattr(self.ex, "barrier_seen", None)   # bsp: this step's barrier
@@ -337,7 +347,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self.synchronize():
             return loss
         self.synced = False
-        self.inner.step()
+        with self.phases.timed("optimizer"):
+            self.inner.step()
+        self.phases.end_step()
         return loss
 
     @contextlib.contextmanager

@@ -41,6 +41,7 @@ from ...errors import DeadPeerError, LtpError, TransportError
 from ..transport.aggregate import aggregate_into, contain_nonfinite, sum_step
 from ..transport.rate import quiet_gc
 from ..transport.straggler import StepStragglers
+from .breakdown import SERVER as SERVER_PHASES, SERVER_OVERLAP, Phases
 from .flight import GATHER, OPS, SEND
 from .flight import current as flight_current, enter as flight_enter, heard as flight_heard
 from .flight import trigger as flight_trigger
@@ -115,6 +116,7 @@ class Server:
         self.stale: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.steps = 0
         self.times = dict.fromkeys(("gather_s", "update_s", "broadcast_s"), 0.0)
+        self.phases = Phases(SERVER_PHASES, SERVER_OVERLAP)   # per step op (breakdown.py)
         # a tolerant downlink (downlink_loss defer): what the last step's answer
         # left out, carried into the next answer of its shape, and the counts
         self.carry: tuple[tuple, np.ndarray] | None = None
@@ -131,10 +133,16 @@ class Server:
         try:
             while True:
                 flight_enter(OPS, self.clock.seq)   # waits for the workers' arrivals
+                t0 = time.perf_counter()
                 op = self.co.next_op(self.clock.seq, up=self.clock.up).op
                 if op.kind == SHUTDOWN:
                     break
+                self.phases.add("idle", time.perf_counter() - t0)
                 self.execute(op)
+                if op.kind == STEP:
+                    self.phases.end_step(wall=time.perf_counter() - t0)
+                else:
+                    self.phases.discard()
                 if self.clock.seq == 1:
                     quiet_gc()   # set-up is done: never scan its objects again
             summary = self.summary()
@@ -178,7 +186,10 @@ class Server:
             missing = [w for w in g.missing if w not in absent]   # the absent push nothing
             if missing and self.link.opens:
                 self.pending[r] = missing
+            t_sum = time.perf_counter()
             bad = self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + op.sizes[i]])
+            self.phases.add("gather", t1 - t0)
+            self.phases.add("aggregate", time.perf_counter() - t_sum)
             if bad is not None:
                 tally.nonfinite[np.asarray(g.workers, dtype=np.int64)[bad]] += 1
             tally.add(g, t1 - t0)
@@ -201,6 +212,7 @@ class Server:
                 self.open(nxt + j, op, j, announce=False)
                 self.pre.append(nxt + j)
         t3 = time.perf_counter()
+        sign0 = self.link.sign_s
         flight_enter(SEND, seq)
         left = self.answer_to(targets, seq, self.answer[:op.down_elems(self.W)],
                               group=self.group_ok and op.downlink == "group",
@@ -210,6 +222,8 @@ class Server:
         self.timeline.add(answer_record(seq, int(t3 * 1e9), now_ns()))
         self.times["update_s"] += t3 - t2
         self.times["broadcast_s"] += time.perf_counter() - t3
+        self.phases.add("send", time.perf_counter() - t3)
+        self.phases.add("sign", self.link.sign_s - sign0)
         self.clock.advance(op)
         self.prev = op
 
@@ -338,7 +352,8 @@ class Server:
                 "delivered_fraction": float(np.mean(self.delivered)) if self.delivered else 1.0,
                 "round_s_median": float(np.median(self.round_s)) if self.round_s else None,
                 "workers_lost": self.lost, "workers_rejoined": self.rejoined,
-                "downlink_deferred": dict(self.deferral)}
+                "downlink_deferred": dict(self.deferral),
+                "breakdown": self.phases.summary() if self.phases.steps else None}
 
 
 def heard(g) -> None:

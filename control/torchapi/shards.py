@@ -35,6 +35,7 @@ import torch.distributed as dist
 from ...dataplane import netns
 from ...errors import UsageError
 from .. import jobkey
+from .breakdown import worker as worker_phases
 from .coord import Coord
 from .exchange import Exchange
 from .link_ltp import LtpWorkerLink
@@ -208,6 +209,7 @@ class ShardedExchange:
             ex.co.wait_go(r.seq)
         t2 = time.perf_counter()
         self.barrier_s += t2 - t0
+        worker_phases().add("comm_barrier", t2 - t0)
         self.barrier_seen = (run.runs[0].seq, t2 - t1, last[0])   # as Exchange's
 
     def push(self, run: ShardRun, i: int, piece: np.ndarray) -> None:

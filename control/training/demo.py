@@ -35,7 +35,7 @@ import torch
 
 from ..torchapi import (DistributedOptimizer, broadcast_parameters, digest, rank, shutdown,
                         size)
-from ..torchapi import checkpoint, elastic, trace
+from ..torchapi import breakdown, checkpoint, elastic, trace
 from ..torchapi.coord import Excluded
 from ..torchapi.job import current
 from ..torchapi.link_ltp import LtpWorkerLink
@@ -100,10 +100,13 @@ class Demo:
                 ev(0, 0.0)     # (a lead that rejoined has no curve: it starts mid-job)
         self.add_version()
         self.clock.start()
+        phases = breakdown.worker()
+        phases.discard()              # the set-up's ops (the broadcast) are no step
         while opt.steps < self.total:
             t_step = time.monotonic()
+            phases.start_step()       # opt.step() ends it (the step's breakdown)
             opt.zero_grad()
-            self.loss_sum += self.stepper.step(self.stream)
+            self.compute(phases)
             self.loss_n += 1
             before = opt.steps
             try:
@@ -119,6 +122,13 @@ class Demo:
             if cfg.pace_s:
                 time.sleep(max(0.0, cfg.pace_s - (time.monotonic() - t_step)))
         return self.finish(opt)
+
+    def compute(self, phases) -> None:
+        """Forward and backward on the next batch; its wall time but the
+        staging backward's hooks did is the step's compute."""
+        t0, staged = time.perf_counter(), phases.get("staging")
+        self.loss_sum += self.stepper.step(self.stream)
+        phases.add("compute", time.perf_counter() - t0 - (phases.get("staging") - staged))
 
     def begin(self, opt) -> bool:
         """The replicas' first state: a member's (this worker rejoins a running
@@ -245,7 +255,7 @@ class Demo:
                 "chain": self.chain.hexdigest(), "local_steps": int(sum(opt.ks)),
                 "ks": opt.ks, "versions": self.total + 1,
                 "mean_loss": self.loss_sum / self.loss_n if self.loss_n else None,
-                "barrier": self.notes.to_dict(),
+                "barrier": self.notes.to_dict(), "breakdown": breakdown.worker_summary(),
                 **({"timeline": current().exchange.timeline.records()} if self.cfg.trace
                    else {}),
                 "times": {k: round(v, 4) for k, v in times.items()}}
@@ -317,6 +327,10 @@ class Demo:
             **self.sender_fields(done),
             **self.uplink_fields(done),
             "ps_times": server.get("ps_times"),
+            "breakdown": breakdown.combine(
+                {w: d.get("breakdown") for w, d in done.items()},
+                [s.get("breakdown") for s in server.get("servers") or [server]],
+                wall / n if n else None),
             "downlink_deferred": server.get("downlink_deferred"),
             **self.ev.tail(cfg),
         }

@@ -13,13 +13,14 @@ from datetime import timedelta
 
 import torch
 
+from ..torchapi import breakdown
 from ..torchapi.settings import Settings
 from .context import Coord, RankContext
 from .config import iterations_per_epoch
 from .data import BatchStream, Split, split
 from .local import Clock, Evaluator, Stepper, eval_due, setup_torch
 from .model import build_mlp, param_digest
-from ..torchapi.job import joined
+from ..torchapi.job import joined, shutdown
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -72,11 +73,15 @@ def _train(ctx: RankContext, co: Coord) -> dict:
                   "params": sum(p.numel() for p in module.parameters())})
         ev(0, 0.0)
     dist.barrier()
+    timer = StepTimer() if joined() is not None else None   # ddp-ltp: the breakdown
     clock.start()
     for t in range(1, total + 1):
-        opt.zero_grad()
-        stepper.step(stream)            # backward all-reduces (mean over workers)
-        opt.step()
+        if timer is None:
+            opt.zero_grad()
+            stepper.step(stream)            # backward all-reduces (mean over workers)
+            opt.step()
+        else:
+            timer.step(opt, stepper, stream)
         if lead:
             ctx.emit({"event": "iter", "t": t, "of": total, "epoch": round(t / ipe, 3),
                       "wall_s": clock.elapsed(), "reason": "complete", "delivered": 1.0,
@@ -88,7 +93,8 @@ def _train(ctx: RankContext, co: Coord) -> dict:
     digest = param_digest(vec)
     co.set_json(f"done/{wid}", {"worker": wid, "digest": digest,
                                 "times": {"compute_s": round(stepper.compute_s, 4),
-                                          "straggle_s": round(stepper.straggle_s, 4)}})
+                                          "straggle_s": round(stepper.straggle_s, 4)},
+                                "breakdown": breakdown.worker_summary()})
     if not lead:
         return {"event": "worker_done", "worker": wid, "digest": digest}
     done = {w: co.get_json(f"done/{w}") for w in range(W)}
@@ -100,6 +106,7 @@ def _result(ctx: RankContext, ev: Evaluator, done: dict[int, dict], *, total: in
     """Rank 0's result: the keys of the PS's (ps.PsRun.result) but ps_times and downlink."""
     W = ctx.workers
     ltp = ltp_rounds()
+    server = server_summary()
     return {
         "event": "result", "transport": ctx.cfg.transport, "sync": "bsp", "workers": W,
         "cc": None, "bubble": None, **ev.summary(total=total, ipe=ipe, wall=wall, params=params),
@@ -111,8 +118,48 @@ def _result(ctx: RankContext, ev: Evaluator, done: dict[int, dict], *, total: in
         "replicas_identical": len({d["digest"] for d in done.values()}) == 1,
         "version_chain": None,
         "worker_times": {str(w): done[w]["times"] for w in range(W)},
+        "ps_times": server.get("ps_times"),
+        "breakdown": breakdown.combine(
+            {w: d.get("breakdown") for w, d in done.items()},
+            [s.get("breakdown") for s in server.get("servers") or [server]] if server else [],
+            wall / total if total else None) if ltp else None,
         **ev.tail(ctx.cfg),
     }
+
+
+class StepTimer:
+    """A DDP step over the `ltp` backend, timed by phase (breakdown.py): the
+    reducer waits for the answers inside backward, from the last bucket's
+    hand-off (TolerantReduce.handed) to backward's end."""
+
+    def __init__(self):
+        self.phases = breakdown.worker()
+        self.phases.discard()       # the set-up's ops are no step
+
+    def step(self, opt, stepper: Stepper, stream: BatchStream) -> None:
+        ph = self.phases
+        ph.start_step()
+        opt.zero_grad()
+        t0, staged = time.perf_counter(), ph.get("staging")
+        stepper.step(stream)
+        t1 = time.perf_counter()
+        red = getattr(joined(), "tolerant", None)
+        wait = t1 - red.handed if red is not None and red.handed > t0 else 0.0
+        split = breakdown.ddp_wait(wait, ph.get("comm_pull"), ph.get("comm_copy_back"))
+        for name, v in split.items():
+            ph.add(name, v)
+        ph.add("compute", max(0.0, t1 - t0 - (ph.get("staging") - staged) - wait))
+        with ph.timed("optimizer"):
+            opt.step()
+        ph.end_step()
+
+
+def server_summary() -> dict:
+    """ddp-ltp, on the lead: the LTP job ended (every trainer's
+    destroy_process_group says goodbye too) and its server's summary; gloo: {}."""
+    if joined() is None:
+        return {}
+    return shutdown() or {}
 
 
 def ltp_rounds() -> dict:
