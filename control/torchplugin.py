@@ -12,7 +12,7 @@ mechanism off; then the import is needed again).
 """
 from __future__ import annotations
 
-NAME = "ltp"
+NAME = "ltp"   # torchapi/backend.py's NAME (this module imports it only when a group is made)
 
 
 def register() -> None:

@@ -153,6 +153,9 @@ def test_the_backend_needs_no_import_of_ltpx_torch(tmp_path):
     backend without loading ltpx.torch, and the DDP example with its
     `import ltpx.torch` line taken out trains as it does with it."""
     from ddp_local import EXAMPLE, run_local
+    from ltpx.control import torchplugin
+    from ltpx.control.torchapi import backend
+    assert torchplugin.NAME == backend.NAME
     probe = subprocess.run([sys.executable, "-c",
                             "import sys, torch.distributed as dist\n"
                             "print('LTP' in dist.Backend._plugins,"

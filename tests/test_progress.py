@@ -5,11 +5,11 @@ line per call; under `ltp launch` the rank still speaks JSON to it."""
 from __future__ import annotations
 
 import json
-import types
 
 import pytest
 
 from ltpx.control import progress
+from ltpx.control.training.launch import Rank
 from ltpx.tools.cmd_launch import Output
 
 pytestmark = pytest.mark.unit
@@ -46,7 +46,7 @@ def test_report_prints_json_for_the_launcher_and_plain_lines_otherwise(monkeypat
 
 def test_launch_output_turns_progress_events_into_plain_lines_off_a_terminal(capsys):
     out = Output(json_mode=False)           # pytest's stderr is no terminal: no bar
-    w0 = types.SimpleNamespace(label="w0", last_json=None)
+    w0 = Rank(rank=1, role="worker", index=0, host=None)   # a launcher's rank, no process
     for step in range(1, 51):
         out.line(w0, "stdout", json.dumps({"event": "progress", "step": step, "steps": 50,
                                            "loss": 0.25}))
@@ -58,7 +58,7 @@ def test_launch_output_turns_progress_events_into_plain_lines_off_a_terminal(cap
 
 def test_launch_output_under_json_keeps_the_events(capsys):
     out = Output(json_mode=True)
-    w0 = types.SimpleNamespace(label="w0", last_json=None)
+    w0 = Rank(rank=1, role="worker", index=0, host=None)   # a launcher's rank, no process
     for step in (1, 2):
         out.line(w0, "stdout", json.dumps({"event": "progress", "step": step, "steps": 2}))
     err = capsys.readouterr().err.splitlines()

@@ -43,7 +43,6 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
 
 from ...errors import UsageError
-from ..torchplugin import NAME
 from .ddp import tolerant_reduce, tolerant_rule
 from .job import current, init, joined, serve_here, shutdown
 
@@ -56,6 +55,7 @@ EXACT = ("broadcast", "allgather", "allgather_coalesced", "allgather_into_tensor
          "reduce_scatter_tensor_coalesced", "allreduce_coalesced", "gather", "scatter",
          "reduce", "alltoall", "alltoall_base", "all_to_all_single", "barrier",
          "monitored_barrier")
+NAME = "ltp"   # the backend's name (torchplugin.NAME says it to torch at torch's import)
 UNSUPPORTED = ("send", "recv", "recv_anysource")
 EXACT_KEYS = "ltp-exact/"    # the exact group's keys of the store
 _stores: list = []      # the exact groups' stores (SealedStore: Python objects torch holds)
