@@ -197,7 +197,7 @@ def test_a_sigstopped_worker_is_named_and_the_job_goes_on_without_it(rig, monkey
         assert d["threshold_s"] < 2 * d["median_op_s"] or d["threshold_s"] == 0.25, d
         assert d["now"]["for_s"] >= d["threshold_s"]
     # the server's screen line says whom it waits for
-    srv = [ln for ln in named_lines(after) if ln.startswith("s0 (")]
+    srv = [ln for ln in named_lines(after) if ln.startswith("s0 (server 0, pid ")]   # its rank line
     assert srv and ("w2" in srv[0] or "its server" in srv[0] or "send" in srv[0]), srv
     # and the job went on: worker 2 lost, dropped after --max-missed steps, the rest finished
     assert res["iterations"] == 24, res
