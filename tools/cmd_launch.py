@@ -31,7 +31,7 @@ import time
 from ..control.progress import Throttle, describe, metrics_text
 from ..control.settings_table import DOWNLINKS, LAUNCH, add_flag
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
-from .train_text import cause_lines, stall_line
+from .train_text import cause_lines, stall_lines
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
                     check_name, check_rate, check_workers)
 
@@ -445,6 +445,6 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
             stop = (f"stopped by {stopped_by}" + (f" ({', '.join(gone)} stopped)" if gone else "")
                     + "; ")
         print("\n".join(["", "ltp launch: " + stop + ("timed out; " if timed_out else "") +
-                         f"exit {worst}{src}{again}; {tail}", *rows, *[stall_line(stalls)] *
-                          bool(stalls), *cause_lines(cause)]), file=sys.stderr)
+                         f"exit {worst}{src}{again}; {tail}", *rows, *stall_lines(stalls),
+                          *cause_lines(cause)]), file=sys.stderr)
     return worst

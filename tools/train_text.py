@@ -80,6 +80,11 @@ def stall_line(st: dict) -> str:
             f"{st['phase']}, waiting for {st['waiting_for']}")
 
 
+def stall_lines(st: dict | None) -> list[str]:
+    """stall_line's, as a summary's lines (none without stalls)."""
+    return [stall_line(st)] if st else []
+
+
 def cause_lines(cause: dict | None) -> list[str]:
     """The summary's last block: the first failure, as torchrun's Root Cause
     (none without one)."""
