@@ -171,6 +171,31 @@ def test_the_backend_needs_no_import_of_ltpx_torch(tmp_path):
     assert len({r["digest"] for r in res}) == 1
 
 
+@pytest.mark.slow
+def test_a_ddp_rank_without_its_server_says_so_and_gives_up():
+    """A DDP script started as torchrun starts it (every rank a trainer) and
+    no server rank: the rank does not wait in silence; after a few seconds
+    one line says whom the LTP job counts and to start the server rank, and
+    at the timeout it gives up (issue 43: it waited 60 s printing nothing)."""
+    from datetime import timedelta
+
+    import torch.distributed as tdist
+    store = tdist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60),
+                           wait_for_workers=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LTP_")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK="0",
+               WORLD_SIZE="1", TORCHELASTIC_USE_AGENT_STORE="True", LTP_TRANSPORT="tcp",
+               LTP_IP="127.0.0.1", LTP_TIMEOUT="9", TORCH_CPP_LOG_LEVEL="ERROR")
+    p = subprocess.run([sys.executable, "-c", "import torch.distributed as dist\n"
+                        "dist.init_process_group('ltp')\n"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode != 0, p.stderr[-2000:]
+    assert "rank 1 of the LTP job still waits for the others after 5 s (it counts 1 server " \
+        "rank(s), ranks 0..0, and 1 worker(s): 2 in all" in p.stderr, p.stderr[-3000:]
+    assert "start the server rank too (LTP_ROLE=server LTP_RANK=0" in p.stderr
+    assert "CommError: waited 9s for the LTP job's rank 0 (a server)" in p.stderr
+
+
 @requires_bpf
 @pytest.mark.rig
 def test_torchrun_inside_rig_namespaces_with_a_server_process(tmp_path):

@@ -31,7 +31,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ...dataplane import netns
-from ...errors import UsageError
+from ...errors import CommError, UsageError
 from .. import jobkey
 from .flight import SERVER, WORKER, current as flight_current, start as flight_start
 from .flight import stop as flight_stop, trigger as flight_trigger
@@ -46,6 +46,7 @@ from .settings import Settings
 from .trace import rank_trace, write as write_trace
 from .shards import start_sharded
 
+NOTE_S = 5.0    # a wait on the store or the other ranks says so after this long
 TRACE_RANKS = "LTP_TRACE_RANKS"   # 1: a worker writes its own trace file too (TRACE.worker<W>)
 log = logging.getLogger("ltpx.torch")   # the API's logger; modules log under it
 
@@ -91,8 +92,9 @@ class Job:
         flight_start(self.global_rank, SERVER if self.is_server else WORKER,
                      self.global_rank if self.is_server else self.rank)   # LTP_FLIGHT_DIR
         # every value, token, answer and hello below is bound to this run
-        self.run = agree_run(self.store, self.key, self.global_rank, self.rank,
-                             s.servers, s.timeout, s.run_id)
+        with ranks_note(self):
+            self.run = agree_run(self.store, self.key, self.global_rank, self.rank,
+                                 s.servers, s.timeout, s.run_id)
         if s.servers > 1:   # sharded servers: shards.py sets up coord, links, exchange
             start_sharded(self)
             return
@@ -104,7 +106,8 @@ class Job:
               "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid(),
               **self.link.address(), **self.coord.directory()}
         self.coord.set_json(f"meta/{self.global_rank}", me)
-        metas = self.coord.metas(range(self.world))
+        with ranks_note(self):
+            metas = self.coord.metas(range(self.world))
         self.local_rank = self.local_index(metas)
         if self.is_server:
             self.link.connect({w: metas[s.servers + w] for w in range(self.workers)})
@@ -207,7 +210,12 @@ def agree_run(store, key, global_rank: int, worker: int | None, servers: int,
         run = given or jobkey.new_run().encode()
         store.set(name, seal.seal(name, run))
         return run
-    store.wait([name], timedelta(seconds=timeout_s))
+    try:
+        store.wait([name], timedelta(seconds=timeout_s))
+    except RuntimeError:        # torch's DistStoreError: the wait timed out
+        raise CommError(f"waited {timeout_s:g}s for the LTP job's rank 0 (a server) in the "
+                        "rendezvous store: it never joined (is a server rank started? "
+                        "LTP_ROLE=server LTP_RANK=0, docs/deploy.md)") from None
     run = seal.read_from(name, store.get(name), run_value)[1]
     if given is not None and given != run:
         raise UsageError(f"init(): this rank's run id is {given.decode()!r}, rank 0's "
@@ -250,22 +258,42 @@ def rendezvous(store_netns: str | None, timeout_s: float, place: tuple[int, int]
 
 
 @contextlib.contextmanager
-def waiting_note(timeout_s: float, after_s: float = 5.0):
-    """Say on stderr when the rendezvous takes longer than after_s."""
+def note_after(after_s: float, message: str):
+    """Print `message` on stderr once, if what the block waits for takes
+    longer than after_s: a wait is never silent."""
     done = threading.Event()
 
     def note():
         if not done.wait(after_s):
-            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-            print(f"ltpx.torch: still waiting for the rendezvous store at {where} after "
-                  f"{after_s:.0f} s (gives up after {timeout_s:.0f} s; is MASTER_ADDR "
-                  "reachable from this rank's namespace?)", file=sys.stderr, flush=True)
-    th = threading.Thread(target=note, name="ltpx-rdzv-note", daemon=True)
+            print(message, file=sys.stderr, flush=True)
+    th = threading.Thread(target=note, name="ltpx-wait-note", daemon=True)
     th.start()
     try:
         yield
     finally:
         done.set()
+
+
+def waiting_note(timeout_s: float, after_s: float = NOTE_S):
+    """The note of a rendezvous that takes longer than after_s."""
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    return note_after(after_s, f"ltpx.torch: still waiting for the rendezvous store at {where} "
+                      f"after {after_s:.0f} s (gives up after {timeout_s:.0f} s; is MASTER_ADDR "
+                      "reachable from this rank's namespace?)")
+
+
+def ranks_note(job: Job, after_s: float = NOTE_S):
+    """The note of a rank whose LTP job's other ranks have not all joined
+    after after_s: whom the job counts, and the likeliest cause (a DDP
+    script's ranks under torchrun are trainers only: its server rank is a
+    process of its own)."""
+    s = job.s
+    return note_after(after_s, (
+        f"ltpx.torch: rank {job.global_rank} of the LTP job still waits for the others after "
+        f"{after_s:.0f} s (it counts {s.servers} server rank(s), ranks 0..{s.servers - 1}, "
+        f"and {job.workers} worker(s): {job.world} in all; gives up after {s.timeout:.0f} s). "
+        "Under torchrun every rank of a DDP script is a trainer: start the server rank "
+        "too (LTP_ROLE=server LTP_RANK=0 ..., docs/deploy.md), or run it with `ltp launch`"))
 
 
 def joined() -> Job | None:
