@@ -90,20 +90,6 @@ def test_the_run_names_the_barriers_last_arriver_beyond_the_margin():
     assert attribute_steps(notes, {}, steps=5, step_s=0.5)["rounds_attributed"] == 0
 
 
-def test_a_step_the_lead_came_late_to_from_an_evaluation_names_nobody():
-    """Worker 0 evaluated before step 2 and arrived last there, the others
-    waiting 60 ms, and the NIC named it too: the step is skipped (no
-    straggler step); step 1, the same without an evaluation, names it."""
-    from ltpx.control.training.stragglers import BarrierNotes, attribute_steps
-    lead = BarrierNotes()
-    lead.skip(2)
-    notes = {0: {**lead.to_dict(), "last": [1, 2]},
-             1: {"last": [], "waited_ms": {"1": 60, "2": 60}},
-             2: {"last": [], "waited_ms": {"1": 61, "2": 60}}}
-    out = attribute_steps(notes, {2: 0}, steps=2, step_s=0.02)
-    assert out["straggler_rounds"] == {"0": 1} and out["steps_skipped"] == 1
-
-
 def test_the_trace_checker_finds_what_perfetto_would_refuse():
     from ltpx.control.torchapi.trace import chrome_trace, problems
     good = chrome_trace({}, {0: [{"op": 1, "kind": "step", "arrive_ns": 1000, "lift_ns": 5000,

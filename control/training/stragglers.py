@@ -15,10 +15,9 @@ Two witnesses, each step:
            whose chunks came last, beyond its margin, or whom a round cut by
            its deadline waited for
 
-A step neither names is not attributed, nor is a step the lead came late
-to because it evaluated just before (`skipped`: no compute of its was slow).
-Each worker keeps its notes sparse (waits only above BARRIER_MARGIN_S, at
-most MAX_NOTES of each), and hands them to the lead with its summary.
+A step neither names is not attributed. Each worker keeps its notes sparse
+(waits only above BARRIER_MARGIN_S, at most MAX_NOTES of each), and hands
+them to the lead with its summary.
 """
 from __future__ import annotations
 
@@ -37,13 +36,6 @@ class BarrierNotes:
     def __init__(self):
         self.last = array("l")                 # steps it arrived last at
         self.waited: dict[int, float] = {}     # step -> seconds waited, above the floor
-        self.skipped = array("l")              # steps it came late to from an evaluation
-
-    def skip(self, step: int) -> None:
-        """Step `step` is no straggler step: this worker (the lead) evaluated
-        before it."""
-        if len(self.skipped) < MAX_NOTES:
-            self.skipped.append(step)
 
     def add(self, rep) -> None:
         if rep.barrier_wait_s is None:
@@ -54,7 +46,7 @@ class BarrierNotes:
             self.waited[rep.step] = rep.barrier_wait_s
 
     def to_dict(self) -> dict:
-        return {"last": list(self.last), "skipped": list(self.skipped),
+        return {"last": list(self.last),
                 "waited_ms": {str(s): round(v * 1e3, 3) for s, v in self.waited.items()}}
 
 
@@ -66,18 +58,14 @@ def attribute_steps(notes: dict[int, dict], nic: dict[int, int], steps: int,
     the server named; keys: the steps' numbers (default 1..steps)."""
     margin = max(BARRIER_MARGIN_S, BARRIER_MARGIN_FRAC * step_s)
     last_at: dict[int, int] = {}
-    skipped: set[int] = set()
     for w, n in notes.items():
         for s in n.get("last", []):
             last_at.setdefault(int(s), w)
-        skipped.update(int(s) for s in n.get("skipped", []))
     waited = {w: {int(s): v / 1e3 for s, v in n.get("waited_ms", {}).items()}
               for w, n in notes.items()}
     named: dict[int, int] = {}
     by = {"barrier": 0, "nic": 0}
     for s in (range(1, steps + 1) if keys is None else keys):
-        if s in skipped:
-            continue
         w = last_at.get(s)
         others = [waited[o].get(s, 0.0) for o in waited if o != w]
         if w is not None and others and float(np.median(others)) > margin:
@@ -88,4 +76,4 @@ def attribute_steps(notes: dict[int, dict], nic: dict[int, int], steps: int,
             by["nic"] += 1
     return {"straggler_rounds": {str(w): n for w, n in sorted(named.items())},
             "rounds_attributed": sum(named.values()), "attributed_by": by,
-            "straggler_margin_ms": round(margin * 1e3, 3), "steps_skipped": len(skipped)}
+            "straggler_margin_ms": round(margin * 1e3, 3)}
