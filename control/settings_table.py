@@ -182,8 +182,13 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        shown="0x7472", flags=(RANK,)),
     _s("tcp_port", int, 0, "the TCP server's listening port (transport tcp; 0: any)",
        lo=0, hi=65535, flags=(RANK,)),
-    _s("bucket_mb", float, 4.0, "the default gradient bucket size of DistributedOptimizer, "
-       "MB", lo=0, above=True),
+    _s("bucket_mb", float, 4.0, "the largest LTP round of a step's gradients, MB: "
+       "DistributedOptimizer's default bucket size, and the pieces DDP's buckets are cut "
+       "into (each piece's answer leaves as soon as its round is summed)", lo=0, above=True),
+    _s("stream_share", float, 0.5, "the share of the path's rate a step's answer takes "
+       "while the step's later rounds still come in (each round's part leaves once it is "
+       "summed; the rest, at the full rate, after the last round); 0: every answer whole "
+       "after the last round (docs/transport.md, Streamed answers)", lo=0, hi=1),
     _s("compress", str, "none", "gradients as 8-bit codes with a min and a scale per LTP "
        "chunk, about a quarter of the bytes each way (ltp and tcp; every rank alike; "
        "docs/training.md, Compression)", choices=("none", "uint8"), flags=(TRAIN,)),

@@ -133,16 +133,34 @@ class Layout:
         self.last, self.seen = self.seen, []
 
 
+def cut(n: int, most: int) -> tuple[int, ...]:
+    """A bucket of n elements as the pieces (uplink rounds) it goes in: as
+    few as hold at most `most` each, sizes differing by at most one. A
+    round's part of the answer leaves as soon as the round is summed
+    (transport/stream.py), so a large bucket in several rounds has its
+    answer on the way while its later rounds still come in."""
+    k = max(1, -(-n // max(1, most)))
+    q, r = divmod(n, k)
+    return tuple(q + (1 if i < r else 0) for i in range(k))
+
+
 @dataclass
 class MultiRun:
-    """A step's op whose pieces are the step's buckets, in order."""
+    """A step's op whose pieces are the step's buckets, each cut into
+    rounds (`cut`), in order."""
 
     run: object                                  # exchange.Run
+    buckets: tuple                               # the buckets' sizes
+    most: int                                    # the largest round, in elements
     waiting: list = field(default_factory=list)  # the buckets pushed, answers to come
 
     def fits(self, key: int, n: int) -> bool:
-        sizes = self.run.op.sizes
-        return key == len(self.waiting) and key < len(sizes) and sizes[key] == n
+        b = self.buckets
+        return key == len(self.waiting) and key < len(b) and b[key] == n
+
+    def first(self, key: int) -> int:
+        """The op's piece index of bucket key's first round."""
+        return sum(len(cut(n, self.most)) for n in self.buckets[:key])
 
 
 class TolerantReduce:
@@ -169,10 +187,13 @@ class TolerantReduce:
         self.comm = CallThread("ltpx-ddp")
         self.lock = threading.Lock()
         self.layout = Layout()
+        # the largest round a bucket goes in (`cut`): the job's bucket_mb
+        self.most = max(1, int(job.s.bucket_mb * 2**20) // 4)
         self.cur: MultiRun | None = None  # the step's op while its buckets come
         self.ops = 0                      # step ops so far (one per step, once the layout is known)
         self.buckets = 0                  # buckets reduced so far
-        self.early_buckets = 0            # ... of which a round closed early
+        self.rounds = 0                   # ... in so many LTP rounds (cut)
+        self.early_buckets = 0            # rounds (a bucket's pieces: cut) closed early
         self.wholly_filled_total = 0
         self.delivered_sum = 0.0          # per bucket: the workers' mean delivered fraction
         self.last_report: StepReport | None = None
@@ -241,16 +262,18 @@ class TolerantReduce:
         if cur is not None and not cur.fits(b.key, n):
             self.abandon()     # every rank sees the same layout change, and does the same
             cur = None
-        if cur is None and b.key == 0 and self.layout.stable and self.layout.stable[0] == n:
-            cur = self.cur = MultiRun(self.start(replace(base, sizes=self.layout.stable)))
+        stable, most = self.layout.stable, self.most
+        if cur is None and b.key == 0 and stable and stable[0] == n:
+            sizes = tuple(x for m in stable for x in cut(m, most))
+            cur = self.cur = MultiRun(self.start(replace(base, sizes=sizes)), stable, most)
         if cur is None:
-            run = self.start(replace(base, sizes=(n,)))
+            run = self.start(replace(base, sizes=cut(n, most)))
             self.push(run, 0, b)
             self.finish(run, [b])
             return
-        self.push(cur.run, b.key, b)
+        self.push(cur.run, cur.first(b.key), b)
         cur.waiting.append(b)
-        if len(cur.waiting) == len(cur.run.op.sizes):
+        if len(cur.waiting) == len(cur.buckets):
             self.cur = None
             self.finish(cur.run, cur.waiting)
 
@@ -261,11 +284,15 @@ class TolerantReduce:
         return run
 
     def push(self, run, i: int, b: Bucket) -> None:
+        """Bucket b into the op's pieces from i on, a round each (`cut`)."""
         if self.ef and b.t is not None:
             res = self.residual.get(b.store)
             if res is not None:
                 b.piece += res
-        self.job.exchange.push(run, i, b.piece)
+        lo = 0
+        for j, m in enumerate(cut(b.piece.size, self.most)):
+            self.job.exchange.push(run, i + j, b.piece[lo:lo + m])
+            lo += m
 
     def finish(self, run, buckets: list) -> None:
         """The op's answer: each bucket's slice into its tensor, its future set."""
@@ -275,8 +302,9 @@ class TolerantReduce:
         if ans is None:
             ans = self.answers[down] = np.empty(down, dtype=np.float32)
         view = self.job.exchange.finish(run, ans)
-        self.note(StepReport.decode(view[sum(op.sizes):]), len(op.sizes))
-        for b, off in zip(buckets, op.offsets()):
+        self.note(StepReport.decode(view[sum(op.sizes):]), len(buckets), len(op.sizes))
+        offs = np.cumsum([0] + [b.piece.size for b in buckets[:-1]]).tolist()
+        for b, off in zip(buckets, offs):
             if b.t is None:              # a stand-in
                 continue
             # what the links left in the piece is its rounding error (every
@@ -299,16 +327,16 @@ class TolerantReduce:
         come, the op finished (the buckets already in it get their answers)."""
         cur, self.cur = self.cur, None
         self.layout.stable = None
-        sizes = cur.run.op.sizes
-        for i in range(len(cur.waiting), len(sizes)):
-            stand_in = Bucket(None, np.zeros(sizes[i], np.float32), -1)
-            self.push(cur.run, i, stand_in)
+        for k in range(len(cur.waiting), len(cur.buckets)):
+            stand_in = Bucket(None, np.zeros(cur.buckets[k], np.float32), -1)
+            self.push(cur.run, cur.first(k), stand_in)
             cur.waiting.append(stand_in)
         self.finish(cur.run, cur.waiting)
 
-    def note(self, rep: StepReport, buckets: int = 1) -> None:
+    def note(self, rep: StepReport, buckets: int = 1, rounds: int = 1) -> None:
         with self.lock:
             self.buckets += buckets
+            self.rounds += rounds
             self.ops += 1
             rep.step = self.ops
             self.early_buckets += sum(r in ("early", "deadline") for r in rep.reasons)
@@ -322,7 +350,8 @@ class TolerantReduce:
         """What its rounds did; `deferred_answers` / `deferred_chunks`: the
         answers (downlink_loss defer) that left chunks out, a step late."""
         down = self.job.link.downlink if self.job.link is not None else {}
-        return {"buckets": self.buckets, "ops": self.ops, "early_buckets": self.early_buckets,
+        return {"buckets": self.buckets, "rounds": self.rounds, "ops": self.ops,
+                "early_buckets": self.early_buckets,
                 "wholly_filled_total": self.wholly_filled_total,
                 "delivered": self.delivered_sum / self.buckets if self.buckets else 1.0,
                 "deferred_answers": down.get("answers", 0),

@@ -127,7 +127,8 @@ class Exchange:
         if self.link.opens and i >= run.npre:
             self.co.wait_open(r)
         with self.on_rounds():
-            closed_early = self.link.push(r, piece, run.op.reliable, answer=run.seq)
+            closed_early = self.link.push(r, piece, run.op.reliable, answer=run.seq,
+                                          at=run.op.offsets()[i])
         run.rec.pushes.append((r, int(t0 * 1e9), now_ns()))
         if closed_early:
             # the server closed r before all of this arrived: say so, it may be

@@ -25,7 +25,8 @@ from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import CHECKSUMS, Endpoint, Peer
 from ..transport.rate import CREDIT_RTT_S
 from ..transport import defer, fec, tokens
-from ..transport.signing import SIG_ELEMS, ForgedAnswerError, Signer, Verifier
+from ..transport.signing import SIG_ELEMS, ForgedAnswerError, Signer, StreamSigner, Verifier
+from ..transport.stream import AnswerStream, answered_from
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
 from .settings import Settings
@@ -180,6 +181,27 @@ class LtpServerLink(ServerLink):
                               coded=self.s.downlink_code == "rs")
         return None
 
+    @property
+    def sig_elems(self) -> int:
+        return SIG_ELEMS if self.signer else 0
+
+    def stream(self, d: int, buf: np.ndarray, group: bool, *, to: list[int],
+               wait_s: float) -> AnswerStream | None:
+        """Answer d sent part by part as buf fills (transport/stream.py), its
+        last `sig_elems` elements the signature; None where answers go
+        otherwise (coded, compressed, tolerant, or per worker)."""
+        if not self.s.stream_share or self.codec or self.defer or not group \
+                or self.s.downlink_code == "rs" or self.group is None:
+            return None
+        peers = [p for p in self.peers if p.worker in to]
+        if not peers:
+            return None
+        signer = None if self.signer is None else \
+            StreamSigner(self.signer, d, len(buf) - SIG_ELEMS)
+        return AnswerStream(self.ep, d, buf, peers, group=self.group,
+                            timeout_s=min(self.wait_s, wait_s), signer=signer,
+                            share=self.s.stream_share)
+
     def timed_sign(self, d: int, buf: np.ndarray) -> np.ndarray:
         """Answer d signed; the time it took counted in sign_s."""
         t0 = time.perf_counter()
@@ -307,15 +329,20 @@ class LtpWorkerLink(WorkerLink):
             nelems += SIG_ELEMS
         self.ep.expect(d, nelems, self.id, coded=self.coded)
 
-    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None) -> bool:
+    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
+             at: int = 0) -> bool:
         """Send this worker's piece of round r; True when the server closed the
         round before all of it arrived (the server may wait for word of that).
-        answer: the downlink round that answers r's op; once any of it arrives
-        r is closed, and the push ends even if its last ACKs were lost."""
+        answer: the downlink round that answers r's op, `at` the element where
+        r's part of it starts; once a chunk of it from there on arrives (any
+        chunk, where answers are coded or tolerant) r is closed, and the push
+        ends even if its last ACKs were lost."""
         if self.codec and not reliable:   # buf is left holding the rounding error
             buf = self.codec.piece(buf)
         ep = self.ep
-        over = None if answer is None else (lambda: ep.arrived(answer) > 0)
+        first = 0 if self.codec or self.coded or self.deferred else \
+            at // (chunk_bytes_for(self.s.mtu) // 4)
+        over = None if answer is None else (lambda: answered_from(ep, answer, first))
         rep = ep.push(r, buf, self.ps, reliable=reliable, timeout_s=self.wait_s, over=over)
         up = self.uplink
         up["pushes"], up["sent"], up["clock_tx"] = (up["pushes"] + 1, up["sent"] + rep.sent,

@@ -245,7 +245,8 @@ class TcpWorkerLink(WorkerLink):
     def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
         pass
 
-    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None) -> bool:
+    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
+             at: int = 0) -> bool:
         if self.codec and not reliable:   # buf is left holding the rounding error
             buf = self.codec.piece(buf)
         body = memoryview(np.ascontiguousarray(buf)).cast("B")

@@ -111,6 +111,15 @@ class ServerLink(ABC):
     def beat(self) -> None:  # noqa: B027 (optional: only a link that opens rounds keeps them alive)
         """Keep open rounds alive while the server waits elsewhere (LTP)."""
 
+    sig_elems = 0      # elements an answer's buffer keeps at its end for a signature (stream)
+
+    def stream(self, d: int, buf: np.ndarray, group: bool, *, to: list[int],
+               wait_s: float):
+        """Answer d sent in parts as buf fills (a transport/stream.AnswerStream:
+        feed, finish, abort), its last `sig_elems` elements the signature;
+        None (the default) where the link sends answers whole."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Release sockets and endpoints."""
@@ -159,9 +168,11 @@ class WorkerLink(ABC):
         """Answer d starts with the aggregate's codes for n elements."""
 
     @abstractmethod
-    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None) -> bool:
+    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
+             at: int = 0) -> bool:
         """This worker's piece for uplink round r; `answer`: the op's answer,
-        whose arrival ends the push (its round is over)."""
+        whose arrival from element `at` on (where r's part of it starts: the
+        server may send an answer in parts) ends the push (r is over)."""
 
     @abstractmethod
     def pull(self, d: int, out: np.ndarray) -> None:

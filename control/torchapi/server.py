@@ -115,6 +115,7 @@ class Server:
         self.answer = np.empty(0, dtype=np.float32)
         self.stale: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.steps = 0
+        self.streamed = 0               # answers sent part by part as their rounds closed
         self.times = dict.fromkeys(("gather_s", "update_s", "broadcast_s"), 0.0)
         self.phases = Phases(SERVER_PHASES, SERVER_OVERLAP)   # per step op (breakdown.py)
         # a tolerant downlink (downlink_loss defer): what the last step's answer
@@ -160,18 +161,54 @@ class Server:
         npre = preopened(self.prev, op)
         if self.link.ensure(op.max_elems(self.W)):
             self.pre, self.pending = [], {}     # a new endpoint: nothing is open on it
-        if len(self.answer) < op.down_elems(self.W):
-            self.answer = np.zeros(op.down_elems(self.W), dtype=np.float32)
+        need = op.down_elems(self.W) + self.link.sig_elems
+        if len(self.answer) < need:
+            self.answer = np.zeros(need, dtype=np.float32)
         if npre == 0:    # the op is not the one opened ahead for
             for r in self.pre:
                 self.link.cancel(r)
         self.pre = []
-        ws, absent = self.view.participants(op), set(self.view.absent)
         targets = sorted(self.view.expect())     # who gets the answer: the present
+        group = self.group_ok and op.downlink == "group"
         if op.kind == STEP:
             self.link.configure(op.bubble, op.early_close)
         for i in range(npre, min(2, n)):
             self.open(rounds[i], op, i, announce=True)
+        # a step of several rounds answers each round's part as it is summed
+        stream = self.link.stream(seq, self.answer[:need], group, to=targets,
+                                  wait_s=FIRST_TRY_S) if op.kind == STEP and n > 1 else None
+        ws, absent = self.view.participants(op), set(self.view.absent)
+        try:
+            tally, ks = self.gather_all(op, rounds, ws, absent, stream)
+        except BaseException:
+            if stream is not None:
+                stream.abort()
+            raise
+        t2 = time.perf_counter()
+        if op.kind == STEP:
+            self.steps += 1
+            rep = tally.report(self.steps, ws, ks)
+            rep.status, rep.absent = self.changes(tally, ws, n), sorted(absent & set(ws))
+            self.carry_in(op)
+            rep.encode(self.answer[sum(op.sizes):op.down_elems(self.W)])
+            self.view.after_report(rep)
+            self.note(rep)
+            # the likely next op is this one again: open its first rounds now
+            nxt = rounds[-1] + 1
+            for j in range(min(2, n)):
+                self.open(nxt + j, op, j, announce=False)
+                self.pre.append(nxt + j)
+        self.times["update_s"] += time.perf_counter() - t2
+        self.answer_op(op, seq, targets, group, stream)
+        self.clock.advance(op)
+        self.prev = op
+
+    def gather_all(self, op: Op, rounds: list[int], ws: list[int], absent: set[int],
+                   stream) -> tuple[StepTally, list | None]:
+        """Every round of op from the participants `ws`, gathered and combined
+        into the answer in order (each part fed to the answer's stream, if it
+        has one); the tally and the participants' ks (a step's)."""
+        seq, n = self.clock.seq, len(op.sizes)
         tally, ks, offs = StepTally(self.W), None, op.offsets()
         for i, r in enumerate(rounds):
             t0 = time.perf_counter()
@@ -188,6 +225,8 @@ class Server:
                 self.pending[r] = missing
             t_sum = time.perf_counter()
             bad = self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + op.sizes[i]])
+            if stream is not None:
+                stream.feed(offs[i] + op.sizes[i])
             self.phases.add("gather", t1 - t0)
             self.phases.add("aggregate", time.perf_counter() - t_sum)
             if bad is not None:
@@ -197,35 +236,32 @@ class Server:
                 self.open(rounds[i + 2], op, i + 2, announce=True)
             self.times["gather_s"] += t1 - t0
             self.times["update_s"] += time.perf_counter() - t1
-        t2 = time.perf_counter()
-        if op.kind == STEP:
-            self.steps += 1
-            rep = tally.report(self.steps, ws, ks)
-            rep.status, rep.absent = self.changes(tally, ws, n), sorted(absent & set(ws))
-            self.carry_in(op)
-            rep.encode(self.answer[sum(op.sizes):op.down_elems(self.W)])
-            self.view.after_report(rep)
-            self.note(rep)
-            # the likely next op is this one again: open its first rounds now
-            nxt = rounds[-1] + 1
-            for j in range(min(2, n)):
-                self.open(nxt + j, op, j, announce=False)
-                self.pre.append(nxt + j)
+        return tally, ks
+
+    def answer_op(self, op: Op, seq: int, targets: list[int], group: bool, stream) -> None:
+        """op's answer to `targets`: the rest of its stream, or (no stream, or
+        one a silent worker stopped) the whole answer (answer_to)."""
         t3 = time.perf_counter()
         sign0 = self.link.sign_s
         flight_enter(SEND, seq)
-        left = self.answer_to(targets, seq, self.answer[:op.down_elems(self.W)],
-                              group=self.group_ok and op.downlink == "group",
-                              critical_from=sum(op.sizes) if op.kind == STEP else None)
-        if left is not None:
-            self.carry_out(op, left)
+        done = False
+        if stream is not None:
+            try:
+                stream.finish()
+                self.link.sign_s += stream.sign_s
+                done = True
+                self.streamed += 1
+            except TransportError as e:   # the whole answer again, as without a stream
+                log.info("ltpx.torch server: answer %d's stream stopped (%s): sent whole", seq, e)
+        if not done:
+            left = self.answer_to(targets, seq, self.answer[:op.down_elems(self.W)], group=group,
+                                  critical_from=sum(op.sizes) if op.kind == STEP else None)
+            if left is not None:
+                self.carry_out(op, left)
         self.timeline.add(answer_record(seq, int(t3 * 1e9), now_ns()))
-        self.times["update_s"] += t3 - t2
         self.times["broadcast_s"] += time.perf_counter() - t3
         self.phases.add("send", time.perf_counter() - t3)
         self.phases.add("sign", self.link.sign_s - sign0)
-        self.clock.advance(op)
-        self.prev = op
 
     def changes(self, tally: StepTally, ws: list[int], buckets: int) -> dict[int, int]:
         """This step's membership changes: worker -> DROPPED or its join ticket."""
@@ -346,7 +382,7 @@ class Server:
         self.round_s.append(rep.gather_s)
 
     def summary(self) -> dict:
-        return {"steps": self.steps, "ops": self.clock.seq,
+        return {"steps": self.steps, "ops": self.clock.seq, "streamed_answers": self.streamed,
                 "ps_times": {k: round(v, 4) for k, v in self.times.items()},
                 "rounds_by_reason": self.reasons,
                 "delivered_fraction": float(np.mean(self.delivered)) if self.delivered else 1.0,

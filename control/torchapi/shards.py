@@ -135,6 +135,7 @@ def merge_summaries(sums: list[dict]) -> dict:
             "delivered_fraction": float(np.mean([s.get("delivered_fraction", 1.0)
                                                  for s in sums])),
             "round_s_median": max(medians) if medians else None,
+            "streamed_answers": sum(s.get("streamed_answers", 0) for s in sums),
             "servers": sums}
 
 

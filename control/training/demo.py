@@ -327,6 +327,7 @@ class Demo:
             **self.sender_fields(done),
             **self.uplink_fields(done),
             "ps_times": server.get("ps_times"),
+            "streamed_answers": server.get("streamed_answers"),
             "breakdown": breakdown.combine(
                 {w: d.get("breakdown") for w, d in done.items()},
                 [s.get("breakdown") for s in server.get("servers") or [server]],

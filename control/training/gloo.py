@@ -119,6 +119,7 @@ def _result(ctx: RankContext, ev: Evaluator, done: dict[int, dict], *, total: in
         "version_chain": None,
         "worker_times": {str(w): done[w]["times"] for w in range(W)},
         "ps_times": server.get("ps_times"),
+        "streamed_answers": server.get("streamed_answers"),
         "breakdown": breakdown.combine(
             {w: d.get("breakdown") for w, d in done.items()},
             [s.get("breakdown") for s in server.get("servers") or [server]] if server else [],
@@ -169,6 +170,4 @@ def ltp_rounds() -> dict:
     red = getattr(job, "tolerant", None) if job is not None else None
     if red is None:
         return {}
-    out = red.stats()
-    out["rounds"] = out["buckets"]
-    return out
+    return red.stats()

@@ -17,7 +17,8 @@ round (Reed-Solomon parity, so a receiver rebuilds what it lost); defer.py
 sends an answer tolerantly (once; what some worker lacks is deferred a step
 by every worker alike); straggler.py names whom a round waited for from the
 NIC's arrival times; aggregate.py sums a round's rows into the server's
-answer (float32, one fixed order, across threads, NaN and Inf contained).
+answer (float32, one fixed order, across threads, NaN and Inf contained);
+stream.py sends a step's answer part by part as its rounds are summed.
 
 The public names load on first use, so importing a policy module alone
 (e.g. early_close for a flag parser) does not load the dataplane.

@@ -67,6 +67,7 @@ class Push:
     tolerant = False              # only critical chunks are re-sent at once (restrict)
     after_pass = None             # called with the push after each pass (defer.py)
     sender_why = ""               # why this push's sender (outbox.Sender.prepare says)
+    share = 1.0                   # of the advertised rate this push takes (stream.py)
 
     def __init__(self, sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
                  targets: list[Peer], crit: np.ndarray, *, reliable: bool, timeout_s: float,
@@ -244,7 +245,7 @@ class Push:
             if r and (not low[i] or r < low[i]):
                 low[i] = r
         if all(rates):  # a group packet reaches every target at once
-            self.pacer.set_rate((min(rates) if self.group else sum(rates)) * 1000)
+            self.pacer.set_rate((min(rates) if self.group else sum(rates)) * 1000 * self.share)
         return closed
 
     def detect_losses(self) -> list[int]:
@@ -314,9 +315,10 @@ class Push:
             to = dict.fromkeys(range(len(self.targets)), len(self.order))
         else:  # from the second pass on, every chunk is a re-send
             self._measure_first_pass()
-            if self.passes == 1:
+            if self.passes == 1:   # this push's chunks (a part's, restricted) only
+                rows = np.asarray(self.order, dtype=np.int64)
                 for hv in self.hdr_u8:
-                    hv[:, RETX_BYTE] |= W.F_RETX
+                    hv[rows, RETX_BYTE] |= W.F_RETX
             bo = self.backoff
             runs, to = [], {}
             if self.group:   # one run to the group for every answering target

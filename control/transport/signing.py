@@ -68,12 +68,20 @@ def digest(job: int, d: int, payload: np.ndarray, run: bytes = b"") -> bytes:
     HASH_THREADS threads (hashlib lets go of the GIL), so a large answer
     costs a fraction of one pass."""
     raw = memoryview(np.ascontiguousarray(payload)).cast("B")
-    pieces = [raw[i:i + PIECE_BYTES] for i in range(0, len(raw), PIECE_BYTES)] or [raw]
-    if len(pieces) > 1:
-        sums = list(_pool().map(_sha, pieces))
-    else:
-        sums = [_sha(pieces[0])]
-    head = struct.pack("!IQQB", job % 2**32, d, len(raw), len(run)) + run
+    return _signed_digest(job, d, len(raw), run, _piece_sums(raw, 0))
+
+
+def _piece_sums(raw: memoryview, start: int) -> list[bytes]:
+    """The SHA-256 of each PIECE_BYTES of raw from `start` (a multiple of
+    PIECE_BYTES) on, the last piece short; an empty payload is one empty piece."""
+    pieces = [raw[i:i + PIECE_BYTES] for i in range(start, len(raw), PIECE_BYTES)]
+    if not pieces:
+        return [_sha(raw[:0])] if start == 0 else []
+    return list(_pool().map(_sha, pieces)) if len(pieces) > 1 else [_sha(pieces[0])]
+
+
+def _signed_digest(job: int, d: int, nbytes: int, run: bytes, sums: list[bytes]) -> bytes:
+    head = struct.pack("!IQQB", job % 2**32, d, nbytes, len(run)) + run
     return _sha(_DIGEST + head + b"".join(sums))
 
 
@@ -100,6 +108,37 @@ class Signer:
                                        np.float32)
         self.last = (d, buf, out)
         return out
+
+
+class StreamSigner:
+    """Answer d's signature taken as the answer fills (stream.py): the
+    SHA-256 of each whole PIECE_BYTES of its first `n` elements as soon as
+    they are final (`feed`), the rest and the signature at the end
+    (`sign_into`): the same bytes `Signer.sign` appends."""
+
+    def __init__(self, signer: Signer, d: int, n: int):
+        self.signer, self.d, self.n = signer, d, n
+        self.sums: list[bytes] = []
+        self.hashed = 0          # bytes of the answer hashed so far (whole pieces)
+
+    def feed(self, buf: np.ndarray, final: int) -> None:
+        """buf[:final] (elements) will not change: hash its whole pieces."""
+        raw = memoryview(buf[:self.n]).cast("B")
+        end = min(final, self.n) * 4 // PIECE_BYTES * PIECE_BYTES
+        if end > self.hashed:
+            self.sums += _piece_sums(raw[:end], self.hashed)
+            self.hashed = end
+
+    def sign_into(self, buf: np.ndarray) -> None:
+        """buf[n:n + SIG_ELEMS] = the signature of buf[:n], now final."""
+        if buf.dtype != np.float32 or len(buf) < self.n + SIG_ELEMS:
+            raise ValueError(f"a streamed answer is float32 with {SIG_ELEMS} elements of "
+                             "room for its signature")
+        raw = memoryview(buf[:self.n]).cast("B")
+        sums = self.sums + _piece_sums(raw, self.hashed)
+        s = self.signer
+        sig = s.key.sign(_signed_digest(s.job, self.d, len(raw), s.run, sums))
+        buf[self.n:self.n + SIG_ELEMS] = np.frombuffer(sig, np.float32)
 
 
 class Verifier:
