@@ -39,7 +39,7 @@ want="$(sha256sum pyproject.toml | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! .venv/bin/python -c "import ltpx, torch" 2>/dev/null; then
     echo "setup: installing torch==2.13.0 and ltpx into .venv" >&2
     .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-    .venv/bin/pip install -q --disable-pip-version-check -e '.[train,plot,dev]'
+    .venv/bin/pip install -q --disable-pip-version-check -e '.[train,plot,dev,integrations]'
     echo "$want" > "$stamp"
 fi
 

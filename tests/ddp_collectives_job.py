@@ -83,11 +83,19 @@ if rank < 2:
     dist.all_reduce(s, group=sub)
     out["subgroup"] = int(s)
 
+# an integer AVG (gloo has none): the sum divided by the ranks, truncated
+# toward zero as NCCL's (Lightning averages its integer batch counts)
+if backend == "ltp":
+    v = (1, 2, 4)[rank % 3]
+    t = torch.tensor([v, -v], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    out["avg_int"] = t.tolist()
+
 # what is not supported says so (gloo's send would wait for a recv)
 errors = {}
 unsupported = (("send", lambda: dist.send(torch.ones(1), dst=(rank + 1) % world)),
-               ("avg_int", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64),
-                                                   op=dist.ReduceOp.AVG)))
+               ("avg_bool", lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool),
+                                                    op=dist.ReduceOp.AVG)))
 for name, call in [] if backend != "ltp" else unsupported:
     try:
         call()

@@ -371,6 +371,24 @@ def test_loss_injector_never_drops_arp(rig):
 
 
 @privileged
+@pytest.mark.root
+def test_rig_status_with_no_rig_up_says_so_and_succeeds():
+    """`ltp rig status` where no rig is up (a mount namespace of its own with
+    an empty /run/ltp, so rigs of other tests stay out of sight): a line
+    saying so and how to build one, exit 0; -j: an empty list."""
+    cmd = [str(LTP)] if LTP.exists() else [sys.executable, "-m", "ltpx.tools.cli"]
+    script = ("mkdir -p /run/ltp && mount -t tmpfs ltp-none /run/ltp && "
+              f"{' '.join(cmd)} rig status && {' '.join(cmd)} rig status -j")
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    text, js = r.stdout.splitlines()
+    assert text.startswith("no rig is up") and "ltp rig up" in text
+    assert json.loads(js) == {"rigs": []}
+    assert "error" not in r.stderr
+
+
+@privileged
 @pytest.mark.rig
 def test_other_process_sees_the_rig(rig):
     """State file and pinned maps: `ltp rig status` in another process reads

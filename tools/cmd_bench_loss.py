@@ -41,9 +41,9 @@ def register(bsub) -> None:
                    help="loss rates on every port (default 0,0.1,0.2,0.3; 0 first gives "
                    "each variant its lossless reference)")
     p.add_argument("--variants", default="ltp,ltp:budget=0.35,tcp",
-                   help="comma list of ltp, ltp:budget=B, ltp:code=rs, ltp:loss=defer, tcp "
-                   "(default "
-                   "ltp,ltp:budget=0.35,tcp)")
+                   help="comma list of ltp, ltp:budget=B, ltp:code=rs, ltp:loss=defer, tcp; "
+                   "an ltp variant's options combine, e.g. ltp:loss=defer:budget=0.7 "
+                   "(default ltp,ltp:budget=0.35,tcp)")
     add_workers(p, 4)
     p.add_argument("--iterations", type=int, default=150,
                    help="training iterations per run (default 150)")

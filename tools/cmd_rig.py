@@ -183,6 +183,10 @@ def cmd_status(args) -> int | None:
     name = check_name(args.name)
     need_root("ltp rig status")
     from ..dataplane.rig.leafspine import LeafSpine
+    from ..dataplane.rig.star import Rig
+    if not name and not Rig.names() and not LeafSpine.names():   # nothing to show: no error
+        emit(args, {"rigs": []}, lambda _: "no rig is up (`sudo ltp rig up` builds one)")
+        return None
     if name and LeafSpine.exists(name):  # a leaf-spine rig of that name
         ls = LeafSpine.attach(name)
         try:

@@ -172,10 +172,12 @@ class LtpProcessGroup(dist.ProcessGroup):
         return _create_work_from_future(fut.then(lambda f: [f.value()]))
 
     def exact_average(self, tensors, opts):
-        """AVG: gloo's SUM, divided by the size (floating tensors only)."""
-        if any(not t.is_floating_point() for t in tensors):
-            raise UsageError("ltp backend: ReduceOp.AVG needs floating tensors (as NCCL's); "
-                             "use SUM and divide")
+        """AVG: gloo's SUM, divided by the size; an integer tensor's quotient
+        truncated toward zero, as NCCL's average of integers (Lightning
+        averages its integer batch counts so)."""
+        if any(t.dtype == torch.bool for t in tensors):
+            raise UsageError("ltp backend: ReduceOp.AVG of a bool tensor has no meaning; "
+                             "use SUM (a count), MAX (any) or MIN (all)")
         sum_opts = dist.AllreduceOptions()
         sum_opts.reduceOp = dist.ReduceOp.SUM
         sum_opts.timeout = opts.timeout
@@ -183,7 +185,10 @@ class LtpProcessGroup(dist.ProcessGroup):
 
         def divide(f):
             for t in tensors:
-                t.div_(size)
+                if t.is_floating_point() or t.is_complex():
+                    t.div_(size)
+                else:
+                    t.div_(size, rounding_mode="trunc")
             return tensors
         return _create_work_from_future(
             self.exact.allreduce(tensors, sum_opts).get_future().then(divide))

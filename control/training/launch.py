@@ -229,6 +229,8 @@ class RigJob:
         argv, env = self.argv_for(r), {**self.env_for(r),
                                        jobkey.ENV: self.keys.path(r.role, r.index),
                                        jobkey.RUN_ENV: self.run,
+                                       # as torchrun's: frameworks (Lightning) see a launcher
+                                       jobkey.TORCHRUN_RUN: self.run,
                                        **self.flight.env()}
         r.proc = self.fork(r, argv, env)
         r.forked = r.proc is not None

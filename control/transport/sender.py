@@ -316,9 +316,8 @@ class Push:
         else:  # from the second pass on, every chunk is a re-send
             self._measure_first_pass()
             if self.passes == 1:   # this push's chunks (a part's, restricted) only
-                rows = np.asarray(self.order, dtype=np.int64)
                 for hv in self.hdr_u8:
-                    hv[rows, RETX_BYTE] |= W.F_RETX
+                    hv[np.asarray(self.order, dtype=np.int64), RETX_BYTE] |= W.F_RETX
             bo = self.backoff
             runs, to = [], {}
             if self.group:   # one run to the group for every answering target

@@ -1,0 +1,85 @@
+# SPDX-License-Identifier: Apache-2.0
+"""PyTorch Lightning and Hugging Face Accelerate over the `ltp` backend
+(issue 43): stock scripts (tests/lightning_job.py, tests/accelerate_job.py)
+whose only LTP part is the backend's name.
+
+- on loopback (tests/ddp_local.py: the LTP job's server and two trainers as
+  processes, LTP's TCP transport), each against the same script over gloo:
+  bit-identical replicas, and the same parameters as gloo's;
+- on a rig under `ltp launch` (the XDP path, its server rank started by the
+  launcher, torchrun's variables set as torchrun sets them, TORCHELASTIC_RUN_ID
+  included, which Lightning reads), against `--servers 0` over gloo:
+  replicas bit-identical, accuracy within 0.5 pp of gloo's.
+
+Lightning averages its logged metrics with ReduceOp.AVG, an integer batch
+count among them: the backend's exact AVG takes integers (truncated, as
+NCCL's). Accelerate on the CPU adopts a process group made before it, which
+is how a script picks `ltp` there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import requires_bpf
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+JOBS = {"lightning": ROOT / "tests" / "lightning_job.py",
+        "accelerate": ROOT / "tests" / "accelerate_job.py"}
+MODULES = {"lightning": "pytorch_lightning", "accelerate": "accelerate"}
+
+
+def _needs(framework: str) -> None:
+    pytest.importorskip(MODULES[framework],
+                        reason=f"{framework} is not installed: bash scripts/setup.sh installs "
+                               "the integrations extra")
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["lightning", "accelerate"])
+def test_a_framework_script_on_loopback_trains_as_over_gloo(framework):
+    _needs(framework)
+    from ddp_local import run_local
+    # as torchrun sets them for two processes on one host (Lightning reads them)
+    extra = {"TORCHELASTIC_RUN_ID": "itest", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    runs = {b: run_local(2, "--epochs", "2", backend=b, script=JOBS[framework],
+                         env_extra=extra)["results"] for b in ("ltp", "gloo")}
+    ltp, gloo = runs["ltp"], runs["gloo"]
+    assert [r["rank"] for r in ltp] == [0, 1] and {r["world"] for r in ltp} == {2}
+    assert {r["backend"] for r in ltp} == {"ltp"} and {r["backend"] for r in gloo} == {"gloo"}
+    assert len({r["digest"] for r in ltp}) == 1
+    assert ltp[0]["digest"] == gloo[0]["digest"], (ltp, gloo)
+    assert ltp[0]["accuracy"] == gloo[0]["accuracy"] > 0.5
+
+
+def _launch(framework: str, *flags: str, backend: str = "ltp") -> list[dict]:
+    out = subprocess.run([str(BIN / "ltp"), "launch", "--workers", "2", *flags, "-j", "--",
+                          "python", str(JOBS[framework]), "--epochs", "2",
+                          "--backend", backend],
+                         capture_output=True, text=True, timeout=400, cwd=ROOT,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    res = [r["last_json"] for r in summary["ranks"] if r["role"] == "worker"]
+    assert all(r is not None for r in res), out.stderr[-3000:]
+    return res
+
+
+@requires_bpf
+@pytest.mark.rig
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["lightning", "accelerate"])
+def test_a_framework_script_under_ltp_launch_trains_as_over_gloo(framework):
+    _needs(framework)
+    ltp = _launch(framework)
+    gloo = _launch(framework, "--servers", "0", backend="gloo")
+    assert [r["rank"] for r in ltp] == [0, 1] and {r["backend"] for r in ltp} == {"ltp"}
+    assert len({r["digest"] for r in ltp}) == 1 and len({r["digest"] for r in gloo}) == 1
+    assert abs(ltp[0]["accuracy"] - gloo[0]["accuracy"]) <= 0.005, (ltp[0], gloo[0])
