@@ -4,6 +4,7 @@ cannot run them; on the project's machines and in CI they run."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -51,6 +52,23 @@ def outputs(procs, timeout: float) -> list[tuple[str, str]]:
         return [p.communicate(timeout=timeout) for p in procs]
     finally:
         reap(procs)
+
+
+def run_stopping(argv: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    """subprocess.run, but a child still running at `timeout` gets SIGTERM
+    first (`ltp launch` then stops its ranks and removes the rig it built)
+    and SIGKILL only 30 s later; subprocess.TimeoutExpired as run's."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        try:
+            p.communicate(timeout=30)
+        finally:
+            reap([p])
+        raise
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
 
 
 def finish_all(procs, timeout: float) -> list[tuple[str, str]]:

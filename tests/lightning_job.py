@@ -15,6 +15,7 @@ bit-identical).
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -81,6 +82,13 @@ def main() -> None:
                       "accuracy": acc,
                       "train_loss": float(trainer.callback_metrics["train_loss"]),
                       "digest": h.hexdigest()[:16]}), flush=True)
+    # the DDP model (its reducer holds the group) goes before the group, which
+    # Lightning leaves to the interpreter's exit (where a gloo group can hang
+    # joining its threads): the script ends it, as a torchrun script would
+    del trainer, model
+    gc.collect()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -134,6 +134,23 @@ class LtpProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return NAME
 
+    # torch keeps a group's name and description on its backends, and a group
+    # made in Python has none: they are kept here (DeviceMesh, and FSDP2
+    # through it, look the group up by its name)
+    _name = _desc = ""
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
     def tolerant(self, tensors, opts) -> bool:
         if self.rule != "backward" or len(tensors) != 1 or tensors[0].dtype not in FLOATS:
             return False
