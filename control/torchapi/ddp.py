@@ -310,7 +310,7 @@ class TolerantReduce:
             # what the links left in the piece is its rounding error (every
             # shard's thread is done by now); a piece smaller than the servers
             # went as a padded copy and left none
-            if self.ef and b.piece.size >= self.job.s.servers:
+            if self.ef and min(cut(b.piece.size, self.most)) >= self.job.s.servers:
                 self.residual[b.store] = b.piece.copy()
             t0 = time.perf_counter()
             res = torch.from_numpy(view[off:off + b.piece.size])

@@ -180,28 +180,34 @@ class Server:
         ws, absent = self.view.participants(op), set(self.view.absent)
         try:
             tally, ks = self.gather_all(op, rounds, ws, absent, stream)
+            if op.kind == STEP:
+                self.close_step(op, rounds, tally, ws, ks, absent)
+            self.answer_op(op, seq, targets, group, stream)
         except BaseException:
-            if stream is not None:
+            if stream is not None:   # no thread of it outlives the op
                 stream.abort()
             raise
-        t2 = time.perf_counter()
-        if op.kind == STEP:
-            self.steps += 1
-            rep = tally.report(self.steps, ws, ks)
-            rep.status, rep.absent = self.changes(tally, ws, n), sorted(absent & set(ws))
-            self.carry_in(op)
-            rep.encode(self.answer[sum(op.sizes):op.down_elems(self.W)])
-            self.view.after_report(rep)
-            self.note(rep)
-            # the likely next op is this one again: open its first rounds now
-            nxt = rounds[-1] + 1
-            for j in range(min(2, n)):
-                self.open(nxt + j, op, j, announce=False)
-                self.pre.append(nxt + j)
-        self.times["update_s"] += time.perf_counter() - t2
-        self.answer_op(op, seq, targets, group, stream)
         self.clock.advance(op)
         self.prev = op
+
+    def close_step(self, op: Op, rounds: list[int], tally: StepTally, ws: list[int],
+                   ks: list | None, absent: set[int]) -> None:
+        """A gathered step's report into the answer's tail, and the next step's
+        first rounds opened ahead."""
+        t2 = time.perf_counter()
+        self.steps += 1
+        rep = tally.report(self.steps, ws, ks)
+        rep.status, rep.absent = self.changes(tally, ws, len(rounds)), sorted(absent & set(ws))
+        self.carry_in(op)
+        rep.encode(self.answer[sum(op.sizes):op.down_elems(self.W)])
+        self.view.after_report(rep)
+        self.note(rep)
+        # the likely next op is this one again: open its first rounds now
+        nxt = rounds[-1] + 1
+        for j in range(min(2, len(rounds))):
+            self.open(nxt + j, op, j, announce=False)
+            self.pre.append(nxt + j)
+        self.times["update_s"] += time.perf_counter() - t2
 
     def gather_all(self, op: Op, rounds: list[int], ws: list[int], absent: set[int],
                    stream) -> tuple[StepTally, list | None]:
@@ -251,9 +257,11 @@ class Server:
                 self.link.sign_s += stream.sign_s
                 done = True
                 self.streamed += 1
+            except DeadPeerError as e:    # the whole answer again, to those still there
+                targets = self.drop_silent(e, seq, targets)
             except TransportError as e:   # the whole answer again, as without a stream
                 log.info("ltpx.torch server: answer %d's stream stopped (%s): sent whole", seq, e)
-        if not done:
+        if not done and targets:
             left = self.answer_to(targets, seq, self.answer[:op.down_elems(self.W)], group=group,
                                   critical_from=sum(op.sizes) if op.kind == STEP else None)
             if left is not None:
@@ -321,19 +329,24 @@ class Server:
         try:
             return self.link.send(d, buf, group, to=to, wait_s=FIRST_TRY_S,
                                   critical_from=critical_from)
-        except DeadPeerError as e:     # silent: left out only if its heartbeat stopped too
-            flight_trigger("DeadPeerError", f"answer {d}: {e}")
-            gone = self.co.dead_workers([p.worker for p in e.peers])
-            self.silent |= gone
-            if gone:
-                log.warning("ltpx.torch server: worker(s) %s dead and silent to answer %s: "
-                            "left out, dropped at the next step", sorted(gone), d)
-            to = [w for w in to if w not in gone]
+        except DeadPeerError as e:
+            to = self.drop_silent(e, d, to)
         except TransportError:
             pass                 # slow, not silent: try again with the full time
         if to:
             return self.link.send(d, buf, group, to=to, critical_from=critical_from)
         return None
+
+    def drop_silent(self, e: DeadPeerError, d: int, to: list[int]) -> list[int]:
+        """`to` without the workers silent to answer d (`e`) whose heartbeat
+        stopped too: they are left out, and dropped at the next step."""
+        flight_trigger("DeadPeerError", f"answer {d}: {e}")
+        gone = self.co.dead_workers([p.worker for p in e.peers])
+        self.silent |= gone
+        if gone:
+            log.warning("ltpx.torch server: worker(s) %s dead and silent to answer %s: "
+                        "left out, dropped at the next step", sorted(gone), d)
+        return [w for w in to if w not in gone]
 
     def open(self, r: int, op: Op, i: int, announce: bool) -> None:
         """Open uplink round r, op's piece i. A worker that sent nothing of an

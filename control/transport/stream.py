@@ -59,7 +59,7 @@ class AnswerStream:
         self.parts = 0                            # parts sent (the last included)
         self.sign_s = 0.0                         # finish's wait for the signature
         self.error: BaseException | None = None
-        self.closing = False
+        self.closing = self.aborted = False
         self.cv = threading.Condition()
         self.thread = threading.Thread(target=self._run, name=f"ltpx-answer-{round_}",
                                        daemon=True)
@@ -76,9 +76,12 @@ class AnswerStream:
             with self.cv:
                 while self.ready <= self.sent and not self.closing:
                     self.cv.wait()
-                if self.ready <= self.sent:
+                if self.ready <= self.sent or self.aborted:
                     return
                 lo, hi = self.sent, self.ready
+                # at `share` while later rounds may still come in; once finish
+                # is called the last of them is in: the full rate
+                self.push.share = 1.0 if self.closing or hi >= self.body else self.share
             try:
                 self._part(lo, hi)
             except BaseException as e:   # finish() raises it on the caller's thread
@@ -92,7 +95,6 @@ class AnswerStream:
         if self.signer is not None:
             self.signer.feed(self.buf, hi * self.ce)
         p = self.push
-        p.share = self.share if hi < self.body else 1.0
         p.order = [c for c in self.planned if lo <= c < hi]
         p.restrict(p.order)
         p.send()
@@ -101,8 +103,9 @@ class AnswerStream:
     def finish(self) -> None:
         """The rest of the round (buf is final now: its report and, signed,
         its signature), once the parts before it are sent; raises the error
-        that stopped the stream, if one did."""
-        self._stop()
+        that stopped the stream, if one did. A part still going speeds up to
+        the full rate (the pacer reads `share` at its next look at the ACKs)."""
+        self._stop(full_rate=True)
         if self.error is not None:
             raise self.error
         if self.signer is not None:
@@ -114,14 +117,17 @@ class AnswerStream:
             self.sent = self.nch
 
     def abort(self) -> None:
-        """Stop the stream (the op failed): the part in flight ends at its
-        next look at the ACKs."""
+        """Stop the stream (the op failed): no part starts after this, and the
+        part in flight ends after its current pass."""
         self.push.over = lambda: True
-        self._stop()
+        self._stop(abort=True)
 
-    def _stop(self) -> None:
+    def _stop(self, full_rate: bool = False, abort: bool = False) -> None:
         with self.cv:
             self.closing = True
+            self.aborted = self.aborted or abort
+            if full_rate:
+                self.push.share = 1.0
             self.cv.notify()
         self.thread.join()
 
