@@ -373,11 +373,16 @@ def test_loss_injector_never_drops_arp(rig):
 @privileged
 @pytest.mark.root
 def test_rig_status_with_no_rig_up_says_so_and_succeeds():
-    """`ltp rig status` where no rig is up (a mount namespace of its own with
-    an empty /run/ltp, so rigs of other tests stay out of sight): a line
+    """`ltp rig status` where no rig is up (a mount namespace of its own, with
+    empty folders over where rigs leave traces: state files, network
+    namespaces, pins; so rigs of other tests stay out of sight): a line
     saying so and how to build one, exit 0; -j: an empty list."""
     cmd = [str(LTP)] if LTP.exists() else [sys.executable, "-m", "ltpx.tools.cli"]
-    script = ("mkdir -p /run/ltp && mount -t tmpfs ltp-none /run/ltp && "
+    hide = " && ".join(f"mkdir -p {d} && mount -t tmpfs ltp-none {d}"
+                       for d in ("/run/ltp", "/run/netns"))
+    pins = " ; ".join(f"if [ -d {d} ]; then mount -t tmpfs ltp-none {d}; fi"
+                      for d in ("/sys/fs/bpf/ltp-rig", "/sys/fs/bpf/ltp-ls"))
+    script = (f"{hide} && {pins} ; "
               f"{' '.join(cmd)} rig status && {' '.join(cmd)} rig status -j")
     r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                        capture_output=True, text=True, timeout=60)
