@@ -380,14 +380,6 @@ class Endpoint:
         self.receiver.rounds[round_].code = (plan, nelems)
         return plan
 
-    def arrived(self, round_: int) -> int:
-        """Chunks of round_ (open on this endpoint) taken so far; 0 if it is not open."""
-        st = self.receiver.rounds.get(round_)
-        if st is None:
-            return 0
-        prog = self.maps.progress[self.maps.bank_index(round_)]
-        return int(prog["chunks"][st.rows].sum())
-
     def expect(self, round_: int, nelems: int, source_worker: int, coded: bool = False) -> None:
         """Open round_ to receive a reliable buffer (e.g. parameters) for
         `source_worker`'s slot (a worker uses its own id); coded: the sender
