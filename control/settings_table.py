@@ -146,22 +146,26 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        flags=(RANK,), launcher=True),
     _s("downlink", str, "group", DOWNLINK_HELP, choices=("group", "unicast"), flags=(TRAIN,)),
     _s("loss_budget", float, 0.0, "Early Close's loss budget: the error the filled part of a "
-       "step's gradients may carry, against the aggregate's own sampling noise (0: off, the "
-       "paper's rule with its 0.95 floor; 0.35 closes rounds at 12 % loss without waiting for "
-       "re-sends; docs/transport.md)", lo=0, hi=0.99, flags=(TRAIN,)),
+       "step's gradients may carry, against the aggregate's own sampling noise (0: none, or "
+       "the loss policy's under auto; 0.35 closes rounds at 12 % loss without waiting for "
+       "re-sends; docs/transport.md); given, it holds under every loss policy",
+       lo=0, hi=0.99, flags=(TRAIN,)),
     _s("downlink_code", str, "off", "erasure-code LTP's parameter downlink: rs: Reed-Solomon "
        "parity per group of 32 chunks, as much as the loss the server's last answers met "
        "calls for (none at 0 %), so a worker rebuilds lost chunks without a round trip; "
        "off: repair by re-sends alone (the default: on this rig the encoding costs more "
        "than the round trips it saves, docs/benchmarks.md). The server's choice rules",
        choices=("rs", "off"), flags=(RANK,)),
-    _s("downlink_loss", str, "repair", "what LTP's downlink does with a chunk of a step's "
-       "answer that some worker lost: repair: re-send it until every worker has it; defer: "
-       "send the answer once, and every worker leaves out (zero) the chunks any of them may "
-       "lack, which the server adds into its next answer, so their gradient is applied a "
-       "step late, alike on every replica (no re-sends but the step's report; needs "
-       "compress none and downlink_code off). The server's choice rules",
-       choices=("repair", "defer"), flags=(TRAIN,)),
+    _s("loss_policy", str, "auto", "what LTP does with the loss a step meets: repair: "
+       "re-send every chunk of an answer some worker lost, and close uplink rounds by the "
+       "paper's rule (the loss budget only if given); defer: answer once, and every worker "
+       "zeroes the chunks any of them may lack, which the server adds into its next answer "
+       "(a step late, alike on every replica); auto: choose per step from the loss the "
+       "endpoints measure: repaired answers on a lossless or lightly lossy path, deferred "
+       "answers and a loss budget as the loss grows, after a warm-up (loss_warmup) "
+       "(docs/transport.md, The loss policy). defer and auto need compress none and "
+       "downlink_code off (auto is then repair). The server's choice rules",
+       choices=("auto", "repair", "defer"), flags=(TRAIN,)),
     _s("checksums", str, "auto", "verify each LTP DATA frame's UDP checksum in XDP, so a "
        "corrupted frame is never used (counted bad_csum, re-sent or filled): auto: where "
        "frames carry whole sums (a NIC; not a veth or loopback, whose local sockets leave "
@@ -185,6 +189,10 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _s("bucket_mb", float, 4.0, "the largest LTP round of a step's gradients, MB: "
        "DistributedOptimizer's default bucket size, and the pieces DDP's buckets are cut "
        "into (each piece's answer leaves as soon as its round is summed)", lo=0, above=True),
+    _s("loss_warmup", int, 40, "steps the loss policy auto answers whole and closes rounds "
+       "by the paper's rule before it tolerates loss, then as many to ramp its tolerances "
+       "up (the first steps move the model most: docs/transport.md, The loss policy)",
+       lo=0, hi=1_000_000),
     _s("stream_share", float, 0.5, "the share of the path's rate a step's answer takes "
        "while the step's later rounds still come in (each round's part leaves once it is "
        "summed; the rest, at the full rate, after the last round); 0: every answer whole "

@@ -18,14 +18,15 @@ LTP = [sys.executable, "-m", "ltpx.tools.cli"]
 
 @pytest.mark.unit
 def test_variants_parse_and_bad_ones_are_usage_errors():
-    vs = parse_variants("ltp,ltp:budget=0.35:code=rs,tcp,ltp:loss=defer:budget=0.5")
+    vs = parse_variants("ltp,ltp:budget=0.35:code=rs,tcp,ltp:loss=defer:budget=0.5,"
+                        "ltp:loss=repair")
     assert [(v.transport, v.budget, v.code, v.loss) for v in vs] == [
-        ("ltp", 0.0, "off", "repair"), ("ltp", 0.35, "rs", "repair"), ("tcp", 0.0, "off", "repair"),
-        ("ltp", 0.5, "off", "defer")]
+        ("ltp", 0.0, "off", "auto"), ("ltp", 0.35, "rs", "auto"), ("tcp", 0.0, "off", "auto"),
+        ("ltp", 0.5, "off", "defer"), ("ltp", 0.0, "off", "repair")]
     assert vs[1].env == {"LTP_DOWNLINK_CODE": "rs"} and vs[2].env == {}
     for bad, word in (("quic", "cannot read"), ("ltp:budget=2", "budget"),
                       ("ltp:budget=x", "budget"), ("ltp:code=xor", "code"),
-                      ("ltp:loss=drop", "loss is repair or defer"),
+                      ("ltp:loss=drop", "loss is auto or repair or defer"),
                       ("ltp:code=rs:loss=defer", "do not combine"),
                       ("ltp:speed=1", "keys"), ("tcp:budget=0.3", "cannot read"),
                       ("ltp,ltp", "twice")):
@@ -53,6 +54,8 @@ def test_a_small_sweep_reports_every_variant_against_its_lossless_run():
         assert per["0.0"]["delivered_fraction"] >= 0.999
         assert per["0.0"]["filled_error_mean"] < 0.05
         assert per["0.2"]["iterations_per_s"] > 0 and per["0.2"]["replicas_identical"]
+        # an evaluation at a quarter of the run (14 // 4 = step 3), as at its end
+        assert all(0 < r["quarter_accuracy"] <= 1 for r in per.values())
         assert len(res["runs"][label]["0.2"]) == 1
     assert "[4/4]" in out.stderr                       # progress, one line a run
 

@@ -119,6 +119,6 @@ def test_a_carry_the_next_answer_cannot_take_is_dropped_and_counted():
 def test_a_deferred_downlink_refuses_what_it_cannot_leave_out(given):
     from ltpx.control.torchapi.link_ltp import LtpServerLink
     from ltpx.control.torchapi.settings import Settings
-    s = Settings(downlink_loss="defer", **given)
-    with pytest.raises(CommError, match="downlink_loss defer needs compress none"):
+    s = Settings(loss_policy="defer", **given)
+    with pytest.raises(CommError, match="loss_policy defer needs compress none"):
         LtpServerLink(s, 2, None)

@@ -194,17 +194,17 @@ def test_a_ranks_flags_become_init_keywords_and_unset_ones_leave_the_variable():
     rank = _parsers()["rank"]
     argv, want = [], {}
     for s in TABLE.values():
-        if s.flags & {RANK, TRAIN} and s.name not in ("transport", "downlink_loss"):
+        if s.flags & {RANK, TRAIN} and s.name not in ("transport", "loss_policy"):
             argv += [s.flag, s.text(_sample(s))]
             want[s.name] = _sample(s)
-    want["downlink_loss"] = TABLE["downlink_loss"].default   # defer: ltp's, without compress
+    want["loss_policy"] = TABLE["loss_policy"].default   # defer: ltp's, without compress
     a = rank.parse_args(argv + ["--transport", "ddp-ltp"])
     opts = ltp_options(a, config_from_args(a))
     assert set(opts) == set(want) | {"transport"}
     got = Settings.resolve(opts, environ={})
     assert got.transport == "ltp" and {k: getattr(got, k) for k in want} == want
-    a = rank.parse_args(["--transport", "ltp", "--downlink-loss", "defer"])
-    assert Settings.resolve(ltp_options(a, config_from_args(a)), environ={}).downlink_loss == \
+    a = rank.parse_args(["--transport", "ltp", "--loss-policy", "defer"])
+    assert Settings.resolve(ltp_options(a, config_from_args(a)), environ={}).loss_policy == \
         "defer"
     a = rank.parse_args([])
     env = {TABLE[k].env: TABLE[k].text(want[k]) for k in want if RANK in TABLE[k].flags}

@@ -180,9 +180,9 @@ def test_rank_bad_flags_exit_2():
     (["--servers", "2", "--kill", "worker:0@3"], "--kill"),
     (["--compare", "tcp:sender=xdp"], "--compare"),
     (["--compare", "ltp:sender=fast"], "--compare"),
-    (["--compare", "tcp:downlink_loss=defer"], "--compare"),
-    (["--compare", "ltp:compress=uint8:downlink_loss=defer"], "--compare"),
-    (["--downlink-loss", "defer", "--compress", "uint8"], "--downlink-loss"),
+    (["--compare", "tcp:loss_policy=defer"], "--compare"),
+    (["--compare", "ltp:compress=uint8:loss_policy=defer"], "--compare"),
+    (["--loss-policy", "defer", "--compress", "uint8"], "--loss-policy"),
     (["--loss-budget", "1.5"], "--loss-budget"),
     (["--loss-budget", "nan"], "--loss-budget"),
     (["--compare", "tcp:loss_budget=0.5"], "--compare"),
@@ -271,11 +271,11 @@ def test_heavy_loss_with_a_budget_and_coded_answers(rig, monkeypatch):
 @pytest.mark.rig
 @requires_bpf
 def test_tolerant_answers_defer_what_a_worker_lost_and_every_replica_agrees(rig):
-    """10 % loss on every port, `--downlink-loss defer` (transport/defer.py):
+    """10 % loss on every port, `--loss-policy defer` (transport/defer.py):
     each step's answer goes once, the chunks some worker lacks are deferred
     a step by every worker alike and carried into the next answer, none
     dropped; the replicas stay bit-identical and the model learns."""
-    r = _train(rig, transport="ltp", downlink_loss="defer", loss=0.1)
+    r = _train(rig, transport="ltp", loss_policy="defer", loss=0.1)
     d = r["downlink_deferred"]
     assert r["iterations"] == STEPS and d["answers"] > 0 and d["values"] > 0, d
     assert d["dropped"] == 0
@@ -289,11 +289,37 @@ def test_tolerant_answers_defer_what_a_worker_lost_and_every_replica_agrees(rig)
 
 @pytest.mark.rig
 @requires_bpf
+def test_the_loss_policy_budgets_heavy_loss_after_its_warmup_and_says_so(rig, monkeypatch):
+    """The default loss policy (auto) at 25 % loss on every port, its warm-up
+    cut to 3 steps (LTP_LOSS_WARMUP): the paper's rule for the warm-up, then
+    a loss budget (every step after the ramp's first but the probe at step
+    10), answers whole; it measures the uplink's loss on the rounds with no
+    budget and says at which step it changed its mind; rounds close early
+    under the budget, the replicas stay bit-identical and the model learns.
+    Lossless it never budgets (the lossless tests here train with it
+    bit-identical to TCP)."""
+    from ltpx.tools import train_text
+    monkeypatch.setenv("LTP_LOSS_WARMUP", "3")
+    r = _train(rig, transport="ltp", loss=0.25)
+    lc = r["loss_choices"]
+    assert lc["policy"] == "auto" and lc["steps"] == {"repair": STEPS, "budget": STEPS - 4}, lc
+    assert 0.15 < lc["uplink_loss"] < 0.6, lc
+    assert [(w["step"], w["from"]["why"], w["to"]["why"]) for w in lc["switches"]] == \
+        [(4, "warmup", "ramp")], lc["switches"]
+    assert r["downlink_deferred"]["answers"] == 0
+    assert train_text.policy_cell(r) == f"budget {STEPS - 4}/{STEPS}"   # `ltp train`'s row
+    assert r["rounds_early_closed"] > 0 and r["delivered_fraction"] < 1.0
+    assert r["replicas_identical"] and set(r["worker_digests"].values()) == {r["ps_digest"]}
+    assert r["final_train_loss"] < 0.9 * r["initial_train_loss"]
+
+
+@pytest.mark.rig
+@requires_bpf
 def test_tolerant_answers_under_ddp_keep_every_replica_equal(rig):
     """The same under stock DDP over the `ltp` backend (`--transport ddp-ltp
-    --downlink-loss defer`): the buckets' answers defer what some worker
+    --loss-policy defer`): the buckets' answers defer what some worker
     lost, each worker counts them, and the replicas stay bit-identical."""
-    r = _train(rig, transport="ddp-ltp", downlink_loss="defer", loss=0.1)
+    r = _train(rig, transport="ddp-ltp", loss_policy="defer", loss=0.1)
     ltp = r["ltp"]
     assert r["iterations"] == STEPS and ltp["deferred_answers"] > 0, ltp
     assert ltp["deferred_chunks"] >= ltp["deferred_answers"]

@@ -14,17 +14,20 @@ EPILOG = """examples:
   ltp bench loss
   ltp bench loss --loss 0,0.05,0.1,0.2,0.3 --variants ltp,ltp:budget=0.35,tcp -j
   ltp bench loss --variants ltp,ltp:code=rs,ltp:budget=0.35:code=rs --repeats 3 --plot loss.png
-  ltp bench loss --loss 0,0.1,0.2,0.3 --variants ltp,ltp:loss=defer --repeats 2 -j
+  ltp bench loss --loss 0,0.1,0.2,0.3 --variants ltp,ltp:loss=repair --repeats 3 -j
+                                       the loss policy auto against repairing every loss
 
-Variants: ltp (the paper's Early Close rule), ltp:budget=B (a loss budget,
-docs/transport.md), ltp:code=rs (coded answers), ltp:loss=defer (tolerant
-answers), tcp (cubic); an ltp variant's knobs combine with ':'
-(ltp:loss=defer:budget=0.7). Each trains the
+Variants: ltp (LTP's defaults: the loss policy auto), ltp:loss=repair (the
+paper's Early Close rule, every answer whole), ltp:loss=defer (tolerant
+answers from the first step), ltp:budget=B (a fixed loss budget,
+docs/transport.md), ltp:code=rs (coded answers), tcp (cubic); an ltp
+variant's knobs combine with ':' (ltp:loss=defer:budget=0.7). Each trains the
 same model from the same seed at every loss rate (on every port, both ways),
 in an order that alternates between loss rates and repeats.
 
 JSON keys: config, results (per variant, per loss rate: iterations_per_s,
-final_accuracy, delivered_fraction, rounds_early_closed, filled_error_mean,
+final_accuracy, quarter_accuracy (at a quarter of the run: what a tolerance
+costs early in training), delivered_fraction, rounds_early_closed, filled_error_mean,
 replicas_identical, vs_lossless: its it/s over its own at loss 0,
 accuracy_pp: its accuracy minus its own at loss 0, in percentage points),
 runs (every run's figures, gather_s and broadcast_s included; a failed run's
@@ -41,7 +44,8 @@ def register(bsub) -> None:
                    help="loss rates on every port (default 0,0.1,0.2,0.3; 0 first gives "
                    "each variant its lossless reference)")
     p.add_argument("--variants", default="ltp,ltp:budget=0.35,tcp",
-                   help="comma list of ltp, ltp:budget=B, ltp:code=rs, ltp:loss=defer, tcp; "
+                   help="comma list of ltp, ltp:loss=repair|defer|auto, ltp:budget=B, "
+                   "ltp:code=rs, tcp; "
                    "an ltp variant's options combine, e.g. ltp:loss=defer:budget=0.7 "
                    "(default ltp,ltp:budget=0.35,tcp)")
     add_workers(p, 4)

@@ -40,12 +40,12 @@ EPILOG = """examples:
                                                   float32 against 8-bit codes, LTP and TCP
   sudo ltp train --sender socket --compare ltp:sender=xdp
                                                   the paced socket sender against the ACK clock
-  sudo ltp train --loss 0.1 --compare ltp,ltp:downlink_loss=defer
-                                                  answers repaired against answers that defer
-                                                  what a worker lost a step (no re-sends)
-  sudo ltp train --loss 0.2 --downlink-loss defer --loss-budget 0.7
-                                                  heavy loss: rounds closed after one pass,
-                                                  answers sent once (docs/transport.md)
+  sudo ltp train --loss 0.1 --compare ltp,ltp:loss_policy=repair
+                                                  the loss policy (auto: it tolerates loss as
+                                                  it measures it) against repairing every loss
+  sudo ltp train --loss 0.2 --loss-policy defer --loss-budget 0.7
+                                                  heavy loss, fixed from the first step: rounds
+                                                  closed after one pass, answers sent once
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
   sudo ltp train --transport ddp-ltp --hidden 2048,2048 --floors -j
@@ -116,8 +116,8 @@ def _runs(args) -> list[dict]:
     main = {"transport": args.transport, "cc": args.cc, "servers": args.servers,
             "compress": args.compress,
             "sender": args.sender if args.transport == "ltp" else NO_SENDER,
-            "downlink_loss": args.downlink_loss if args.transport in ("ltp", "ddp-ltp")
-            else "repair",
+            "loss_policy": args.loss_policy if args.transport in ("ltp", "ddp-ltp")
+            else TABLE["loss_policy"].default,
             "loss_budget": args.loss_budget if args.transport in ("ltp", "ddp-ltp") else 0.0}
     runs = [main]
     if args.compare.strip().lower() in ("", "none"):
@@ -133,7 +133,7 @@ def _runs(args) -> list[dict]:
 
 
 # --compare KEY=VALUE settings (their types, bounds and choices: the settings table)
-COMPARE_KEYS = ("servers", "compress", "sender", "downlink_loss", "loss_budget")
+COMPARE_KEYS = ("servers", "compress", "sender", "loss_policy", "loss_budget")
 NO_SENDER = show.NO_SENDER
 
 
@@ -153,7 +153,8 @@ def _compare_item(item: str, args) -> dict:
     run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers,
            "compress": "none" if tr == "gloo" else args.compress,
            "sender": args.sender if tr in ("ltp", "ddp-ltp") else NO_SENDER,
-           "downlink_loss": args.downlink_loss if tr in ("ltp", "ddp-ltp") else "repair",
+           "loss_policy": args.loss_policy if tr in ("ltp", "ddp-ltp")
+           else TABLE["loss_policy"].default,
            "loss_budget": args.loss_budget if tr in ("ltp", "ddp-ltp") else 0.0}
     usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
              "ddp-ltp, "
@@ -174,9 +175,9 @@ def _compare_item(item: str, args) -> dict:
             run[key] = _compare_value(key, val)
     if run["sender"] == "xdp" and tr not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--compare: {item!r}: sender={run['sender']} is LTP's (the ACK clock)")
-    if run["downlink_loss"] == "defer" and (tr not in ("ltp", "ddp-ltp")
+    if run["loss_policy"] == "defer" and (tr not in ("ltp", "ddp-ltp")
                                             or run["compress"] != "none"):
-        raise UsageError(f"--compare: {item!r}: downlink_loss=defer is LTP's (ltp, ddp-ltp), "
+        raise UsageError(f"--compare: {item!r}: loss_policy=defer is LTP's (ltp, ddp-ltp), "
                          "with compress none")
     if run["loss_budget"] and tr not in ("ltp", "ddp-ltp"):
         raise UsageError(f"--compare: {item!r}: loss_budget is LTP's Early Close (ltp, ddp-ltp)")
@@ -330,11 +331,11 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
     from ..control.training.onrig import train_on_rig
     cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
     cfg = dataclasses.replace(cfg, servers=run["servers"], compress=run["compress"],
-                              sender=run["sender"], downlink_loss=run["downlink_loss"],
+                              sender=run["sender"], loss_policy=run["loss_policy"],
                               loss_budget=run["loss_budget"])
     rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
     label = show.label(cfg.transport, cfg.cc, cfg.servers, cfg.compress, cfg.sender,
-                       cfg.downlink_loss, cfg.loss_budget)
+                       cfg.loss_policy, cfg.loss_budget)
     progress.begin(label)
     curves.begin(run_label(label))
     faults = None
@@ -352,7 +353,7 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
         res["servers"] = cfg.servers
         res["compress"] = cfg.compress
         res["sender"] = cfg.sender
-        res["downlink_loss"] = cfg.downlink_loss
+        res["loss_policy"] = cfg.loss_policy
         res["loss_budget"] = cfg.loss_budget
     progress.end(res)
     return res

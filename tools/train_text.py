@@ -10,12 +10,13 @@ NO_SENDER = TABLE["sender"].default   # a run without LTP: the sender is not its
 
 
 def label(transport: str, cc: str | None, servers: int = 1, compress: str = "none",
-           sender: str = NO_SENDER, downlink_loss: str = "repair",
+           sender: str = NO_SENDER, loss_policy: str = "auto",
            loss_budget: float = 0.0) -> str:
     base = f"tcp ({cc})" if transport == "tcp" else transport
     base = f"{base} x{servers}" if servers > 1 else base
     base = base if sender == NO_SENDER else f"{base} {sender}-sender"
-    base = base if downlink_loss == "repair" else f"{base} {downlink_loss}"
+    base = base if loss_policy == "auto" or transport not in ("ltp", "ddp-ltp") \
+        else f"{base} {loss_policy}"
     base = f"{base} budget {loss_budget:g}" if loss_budget else base
     return base if compress == "none" else f"{base} {compress}"
 
@@ -66,6 +67,18 @@ class RunBars:
         self.bar.stop()
 
 
+def policy_cell(r: dict) -> str:
+    """What the loss policy chose, in steps: `budget 45/60`, `defer 60/60`,
+    or `repair` (every answer whole, no budget)."""
+    lp = r.get("loss_choices")
+    if not lp:
+        return "-"
+    st = lp.get("steps") or {}
+    n = st.get("repair", 0) + st.get("defer", 0)
+    parts = [f"{k} {st[k]}/{n}" for k in ("defer", "budget") if st.get(k)]
+    return ", ".join(parts) or "repair"
+
+
 def _straggler(r: dict) -> str:   # the worker named straggler most often, in how many steps
     named = r.get("straggler_rounds") or {}
     w = max(named, key=named.get, default=None)
@@ -99,7 +112,7 @@ def cause_lines(cause: dict | None) -> list[str]:
 def label_of(r: dict) -> str:
     """A run's label from its result (or its failure record)."""
     return label(r["transport"], r.get("cc"), r.get("servers", 1), r.get("compress", "none"),
-                 r.get("sender", NO_SENDER), r.get("downlink_loss", "repair"),
+                 r.get("sender", NO_SENDER), r.get("loss_policy", "auto"),
                  r.get("loss_budget", 0.0))
 
 
@@ -144,6 +157,7 @@ def text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str:
             ("delivered", [f"{r['delivered_fraction']:.5f}" for r in results]),
             ("early-closed", [early(r) for r in results]),
             ("straggler", [_straggler(r) for r in results]),
+            ("loss policy", [policy_cell(r) for r in results]),
             ("replicas equal", ["yes" if r.get("replicas_identical") else "NO" for r in results])]
     if args.target_accuracy is not None:
         rows.insert(4, (f"s to acc {args.target_accuracy:g}", [ttt(r) for r in results]))

@@ -6,15 +6,18 @@ variant trains the same model from the same seed (`train_on_rig`), in an
 order that alternates from one loss rate to the next and from one repeat to
 the next (the machine drifts). Variants:
 
-    ltp               LTP with the paper's rule (Early Close's 0.95 floor)
-    ltp:budget=B      LTP with a loss budget B (EarlyCloseConfig.budget)
-    ltp:code=rs       ... with coded answers (LTP_DOWNLINK_CODE=rs), combinable
-    ltp:loss=defer    ... with tolerant answers (TrainConfig.downlink_loss), combinable
-                      with budget
+    ltp               LTP with its defaults (loss policy auto, torchapi/losspolicy.py)
+    ltp:loss=repair   ... every loss repaired: the paper's rule (Early Close's 0.95
+                      floor), every answer whole (TrainConfig.loss_policy)
+    ltp:loss=defer    ... tolerant answers from the first step
+    ltp:budget=B      ... with a fixed loss budget B (EarlyCloseConfig.budget)
+    ltp:code=rs       ... with coded answers (LTP_DOWNLINK_CODE=rs)
     tcp               TCP cubic (the same server over TCP)
+An ltp variant's knobs combine (ltp:loss=defer:budget=0.7).
 
 Each variant's figures per loss rate: iterations/s (median over repeats),
-final accuracy, delivered fraction, rounds closed early, the ledger's mean
+final accuracy, accuracy at a quarter of the run (an evaluation there: what
+a tolerance costs early in training), delivered fraction, rounds closed early, the ledger's mean
 filled error, the server's gather and broadcast seconds; and against its own
 lossless run (`vs_lossless`: it/s ratio; `accuracy_pp`: accuracy difference
 in percentage points). A run that fails (a rank's error, or longer than
@@ -36,7 +39,7 @@ from ..training.config import TrainConfig
 from ..training.onrig import rig_config, train_on_rig
 
 KEYS = ("budget", "code", "loss")
-CHOICES = {"code": ("rs", "off"), "loss": ("repair", "defer")}
+CHOICES = {"code": ("rs", "off"), "loss": TABLE["loss_policy"].choices}
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class Variant:
     budget: float = 0.0
     code: str = "off"
     env: dict = field(default_factory=dict)
-    loss: str = "repair"
+    loss: str = TABLE["loss_policy"].default
 
 
 def parse_variants(text: str) -> list[Variant]:
@@ -56,8 +59,8 @@ def parse_variants(text: str) -> list[Variant]:
         tr, *parts = item.split(":")
         if tr not in ("ltp", "tcp") or (tr == "tcp" and parts):
             raise UsageError(f"--variants: cannot read {item!r} (ltp, ltp:budget=B, "
-                             "ltp:code=rs, ltp:loss=defer, tcp)")
-        budget, knobs = 0.0, {"code": "off", "loss": "repair"}
+                             "ltp:code=rs, ltp:loss=repair|defer|auto, tcp)")
+        budget, knobs = 0.0, {"code": "off", "loss": TABLE["loss_policy"].default}
         for part in parts:
             key, eq, val = part.partition("=")
             if not eq or key not in KEYS:
@@ -99,10 +102,12 @@ def _env(extra: dict):
                 os.environ[k] = v
 
 
-def _figures(res: dict) -> dict:
+def _figures(res: dict, quarter: int) -> dict:
     ps = res.get("ps_times") or {}
+    at = [e["accuracy"] for e in res.get("curve", []) if e["t"] == quarter]
     return {"iterations_per_s": res["iterations_per_s"],
             "final_accuracy": res["final_accuracy"],
+            "quarter_accuracy": at[0] if at else None,
             "delivered_fraction": res.get("delivered_fraction", 1.0),
             "rounds_early_closed": res.get("rounds_early_closed", 0),
             "filled_error_mean": res.get("filled_error_mean", 0.0),
@@ -124,13 +129,16 @@ def run(*, losses: list[float], variants: list[Variant], workers: int, iteration
                 rig.set_loss(p)
                 order = variants if (rep + i) % 2 == 0 else variants[::-1]
                 for v in order:
+                    # an evaluation at a quarter of the run (and at its end)
                     cfg = TrainConfig(transport=v.transport, iterations=iterations, seed=seed,
-                                      downlink_loss=v.loss, loss_budget=v.budget)
+                                      eval_every=max(1, iterations // 4),
+                                      loss_policy=v.loss if v.transport == "ltp"
+                                      else TABLE["loss_policy"].default, loss_budget=v.budget)
                     try:
                         with _env(v.env):
                             res = train_on_rig(rig, cfg, workers=workers,
                                                timeout_s=run_timeout_s)
-                        fig = _figures(res)
+                        fig = _figures(res, max(1, iterations // 4))
                         said = (f"{res['iterations_per_s']:.2f} it/s, accuracy "
                                 f"{res['final_accuracy']:.4f}")
                     except LtpError as e:
@@ -167,6 +175,8 @@ def _summary(per: dict[str, list[dict]]) -> dict[str, dict]:
         out[p] = {k: statistics.median(r[k] for r in rs) for k in
                   ("iterations_per_s", "final_accuracy", "delivered_fraction",
                    "rounds_early_closed", "filled_error_mean")}
+        qs = [r["quarter_accuracy"] for r in rs if r.get("quarter_accuracy") is not None]
+        out[p]["quarter_accuracy"] = statistics.median(qs) if qs else None
         out[p]["replicas_identical"] = all(r["replicas_identical"] for r in rs)
         out[p]["runs_failed"] = failed
     base = out.get("0") or out.get("0.0")
@@ -181,7 +191,7 @@ def _summary(per: dict[str, list[dict]]) -> dict[str, dict]:
 def table(res: dict) -> str:
     """One line per variant and loss rate."""
     lines = [f"{'variant':<22} {'loss':>5} {'it/s':>7} {'vs 0':>6} {'accuracy':>9} "
-             f"{'pp':>6} {'early':>6} {'filled err':>10}"]
+             f"{'pp':>6} {'at 1/4':>7} {'early':>6} {'filled err':>10}"]
     for label, per in res["results"].items():
         for p, r in per.items():
             if "error" in r:
@@ -190,8 +200,13 @@ def table(res: dict) -> str:
             lines.append(f"{label:<22} {float(p):>5g} {r['iterations_per_s']:>7.2f} "
                          f"{r.get('vs_lossless', float('nan')):>6.2f} "
                          f"{r['final_accuracy']:>9.4f} {r.get('accuracy_pp', float('nan')):>6.2f} "
+                         f"{_num(r.get('quarter_accuracy')):>7} "
                          f"{r['rounds_early_closed']:>6g} {r['filled_error_mean']:>10.4f}")
     return "\n".join(lines)
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
 
 
 def plot(res: dict, path: str) -> str:

@@ -37,6 +37,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   links, link_ltp, link_tcp   the transports under the server and the workers
   exchange     a worker's side of an op
   server       the server's loop (sums, answers; no model)
+  losspolicy   the loss policy: per step, the loss budget from the loss the server measures
   trace        each rank's ring of its latest rounds/ops, and the job's trace-event file
   breakdown    where a step's time goes: seconds per phase and step, on each rank
   flight       the flight recorder: each rank's phase now and its latest ones in a mapped

@@ -348,7 +348,7 @@ class TolerantReduce:
 
     def stats(self) -> dict:
         """What its rounds did; `deferred_answers` / `deferred_chunks`: the
-        answers (downlink_loss defer) that left chunks out, a step late."""
+        answers (loss_policy defer) that left chunks out, a step late."""
         down = self.job.link.downlink if self.job.link is not None else {}
         return {"buckets": self.buckets, "rounds": self.rounds, "ops": self.ops,
                 "early_buckets": self.early_buckets,

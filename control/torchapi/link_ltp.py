@@ -12,6 +12,7 @@ report, and made again (a new compile) only when a later op is larger.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ from ..transport.signing import SIG_ELEMS, ForgedAnswerError, Signer, StreamSign
 from ..transport.stream import AnswerStream, answered_from
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
+from .losspolicy import Choice, LossPolicy
 from .settings import Settings
 
 HEADROOM = 4096        # extra elements an endpoint is made with (a step's report, small ops)
@@ -66,17 +68,21 @@ class LtpServerLink(ServerLink):
         self.sign_s = 0.0            # seconds spent signing answers (the step breakdown's)
         codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
         self.codec = codec and ServerCodec(codec, s.error_feedback)
-        self.defer = s.downlink_loss == "defer"
+        self.defer = s.loss_policy == "defer"
         if self.defer and (codec or s.downlink_code == "rs"):
-            raise CommError("downlink_loss defer needs compress none and downlink_code off: "
+            raise CommError("loss_policy defer needs compress none and downlink_code off: "
                             "a deferred chunk is one the answer's bytes leave out")
+        self.loss = LossPolicy(s.loss_policy, s.loss_budget, s.loss_warmup)
+        # uplink rounds opened with no loss budget: what they lose is the
+        # path's loss (a budget's early close leaves out chunks never lost)
+        self.honest: set[int] = set()
         self.verdicts: dict[int, tuple] = {}   # answer -> its verdict (defer.py), for a retry
 
     def address(self) -> dict:
         return {"compress": self.s.compress,
                 "chunk_bytes": chunk_bytes_for(self.s.mtu),
                 "downlink_code": self.s.downlink_code,
-                "downlink_loss": self.s.downlink_loss,
+                "answers": "tolerant" if self.defer else "whole",
                 "signed": self.signer is not None}
 
     def connect(self, metas: dict[int, dict]) -> None:
@@ -103,8 +109,20 @@ class LtpServerLink(ServerLink):
         return True
 
     def early_config(self, fields_json: str) -> EarlyCloseConfig:
-        return EarlyCloseConfig(**{"hard_timeout_s": self.wait_s, "budget": self.s.loss_budget,
-                                   **json.loads(fields_json)})
+        return EarlyCloseConfig(**{"hard_timeout_s": self.wait_s,
+                                   "budget": self.loss.choice.budget, **json.loads(fields_json)})
+
+    def choose(self) -> Choice:
+        """The loss policy's choice for this step (losspolicy.py), from the
+        loss the uplink rounds met: the budget of the rounds opened from now on."""
+        c = self.loss.choose()
+        for p in self.policies.values():
+            if p.cfg.budget != c.budget:
+                p.cfg = dataclasses.replace(p.cfg, budget=c.budget)
+        return c
+
+    def loss_summary(self) -> dict:
+        return self.loss.summary()
 
     def configure(self, bubble: str, early_close: str) -> None:
         """A step's Bubble Filling and Early Close settings, from its op."""
@@ -136,6 +154,8 @@ class LtpServerLink(ServerLink):
             nelems = self.codec.open(r, nelems, reliable)
         self.ep.open_round(r, nelems, workers=workers, reliable=reliable,
                            early=self.policy(key))
+        if not reliable and not self.loss.choice.budget:
+            self.honest.add(r)
 
     def beat(self) -> None:
         """Keep the XDP program ACKing open rounds while the server waits
@@ -144,12 +164,17 @@ class LtpServerLink(ServerLink):
             self.ep.beat()
 
     def cancel(self, r: int) -> None:
+        self.honest.discard(r)
         if self.codec:
             self.codec.cancel(r)
         self.ep.cancel_round(r)
 
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
         res = self.ep.wait_round(r)
+        if r in self.honest:     # chunks lost at least once: re-sent, or never in
+            self.honest.discard(r)
+            self.loss.saw_uplink((res.retx_chunks + int((~res.masks).sum()))
+                                 / max(1, res.masks.size))
         if self.log:   # LTPX_ROUND_LOG=1: one JSON line per uplink round on stderr
             print(json.dumps({"round_log": res.report()}), file=sys.stderr, flush=True)
         values, chunk_elems = res.values, res.layout.chunk_elems
@@ -283,7 +308,7 @@ class LtpWorkerLink(WorkerLink):
         check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server)
         self.ps = Peer(self.id, server["ip"])
         self.coded = server.get("downlink_code") == "rs"   # the server's choice rules
-        self.deferred = server.get("downlink_loss") == "defer"
+        self.deferred = server.get("answers") == "tolerant"
         self.verifier = None
         if server.get("signed"):
             pub = tokens.answer_pub(self.secret)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...dataplane.xdp.headers import defines
+from .losspolicy import Choice
 
 # IPv4 + UDP + LTP header bytes per datagram (the header's length from bpf/ltp_wire.h)
 IP_UDP_LTP = 20 + 8 + defines("ltp_wire.h")["LTP_HDR_LEN"]
@@ -101,7 +102,7 @@ class ServerLink(ABC):
         """Answer d to the workers `to` (None: every worker), trying at most
         `wait_s` (None: the link's own limit). critical_from, a step's
         answer (its report from that element on): a link that tolerates
-        loss (LTP with downlink_loss defer) may leave out chunks before it
+        loss (LTP with loss_policy defer) may leave out chunks before it
         that a worker lost, zero for every worker, and returns them (a bool
         mask over buf) for the server to add into its next answer; None when
         buf went whole. A transport that delivers every
@@ -112,6 +113,15 @@ class ServerLink(ABC):
         """Keep open rounds alive while the server waits elsewhere (LTP)."""
 
     sig_elems = 0      # elements an answer's buffer keeps at its end for a signature (stream)
+
+    def choose(self) -> Choice:
+        """The loss policy's choice for this step (losspolicy.py), once a step
+        after its gather; the default: a link that tolerates no loss."""
+        return Choice()
+
+    def loss_summary(self) -> dict | None:
+        """The loss policy's summary (LossPolicy.summary), if the link has one."""
+        return None
 
     def stream(self, d: int, buf: np.ndarray, group: bool, *, to: list[int],
                wait_s: float):

@@ -10,7 +10,7 @@ barrier stores the op's description as the value of `go/<s>`; the server
 reads it there and needs no model of its own.
 
 A step's answer is the aggregate gradient followed by a `StepReport` as
-float32 words (`REPORT_WORDS` + 7 per worker + 1 per bucket + 3), so every
+float32 words (`REPORT_WORDS` + 7 per worker + 1 per bucket + 6), so every
 worker learns what happened to the round at no extra cost, membership
 changes included (`status`: a worker dropped after too many missed steps, or
 admitted back with its join ticket).
@@ -28,6 +28,8 @@ import json
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+from .losspolicy import WHY, Choice
 
 STEP, BROADCAST, ALLREDUCE, SHUTDOWN = "step", "broadcast", "allreduce", "shutdown"
 KINDS = (STEP, BROADCAST, ALLREDUCE, SHUTDOWN)
@@ -111,7 +113,8 @@ class RoundClock:
 
 
 def report_words(buckets: int, workers: int) -> int:
-    return REPORT_WORDS + buckets + PER_WORKER * workers + 3   # gather_s, filled_error, straggler
+    # gather_s, filled_error, straggler; the loss policy's cap, budget and why
+    return REPORT_WORDS + buckets + PER_WORKER * workers + 6
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,9 @@ class StepReport:
     # last (it lifted the barrier: in bsp the one the others waited for)
     barrier_wait_s: float | None = None
     barrier_last: bool = False
+    # the loss policy's choice at this step (losspolicy.Choice): the most of
+    # this answer it deferred, the uplink's loss budget from now on, and why
+    policy: Choice = field(default_factory=Choice)
 
     @property
     def nonfinite_workers(self) -> list[int]:
@@ -260,7 +266,8 @@ class StepReport:
                 "dropped": self.dropped, "admitted": sorted(self.admitted),
                 "nonfinite_workers": self.nonfinite_workers,
                 "filled_error": round(self.filled_error, 6), "straggler": self.straggler,
-                "lateness_s": {str(w): round(v, 6) for w, v in self.lateness.items()}}
+                "lateness_s": {str(w): round(v, 6) for w, v in self.lateness.items()},
+                "loss_policy": self.policy.to_dict()}
 
     def encode(self, out: np.ndarray) -> None:
         """Write the report into `out` (float32 [report_words(B, W)])."""
@@ -272,7 +279,8 @@ class StepReport:
                  *(-2 if w in self.absent and not self.status.get(w) else self.status.get(w, 0)
                    for w in ids), *(self.nonfinite.get(w, 0) for w in ids),
                  *(self.lateness.get(w, np.nan) for w in ids), self.gather_s,
-                 self.filled_error, -1 if self.straggler is None else self.straggler]
+                 self.filled_error, -1 if self.straggler is None else self.straggler,
+                 self.policy.cap, self.policy.budget, WHY.index(self.policy.why)]
         out[:] = np.asarray(words, dtype=np.float32)
 
     @classmethod
@@ -297,4 +305,6 @@ class StepReport:
                    lateness={k: x for k, x in enumerate(per[6]) if not np.isnan(x)},
                    status={k: v for k, v in enumerate(st) if v != -2},
                    absent=[k for k, v in enumerate(st) if v == -2],
-                   nonfinite={k: int(x) for k, x in enumerate(per[5]) if x})
+                   nonfinite={k: int(x) for k, x in enumerate(per[5]) if x},
+                   policy=Choice(cap=w[i + PER_WORKER * W + 3], budget=w[i + PER_WORKER * W + 4],
+                                 why=WHY[int(w[i + PER_WORKER * W + 5])]))

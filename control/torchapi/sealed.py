@@ -358,8 +358,8 @@ def meta_value(rank: int, servers: int):
             raise ValueError(f"compress must be one of {', '.join(COMPRESS)}")
         if d.get("downlink_code", "off") not in TABLE["downlink_code"].choices:
             raise ValueError("downlink_code out of its choices")
-        if d.get("downlink_loss", "repair") not in TABLE["downlink_loss"].choices:
-            raise ValueError("downlink_loss out of its choices")
+        if d.get("answers", "whole") not in ("whole", "tolerant"):
+            raise ValueError("answers must be whole or tolerant")
         if not isinstance(d.get("signed", False), bool):
             raise ValueError("signed must be true or false")
         return d

@@ -45,6 +45,7 @@ from .breakdown import SERVER as SERVER_PHASES, SERVER_OVERLAP, Phases
 from .flight import GATHER, OPS, SEND
 from .flight import current as flight_current, enter as flight_enter, heard as flight_heard
 from .flight import trigger as flight_trigger
+from .losspolicy import Choice
 from .trace import Timeline, answer_record, now_ns, rank_trace, round_record
 from .trace import write as write_trace
 from .ops import ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
@@ -116,9 +117,10 @@ class Server:
         self.stale: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.steps = 0
         self.streamed = 0               # answers sent part by part as their rounds closed
+        self.choice = Choice()          # the loss policy's at the latest step (losspolicy.py)
         self.times = dict.fromkeys(("gather_s", "update_s", "broadcast_s"), 0.0)
         self.phases = Phases(SERVER_PHASES, SERVER_OVERLAP)   # per step op (breakdown.py)
-        # a tolerant downlink (downlink_loss defer): what the last step's answer
+        # a tolerant downlink (loss_policy defer): what the last step's answer
         # left out, carried into the next answer of its shape, and the counts
         self.carry: tuple[tuple, np.ndarray] | None = None
         self.deferral = dict.fromkeys(("answers", "values", "dropped"), 0)
@@ -199,6 +201,7 @@ class Server:
         rep = tally.report(self.steps, ws, ks)
         rep.status, rep.absent = self.changes(tally, ws, len(rounds)), sorted(absent & set(ws))
         self.carry_in(op)
+        rep.policy = self.choice = self.link.choose()
         rep.encode(self.answer[sum(op.sizes):op.down_elems(self.W)])
         self.view.after_report(rep)
         self.note(rep)
@@ -266,7 +269,8 @@ class Server:
                                   critical_from=sum(op.sizes) if op.kind == STEP else None)
             if left is not None:
                 self.carry_out(op, left)
-        self.timeline.add(answer_record(seq, int(t3 * 1e9), now_ns()))
+        self.timeline.add(answer_record(seq, int(t3 * 1e9), now_ns(),
+                                        self.choice.to_dict() if op.kind == STEP else None))
         self.times["broadcast_s"] += time.perf_counter() - t3
         self.phases.add("send", time.perf_counter() - t3)
         self.phases.add("sign", self.link.sign_s - sign0)
@@ -402,6 +406,7 @@ class Server:
                 "round_s_median": float(np.median(self.round_s)) if self.round_s else None,
                 "workers_lost": self.lost, "workers_rejoined": self.rejoined,
                 "downlink_deferred": dict(self.deferral),
+                "loss_policy": self.link.loss_summary(),
                 "breakdown": self.phases.summary() if self.phases.steps else None}
 
 

@@ -69,8 +69,12 @@ def round_record(r: int, op: int, kind: str, g) -> dict | None:
             "lateness_s": [late.get(w) for w in g.workers]}
 
 
-def answer_record(op: int, t0_ns: int, t1_ns: int) -> dict:
-    return {"answer": op, "t0_ns": t0_ns, "t1_ns": t1_ns}
+def answer_record(op: int, t0_ns: int, t1_ns: int, policy: dict | None = None) -> dict:
+    """An answer sent; a step's with the loss policy's choice (Choice.to_dict)."""
+    rec = {"answer": op, "t0_ns": t0_ns, "t1_ns": t1_ns}
+    if policy is not None:
+        rec["loss_policy"] = policy
+    return rec
 
 
 @dataclass
@@ -121,7 +125,8 @@ def _server_events(s: int, recs: list[dict]) -> tuple[list[dict], dict]:
     for r in recs:
         if "answer" in r:
             ev.append(_x(f"answer {r['answer']}", pid, T_ANSWERS, r["t0_ns"], r["t1_ns"],
-                         "answer"))
+                         "answer", {"loss_policy": r["loss_policy"]}
+                         if "loss_policy" in r else None))
             continue
         late = {str(w): round(v * 1e3, 3) for w, v in zip(r["workers"], r["lateness_s"])
                 if v is not None}

@@ -51,7 +51,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="slow WORKER's compute by FACTOR, e.g. 1:3 (repeatable)")
     add_flag(p, "cc", TRAIN)
     add_flag(p, "downlink", TRAIN)
-    add_flag(p, "downlink_loss", TRAIN)
+    add_flag(p, "loss_policy", TRAIN)
     add_flag(p, "loss_budget", TRAIN)
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N iterations (default: at each epoch's end)")
@@ -142,8 +142,8 @@ def config_from_args(a: argparse.Namespace, *, transport: str | None = None,
                       target_accuracy=a.target_accuracy, cc=cc or a.cc,
                       verify_versions=a.verify_versions,
                       downlink=a.downlink if transport in LTP_TRANSPORTS else "unicast",
-                      downlink_loss=a.downlink_loss if transport in LTP_TRANSPORTS
-                      else TABLE["downlink_loss"].default,
+                      loss_policy=a.loss_policy if transport in LTP_TRANSPORTS
+                      else TABLE["loss_policy"].default,
                       loss_budget=a.loss_budget if transport in LTP_TRANSPORTS
                       else TABLE["loss_budget"].default,
                       servers=a.servers if transport != "gloo" else TABLE["servers"].default,

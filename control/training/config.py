@@ -55,7 +55,7 @@ class TrainConfig:
     # for LTP, unicast for the others (they have no group sends).
     downlink: str | None = None
     # these seven are ltpx.torch settings: the settings table says what they mean
-    downlink_loss: str = TABLE["downlink_loss"].default
+    loss_policy: str = TABLE["loss_policy"].default
     loss_budget: float = TABLE["loss_budget"].default
     servers: int = TABLE["servers"].default
     compress: str = TABLE["compress"].default
@@ -104,11 +104,11 @@ class TrainConfig:
                                           self.transport not in LTP_TRANSPORTS):
             raise ValueError(f"sender: one of {', '.join(SENDERS)} (xdp: ltp, ddp-ltp), got "
                              f"{self.sender!r}")
-        if self.downlink_loss not in TABLE["downlink_loss"].choices or (
-                self.downlink_loss == "defer" and (self.transport not in LTP_TRANSPORTS
+        if self.loss_policy not in TABLE["loss_policy"].choices or (
+                self.loss_policy == "defer" and (self.transport not in LTP_TRANSPORTS
                                                    or self.compress != "none")):
-            raise ValueError(f"downlink-loss: one of {', '.join(TABLE['downlink_loss'].choices)}"
-                             f" (defer: ltp or ddp-ltp, with compress none), got {self.downlink_loss!r}")
+            raise ValueError(f"loss-policy: one of {', '.join(TABLE['loss_policy'].choices)}"
+                             f" (defer: ltp or ddp-ltp, with compress none), got {self.loss_policy!r}")
         bad = TABLE["loss_budget"].problem(self.loss_budget)
         if bad:
             raise ValueError(f"loss-budget: {bad}")

@@ -333,6 +333,8 @@ class Demo:
                 [s.get("breakdown") for s in server.get("servers") or [server]],
                 wall / n if n else None),
             "downlink_deferred": server.get("downlink_deferred"),
+            # server 0's (each server chooses for its own slice)
+            "loss_choices": (server.get("servers") or [server])[0].get("loss_policy"),
             **self.ev.tail(cfg),
         }
 

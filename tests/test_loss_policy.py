@@ -1,0 +1,129 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The loss policy (control/torchapi/losspolicy.py, issue 42): what a step
+does with the loss it meets, chosen per step by the server.
+
+Here, from uplink losses fed in as the link measures them (on rounds opened
+with no budget): fixed policies never change; auto on a lossless or lightly
+lossy path keeps the paper's rule; on a lossy one it waits out its warm-up,
+ramps, then budgets by the measured loss, probing without a budget every
+PROBE-th step, with hysteresis; an explicit budget holds; the choice
+travels in the step report. The policy on real rounds: tests/test_train.py.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ltpx.control.torchapi import losspolicy as lp
+from ltpx.control.torchapi.losspolicy import Choice, LossPolicy
+from ltpx.control.torchapi.ops import StepReport, report_words
+from ltpx.control.transport.defer import MAX_DEFERRED
+
+
+def _run(pol: LossPolicy, steps: int, up: float) -> list[Choice]:
+    """`steps` steps whose uplink rounds lose `up` of their chunks at least
+    once: measured, as the link does, only on rounds opened with no budget
+    (those of the last choice)."""
+    out = []
+    for _ in range(steps):
+        if not pol.choice.budget:
+            pol.saw_uplink(up)
+        out.append(pol.choose())
+    return out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("policy,cap", [("repair", 0.0), ("defer", MAX_DEFERRED)])
+def test_a_fixed_policy_never_changes_its_mind(policy, cap):
+    pol = LossPolicy(policy, budget=0.35)
+    got = _run(pol, 5, 0.0) + _run(pol, 5, 0.3)
+    assert {(c.cap, c.budget, c.why) for c in got} == {(cap, 0.35, "fixed")}
+    assert pol.summary()["switches"] == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("loss", [0.0, 0.01])
+def test_auto_on_a_lossless_or_lightly_lossy_path_keeps_the_papers_rule(loss):
+    pol = LossPolicy("auto", warmup=3)
+    got = _run(pol, 30, loss)
+    assert {(c.mode, c.budget, c.why) for c in got} == {("repair", 0.0, "lossless")}
+    assert pol.summary()["steps"] == {"repair": 30}
+
+
+@pytest.mark.unit
+def test_auto_budgets_heavy_loss_after_its_warmup_and_ramp_and_probes():
+    """20 % loss: no budget for the warm-up's 10 steps, a growing one over the
+    next 10, then a budget whose square is BUDGET_GAIN x the loss (at most
+    BUDGET_MAX), but for every PROBE-th step, which runs without one to
+    measure the loss again. Answers stay whole throughout."""
+    pol = LossPolicy("auto", warmup=10)
+    got = _run(pol, 60, 0.2)
+    assert all(c.budget == 0 and c.why == "warmup" for c in got[:10])
+    ramp = [c for c in got[10:19] if c.why != "probe"]
+    assert {c.why for c in ramp} == {"ramp"} and len(ramp) >= 8
+    assert all(0 < a.budget < b.budget for a, b in zip(ramp, ramp[1:]))
+    full = got[20:]
+    assert [i + 21 for i, c in enumerate(full) if c.why == "probe"] == \
+        list(range(30, 61, lp.PROBE))
+    assert all(c.budget == 0 for c in full if c.why == "probe")
+    steady = {(c.why, c.budget) for c in full if c.why != "probe"}
+    assert steady == {("lossy", min(lp.BUDGET_MAX, math.sqrt(lp.BUDGET_GAIN * 0.2)))}
+    assert {c.mode for c in got} == {"repair"}
+    s = pol.summary()
+    assert s["uplink_loss"] == pytest.approx(0.2)
+    assert s["steps"]["budget"] == 60 - 10 - 5          # probes at 20, 30, .., 60
+    assert [w["step"] for w in s["switches"]] == [11]   # probes are no change of mind
+
+
+@pytest.mark.unit
+def test_the_budget_grows_with_the_loss_it_measures():
+    budgets = [_run(LossPolicy("auto", warmup=0), 21, p)[-1].budget for p in (0.05, 0.1, 0.3)]
+    assert 0 < budgets[0] < budgets[1] < budgets[2] == lp.BUDGET_MAX
+
+
+@pytest.mark.unit
+def test_auto_keeps_its_budget_inside_the_hysteresis_band_and_leaves_it_below():
+    pol = LossPolicy("auto", warmup=0)
+    assert _run(pol, 5, 0.2)[-1].budget > 0
+    mid = (lp.BUDGET_ON + lp.BUDGET_OFF) / 2      # between the two: still budgeted
+    assert all(c.budget > 0 for c in _run(pol, 40, mid)[20:] if c.why != "probe")
+    assert _run(pol, 40, 0.0)[-1].budget == 0     # measured on the probes, it ends
+    assert {c.budget for c in _run(pol, 20, mid)} == {0.0}   # and does not come back
+
+
+@pytest.mark.unit
+def test_an_explicit_budget_holds_under_auto():
+    pol = LossPolicy("auto", budget=0.2, warmup=0)
+    assert {c.budget for c in _run(pol, 10, 0.0) + _run(pol, 10, 0.4)} == {0.2}
+
+
+@pytest.mark.unit
+def test_a_bad_policy_is_refused():
+    with pytest.raises(ValueError, match="loss_policy: one of auto, repair, defer"):
+        LossPolicy("sometimes")
+
+
+@pytest.mark.unit
+def test_the_choice_travels_in_the_step_report():
+    ids = [0, 1]
+    rep = StepReport(step=7, reasons=["early"], delivered=dict.fromkeys(ids, 0.9),
+                     filled_chunks=dict.fromkeys(ids, 1), wholly_filled=dict.fromkeys(ids, 0),
+                     ks=[1, 1], gather_s=0.01, policy=Choice(cap=0.0, budget=0.36, why="ramp"))
+    out = np.zeros(report_words(1, 2), dtype=np.float32)
+    rep.encode(out)
+    back = StepReport.decode(out)
+    assert (back.policy.why, back.policy.mode) == ("ramp", "repair")
+    assert back.policy.budget == pytest.approx(0.36)
+    assert back.to_dict()["loss_policy"] == {"mode": "repair", "cap": 0.0, "budget": 0.36,
+                                             "why": "ramp"}
+    deferring = StepReport.decode(_encoded(rep, Choice(cap=MAX_DEFERRED, why="fixed")))
+    assert deferring.policy.mode == "defer"
+
+
+def _encoded(rep: StepReport, policy: Choice) -> np.ndarray:
+    rep.policy = policy
+    out = np.zeros(report_words(len(rep.reasons), len(rep.delivered)), dtype=np.float32)
+    rep.encode(out)
+    return out
