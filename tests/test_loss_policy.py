@@ -23,8 +23,8 @@ from ltpx.control.transport.defer import MAX_DEFERRED
 
 
 def _run(pol: LossPolicy, steps: int, up: float) -> list[Choice]:
-    """`steps` steps whose uplink rounds lose `up` of their chunks at least
-    once: measured, as the link does, only on rounds opened with no budget
+    """`steps` steps whose uplink rounds lose `up` of their chunks' first
+    sends: measured, as the link does, only on rounds opened with no budget
     (those of the last choice)."""
     out = []
     for _ in range(steps):

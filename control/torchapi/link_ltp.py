@@ -171,10 +171,9 @@ class LtpServerLink(ServerLink):
 
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
         res = self.ep.wait_round(r)
-        if r in self.honest:     # chunks lost at least once: re-sent, or never in
-            self.honest.discard(r)
-            self.loss.saw_uplink((res.retx_chunks + int((~res.masks).sum()))
-                                 / max(1, res.masks.size))
+        if r in self.honest:     # of the chunks in, those that came only as a re-send:
+            self.honest.discard(r)   # a late or dead worker's missing ones are no loss
+            self.loss.saw_uplink(res.retx_chunks / max(1, int(res.masks.sum())))
         if self.log:   # LTPX_ROUND_LOG=1: one JSON line per uplink round on stderr
             print(json.dumps({"round_log": res.report()}), file=sys.stderr, flush=True)
         values, chunk_elems = res.values, res.layout.chunk_elems

@@ -19,12 +19,13 @@ uplink by the loss it measures, answers whole:
   when its first pass is in rather than after its re-sends: budget^2 =
   BUDGET_GAIN x loss, from BUDGET_ON on (off below BUDGET_OFF: hysteresis),
   at most BUDGET_MAX; an explicit `loss_budget` fixes it instead;
-- the loss is measured on rounds opened with no budget (the chunks lost at
-  least once: re-sent, or never in), since a round a budget closes early
-  leaves out chunks that were never lost: counted as lost they would raise
-  the budget that cut them (Early Close's own loss_hat does, which is why
-  a fixed budget of 0.7 closed rounds at 10 % loss with 0.68 delivered).
-  So under a budget every PROBE-th step runs without one;
+- the loss is measured on rounds opened with no budget, as the fraction of
+  the chunks in that came only as a re-send (a straggler's or a dead
+  worker's missing chunks are not the path's loss), since a round a budget
+  closes early leaves out chunks that were never lost: counted as lost they
+  would raise the budget that cut them (Early Close's own loss_hat does,
+  which is why a fixed budget of 0.7 closed rounds at 10 % loss with 0.68
+  delivered). So under a budget every PROBE-th step runs without one;
 - no budget in the first `warmup` steps (loss_warmup, 40 by default), then
   a ramp over as many again: the first steps move the model most.
 
@@ -95,8 +96,8 @@ class LossPolicy:
                       budget=self.fixed_budget, why="fixed")
 
     def saw_uplink(self, lost: float) -> None:
-        """An uplink round opened with no budget lost `lost` of its chunks at
-        least once."""
+        """Of the chunks an uplink round opened with no budget took in, `lost`
+        came only as a re-send."""
         lost = min(max(lost, 0.0), 1.0)
         self.up = lost if self.up is None else (1 - EWMA) * self.up + EWMA * lost
 
