@@ -160,11 +160,10 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "re-send every chunk of an answer some worker lost, and close uplink rounds by the "
        "paper's rule (the loss budget only if given); defer: answer once, and every worker "
        "zeroes the chunks any of them may lack, which the server adds into its next answer "
-       "(a step late, alike on every replica); auto: choose per step from the loss the "
-       "endpoints measure: repaired answers on a lossless or lightly lossy path, deferred "
-       "answers and a loss budget as the loss grows, after a warm-up (loss_warmup) "
-       "(docs/transport.md, The loss policy). defer and auto need compress none and "
-       "downlink_code off (auto is then repair). The server's choice rules",
+       "(a step late, alike on every replica; needs compress none and downlink_code off); "
+       "auto: answers repaired, and a loss budget chosen per step from the uplink loss the "
+       "server measures, none on a lossless or lightly lossy path, after a warm-up "
+       "(loss_warmup; docs/transport.md, The loss policy). The server's choice rules",
        choices=("auto", "repair", "defer"), flags=(TRAIN,)),
     _s("checksums", str, "auto", "verify each LTP DATA frame's UDP checksum in XDP, so a "
        "corrupted frame is never used (counted bad_csum, re-sent or filled): auto: where "
@@ -189,9 +188,9 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _s("bucket_mb", float, 4.0, "the largest LTP round of a step's gradients, MB: "
        "DistributedOptimizer's default bucket size, and the pieces DDP's buckets are cut "
        "into (each piece's answer leaves as soon as its round is summed)", lo=0, above=True),
-    _s("loss_warmup", int, 40, "steps the loss policy auto answers whole and closes rounds "
-       "by the paper's rule before it tolerates loss, then as many to ramp its tolerances "
-       "up (the first steps move the model most: docs/transport.md, The loss policy)",
+    _s("loss_warmup", int, 40, "steps the loss policy auto closes rounds by the paper's rule "
+       "before it gives them a loss budget, then as many to ramp the budget up (the first "
+       "steps move the model most: docs/transport.md, The loss policy)",
        lo=0, hi=1_000_000),
     _s("stream_share", float, 0.5, "the share of the path's rate a step's answer takes "
        "while the step's later rounds still come in (each round's part leaves once it is "

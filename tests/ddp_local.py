@@ -25,9 +25,11 @@ EXAMPLE = ROOT / "docs" / "examples" / "ddp_backend.py"
 
 
 def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 300,
-              env_extra: dict | None = None, script: Path = EXAMPLE) -> dict:
+              env_extra: dict | None = None, script: Path = EXAMPLE,
+              rank_env: dict[int, dict] | None = None) -> dict:
     """Run the example (or `script`, a variant of it) on loopback:
-    {"results": each trainer's JSON line, "wall_s"}."""
+    {"results": each trainer's JSON line, "wall_s"}. `rank_env`: more
+    environment for some trainers (by rank)."""
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout),
                           wait_for_workers=False)
@@ -40,7 +42,8 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
               "LTP_STORE_NETNS"):
         env.pop(k, None)
     cmd = [sys.executable, str(script), "--backend", backend, *args]
-    envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r)) for r in range(workers)]
+    envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), **(rank_env or {}).get(r, {}))
+            for r in range(workers)]
     if backend == "ltp":   # the server: the same script, LTP rank 0
         envs.insert(0, dict(env, RANK="0", LOCAL_RANK="0", LTP_ROLE="server", LTP_RANK="0",
                             LTP_WORLD_SIZE=str(workers + 1)))

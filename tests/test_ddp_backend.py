@@ -132,6 +132,21 @@ def test_a_killed_rank_ends_every_other_rank_with_an_error():
 
 @pytest.mark.root
 @pytest.mark.slow
+def test_trainers_that_cut_their_buckets_differently_stop_with_the_difference_named():
+    """Trainer 1 cuts DDP's buckets into 10 kB rounds (LTP_BUCKET_MB=0.01),
+    trainer 0 keeps them whole: their steps differ, and a trainer whose op is
+    not the one the barrier went on with stops with an error naming the
+    fields (the server would sum pieces cut one way as if cut the other)."""
+    from ddp_local import run_local
+    with pytest.raises(AssertionError) as e:
+        run_local(2, "--epochs", "1", timeout=120, rank_env={1: {"LTP_BUCKET_MB": "0.01"}})
+    msg = str(e.value)
+    assert "is not the same on every rank" in msg and "sizes: (" in msg, msg[-3000:]
+    assert "give every rank the same settings" in msg
+
+
+@pytest.mark.root
+@pytest.mark.slow
 def test_backend_on_loopback_over_tcp_matches_gloo():
     """The backend under a launcher of one's own (tests/ddp_local.py): trainers
     numbered as torchrun numbers them, the server a separate LTP rank; the

@@ -96,7 +96,8 @@ def test_auto_keeps_its_budget_inside_the_hysteresis_band_and_leaves_it_below():
 @pytest.mark.unit
 def test_an_explicit_budget_holds_under_auto():
     pol = LossPolicy("auto", budget=0.2, warmup=0)
-    assert {c.budget for c in _run(pol, 10, 0.0) + _run(pol, 10, 0.4)} == {0.2}
+    got = _run(pol, 10, 0.0) + _run(pol, 10, 0.4)
+    assert {(c.budget, c.why) for c in got} == {(0.2, "fixed")}
 
 
 @pytest.mark.unit
@@ -127,3 +128,24 @@ def _encoded(rep: StepReport, policy: Choice) -> np.ndarray:
     out = np.zeros(report_words(len(rep.reasons), len(rep.delivered)), dtype=np.float32)
     rep.encode(out)
     return out
+
+
+@pytest.mark.unit
+def test_the_link_applies_the_budget_unless_the_ops_early_close_fields_fix_one():
+    """The server's LTP link (no endpoint needed): a step's honest rounds'
+    counts reach the policy once, at its choice; the budget chosen goes into
+    every round kind's Early Close config; a `budget` in the op's Early Close
+    fields rules instead, as early_config has it."""
+    from ltpx.control.torchapi.link_ltp import LtpServerLink
+    from ltpx.control.torchapi.settings import Settings
+    link = LtpServerLink(Settings(dev="lo", ip="127.0.0.1", loss_warmup=0), 2, None)
+    kinds = [link.policy(k) for k in (0, 1)]
+    link.measured = [30, 100]                # 30 of 100 chunks in came only as re-sends
+    c = link.choose()
+    assert link.loss.up == pytest.approx(0.3) and link.measured == [0, 0]
+    assert c.budget == lp.BUDGET_MAX and {p.cfg.budget for p in kinds} == {lp.BUDGET_MAX}
+    link.configure("mean", '{"budget": 0.25}')
+    fixed = link.policy(0)
+    assert fixed.cfg.budget == 0.25
+    link.measured = [30, 100]
+    assert link.choose().budget == lp.BUDGET_MAX and fixed.cfg.budget == 0.25

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import CommError
 from .breakdown import worker as worker_phases
 from .flight import BARRIER, COMPUTE, PULL, PUSH
 from .flight import enter as flight_enter, heard as flight_heard
@@ -104,13 +105,25 @@ class Exchange:
         run.rec.last = self.co.arrive(run.seq, run.op)
         return run.rec.last
 
+    def agreed(self, run: Run, go: Go) -> Go:
+        """go, once this worker's op is the one the barrier went on with (the
+        server sums what that op describes: a rank whose own layout differs,
+        e.g. its LTP_BUCKET_MB, would push pieces the server cuts elsewhere);
+        a CommError naming the difference otherwise."""
+        diff = run.op.differs(go.op)
+        if diff:
+            raise CommError(f"worker {self.id}: op {run.seq} is not the same on every rank "
+                            f"({'; '.join(diff)}): give every rank the same settings "
+                            "(LTP_* variables, ddp_state and init options) and model")
+        return go
+
     def barrier(self, run: Run) -> None:
         t0 = time.perf_counter()
         self.check_member()
         flight_enter(BARRIER, run.seq)
         last = self.co.arrive(run.seq, run.op)
         t1 = time.perf_counter()
-        run.go = self.co.wait_go(run.seq)
+        run.go = self.agreed(run, self.co.wait_go(run.seq))
         t2 = time.perf_counter()
         self.times["barrier_s"] += t2 - t0
         self.phases.add("comm_barrier", t2 - t0)
@@ -121,7 +134,7 @@ class Exchange:
         """Piece i of the op (one bucket of a step) into its uplink round."""
         t0 = time.perf_counter()
         if run.go is None:      # wbsp: arrived, saw the barrier lift (coord.gone)
-            run.go = self.co.read_go(run.seq)
+            run.go = self.agreed(run, self.co.read_go(run.seq))
         r = run.rounds[i]
         flight_enter(PUSH, run.seq, r)
         if self.link.opens and i >= run.npre:

@@ -76,6 +76,7 @@ class LtpServerLink(ServerLink):
         # uplink rounds opened with no loss budget: what they lose is the
         # path's loss (a budget's early close leaves out chunks never lost)
         self.honest: set[int] = set()
+        self.measured = [0, 0]   # this step's honest rounds: chunks in only as re-sends, chunks in
         self.verdicts: dict[int, tuple] = {}   # answer -> its verdict (defer.py), for a retry
 
     def address(self) -> dict:
@@ -94,6 +95,7 @@ class LtpServerLink(ServerLink):
         if self.ep is not None and nelems <= self.size:
             return False
         self.close()
+        self.honest.clear()      # the rounds open on the old endpoint are gone with it
         s, size = self.s, _room(nelems, self.s.downlink_code == "rs", self.s.mtu, self.defer)
         self.ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
                            ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
@@ -114,11 +116,18 @@ class LtpServerLink(ServerLink):
 
     def choose(self) -> Choice:
         """The loss policy's choice for this step (losspolicy.py), from the
-        loss the uplink rounds met: the budget of the rounds opened from now on."""
+        loss this step's rounds met: the budget of the rounds opened from now
+        on, unless the op's Early Close fields fix one (they rule, as in
+        early_config)."""
+        retx, got = self.measured
+        if got:
+            self.loss.saw_uplink(retx / got)
+        self.measured = [0, 0]
         c = self.loss.choose()
-        for p in self.policies.values():
-            if p.cfg.budget != c.budget:
-                p.cfg = dataclasses.replace(p.cfg, budget=c.budget)
+        if "budget" not in json.loads(self.early_close):
+            for p in self.policies.values():
+                if p.cfg.budget != c.budget:
+                    p.cfg = dataclasses.replace(p.cfg, budget=c.budget)
         return c
 
     def loss_summary(self) -> dict:
@@ -154,7 +163,7 @@ class LtpServerLink(ServerLink):
             nelems = self.codec.open(r, nelems, reliable)
         self.ep.open_round(r, nelems, workers=workers, reliable=reliable,
                            early=self.policy(key))
-        if not reliable and not self.loss.choice.budget:
+        if not reliable and not self.policy(key).cfg.budget:
             self.honest.add(r)
 
     def beat(self) -> None:
@@ -171,9 +180,10 @@ class LtpServerLink(ServerLink):
 
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
         res = self.ep.wait_round(r)
-        if r in self.honest:     # of the chunks in, those that came only as a re-send:
-            self.honest.discard(r)   # a late or dead worker's missing ones are no loss
-            self.loss.saw_uplink(res.retx_chunks / max(1, int(res.masks.sum())))
+        if r in self.honest:     # of the chunks in, those that came only as a re-send
+            self.honest.discard(r)   # (a late or dead worker's missing ones are no loss)
+            self.measured[0] += res.retx_chunks
+            self.measured[1] += int(res.masks.sum())
         if self.log:   # LTPX_ROUND_LOG=1: one JSON line per uplink round on stderr
             print(json.dumps({"round_log": res.report()}), file=sys.stderr, flush=True)
         values, chunk_elems = res.values, res.layout.chunk_elems

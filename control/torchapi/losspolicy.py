@@ -19,9 +19,11 @@ uplink by the loss it measures, answers whole:
   when its first pass is in rather than after its re-sends: budget^2 =
   BUDGET_GAIN x loss, from BUDGET_ON on (off below BUDGET_OFF: hysteresis),
   at most BUDGET_MAX; an explicit `loss_budget` fixes it instead;
-- the loss is measured on rounds opened with no budget, as the fraction of
-  the chunks in that came only as a re-send (a straggler's or a dead
-  worker's missing chunks are not the path's loss), since a round a budget
+- the loss is measured once a step on its rounds opened with no budget, as
+  the fraction of the chunks in that came only as a re-send (a straggler's
+  or a dead worker's missing chunks are not the path's loss; a round the
+  paper's rule closed before a re-send came counts that chunk as neither,
+  so at light loss the figure is a little under the path's), since a round a budget
   closes early leaves out chunks that were never lost: counted as lost they
   would raise the budget that cut them (Early Close's own loss_hat does,
   which is why a fixed budget of 0.7 closed rounds at 10 % loss with 0.68
@@ -96,8 +98,9 @@ class LossPolicy:
                       budget=self.fixed_budget, why="fixed")
 
     def saw_uplink(self, lost: float) -> None:
-        """Of the chunks an uplink round opened with no budget took in, `lost`
-        came only as a re-send."""
+        """Of the chunks a step's uplink rounds opened with no budget took in,
+        `lost` came only as a re-send (once a step: a step's rounds weigh by
+        their chunks, not one each)."""
         lost = min(max(lost, 0.0), 1.0)
         self.up = lost if self.up is None else (1 - EWMA) * self.up + EWMA * lost
 
@@ -119,9 +122,10 @@ class LossPolicy:
     def _auto(self) -> Choice:
         up = self.up or 0.0
         self.budgeted = up >= (BUDGET_OFF if self.budgeted else BUDGET_ON)
-        if self.fixed_budget or not self.budgeted:
-            return Choice(budget=self.fixed_budget,
-                          why="lossy" if self.budgeted else "lossless")
+        if self.fixed_budget:
+            return Choice(budget=self.fixed_budget, why="fixed")
+        if not self.budgeted:
+            return Choice(why="lossless")
         grow = min(1.0, max(0.0, (self.steps - self.warmup) / max(1, self.warmup)))
         if grow == 0:
             return Choice(why="warmup")

@@ -53,6 +53,12 @@ class Op:
     average: bool = True            # all-reduce: mean (else sum)
     downlink: str = "group"         # the answer: once to the group address, or per worker
 
+    def differs(self, other: Op) -> list[str]:
+        """The fields where `other` (another rank's view of this op) differs,
+        as `field: mine vs theirs`; [] when the ranks agree."""
+        return [f"{k}: {v!r} here, {getattr(other, k)!r} in the barrier's"
+                for k, v in asdict(self).items() if v != getattr(other, k)]
+
     @property
     def reliable(self) -> bool:
         """Uplink class: a step's gradients are tolerable, anything else reliable."""
