@@ -28,13 +28,13 @@
 #define LOSS_NSTATS  3
 
 /* loss_cfg[0]: drop threshold, p * 2^32 (0: never drop).
- * Written by Python (dataplane/rig/loss.py: write, for Rig.set_loss, via
+ * Written by Python (dataplane/rig/lossinject.py: write, for Rig.set_loss, via
  * the pinned map); read by loss_tc. */
 BPF_ARRAY(loss_cfg, __u32, 1);
 
 /* loss_stats[i]: packets (segments) dropped, passed, and not eligible
  * (not IPv4 UDP/TCP, always passed). Written by loss_tc; read by Python
- * (dataplane/rig/loss.py: counters sums the per-CPU values). */
+ * (dataplane/rig/lossinject.py: counters sums the per-CPU values). */
 BPF_PERCPU_ARRAY(loss_stats, __u64, LOSS_NSTATS);
 
 static __always_inline void count(int idx, __u64 n)

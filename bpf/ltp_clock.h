@@ -192,7 +192,7 @@ static __always_inline int clock_send(struct xdp_md *ctx, struct ltp_tx *tx,
 	 * the control plane sees one packet fewer in flight and sends it
 	 * again. A position taken before a failed grow would leave its chunk
 	 * unsent until the control plane's RTO (two of the flow's round trips,
-	 * at least 2 ms: control/transport/clock.py), most often at a flow's
+	 * at least 2 ms: control/transport/ackclock.py), most often at a flow's
 	 * end. clock_emit trims the frame to the chunk's length. */
 	if (tx->next >= tx->tail && !(tx->rack && tx->scan < tx->xseq &&
 				       tx->scan + LTP_RACK_REORDER < tx->newest))

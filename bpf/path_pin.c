@@ -66,7 +66,7 @@ struct pin_val {
 BPF_TABLE("lru_hash", struct link_key, struct link_val, link_bytes, 65536);
 
 /* path_pins: {saddr, daddr, dport} -> source port to use. Written by Python
- * (dataplane/rig/pathpin.py: set_pin, for control/paths.py: pin); read by
+ * (dataplane/rig/pathpin.py: set_pin, for control/pathplan.py: pin); read by
  * path_pin. */
 BPF_HASH(path_pins, struct pin_key, struct pin_val, 4096);
 

@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The dead-peer rule of the sender (control/transport/loss.py: Backoff and
+"""The dead-peer rule of the sender (control/transport/lossdetect.py: Backoff and
 pass_runs' limits), driven with a clock of its own: no privileges needed.
 The rig test (test_ownership.py) checks the same rule with real packets."""
 from __future__ import annotations
 
 import pytest
 
-from ltpx.control.transport.loss import (DEAD_AFTER, PROBE_BUDGET, RTO_MIN, SILENT_CHUNKS, Backoff,
+from ltpx.control.transport.lossdetect import (DEAD_AFTER, PROBE_BUDGET, RTO_MIN, SILENT_CHUNKS, Backoff,
                                          pass_runs)
 
 

@@ -186,7 +186,7 @@ def test_credit_is_buffer_plus_bdp_in_frames_capped_at_a_ring():
 
 @pytest.mark.unit
 def test_vectorised_headers_match_the_wire_packer():
-    from ltpx.control.transport.sender import data_headers
+    from ltpx.control.transport.push import data_headers
     from ltpx.dataplane.xdp import wire as W
     lay = ChunkLayout(1000, 1424)
     flags = np.array([W.F_CRITICAL, 0, W.F_LAST], dtype=np.uint16)
@@ -199,7 +199,7 @@ def test_vectorised_headers_match_the_wire_packer():
 
 @pytest.mark.unit
 def test_loss_detector_judges_by_what_was_acked_after():
-    from ltpx.control.transport.loss import LossDetector
+    from ltpx.control.transport.lossdetect import LossDetector
     det = LossDetector(reorder=2)
     det.sent.extend([5, 1, 9, 3, 7, 2])
     ack = lambda *cs: sum(1 << c for c in cs)  # noqa: E731
@@ -218,7 +218,7 @@ def test_loss_detector_judges_by_what_was_acked_after():
 def test_loss_detector_samples_the_round_trip_from_the_latest_acked_send():
     import math
 
-    from ltpx.control.transport.loss import LossDetector
+    from ltpx.control.transport.lossdetect import LossDetector
     det = LossDetector()
     det.note([4, 2], 10.000)
     det.note([7], 10.001)
@@ -240,8 +240,8 @@ def test_loss_detector_samples_the_round_trip_from_the_latest_acked_send():
                                         ([0.0002, 0.0004], 0.001),     # 2 x the slowest + a read
                                         ([0.003, 0.0001], 0.002)])     # cap
 def test_a_pass_tail_waits_twice_the_slowest_round_trip_within_bounds(rtts, want):
-    from ltpx.control.transport.loss import LossDetector
-    from ltpx.control.transport.sender import Push
+    from ltpx.control.transport.lossdetect import LossDetector
+    from ltpx.control.transport.push import Push
     p = Push.__new__(Push)       # tail_wait reads only the detectors and who is done
     p.detectors = [LossDetector() for _ in rtts]
     for d, r in zip(p.detectors, rtts):
@@ -254,7 +254,7 @@ def test_a_pass_tail_waits_twice_the_slowest_round_trip_within_bounds(rtts, want
 
 @pytest.mark.unit
 def test_pass_runs_take_turns_between_targets():
-    from ltpx.control.transport.loss import pass_runs
+    from ltpx.control.transport.lossdetect import pass_runs
     order = list(range(20))
     assert pass_runs(order, [0], [False]) == [(0, order)]  # one target: one run
     acked = [0, (1 << 3) | (1 << 9)]
@@ -265,7 +265,7 @@ def test_pass_runs_take_turns_between_targets():
 
 
 def _picker(runs, acked, closed, short=-1, grp=-1):
-    from ltpx.control.transport.loss import BatchPicker
+    from ltpx.control.transport.lossdetect import BatchPicker
     p = BatchPicker(grp, short)
     p.start(runs, acked, closed)
     return p
@@ -334,7 +334,7 @@ def test_a_group_push_re_sends_each_lost_chunk_once_to_the_group():
 
 @pytest.mark.unit
 def test_a_group_push_repair_pass_is_one_run_of_what_any_answering_target_lacks():
-    from ltpx.control.transport.loss import group_pass
+    from ltpx.control.transport.lossdetect import group_pass
     order, full = [4, 0, 3, 1, 2], 0b11111
     # target 0 lacks 1 and 3, target 1 lacks 3 and 4, target 2 (silent: its
     # probes are its own) lacks everything
@@ -346,7 +346,7 @@ def test_a_group_push_repair_pass_is_one_run_of_what_any_answering_target_lacks(
 
 @pytest.mark.unit
 def test_retx_byte_sets_the_retx_flag_of_a_header():
-    from ltpx.control.transport.sender import RETX_BYTE, data_headers
+    from ltpx.control.transport.push import RETX_BYTE, data_headers
     from ltpx.dataplane.xdp import wire as W
     lay = ChunkLayout(1000, 1424)
     flags = np.array([W.F_CRITICAL, 0, W.F_LAST], dtype=np.uint16)

@@ -19,9 +19,9 @@ from ltpx.control.torchapi.link_tcp import TcpServerLink, TcpWorkerLink
 from ltpx.control.torchapi.links import ServerLink, WorkerLink
 from ltpx.control.torchapi.settings import Settings
 from ltpx.control.torchapi.shards import ShardLinks
-from ltpx.control.transport.clock import ClockPush
+from ltpx.control.transport.ackclock import ClockPush
 from ltpx.control.transport.options import DEFAULTS, PushOptions
-from ltpx.control.transport.sender import Push
+from ltpx.control.transport.push import Push
 
 pytestmark = pytest.mark.unit
 

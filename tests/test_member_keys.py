@@ -472,7 +472,7 @@ def test_a_members_forged_group_answer_is_refused_and_never_used(rig):
     from ltpx.control.torchapi.link_ltp import LtpServerLink, LtpWorkerLink
     from ltpx.control.torchapi.settings import Settings
     from ltpx.control.transport.layout import ChunkLayout
-    from ltpx.control.transport.sender import data_headers
+    from ltpx.control.transport.push import data_headers
     from ltpx.control.transport.signing import SIG_ELEMS, ForgedAnswerError
     from ltpx.dataplane.rig.star import BROADCAST
     from ltpx.dataplane.xdp import wire as W

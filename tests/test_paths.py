@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Path assignment (control/paths.py) and ECMP path pinning on the leaf-spine
+"""Path assignment (control/pathplan.py) and ECMP path pinning on the leaf-spine
 rig (dataplane/rig/leafspine.py, dataplane/rig/pathpin.py, bpf/path_pin.c)."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import time
 import pytest
 
 from conftest import reap_rig_owner, requires_bpf
-from ltpx.control import paths
-from ltpx.control.paths import Flow, assign
+from ltpx.control import pathplan
+from ltpx.control.pathplan import Flow, assign
 from ltpx.dataplane.xdp import wire as W
 
 
@@ -136,12 +136,12 @@ def test_every_worker_reaches_its_ps_and_back(ls):
 @pytest.mark.rig
 @requires_bpf
 def test_pinned_flows_use_only_their_spine_then_unpin_returns_to_ecmp(ls):
-    a = assign(ls.config.spines, paths.rig_flows(ls))
-    pins = paths.pin(ls, a)
+    a = assign(ls.config.spines, pathplan.rig_flows(ls))
+    pins = pathplan.pin(ls, a)
     assert len(pins) == 4 and len(ls.pins_now()) == 4
     ls.reset_link_counters()
     _push_all(ls, sockets=4)          # 4 sockets per worker: ephemeral ports, all rewritten
-    obs = paths.observe(ls)
+    obs = pathplan.observe(ls)
     want = {j: set(s) for j, s in a.job_spines().items()}
     assert _job_spines(obs) == want == {"j0": {0}, "j1": {1}}
     assert obs["shared_links"] == []
@@ -155,7 +155,7 @@ def test_pinned_flows_use_only_their_spine_then_unpin_returns_to_ecmp(ls):
     ls.clear_pins()                   # back to ECMP: 16 fresh 5-tuples per job spread out
     ls.reset_link_counters()
     _push_all(ls, n=2, sockets=8)
-    assert _job_spines(paths.observe(ls)) == {"j0": {0, 1}, "j1": {0, 1}}
+    assert _job_spines(pathplan.observe(ls)) == {"j0": {0, 1}, "j1": {0, 1}}
 
 
 @pytest.mark.rig
@@ -165,8 +165,8 @@ def test_rewritten_packets_keep_a_valid_checksum(ls):
     from ltpx.dataplane import netns
     job = ls.job(0)
     w = job.workers[0]
-    a = assign(ls.config.spines, paths.rig_flows(ls))
-    pins = {p["src"]: p["sport"] for p in paths.pin(ls, a)}
+    a = assign(ls.config.spines, pathplan.rig_flows(ls))
+    pins = {p["src"]: p["sport"] for p in pathplan.pin(ls, a)}
     with netns.inside(job.ps.netns):
         rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

@@ -262,7 +262,7 @@ def test_a_paths_loss_is_judged_from_enough_packets_with_a_gap_between_its_two_l
     above HEAVY_LOSS and light again only below LIGHT_LOSS; a multi-target
     push's loss is shared alike; a group push is not counted."""
     from types import SimpleNamespace
-    from ltpx.control.transport.outbox import HEAVY_LOSS, LIGHT_LOSS, PATH_MIN, Sender
+    from ltpx.control.transport.sender import HEAVY_LOSS, LIGHT_LOSS, PATH_MIN, Sender
     from ltpx.control.transport.results import Peer, PushReport
     s = Sender(None, None, {1: 0, 2: 1}, job=0, chunk_bytes=1424, max_elems=1 << 16,
                initial_rate_bps=1e9)
@@ -303,7 +303,7 @@ def test_auto_sends_by_the_socket_while_the_path_loses_much_and_by_the_clock_aga
     more than HEAVY_LOSS of the time by the socket, says why, and goes back
     to the clock once they are lost less than LIGHT_LOSS."""
     from ltpx.control.transport.endpoint import Endpoint
-    from ltpx.control.transport.outbox import HEAVY_LOSS
+    from ltpx.control.transport.sender import HEAVY_LOSS
     from ltpx.control.transport.results import Peer
     from ltpx.control.transport.tokens import new_secret
     from ltpx.dataplane.doctor.growcheck import grow_verdict

@@ -75,7 +75,7 @@ def test_a_step_names_the_worker_named_in_most_of_its_rounds():
 
 
 def test_the_run_names_the_barriers_last_arriver_beyond_the_margin():
-    from ltpx.control.training.stragglers import attribute_steps
+    from ltpx.control.training.straggler_report import attribute_steps
     # worker 2 arrived last at steps 1-3 and the others waited 40 ms for it at
     # 1 and 2, 3 ms (under the 5 ms margin) at 3; the server's NIC named 1 at 3
     # and 4; step 5 nobody

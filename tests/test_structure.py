@@ -7,6 +7,8 @@
 - C libraries are opened through ctypes in one module (dataplane/clib/libs.py);
 - no module over 450 lines, no function over 80 lines;
 - every folder of Python code is a package (so the wheel cannot miss it);
+- no two modules share a name (a file's name says what it holds, wherever
+  it is read: a traceback, a grep, a doc that names the file);
 - the BPF C sources (bpf/*.c, bpf/*.h) under the same size rules: no file
   over 450 lines, no function over 80 (c_functions finds them).
 """
@@ -126,6 +128,20 @@ def test_every_code_folder_is_a_package():
                      if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py"))
                      and not (d / "__init__.py").exists())
     assert not missing, f"folders with Python code but no __init__.py: {missing}"
+
+
+@pytest.mark.unit
+def test_no_two_modules_share_a_name():
+    """No two of the package's modules (tests, __init__.py and __main__.py
+    aside) share a file name: each name says what its module holds, so a
+    name met in a traceback, a grep or a doc points at one file."""
+    by_name: dict[str, list[str]] = {}
+    for p in sorted(MODULES.values()):
+        if p.name not in ("__init__.py", "__main__.py"):
+            by_name.setdefault(p.name, []).append(str(p.relative_to(ROOT)))
+    shared = {n: ps for n, ps in by_name.items() if len(ps) > 1}
+    assert not shared, "modules sharing a name: " + "; ".join(
+        f"{n}: {', '.join(ps)}" for n, ps in sorted(shared.items()))
 
 
 def _package_docstring_names(init: Path) -> tuple[set[str], set[str]]:

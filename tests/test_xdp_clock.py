@@ -18,7 +18,7 @@ from scapy.packet import Raw
 
 from conftest import requires_bpf, star_rig
 from ltpx.control.transport import tokens
-from ltpx.dataplane.xdp import clock
+from ltpx.dataplane.xdp import clockmaps
 from ltpx.dataplane.xdp import wire as W
 from ltpx.dataplane.xdp.testrun import XDP_DROP, XDP_TX, run_xdp
 
@@ -69,8 +69,8 @@ def dp(small_geometry):
 def start_round(m, round_=9, grad=None, primed=1, flags=0):
     grad = gradient() if grad is None else grad
     m.tx_start(round_, 1, tok(round_))
-    clock.load(m, round_, grad.view(np.uint8), ORDER, CRIT, CHUNK)
-    clock.start(m, round_, 1, nchunks=NCH, last_len=LAST, flags=flags, primed=primed)
+    clockmaps.load(m, round_, grad.view(np.uint8), ORDER, CRIT, CHUNK)
+    clockmaps.start(m, round_, 1, nchunks=NCH, last_len=LAST, flags=flags, primed=primed)
     return grad
 
 
@@ -153,7 +153,7 @@ CONSUMED = [
      {"ack_rx": 1, "clock_stop": 1}, {"consumed": 1, "stops": 1, "next": 1}),
     ("round closed: consumed, the flow stops", ack(state=W.RS_CLOSED), None,
      {"ack_rx": 1, "clock_idle": 1}, {"consumed": 1, "closed": 1, "next": 1}),
-    ("nothing left to send: consumed", ack(), lambda m: clock.take_tail(m, 9, 1, 3),
+    ("nothing left to send: consumed", ack(), lambda m: clockmaps.take_tail(m, 9, 1, 3),
      {"ack_rx": 1, "clock_idle": 1}, {"consumed": 1, "added": 4}),  # no position taken
     ("stale bank (an older round's ACK): dropped, the flow untouched", ack(round_=7), None,
      {"ack_stale": 1}, {}),
@@ -162,7 +162,7 @@ CONSUMED = [
     ("unclocked ACK (a socket push): recorded, never sent on", ack(flags=0), None,
      {"ack_rx": 1}, {}),
     ("flow not clocked: its ACK is only recorded", ack(),
-     lambda m: clock.stop(m, 9, 1), {"ack_rx": 1}, {}),
+     lambda m: clockmaps.stop(m, 9, 1), {"ack_rx": 1}, {}),
 ]
 
 
@@ -233,8 +233,8 @@ def test_an_ack_that_cannot_grow_is_consumed_and_hands_nothing_out():
         m.set_peers({3: 1, 9: 2})
         grad = np.zeros((3 * big + LAST) // 4, dtype=np.float32)
         m.tx_start(9, 1, tok(9))
-        clock.load(m, 9, grad.view(np.uint8), ORDER, CRIT, big)
-        clock.start(m, 9, 1, nchunks=NCH, last_len=LAST, flags=0, primed=1)
+        clockmaps.load(m, 9, grad.view(np.uint8), ORDER, CRIT, big)
+        clockmaps.start(m, 9, 1, nchunks=NCH, last_len=LAST, flags=0, primed=1)
         before = m.counters()
         res = run_xdp(d.prog_fd, bytes(ack(chunk=ORDER[0])), grow=big + 64)
         assert res.verdict == XDP_DROP
@@ -246,7 +246,7 @@ def test_an_ack_that_cannot_grow_is_consumed_and_hands_nothing_out():
 
 @pytest.mark.root
 def test_positions_from_the_tail_are_not_sent_by_the_clock(dp, maps):
-    assert clock.take_tail(maps, 9, 1, 2) == [2, 3]
+    assert clockmaps.take_tail(maps, 9, 1, 2) == [2, 3]
     assert Ether(run(dp, ack(chunk=2)).data)[W.LTP].chunk == ORDER[1]
     assert run(dp, ack(chunk=ORDER[1])).verdict == XDP_DROP  # positions 2, 3 are Python's
     assert tx(maps)["added"] == 3 and tx(maps)["consumed"] == 1
@@ -264,8 +264,8 @@ RACK_N, LOST = 12, 4
 def rack_round(m, rack=True):
     grad = gradient((RACK_N - 1) * CHUNK // 4 + LAST // 4, seed=4)
     m.tx_start(9, 1, tok(9))
-    clock.load(m, 9, grad.view(np.uint8), list(range(RACK_N)), np.zeros(RACK_N, bool), CHUNK)
-    clock.start(m, 9, 1, nchunks=RACK_N, last_len=LAST, flags=0, primed=2, rack=rack)
+    clockmaps.load(m, 9, grad.view(np.uint8), list(range(RACK_N)), np.zeros(RACK_N, bool), CHUNK)
+    clockmaps.start(m, 9, 1, nchunks=RACK_N, last_len=LAST, flags=0, primed=2, rack=rack)
     return grad
 
 
@@ -323,7 +323,7 @@ def test_rack_leaves_what_is_not_its_own(dp, maps, how):
     rack_round(maps, rack=how != "rack off")
     ack_all_but(dp, {LOST}, upto=8)
     if how != "rack off":
-        clock.take_over(maps, 9, 1, [LOST])
+        clockmaps.take_over(maps, 9, 1, [LOST])
     h = Ether(run(dp, ack(chunk=8)).data)[W.LTP]
     assert h.chunk == 9 and not h.flags.retx
     assert int(maps.tx_state(9, 1)["rexmit"]) == 0
@@ -409,8 +409,8 @@ def test_a_round_clocked_through_two_programs_is_bit_exact(small_geometry, lose)
         pm.set_peers({3: 0})
         pm.open_bank(9, lay.nchunks, lay.last_len, token=tok(9), flows=1, window=8)
         wm.tx_start(9, 0, tok(9))
-        clock.load(wm, 9, grad.view(np.uint8), order, np.zeros(lay.nchunks, bool), CHUNK)
-        clock.start(wm, 9, 0, nchunks=lay.nchunks, last_len=lay.last_len, flags=0, primed=4,
+        clockmaps.load(wm, 9, grad.view(np.uint8), order, np.zeros(lay.nchunks, bool), CHUNK)
+        clockmaps.start(wm, 9, 0, nchunks=lay.nchunks, last_len=lay.last_len, flags=0, primed=4,
                     rack=True)
         raw = grad.view(np.uint8)
         wire = [clocked_data(round_=9, chunk=c, nchunks=lay.nchunks, stamp=(4, 0),

@@ -20,7 +20,7 @@ from scapy.packet import Raw
 
 from conftest import requires_bpf
 from ltpx.control.transport import tokens
-from ltpx.dataplane.xdp import clock
+from ltpx.dataplane.xdp import clockmaps
 from ltpx.dataplane.xdp import wire as W
 from ltpx.dataplane.xdp.testrun import XDP_DROP, XDP_PASS, XDP_TX, run_xdp
 from test_xdp_packets import (CHUNK, JOB, LAST, NCHUNKS, PS_IP, PS_MAC, SECRET, WORKER_IP,
@@ -289,8 +289,8 @@ def test_the_clock_grows_only_an_ack_whose_token_verified(dp, maps):
     up3, ack3 = SERVER.receive(9, 3)
     grad = np.random.default_rng(2).standard_normal((3 * CHUNK + LAST) // 4).astype(np.float32)
     maps.tx_start(9, 1, ack3, nchunks=NCHUNKS, dtoken=up3)
-    clock.load(maps, 9, grad.view(np.uint8), [0, 1, 2, 3], np.zeros(NCHUNKS, bool), CHUNK)
-    clock.start(maps, 9, 1, nchunks=NCHUNKS, last_len=LAST, flags=0, primed=1)
+    clockmaps.load(maps, 9, grad.view(np.uint8), [0, 1, 2, 3], np.zeros(NCHUNKS, bool), CHUNK)
+    clockmaps.start(maps, 9, 1, nchunks=NCHUNKS, last_len=LAST, flags=0, primed=1)
     c0 = maps.counters()
     for t in [0, up3] + own_tokens(9):
         pkt = frame(type_=W.T_ACK, round_=9, chunk=0, flags=W.F_CLOCK, state=W.RS_OPEN,

@@ -18,7 +18,7 @@ import sys
 from ..dataplane.xdp.headers import defines
 from .common import UsageError, add_json, need_root, wants_json
 from .flags import add_netns, add_port, check_port
-from .ops import add_parser, check_dev, guard, netns_arg
+from .opviews import add_parser, check_dev, guard, netns_arg
 
 # eth + ip + udp + LTP header: the least a snapshot must keep to be decoded
 MIN_SNAPLEN = 14 + 20 + 8 + defines("ltp_wire.h")["LTP_HDR_LEN"]

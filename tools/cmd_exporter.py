@@ -15,7 +15,7 @@ import threading
 from .common import (LtpError, UsageError, add_json, add_verbose, emit, need_root,
                      setup_logging)
 from .flags import add_netns
-from .ops import add_parser, guard, listed_ns
+from .opviews import add_parser, guard, listed_ns
 
 DEFAULT_PORT = 9435
 

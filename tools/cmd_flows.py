@@ -17,7 +17,7 @@ from typing import Any
 from .common import (LtpError, UsageError, add_json, console, emit, need_root, table,
                      wants_json)
 from .flags import add_netns
-from .ops import add_parser, check_dev, guard, job_text, listed_ns, netns_arg, registry
+from .opviews import add_parser, check_dev, guard, job_text, listed_ns, netns_arg, registry
 
 FLOWS_EPILOG = """examples:
   sudo ltp flows                          every loaded program

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from .common import UsageError, add_json, emit, need_bcc, need_root, table
 from .flags import add_netns, add_port, add_xdp_mode, check_port
-from .ops import (add_parser, check_dev, guard, job_text, listed_ns, netns_arg, ns_filter,
-                  registry)
+from .opviews import (add_parser, check_dev, guard, job_text, listed_ns, netns_arg, ns_filter,
+                      registry)
 
 DEFAULT_CHUNK_BYTES = 1424
 DEFAULT_MAX_CHUNKS = 256

@@ -35,7 +35,7 @@ def register(sub) -> None:
     pn = add_command(psub, "pin", "pin every job's flows to its assigned spine (or unpin)")
     add_rig_name(pn, "leaf-spine")
     pn.add_argument("--policy", choices=("pinned", "ecmp"), default="pinned",
-                    help="pinned: control.paths.assign + probed source ports (default); "
+                    help="pinned: control.pathplan.assign + probed source ports (default); "
                     "ecmp: remove the pins so the leaves' hash decides")
     add_json(pn)
     pn.set_defaults(func=cmd_pin)
@@ -59,8 +59,8 @@ def _attach(name: str | None):
 
 def show(ls) -> dict:
     """What `ltp paths show` prints: rig, pins, observed flows, bytes per link."""
-    from ..control import paths
-    obs = paths.observe(ls)
+    from ..control import pathplan
+    obs = pathplan.observe(ls)
     desc = ls.to_dict()
     tbf = {t["link"]: t for t in ls.tbf()}
     links = [{**lk, **{k: tbf.get(lk["link"], {}).get(k) for k in ("bytes", "packets", "drops")}}
@@ -107,15 +107,15 @@ def cmd_show(args) -> None:
 def cmd_pin(args) -> None:
     need_root("ltp paths pin")
     need_bcc()
-    from ..control import paths
+    from ..control import pathplan
     ls = _attach(args.name)
     try:
         if args.policy == "ecmp":
             ls.clear_pins()
             out = {"name": ls.name, "policy": "ecmp", "pins": []}
         else:
-            a = paths.assign(ls.config.spines, paths.rig_flows(ls))
-            pins = paths.pin(ls, a)
+            a = pathplan.assign(ls.config.spines, pathplan.rig_flows(ls))
+            pins = pathplan.pin(ls, a)
             ls.reset_link_counters()      # the probes are not traffic
             out = {"name": ls.name, "policy": "pinned", "assignment": a.to_dict(), "pins": pins}
     finally:

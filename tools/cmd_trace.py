@@ -112,7 +112,7 @@ def summary(trace: dict) -> dict:
     beyond the margin, else the NIC's: as `ltp train -j`), the rounds the
     server's NIC named it in, its NIC lateness p50/p99."""
     from ..control.torchapi.trace import summarize  # noqa: PLC0415 (numpy: not for --help)
-    from ..control.training.stragglers import attribute_steps  # noqa: PLC0415 (as above)
+    from ..control.training.straggler_report import attribute_steps  # noqa: PLC0415 (as above)
     s = summarize(trace)
     step_s = (trace.get("otherData") or {}).get("step_s") or s["step_s"]   # the run's, if it said
     att = attribute_steps(s["notes"], s["nic"], len(s["steps"]), step_s, keys=s["steps"])

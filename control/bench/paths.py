@@ -9,7 +9,7 @@ processes in their namespaces) with the link rate as its capacity. Per trial:
 - ecmp: every flow gets a fresh random source port (what a new socket would
   draw; written as a pin so the endpoints stay up) and the leaves' L4 hash
   picks the spine. Collisions are a matter of chance, so each trial draws anew.
-- pinned: control.paths.assign + pin (probed source ports).
+- pinned: control.pathplan.assign + pin (probed source ports).
 
 In each trial both jobs run `rounds` rounds concurrently (one thread per
 job); the per-link counters are reset first and read after. Isolated: job 0
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from ...dataplane.rig.leafspine import LeafSpine, LeafSpineConfig
-from .. import paths
+from .. import pathplan
 from .cluster import LtpCluster
 
 
@@ -62,9 +62,9 @@ def run(trials: int = 10, rounds: int = 5, nelems: int = 1 << 17, rate_bps: int 
                           rate_bps=rate_bps, buffer_bytes=buffer_bytes)
     t0 = time.monotonic()
     with LeafSpine(cfg) as ls:
-        flows = paths.rig_flows(ls, nelems * 4)
-        assignment = paths.assign(cfg.spines, flows)
-        probes = paths.probe_flows(ls, flows)
+        flows = pathplan.rig_flows(ls, nelems * 4)
+        assignment = pathplan.assign(cfg.spines, flows)
+        probes = pathplan.probe_flows(ls, flows)
         clusters: list[LtpCluster] = []
         try:
             say("starting endpoints")
@@ -72,7 +72,7 @@ def run(trials: int = 10, rounds: int = 5, nelems: int = 1 << 17, rate_bps: int 
                 clusters.append(LtpCluster(ls.job(j), nelems, job=0x100 + j,
                                            capacity_bps=rate_bps, warmup=False))
             rnd = 1
-            paths.pin(ls, assignment, probes=probes)
+            pathplan.pin(ls, assignment, probes=probes)
             for i, c in enumerate(clusters):      # warm-up, one job at a time
                 c.run_round(rnd, nelems, seed=i)
             rnd += 1
@@ -80,8 +80,8 @@ def run(trials: int = 10, rounds: int = 5, nelems: int = 1 << 17, rate_bps: int 
             iso = _run_jobs(clusters[:1], rounds * trials, rnd, nelems)[0]
             rnd += rounds * trials
             res: dict[str, dict] = {}
-            placements = {"ecmp": lambda t: paths.ecmp_draw(ls, flows, seed=t),  # fresh draw
-                          "pinned": lambda t: paths.pin(ls, assignment, probes=probes)}
+            placements = {"ecmp": lambda t: pathplan.ecmp_draw(ls, flows, seed=t),  # fresh draw
+                          "pinned": lambda t: pathplan.pin(ls, assignment, probes=probes)}
             for policy, place in placements.items():
                 res[policy] = _trials(ls, clusters, place, trials=trials, rounds=rounds,
                                       first_round=rnd, nelems=nelems,
@@ -112,7 +112,7 @@ def _trials(ls, clusters: list[LtpCluster], place: Callable[[int], dict], *, tri
         ls.reset_link_counters()
         times = _run_jobs(clusters, rounds, rnd, nelems)
         rnd += rounds
-        obs = paths.observe(ls)
+        obs = pathplan.observe(ls)
         for j, ts in enumerate(times):
             per_job[j] += ts
         tr.append({"trial": t, "pins": pins,

@@ -25,7 +25,7 @@ import statistics
 
 from ...dataplane import netns
 from ...dataplane.clib import libs
-from ...dataplane.clib.bpf import map_update, obj_info
+from ...dataplane.clib.bpfsys import map_update, obj_info
 from ...dataplane.rig.pair import VethPair
 from ...dataplane.xdp.loader import attach_fd, compile_program, detach
 from ...errors import BenchError

@@ -28,7 +28,7 @@ import numpy as np
 
 from ... import BPF_DIR
 from ...control.transport.endpoint import LIVENESS_S
-from ...dataplane.xdp import capring, clock
+from ...dataplane.xdp import capring, clockmaps
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry, compile_program
 from ...dataplane.xdp.testrun import XDP_DROP, XDP_TX, run_xdp
@@ -225,8 +225,8 @@ class AckFeed(Feed):
         n = len(self.frames)
         self.maps.tx_start(round_, 0)
         if self.clocked:
-            clock.load(self.maps, round_, self.payload, np.arange(n), np.zeros(n, bool), CHUNK)
-            clock.start(self.maps, round_, 0, nchunks=n, last_len=CHUNK, flags=0, primed=1)
+            clockmaps.load(self.maps, round_, self.payload, np.arange(n), np.zeros(n, bool), CHUNK)
+            clockmaps.start(self.maps, round_, 0, nchunks=n, last_len=CHUNK, flags=0, primed=1)
 
     def close(self) -> None:
         self.dp.close()

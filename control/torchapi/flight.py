@@ -36,10 +36,10 @@ import threading
 import time
 
 from ...dataplane import files
-from ..flightrec import EV_REC as _EV, NOW_REC as _NOW
-from ..flightrec import (ENV_DIR, HEADER, MAGIC, OP_START, PEERS, PHASES, RING, RING_AT, SERVER,
+from ..flightfile import EV_REC as _EV, NOW_REC as _NOW
+from ..flightfile import (ENV_DIR, HEADER, MAGIC, OP_START, PEERS, PHASES, RING, RING_AT, SERVER,
                          W_DUMPS, W_EVENTS, W_SEQ, W_STEP, WAITS, WORDS)
-from ..flightrec import (BARRIER, COMPUTE, END, GATHER, OPS, PULL, PUSH,  # noqa: F401 (callers'
+from ..flightfile import (BARRIER, COMPUTE, END, GATHER, OPS, PULL, PUSH,  # noqa: F401 (callers'
                          SEND, START, WORKER)                              # phases and roles)
 
 log = logging.getLogger("ltpx.torch.flight")

@@ -273,7 +273,7 @@ def summarize(trace: dict) -> dict:
     the server named it straggler and its lateness at the NIC (ms) p50 and
     p99; per step op the worker its rounds named most (`nic`); and each
     worker's barrier notes (`notes`: the ops it arrived last at, its waits
-    in ms), from which control/training/stragglers.attribute_steps names each
+    in ms), from which control/training/straggler_report.attribute_steps names each
     step as `ltp train -j` does."""
     events = trace.get("traceEvents", [])
     rounds = [e for e in events if e.get("cat") == "round"]

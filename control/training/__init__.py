@@ -8,7 +8,7 @@ Modules, each with one job:
   args      the training flags `ltp train` and a rank share, and flags -> TrainConfig
   local     a rank's local work: compute steps, evaluation, clock, version hashes
   demo      the built-in job on the public API (ltpx.torch): LTP and TCP runs
-  stragglers  who each step waited for, over a run (the barrier's last, the NIC's)
+  straggler_report  who each step waited for, over a run (the barrier's last, the NIC's)
   context   a gloo rank's place in the job, and its metadata in the store
   gloo      the gloo DDP baseline's loop
   rank      the entry point of one rank (`python -m ltpx.control.training`),

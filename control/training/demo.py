@@ -43,7 +43,7 @@ from .config import TrainConfig, iterations_per_epoch
 from .data import BatchStream, split
 from .local import Clock, Evaluator, Stepper, VersionChain, eval_due, setup_torch
 from .model import build_mlp
-from .stragglers import BarrierNotes, attribute_steps
+from .straggler_report import BarrierNotes, attribute_steps
 
 EARLY = ("early", "deadline")
 
@@ -261,7 +261,7 @@ class Demo:
                 "times": {k: round(v, 4) for k, v in times.items()}}
 
     def straggler_fields(self, done: dict[int, dict], wall: float) -> dict:
-        """Who the steps waited for (stragglers.py, docs/slow-or-stuck.md): per
+        """Who the steps waited for (straggler_report.py, docs/slow-or-stuck.md): per
         worker the steps it was named the straggler of, the steps that named
         one, and per worker its lateness at the NIC, p50 and p99 (ms)."""
         n = len(self.round_s)

@@ -31,7 +31,7 @@ import tempfile
 import time
 
 from ...errors import UsageError
-from .. import flightrec as flight
+from .. import flightfile as flight
 
 POLL_S = 0.05
 # the dumps that make a screen: an exception's (a crash) makes none, as its

@@ -2,20 +2,21 @@
 """The LTP transport: move one round's float32 buffers between hosts,
 tolerating loss, over the XDP dataplane.
 
-A host's `Endpoint` (endpoint.py) pushes rounds (sender.py: paced, loss-detecting
-re-sends, or clock.py: the ACK-clocked sender at the NIC; options.py: which
-sender and the clock's knobs, per endpoint or per push) and receives them
-(receiver.py: Early Close decides when a round ends, Bubble Filling gives
-every missing chunk a value). The policies live beside them: early_close.py,
-bubble.py, rate.py, layout.py; tokens.py keys a round's packets to the job's
-secret; signing.py signs each answer at the server and checks it at a
-worker; loss.py chooses what a sender sends next (lost chunks first, backoff
-for a silent peer); results.py holds the peers and what pushes and rounds
-report; outbox.py holds what an endpoint's pushes share (`Sender`: the socket,
-and what past pushes learnt of each target); fec.py erasure-codes a reliable
-round (Reed-Solomon parity, so a receiver rebuilds what it lost); defer.py
-sends an answer tolerantly (once; what some worker lacks is deferred a step
-by every worker alike); straggler.py names whom a round waited for from the
+A host's `Endpoint` (endpoint.py) pushes rounds (push.py: `Push`, paced,
+loss-detecting re-sends, or ackclock.py: `ClockPush`, the ACK-clocked sender
+at the NIC; options.py: which sender and the clock's knobs, per endpoint or
+per push; sender.py: what an endpoint's pushes share, `Sender`: the socket,
+and what past pushes learnt of each target) and receives them (receiver.py:
+Early Close decides when a round ends, Bubble Filling gives every missing
+chunk a value). The policies live beside them: early_close.py, bubble.py,
+rate.py, layout.py; tokens.py keys a round's packets to the job's secret;
+signing.py signs each answer at the server and checks it at a worker;
+lossdetect.py chooses what a sender sends next (RACK-style loss detection:
+lost chunks first, backoff for a silent peer); results.py holds the peers
+and what pushes and rounds report; fec.py erasure-codes a reliable round
+(Reed-Solomon parity, so a receiver rebuilds what it lost); defer.py sends
+an answer tolerantly (once; what some worker lacks is deferred a step by
+every worker alike); straggler.py names whom a round waited for from the
 NIC's arrival times; aggregate.py sums a round's rows into the server's
 answer (float32, one fixed order, across threads, NaN and Inf contained);
 stream.py sends a step's answer part by part as its rounds are summed.

@@ -40,7 +40,7 @@ from ...dataplane.xdp import wire as W
 from ...errors import TransportError
 from .layout import ChunkLayout
 from .results import PushReport
-from .sender import RETX_BYTE
+from .push import RETX_BYTE
 
 MAGIC = 0x4C545056   # "LTPV"
 HEAD = struct.Struct("!IIII")   # magic, data chunks, deferred chunks, signature bytes

@@ -5,7 +5,7 @@ An `Endpoint` owns one ltp_xdp program attached to the host's device (in its
 network namespace) and one UDP socket. The same endpoint sends (its XDP program
 records the ACKs its peers' programs build) and receives (its XDP program
 writes DATA into mapped memory and answers with ACKs): sending is a `Push`
-(sender.py), receiving a `Receiver`'s rounds (receiver.py).
+(push.py), receiving a `Receiver`'s rounds (receiver.py).
 
 Parameter server: `ps.open_round(r, nelems)`, then `ps.wait_round(r)` returns a
 `RoundResult` with per-worker arrays (views of the mapped memory), delivery
@@ -31,18 +31,18 @@ from ...dataplane.xdp.loader import Dataplane, Geometry
 from ...errors import DeadPeerError, TransportError
 from .bubble import STRATEGIES
 
-# how pushes leave: "socket" (paced sendmsg, sender.Push) or "xdp" (the ACK
-# clock: the XDP program turns each ACK into the next DATA, clock.ClockPush)
-from .clock import ClockPush
+# how pushes leave: "socket" (paced sendmsg, push.Push) or "xdp" (the ACK
+# clock: the XDP program turns each ACK into the next DATA, ackclock.ClockPush)
+from .ackclock import ClockPush
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
 from . import defer, fec
 from .layout import ChunkLayout, as_f32
 from .options import AUTO, DEFAULTS, PushOptions, choose_sender
 from .rate import SharePolicy, credit_window, fine_timer_slack
 from .receiver import Receiver
+from .push import Push
 from .results import Peer, PushReport, RoundResult
-from .outbox import Sender
-from .sender import Push
+from .sender import Sender
 from .tokens import RoundTokens
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
@@ -288,7 +288,7 @@ class Endpoint:
         round or acknowledged every chunk.
 
         A target that answers nothing is re-sent to ever more rarely and
-        sparingly (loss.Backoff: at most two more passes' worth of
+        sparingly (lossdetect.Backoff: at most two more passes' worth of
         probes); if it is still silent at `timeout_s`, DeadPeerError (a
         TransportError) names it, its `report` the push so far.
 
@@ -299,7 +299,7 @@ class Endpoint:
         re-sent to it alone.
 
         over: a callable, True once the round is known to be over everywhere
-        (sender.Push.over): the push then ends as if every target closed it.
+        (push.Push.over): the push then ends as if every target closed it.
 
         options: this push's sender and clock knobs (options.PushOptions;
         default: the endpoint's), for a benchmark taking turns between arms."""

@@ -23,13 +23,13 @@ from ..settings_table import SENDERS
 AUTO = "auto"       # the sender chosen by the grow check (choose_sender)
 log = logging.getLogger("ltpx.sender")
 
-RTO_RTTS = 2        # the ACK clock's RTO in round trips (at least clock.RTO_MIN)
+RTO_RTTS = 2        # the ACK clock's RTO in round trips (at least ackclock.RTO_MIN)
 
 
 @dataclass(frozen=True)
 class PushOptions:
     """sender: "socket" (every DATA from Python's socket), "xdp" (the ACK
-    clock, clock.ClockPush) or "auto" (the endpoint's choice: the clock where
+    clock, ackclock.ClockPush) or "auto" (the endpoint's choice: the clock where
     the grow check passes, else the socket; choose_sender); the other fields
     apply to the ACK clock alone.
 
@@ -38,14 +38,14 @@ class PushOptions:
     socket sends and the RTO; False leaves all recovery to Python (the
     recovery A/B, `ltp bench recovery`).
 
-    poll_s: None polls every clock.POLL_S while Python has sends of its own
+    poll_s: None polls every ackclock.POLL_S while Python has sends of its own
     outstanding (priming, growth, re-sends) and otherwise sleeps half the
     time the slowest unfinished target needs at its ACK rate so far, at most
-    clock.NAP_MAX; a number polls at that fixed period
+    ackclock.NAP_MAX; a number polls at that fixed period
     (`ltp bench incast --transports ltp-xdp:poll=250`).
 
-    rto_rtts: the RTO is this many round trips, at least clock.RTO_MIN; 0 is
-    clock.RTO_MIN whatever the round trip (`ltp-xdp:rto=0`)."""
+    rto_rtts: the RTO is this many round trips, at least ackclock.RTO_MIN; 0 is
+    ackclock.RTO_MIN whatever the round trip (`ltp-xdp:rto=0`)."""
 
     sender: str = AUTO
     xdp_recovery: bool = True

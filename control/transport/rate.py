@@ -34,7 +34,7 @@ class SharePolicy:
     - delivery below 97% of the target (some senders cannot reach their
       share, for instance because they are short of CPU): shares rise by 10%;
     - delivery above the target: shares fall back by 5%.
-    Senders detect a loss within about a millisecond (loss.LossDetector,
+    Senders detect a loss within about a millisecond (lossdetect.LossDetector,
     RACK-style), so re-sends are a timely sign of a queue that overflows.
     """
 

@@ -32,7 +32,7 @@ class PushReport:
     closed_by_receiver: bool
     duration_s: float
     passes: int
-    sender: str = "socket"           # "xdp": the ACK clock sent most of it (clock.py)
+    sender: str = "socket"           # "xdp": the ACK clock sent most of it (ackclock.py)
     clock_tx: int = 0                # DATA the XDP program made of ACKs (in `sent`)
     stops: int = 0                   # ACKs the receiver's credit told to stop
     max_over_credit: int = 0         # most packets in flight above the credit, after the first ACK

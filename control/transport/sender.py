@@ -1,450 +1,187 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Sending a round: a `Push` plans one round's packets to one or more targets
-and sends them, paced, re-sending what is lost while the receivers want it."""
+"""Sender: what an endpoint's pushes share (its socket, maps and peers) and
+what it learnt of each target from past pushes (advertised rate, the ACK
+clock's credit and ACK gap, the loss reliable pushes met, the share of the
+packets toward it that delivered nothing); `prepare` checks a push's
+arguments and plans it with the kind of push its options name (push.Push,
+ackclock.ClockPush; "auto": the clock, but the socket toward a target whose
+path loses more than HEAVY_LOSS of its packets, until it loses less than
+LIGHT_LOSS)."""
 from __future__ import annotations
 
-import errno
-import functools
-import math
-import operator
-import time
+import collections
+import dataclasses
+import socket
+import struct
+from collections.abc import Callable
 
 import numpy as np
 
 from ...dataplane.xdp import wire as W
-from ...errors import DeadPeerError, TransportError
-from . import fec
-from .layout import FRAME_OVERHEAD, ChunkLayout
-from .loss import Backoff, BatchPicker, LossDetector, group_pass, pass_runs
-from .options import DEFAULTS, PushOptions
-from .rate import Pacer
+from .layout import ChunkLayout, as_f32
+from .options import AUTO, DEFAULTS, PushOptions, SenderChoice
 from .results import Peer, PushReport
+from .push import UDP_SEGMENT, Push
+from .tokens import RoundTokens
 
-UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
-TAIL_WAIT = 0.002  # after a pass, the longest its last ACKs may take before a re-send pass
-TAIL_MIN = 0.0005  # ... and the shortest (see Push.tail_wait)
-TAIL_POLL = 0.0002  # how often the ACKs are read meanwhile
-# A re-send is flagged in the header bytes themselves, in place: flags is a
-# big-endian u16, so RETX (< 0x100) lives in its second, low-order byte.
-RETX_BYTE = W.OFF["flags"] + 1
-assert W.F_RETX < 0x100
-
-
-def data_headers(job: int, round_: int, worker: int, nch: int, flags: np.ndarray,
-                 layout: ChunkLayout, token: int = 0) -> np.ndarray:
-    """The DATA headers of a round for one target, as one byte array."""
-    h = np.zeros(nch, dtype=W.HDR_DTYPE)
-    h["magic"], h["version"], h["type"] = W.MAGIC, W.VERSION, W.T_DATA
-    h["flags"], h["worker"], h["job"], h["round"] = flags, worker, job, round_
-    h["token"] = token
-    h["chunk"] = np.arange(nch)
-    h["nchunks"] = nch
-    h["len"] = layout.chunk_bytes
-    h["len"][-1] = layout.last_len
-    return h.view(np.uint8)
+LOSS_EWMA = 0.3
+# auto: the ACK clock slows under heavy loss (a lost DATA or ACK takes a tick
+# of the flow's clock, which Python's growth or the RTO must put back) and
+# the paced socket does not (docs/benchmarks.md, "The default sender under
+# loss"), so toward a target whose packets deliver nothing this often auto
+# sends by the socket, and by the clock again below LIGHT_LOSS (a gap, so a
+# path near the line does not flip each push)
+HEAVY_LOSS = 0.06
+LIGHT_LOSS = 0.03
+PATH_DECAY = 0.7    # the weight of the pushes before the latest in a path's loss
+PATH_MIN = 64       # packets (decayed) a path's loss is judged from, at least
 
 
-class Push:
-    """One push of one round to one or more targets (made by outbox.Sender.prepare).
+class Sender:
+    """What an endpoint's pushes share: its socket, maps and peers, and the
+    rate each target last advertised (a push to it starts there)."""
 
-    Planned when made, so it can be made ahead of a barrier: the chunk order
-    (random per round), every header, the iovec pieces. `send` then runs
-    passes until every target closed the round or acknowledged every chunk.
-    `buf` (kept here: the pieces point into it) must not change until then.
+    def __init__(self, sock: socket.socket, maps, peers: dict[int, int], *, job: int,
+                 chunk_bytes: int, max_elems: int, initial_rate_bps: float,
+                 tokens: RoundTokens | None = None, options: PushOptions = DEFAULTS,
+                 kinds: dict[str, type[Push]] | None = None, why: str = "",
+                 asked_auto: bool = False, auto: Callable[[], SenderChoice] | None = None):
+        self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
+        self.tokens = tokens or RoundTokens.off()  # each flow's per round
+        self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
+        self.initial_rate_bps = initial_rate_bps
+        self.rate_hint: dict[int, float] = {}
+        # the ACK clock's: the credits (with every flow active) of a target's last pushes
+        self.window_hint: dict[int, collections.deque] = {}
+        # ... and the mean time between the ACKs of its last push
+        self.gap_hint: dict[int, float] = {}
+        self.options = options  # a push's by default (sender, the ACK clock's knobs)
+        self.why = why or f"{options.sender}: the endpoint's"  # why options.sender (reports)
+        # auto: the endpoint asked for it (its pushes without a sender of
+        # their own choose per push), and what it picks where the loss is
+        # light (options.choose_sender; called once, for a push asking auto)
+        self.asked_auto = asked_auto
+        self._auto = auto or (lambda: SenderChoice("socket", AUTO, "socket: no grow check here"))
+        self._auto_choice: SenderChoice | None = None
+        # per target worker: (lost, sent) packets of its pushes, decayed
+        # (PATH_DECAY a push), and the targets auto sends to by the socket
+        self.path: dict[int, tuple[float, float]] = {}
+        self.heavy: set[int] = set()
+        # sender name -> what plans its pushes: Push, or the ACK clock's ackclock.ClockPush
+        self.kinds = kinds or {"socket": Push}
+        self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
+        # the loss the first passes of its reliable pushes met (the worst
+        # target's, EWMA): what a coded push's parity is chosen for
+        self.loss_hat = 0.0
 
-    `over`, when set (Endpoint.push), says from outside that the round is
-    over for every target although no ACK said so: the caller saw the
-    receiver answer the op the round belongs to, which it does only once
-    the round is closed. A sender whose last ACKs were lost learns it no
-    other way once the receiver's bank holds a newer round (stale DATA is
-    dropped unACKed)."""
+    def learn_loss(self, loss: float) -> None:
+        self.loss_hat = (1 - LOSS_EWMA) * self.loss_hat + LOSS_EWMA * min(1.0, max(0.0, loss))
 
-    over = None                   # a callable: True once the round is over everywhere
-    overtaken = False             # the push ended by `over`
-    coded = None                  # (fec.Plan, parity per group) of a coded reliable push
-    first_loss = None             # the worst target's loss in the first pass
-    only = None                   # bit c: chunk c is this push's (restrict); None: all are
-    tolerant = False              # only critical chunks are re-sent at once (restrict)
-    after_pass = None             # called with the push after each pass (defer.py)
-    sender_why = ""               # why this push's sender (outbox.Sender.prepare says)
-    share = 1.0                   # of the advertised rate this push takes (stream.py)
+    def prepare(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
+                reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None,
+                group: tuple[str, int] | None = None,
+                options: PushOptions | None = None) -> Push:
+        """Check a push's arguments and plan it (see Endpoint.prepare_push)."""
+        auto = options.sender == AUTO if options else self.asked_auto
+        options, why = options or self.options, self.why
+        if options.sender == AUTO:  # a push's own knobs, auto's sender
+            if self._auto_choice is None:
+                self._auto_choice = self._auto()
+            options = dataclasses.replace(options, sender=self._auto_choice.sender)
+            why = self._auto_choice.why
+        elif options.sender != self.options.sender:
+            why = f"{options.sender}: asked for by this push"
+        if options.sender not in self.kinds:
+            raise ValueError(f"sender {options.sender!r} is not one of this endpoint's "
+                             f"({', '.join(self.kinds)})")
+        targets = [to] if isinstance(to, Peer) else list(to)
+        if not targets:
+            raise ValueError("push needs at least one target peer")
+        heavy = [t.worker for t in targets if t.worker in self.heavy]
+        if auto and heavy and options.sender == "xdp":
+            options = dataclasses.replace(options, sender="socket")
+            why = (f"socket: auto, {self.path_loss(heavy[0]):.0%} of the packets toward worker "
+                   f"{heavy[0]} lost (the ACK clock again below {LIGHT_LOSS:.0%})")
+        for t in targets:
+            if t.worker not in self.peers:
+                raise ValueError(f"peer worker id {t.worker} is not configured on this endpoint")
+        arr = as_f32(buf)
+        if arr.size > self.max_elems:
+            raise ValueError(f"buffer of {arr.size} elements exceeds max_elems={self.max_elems}")
+        layout = ChunkLayout(arr.size, self.chunk_bytes)
+        nch = layout.nchunks
+        crit = np.ones(nch, dtype=bool) if reliable else (
+            np.zeros(nch, dtype=bool) if critical is None else np.asarray(critical, dtype=bool))
+        if crit.shape != (nch,):
+            raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
+        push = self.kinds[options.sender](self, round_, arr, layout, targets, crit,
+                                          reliable=reliable, timeout_s=timeout_s, seed=seed,
+                                          group=group, options=options)
+        push.sender_why = why
+        return push
 
-    def __init__(self, sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
-                 targets: list[Peer], crit: np.ndarray, *, reliable: bool, timeout_s: float,
-                 seed: int | None, group: tuple[str, int] | None,
-                 options: PushOptions = DEFAULTS):
-        self.sender, self.round_, self.buf, self.layout = sender, round_, buf, layout
-        self.options = options  # the ACK clock's knobs (a socket push has none to read)
-        self.targets, self.crit, self.reliable, self.timeout_s = targets, crit, reliable, timeout_s
-        self.group = group is not None  # the last of hdrs/addrs/pieces is the group
-        self.slots = [sender.peers[t.worker] for t in targets]
-        # per target: (its DATA's token, its ACKs' token), this flow's own
-        self.tokens = [sender.tokens.send(round_, t.worker) for t in targets]
-        for s, (dtok, atok) in zip(self.slots, self.tokens):
-            sender.maps.tx_start(round_, s, atok, nchunks=layout.nchunks, dtoken=dtok)
-        rng = np.random.default_rng(seed if seed is not None else
-                                    (round_ * 1_000_003 + targets[0].worker) % 2**32)
-        self.order = rng.permutation(layout.nchunks).tolist()
-        self.hdrs, self.addrs = self._plan_headers(group)
-        self.bodies = self._plan_bodies()
-        self.pieces = self._plan_pieces()
-        self.runs = self._first_runs()
+    def path_loss(self, worker: int) -> float | None:
+        """The share of the packets of recent pushes toward `worker` that
+        delivered nothing (PATH_DECAY a push; None: fewer than PATH_MIN)."""
+        lost, sent = self.path.get(worker, (0.0, 0.0))
+        return lost / sent if sent >= PATH_MIN else None
 
-    def code(self, plan, r: int) -> None:
-        """Make this (reliable) push a coded one (fec.py): it sends the data
-        and each group's first r parity chunks, a target is done once its
-        ACKs show every group whole, and only groups that are not get re-sends."""
-        self.coded = (plan, r)
-        self.unsent = ~fec.sent_mask(plan, r)
-        self.unsent_bits = int.from_bytes(np.packbits(self.unsent, bitorder="little").tobytes(),
-                                          "little")
-        self.order = [c for c in self.order if not self.unsent[c]]
-        self.runs = self._first_runs()
+    def learned(self, push: Push, rep: PushReport) -> PushReport:
+        """After `push`: its packets that delivered no chunk (sent - acked:
+        the DATA or its ACK lost, or a duplicate), a multi-target push's
+        shared among its targets alike, into each target's path loss, and
+        whether auto sends to it by the socket (HEAVY_LOSS, LIGHT_LOSS). A
+        group push's first pass reaches every target with one packet: not
+        counted. Returns rep."""
+        if push.group or not rep.sent:
+            return rep
+        n = len(push.targets)
+        lost, sent = max(0, rep.sent - rep.acked) / n, rep.sent / n
+        for t in push.targets:
+            l0, s0 = self.path.get(t.worker, (0.0, 0.0))
+            self.path[t.worker] = (PATH_DECAY * l0 + lost, PATH_DECAY * s0 + sent)
+            loss = self.path_loss(t.worker)
+            if loss is not None and loss > HEAVY_LOSS:
+                self.heavy.add(t.worker)
+            elif loss is not None and loss < LIGHT_LOSS:
+                self.heavy.discard(t.worker)
+        return rep
 
-    def restrict(self, chunks, tolerant: bool = False, copies: int = 1) -> None:
-        """Send only `chunks`, done once they are acked, each `copies` times
-        in the first pass; tolerant: a loss found in a pass is re-sent at
-        once only if the chunk is critical (defer.py)."""
-        keep = {int(c) for c in chunks}
-        self.only, self.tolerant = sum(1 << c for c in keep), tolerant
-        self.order = [c for c in self.order if c in keep] * copies
-        self.runs = self._first_runs()
+    def start_rate(self, targets: list[Peer], group: bool) -> float:
+        hints = [self.rate_hint.get(t.worker, self.initial_rate_bps) for t in targets]
+        return min(hints) if group else sum(hints)  # a group packet reaches them all
 
-    def _first_runs(self) -> list[tuple[int, list[int]]]:
-        """The first pass's runs: the whole order to the group (a group push),
-        else to each target in turn."""
-        nt = len(self.targets)
-        return ([(nt, self.order)] if self.group else
-                pass_runs(self.order, [0] * nt, [False] * nt))
+    def learn_rates(self, targets: list[Peer], low_kbps: list[int]) -> None:
+        for t, r in zip(targets, low_kbps):
+            if r:
+                self.rate_hint[t.worker] = r * 1000
 
-    # ------------------------------------------------------------------ plan
-    def _plan_headers(self, group: tuple[str, int] | None) -> tuple[list, list]:
-        """Every header of the round, per target ([chunk] -> HDR_LEN bytes), and the addresses."""
-        nch, lay, job, r = self.layout.nchunks, self.layout, self.sender.job, self.round_
-        flags = np.full(nch, W.F_RELIABLE if self.reliable else 0, dtype=np.uint16)
-        flags[self.crit] |= W.F_CRITICAL
-        flags[-1] |= W.F_LAST
-        hdrs = [memoryview(data_headers(job, r, t.worker, nch, flags, lay, tok))
-                for t, (tok, _) in zip(self.targets, self.tokens)]
-        addrs = [(t.ip, t.port) for t in self.targets]
-        if group is not None:  # one more "target": the group, its headers flagged GROUP
-            # (the round's group token: one frame reaches every member)
-            gtok = self.sender.tokens.group(r) or 0
-            hdrs.append(memoryview(data_headers(job, r, 0, nch, flags | W.F_GROUP, lay, gtok)))
-            addrs.append((group[0], int(group[1])))
-        return hdrs, addrs
+    def learn_windows(self, targets: list[Peer], low: list[int]) -> None:
+        """The ACK clock: the smallest credit each target gave (its share
+        with every flow active) is what its next push is primed with."""
+        for t, w in zip(targets, low):
+            if w and w != 0xffff:
+                self.window_hint.setdefault(t.worker, collections.deque(maxlen=4)).append(w)
 
-    def _plan_bodies(self) -> list[memoryview]:
-        payload, cb = memoryview(self.buf).cast("B"), self.sender.chunk_bytes
-        return [payload[c * cb:c * cb + self.layout.chunk_len(c)]
-                for c in range(self.layout.nchunks)]
+    def prime_window(self, target: Peer, default: int) -> int:
+        """Packets to prime a clocked push to `target` with: the smallest
+        credit of its last four pushes (one whose flow started late saw a
+        larger share), `default` before it gave one."""
+        hint = self.window_hint.get(target.worker)
+        return min(hint) if hint else default
 
-    def _plan_pieces(self) -> list:
-        """Per target and chunk, the two iovec pieces: header (its RETX flag is
-        set in place from the second pass on) and payload. A group push
-        sends to the group, re-sends included; the probes of a silent
-        target go to it alone and build theirs as they go (pieces None)."""
-        nt, hl, bodies = len(self.targets), W.HDR_LEN, self.bodies
-        return [[(h[c * hl:(c + 1) * hl], bodies[c]) for c in range(self.layout.nchunks)]
-                if not self.group or i == nt else None for i, h in enumerate(self.hdrs)]
+    def learn_gaps(self, targets: list[Peer], gaps: list[float]) -> None:
+        """The ACK clock: the mean time between the ACKs of each target's
+        push (as TCP keeps a route's RTT) sizes its next push's RTO until
+        that push measures its own."""
+        for t, g in zip(targets, gaps):
+            if g > 0:
+                self.gap_hint[t.worker] = g
 
-    # ------------------------------------------------------------------ send
-    def send(self) -> PushReport:
-        """Send the push (see Endpoint.push).
+    def ack_gap(self, target: Peer) -> float:
+        return self.gap_hint.get(target.worker, 0.0)
 
-        The loop runs once per system call, not once per chunk: each pass
-        lists the chunks still unacknowledged at its start, and the pacer's
-        tokens take the next few of them as one GSO batch. About once a
-        millisecond it reads what the ACKs say: the rate and the closed flag
-        from the tx map, and which chunks arrived (LossDetector judges them).
-        A target silent through a pass gets later, smaller re-sends
-        (loss.Backoff) and, still silent at the timeout, DeadPeerError.
-        In a group push, `sent` counts a group datagram once, while `acked`
-        sums over targets."""
-        self._start()
-        sent_to: dict[int, int] = {}
-        while True:
-            closed = self.refresh()
-            acked = self.acked()
-            if self._settle(closed, acked):
-                break
-            now = time.perf_counter()
-            self.backoff.listen(acked, closed, self.done_t, now, sent_to)
-            if now - self.t0 > self.timeout_s:
-                self._give_up(acked, now)
-                break
-            ready = self.backoff.ready(self.done_t, now)
-            if not any(ready):   # every open target is silent: wait for its turn or an answer
-                time.sleep(min(0.001, max(0.0, self.backoff.next_due(self.done_t) - now)))
-                sent_to = {}
-                continue
-            sent_to = self._start_pass(acked, closed, ready)
-            self._run_pass()
-        return self.sender.learned(self, self._report())
-
-    def _start(self) -> None:
-        """Bind what the passes read: the tx map's rows, the ACK bitmaps, the pacer."""
-        s, nch, nt = self.sender, self.layout.nchunks, len(self.targets)
-        self.sock, self.gso = s.sock, s.gso
-        bank = s.maps.bank_index(self.round_)
-        txv = s.maps.tx[bank]
-        # per slot: round, closed, rate_kbps, acked, then the token's two words
-        self.tx32 = txv.view(np.uint32).reshape(txv.shape[0], -1)
-        nwords = -(-nch // 64)
-        self.words = [s.maps.acked[bank, slot, :nwords] for slot in self.slots]
-        self.full = (1 << nch) - 1 if self.only is None else self.only  # every chunk acked
-        self.hdr_u8 = [np.frombuffer(h, dtype=np.uint8).reshape(nch, W.HDR_LEN) for h in self.hdrs]
-        self.detectors = [LossDetector() for _ in range(nt)]
-        short = nch - 1 if self.layout.last_len != s.chunk_bytes else -1  # must end a GSO batch
-        self.picker = BatchPicker(nt if self.group else -1, short)
-        self.done_t = [False] * nt
-        # The lowest rate a target advertised: its share with every flow active,
-        # the rate to start the next round at (shares grow as flows finish).
-        self.low = [0] * nt
-        self.sent = self.resent = self.passes = 0
-        self.backoff = Backoff(nt, nch, time.perf_counter())
-        # The first batch goes at once: the round starts on the barrier, not a
-        # pacing interval later.
-        self.pacer = Pacer(s.start_rate(self.targets, self.group),
-                           pkt_bytes=s.chunk_bytes + FRAME_OVERHEAD, full=True)
-        self.t0 = time.perf_counter()
-
-    def acked(self) -> list[int]:
-        """The ACK state per target (bit c: chunk c acked); in a coded push,
-        what it owes nothing for (fec.owed_bits)."""
-        if self.coded is None:
-            return self._raw_acked()
-        if self.coded[1] == 0:   # no parity: a group is whole when its data is in
-            return [a | self.unsent_bits for a in self._raw_acked()]
-        return fec.owed_bits(self.coded[0], self.words, self.unsent)
-
-    def _raw_acked(self) -> list[int]:
-        return [int.from_bytes(w.tobytes(), "little") for w in self.words]
-
-    def _measure_first_pass(self) -> None:
-        """The first pass's loss toward the worst target, once (what the
-        sender's next coded pushes choose their parity for)."""
-        if self.first_loss is not None or not self.order:
-            return
-        sent = 0
-        for c in self.order:
-            sent |= 1 << c
-        got = [(a & sent).bit_count() for a in self._raw_acked()]
-        self.first_loss = 1.0 - min(got) / len(self.order)
-        if self.reliable:
-            self.sender.learn_loss(self.first_loss)
-
-    def refresh(self) -> list[bool]:
-        """Closed flags; sets the pacer to the sum of the advertised rates
-        (their minimum in a group push: a group packet reaches every target at once)."""
-        tx32, low = self.tx32, self.low
-        self.sender.maps.beat()  # this endpoint's control thread runs (a hung receiver)
-        closed = [bool(tx32[s, 1]) for s in self.slots]
-        rates = [int(tx32[s, 2]) for s in self.slots]
-        for i, r in enumerate(rates):
-            if r and (not low[i] or r < low[i]):
-                low[i] = r
-        if all(rates):  # a group packet reaches every target at once
-            self.pacer.set_rate((min(rates) if self.group else sum(rates)) * 1000 * self.share)
-        return closed
-
-    def detect_losses(self) -> list[int]:
-        """The ACK state per target; queues the chunks found lost, flagged RETX."""
-        acked, now = self.acked(), time.perf_counter()
-        picker, hdr_u8 = self.picker, self.hdr_u8
-        parity_repairs = self.coded is not None and self.passes <= 1
-        grp = picker.grp
-        for i, det in enumerate(self.detectors):
-            lost = det.lost(acked[i], now)
-            if parity_repairs:   # the first pass's parity is its repair: no re-sends yet
-                continue
-            for c in lost:       # a group push re-sends to the group: once for all it missed
-                if self.tolerant and not self.crit[c]:
-                    continue
-                if grp < 0:
-                    picker.urgent.append((i, c))
-                elif not picker.lost_to_group(c):
-                    continue
-                hdr_u8[i if grp < 0 else grp][c, RETX_BYTE] |= W.F_RETX
-        return acked
-
-    def _settle(self, closed: list[bool], acked: list[int]) -> bool:
-        """Mark the targets that are done; True once all are. CLOSED means the
-        receiver is done: it closes a round only once its critical data is in
-        (all of it, for a reliable round)."""
-        done, full = self.done_t, self.full
-        if self.over is not None and not all(done) and self.over():
-            self.overtaken = True
-            done[:] = [True] * len(done)
-            return True
-        for i, d in enumerate(done):
-            if not d:
-                done[i] = closed[i] or (acked[i] & full) == full
-        return all(done)
-
-    def _give_up(self, acked: list[int], now: float) -> None:
-        """At the timeout: DeadPeerError if a target stayed silent, else the
-        rule for critical chunks."""
-        dead = self.backoff.dead(self.done_t)
-        if dead:
-            quiet = now - min(self.backoff.heard_at[i] for i in dead)
-            who = ", ".join(f"{self.targets[i].ip} (worker {self.targets[i].worker})"
-                            for i in dead)
-            rep = self._report()
-            raise DeadPeerError(
-                f"round {self.round_}: no answer from {who} for {quiet:.1f}s ({rep.sent} "
-                f"packets sent, {rep.acked} acked): the peer is dead, unreachable, or not "
-                f"taking round {self.round_} with this job's secret",
-                peers=[self.targets[i] for i in dead], report=rep)
-        self._check_critical(acked)
-
-    def _check_critical(self, acked: list[int]) -> None:
-        """At the timeout: fail if a target lacks critical chunks (reliable: any)."""
-        crit = np.flatnonzero(self.crit).tolist()
-        if self.reliable or any(not all((a >> c) & 1 for c in crit) for a in acked):
-            raise TransportError(
-                f"round {self.round_}: critical chunks unacknowledged after "
-                f"{self.timeout_s:g}s (targets {[t.ip for t in self.targets]})")
-
-    def _start_pass(self, acked: list[int], closed: list[bool],
-                    ready: list[bool]) -> dict[int, int]:
-        """Start a pass to the `ready` targets (silent ones get a probe);
-        returns the targets it goes to, each with the chunks it sends them."""
-        if self.passes == 0:
-            runs = self.runs  # made ready with the plan
-            to = dict.fromkeys(range(len(self.targets)), len(self.order))
-        else:  # from the second pass on, every chunk is a re-send
-            self._measure_first_pass()
-            if self.passes == 1:   # this push's chunks (a part's, restricted) only
-                for hv in self.hdr_u8:
-                    hv[np.asarray(self.order, dtype=np.int64), RETX_BYTE] |= W.F_RETX
-            bo = self.backoff
-            runs, to = [], {}
-            if self.group:   # one run to the group for every answering target
-                chunks, to = group_pass(self.order, acked, self.full,
-                                        [r and not bo.silent[i] for i, r in enumerate(ready)])
-                runs = [(len(self.targets), chunks)] if chunks else []
-            more = pass_runs(self.order, acked, [not r or i in to for i, r in enumerate(ready)],
-                             bo.limits(ready))
-            bo.spend(more)
-            runs += more
-            for i, chunks in more:
-                to[i] = to.get(i, 0) + len(chunks)
-            for det in self.detectors:  # this pass re-sends whatever is still out
-                det.restart()
-        self.passes += 1
-        self.picker.start(runs, acked, closed)
-        return to
-
-    def _run_pass(self) -> None:
-        """One pass, a batch per system call as the pacer's tokens allow, then
-        a short wait for its last ACKs (still looking for losses)."""
-        picker, pacer = self.picker, self.pacer
-        pick, take, refund, send_batch = picker.pick, pacer.take, pacer.refund, self._send_batch
-        clock, t0, timeout_s = time.perf_counter, self.t0, self.timeout_s
-        detectors, grp = self.detectors, picker.grp
-        all_resent = self.passes > 1
-        sent = resent = 0
-        refresh_at, wait_until = 0.0, None
-        while True:
-            if picker.exhausted():
-                # The pass is out: give its last ACKs a round-trip (plus
-                # queueing) to come back.
-                now = clock()
-                if wait_until is None:
-                    wait_until = now + self.tail_wait()
-                if now >= wait_until or self._all_closed_or_acked():
-                    break
-                time.sleep(TAIL_POLL)
-                picker.acked = self.detect_losses()
-                continue
-            n = take()
-            now = clock()
-            if now >= refresh_at:  # what the ACKs say, about once a millisecond
-                refresh_at = now + 0.001
-                if not self._read_acks() or now - t0 > timeout_s:
-                    break
-            tgt, batch, lost, at = pick(n)
-            if len(batch) < n:
-                refund(n - len(batch))
-            if not batch:
-                continue
-            if not send_batch(tgt, batch):
-                if clock() - t0 > timeout_s:
-                    break  # the device stays full: the pass ends, the timeout rules
-                time.sleep(0.0002)  # local queue full: back off, retry these
-                picker.rewind(at)
-                continue
-            now = clock()
-            for det in (detectors if tgt == grp else (detectors[tgt],)):
-                det.note(batch, now)
-            wait_until = None
-            sent += len(batch)
-            if all_resent or lost:
-                resent += len(batch)
-        self.sent += sent
-        self.resent += resent
-        if self.after_pass is not None:
-            self.after_pass(self)
-
-    def tail_wait(self) -> float:
-        """How long a pass's last ACKs may take before what they have not
-        acknowledged is re-sent: twice the slowest open target's round trip
-        (the shortest it showed so far: LossDetector.rtt), plus a read of
-        the ACKs, within TAIL_MIN..TAIL_WAIT; TAIL_WAIT until every open
-        target showed one. A lost chunk among a pass's last few, which no
-        later ACK can show lost, waits that long: on the rig about 0.5 ms
-        instead of 2 (RACK-TLP's probe timeout, RFC 8985, is 2 SRTT)."""
-        rtt = max((d.rtt for d, done in zip(self.detectors, self.done_t) if not done),
-                  default=math.inf)
-        return min(TAIL_WAIT, max(TAIL_MIN, 2 * rtt + TAIL_POLL))
-
-    def _read_acks(self) -> bool:
-        """Rates, closed flags and losses into the picker; False once every
-        target closed the round."""
-        closed = self.refresh()
-        if all(closed):
-            return False
-        picker = self.picker
-        picker.acked = acked = self.detect_losses()
-        picker.closed = closed
-        if picker.grp >= 0:
-            picker.acked_open = functools.reduce(
-                operator.and_, (a for a, c in zip(acked, closed) if not c), self.full)
-        return True
-
-    def _all_closed_or_acked(self) -> bool:
-        tx32, full = self.tx32, self.full
-        return all(tx32[s, 1] or (a & full) == full for s, a in zip(self.slots, self.acked()))
-
-    def _send_batch(self, tgt: int, batch: list[int]) -> bool:
-        """One sendmsg to one target (GSO when several chunks); False when the
-        local queue is full (ENOBUFS, EAGAIN) and the batch must wait."""
-        pc = self.pieces[tgt]
-        if pc is not None:
-            iov = [p for c in batch for p in pc[c]]
-        else:
-            h, bodies, hl = self.hdrs[tgt], self.bodies, W.HDR_LEN
-            iov = []
-            for c in batch:
-                iov += (h[c * hl:(c + 1) * hl], bodies[c])
-        try:
-            self.sock.sendmsg(iov, self.gso if len(batch) > 1 else (), 0, self.addrs[tgt])
-        except OSError as e:
-            if e.errno not in (errno.ENOBUFS, errno.EAGAIN):
-                raise
-            return False
-        return True
-
-    def _report(self) -> PushReport:
-        self.sender.learn_rates(self.targets, self.low)
-        if self.passes == 1 and not self.overtaken:
-            self._measure_first_pass()
-        tx32 = self.tx32
-        return PushReport(round=self.round_, chunks=self.layout.nchunks, sent=self.sent,
-                          resent=self.resent, acked=sum(a.bit_count() for a in self._raw_acked()),
-                          closed_by_receiver=self.overtaken or
-                          all(bool(tx32[s, 1]) for s in self.slots),
-                          duration_s=time.perf_counter() - self.t0, passes=self.passes,
-                          sender_why=self.sender_why)
-
+    def forget(self) -> None:
+        """Drop what the clock learned of every target (credits, ACK gaps)."""
+        self.window_hint.clear()
+        self.gap_hint.clear()

@@ -10,7 +10,7 @@ keeps of a compiled module: its tables and its functions' instructions. Every
 other module calls these functions through this package; none loads a library.
 
 - libs.py: the libraries, their signatures, the option structs, check/ref
-- bpf.py: objects, ids, map elements, programs, bcc modules, links
+- bpfsys.py: objects, ids, map elements, programs, bcc modules, links
 - proc.py: setns and prctl on this process
 
 Failures raise OSError with the errno and the call's name (FileNotFoundError
@@ -19,11 +19,11 @@ the fix to suggest.
 """
 from __future__ import annotations
 
-from .bpf import (BPF_LINK_TYPE_XDP, BPF_XDP, LOG_BYTES, bcc_functions, bcc_license, bcc_tables,
-                  link_create, link_detach, link_fd_by_id, link_ids, map_create, map_delete,
-                  map_fd_by_id, map_ids, map_items, map_lookup, map_update, num_possible_cpus,
-                  obj_get, obj_info, obj_pin, prog_fd_by_id, prog_ids, prog_load, prog_map_ids,
-                  prog_test_run)
+from .bpfsys import (BPF_LINK_TYPE_XDP, BPF_XDP, LOG_BYTES, bcc_functions, bcc_license,
+                     bcc_tables, link_create, link_detach, link_fd_by_id, link_ids, map_create,
+                     map_delete, map_fd_by_id, map_ids, map_items, map_lookup, map_update,
+                     num_possible_cpus, obj_get, obj_info, obj_pin, prog_fd_by_id, prog_ids,
+                     prog_load, prog_map_ids, prog_test_run)
 from .libs import (LinkCreateOpts, MapCreateOpts, ProgLoadOpts, TestRunOpts, has_libbpf_symbol,
                    libbcc, libbpf, libc)
 from .proc import (CLONE_NEWNET, set_comm, set_parent_death_signal, set_proc_strings,

@@ -35,7 +35,7 @@ from ... import BPF_DIR
 from ..xdp import bpfcache
 
 from ..rig.pair import VethPair
-from ..xdp import clock
+from ..xdp import clockmaps
 from ..xdp import wire as W
 from ..xdp.loader import MODES, Dataplane, Geometry
 
@@ -78,8 +78,8 @@ def _run(mode: str, prefix: str | None = None) -> Verdict:
         wm.set_peers({1: 0})
         pm.open_bank(1, CHUNKS, cb, flows=1, window=CHUNKS)
         wm.tx_start(1, 0)
-        clock.load(wm, 1, payload, list(range(CHUNKS)), np.zeros(CHUNKS, bool), cb)
-        clock.start(wm, 1, 0, nchunks=CHUNKS, last_len=cb, flags=0, primed=1)
+        clockmaps.load(wm, 1, payload, list(range(CHUNKS)), np.zeros(CHUNKS, bool), cb)
+        clockmaps.start(wm, 1, 0, nchunks=CHUNKS, last_len=cb, flags=0, primed=1)
         ps.attach(pair.b.dev, pair.b.ns, mode)
         wk.attach(pair.a.dev, pair.a.ns, mode)
         sock = pair.udp_socket(pair.a)

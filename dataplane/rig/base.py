@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Self
 
 from .. import netns
-from . import bpf, signals
+from . import signals, tcprogs
 from ...errors import RigError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,11}$")   # rig names: namespaces stay short
@@ -316,7 +316,7 @@ class RigBase:
     def _map_fd(self, key: str) -> int:
         """fd of the pinned map self.pins[key], opened once (close() closes it)."""
         if key not in self._fds:
-            self._fds[key] = bpf.open_pinned(
+            self._fds[key] = tcprogs.open_pinned(
                 self.pins[key], f"is the {self._KIND} {self.name} up? `{self._UP_HINT}`")
         return self._fds[key]
 

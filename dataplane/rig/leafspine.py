@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import netns
 from ..xdp import wire as W
-from . import bpf, netlink, pathpin, teardown
+from . import netlink, pathpin, tcprogs, teardown
 from .base import Host, RigBase, RigError, saved_names
 from .leafspine_plan import (BRIDGE, KIND_LEAF_UP, KIND_SPINE_DN, NS_PREFIX, PIN_ROOT,
                              STATE_DIR, LeafSpineConfig, Link, LsHost, find_namespaces,
@@ -162,7 +162,7 @@ class LeafSpine(RigBase):
         pathpin.load(self.pins["dir"], [(lk.netns, lk.ifname) for lk in self.links],
                      [(h.netns, h.ifname) for h in self.hosts])
         if c.mode == "native":
-            bpf.xdp_pass((h.port, leaf_ns(c.name, h.leaf)) for h in self.hosts)
+            tcprogs.xdp_pass((h.port, leaf_ns(c.name, h.leaf)) for h in self.hosts)
         self._built()
 
     def _build_leaf(self, i: int) -> None:

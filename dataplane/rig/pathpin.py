@@ -14,7 +14,7 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
-from . import bpf, netlink
+from . import netlink, tcprogs
 from .leafspine_plan import KIND_LEAF_UP, KIND_SPINE_DN, link_label
 from ...errors import RigError
 
@@ -63,13 +63,13 @@ def load(pin_dir: str, links: Iterable[tuple[str, str]], hosts: Iterable[tuple[s
     """Compile path_pin.c, pin both maps and programs in `pin_dir`, attach
     link_count on each (namespace, device) of `links` and path_pin on each
     of `hosts`."""
-    b, count_fn = bpf.compile_tc("path_pin.c", "link_count")
+    b, count_fn = tcprogs.compile_tc("path_pin.c", "link_count")
     try:
         try:
             pin_fn = b.load_func(b"path_pin", b.SCHED_CLS)
         except Exception as e:  # noqa: BLE001 - bcc raises a bare Exception
             raise RigError(f"loading path_pin (bpf/path_pin.c) failed: {e}") from e
-        bpf.pin_all(pin_dir, dict(zip(PINS, (b[b"link_bytes"].get_fd(),
+        tcprogs.pin_all(pin_dir, dict(zip(PINS, (b[b"link_bytes"].get_fd(),
                                              b[b"path_pins"].get_fd(), count_fn.fd, pin_fn.fd))))
         for ports, fn, name in ((links, count_fn, "link_count"), (hosts, pin_fn, "path_pin")):
             for ns, dev in ports:
@@ -85,7 +85,7 @@ def link_counters(fd: int) -> list[dict[str, Any]]:
     """Every (link, 5-tuple) in map link_bytes: link label, flow, bytes,
     packets, sorted by link and flow."""
     out = []
-    for k, v in bpf.items(fd, LinkKey, LinkVal):
+    for k, v in tcprogs.items(fd, LinkKey, LinkVal):
         kind = "L" if k.kind == KIND_LEAF_UP else "S" if k.kind == KIND_SPINE_DN else "?"
         out.append({"link": link_label(kind, k.a, k.b),
                     "kind": kind, "leaf": k.a if kind == "L" else k.b,
@@ -97,7 +97,7 @@ def link_counters(fd: int) -> list[dict[str, Any]]:
 
 
 def clear_link_counters(fd: int) -> None:
-    bpf.clear(fd, LinkKey, LinkVal)
+    tcprogs.clear(fd, LinkKey, LinkVal)
 
 
 def read_pins(fd: int) -> list[dict[str, Any]]:
@@ -105,17 +105,17 @@ def read_pins(fd: int) -> list[dict[str, Any]]:
     return sorted(({"saddr": ip_of(k.saddr), "daddr": ip_of(k.daddr),
                     "dport": socket.ntohs(k.dport), "sport": socket.ntohs(v.sport),
                     "spine": int(v.spine), "packets": int(v.packets)}
-                   for k, v in bpf.items(fd, PinKey, PinVal)),
+                   for k, v in tcprogs.items(fd, PinKey, PinVal)),
                   key=lambda e: (e["saddr"], e["daddr"], e["dport"]))
 
 
 def set_pin(fd: int, saddr: str, daddr: str, dport: int, sport: int, spine: int) -> None:
     """UDP saddr -> daddr:dport leaves its host with source port `sport`
     (`spine`: the spine that port hashes to, for the record; 0xFFFF when no
-    spine was chosen, as in control.paths.ecmp_draw)."""
-    bpf.update(fd, PinKey(be32(saddr), be32(daddr), be16(dport), 0),
+    spine was chosen, as in control.pathplan.ecmp_draw)."""
+    tcprogs.update(fd, PinKey(be32(saddr), be32(daddr), be16(dport), 0),
                PinVal(be16(sport), spine, 0, 0))
 
 
 def clear_pins(fd: int) -> None:
-    bpf.clear(fd, PinKey, PinVal)
+    tcprogs.clear(fd, PinKey, PinVal)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The star rig: a software switch in one network namespace, a parameter
 server and N workers in namespaces of their own, a TBF bottleneck toward the
-PS and a tc BPF loss injector (loss.py, bpf/loss_tc.c). This module builds,
+PS and a tc BPF loss injector (lossinject.py, bpf/loss_tc.c). This module builds,
 uses and observes one (`Rig`). What a rig is on paper (config, hosts, names)
 is star_plan.py, its removal teardown.py, the rate and loss check
 traffic.py; their public names are re-exported here, where callers take them.
@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import netns
-from . import bpf, loss, netlink, teardown
+from . import lossinject, netlink, tcprogs, teardown
 from .base import RigBase, RigError, saved_names
 from .netlink import NUD_NOARP, NUD_PERMANENT, TC_EGRESS
 from .star_plan import (BRIDGE, BROADCAST, DEFAULT_NAME, MAX_RATE_BPS, MAX_SERVERS,
@@ -50,7 +50,7 @@ from .star_plan import (BRIDGE, BROADCAST, DEFAULT_NAME, MAX_RATE_BPS, MAX_SERVE
 from .teardown import remove_all
 from .traffic import measure_rate, udp_blast
 
-LOSS_STATS = loss.STATS
+LOSS_STATS = lossinject.STATS
 
 __all__ = ["BRIDGE", "BROADCAST", "DEFAULT_NAME", "LOSS_STATS", "MAX_RATE_BPS", "MAX_SERVERS",
            "MAX_WORKERS", "broadcast_of",
@@ -126,7 +126,7 @@ class Rig(RigBase):
     @property
     def pins(self) -> dict[str, str]:
         d = pin_dir(self.name)
-        return {"dir": d, **{k: f"{d}/{k}" for k in loss.PINS}}
+        return {"dir": d, **{k: f"{d}/{k}" for k in lossinject.PINS}}
 
     def host(self, key: HostKey) -> Host:
         """A host by Host, short name ("ps", "w3"), worker index, namespace or IP."""
@@ -202,7 +202,7 @@ class Rig(RigBase):
                        missing_ok=True)
         self._build_switch()
         if self.config.mode == "native":
-            bpf.xdp_pass((h.port, self.switch_ns) for h in self.hosts + self.nics)
+            tcprogs.xdp_pass((h.port, self.switch_ns) for h in self.hosts + self.nics)
         self._built()
 
     def _build_switch(self) -> None:
@@ -224,7 +224,7 @@ class Rig(RigBase):
                 self._host_up(h)
             for port in self.shaped_ports:
                 netlink.add_tbf(sw, ports[port], cfg)
-            loss.load(sw, [ports[p] for p in self.loss_ports], self.pins["dir"], cfg.loss)
+            lossinject.load(sw, [ports[p] for p in self.loss_ports], self.pins["dir"], cfg.loss)
 
     def _host_up(self, h: Host) -> None:
         with netlink.iproute(h.netns) as ipr:
@@ -303,7 +303,7 @@ class Rig(RigBase):
     # ---- loss injector (its pinned maps: any process can use them)
     def set_loss(self, p: float) -> None:
         """Set the drop probability of IPv4 UDP/TCP packets, effective at once."""
-        loss.write(self._map_fd("loss_cfg"), loss.check(p))
+        lossinject.write(self._map_fd("loss_cfg"), lossinject.check(p))
         if p != self.config.loss:
             self.config = dataclasses.replace(self.config, loss=float(p))
             if os.path.exists(state_path(self.name)):
@@ -311,15 +311,15 @@ class Rig(RigBase):
 
     def get_loss(self) -> float:
         """The drop probability the injector applies now (read from its map)."""
-        return loss.read(self._map_fd("loss_cfg"))
+        return lossinject.read(self._map_fd("loss_cfg"))
 
     def loss_counters(self) -> dict[str, int]:
         """Packets (segments) the injector dropped and passed, and packets it
         does not judge ("other": ARP, ICMP, IPv6...), summed over CPUs."""
-        return loss.counters(self._map_fd("loss_stats"))
+        return lossinject.counters(self._map_fd("loss_stats"))
 
     def reset_loss_counters(self) -> None:
-        loss.reset(self._map_fd("loss_stats"))
+        lossinject.reset(self._map_fd("loss_stats"))
 
     # ---- observation
     def bottleneck(self) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from .. import netns
-from . import loss
+from . import lossinject
 from .base import MAX_RATE_BPS, MIN_RATE_BPS, NAME_RE, Host, ShapedConfig
 
 STATE_DIR = "/run/ltp/rigs"
@@ -84,7 +84,7 @@ class RigConfig(ShapedConfig):
             raise ValueError(f"workers: must be in 1..{MAX_WORKERS}, got {self.workers!r}")
         if not isinstance(self.servers, int) or not 1 <= self.servers <= MAX_SERVERS:
             raise ValueError(f"servers: must be in 1..{MAX_SERVERS}, got {self.servers!r}")
-        loss.check(self.loss)
+        lossinject.check(self.loss)
         for key in ("shape", "loss_on"):
             if getattr(self, key) not in ("ps", "all"):
                 raise ValueError(f"{key}: must be ps or all, got {getattr(self, key)!r}")

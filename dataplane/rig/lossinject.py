@@ -11,7 +11,7 @@ import ctypes
 from collections.abc import Sequence
 
 from .. import clib
-from . import bpf, netlink
+from . import netlink, tcprogs
 
 STATS = ("dropped", "passed", "other")          # loss_stats keys 0, 1, 2
 PINS = ("loss_cfg", "loss_stats", "loss_prog")  # file names in the rig's pin folder
@@ -33,11 +33,11 @@ def load(ipr, ifindexes: Sequence[int], pin_dir: str, p: float) -> None:
     """Compile the injector, set its probability to `p`, pin its maps and
     program in `pin_dir` and attach it on egress of each of `ifindexes` (in
     the namespace of `ipr`)."""
-    b, fn = bpf.compile_tc("loss_tc.c", "loss_tc")
+    b, fn = tcprogs.compile_tc("loss_tc.c", "loss_tc")
     try:
         cfg, stats = b[b"loss_cfg"].get_fd(), b[b"loss_stats"].get_fd()
         write(cfg, p)
-        bpf.pin_all(pin_dir, dict(zip(PINS, (cfg, stats, fn.fd))))
+        tcprogs.pin_all(pin_dir, dict(zip(PINS, (cfg, stats, fn.fd))))
         for idx in ifindexes:
             netlink.attach_tc_egress(ipr, idx, fn.fd, "loss_tc")
     finally:
@@ -46,13 +46,13 @@ def load(ipr, ifindexes: Sequence[int], pin_dir: str, p: float) -> None:
 
 def write(cfg_fd: int, p: float) -> None:
     """Set the drop probability (map loss_cfg)."""
-    bpf.update(cfg_fd, 0, ctypes.c_uint32(threshold(p)))
+    tcprogs.update(cfg_fd, 0, ctypes.c_uint32(threshold(p)))
 
 
 def read(cfg_fd: int) -> float:
     """The drop probability the injector applies now (map loss_cfg)."""
     v = ctypes.c_uint32()
-    bpf.lookup(cfg_fd, 0, v)
+    tcprogs.lookup(cfg_fd, 0, v)
     return v.value / 2**32
 
 
@@ -62,7 +62,7 @@ def counters(stats_fd: int) -> dict[str, int]:
     out = {}
     for i, key in enumerate(STATS):
         vals = (ctypes.c_uint64 * ncpu)()
-        bpf.lookup(stats_fd, i, vals)
+        tcprogs.lookup(stats_fd, i, vals)
         out[key] = int(sum(vals))
     return out
 
@@ -71,4 +71,4 @@ def reset(stats_fd: int) -> None:
     """Zero the counters on every CPU."""
     ncpu = clib.num_possible_cpus()
     for i in range(len(STATS)):
-        bpf.update(stats_fd, i, (ctypes.c_uint64 * ncpu)())
+        tcprogs.update(stats_fd, i, (ctypes.c_uint64 * ncpu)())

@@ -2,7 +2,7 @@
 """The ACK-clocked sender (`Endpoint(sender="xdp")`, docs/transport.md).
 
 Python hands the round's payload and send order to the XDP program
-(dataplane/xdp/clock.py) and primes each flow with a few DATA packets from
+(dataplane/xdp/clockmaps.py) and primes each flow with a few DATA packets from
 the socket; from then on every ACK the receiver's program sends back is
 turned by this host's program into the flow's next chunk (XDP_TX), so no
 user-space work is done per packet. The receiver's credit (a window in
@@ -35,11 +35,11 @@ from collections import deque
 
 import numpy as np
 
-from ...dataplane.xdp import clock as C
+from ...dataplane.xdp import clockmaps as C
 from ...dataplane.xdp import wire as W
 from ...errors import DeadPeerError
 from .layout import FRAME_OVERHEAD
-from .sender import RETX_BYTE, Push
+from .push import RETX_BYTE, Push
 
 INITIAL_WINDOW = 2  # packets a flow is primed with before it learned its credit
 MAX_WINDOW = 64     # growth stops here when the receiver sets no credit
