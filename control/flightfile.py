@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import struct
 
-ENV_DIR = "LTP_FLIGHT_DIR"
+from .settings_table import TABLE
+
+ENV_DIR = TABLE["flight_dir"].env     # LTP_FLIGHT_DIR: the job's flight folder
 MAGIC = 0x4C54_5046_0001      # "LTPF", version 1
 (W_MAGIC, W_PID, W_ROLE, W_INDEX, W_RANK, W_SEQ, W_PHASE, W_ROUND, W_SINCE, W_OPS, W_STEP,
  W_TICK, W_EVENTS, W_DUMPS) = range(14)

@@ -57,12 +57,13 @@ import tempfile
 from typing import NamedTuple
 
 from ..errors import UsageError
+from . import settings_table
 from . import storeauth
 from .accept import HelloKey, worker_key
 from .transport import tokens
 
-ENV = "LTP_SECRET_FILE"
-RUN_ENV = "LTP_RUN_ID"            # this run's id (run_from_env)
+ENV = settings_table.TABLE["secret_file"].env      # LTP_SECRET_FILE
+RUN_ENV = settings_table.TABLE["run_id"].env        # LTP_RUN_ID: this run's id (run_from_env)
 TORCHRUN_RUN = "TORCHELASTIC_RUN_ID"   # torchrun's --rdzv-id; "none" unless one is given
 KEY_BYTES = 32          # what new_key makes
 MIN_BYTES = 16          # the least a key file may hold
@@ -285,7 +286,7 @@ def read_key_file(path: str, where: str = ENV) -> bytes | MemberKeys:
 
 def key_from_env(environ=None) -> bytes | MemberKeys | None:
     """The key LTP_SECRET_FILE names, or None when it is unset."""
-    path = (os.environ if environ is None else environ).get(ENV)
+    path = settings_table.env("secret_file", environ)
     return read_key_file(path) if path else None
 
 
@@ -331,7 +332,7 @@ def for_launch(environ=None) -> tuple[str, KeyFile | None]:
     """The key file a launcher hands its ranks: the one LTP_SECRET_FILE names
     (checked here, so a bad one fails before any rank starts), else a new
     KeyFile the caller closes when the job ends."""
-    path = (os.environ if environ is None else environ).get(ENV)
+    path = settings_table.env("secret_file", environ)
     if path:
         if isinstance(read_key_file(path), MemberKeys):
             raise UsageError(f"{ENV}={path} is a worker's member key file: a launcher needs "

@@ -11,12 +11,13 @@ when it is the first, the last, or PERIOD_S after the last line printed.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
 
-ENV = "LTP_PROGRESS"       # "json": the launcher reads the events
+from . import settings_table
+
+ENV = settings_table.TABLE["progress"].env   # LTP_PROGRESS=json: the launcher reads the events
 PERIOD_S = 2.0             # at most one plain line per this many seconds (first and last always)
 
 
@@ -52,7 +53,7 @@ _throttle = Throttle()
 
 def report(step: int, steps: int | None, metrics: dict) -> None:
     """One progress report of worker 0 (the caller checks the rank)."""
-    if os.environ.get(ENV) == "json":
+    if settings_table.env("progress") == "json":
         sys.stdout.write(json.dumps({"event": "progress", "step": step, "steps": steps,
                                      **metrics}) + "\n")
     elif _throttle.due(step, steps):

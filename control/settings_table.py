@@ -10,11 +10,21 @@ builds (`to_env`, training/launch.py). tests/test_settings_table.py checks
 the surfaces agree, and that docs/training.md's table of init() options says
 the same. Importing this module needs neither torch nor numpy (a rank's
 flags answer --help without them).
+
+Every LTP_* variable the package reads is an entry here. The `internal`
+ones are no init() option (no keyword, flag or row in the options table):
+what a launcher sets for its ranks (rank, world_size, role, ...), developer
+aids (profile, round_log, forkserver, ...), and knobs one module reads where
+it is used (tolerant, dead_s, hang_s, ...); docs/training.md lists them in a
+table of their own. Code that needs one variable outside Settings reads it
+with `env(name)`; tests/test_structure.py keeps LTP_* names out of the
+other modules.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import dataclass
 
 from ..errors import UsageError
@@ -33,7 +43,9 @@ class Setting:
     """One setting. lo/hi bound a number (lo excluded when `above`; a float is
     finite besides: nan and inf are out of bounds); `shown`
     is the default as help and docs write it; `flags` the surfaces with a
-    flag for it; `launcher`: the launcher sets it in each rank's environment."""
+    flag for it; `launcher`: the launcher sets it in each rank's environment
+    (from the rig: rank_settings); `internal`: no init() option (the
+    module's doc), so no flags and no launcher copy."""
 
     name: str
     type: type
@@ -47,6 +59,11 @@ class Setting:
     flags: frozenset = frozenset()
     launcher: bool = False
     metavar: str | None = None
+    internal: bool = False
+
+    def __post_init__(self):
+        if self.internal and (self.flags or self.launcher):
+            raise ValueError(f"{self.name}: an internal setting has no flags and no launcher copy")
 
     @property
     def env(self) -> str:
@@ -113,9 +130,18 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
+class BadVariable(UsageError, ValueError):
+    """An LTP_* variable whose value its setting cannot take: a usage error
+    (exit 2) that is a ValueError too, as any bad value is."""
+
+
 def _s(name, type_, default, help_, **kw) -> Setting:
     kw["flags"] = frozenset(kw.get("flags", ()))
     return Setting(name, type_, default, help_, **kw)
+
+
+def _internal(name, type_, default, help_, **kw) -> Setting:
+    return _s(name, type_, default, help_, internal=True, **kw)
 
 
 DOWNLINK_HELP = (
@@ -230,6 +256,44 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _s("buffer", int, 0, "the bottleneck's queue in bytes: with sender xdp a receiver's "
        "credit is this plus one BDP", lo=0, shown="0 (32 KiB)", metavar="BYTES",
        flags=(RANK,), launcher=True),
+    # --- internal: no init() option (the module's doc; docs/training.md,
+    # "Other environment variables"). What a launcher sets for each rank:
+    _internal("rank", int, None, "this rank's place in the LTP job, servers first", lo=0,
+              shown="-"),
+    _internal("world_size", int, None, "the LTP job's ranks, servers and trainers", lo=1,
+              shown="-"),
+    _internal("role", str, None, "server on a server rank", choices=("server", "worker"),
+              shown="-"),
+    _internal("progress", str, None, "json: report_progress writes JSON events for the "
+              "launcher", shown="-"),
+    _internal("flight_dir", str, None, "the job's flight-recorder folder (a rank records "
+              "there; the launcher's own: else a temporary one)", shown="-"),
+    _internal("trace_ranks", bool, False, "1: a worker writes its own trace file too "
+              "(TRACE.worker<W>)", shown="0"),
+    # knobs read where they are used
+    _internal("tolerant", str, "backward", "the `ltp` backend's rule for what is "
+              "loss-tolerant", choices=("backward", "hook", "never")),
+    _internal("early_close", str, None, "EarlyCloseConfig fields as JSON for the `ltp` "
+              "backend's own buckets", shown="-"),
+    _internal("dead_s", float, 2.0, "seconds without a heartbeat that make a rank dead",
+              lo=0, above=True),
+    _internal("flight", bool, True, "0 turns the flight recorder off", shown="1"),
+    _internal("stall_k", float, 1.5, "a wait on others past this many median op intervals "
+              "is a stall", lo=0, above=True),
+    _internal("stall_min_s", float, 0.25, "the least seconds a stalled wait has waited",
+              lo=0, above=True),
+    _internal("hang_s", float, 2.0, "a stalled wait still the same this long after its "
+              "dump is a hang (the launcher's)", lo=0),
+    # developer aids
+    _internal("forkserver", bool, True, "0: ranks start as new interpreters, not forked "
+              "from the fork server", shown="1"),
+    _internal("cache_dir", str, "/var/cache/ltpx", "the compiled BPF objects' cache folder"),
+    _internal("keep_logs", bool, False, "1: `ltp train` keeps its ranks' logs after a good "
+              "run", shown="0"),
+    _internal("round_log", bool, False, "1: a server logs every uplink round on stderr",
+              shown="0"),
+    _internal("profile", str, None, "cProfile a bench worker process into FILE.<pid>",
+              shown="-"),
 )}
 
 # The choices, in one order each (the default first)
@@ -239,6 +303,8 @@ DOWNLINKS = TABLE["downlink"].choices
 COMPRESS = TABLE["compress"].choices
 SENDERS = TABLE["sender"].choices
 LAUNCHED = tuple(s.name for s in TABLE.values() if s.launcher)
+# init()'s options: every setting but the internal ones
+OPTIONS: dict[str, Setting] = {n: s for n, s in TABLE.items() if not s.internal}
 
 
 def flag_type(s: Setting, lo: float | None = None):
@@ -289,3 +355,22 @@ def read(name: str, raw, where: str):
         return TABLE[name].read(raw)
     except ValueError as e:
         raise UsageError(f"{where}: {e} for {name}") from None
+
+
+def env(name: str, environ=None):
+    """Setting `name` from its variable alone (in `environ`, default
+    os.environ), for code that needs one outside Settings.resolve: unset or
+    empty gives the table's default; a value that cannot be read or is out
+    of bounds is a BadVariable (a ValueError) naming the variable."""
+    s = TABLE[name]
+    raw = (os.environ if environ is None else environ).get(s.env)
+    if not raw:
+        return s.default
+    try:
+        value = s.read(raw)
+    except ValueError as e:
+        raise BadVariable(f"{s.env}: {e}") from None
+    why = s.problem(value)
+    if why:
+        raise BadVariable(f"{s.env} {why}")
+    return value

@@ -81,7 +81,7 @@ def test_compiled_programs_carry_the_license_and_the_kernel_takes_it_as_gpl(
     from ltpx.dataplane import clib
     from ltpx.dataplane.xdp.loader import compile_program
     from ltpx.dataplane.xdp.maps import Geometry
-    monkeypatch.setenv("LTPX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LTP_CACHE_DIR", str(tmp_path / "cache"))
     geometry = Geometry(slots=2, max_chunks=64)
     flags = geometry.cflags() if source in ("ltp_xdp.c", "ltp_floor.c") else None
     b, fn = compile_program(source, func, flags, prog_type=kind)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The BPF compile cache (dataplane/xdp/bpfcache.py): a program compiled once
 and loaded from the cache by every later process, with real programs run
-through BPF_PROG_TEST_RUN. Each test has its own cache folder (LTPX_CACHE_DIR)."""
+through BPF_PROG_TEST_RUN. Each test has its own cache folder (LTP_CACHE_DIR)."""
 from __future__ import annotations
 
 import json
@@ -26,7 +26,7 @@ XDP_PROG = 6
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     d = tmp_path / "cache"
-    monkeypatch.setenv("LTPX_CACHE_DIR", str(d))
+    monkeypatch.setenv("LTP_CACHE_DIR", str(d))
     return d
 
 
@@ -231,7 +231,7 @@ with Dataplane(Geometry(slots=3, max_chunks=192), job=5) as dp:
 @pytest.mark.root
 def test_concurrent_first_compiles_make_one_compile_and_hits(cache):
     from ltpx.dataplane.xdp.testrun import XDP_PASS
-    env = {**os.environ, "LTPX_CACHE_DIR": str(cache)}
+    env = {**os.environ, "LTP_CACHE_DIR": str(cache)}
     procs = [subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for _ in range(5)]
@@ -274,7 +274,7 @@ def test_an_unusable_folder_means_compiling_with_a_note(tmp_path, monkeypatch, c
     from ltpx.dataplane.xdp.loader import compile_program
     from ltpx.dataplane.xdp.testrun import XDP_PASS, run_xdp
     d = folder(tmp_path)
-    monkeypatch.setenv("LTPX_CACHE_DIR", str(d))
+    monkeypatch.setenv("LTP_CACHE_DIR", str(d))
     before = counts()
     with caplog.at_level(logging.WARNING, logger="ltpx.bpfcache"):
         b, fn = compile_program("xdp_pass.c", "xdp_pass")
@@ -318,11 +318,11 @@ def test_a_dataplane_whose_setup_fails_closes_its_program_and_maps(cache):
 def test_the_doctor_makes_no_cache_folder(tmp_path, monkeypatch):
     from ltpx.dataplane.doctor import checks as doctor
     d = tmp_path / "not" / "yet"
-    monkeypatch.setenv("LTPX_CACHE_DIR", str(d))
+    monkeypatch.setenv("LTP_CACHE_DIR", str(d))
     (check,) = [c for c in doctor.run_checks(compile_test=False) if c.name == "bpf-cache"]
     assert check.ok and "not made yet" in check.detail
     assert not (tmp_path / "not").exists()
     (tmp_path / "file").write_text("")
-    monkeypatch.setenv("LTPX_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    monkeypatch.setenv("LTP_CACHE_DIR", str(tmp_path / "file" / "cache"))
     (check,) = [c for c in doctor.run_checks(compile_test=False) if c.name == "bpf-cache"]
     assert "unusable" in check.detail and "is not a folder" in check.detail

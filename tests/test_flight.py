@@ -270,5 +270,5 @@ def test_the_hang_limit_is_read_from_its_variable():
     from ltpx.errors import UsageError
     assert hang_limit({}) == HANG_S and hang_limit({"LTP_HANG_S": "0.5"}) == 0.5
     for bad in ("-1", "soon", "inf"):
-        with pytest.raises(UsageError, match="LTP_HANG_S="):
+        with pytest.raises(UsageError, match="LTP_HANG_S"):
             hang_limit({"LTP_HANG_S": bad})

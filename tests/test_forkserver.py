@@ -3,7 +3,7 @@
 a zygote run in their network namespace with their own environment, argv
 and cwd, their exit codes and output come back as a Popen's would, the
 zygote and its children end with whoever owns them, RigJob forks its ranks
-and its store from it, and LTPX_FORKSERVER=0 starts new interpreters.
+and its store from it, and LTP_FORKSERVER=0 starts new interpreters.
 
 Real processes, a real namespace (hhfs<pid>, with a veth pair in it) and
 real sockets; most tests use a zygote that preloads nothing (it starts in a

@@ -163,7 +163,7 @@ def test_an_explicit_socket_sender_wins_over_a_passing_check(pair):
 
 
 def _own_cache(tmp_path, monkeypatch):
-    """A compile-cache folder of the test's own (LTPX_CACHE_DIR), holding
+    """A compile-cache folder of the test's own (LTP_CACHE_DIR), holding
     copies of the compiled programs the machine's cache holds (no compile),
     with this process's grow-check answers forgotten."""
     import shutil
@@ -180,7 +180,7 @@ def _own_cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def failed_check_cache(tmp_path, monkeypatch):
-    """A compile-cache folder of this test's own (LTPX_CACHE_DIR) holding a
+    """A compile-cache folder of this test's own (LTP_CACHE_DIR) holding a
     definite failed grow check for native mode, as `ltp doctor` keeps one on
     a kernel where frames do not grow; this process's answers forgotten
     before and after."""
@@ -246,7 +246,7 @@ def test_a_check_that_cannot_run_is_a_fail_for_this_process_only(tmp_path, monke
     from ltpx.dataplane.doctor import growcheck
     d = tmp_path / "cache"
     d.mkdir(mode=0o755)
-    monkeypatch.setenv("LTPX_CACHE_DIR", str(d))
+    monkeypatch.setenv("LTP_CACHE_DIR", str(d))
     growcheck.forget()
     try:
         v = growcheck.grow_verdict("bogus")

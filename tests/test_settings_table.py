@@ -2,10 +2,13 @@
 """One settings table (control/settings_table.py) makes every surface, and they agree:
 lt.init()'s keywords and defaults, the LTP_* variables it reads, the flags of a
 rank, `ltp train` and `ltp launch`, the environment the launcher gives each rank,
-and docs/training.md's table of init() options. No root, no rig, no torch.
+and docs/training.md's table of init() options; the internal entries (no init()
+option) stay off those surfaces, are read by `env` alone, and have a docs table
+of their own. No root, no rig, no torch.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import re
@@ -13,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from ltpx.control.settings_table import LAUNCH, LAUNCHED, RANK, TABLE, TRAIN
+from ltpx.control import settings_table
+from ltpx.control.settings_table import (LAUNCH, LAUNCHED, OPTIONS, RANK, TABLE, TRAIN,
+                                         BadVariable, Setting, add_flag)
 from ltpx.control.torchapi.settings import ENV, Settings
 from ltpx.errors import UsageError
 
@@ -48,7 +53,8 @@ def _outside(s):
     return None
 
 
-BOUNDED = [s for s in TABLE.values() if _outside(s) is not None]
+BOUNDED = [s for s in OPTIONS.values() if _outside(s) is not None]
+INTERNAL = [s for s in TABLE.values() if s.internal]
 
 
 @pytest.fixture
@@ -75,9 +81,9 @@ def _action(parser, flag):
 # --------------------------------------------------------------------------- lt.init and LTP_*
 
 def test_every_setting_is_an_init_keyword_with_the_tables_default():
-    assert [f.name for f in dataclasses.fields(Settings)] == list(TABLE)
+    assert [f.name for f in dataclasses.fields(Settings)] == list(OPTIONS)
     assert Settings() == Settings.resolve({}, environ={})
-    for name, s in TABLE.items():
+    for name, s in OPTIONS.items():
         assert getattr(Settings(), name) == s.default
         assert getattr(Settings.resolve({name: _sample(s)}, environ={}), name) == _sample(s)
     with pytest.raises(UsageError, match="unknown option 'nope'"):
@@ -85,8 +91,8 @@ def test_every_setting_is_an_init_keyword_with_the_tables_default():
 
 
 def test_every_setting_is_read_from_its_variable_and_a_keyword_wins():
-    assert {name: "LTP_" + name.upper() for name in TABLE} == ENV
-    for name, s in TABLE.items():
+    assert {name: "LTP_" + name.upper() for name in OPTIONS} == ENV
+    for name, s in OPTIONS.items():
         env = {s.env: s.text(_sample(s))}
         assert getattr(Settings.resolve({}, environ=env), name) == _sample(s), s.env
         if s.default is not None:
@@ -102,7 +108,7 @@ def test_a_variable_out_of_bounds_is_a_usage_error_naming_it(s):
         Settings.resolve({}, environ={s.env: _outside(s)})
 
 
-FLOATS = [s for s in TABLE.values() if s.type is float]
+FLOATS = [s for s in OPTIONS.values() if s.type is float]
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
@@ -141,7 +147,7 @@ def test_a_variable_that_cannot_be_read_is_a_usage_error_naming_it():
 def test_every_flag_is_on_the_surfaces_the_table_names_with_one_default():
     parsers = _parsers()
     on = {RANK: ["rank"], TRAIN: ["train", "rank"], LAUNCH: ["launch"]}
-    for s in TABLE.values():
+    for s in OPTIONS.values():   # internal ones have none (a rank's --early-close is its job's)
         for surface in s.flags:
             for where in on[surface]:
                 a = _action(parsers[where], s.flag)
@@ -234,7 +240,7 @@ def test_launch_flags_to_rank_environment_to_settings_round_trip(argv, no_ltp_en
         env = job_env(rig, r, len(ranks), 29500, servers=args.servers, transport=args.transport)
         given = rank_settings(rig, r, servers=args.servers, transport=args.transport)
         assert set(given) == set(LAUNCHED)
-        assert {v for v in env if v.startswith("LTP_") and v[4:].lower() in TABLE} == \
+        assert {v for v in env if v.startswith("LTP_") and v[4:].lower() in OPTIONS} == \
             {TABLE[k].env for k in LAUNCHED}
         got = Settings.resolve({}, environ=env)
         assert got == dataclasses.replace(Settings(), **given), r.label
@@ -280,10 +286,16 @@ def test_a_train_job_config_and_its_rank_environment_make_the_settings_asked_for
 
 # --------------------------------------------------------------------------- the docs
 
+def _docs_table(after: str) -> str:
+    """The first table of docs/training.md after the text `after`."""
+    text = DOCS.read_text()
+    return next(part for part in text[text.index(after):].split("\n\n")
+                if part.startswith("| "))
+
+
 def _docs_rows() -> dict[str, tuple[str, str]]:
     """docs/training.md's init() options: keyword -> (variable, default), backticks gone."""
-    text = DOCS.read_text()
-    table = text[text.index("`init()` options"):].split("\n\n")[1]
+    table = _docs_table("`init()` options")
     rows = {}
     for line in table.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -295,6 +307,52 @@ def _docs_rows() -> dict[str, tuple[str, str]]:
 
 def test_the_docs_table_of_init_options_says_what_the_table_does():
     rows = _docs_rows()
-    assert set(rows) == set(TABLE), "docs/training.md: one row per setting"
-    for name, s in TABLE.items():
+    assert set(rows) == set(OPTIONS), "docs/training.md: one row per init() option"
+    for name, s in OPTIONS.items():
         assert rows[name] == (s.env, s.default_text), name
+
+
+def test_the_docs_table_of_other_variables_says_what_the_table_does():
+    """The internal entries' table: one row per variable, its default the table's."""
+    rows = {}
+    for line in _docs_table("Other environment variables").splitlines()[2:]:
+        cells = [c.strip().replace("`", "") for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1]
+    assert rows == {s.env: s.default_text for s in INTERNAL}
+
+
+# --------------------------------------------------------------------------- internal entries
+
+def test_internal_entries_are_no_init_option_and_have_no_flag():
+    assert INTERNAL and not set(OPTIONS) & {s.name for s in INTERNAL}
+    for s in INTERNAL:
+        assert not s.flags and not s.launcher and s.name not in LAUNCHED, s.name
+        with pytest.raises(ValueError, match="no rank flag"):
+            add_flag(argparse.ArgumentParser(), s.name, RANK)
+        with pytest.raises(UsageError, match=f"unknown option {s.name!r}"):
+            Settings.resolve({s.name: _sample(s)}, environ={})
+        # its variable is no init() option: resolve leaves it alone
+        assert Settings.resolve({}, environ={s.env: "no-such-value"}) == Settings()
+    with pytest.raises(ValueError, match="no flags"):
+        Setting("x", int, 0, "x", flags=frozenset({RANK}), internal=True)
+
+
+@pytest.mark.parametrize("s", list(TABLE.values()), ids=lambda s: s.name)
+def test_env_reads_one_variable_as_its_setting(s):
+    assert settings_table.env(s.name, {}) == s.default
+    assert settings_table.env(s.name, {s.env: ""}) == s.default      # empty is unset
+    assert settings_table.env(s.name, {s.env: s.text(_sample(s))}) == _sample(s)
+    bad = _outside(s) or ("maybe" if s.type is bool else "x" if s.type is not str else None)
+    if bad is not None:
+        with pytest.raises(BadVariable, match=f"^{s.env}"):
+            settings_table.env(s.name, {s.env: bad})
+
+
+def test_a_bad_variable_is_a_usage_error_and_a_value_error():
+    with pytest.raises(ValueError, match="LTP_DEAD_S: cannot read 'soon' as float"):
+        settings_table.env("dead_s", {"LTP_DEAD_S": "soon"})
+    with pytest.raises(UsageError, match="LTP_TOLERANT must be one of backward, hook, never"):
+        settings_table.env("tolerant", {"LTP_TOLERANT": "sometimes"})
+    assert BadVariable("x").exit_code == 2
+    assert settings_table.env("forkserver", {"LTP_FORKSERVER": "0"}) is False
+    assert settings_table.env("servers", {"LTP_SERVERS": "3"}) == 3

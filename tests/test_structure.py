@@ -10,7 +10,11 @@
 - no two modules share a name (a file's name says what it holds, wherever
   it is read: a traceback, a grep, a doc that names the file);
 - the BPF C sources (bpf/*.c, bpf/*.h) under the same size rules: no file
-  over 450 lines, no function over 80 (c_functions finds them).
+  over 450 lines, no function over 80 (c_functions finds them);
+- every LTP_* environment variable is a settings-table entry, named through
+  the table: no module but control/settings_table.py spells one, none has
+  the old prefix (OLD_PREFIX), and none reads one while importing (a forked rank gets its
+  environment after the fork server's imports: control/training/forkserver.py).
 """
 from __future__ import annotations
 
@@ -222,6 +226,135 @@ def test_c_file_and_function_sizes(path):
             if b - a + 1 > MAX_FUNC_LINES]
     assert not long, f"bpf/{path}: " + ", ".join(long)
 
+
+
+# --- environment variables ------------------------------------------------------
+
+SETTINGS_TABLE = ROOT / "control" / "settings_table.py"
+OLD_PREFIX = "LTP" + "X_"    # the variables' old prefix, spelled so a grep for it misses this file
+_LTP_NAME = re.compile(r"LTPX?_[A-Z0-9_]*")
+# LTP_* literals that name no environment variable and no name of the BPF C
+# sources either, each with its reason
+NOT_VARIABLES = {
+    ("dataplane/xdp/maps.py", "LTP_C_"),   # the prefix of enum ltp_counter's members
+}
+
+
+def _c_names() -> set[str]:
+    """The LTP_* names of the BPF C sources (macros, enum members)."""
+    return {n for p in C_SOURCES for n in re.findall(r"\bLTP_[A-Z0-9_]+\b", p.read_text())}
+
+
+def _ltp_names(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of each string literal in `path` that is all an LTP_* name
+    (or one of OLD_PREFIX), and of each keyword argument so named
+    (dict(LTP_RANK=...))."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+            text = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
+        elif isinstance(node, ast.keyword) and node.arg:
+            text = node.arg
+        else:
+            continue
+        if _LTP_NAME.fullmatch(text):
+            out.append((node.lineno, text))
+    return out
+
+
+@pytest.mark.unit
+def test_ltp_variables_are_named_through_the_settings_table():
+    """No module but control/settings_table.py spells an LTP_* variable: each
+    is a table entry, read with settings_table.env (or Settings), set with
+    to_env, named with TABLE[name].env. Names of the BPF C sources (read
+    from bpf/*.h: LTP_HDR_LEN, ...) name no variable, and no variable has
+    one of their names."""
+    from ltpx.control.settings_table import TABLE
+    c_names = _c_names()
+    assert not c_names & {s.env for s in TABLE.values()}
+    found, bad = set(), []
+    for p in MODULES.values():
+        rel = str(p.relative_to(ROOT))
+        for line, text in _ltp_names(p) if p != SETTINGS_TABLE else ():
+            if (rel, text) in NOT_VARIABLES:
+                found.add((rel, text))
+            elif text not in c_names:
+                bad.append(f"{rel}:{line}: {text!r}")
+    assert not bad, "LTP_* names outside control/settings_table.py (a table entry, named " \
+        "through it: settings_table.env, to_env, TABLE[name].env):\n" + "\n".join(bad)
+    assert found == NOT_VARIABLES, f"stale NOT_VARIABLES entries: {NOT_VARIABLES - found}"
+
+
+@pytest.mark.unit
+def test_no_variable_has_the_old_prefix():
+    """One prefix, LTP_: OLD_PREFIX is in no module, doc or script."""
+    texts = [*MODULES.values(), ROOT / "README.md", *(ROOT / "docs").rglob("*.md"),
+             *(p for p in (ROOT / "scripts").rglob("*") if p.is_file())]
+    bad = [f"{p.relative_to(ROOT)}:{i}" for p in texts
+           for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+           if OLD_PREFIX in line]
+    assert not bad, f"{OLD_PREFIX} (the prefix is LTP_): " + ", ".join(bad)
+
+
+def _is_main_block(node: ast.If) -> bool:
+    """`if __name__ == "__main__":`"""
+    t = node.test
+    return (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name)
+            and t.left.id == "__name__")
+
+
+class _ImportTime(ast.NodeVisitor):
+    """The calls a module makes while it is imported: its top-level code,
+    class bodies, decorators and default values; not function bodies, nor
+    an `if __name__ == "__main__":` block."""
+
+    def __init__(self):
+        self.calls: list[ast.Call] = []
+
+    def _signature(self, node):
+        for d in (*getattr(node, "decorator_list", ()), *node.args.defaults,
+                  *(d for d in node.args.kw_defaults if d is not None)):
+            self.visit(d)
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _signature
+
+    def visit_If(self, node):
+        if _is_main_block(node):
+            for n in node.orelse:
+                self.visit(n)
+        else:
+            self.generic_visit(node)
+
+    def visit_Call(self, node):
+        self.calls.append(node)
+        self.generic_visit(node)
+
+
+def _reads_a_setting(call: ast.Call, names: set[str]) -> bool:
+    """Whether `call` is settings_table.env(...) (or env(...) where `names`,
+    the module's names imported from settings_table, has it)."""
+    f = call.func
+    return (isinstance(f, ast.Attribute) and f.attr == "env" and isinstance(f.value, ast.Name)
+            and f.value.id == "settings_table") or (isinstance(f, ast.Name) and f.id in names)
+
+
+@pytest.mark.unit
+def test_no_module_reads_an_ltp_variable_while_importing():
+    """settings_table.env runs after import: a rank forked from the fork
+    server gets its own environment after the zygote's imports, so a value
+    read while importing would be the zygote's (forkserver.IMPORT_TIME lists
+    no LTP_ prefix)."""
+    bad = []
+    for p in MODULES.values():
+        tree = ast.parse(p.read_text())
+        env_names = {a.asname or a.name for n in ast.walk(tree)
+                     if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("settings_table")
+                     for a in n.names if a.name == "env"}
+        v = _ImportTime()
+        v.visit(tree)
+        bad += [f"{p.relative_to(ROOT)}:{c.lineno}" for c in v.calls
+                if _reads_a_setting(c, env_names)]
+    assert not bad, "LTP_* variables read while importing: " + ", ".join(bad)
 
 
 def _licensed_files() -> list[str]:

@@ -29,7 +29,8 @@ import sys
 import time
 
 from ..control.progress import Throttle, describe, metrics_text
-from ..control.settings_table import DOWNLINKS, LAUNCH, add_flag
+from ..control import settings_table
+from ..control.settings_table import DOWNLINKS, LAUNCH, add_flag, to_env
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
 from .train_text import cause_lines, stall_lines
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
@@ -248,8 +249,7 @@ def cmd_launch(args) -> int:
 
 def downlink(args, environ=None) -> str:
     """The job's downlink: --downlink, else LTP_DOWNLINK, else group."""
-    environ = os.environ if environ is None else environ
-    return args.downlink or environ.get("LTP_DOWNLINK") or "group"
+    return args.downlink or settings_table.env("downlink", environ)
 
 
 def group_keys(args, environ=None) -> bool:
@@ -262,15 +262,15 @@ def group_keys(args, environ=None) -> bool:
 
 def _downlink_env(args) -> dict:
     """--downlink: every rank's LTP_DOWNLINK (else what this environment has)."""
-    return {"LTP_DOWNLINK": args.downlink} if args.downlink else {}
+    return to_env({"downlink": args.downlink}) if args.downlink else {}
 
 
 def _trace_env(args, r) -> dict:
     """--trace: each rank writes its own view into the launch's trace folder."""
     if not args.trace:
         return {}
-    return {"LTP_TRACE": os.path.join(args.trace_dir, f"rank{r.rank}.json"),
-            "LTP_TRACE_RANKS": "1"}
+    return to_env({"trace": os.path.join(args.trace_dir, f"rank{r.rank}.json"),
+                   "trace_ranks": True})
 
 
 def _merge_trace(args, out) -> dict | None:

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...errors import LtpError, UsageError
-from ..settings_table import TABLE
+from ..settings_table import TABLE, to_env
 from ..training.config import TrainConfig
 from ..training.onrig import rig_config, train_on_rig
 
@@ -80,7 +80,7 @@ def parse_variants(text: str) -> list[Variant]:
         if knobs["code"] == "rs" and knobs["loss"] == "defer":
             raise UsageError(f"--variants: {item!r}: code=rs and loss=defer do not combine")
         v = Variant(item, tr, budget, knobs["code"],
-                    {"LTP_DOWNLINK_CODE": knobs["code"]} if tr == "ltp" else {}, knobs["loss"])
+                    to_env({"downlink_code": knobs["code"]}) if tr == "ltp" else {}, knobs["loss"])
         if v.label in [o.label for o in out]:
             raise UsageError(f"--variants: {item!r} twice")
         out.append(v)

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 from ...dataplane import clib
+from ..settings_table import TABLE
 
 PROC = "/proc"
 
@@ -91,7 +92,7 @@ def _rank(pid: int) -> int | None:
     """LTP_RANK (servers first: ltp launch sets it), else RANK (torchrun's)."""
     with open(f"{PROC}/{pid}/environ", "rb") as f:
         env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-    raw = env.get(b"LTP_RANK", env.get(b"RANK"))
+    raw = env.get(TABLE["rank"].env.encode(), env.get(b"RANK"))
     try:
         return int(raw) if raw is not None else None
     except ValueError:

@@ -4,7 +4,7 @@ without the fork server, in alternating runs.
 
 Each run is one `ltp train --workers W --iterations I -j` command on a rig
 of its own (built and removed by the command): the fork server on
-(LTPX_FORKSERVER=1) and off (0, every rank a new interpreter) take turns,
+(LTP_FORKSERVER=1) and off (0, every rank a new interpreter) take turns,
 so a neighbour's load falls on both alike. Per run: the lead's first
 "start" and "iter" events in seconds since the command started (the
 result's "startup" entry, see control/training/onrig.py), the whole
@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from ..settings_table import TABLE
+
 MODES = {"fork": "1", "exec": "0"}
 
 
@@ -32,7 +34,7 @@ def one_run(mode: str, workers: int, iterations: int, name: str) -> dict:
     out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ltp"), "train",
                           "--workers", str(workers), "--iterations", str(iterations),
                           "--name", name, "-j"], capture_output=True, text=True,
-                         env=dict(os.environ, LTPX_FORKSERVER=MODES[mode]))
+                         env={**os.environ, TABLE["forkserver"].env: MODES[mode]})
     wall = time.monotonic() - t0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:

@@ -26,7 +26,7 @@ import hashlib
 import json
 import sys
 
-from .. import jobkey
+from .. import jobkey, settings_table
 from ..transport.endpoint import CHECKSUMS, Endpoint, Peer
 from ..transport.options import PushOptions
 from ..transport.rate import quiet_gc
@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     import os
-    if os.environ.get("LTP_PROFILE"):  # developer aid: cProfile of one worker to a file
+    profile = settings_table.env("profile")   # developer aid: cProfile of one worker to a file
+    if profile:
         import cProfile
-        cProfile.run("rc = main()", os.environ["LTP_PROFILE"] + f".{os.getpid()}")
+        cProfile.run("rc = main()", f"{profile}.{os.getpid()}")
         sys.exit(0)
     sys.exit(main())

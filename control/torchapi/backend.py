@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
 
 from ...errors import UsageError
+from .. import settings_table
 from .ddp import tolerant_reduce, tolerant_rule
 from .job import current, init, joined, serve_here, shutdown
 
@@ -258,15 +259,16 @@ for _n in UNSUPPORTED:
 
 def ltp_place(rank: int, size: int) -> tuple[int, int, bool]:
     """(LTP rank, LTP world, is a server) of a process torch numbers rank of size."""
-    servers = int(os.environ.get("LTP_SERVERS") or 1)
-    if os.environ.get("LTP_RANK"):
-        lr, lw = int(os.environ["LTP_RANK"]), int(os.environ.get("LTP_WORLD_SIZE") or 0)
+    servers = settings_table.env("servers")
+    lr = settings_table.env("rank")
+    if lr is not None:
+        lw = settings_table.env("world_size") or 0
         if lw != servers + size:
             raise UsageError(f"LTP_WORLD_SIZE={lw}, but LTP_SERVERS={servers} and WORLD_SIZE="
                              f"{size}: the LTP job has the servers plus the trainers")
     else:
         lr, lw = servers + rank, servers + size
-    server = os.environ.get("LTP_ROLE") == "server"
+    server = settings_table.env("role") == "server"
     if server != (lr < servers):
         raise UsageError(f"LTP_RANK={lr} with LTP_SERVERS={servers}: LTP ranks below "
                          f"{servers} are servers, and only they have LTP_ROLE=server")

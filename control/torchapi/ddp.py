@@ -26,7 +26,6 @@ CPU tests exercise every step but the device copies.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -36,6 +35,7 @@ import torch
 import torch.distributed
 
 from ...errors import CommError, UsageError
+from .. import settings_table
 from .breakdown import worker as worker_phases
 from .codec import make_codec
 from .job import current
@@ -45,14 +45,12 @@ from .optimizer import DistributedOptimizer, plan_step
 from .threads import CallThread
 
 
-TOLERANT = ("backward", "hook", "never")    # LTP_TOLERANT: backend.py's rule
+TOLERANT = settings_table.TABLE["tolerant"].choices   # LTP_TOLERANT: backend.py's rule
 
 
 def tolerant_rule() -> str:
-    rule = os.environ.get("LTP_TOLERANT", "backward") or "backward"
-    if rule not in TOLERANT:
-        raise UsageError(f"LTP_TOLERANT must be one of {', '.join(TOLERANT)}, got {rule!r}")
-    return rule
+    """LTP_TOLERANT, else backward; a UsageError (BadVariable) names a bad one."""
+    return settings_table.env("tolerant")
 
 
 class Staging:
@@ -172,7 +170,7 @@ class TolerantReduce:
             raise UsageError("ltpx.torch: DDP runs on trainer ranks; this rank is a server")
         self.job = job
         try:   # the backend's own buckets: LTP_EARLY_CLOSE, EarlyCloseConfig fields as JSON
-            early_close = json.loads(os.environ.get("LTP_EARLY_CLOSE") or "{}")
+            early_close = json.loads(settings_table.env("early_close") or "{}")
         except ValueError as e:
             raise UsageError(f"LTP_EARLY_CLOSE: not JSON ({e}); e.g. "
                              '\'{"threshold_min": 0.97}\'') from None

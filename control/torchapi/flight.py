@@ -36,28 +36,28 @@ import threading
 import time
 
 from ...dataplane import files
+from .. import settings_table
 from ..flightfile import EV_REC as _EV, NOW_REC as _NOW
-from ..flightfile import (ENV_DIR, HEADER, MAGIC, OP_START, PEERS, PHASES, RING, RING_AT, SERVER,
+from ..flightfile import (HEADER, MAGIC, OP_START, PEERS, PHASES, RING, RING_AT, SERVER,
                          W_DUMPS, W_EVENTS, W_SEQ, W_STEP, WAITS, WORDS)
 from ..flightfile import (BARRIER, COMPUTE, END, GATHER, OPS, PULL, PUSH,  # noqa: F401 (callers'
                          SEND, START, WORKER)                              # phases and roles)
 
 log = logging.getLogger("ltpx.torch.flight")
 
-ENV_OFF, ENV_K, ENV_MIN = "LTP_FLIGHT", "LTP_STALL_K", "LTP_STALL_MIN_S"
-STALL_K, STALL_MIN_S = 1.5, 0.25
+STALL_K, STALL_MIN_S = (settings_table.TABLE[n].default for n in ("stall_k", "stall_min_s"))
 TICK_MIN_S, TICK_MAX_S = 0.025, 0.1
 ARMED_AFTER = 3        # ops before the median means anything
 INTERVALS = 32         # op intervals the median is taken over
 RE_DUMP_S = 10.0       # the same non-stall reason is dumped at most this often
 RECORDS = 32           # trace-timeline records a dump carries (the latest)
 
-def _env_float(name: str, default: float) -> float:
+def _env_float(name: str) -> float:
+    """Setting `name`'s variable; its default if that is not a number > 0."""
     try:
-        v = float(os.environ.get(name, default))
+        return settings_table.env(name)
     except ValueError:
-        return default
-    return v if v > 0 else default
+        return settings_table.TABLE[name].default
 
 
 class Recorder:
@@ -81,7 +81,7 @@ class Recorder:
         self.last_start = 0
         self.iv = [0] * INTERVALS       # op intervals (ns), a ring
         self.ops = 0
-        self.k, self.floor_s = _env_float(ENV_K, STALL_K), _env_float(ENV_MIN, STALL_MIN_S)
+        self.k, self.floor_s = _env_float("stall_k"), _env_float("stall_min_s")
         self.dumped: tuple | None = None        # the stalled wait dumped already
         self.last_reason: dict[str, float] = {}
         self.records = None                     # a callable: the trace timeline's records
@@ -222,8 +222,8 @@ def start(rank: int, role: int, index: int, records=None) -> Recorder | None:
     """This rank's recorder, if LTP_FLIGHT_DIR names a folder (and LTP_FLIGHT
     is not 0); SIGUSR1 then dumps its ring."""
     global _rec
-    folder = os.environ.get(ENV_DIR)
-    if not folder or os.environ.get(ENV_OFF, "1") == "0":
+    folder = settings_table.env("flight_dir")
+    if not folder or not settings_table.env("flight"):
         return None
     try:
         os.makedirs(folder, exist_ok=True)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ...dataplane import netns
 from ...errors import CommError, UsageError
-from .. import jobkey
+from .. import jobkey, settings_table
 from .flight import SERVER, WORKER, current as flight_current, start as flight_start
 from .flight import stop as flight_stop, trigger as flight_trigger
 from .coord import KEY, Coord
@@ -47,7 +47,6 @@ from .trace import rank_trace, write as write_trace
 from .shards import start_sharded
 
 NOTE_S = 5.0    # a wait on the store or the other ranks says so after this long
-TRACE_RANKS = "LTP_TRACE_RANKS"   # 1: a worker writes its own trace file too (TRACE.worker<W>)
 log = logging.getLogger("ltpx.torch")   # the API's logger; modules log under it
 
 _job: Job | None = None
@@ -240,11 +239,11 @@ def rendezvous(store_netns: str | None, timeout_s: float, place: tuple[int, int]
     first: `place` where given (the `ltp` backend's), else LTP_RANK and
     LTP_WORLD_SIZE where a launcher set them (then RANK and WORLD_SIZE count
     the trainers only, as torchrun's do), else RANK and WORLD_SIZE."""
-    if place is None and os.environ.get("LTP_RANK"):
-        if not os.environ.get("LTP_WORLD_SIZE"):
+    if place is None and settings_table.env("rank") is not None:
+        if settings_table.env("world_size") is None:
             raise UsageError("init(): LTP_RANK is set but LTP_WORLD_SIZE is not: a launcher "
                              "sets both (the LTP job's ranks, servers first)")
-        place = (int(os.environ["LTP_RANK"]), int(os.environ["LTP_WORLD_SIZE"]))
+        place = (settings_table.env("rank"), settings_table.env("world_size"))
     need = ("MASTER_ADDR", "MASTER_PORT") + (("RANK", "WORLD_SIZE") if place is None else ())
     missing = [v for v in need if v not in os.environ]
     if missing:
@@ -356,7 +355,7 @@ def shutdown() -> dict | None:
             return job.summary
         job.drain()
         job.summary = job.exchange.shutdown()
-        if job.s.trace and os.environ.get(TRACE_RANKS) == "1" and \
+        if job.s.trace and settings_table.env("trace_ranks") and \
                 hasattr(job.exchange, "timeline"):   # ltp launch --trace: each rank's view
             write_trace(f"{job.s.trace}.worker{job.rank}",
                         rank_trace({}, {job.rank: job.exchange.timeline.records()}))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import time
 
@@ -22,6 +21,7 @@ import numpy as np
 
 from ...dataplane.xdp import wire as W
 from ...errors import CommError
+from .. import settings_table
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import CHECKSUMS, Endpoint, Peer
 from ..transport.rate import CREDIT_RTT_S
@@ -57,7 +57,7 @@ class LtpServerLink(ServerLink):
         self.peers: list[Peer] = []
         self.bubble, self.early_close = "mean", "{}"
         self.wait_s = min(s.timeout, ROUND_LIMIT_S)
-        self.log = bool(os.environ.get("LTPX_ROUND_LOG"))
+        self.log = settings_table.env("round_log")
         self.policies: dict = {}     # round kind -> its EarlyClose (see policy())
         # the round tokens' secret, derived from the job key the server read
         # from its LTP_SECRET_FILE (jobkey.token_secret): never in the store
@@ -184,7 +184,7 @@ class LtpServerLink(ServerLink):
             self.honest.discard(r)   # (a late or dead worker's missing ones are no loss)
             self.measured[0] += res.retx_chunks
             self.measured[1] += int(res.masks.sum())
-        if self.log:   # LTPX_ROUND_LOG=1: one JSON line per uplink round on stderr
+        if self.log:   # LTP_ROUND_LOG=1: one JSON line per uplink round on stderr
             print(json.dumps({"round_log": res.report()}), file=sys.stderr, flush=True)
         values, chunk_elems = res.values, res.layout.chunk_elems
         if self.codec and self.codec.compressed(r):

@@ -25,28 +25,28 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
 from datetime import timedelta
 
 from ...dataplane import netns
 from ...errors import CommError
+from .. import settings_table
 
 log = logging.getLogger("ltpx.torch.liveness")
 
 SLICE_S = 0.25     # a wait that watches liveness looks this often (coord.py)
 BEAT_S = 0.2
-DEAD_S = 2.0
+DEAD_S = settings_table.TABLE["dead_s"].default    # 2 s
 
 
 def dead_after_s() -> float:
-    """Seconds of silence that make a rank dead (LTP_DEAD_S overrides DEAD_S)."""
+    """Seconds of silence that make a rank dead (LTP_DEAD_S overrides DEAD_S;
+    one that is not a number > 0 is ignored)."""
     try:
-        v = float(os.environ.get("LTP_DEAD_S", DEAD_S))
+        return settings_table.env("dead_s")
     except ValueError:
         return DEAD_S
-    return v if v > 0 else DEAD_S
 
 
 class PeerGone(CommError):

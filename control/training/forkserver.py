@@ -25,7 +25,7 @@ started it (PR_SET_PDEATHSIG) and each child with the zygote; closing the
 control socket (Zygote.close) makes the zygote SIGKILL and reap what is
 left and exit; a child whose status socket closes is SIGKILLed.
 
-Falling back to a new interpreter (netns.popen): LTPX_FORKSERVER=0; a
+Falling back to a new interpreter (netns.popen): LTP_FORKSERVER=0; a
 command that is not this interpreter running a module (-m) or a script
 with no other options; a rank whose environment differs from the zygote's
 in a variable read at import time (IMPORT_TIME: OMP_*, TORCH_*, PYTHON*,
@@ -48,7 +48,9 @@ import sys
 import tempfile
 import time
 
-ENV_SWITCH = "LTPX_FORKSERVER"      # "0": ranks start as new interpreters
+from .. import settings_table
+
+ENV_SWITCH = settings_table.TABLE["forkserver"].env   # LTP_FORKSERVER=0: new interpreters
 ZYGOTE_MODULE = "ltpx.control.training.zygote"
 STORE_MODULE = "ltpx.control.training.storehost"   # the job's store host (storehost.py)
 # set in the zygote before it imports, and in every rank's environment alike
@@ -61,9 +63,12 @@ PRELOAD = ("numpy", "torch", "torch.optim", "torch._dynamo", "torch.distributed"
 # environment variables read while importing (torch, OpenMP, the interpreter, the
 # loader, ltpx's store keys): a rank that wants other values than the zygote's
 # starts as a new interpreter. PYTHONUNBUFFERED is the child's own to apply.
+# No LTP_* variable is among them: ltpx reads its own (settings_table.env,
+# Settings) at run time, after the fork gave the rank its environment
+# (tests/test_structure.py keeps settings_table.env out of import time).
 IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_", "PYTORCH",
                "TORCHDYNAMO", "TORCHINDUCTOR", "TORCHELASTIC_RESTART_COUNT", "PYTHON", "LD_",
-               "MALLOC_", "CUDA", "LTPX_")
+               "MALLOC_", "CUDA")
 NOT_IMPORT_TIME = ("PYTHONUNBUFFERED",)
 READY_S = 120.0         # the zygote's imports, on a loaded machine
 REPLY_S = 30.0          # a fork's pid
@@ -71,7 +76,7 @@ MSG_MAX = 1 << 20
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "1") != "0"
+    return settings_table.env("forkserver")
 
 
 def note(text: str) -> None:
@@ -308,7 +313,7 @@ def warm() -> None:
 
 def take(new: bool = True) -> Zygote | None:
     """The warmed zygote, else a new one (new=False: None); None with
-    LTPX_FORKSERVER=0. The caller closes it."""
+    LTP_FORKSERVER=0. The caller closes it."""
     if not enabled():
         return None
     if _PARKED:

@@ -30,15 +30,15 @@ import shutil
 import tempfile
 import time
 
-from ...errors import UsageError
 from .. import flightfile as flight
+from .. import settings_table
 
 POLL_S = 0.05
 # the dumps that make a screen: an exception's (a crash) makes none, as its
 # rank's own traceback says what happened
 SCREENED = ("stall", "SIGUSR1", "FilledWarning", "DeadPeerError")
-HANG_S = 2.0       # a stalled wait still the same this long after its dump is a hang (LTP_HANG_S)
-ENV_HANG = "LTP_HANG_S"
+# a stalled wait still the same this long after its dump is a hang (LTP_HANG_S)
+HANG_S = settings_table.TABLE["hang_s"].default
 STATES = {"R": "running", "S": "sleeping", "D": "in the kernel (D)", "T": "STOPPED",
           "t": "STOPPED (traced)", "Z": "exited (zombie)", "X": "gone"}
 
@@ -64,7 +64,7 @@ class FlightWatch:
     """The job's flight folder, and the screens its dumps make."""
 
     def __init__(self):
-        given = os.environ.get(flight.ENV_DIR)
+        given = settings_table.env("flight_dir")
         self.own = not given
         self.folder = given or tempfile.mkdtemp(prefix="ltp-flight-")
         os.makedirs(self.folder, exist_ok=True)
@@ -240,17 +240,8 @@ class FlightWatch:
 
 def hang_limit(environ=None) -> float:
     """LTP_HANG_S, else HANG_S: how long after its stall dump a wait that
-    has not moved is reported as a hang."""
-    text = (os.environ if environ is None else environ).get(ENV_HANG)
-    if not text:
-        return HANG_S
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not 0 <= v < float("inf"):
-        raise UsageError(f"{ENV_HANG}={text!r}: seconds >= 0 (default {HANG_S:g})")
-    return v
+    has not moved is reported as a hang (a bad one: a UsageError naming it)."""
+    return settings_table.env("hang_s", environ)
 
 
 def _torch_rank(d: dict) -> str:

@@ -10,7 +10,7 @@ one process per rank in its host's network namespace only (the rank sees
 the host's /sys and its bpffs): forked from the fork server (forkserver.py:
 torch and the job's modules imported once, before the rig was built when a
 command called `forkserver.warm()`), or as a new interpreter with
-`dataplane.netns.popen` (LTPX_FORKSERVER=0, a command that is not a Python
+`dataplane.netns.popen` (LTP_FORKSERVER=0, a command that is not a Python
 module or script, or the fork server failing). Each rank
 gets torchrun's env:// variables (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, LOCAL_RANK, TORCHELASTIC_USE_AGENT_STORE=True; RANK and
@@ -62,6 +62,7 @@ from ...dataplane import netns
 from ...dataplane.rig.star import broadcast_of
 from .. import jobkey
 from ..procs import stop_all
+from .. import settings_table
 from ..settings_table import to_env
 from . import forkserver
 from .faults import describe_exit
@@ -157,10 +158,10 @@ def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
                RANK=str(torch_rank), WORLD_SIZE=str(trainers), LOCAL_RANK=str(local_rank),
                LOCAL_WORLD_SIZE="1", GROUP_RANK=str(torch_rank),
-               TORCHELASTIC_USE_AGENT_STORE="True", LTP_RANK=str(r.rank),
-               LTP_WORLD_SIZE=str(world), LTP_ROLE=r.role, GLOO_SOCKET_IFNAME=r.host.ifname,
+               TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=r.host.ifname,
                **forkserver.IMPORT_ENV,        # OMP_NUM_THREADS=1, TORCH_CPP_LOG_LEVEL, ...
-               LTP_PROGRESS="json")
+               **to_env({"rank": r.rank, "world_size": world, "role": r.role,
+                         "progress": "json"}))
     settings = rank_settings(rig, r, servers=servers, transport=transport, group=group)
     for var, text in to_env(settings).items():
         if text is None:
@@ -190,7 +191,7 @@ class RigJob:
             self.keys = jobkey.RankKeys(sum(r.role == "server" for r in ranks), group_keys)
             # one run id for the job (an operator's LTP_RUN_ID, else a new one),
             # the same for a restarted rank: what the key derives is bound to it
-            self.run = os.environ.get(jobkey.RUN_ENV) or jobkey.new_run()
+            self.run = settings_table.env("run_id") or jobkey.new_run()
             self.port = self.host_store(store_timeout_s)
             # MASTER_ADDR=127.0.0.1 must reach the store from every rank's namespace
             self.relay = StoreRelay(self.port, rig.ps.netns, [r.host.netns for r in ranks])

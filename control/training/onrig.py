@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from ...errors import LaunchError
+from .. import settings_table
 from .config import LTP_TRANSPORTS, TrainConfig
 from . import forkserver
 from .faults import Faults, RestartJob
@@ -166,7 +167,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
                 job.close()
             if follow is not None:
                 follow.close()
-            if (ok and not os.environ.get("LTP_KEEP_LOGS")
+            if (ok and not settings_table.env("keep_logs")
                     or job is None and not os.listdir(logdir)):   # no job started: no logs
                 shutil.rmtree(logdir, ignore_errors=True)
 

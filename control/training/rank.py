@@ -38,6 +38,7 @@ from datetime import timedelta
 
 from ...dataplane import netns
 from ...errors import LtpError
+from .. import settings_table
 from ..settings_table import RANK, TABLE, TRAIN, add_flag
 from ..transport.early_close import EarlyCloseConfig
 from .args import add_train_flags, config_from_args
@@ -111,8 +112,8 @@ def run_gloo_rank(a: argparse.Namespace, cfg: TrainConfig) -> dict:
     import torch.distributed as dist  # noqa: PLC0415 (torch after main() set TORCH_CPP_LOG_LEVEL; --help without it)
     from .gloo import run_gloo  # noqa: PLC0415 (imports torch: see above)
     timeout = a.timeout or TABLE["timeout"].default
-    dev = a.dev or os.environ.get("LTP_DEV")
-    with netns.inside(a.store_netns or os.environ.get("LTP_STORE_NETNS")):
+    dev = a.dev or settings_table.env("dev")
+    with netns.inside(a.store_netns or settings_table.env("store_netns")):
         store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))
     if dev:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", dev)

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 
 from ...dataplane.clib import set_comm, set_parent_death_signal, set_proc_strings, setns
+from ..settings_table import TABLE
 from .forkserver import MSG_MAX, STORE_MODULE
 import importlib.util
 
@@ -297,7 +298,7 @@ def comm_for(argv: list[str], env: dict) -> str:
     """A forked child's process name: ltp-rank<R> for a rank (LTP_RANK, else RANK),
     ltp-store for the job's store host (python -m ...storehost), else the
     program's own base name."""
-    rank = str(env.get("LTP_RANK") or env.get("RANK", ""))
+    rank = str(env.get(TABLE["rank"].env) or env.get("RANK", ""))
     if rank.isdigit():
         return f"ltp-rank{rank}"
     if argv[1:3] == ["-m", STORE_MODULE]:

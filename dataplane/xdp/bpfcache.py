@@ -8,7 +8,7 @@ version and the libbcc file (which carries clang), and this cache's format.
 An entry (`<key>.bpfo`) is an `bpfobj.Artefact`: maps to create and
 instructions to load, no compiler needed.
 
-The cache lives in a root-owned folder (LTPX_CACHE_DIR, else
+The cache lives in a root-owned folder (LTP_CACHE_DIR, else
 /var/cache/ltpx) that no one else may write: what is in it gets loaded into
 the kernel. Entries are written to a temporary file and renamed, so a reader
 sees a whole entry or none; a per-key lock (flock, released by the kernel if
@@ -36,10 +36,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ...control import settings_table
 from . import bpfobj
 
-ENV = "LTPX_CACHE_DIR"
-DEFAULT_DIR = "/var/cache/ltpx"
+ENV = settings_table.TABLE["cache_dir"].env          # LTP_CACHE_DIR
+DEFAULT_DIR = settings_table.TABLE["cache_dir"].default   # /var/cache/ltpx
 FORMAT = 1
 SUFFIX = ".bpfo"
 MAX_ENTRIES = 64          # the least recently used go beyond this
@@ -64,7 +65,7 @@ def note(msg: str) -> None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(ENV) or DEFAULT_DIR)
+    return Path(settings_table.env("cache_dir"))
 
 
 # --- the key -----------------------------------------------------------------
