@@ -356,3 +356,12 @@ def test_a_bad_variable_is_a_usage_error_and_a_value_error():
     assert BadVariable("x").exit_code == 2
     assert settings_table.env("forkserver", {"LTP_FORKSERVER": "0"}) is False
     assert settings_table.env("servers", {"LTP_SERVERS": "3"}) == 3
+
+
+@pytest.mark.unit
+def test_the_dataplanes_cache_variable_is_the_tables():
+    """dataplane/xdp/bpfcache.py spells LTP_CACHE_DIR and its default itself
+    (the dataplane imports nothing of control): they are the table's."""
+    from ltpx.dataplane.xdp import bpfcache
+    table = TABLE["cache_dir"]
+    assert bpfcache.ENV == table.env and bpfcache.DEFAULT_DIR == table.default

@@ -36,11 +36,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ...control import settings_table
 from . import bpfobj
 
-ENV = settings_table.TABLE["cache_dir"].env          # LTP_CACHE_DIR
-DEFAULT_DIR = settings_table.TABLE["cache_dir"].default   # /var/cache/ltpx
+# the settings table's `cache_dir` (control/settings_table.py), spelled here:
+# the dataplane sits below control and imports nothing of it
+# (tests/test_settings_table.py checks the two agree)
+ENV = "LTP_CACHE_DIR"
+DEFAULT_DIR = "/var/cache/ltpx"
 FORMAT = 1
 SUFFIX = ".bpfo"
 MAX_ENTRIES = 64          # the least recently used go beyond this
@@ -65,7 +67,7 @@ def note(msg: str) -> None:
 
 
 def cache_dir() -> Path:
-    return Path(settings_table.env("cache_dir"))
+    return Path(os.environ.get(ENV) or DEFAULT_DIR)
 
 
 # --- the key -----------------------------------------------------------------
