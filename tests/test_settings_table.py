@@ -364,4 +364,4 @@ def test_the_dataplanes_cache_variable_is_the_tables():
     (the dataplane imports nothing of control): they are the table's."""
     from ltpx.dataplane.xdp import bpfcache
     table = TABLE["cache_dir"]
-    assert bpfcache.ENV == table.env and bpfcache.DEFAULT_DIR == table.default
+    assert table.env == bpfcache.ENV and table.default == bpfcache.DEFAULT_DIR
