@@ -105,3 +105,14 @@ def test_header_has_one_python_description():
 @pytest.mark.unit
 def test_geometry_port_is_the_wire_port():
     assert M.Geometry().port == W.PORT == 7410
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mtu", [576, 1500, 9000])
+def test_a_chunk_is_what_one_frame_carries_in_whole_float64_pairs(mtu):
+    """chunk_bytes_for(mtu): a frame of `mtu` holds the IPv4, UDP and LTP
+    headers and the chunk, a multiple of 8 bytes, and no more room for 8;
+    CHUNK_BYTES, the other defaults, fits a 1500-byte frame too."""
+    c = W.chunk_bytes_for(mtu)
+    assert c % 8 == 0 and W.IP_UDP_LTP + c <= mtu < W.IP_UDP_LTP + c + 8
+    assert W.CHUNK_BYTES % 8 == 0 and W.IP_UDP_LTP + W.CHUNK_BYTES <= 1500

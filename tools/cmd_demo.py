@@ -39,7 +39,7 @@ def cmd_demo(args) -> None:
     from ..dataplane.xdp.loader import Dataplane, Geometry
     from ..dataplane.rig.pair import VethPair
 
-    g = Geometry(slots=1, max_chunks=-(-args.elements * 4 // 1424))
+    g = Geometry(slots=1, max_chunks=-(-args.elements * 4 // W.CHUNK_BYTES))
     tensor = np.random.default_rng(args.seed).standard_normal(args.elements).astype(np.float32)
     raw = tensor.tobytes()
     nchunks = -(-len(raw) // g.chunk_bytes)

@@ -16,12 +16,13 @@ from any process. Exit codes: 0 ok, 1 runtime error, 2 usage error.
 """
 from __future__ import annotations
 
+from ..dataplane.xdp.wire import CHUNK_BYTES
 from .common import UsageError, add_json, emit, need_bcc, need_root, table
 from .flags import add_netns, add_port, add_xdp_mode, check_port
 from .opviews import (add_parser, check_dev, guard, job_text, listed_ns, netns_arg, ns_filter,
                       registry)
 
-DEFAULT_CHUNK_BYTES = 1424
+DEFAULT_CHUNK_BYTES = CHUNK_BYTES
 DEFAULT_MAX_CHUNKS = 256
 MAX_SLOTS = 1024            # mirrors loader.Geometry (kept import-free for --help)
 

@@ -27,6 +27,7 @@ import json
 import sys
 
 from .. import jobkey, settings_table
+from ...dataplane.xdp.wire import CHUNK_BYTES
 from ..transport.endpoint import CHECKSUMS, Endpoint, Peer
 from ..transport.options import PushOptions
 from ..transport.rate import quiet_gc
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity", type=float, default=1e9)
     ap.add_argument("--ps-ip", required=True)
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--chunk-bytes", type=int, default=1424)
+    ap.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES)
     ap.add_argument("--sender", default="socket", help="socket, or xdp (the ACK clock)")
     ap.add_argument("--checksums", default="auto", choices=CHECKSUMS,
                     help="verify each DATA frame's UDP checksum (auto: where frames carry them)")

@@ -34,7 +34,7 @@ from ...dataplane.xdp.loader import Dataplane, Geometry, compile_program
 from ...dataplane.xdp.testrun import XDP_DROP, XDP_TX, run_xdp
 from ...errors import BenchError
 
-CHUNK = 1424
+CHUNK = W.CHUNK_BYTES
 ETH_IP_UDP = bytes.fromhex("020000000001" "02000000000a" "0800")  # dst, src, IPv4
 GROW = CHUNK + 64
 

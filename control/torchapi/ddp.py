@@ -34,12 +34,12 @@ import numpy as np
 import torch
 import torch.distributed
 
+from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError, UsageError
 from .. import settings_table
 from .breakdown import worker as worker_phases
 from .codec import make_codec
 from .job import current
-from .links import chunk_bytes_for
 from .ops import STEP, Op, StepReport
 from .optimizer import DistributedOptimizer, plan_step
 from .threads import CallThread

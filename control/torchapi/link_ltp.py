@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from ...dataplane.xdp import wire as W
+from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError
 from .. import settings_table
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
@@ -29,7 +30,7 @@ from ..transport import defer, fec, tokens
 from ..transport.signing import SIG_ELEMS, ForgedAnswerError, Signer, StreamSigner, Verifier
 from ..transport.stream import AnswerStream, answered_from
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
-from .links import Gathered, ServerLink, WorkerLink, chunk_bytes_for
+from .links import Gathered, ServerLink, WorkerLink
 from .losspolicy import Choice, LossPolicy
 from .settings import Settings
 

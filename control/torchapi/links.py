@@ -18,17 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...dataplane.xdp.headers import defines
 from .losspolicy import Choice
-
-# IPv4 + UDP + LTP header bytes per datagram (the header's length from bpf/ltp_wire.h)
-IP_UDP_LTP = 20 + 8 + defines("ltp_wire.h")["LTP_HDR_LEN"]
-
-
-def chunk_bytes_for(mtu: int) -> int:
-    """The largest LTP chunk one frame of `mtu` carries, in whole float64 pairs
-    (control/bench/cluster.py sizes its chunks alike, so a rig round looks the same)."""
-    return (mtu - IP_UDP_LTP) // 8 * 8
 
 
 @dataclass

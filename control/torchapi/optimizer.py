@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import UsageError
 from ..transport.bubble import STRATEGIES
 from ..transport.early_close import EarlyCloseConfig
@@ -50,7 +51,6 @@ from .breakdown import worker as worker_phases
 from .buckets import BucketPlan, named_params
 from .flight import trigger as flight_trigger
 from .codec import make_codec
-from .links import chunk_bytes_for
 from .shards import split_op
 from .job import current
 from .ops import STEP, Op, StepReport

@@ -138,7 +138,7 @@ class Endpoint:
 
     def __init__(self, dev: str, ip: str, peers: dict[int, int], max_elems: int, *,
                  ns: str | None = None, mode: str = "native", job: int = 0,
-                 capacity_bps: float = 1e9, chunk_bytes: int = 1424, port: int = W.PORT,
+                 capacity_bps: float = 1e9, chunk_bytes: int = W.CHUNK_BYTES, port: int = W.PORT,
                  early_close: EarlyCloseConfig | None = None, bubble_strategy: str = "mean",
                  initial_rate_bps: float | None = None, publish: bool = True,
                  self_id: int | None = None, role: str | None = None, force: bool = False,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...dataplane.xdp.wire import HDR_LEN
+from ...dataplane.xdp.wire import CHUNK_BYTES, HDR_LEN
 
 ELEM = 4  # bytes per float32
 # what a chunk costs on the wire besides its payload: Ethernet, IPv4, UDP and
@@ -22,7 +22,7 @@ FRAME_OVERHEAD = 14 + 20 + 8 + HDR_LEN
 @dataclass(frozen=True)
 class ChunkLayout:
     nelems: int
-    chunk_bytes: int = 1424
+    chunk_bytes: int = CHUNK_BYTES
 
     def __post_init__(self) -> None:
         if self.nelems < 1:

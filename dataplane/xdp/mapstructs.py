@@ -17,7 +17,7 @@ import numpy as np
 from ... import BPF_DIR
 from .. import clib
 from . import headers
-from .wire import PORT
+from .wire import CHUNK_BYTES, PORT
 
 _D = headers.defines("ltp_maps.h")
 
@@ -40,7 +40,7 @@ class Geometry:
 
     slots: int = 16
     max_chunks: int = 256
-    chunk_bytes: int = 1424
+    chunk_bytes: int = CHUNK_BYTES
     banks: int = 2
     port: int = PORT
 

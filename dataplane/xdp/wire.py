@@ -44,6 +44,23 @@ SACK_LEN = _C["LTP_SACK_LEN"]
 RS_OPEN = _C["LTP_RS_OPEN"]
 RS_CLOSED = _C["LTP_RS_CLOSED"]
 
+# IPv4 + UDP + LTP header bytes per datagram
+IP_UDP_LTP = 20 + 8 + HDR_LEN
+
+
+def chunk_bytes_for(mtu: int) -> int:
+    """The largest LTP chunk one frame of `mtu` carries, in whole float64 pairs
+    (control/bench/cluster.py sizes its chunks alike, so a rig round looks the same)."""
+    return (mtu - IP_UDP_LTP) // 8 * 8
+
+
+# every default chunk size but the training path's (an endpoint's, a map's
+# geometry, the benches'): 1424 bytes, 1492 IP bytes a frame. It dates from a
+# shorter header and stays 8 bytes under what a 1500-byte frame carries
+# (chunk_bytes_for(1500), 1432, which the training path uses) so that the
+# benchmarks' figures compare across runs
+CHUNK_BYTES = 1424
+
 TYPE_NAMES = {T_DATA: "DATA", T_ACK: "ACK"}
 FLAG_NAMES = {F_CRITICAL: "critical", F_LAST: "last", F_RELIABLE: "reliable", F_RETX: "retx",
               F_GROUP: "group", F_DUP: "dup", F_CLOCK: "clock", F_STOP: "stop",
