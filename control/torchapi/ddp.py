@@ -383,10 +383,9 @@ class HookState:
 def tolerant_reduce() -> TolerantReduce:
     """The job's TolerantReduce (made at the first call)."""
     job = current()
-    red = getattr(job, "tolerant", None)
-    if red is None:
-        red = job.tolerant = TolerantReduce(job)
-    return red
+    if job.tolerant is None:
+        job.tolerant = TolerantReduce(job)
+    return job.tolerant
 
 
 def ddp_state(*, bubble: str = "mean", early_close: dict | None = None,

@@ -65,6 +65,7 @@ class Job:
         self.group: str | None = None
         self.exchange = None
         self.optimizers: list = []      # DistributedOptimizers to drain before an op
+        self.tolerant = None            # DDP's TolerantReduce, made at its first use (ddp.py)
 
     def start(self) -> None:
         s = self.s

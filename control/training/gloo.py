@@ -167,7 +167,7 @@ def ltp_rounds() -> dict:
     """ddp-ltp: what the LTP rounds of this rank's buckets did (ddp.TolerantReduce:
     buckets, early_buckets, delivered, ...); gloo: {}."""
     job = joined()
-    red = getattr(job, "tolerant", None) if job is not None else None
+    red = job.tolerant if job is not None else None
     if red is None:
         return {}
     return red.stats()
