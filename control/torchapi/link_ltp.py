@@ -162,9 +162,9 @@ class LtpServerLink(ServerLink):
     def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
         if self.codec:
             nelems = self.codec.open(r, nelems, reliable)
-        self.ep.open_round(r, nelems, workers=workers, reliable=reliable,
-                           early=self.policy(key))
-        if not reliable and not self.policy(key).cfg.budget:
+        early = self.policy(key)
+        self.ep.open_round(r, nelems, workers=workers, reliable=reliable, early=early)
+        if not reliable and not early.cfg.budget:   # what it loses is the path's (choose)
             self.honest.add(r)
 
     def beat(self) -> None:

@@ -76,9 +76,10 @@ class Choice:
 
 
 class LossPolicy:
-    """The server's policy (see the module): `saw_uplink` for each round
-    opened with no budget, `choose` once a step. `budget` > 0 fixes the
-    budget; `warmup`: steps before auto budgets, then the steps of its ramp."""
+    """The server's policy (see the module): `saw_uplink` with what a step's
+    rounds opened with no budget lost, then `choose`, once a step. `budget`
+    > 0 fixes the budget; `warmup`: steps before auto budgets, then the
+    steps of its ramp."""
 
     def __init__(self, policy: str = "auto", budget: float = 0.0, warmup: int = 40):
         if policy not in POLICIES:
@@ -87,8 +88,7 @@ class LossPolicy:
         self.steps = 0
         self.up: float | None = None       # the uplink's loss per port, an EWMA
         self.budgeted = False              # the hysteresis' state
-        self.choice = self._fixed() if policy != "auto" else \
-            Choice(budget=budget, why="warmup")
+        self.choice = self._fixed() if policy != "auto" or budget else Choice(why="warmup")
         self.mind = self.choice            # the latest choice that was not a probe
         self.counts: dict[str, int] = {}
         self.switches: list[dict] = []     # step, from, to: where auto changed its mind
