@@ -17,6 +17,11 @@ from ltpx.control.transport.early_close import EarlyCloseConfig
 LTP = [sys.executable, "-m", "ltpx.tools.cli"]
 
 
+# what the rig delivers with no loss injected: Early Close's threshold after a
+# real queue drop (1 - 2 loss_hat, at most 0.999) may cut a round by a chunk
+DELIVERED_LOSSLESS = 0.99
+
+
 def bench(*argv: str) -> tuple[dict, float]:
     """(JSON, wall seconds) of `ltp bench incast ARGV -j` on a rig of this file's own."""
     t0 = time.monotonic()
@@ -136,7 +141,10 @@ def test_plain_ltp_sends_as_an_endpoint_does_by_default():
     else:
         assert cfg["sender"] == r["sender"] == "socket" and r["clock_share"] == 0.0
         assert cfg["sender_why"].startswith("socket: the fallback, ")
-    assert r["delivered"] == 1.0
+    # nothing injected, but an incast into a 30 kB queue on 2 busy cores can
+    # drop for real, and the paper's rule may then rightly close a round a
+    # chunk short (0.9946 seen once in a local CI: 2 of 368 chunks)
+    assert r["delivered"] >= DELIVERED_LOSSLESS
 
 
 @pytest.mark.rig
@@ -144,7 +152,8 @@ def test_plain_ltp_sends_as_an_endpoint_does_by_default():
 def test_a_knob_makes_its_own_variant_in_the_same_run():
     """ltp-xdp:credit=1 and ltp-xdp take turns on one rig, each with its own
     credit at the PS (the default: the rig's buffer plus one BDP, at most a
-    receive ring), and both deliver whole rounds."""
+    receive ring), and both deliver whole rounds (but for a real drop a round
+    may be closed without: DELIVERED_LOSSLESS)."""
     from ltpx.control.transport.rate import RING_FRAMES
     res, wall = bench("--workers", "2", "--rounds", "4", "--block", "2", "--size", "1MiB",
                       "--transports", "ltp-xdp:credit=1,ltp-xdp")
@@ -153,7 +162,7 @@ def test_a_knob_makes_its_own_variant_in_the_same_run():
     assert capped["credit_frames"] == 1
     assert 1 < plain["credit_frames"] <= RING_FRAMES
     assert capped["sender"] == plain["sender"] == "xdp"
-    assert capped["delivered"] == plain["delivered"] == 1.0
+    assert min(capped["delivered"], plain["delivered"]) >= DELIVERED_LOSSLESS   # as above
     assert res["ratios"]["ltp-xdp:credit=1"]["ltp-xdp"]["goodput"] > 0
     check_cpu_and_goodput(res, wall)
 
