@@ -85,9 +85,119 @@ def test_the_run_names_the_barriers_last_arriver_beyond_the_margin():
              3: {"last": [], "waited_ms": {"1": 40, "2": 42}}}
     out = attribute_steps(notes, {3: 1, 4: 1}, steps=5, step_s=0.02)
     assert out["straggler_rounds"] == {"1": 2, "2": 2}
-    assert out["rounds_attributed"] == 4 and out["attributed_by"] == {"barrier": 2, "nic": 2}
+    assert out["rounds_attributed"] == 4
+    assert out["attributed_by"] == {"steady": 0, "barrier": 2, "nic": 2}
+    assert out["named_by"]["barrier"] == {"2": 2} and out["named_by"]["nic"] == {"1": 2}
     # a long step widens the margin: 10 % of 0.5 s is 50 ms, more than the waits
     assert attribute_steps(notes, {}, steps=5, step_s=0.5)["rounds_attributed"] == 0
+
+
+def _own_notes(steps: int, lag_ms: dict[int, float], workers: int = 4, seed: int = 0,
+               aside=()) -> dict[int, dict]:
+    """Barrier notes with own times: 3 ms and up to 3 ms of noise a step
+    (exponential, as a busy host's), plus each worker's steady lag."""
+    rng = np.random.default_rng(seed)
+    return {w: {"last": [], "waited_ms": {},
+                "own_ms": {str(s): 3.0 + float(rng.exponential(0.6)) + lag_ms.get(w, 0.0)
+                           for s in range(1, steps + 1)},
+                "aside": list(aside) if w == 0 else []}
+            for w in range(workers)}
+
+
+def test_a_worker_a_little_slow_every_step_is_named_from_its_first_whole_window():
+    from ltpx.control.training.straggler_report import STEADY_WINDOW, attribute_steps
+    # 2.5 ms a step, under the barrier's 5 ms margin and inside one step's noise
+    out = attribute_steps(_own_notes(60, {2: 2.5}), {}, steps=60, step_s=0.1)
+    assert out["after_window"] == {"steps": 60 - STEADY_WINDOW + 1,
+                                   "named": {"2": 60 - STEADY_WINDOW + 1}}
+    assert out["named_by"]["steady"] == {"2": 41} and out["attributed_by"]["barrier"] == 0
+    assert out["steady_lag_ms"]["2"] == pytest.approx(2.5, abs=0.5)
+    # the steady rule goes before the barrier's: a step whose last arriver
+    # was another (scheduling noise past the margin) still names worker 2
+    notes = _own_notes(60, {2: 2.5})
+    notes[1]["last"] = [50]
+    notes[0]["waited_ms"]["50"] = notes[3]["waited_ms"]["50"] = 30.0
+    assert attribute_steps(notes, {}, steps=60, step_s=0.1)["named_by"]["barrier"] == {}
+
+
+def test_noise_alone_or_a_lag_under_the_floor_names_no_one():
+    from ltpx.control.training.straggler_report import attribute_steps
+    for seed in range(5):
+        out = attribute_steps(_own_notes(100, {}, workers=8, seed=seed), {}, 100, 0.1)
+        assert out["attributed_by"]["steady"] == 0, (seed, out)
+    # 0.8 ms steady is under 1 % of a 100 ms step: no straggler's; of a 50 ms one it is
+    notes = _own_notes(60, {1: 0.8}, seed=1)
+    assert attribute_steps(notes, {}, 60, 0.1)["attributed_by"]["steady"] == 0
+    named = attribute_steps(notes, {}, 60, 0.05)["named_by"]["steady"]
+    assert set(named) == {"1"} and named["1"] >= 36      # of 41 windows: noise may hide it
+
+
+def test_a_step_after_the_leads_evaluation_names_no_one():
+    from ltpx.control.training.straggler_report import attribute_steps
+    # the lead evaluated before steps 1 and 30: it was last at both barriers,
+    # the others waited 40 ms for it there
+    notes = _own_notes(40, {}, aside=[1, 30])
+    notes[0]["last"] = [1, 30]
+    for w in (1, 2, 3):
+        notes[w]["waited_ms"] = {"1": 40.0, "30": 40.0}
+    out = attribute_steps(notes, {30: 0}, steps=40, step_s=0.1)
+    assert out["rounds_attributed"] == 0 and out["steps_aside"] == 2
+    del notes[0]["aside"]       # without the mark both name the lead
+    assert attribute_steps(notes, {30: 0}, steps=40, step_s=0.1)["straggler_rounds"] == {"0": 2}
+
+
+def test_a_straggler_sleeps_before_its_gradients_are_ready():
+    import time
+
+    import torch
+
+    from ltpx.control.training.data import BatchStream, split
+    from ltpx.control.training.local import Stepper
+    from ltpx.control.training.model import build_mlp
+    data = split(0)
+    module = build_mlp((64,), 0)
+    stream = BatchStream(data, 0, 1, 32, 0)
+    seen = []
+    for p in module.parameters():
+        p.register_post_accumulate_grad_hook(lambda _p: seen.append(time.monotonic()))
+    st = Stepper(module, factor=40.0)
+    for _ in range(3):
+        seen.clear()
+        t0, before = time.monotonic(), st.straggle_s
+        st.step(stream)
+        slept = st.straggle_s - before
+        assert slept > 0 and min(seen) - t0 >= slept   # every gradient after the sleep
+    module.zero_grad()
+    assert torch.is_grad_enabled()
+
+
+def test_the_run_queue_counts_a_threads_waits_for_a_busy_core():
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from ltpx.control.torchapi.runqueue import RunQueue
+    cpu = min(os.sched_getaffinity(0))
+    keep = os.sched_getaffinity(0)
+    spin = "import os,time; os.sched_setaffinity(0,{%d}); t=time.time()\nwhile time.time()-t<3: pass" % cpu
+    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.3)             # the hogs are spinning on the core
+        rq = RunQueue()
+        w0, t0 = rq.waited_ns(), time.monotonic()
+        while time.monotonic() - t0 < 0.6:
+            pass
+        waited = (rq.waited_ns() - w0) / 1e9
+    finally:
+        os.sched_setaffinity(0, keep)
+        for h in hogs:
+            h.kill()
+            h.wait()
+    # three runnable threads on one core: this one waits about 2/3 of the time
+    assert waited > 0.2, waited
+    assert RunQueue().waited_ns() >= 0
 
 
 def test_the_trace_checker_finds_what_perfetto_would_refuse():

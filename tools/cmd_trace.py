@@ -96,8 +96,9 @@ def _load(path: str) -> dict:
 
 def _text(s: dict) -> str:
     lines = [f"{len(s['steps'])} steps ({s['rounds']} rounds), {s['rounds_attributed']} "
-             f"attributed to a straggler ({s['attributed_by']['barrier']} by the barrier, "
-             f"{s['attributed_by']['nic']} by the NIC)",
+             f"attributed to a straggler ({s['attributed_by']['steady']} by the steady rule, "
+             f"{s['attributed_by']['barrier']} by the barrier, "
+             f"{s['attributed_by']['nic']} by the NIC; {s['steps_aside']} set aside)",
              f"{'worker':>8} {'straggler':>10} {'NIC rounds':>11} {'lateness p50':>13} {'p99':>9}"]
     for w, v in s["workers"].items():
         p50, p99 = v["lateness_p50_ms"], v["lateness_p99_ms"]

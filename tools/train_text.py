@@ -79,10 +79,18 @@ def policy_cell(r: dict) -> str:
     return ", ".join(parts) or "repair"
 
 
-def _straggler(r: dict) -> str:   # the worker named straggler most often, in how many steps
+def _straggler(r: dict) -> str:
+    """The worker named straggler most often, in how many steps, by which
+    witness mostly, and its steady lag (straggler_report.py)."""
     named = r.get("straggler_rounds") or {}
     w = max(named, key=named.get, default=None)
-    return f"w{w} {named[w]}/{r['iterations']}" if w is not None else "-"
+    if w is None:
+        return "-"
+    by = {k: v.get(w, 0) for k, v in (r.get("named_by") or {}).items()}
+    rule = max(by, key=by.get) if any(by.values()) else ""
+    lag = (r.get("steady_lag_ms") or {}).get(w) if rule == "steady" else None
+    return " ".join(filter(None, (f"w{w} {named[w]}/{r['iterations']}", rule,
+                                  f"{lag:.1f} ms" if lag is not None else "")))
 
 
 def stall_line(st: dict) -> str:

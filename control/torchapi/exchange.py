@@ -39,9 +39,26 @@ from .flight import BARRIER, COMPUTE, PULL, PUSH
 from .flight import enter as flight_enter, heard as flight_heard
 from .coord import Excluded, PeerGone
 from .trace import OpRecord, Timeline, now_ns
+from .runqueue import RunQueue
 from .ops import STEP, Go, Op, RoundClock, SHUTDOWN, StepReport, preopened
 
 log = logging.getLogger("ltpx.torch.exchange")
+
+
+@dataclass
+class Arrival:
+    """This worker's view of an op's barrier: seconds it waited there after
+    arriving, whether it arrived last (it lifted the barrier: under bsp the
+    one the others waited for), its own time before arriving (since its
+    previous answer came: its compute, a straggler's lag; None for its first
+    op), and what that time also held that is not the step's (`aside`, e.g.
+    "evaluation": such a step names no straggler)."""
+
+    seq: int
+    wait_s: float
+    last: bool
+    own_s: float | None = None
+    aside: str = ""
 
 
 @dataclass
@@ -69,9 +86,11 @@ class Exchange:
         self.prev: Op | None = None
         self.times = dict.fromkeys(("barrier_s", "push_s", "pull_s"), 0.0)
         self.phases = worker_phases()    # the process's step breakdown (comm_* phases)
-        # the latest barrier as this worker saw it: (op, seconds it waited after
-        # arriving, whether it arrived last: it lifted the barrier)
-        self.barrier_seen: tuple[int, float, bool] | None = None
+        self.barrier_seen: Arrival | None = None   # the latest barrier, as seen here
+        self.answered_ns = 0         # when the latest answer came (its own time starts)
+        self.runq = RunQueue()       # the training thread's waits for a CPU
+        self.answered_waited = 0     # ... as they stood then
+        self.aside_why = ""          # set_aside(): what the time before the next op held
         self.timeline = Timeline()   # the latest ops' records (trace.py)
         # the job ran before this process joined it: it must be admitted first
         self.joining = coord.started()
@@ -98,10 +117,29 @@ class Exchange:
         self.link.ensure(run.op.max_elems(self.workers))
         self.link.expect(run.seq, run.op.down_elems(self.workers), tolerant=run.op.kind == STEP)
 
+    def set_aside(self, why: str) -> None:
+        """This worker's time before its next op holds work that is not the
+        step's (the lead's evaluation): the op names no straggler for it."""
+        self.aside_why = why
+
+    def own(self, rec: OpRecord) -> tuple[float | None, str]:
+        """This worker's own time before arriving at rec's op (seconds since
+        its previous answer, less its training thread's waits for a CPU:
+        runqueue.py; None before its first) and what it held aside; both go
+        into rec."""
+        aside, self.aside_why = self.aside_why, ""
+        own = 0
+        if self.answered_ns:
+            rec.cpu_wait_ns = self.runq.waited_ns() - self.answered_waited
+            own = rec.arrive_ns - self.answered_ns - rec.cpu_wait_ns
+        rec.own_ns, rec.aside = max(0, own), aside
+        return (own / 1e9 if own > 0 else None), aside
+
     def arrive(self, run: Run) -> bool:
         self.check_member()
         flight_enter(BARRIER, run.seq)
         run.rec.arrive_ns = now_ns()
+        self.own(run.rec)
         run.rec.last = self.co.arrive(run.seq, run.op)
         return run.rec.last
 
@@ -121,14 +159,16 @@ class Exchange:
         t0 = time.perf_counter()
         self.check_member()
         flight_enter(BARRIER, run.seq)
+        run.rec.arrive_ns = int(t0 * 1e9)
+        own, aside = self.own(run.rec)
         last = self.co.arrive(run.seq, run.op)
         t1 = time.perf_counter()
         run.go = self.agreed(run, self.co.wait_go(run.seq))
         t2 = time.perf_counter()
         self.times["barrier_s"] += t2 - t0
         self.phases.add("comm_barrier", t2 - t0)
-        self.barrier_seen = (run.seq, t2 - t1, last)
-        run.rec.arrive_ns, run.rec.lift_ns, run.rec.last = int(t0 * 1e9), int(t2 * 1e9), last
+        self.barrier_seen = Arrival(run.seq, t2 - t1, last, own, aside)
+        run.rec.lift_ns, run.rec.last = int(t2 * 1e9), last
 
     def push(self, run: Run, i: int, piece: np.ndarray) -> None:
         """Piece i of the op (one bucket of a step) into its uplink round."""
@@ -162,6 +202,7 @@ class Exchange:
         self.times["pull_s"] += dt
         self.phases.add("comm_pull", dt)
         run.rec.pull = (int(t0 * 1e9), now_ns())
+        self.answered_ns, self.answered_waited = run.rec.pull[1], self.runq.waited_ns()
         flight_heard(0, run.rec.pull[1])      # the server's answer: its latest packet here
         flight_enter(COMPUTE, run.seq)
         self.timeline.add(run.rec)

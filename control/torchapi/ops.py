@@ -220,11 +220,10 @@ class StepReport:
     # last arrival, seconds, averaged over the step's rounds
     straggler: int | None = None
     lateness: dict[int, float] = field(default_factory=dict)
-    # this worker's own view of the step's barrier (set by its optimizer, not
-    # sent): seconds it waited there after arriving, and whether it arrived
-    # last (it lifted the barrier: in bsp the one the others waited for)
-    barrier_wait_s: float | None = None
-    barrier_last: bool = False
+    # this worker's own view of the step's barrier (exchange.Arrival: set by
+    # its optimizer under bsp, not sent): its wait there, whether it arrived
+    # last, its own time before arriving and what that held aside
+    barrier: object = None
     # the loss policy's choice at this step (losspolicy.Choice): the most of
     # this answer it deferred, the uplink's loss budget from now on, and why
     policy: Choice = field(default_factory=Choice)

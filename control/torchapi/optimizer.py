@@ -331,8 +331,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         rep.step = self.steps     # this optimizer's step (the server counts every step op)
         seen = getattr(self.ex, "barrier_seen", None)   # bsp: this step's barrier
         if seen is not None:
-            rep.barrier_wait_s, rep.barrier_last = seen[1], seen[2]
-            self.ex.barrier_seen = None
+            rep.barrier, self.ex.barrier_seen = seen, None
         self.note(rep)
         self.synced = True
 

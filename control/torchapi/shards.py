@@ -37,7 +37,7 @@ from ...errors import UsageError
 from .. import jobkey
 from .breakdown import worker as worker_phases
 from .coord import Coord
-from .exchange import Exchange
+from .exchange import Arrival, Exchange
 from .link_ltp import LtpWorkerLink
 from .link_tcp import TcpWorkerLink
 from .links import WorkerLink
@@ -163,7 +163,7 @@ class ShardedExchange:
         self.threads = [CallThread(f"ltpx-shard{i}") for i in range(self.S)]
         self.answers: dict[int, list[np.ndarray]] = {}   # per shard: answer buffers by size
         self.barrier_s = 0.0
-        self.barrier_seen: tuple[int, float, bool] | None = None
+        self.barrier_seen: Arrival | None = None
         self.donations: dict = {}   # elastic.py's: rejoining is one-server only (see joining)
 
     def __getattr__(self, name: str):
@@ -204,6 +204,8 @@ class ShardedExchange:
     def barrier(self, run: ShardRun) -> None:
         """Arrive at every server's barrier, then wait for each to lift."""
         t0 = time.perf_counter()
+        run.runs[0].rec.arrive_ns = int(t0 * 1e9)
+        own, aside = self.exs[0].own(run.runs[0].rec)   # shard 0's answer: as late as any
         last = [ex.co.arrive(r.seq, r.op) for ex, r in zip(self.exs, run.runs)]
         t1 = time.perf_counter()
         for ex, r in zip(self.exs, run.runs):
@@ -211,7 +213,8 @@ class ShardedExchange:
         t2 = time.perf_counter()
         self.barrier_s += t2 - t0
         worker_phases().add("comm_barrier", t2 - t0)
-        self.barrier_seen = (run.runs[0].seq, t2 - t1, last[0])   # as Exchange's
+        self.barrier_seen = Arrival(run.runs[0].seq, t2 - t1, last[0], own, aside)
+        run.runs[0].rec.lift_ns, run.runs[0].rec.last = int(t2 * 1e9), last[0]
 
     def push(self, run: ShardRun, i: int, piece: np.ndarray) -> None:
         """Piece i: slice s to server s, from shard s's thread (returns at once;

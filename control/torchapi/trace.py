@@ -80,13 +80,17 @@ def answer_record(op: int, t0_ns: int, t1_ns: int, policy: dict | None = None) -
 @dataclass
 class OpRecord:
     """A worker's view of one op: its barrier (arrived, lifted; whether it
-    arrived last), its pushes (round, start, end) and the answer's pull."""
+    arrived last; its own time before arriving and what that held aside:
+    exchange.Arrival), its pushes (round, start, end) and the answer's pull."""
 
     op: int
     kind: str
     arrive_ns: int = 0
     lift_ns: int = 0
     last: bool = False
+    own_ns: int = 0
+    cpu_wait_ns: int = 0
+    aside: str = ""
     pushes: list = field(default_factory=list)
     pull: tuple = ()
 
@@ -160,8 +164,14 @@ def _worker_events(w: int, recs: list[dict], ends: dict) -> list[dict]:
           _meta(pid, T_PUSH, "thread_name", "push"), _meta(pid, T_PULL, "thread_name", "answer")]
     for o in recs:
         if o["arrive_ns"] and o["lift_ns"]:
+            args = {"op": o["op"], "last": o["last"]}
+            if o.get("own_ns"):
+                args["own_ms"] = round(o["own_ns"] / 1e6, 3)
+                args["cpu_wait_ms"] = round(o.get("cpu_wait_ns", 0) / 1e6, 3)
+            if o.get("aside"):
+                args["aside"] = o["aside"]
             ev.append(_x(f"barrier {o['op']}", pid, T_BARRIER, o["arrive_ns"], o["lift_ns"],
-                         "barrier", {"op": o["op"], "last": o["last"]}))
+                         "barrier", args))
         for r, t0, t1 in o["pushes"]:
             ev.append(_x(f"push {r}", pid, T_PUSH, t0, t1, "push", {"op": o["op"], "round": r}))
             end = ends.get((r, w))
@@ -293,11 +303,17 @@ def summarize(trace: dict) -> dict:
     notes: dict[int, dict] = {}
     for e in events:
         if e.get("cat") == "barrier" and int(e["args"]["op"]) in steps:
-            n = notes.setdefault(e["pid"] - WORKER_PID, {"last": [], "waited_ms": {}})
-            if e["args"]["last"]:
-                n["last"].append(int(e["args"]["op"]))
+            a, op = e["args"], int(e["args"]["op"])
+            n = notes.setdefault(e["pid"] - WORKER_PID,
+                                 {"last": [], "waited_ms": {}, "own_ms": {}, "aside": []})
+            if a["last"]:
+                n["last"].append(op)
             else:
-                n["waited_ms"][str(e["args"]["op"])] = e["dur"] / 1e3
+                n["waited_ms"][str(op)] = e["dur"] / 1e3
+            if "own_ms" in a:
+                n["own_ms"][str(op)] = a["own_ms"]
+            if a.get("aside"):
+                n["aside"].append(op)
     spans = [e["ts"] for e in rounds if e.get("args", {}).get("kind") == "step"]
     step_s = (max(spans) - min(spans)) / 1e6 / max(1, len(steps) - 1) if len(spans) > 1 else 0.0
 

@@ -97,7 +97,7 @@ class Demo:
                        "iterations_per_epoch": self.ipe, "params": self.params,
                        "resumed_from": self.resumed_from})
             if not ev.curve and not current().exchange.rejoined:
-                ev(0, 0.0)     # (a lead that rejoined has no curve: it starts mid-job)
+                self.evaluate(0)   # (a lead that rejoined has no curve: it starts mid-job)
         self.add_version()
         self.clock.start()
         phases = breakdown.worker()
@@ -116,7 +116,7 @@ class Demo:
                     return self.leave()
                 continue
             if opt.steps > before:
-                self.stepped(opt, ev)
+                self.stepped(opt)
             elastic.donate(opt, self.extra())
             self.maybe_save(opt)
             if cfg.pace_s:
@@ -220,7 +220,7 @@ class Demo:
             self.chain.add(torch.nn.utils.parameters_to_vector(
                 self.module.parameters()).detach().numpy())
 
-    def stepped(self, opt: DistributedOptimizer, ev) -> None:
+    def stepped(self, opt: DistributedOptimizer) -> None:
         t, rep = opt.steps, opt.last_report
         self.add_version()
         self.reasons[rep.reason] = self.reasons.get(rep.reason, 0) + 1
@@ -243,7 +243,13 @@ class Demo:
                    "filled_chunks": sum(rep.filled_chunks.values()), "round_s": rep.gather_s,
                    "k": rep.ks, "straggler": rep.straggler})
         if eval_due(t, self.total, self.ipe, self.cfg.eval_every):
-            ev(t, t / self.ipe)
+            self.evaluate(t)
+
+    def evaluate(self, t: int) -> None:
+        """The lead's evaluation after step t: the next step's wait for it is
+        no straggler's (straggler_report.py)."""
+        self.ev(t, t / self.ipe)
+        current().exchange.set_aside("evaluation")
 
     def summary(self, opt: DistributedOptimizer) -> dict:
         """What the lead learns of this worker at the end."""

@@ -54,7 +54,7 @@ def _train(ctx: RankContext, co: Coord) -> dict:
     cfg, W, wid = ctx.cfg, ctx.workers, ctx.worker_id
     data = split(cfg.seed)
     module = build_mlp(cfg.hidden, cfg.seed)
-    stepper = Stepper(module, cfg.straggler.get(wid, 1.0), ddp=True)
+    stepper = Stepper(module, cfg.straggler.get(wid, 1.0))
     stream = BatchStream(data, wid, W, cfg.batch, cfg.seed)
     calibrate(stepper, module, data, ctx)
     # buckets of ltpx.torch's size (4 MB, not DDP's 25): gradients leave while

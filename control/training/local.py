@@ -56,14 +56,16 @@ class Clock:
 class Stepper:
     """Forward + backward on one mini-batch, with an optional straggler slow-down.
 
-    A straggler with factor F sleeps (F - 1) x its measured compute time (CPU
-    time of this thread: on a shared machine wall time would add other
-    processes' work). The sleep goes after backward, or, for DDP (whose
-    backward is also the all-reduce), between forward and backward using the
-    previous step's compute time."""
+    A straggler with factor F sleeps (F - 1) x its compute time (CPU time of
+    this thread: on a shared machine wall time would add other processes'
+    work), between forward and backward, as a slow GPU would be slow before
+    its gradients are ready: the gradients leave from backward's hooks
+    (ltpx.torch's buckets, DDP's all-reduce), so a sleep after backward
+    would overlap their round trip and delay nothing. The compute time is
+    the previous step's (the first step's: 3x its forward)."""
 
-    def __init__(self, module: torch.nn.Module, factor: float = 1.0, ddp: bool = False):
-        self.module, self.factor, self.ddp = module, factor, ddp
+    def __init__(self, module: torch.nn.Module, factor: float = 1.0):
+        self.module, self.factor = module, factor
         self.last_c = 0.0
         self.compute_s = self.straggle_s = 0.0
         self.steps = 0
@@ -80,13 +82,10 @@ class Stepper:
         loss = torch.nn.functional.cross_entropy(self.module(torch.from_numpy(xb)),
                                                  torch.from_numpy(yb))
         c = time.thread_time() - t0
-        if self.ddp:
-            self._slow(self.last_c)
+        self._slow(self.last_c or 3 * c)
         t1 = time.thread_time()
         loss.backward()
         c += time.thread_time() - t1
-        if not self.ddp:
-            self._slow(c)
         self.last_c = c
         self.compute_s += c
         self.steps += 1
