@@ -63,6 +63,7 @@ log = logging.getLogger("ltpx.torch.coord")
 
 KEY = f"ltpx/job/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 GROUP_BITS = 62    # arrival bits per int64 counter
+POLL_S = 0.01      # a long wait's store polls (_store_wait)
 
 
 class Excluded(CommError):
@@ -212,11 +213,13 @@ class Coord(Tickets):
             self._wait(keys, total)
             return
         end = time.monotonic() + total
+        first = True
         while True:
             left = end - time.monotonic()
             if self._wait(keys, min(SLICE_S, max(left, 0.001)), quiet=left > SLICE_S,
-                          total=total):
+                          total=total, first=first):
                 return
+            first = False
             if not self.watch.alive(0):
                 raise PeerGone(f"the server (rank 0) stopped beating "
                                f"{self.watch.silent_s(0):.1f}s ago while this rank waited "
@@ -225,34 +228,52 @@ class Coord(Tickets):
                 check()
 
     def _wait(self, keys: list[str], seconds: float, quiet: bool = False,
-              total: float | None = None) -> bool:
+              total: float | None = None, first: bool = True) -> bool:
         """True when the keys are there; on a timeout False if quiet, else
         CommError. With on_wait set (a server's link beat) the wait is cut
         into slices, on_wait() before each: an open round's XDP program
-        keeps ACKing while this process waits here (ltp_cfg's heartbeat)."""
+        keeps ACKing while this process waits here (ltp_cfg's heartbeat).
+        Only a wait's first slice blocks in the store (_store_wait)."""
         total = seconds if total is None else total   # what a timeout's message says
         if self.on_wait is None:
-            return self._store_wait(keys, seconds, total, quiet)
+            return self._store_wait(keys, seconds, total, quiet, first)
         end = time.monotonic() + seconds
         while True:
             self.on_wait()
             left = end - time.monotonic()
             if left <= SLICE_S:
-                return self._store_wait(keys, max(left, 0.001), total, quiet)
-            if self._store_wait(keys, SLICE_S, seconds, quiet=True):
+                return self._store_wait(keys, max(left, 0.001), total, quiet, first)
+            if self._store_wait(keys, SLICE_S, seconds, quiet=True, first=first):
                 return True
+            first = False
 
-    def _store_wait(self, keys: list[str], seconds: float, total: float, quiet: bool) -> bool:
+    def _store_wait(self, keys: list[str], seconds: float, total: float, quiet: bool,
+                    first: bool = True) -> bool:
+        """The keys within seconds. A wait's first slice blocks in the store
+        (it returns as the keys are set); later slices poll (check) every
+        POLL_S: a store wait that times out logs two c10d warnings
+        (socket.cpp, "timed out after 249ms"), and a server waiting out a
+        trainers' evaluation in 0.25 s slices logged them four times a second."""
+        names = [KEY + k for k in keys]
         try:
-            self.store.wait([KEY + k for k in keys], timedelta(seconds=seconds))
-            return True
+            if first:
+                self.store.wait(names, timedelta(seconds=seconds))
+                return True
+            end = time.monotonic() + seconds
+            while not self.store.check(names):
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                time.sleep(min(POLL_S, left))
+            else:
+                return True
         except RuntimeError as e:   # torch's DistStoreError: a timeout or a lost store
-            if _timed_out(e):
-                if quiet:
-                    return False
-                raise CommError(f"waited {total:g}s for {', '.join(keys)} in the "
-                                "rendezvous store: a rank is stuck or gone") from None
-            raise CommError(f"the rendezvous store failed: {e}") from None
+            if not _timed_out(e):
+                raise CommError(f"the rendezvous store failed: {e}") from None
+        if quiet:
+            return False
+        raise CommError(f"waited {total:g}s for {', '.join(keys)} in the "
+                        "rendezvous store: a rank is stuck or gone")
 
     # ------------------------------------------------------------------ op barrier
     def arrived(self, s: int) -> set[int]:
@@ -328,7 +349,9 @@ class Coord(Tickets):
             self.put("floor", str(self.reaper.floor(s)))
         self.reaper.reap(s, up)
         end = time.monotonic() + idle_s
-        while not self._wait([f"go/{s}"], SLICE_S, quiet=True):
+        first = True      # only the first slice blocks in the store (_store_wait)
+        while not self._wait([f"go/{s}"], SLICE_S, quiet=True, first=first):
+            first = False
             if time.monotonic() > end:
                 raise CommError(f"no op {s} from the workers after {idle_s:g}s")
             if self.watch is not None:
@@ -383,8 +406,9 @@ class Coord(Tickets):
         """Each worker's word on round r; a worker that stopped beating has none
         to give (its endpoint died with it) and is not waited for."""
         for w in workers:
-            end = time.monotonic() + self.timeout_s
-            while not self._wait([f"ack/{r}/{w}"], SLICE_S, quiet=True):
+            end, first = time.monotonic() + self.timeout_s, True
+            while not self._wait([f"ack/{r}/{w}"], SLICE_S, quiet=True, first=first):
+                first = False
                 if not self.worker_alive(w):
                     break
                 if time.monotonic() > end:

@@ -88,8 +88,9 @@ class Tickets:
         with a living donor. The ticket's keys go once the state is taken."""
         end = time.monotonic() + (timeout_s or self.timeout_s)
         donor: int | None = None     # -1: the server named none (no member to hand it)
+        first = True      # only the first slice blocks in the store (coord._store_wait)
         while True:
-            if self._wait([f"sync/{ticket}"], SLICE_S, quiet=True):
+            if self._wait([f"sync/{ticket}"], SLICE_S, quiet=True, first=first):
                 writer, blob = self.take_from(f"sync/{ticket}", bytes)   # a forgery raises
                 if donor is None and self.store.check([f"{self.prefix}donor/{ticket}"]):
                     donor = self._donor(ticket)
@@ -104,6 +105,7 @@ class Tickets:
                             ": forged by a member")
                     break
                 time.sleep(SLICE_S)          # there, but whose it must be is not named yet
+            first = False
             if self.store.check([f"{self.prefix}fin"]):
                 return None
             if self.watch is not None and not self.watch.alive(0):

@@ -8,7 +8,8 @@
 
 Plain torch.distributed otherwise: a DistributedSampler, gradient
 accumulation with no_sync(), find_unused_parameters=True (one layer is
-used only on even steps), a metric all_reduce, broadcast_object_list and
+used only on odd steps: the first finds it unused, so torch does not
+warn that nothing was), a metric all_reduce, broadcast_object_list and
 all_gather_object. Under `--backend ltp` DDP's gradient buckets go over
 LTP (Early Close, Bubble Filling); every other collective is exact.
 `--hook` registers LTP's comm hook instead, to choose its options and read
@@ -92,7 +93,7 @@ for epoch in range(a.epochs):
         for j, (xb, yb) in enumerate(batches[i:i + a.accumulate]):
             last = j == a.accumulate - 1
             with (model.no_sync() if not last else torch.enable_grad()):
-                loss = F.cross_entropy(model(xb.to(dev), steps % 2 == 0), yb.to(dev))
+                loss = F.cross_entropy(model(xb.to(dev), steps % 2 == 1), yb.to(dev))
                 (loss / a.accumulate).backward()
         opt.step()
         steps += 1
