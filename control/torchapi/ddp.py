@@ -89,16 +89,21 @@ class Staging:
             ev.record(side)
         return ev
 
-    def up(self, result: torch.Tensor, t: torch.Tensor) -> None:
-        """The answer (float32, host) into t's own memory (any strides, its
-        dtype), finished on return."""
+    def up(self, result: torch.Tensor, t: torch.Tensor, scale: float = 1.0) -> None:
+        """The answer (float32, host) times scale into t's own memory (any
+        strides, its dtype), in one pass, finished on return."""
         dst, src = t.detach(), result.view(t.shape)
         if t.device.type != "cuda":
-            dst.copy_(src)
+            if scale == 1.0:
+                dst.copy_(src)
+            else:       # no temporary: a 72 MB one cost 3x the copy (its pages, each step)
+                torch.mul(src, scale, out=dst)
             return
         side = self.side(t.device)
         with torch.cuda.stream(side):   # from pageable memory: done when it returns
             dst.copy_(src)
+            if scale != 1.0:
+                dst.mul_(scale)
         side.synchronize()
 
 
@@ -311,10 +316,7 @@ class TolerantReduce:
             if self.ef and min(cut(b.piece.size, self.most)) >= self.job.s.servers:
                 self.residual[b.store] = b.piece.copy()
             t0 = time.perf_counter()
-            res = torch.from_numpy(view[off:off + b.piece.size])
-            if b.scale != 1.0:
-                res = res * b.scale
-            self.staging.up(res, b.t)
+            self.staging.up(torch.from_numpy(view[off:off + b.piece.size]), b.t, b.scale)
             self.phases.add("comm_copy_back", time.perf_counter() - t0)
             b.fut.set_result(b.t)
         done = {id(b) for b in buckets}

@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A big-gradient DDP job for scripts/ab_loopback.py: an MLP 256-H-H-10 on
+random data, DDP's 4 MB buckets; prints the median step and a digest."""
+import argparse
+import hashlib
+import json
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ltpx.torch  # noqa: F401  (registers the `ltp` backend)
+from ltpx.control.torchapi import breakdown
+
+p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+p.add_argument("--backend", default="ltp")
+p.add_argument("--hidden", type=int, default=4096)
+p.add_argument("--steps", type=int, default=12)
+a = p.parse_args()
+dist.init_process_group(a.backend)
+torch.set_num_threads(1)
+torch.manual_seed(0)
+H = a.hidden
+net = torch.nn.Sequential(torch.nn.Linear(256, H), torch.nn.ReLU(), torch.nn.Linear(H, H),
+                          torch.nn.ReLU(), torch.nn.Linear(H, 10))
+model = DDP(net, bucket_cap_mb=4)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(8, 256), torch.randint(0, 10, (8,))
+times = []
+phases = breakdown.worker()
+phases.discard()
+for _ in range(a.steps):
+    t0 = time.perf_counter()
+    phases.start_step()
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    phases.end_step()
+    times.append(time.perf_counter() - t0)
+s = sorted(times[2:])            # the first two: set-up (buckets, connections)
+h = hashlib.sha256(b"".join(q.detach().numpy().tobytes() for q in net.parameters()))
+bd = breakdown.worker_summary() if a.backend == "ltp" else None
+print(json.dumps({"event": "result", "rank": dist.get_rank(),
+                  "breakdown": bd and {"median": bd["median"], "comm": bd["comm"]["median"]},
+                  "params": sum(q.numel() for q in net.parameters()),
+                  "step_med_s": round(s[len(s) // 2], 4), "digest": h.hexdigest()[:16]}),
+      flush=True)
+del model
+dist.destroy_process_group()
