@@ -10,7 +10,6 @@ and writes the answer to all of them at once.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import select
 import socket
@@ -27,7 +26,6 @@ from ..accept import MAC_HELLO, accept_workers, mac_hello, mac_parser
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink
 from .settings import Settings
-from .tcpstream import AnswerReader, TcpAnswerStream
 
 TCP_MAGIC = 0x4C545054            # "LTPT"
 HDR = struct.Struct(">III")       # magic, round, payload bytes
@@ -57,7 +55,6 @@ class TcpServerLink(ServerLink):
         self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
         codec = make_codec(s.compress, self.chunk_bytes)
         self.codec = codec and ServerCodec(codec, s.error_feedback)
-        self.streams = bool(s.stream_share)    # a step's answer in parts (tcpstream.py)
 
     def address(self) -> dict:
         return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes}
@@ -178,41 +175,22 @@ class TcpServerLink(ServerLink):
             buf = self.codec.answer(buf, d)
         body = memoryview(np.ascontiguousarray(buf)).cast("B")
         hdr = HDR.pack(TCP_MAGIC, d, len(body))
-        self.send_upto(self.ids, hdr, body, [0] * len(self.conns), len(hdr) + len(body))
-
-    def stream(self, d: int, buf: np.ndarray, group: bool, *, to: list[int],
-               wait_s: float) -> TcpAnswerStream | None:
-        """Answer d to every worker in parts as buf fills (tcpstream.py); None
-        where answers go whole (compressed: the codes are the whole answer's;
-        LTP_STREAM_SHARE=0)."""
-        if self.codec or not self.streams or not self.conns:
-            return None
-        return TcpAnswerStream(self, d, buf, list(self.ids))
-
-    @staticmethod
-    def header(d: int, nbytes: int) -> bytes:
-        return HDR.pack(TCP_MAGIC, d, nbytes)
-
-    def send_upto(self, idx: list[int], hdr: bytes, body: memoryview, sent: list[int],
-                  upto: int) -> None:
-        """Header then body to the connections idx, until each has its first
-        `upto` bytes (sent: bytes each has, updated)."""
-        done = {i for i in idx if sent[i] >= upto}
+        total = len(hdr) + len(body)
+        sent = [0] * len(self.conns)
+        done: set[int] = set()
 
         def stalled() -> str:
-            return f"answer {HDR.unpack(hdr)[1]} stalled for {self.timeout_s:g}s"
-        if len(done) == len(idx):
-            return
-        for i in self._ready(select.EPOLLOUT, idx, done, stalled):
+            return f"answer {d} stalled for {self.timeout_s:g}s"
+        for i in self._ready(select.EPOLLOUT, self.ids, done, stalled):
             try:
-                sent[i] += self.conns[i].sendmsg(iov(hdr, body, sent[i], upto))
+                sent[i] += self.conns[i].sendmsg(iov(hdr, body, sent[i]))
             except BlockingIOError:
                 continue
             except OSError as e:
                 if e.errno in (errno.EAGAIN, errno.ENOBUFS):
                     continue
                 raise CommError(f"sending to worker {self.ids[i]}: {e}") from e
-            if sent[i] >= upto:
+            if sent[i] == total:
                 done.add(i)
 
     def close(self) -> None:
@@ -234,8 +212,6 @@ class TcpWorkerLink(WorkerLink):
         codec = make_codec(s.compress, self.chunk_bytes)
         self.codec = codec and WorkerCodec(codec)
         self.wire = np.empty(0, dtype=np.float32)   # a compressed answer's words
-        self.streams = bool(s.stream_share)   # answers read on a thread as they come
-        self.reader: AnswerReader | None = None
 
     def address(self) -> dict:
         return {}
@@ -259,8 +235,6 @@ class TcpWorkerLink(WorkerLink):
                 time.sleep(0.05)
         s.sendall(mac_hello(self.id, self.key))
         self.sock = s
-        if self.streams:
-            self.reader = AnswerReader(s, self.read_header, self.recv_into)
 
     def ensure(self, nelems: int) -> bool:
         return False
@@ -270,9 +244,7 @@ class TcpWorkerLink(WorkerLink):
         self.codec.expect(d, n)
 
     def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
-        if self.reader is not None:
-            words = self.codec.wire_elems(d, nelems) if self.codec else nelems
-            self.reader.expect(d, 4 * words)
+        pass
 
     def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
              at: int = 0) -> bool:
@@ -286,33 +258,19 @@ class TcpWorkerLink(WorkerLink):
         return False
 
     def pull(self, d: int, out: np.ndarray) -> None:
-        if self.reader is not None:    # read meanwhile on the reader's thread (tcpstream.py)
-            wire = self.reader.take(d, None)
-            try:
-                if self.codec:
-                    self.codec.decode(d, wire, out)
-                else:
-                    np.copyto(out, wire)
-            finally:
-                self.reader.take_back(wire)
-            return
         into = out
         if self.codec:   # the words on the wire, decoded into out below
             words = self.codec.wire_elems(d, len(out))
             if len(self.wire) < words:
                 self.wire = np.empty(words, dtype=np.float32)
             into = self.wire[:words]
-        self.read_header(d, into.nbytes)
-        self.recv_into(into, into.nbytes)
+        magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
+        if magic != TCP_MAGIC or rnd != d or nbytes != into.nbytes:
+            raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
+                            f"({into.nbytes} bytes)")
+        self.recv_into(into, nbytes)
         if self.codec:
             self.codec.decode(d, into, out)
-
-    def read_header(self, d: int, nbytes: int) -> None:
-        """Answer d's header, checked: it must say d and nbytes."""
-        magic, rnd, got = HDR.unpack(recv_exact(self.sock, HDR.size))
-        if magic != TCP_MAGIC or rnd != d or got != nbytes:
-            raise CommError(f"the server sent answer {rnd} ({got} bytes); expected {d} "
-                            f"({nbytes} bytes)")
 
     def recv_into(self, into: np.ndarray, nbytes: int) -> None:
         view = memoryview(into).cast("B")
@@ -325,11 +283,6 @@ class TcpWorkerLink(WorkerLink):
 
     def close(self) -> None:
         if self.sock is not None:
-            if self.reader is not None:   # a read in progress ends with the connection
-                with contextlib.suppress(OSError):
-                    self.sock.shutdown(socket.SHUT_RDWR)
-                self.reader.close()
-                self.reader = None
             self.sock.close()
             self.sock = None
 
@@ -346,8 +299,6 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def iov(hdr: bytes, body: memoryview, sent: int, upto: int | None = None) -> list:
-    """What is left to send of header + body after `sent` bytes (up to byte
-    `upto` of the two), as sendmsg buffers."""
-    end = len(body) if upto is None else upto - len(hdr)
-    return [hdr[sent:], body[:end]] if sent < len(hdr) else [body[sent - len(hdr):end]]
+def iov(hdr: bytes, body: memoryview, sent: int) -> list:
+    """What is left to send of header + body after `sent` bytes, as sendmsg buffers."""
+    return [hdr[sent:], body] if sent < len(hdr) else [body[sent - len(hdr):]]

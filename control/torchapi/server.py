@@ -263,8 +263,6 @@ class Server:
             except DeadPeerError as e:    # the whole answer again, to those still there
                 targets = self.drop_silent(e, seq, targets)
             except TransportError as e:   # the whole answer again, as without a stream
-                if not stream.retry_whole:   # TCP's: a broken connection, nothing to resend
-                    raise
                 log.info("ltpx.torch server: answer %d's stream stopped (%s): sent whole", seq, e)
         if not done and targets:
             left = self.answer_to(targets, seq, self.answer[:op.down_elems(self.W)], group=group,

@@ -45,8 +45,6 @@ class AnswerStream:
     signing.StreamSigner: the last SIG_ELEMS elements of buf are its
     signature of the rest, written by `finish`."""
 
-    retry_whole = True    # after a failed part the caller may send the answer whole
-
     def __init__(self, ep, round_: int, buf: np.ndarray, to: list[Peer], *,
                  group: tuple[str, int] | None, timeout_s: float, signer=None,
                  share: float = 1.0):
