@@ -69,7 +69,7 @@ struct ltp_hdr {
 	__be32 rate;     /* ACK: advertised send rate for this worker, kbit/s (0 = none);
 	                    ACK of LTP_F_CLOCK DATA: the flow's window, packets;
 	                    DATA with LTP_F_CLOCK: the sender's stamp (LTP_CLOCK_STAMP) */
-	__be64 token;    /* the flow's token for this round (control/transport/tokens.py),
+	__be64 token;    /* the flow's token for this round (control/trust/tokens.py),
 	                    derived from the key of the flow's worker and its direction: DATA
 	                    carries its sender's, an ACK the receiver's, GROUP DATA the round's
 	                    group token. A receiver drops DATA, a sender ACKs, whose token is not

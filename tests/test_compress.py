@@ -168,7 +168,7 @@ def test_a_lost_chunk_changes_only_its_own_slice(rig):
     arrived bit for bit and fills chunk 3's elements alone, with worker 1's
     decoded values (Bubble Filling "mean" over those that delivered)."""
     from ltpx.control.torchapi.link_ltp import LtpServerLink
-    from ltpx.control.transport import tokens
+    from ltpx.control.trust import tokens
     from ltpx.dataplane.xdp import wire as W
     s = Settings(dev=rig.ps.ifname, ip=rig.ps.ip, netns=rig.ps.netns,
                  xdp_mode=rig.config.mode, mtu=rig.config.mtu, compress="uint8", timeout=10)
@@ -265,7 +265,7 @@ def test_a_retried_answer_goes_out_in_the_same_words():
 def test_tcp_server_link_sends_a_retried_answer_in_the_same_bytes():
     import socket
     import struct
-    from ltpx.control.accept import mac_hello
+    from ltpx.control.trust.hello import mac_hello
     from ltpx.control.torchapi.link_tcp import TcpServerLink
     n, tail = 5000, 7
     link = TcpServerLink(Settings.resolve({"compress": "uint8", "ip": "127.0.0.1",

@@ -220,7 +220,7 @@ def test_torchrun_inside_rig_namespaces_with_a_server_process(tmp_path):
     LTP_ROLE=server; every command through `ltp rig exec`; the server given
     the job key, each trainer its member file (section 3: the store is off
     loopback, so a rank without a key refuses to start)."""
-    from ltpx.control import jobkey
+    from ltpx.control.trust import jobkey
     from ltpx.control.training.onrig import rig_config
     from ltpx.dataplane.rig.star import Rig
     name = "i23trun"

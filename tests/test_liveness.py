@@ -119,7 +119,7 @@ def push_all(workers, hosts, ps_ip, round_, seed):
 
 # liveness, not tokens, is under test: the rounds run without a job secret
 @pytest.mark.rig
-@pytest.mark.filterwarnings("ignore::ltpx.control.transport.tokens.UnprotectedWarning")
+@pytest.mark.filterwarnings("ignore::ltpx.control.trust.tokens.UnprotectedWarning")
 @pytest.mark.parametrize("sender", ["socket", "xdp"])
 def test_a_stopped_ps_stops_acking_and_recovers_on_sigcont(rig, sender):
     from ltpx.control.transport import DeadPeerError, Endpoint
@@ -185,7 +185,7 @@ def test_liveness_limit_is_checked(rig):
 
 
 @pytest.mark.rig
-@pytest.mark.filterwarnings("ignore::ltpx.control.transport.tokens.UnprotectedWarning")
+@pytest.mark.filterwarnings("ignore::ltpx.control.trust.tokens.UnprotectedWarning")
 @pytest.mark.parametrize("sender", ["socket", "xdp"])
 def test_a_push_of_a_round_the_receiver_left_ends_once_told_it_is_over(rig, sender):
     """A sender whose last ACKs were lost keeps re-sending after the receiver

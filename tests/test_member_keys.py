@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-rank key files (issue 26): servers read the job key, each worker a
-member key file of its own (control/jobkey.py), so a hostile member cannot
+member key file of its own (control/trust/jobkey.py), so a hostile member cannot
 derive the job key or another worker's tokens.
 
 Here: the file on its own (what it holds and what it refuses, `ltp key
@@ -24,10 +24,10 @@ import pytest
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from conftest import outputs, reap, star_rig
-from ltpx.control import jobkey
-from ltpx.control.accept import mac_hello, worker_key
+from ltpx.control.trust import jobkey
+from ltpx.control.trust.hello import mac_hello, worker_key
 from ltpx.control.training.storehost import loopback_store
-from ltpx.control.transport import tokens
+from ltpx.control.trust import tokens
 from ltpx.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -434,7 +434,7 @@ def test_only_the_server_signs_an_answer_a_member_checks():
     """A member's file holds the server's public answer key, not a way to
     sign: what the server signs verifies; a flipped bit, another round or
     job, or a signature made with anything a member holds does not."""
-    from ltpx.control.transport import signing
+    from ltpx.control.trust import signing
     key = jobkey.new_key()
     m = jobkey.member_keys(key, 1, servers=2)
     assert m.sign == tuple(tokens.answer_pub(jobkey.token_secret(key, i)) for i in range(2))
@@ -473,7 +473,7 @@ def test_a_members_forged_group_answer_is_refused_and_never_used(rig):
     from ltpx.control.torchapi.settings import Settings
     from ltpx.control.transport.layout import ChunkLayout
     from ltpx.control.transport.push import data_headers
-    from ltpx.control.transport.signing import SIG_ELEMS, ForgedAnswerError
+    from ltpx.control.trust.signing import SIG_ELEMS, ForgedAnswerError
     from ltpx.dataplane.rig.star import BROADCAST
     from ltpx.dataplane.xdp import wire as W
     secret, n = tokens.new_secret(), 20_000

@@ -3,7 +3,7 @@
 
 Reusing one job key across runs is the documented setup, and rounds restart
 at 0 every run. So every store value signature, round token, answer
-signature and TCP hello covers the run's id (control/jobkey.py says where
+signature and TCP hello covers the run's id (control/trust/jobkey.py says where
 it comes from), and each kind recorded in run A is refused in run B under
 the same key: a value with a StoreValueError, a hello as a stray, an answer
 with ForgedAnswerError, a frame as bad_token (tests/test_xdp_trust.py runs
@@ -17,13 +17,15 @@ import threading
 import numpy as np
 import pytest
 
-from ltpx.control import jobkey
-from ltpx.control.accept import MAC_HELLO, accept_workers, mac_hello, mac_parser
-from ltpx.control.torchapi import sealed
+from ltpx.control.trust import jobkey
+from ltpx.control.accept import accept_workers
+from ltpx.control.trust.hello import MAC_HELLO, mac_hello, mac_parser
+from ltpx.control.torchapi import storevalues
+from ltpx.control.trust import sealing
 from ltpx.control.torchapi.coord import KEY, Coord
 from ltpx.control.torchapi.job import agree_run
 from ltpx.control.training.storehost import loopback_store
-from ltpx.control.transport import signing, tokens
+from ltpx.control.trust import signing, tokens
 from ltpx.errors import UsageError
 
 A, B = b"run-a", b"run-b"
@@ -47,11 +49,11 @@ def test_a_store_value_of_an_earlier_run_is_refused(store):
     recorded = {k: store.get(KEY + k) for k in ("floor", "sync/1")}
     srv_b = Coord(store, 3, 5.0, key=jobkey.store_auth(key, None, B))
     for name, raw in recorded.items():
-        with pytest.raises(sealed.StoreValueError, match=f"store key {KEY}{name}: the value's "
+        with pytest.raises(sealing.StoreValueError, match=f"store key {KEY}{name}: the value's "
                            "signature is not .* in this run: .*replayed from an earlier run"):
             srv_b.seal.open(KEY + name, raw)
     srv_b.put("floor", "9")
-    assert srv_b.take("floor", sealed.text_int(0, 99, "floor")) == 9
+    assert srv_b.take("floor", storevalues.text_int(0, 99, "floor")) == 9
     assert srv_a.seal.open(KEY + "floor", recorded["floor"]) == b"7"   # in its own run
 
 
@@ -128,9 +130,9 @@ def test_the_run_id_comes_from_the_environment_or_rank_zero(store, monkeypatch):
     key = jobkey.new_key()
     run = agree_run(store, key, 0, None, 1, 5.0)
     assert len(run) == 16 and agree_run(store, jobkey.member_keys(key, 0), 1, 0, 1, 5.0) == run
-    w1 = sealed.Seal(jobkey.store_auth(jobkey.member_keys(key, 1)), prefix=KEY)
+    w1 = sealing.Seal(jobkey.store_auth(jobkey.member_keys(key, 1)), prefix=KEY)
     store.set(KEY + "run", w1.seal(KEY + "run", b"chosen-by-worker-1"))
-    with pytest.raises(sealed.StoreValueError, match="written by worker 1, who may not"):
+    with pytest.raises(sealing.StoreValueError, match="written by worker 1, who may not"):
         agree_run(store, jobkey.member_keys(key, 0), 1, 0, 1, 5.0)
     assert agree_run(store, key, 0, None, 1, 5.0, "given") == b"given"
     assert agree_run(store, jobkey.member_keys(key, 0), 1, 0, 1, 5.0, "given") == b"given"

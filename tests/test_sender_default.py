@@ -94,7 +94,7 @@ def pair():
 def _endpoints(pair, **worker_kw):
     """A PS on b and worker 1 on a, native mode (both ends carry ltp_xdp)."""
     from ltpx.control.transport.endpoint import Endpoint
-    from ltpx.control.transport.tokens import new_secret
+    from ltpx.control.trust.tokens import new_secret
     secret = new_secret()
     ps = Endpoint(pair.b.dev, pair.b.ip, {1: 0}, 4096, ns=pair.b.ns, sender="socket",
                   secret=secret)
@@ -305,7 +305,7 @@ def test_auto_sends_by_the_socket_while_the_path_loses_much_and_by_the_clock_aga
     from ltpx.control.transport.endpoint import Endpoint
     from ltpx.control.transport.sender import HEAVY_LOSS
     from ltpx.control.transport.results import Peer
-    from ltpx.control.transport.tokens import new_secret
+    from ltpx.control.trust.tokens import new_secret
     from ltpx.dataplane.doctor.growcheck import grow_verdict
     if not grow_verdict("native").ok:
         pytest.skip("the grow check fails on this kernel: auto is the socket sender throughout")

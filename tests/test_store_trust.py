@@ -26,9 +26,11 @@ import torch.distributed as dist
 
 from conftest import outputs
 
-from ltpx.control import jobkey
-from ltpx.control.accept import accept_workers, mac_hello, mac_parser, MAC_HELLO
-from ltpx.control.torchapi import sealed
+from ltpx.control.trust import jobkey
+from ltpx.control.accept import accept_workers
+from ltpx.control.trust.hello import mac_hello, mac_parser, MAC_HELLO
+from ltpx.control.torchapi import storevalues
+from ltpx.control.trust import sealing
 from ltpx.control.torchapi.coord import KEY, Coord, Excluded
 from ltpx.control.torchapi.ops import STEP, Go, Op
 from ltpx.control.training.storehost import loopback_store
@@ -85,7 +87,7 @@ def test_the_launchers_key_file_is_private_and_gone_at_close(tmp_path):
 def test_tokens_verify_only_with_the_files_key_and_no_link_address_carries_it(tmp_path):
     from ltpx.control.torchapi.link_ltp import LtpServerLink
     from ltpx.control.torchapi.settings import Settings
-    from ltpx.control.transport import tokens
+    from ltpx.control.trust import tokens
     key = jobkey.read_key_file(_key_file(tmp_path))
     uses = [jobkey.token_secret(key), jobkey.token_secret(key, 1), jobkey.store_key(key),
             jobkey.hello_key(key).key, key]
@@ -107,24 +109,24 @@ def test_tokens_verify_only_with_the_files_key_and_no_link_address_carries_it(tm
 @pytest.mark.unit
 def test_a_sealed_value_opens_and_a_forged_moved_or_unsealed_one_is_refused():
     key = jobkey.store_key(jobkey.new_key())
-    seal = sealed.Seal(key)
+    seal = sealing.Seal(key)
     v = seal.seal("a/go/1", b'{"x": 1}')
-    assert seal.read("a/go/1", v, sealed.json_dict) == {"x": 1}
-    bad = [("a/go/1", sealed.Seal(jobkey.store_key(jobkey.new_key())).seal("a/go/1", b"{}"),
+    assert seal.read("a/go/1", v, storevalues.json_dict) == {"x": 1}
+    bad = [("a/go/1", sealing.Seal(jobkey.store_key(jobkey.new_key())).seal("a/go/1", b"{}"),
             "does not verify"),                              # another job's key
            ("a/go/2", v, "does not verify"),                 # moved to another key
            ("a/go/1", v[:-2] + b"2}", "does not verify"),    # garbled
            ("a/go/1", b'{"x": 1}', "no MAC"),                # unsealed
            ("a/go/1", b"", "no MAC")]
     for name, raw, word in bad:
-        with pytest.raises(sealed.StoreValueError, match=f"store key {name}: .*{word}"):
-            seal.read(name, raw, sealed.json_dict)
-    with pytest.raises(sealed.StoreValueError, match=r"a key file of this job \(LTP_SECRET_FILE"):
-        sealed.Seal(None).read("a/go/1", v, sealed.json_dict)
-    keyless = sealed.Seal(None)          # no key: unsealed, still checked
-    assert keyless.read("k", keyless.seal("k", "7"), sealed.text_int(0, 9, "k")) == 7
-    with pytest.raises(sealed.StoreValueError, match="store key k: refused: k must be"):
-        keyless.read("k", b"70", sealed.text_int(0, 9, "k"))
+        with pytest.raises(sealing.StoreValueError, match=f"store key {name}: .*{word}"):
+            seal.read(name, raw, storevalues.json_dict)
+    with pytest.raises(sealing.StoreValueError, match=r"a key file of this job \(LTP_SECRET_FILE"):
+        sealing.Seal(None).read("a/go/1", v, storevalues.json_dict)
+    keyless = sealing.Seal(None)          # no key: unsealed, still checked
+    assert keyless.read("k", keyless.seal("k", "7"), storevalues.text_int(0, 9, "k")) == 7
+    with pytest.raises(sealing.StoreValueError, match="store key k: refused: k must be"):
+        keyless.read("k", b"70", storevalues.text_int(0, 9, "k"))
 
 
 @pytest.mark.unit
@@ -135,42 +137,42 @@ def test_a_member_cannot_write_a_value_in_another_ranks_name():
     another's; what it may write (its own k, a desc) is taken with its name.
     A worker checks another worker's value only once it learnt the
     directory the server publishes, and a shared-MAC value is no signature."""
-    from ltpx.control.storeauth import SERVER
+    from ltpx.control.trust.storeauth import SERVER
     key = jobkey.new_key()
     auths = {"server": jobkey.store_auth(key)}
     for w in (0, 1):
         auths[w] = jobkey.store_auth(jobkey.member_keys(key, w))
-    seals = {who: sealed.Seal(a, prefix=KEY, servers=1) for who, a in auths.items()}
+    seals = {who: sealing.Seal(a, prefix=KEY, servers=1) for who, a in auths.items()}
     srv, w0, w1 = seals["server"], seals[0], seals[1]
     own = w1.seal(KEY + "k/5/1", "3")
-    assert srv.read_from(KEY + "k/5/1", own, sealed.text_int(0, 9, "k")) == (1, 3)
+    assert srv.read_from(KEY + "k/5/1", own, storevalues.text_int(0, 9, "k")) == (1, 3)
     for name in ("k/5/0", "ack/9/0", "meta/1", "floor", "open/4", "donor/2", "fin"):
-        with pytest.raises(sealed.StoreValueError,
+        with pytest.raises(sealing.StoreValueError,
                            match=f"store key {KEY}{name}: written by worker 1, who may not"):
             srv.open(KEY + name, w1.seal(KEY + name, "1"))
     # worker 1's signature passed off as worker 0's (the writer field changed)
     raw = bytearray(w1.seal(KEY + "k/5/0", "3"))
     raw[4:6] = (0).to_bytes(2, "big")
-    with pytest.raises(sealed.StoreValueError, match="signature is not worker 0's"):
+    with pytest.raises(sealing.StoreValueError, match="signature is not worker 0's"):
         srv.open(KEY + "k/5/0", bytes(raw))
     desc = w1.seal(KEY + "desc/3", GOOD_OP.to_json())
-    with pytest.raises(sealed.StoreValueError, match="signed by worker 1, whose key this rank "
+    with pytest.raises(sealing.StoreValueError, match="signed by worker 1, whose key this rank "
                        "has not learnt"):
         w0.open(KEY + "desc/3", desc)
     auths[0].learn(auths["server"].directory(2))
-    assert w0.read_from(KEY + "desc/3", desc, sealed.op_value(2)) == (1, GOOD_OP)
+    assert w0.read_from(KEY + "desc/3", desc, storevalues.op_value(2)) == (1, GOOD_OP)
     assert w0.read_from(KEY + "floor", srv.seal(KEY + "floor", "7"),
-                        sealed.text_int(0, 9, "f")) == (SERVER, 7)
-    with pytest.raises(sealed.StoreValueError, match="carries no signature"):
-        srv.open(KEY + "k/5/1", sealed.Seal(jobkey.store_key(key)).seal(KEY + "k/5/1", "3"))
+                        storevalues.text_int(0, 9, "f")) == (SERVER, 7)
+    with pytest.raises(sealing.StoreValueError, match="carries no signature"):
+        srv.open(KEY + "k/5/1", sealing.Seal(jobkey.store_key(key)).seal(KEY + "k/5/1", "3"))
     with pytest.raises(ValueError, match=r"store_pubs\[0\] is not this worker's key"):
         auths[0].learn(jobkey.store_auth(jobkey.new_key()).directory(2))
     assert "key" not in repr(auths[1]).lower().replace("knows", "")
     # a job that hands every rank the job key: a worker signs as itself, not the server
-    as_w1 = sealed.Seal(jobkey.store_auth(key, 1), prefix=KEY)
-    assert srv.read_from(KEY + "meta/2", as_w1.seal(KEY + "meta/2", "{}"), sealed.json_dict) \
+    as_w1 = sealing.Seal(jobkey.store_auth(key, 1), prefix=KEY)
+    assert srv.read_from(KEY + "meta/2", as_w1.seal(KEY + "meta/2", "{}"), storevalues.json_dict) \
         == (1, {})
-    with pytest.raises(sealed.StoreValueError, match="written by worker 1, who may not"):
+    with pytest.raises(sealing.StoreValueError, match="written by worker 1, who may not"):
         srv.open(KEY + "floor", as_w1.seal(KEY + "floor", "1"))
 
 
@@ -201,7 +203,7 @@ def test_a_member_cannot_ask_to_join_as_another_nor_hand_a_joiner_a_state(store,
     server.poll_joins()
     assert server.take_joins(donor=0) == {2: t}
     member[1].put_sync(t, b"poisoned model")          # worker 0 owes it, worker 1 wrote it
-    with pytest.raises(sealed.StoreValueError, match="written by worker 1, not by worker 0, "
+    with pytest.raises(sealing.StoreValueError, match="written by worker 1, not by worker 0, "
                        "its donor"):
         member[2].take_sync(t, 3.0)
     member[0].put_sync(t, b"the model")
@@ -231,7 +233,7 @@ def test_a_state_written_before_the_donor_is_named_is_never_taken(store):
     server.poll_joins()
     assert server.take_joins(donor=0) == {2: t}
     th.join(10)
-    assert isinstance(out.get("error"), sealed.StoreValueError), out
+    assert isinstance(out.get("error"), sealing.StoreValueError), out
     assert "written by worker 1, not by worker 0, its donor" in str(out["error"])
     t2 = member[2].request_join(2)
     server.poll_joins()
@@ -260,7 +262,7 @@ FORGED = {
            lambda co: co.read_go(3)),
     "desc": ({"desc/0": GOOD_OP.to_json()},
              {"desc/0": json.dumps({"kind": "step", "sizes": [-4]})},
-             lambda co: co.take("desc/0", sealed.op_value(W))),
+             lambda co: co.take("desc/0", storevalues.op_value(W))),
     "join": ({"join/1": "1"}, {"join/1": "999"}, lambda co: co.poll_joins()),
     "donor": ({"donor/1": "0"}, {"donor/1": "-3"}, lambda co: co.take_sync(1, 3.0, w=1)),
     "sync": ({"sync/1": b"\x80\x02forged model"}, None, lambda co: co.take_sync(1, 3.0)),
@@ -287,7 +289,7 @@ def test_a_forged_value_of_each_kind_ends_in_a_clear_error(store, kind, keyed):
     for name, raw in values.items():
         _forge(store, name, raw)
     t0 = time.monotonic()
-    with pytest.raises(sealed.StoreValueError, match=f"store key {KEY}[a-z]+"):
+    with pytest.raises(sealing.StoreValueError, match=f"store key {KEY}[a-z]+"):
         read(co)
     assert time.monotonic() - t0 < 4.0      # refused, not waited out
 
@@ -300,7 +302,7 @@ def test_a_forged_join_count_neither_hangs_the_server_nor_is_taken(store):
     co.poll_joins()
     assert time.monotonic() - t0 < 1.0 and co.joins == {} and set(co.unseen) == {1, 2}
     store.add(KEY + "join", 10**6)
-    with pytest.raises(sealed.StoreValueError, match="join ticket count jumped"):
+    with pytest.raises(sealing.StoreValueError, match="join ticket count jumped"):
         co.poll_joins()
 
 
@@ -584,7 +586,7 @@ def test_a_handed_over_state_is_checked_before_anything_is_loaded(change, word):
     from ltpx.control.torchapi.elastic import check_state
     params = [torch.zeros(3, 2), torch.zeros(4)]
     check_state(_state(), params, 2)
-    with pytest.raises(sealed.StoreValueError, match=f"state handed over is refused: .*{word}"):
+    with pytest.raises(sealing.StoreValueError, match=f"state handed over is refused: .*{word}"):
         check_state(_state(**change), params, 2)
 
 
@@ -671,13 +673,13 @@ def test_a_deeply_nested_or_huge_store_value_is_one_clear_error(store, kind):
     _, _, read = FORGED[kind]
     name = next(iter(FORGED[kind][0]))
     _forge(store, name, "[" * 200_000 + "]" * 200_000)
-    with pytest.raises(sealed.StoreValueError, match=f"store key {KEY}{name}: .*too deeply"):
+    with pytest.raises(sealing.StoreValueError, match=f"store key {KEY}{name}: .*too deeply"):
         read(co)
     with pytest.raises(ValueError, match="bytes of JSON, more than"):   # the store's own limit
-        sealed.json_dict(b" " * (sealed.MAX_JSON + 1))
-    huge = Op(STEP, sizes=(sealed.MAX_ELEMS,) * 2)
+        storevalues.json_dict(b" " * (storevalues.MAX_JSON + 1))
+    huge = Op(STEP, sizes=(storevalues.MAX_ELEMS,) * 2)
     with pytest.raises(ValueError, match="elements in all"):
-        sealed.check_op(huge, W)
+        storevalues.check_op(huge, W)
 
 
 @pytest.mark.unit
@@ -694,16 +696,16 @@ def test_the_exact_groups_store_values_are_sealed_as_the_jobs_are(store):
         auth = jobkey.store_auth(jobkey.member_keys(key, w), w, run)
         auth.learn(jobkey.store_auth(key).directory(2))
         return SealedStore(tdist.PrefixStore(EXACT_KEYS, store),
-                           sealed.Seal(auth, prefix=KEY))
+                           sealing.Seal(auth, prefix=KEY))
     raw = tdist.PrefixStore(EXACT_KEYS, store)                       # what gloo's keys hold
     t0, t1 = trainer(0, b"r2"), trainer(1, b"r2")
     t0.set("0/0", b"198.18.0.10:4000")
-    assert raw.get("0/0").startswith(sealed.SIGNED)
+    assert raw.get("0/0").startswith(sealing.SIGNED)
     assert t1.get("0/0") == b"198.18.0.10:4000"
     raw.set("0/1", b"10.6.6.6:4000")                                  # an outsider's
-    with pytest.raises(sealed.StoreValueError, match=f"store key {EXACT_KEYS}0/1: .*no signature"):
+    with pytest.raises(sealing.StoreValueError, match=f"store key {EXACT_KEYS}0/1: .*no signature"):
         t0.get("0/1")
     trainer(1, b"r1").set("0/1", b"198.18.0.11:4000")                 # an earlier run's
-    with pytest.raises(sealed.StoreValueError, match="replayed from an earlier run"):
+    with pytest.raises(sealing.StoreValueError, match="replayed from an earlier run"):
         t0.get("0/1")
     assert t0.add("n", 2) == 2 and t1.add("n", 1) == 3 and t0.check(["0/0"])

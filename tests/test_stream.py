@@ -25,8 +25,8 @@ import pytest
 
 from conftest import star_rig
 from ltpx.control.torchapi.ddp import cut
-from ltpx.control.transport import signing, tokens
-from ltpx.control.transport.signing import SIG_ELEMS, Signer, StreamSigner, Verifier
+from ltpx.control.trust import signing, tokens
+from ltpx.control.trust.signing import SIG_ELEMS, Signer, StreamSigner, Verifier
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import star_rig
-from ltpx.control.transport import tokens
+from ltpx.control.trust import tokens
 from ltpx.dataplane.xdp import wire as W
 
 RIG = f"tok{os.getpid() % 100000}"

@@ -17,7 +17,7 @@ from scapy.layers.inet import IP, UDP, Ether
 from scapy.packet import Raw
 
 from conftest import requires_bpf, star_rig
-from ltpx.control.transport import tokens
+from ltpx.control.trust import tokens
 from ltpx.dataplane.xdp import clockmaps
 from ltpx.dataplane.xdp import wire as W
 from ltpx.dataplane.xdp.testrun import XDP_DROP, XDP_TX, run_xdp

@@ -19,7 +19,7 @@ from scapy.layers.inet import IP, UDP, Ether
 from scapy.packet import Raw
 
 from conftest import requires_bpf
-from ltpx.control.transport import tokens
+from ltpx.control.trust import tokens
 from ltpx.dataplane.xdp import clockmaps
 from ltpx.dataplane.xdp import wire as W
 from ltpx.dataplane.xdp.testrun import XDP_DROP, XDP_PASS, XDP_TX, run_xdp

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`ltp key`: make a worker's member key file from the job key (control/jobkey.py).
+"""`ltp key`: make a worker's member key file from the job key (control/trust/jobkey.py).
 
   ltp key member --worker W [--servers S] [--downlink unicast] JOBKEYFILE [-o OUT]
 
@@ -72,7 +72,7 @@ def _int_in(text: str, lo: int, hi: int, what: str) -> int:
 
 
 def cmd_member(args) -> int:
-    from ..control import jobkey  # noqa: PLC0415 (the command's start stays light)
+    from ..control.trust import jobkey  # noqa: PLC0415 (the command's start stays light)
     key = jobkey.read_key_file(args.jobkey, "JOBKEYFILE")
     if isinstance(key, jobkey.MemberKeys):
         raise UsageError(f"{args.jobkey} is worker {key.worker}'s member key file: give the "

@@ -30,7 +30,7 @@ from ...errors import BenchError
 from ..transport.early_close import EarlyCloseConfig
 from ..transport.endpoint import CHECKSUMS, Endpoint, Peer, PushReport, RoundResult
 from ..transport.rate import CREDIT_RTT_S, quiet_gc
-from .. import jobkey
+from ..trust import jobkey
 from .cpustat import busy_s
 
 

@@ -38,7 +38,7 @@ from ...dataplane import netns
 from ...dataplane.rig.star import Rig, RigConfig
 from ...errors import BenchError
 from ..transport.early_close import EarlyCloseConfig
-from .. import jobkey
+from ..trust import jobkey
 from ..transport.endpoint import Endpoint, Peer
 from ..transport.options import PushOptions
 from ..transport.rate import CREDIT_RTT_S

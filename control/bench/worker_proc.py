@@ -14,7 +14,7 @@ JSON command per line and answers one JSON line:
           after the reliable round completes       -> {"sha256": hex, "rebuilt": n,
                                                        "deferred": chunks or null}
   quit
-This worker's member key file (0600, control/jobkey.py: its own keys, not
+This worker's member key file (0600, control/trust/jobkey.py: its own keys, not
 the job key) comes named by LTP_SECRET_FILE, never on the argv; the
 endpoint's round tokens derive from it.
 """
@@ -26,7 +26,8 @@ import hashlib
 import json
 import sys
 
-from .. import jobkey, settings_table
+from .. import settings_table
+from ..trust import jobkey
 from ...dataplane.xdp.wire import CHUNK_BYTES
 from ..transport.endpoint import CHECKSUMS, Endpoint, Peer
 from ..transport.options import PushOptions

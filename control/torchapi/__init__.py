@@ -31,7 +31,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   job          init, shutdown, rank, size, local_rank, is_server: a rank's place
   coord        barriers and metadata through the rendezvous store
   tickets      join tickets: a (re)started worker asking to be taken back
-  sealed       the store's values sealed with an HMAC under the job key, checked when read
+  storevalues  what each store value must hold (the parsers its reader gives Seal.read)
   storegc      the store's keys deleted once every rank has read them
   ops          the op sequence every rank runs, round numbers, the step report
   links, link_ltp, link_tcp   the transports under the server and the workers

@@ -47,7 +47,7 @@ from ...errors import CommError
 from .collectives import broadcast_parameters
 from .elastic import check_state, state_blob
 from .job import current
-from .sealed import StoreValueError
+from ..trust.sealing import StoreValueError
 
 KEEP = 2
 NAME = re.compile(r"ckpt-([0-9a-f]{16})-([0-9]+)\.pt")

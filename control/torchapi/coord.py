@@ -30,7 +30,7 @@ sees a stale barrier):
   floor            the lowest op whose keys are still there (storegc.py)
 
 Every value is signed by the rank that wrote it and checked when read
-(sealed.py): the writer must be one the key admits (sealed.may_write: the
+(trust/sealing.py): the writer must be one the key admits (sealing.may_write: the
 server's floor, fin, open and donor; a rank's own meta; worker w's ack and
 k; a join or a state only from a worker, the join naming its writer, the
 state from the donor named), so neither an outsider nor a member can write
@@ -51,9 +51,9 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from ...errors import CommError
-from ..storeauth import SERVER, StoreAuth
-from .sealed import (MAX_COUNT, Seal, StoreValueError, any_json, flag,
-                     go_value, meta_value, op_value, text_int)
+from ..trust.storeauth import SERVER, StoreAuth
+from ..trust.sealing import Seal, StoreValueError
+from .storevalues import MAX_COUNT, any_json, flag, go_value, meta_value, op_value, text_int
 from .liveness import SLICE_S, Beat, PeerGone, Watch
 from .ops import Go, Members, Op
 from .storegc import Reaper

@@ -34,9 +34,9 @@ import io
 
 import torch
 
-from . import sealed
+from . import storevalues
 from .job import current
-from .sealed import StoreValueError
+from ..trust.sealing import StoreValueError
 
 
 def joining() -> bool:
@@ -97,12 +97,12 @@ def check_state(st, params: list[torch.Tensor], workers: int | None) -> None:
     if not isinstance(st["optimizer"], dict) or not isinstance(st["extra"], dict):
         raise bad("the optimizer's state and extra must be dicts")
     try:
-        steps = sealed.count_value(st["steps"], "steps")
+        steps = storevalues.count_value(st["steps"], "steps")
         ks = st["ks"]
         if not isinstance(ks, list) or len(ks) > steps + 1:
             raise ValueError(f"ks must be a list of at most steps + 1 = {steps + 1} counts")
         for k in ks:
-            sealed.count_value(k, "a k")
+            storevalues.count_value(k, "a k")
         if workers is not None:
             check_snapshot(st["exchange"], workers)
     except (ValueError, TypeError, KeyError) as e:
@@ -114,9 +114,9 @@ def check_snapshot(d, workers: int) -> None:
     if not isinstance(d, dict):
         raise ValueError("the exchange snapshot must be a dict")
     for name in ("seq", "up"):
-        sealed.count_value(d[name], name)
+        storevalues.count_value(d[name], name)
     if d["prev"] is not None:
-        sealed.op_value(workers)(str(d["prev"]).encode())
+        storevalues.op_value(workers)(str(d["prev"]).encode())
     view = d["view"]
     if not isinstance(view, dict):
         raise ValueError("the view must be a dict")
@@ -124,13 +124,13 @@ def check_snapshot(d, workers: int) -> None:
         if not isinstance(view[name], list):
             raise ValueError(f"view.{name} must be a list of worker ids")
         for w in view[name]:
-            sealed.count_value(w, f"view.{name}", workers - 1)
+            storevalues.count_value(w, f"view.{name}", workers - 1)
     for name in ("lost", "dropped", "rejoined"):
         if not isinstance(d[name], dict):
             raise ValueError(f"{name} must map worker ids to steps")
         for w, step in d[name].items():
-            sealed.count_value(w, name, workers - 1)
-            sealed.count_value(step, name)
+            storevalues.count_value(w, name, workers - 1)
+            storevalues.count_value(step, name)
 
 
 def reset(opt) -> None:

@@ -32,7 +32,8 @@ import torch.distributed as dist
 
 from ...dataplane import netns
 from ...errors import CommError, UsageError
-from .. import jobkey, settings_table
+from .. import settings_table
+from ..trust import jobkey
 from .flight import SERVER, WORKER, current as flight_current, start as flight_start
 from .flight import stop as flight_stop, trigger as flight_trigger
 from .coord import KEY, Coord
@@ -40,7 +41,8 @@ from .exchange import Exchange
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs
 from .link_ltp import LtpServerLink, LtpWorkerLink
 from .link_tcp import TcpServerLink, TcpWorkerLink
-from .sealed import RUN_KEY, Seal, run_value
+from ..trust.sealing import RUN_KEY, Seal
+from .storevalues import run_value
 from .server import run_server
 from .settings import Settings
 from .trace import rank_trace, write as write_trace
@@ -194,7 +196,7 @@ def on_loopback(host: str) -> bool:
 
 def agree_run(store, key, global_rank: int, worker: int | None, servers: int,
               timeout_s: float, run_id: str | None = None) -> bytes:
-    """This run's id, the same on every rank (control/jobkey.py): rank 0
+    """This run's id, the same on every rank (control/trust/jobkey.py): rank 0
     puts its own under `run` in the store, signed by the server: the one
     given (`run_id`, the run_id setting: LTP_RUN_ID; else torchrun's,
     jobkey.given_run), else one it draws. Every other rank takes it from

@@ -26,8 +26,9 @@ from .. import settings_table
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import CHECKSUMS, Endpoint, Peer
 from ..transport.rate import CREDIT_RTT_S
-from ..transport import defer, fec, tokens
-from ..transport.signing import SIG_ELEMS, ForgedAnswerError, Signer, StreamSigner, Verifier
+from ..transport import defer, fec
+from ..trust import tokens
+from ..trust.signing import SIG_ELEMS, ForgedAnswerError, Signer, StreamSigner, Verifier
 from ..transport.stream import AnswerStream, answered_from
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink
@@ -63,7 +64,7 @@ class LtpServerLink(ServerLink):
         # the round tokens' secret, derived from the job key the server read
         # from its LTP_SECRET_FILE (jobkey.token_secret): never in the store
         self.secret = secret
-        # with a secret every answer is signed (transport/signing.py): a
+        # with a secret every answer is signed (trust/signing.py): a
         # member holding the group key can send GROUP frames, not answers
         self.signer = Signer(secret, s.job) if secret is not None else None
         self.sign_s = 0.0            # seconds spent signing answers (the step breakdown's)

@@ -22,7 +22,8 @@ import numpy as np
 from ...dataplane.tcp_cc import set_cc
 from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError
-from ..accept import MAC_HELLO, accept_workers, mac_hello, mac_parser
+from ..accept import accept_workers
+from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
 from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
 from .links import Gathered, ServerLink, WorkerLink
 from .settings import Settings

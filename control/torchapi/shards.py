@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from ...dataplane import netns
 from ...errors import UsageError
-from .. import jobkey
+from ..trust import jobkey
 from .breakdown import worker as worker_phases
 from .coord import Coord
 from .exchange import Arrival, Exchange

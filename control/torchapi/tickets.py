@@ -17,7 +17,8 @@ import time
 
 from ...errors import CommError
 from .liveness import SLICE_S, PeerGone
-from .sealed import StoreValueError, donor_value, worker_id
+from ..trust.sealing import StoreValueError
+from .storevalues import donor_value, worker_id
 
 log = logging.getLogger("ltpx.torch.coord")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from collections.abc import Callable
 
-from ..jobkey import key_from_env, store_key
+from ..trust.jobkey import key_from_env, store_key
 from .config import TrainConfig
 
 # Store keys; a torchrun restart starts a fresh key space (an agent store
@@ -44,13 +44,13 @@ class RankContext:
 
 class Coord:
     """Metadata through the rendezvous store (never the tensors), sealed with
-    the job key LTP_SECRET_FILE names (torchapi/sealed.py) when there is one."""
+    the job key LTP_SECRET_FILE names (trust/sealing.py) when there is one."""
 
     def __init__(self, store, workers: int, timeout_s: float):
         self.store, self.workers = store, workers
         self.timeout = timedelta(seconds=timeout_s)
         store.set_timeout(self.timeout)
-        from ..torchapi.sealed import Seal  # noqa: PLC0415 (ltpx.torch imports torch: a rank's --help must not)
+        from ..trust.sealing import Seal  # noqa: PLC0415 (cryptography: a rank's --help need not)
         self.seal = Seal(store_key(key_from_env()))
 
     def set_json(self, key: str, obj) -> None:

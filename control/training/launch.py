@@ -29,7 +29,7 @@ its XDP program), then SIGKILL; a rank that died may first be started again
 (`respawn`, as faults.RestartPolicy decides: `follow`). `ltp launch`
 (tools/cmd_launch.py) and `ltp train` (onrig.py) are its two users.
 
-The job key (control/jobkey.py): the file LTP_SECRET_FILE names in this
+The job key (control/trust/jobkey.py): the file LTP_SECRET_FILE names in this
 process's environment, else one RigJob makes (mode 0600 in a 0700 folder,
 removed at close). Server ranks get LTP_SECRET_FILE naming it; each worker
 a member key file of its own (jobkey.RankKeys: its own tokens' keys, the
@@ -60,7 +60,7 @@ from collections.abc import Callable
 
 from ...dataplane import netns
 from ...dataplane.rig.star import broadcast_of
-from .. import jobkey
+from ..trust import jobkey
 from ..procs import stop_all
 from .. import settings_table
 from ..settings_table import to_env

@@ -9,8 +9,8 @@ per push; sender.py: what an endpoint's pushes share, `Sender`: the socket,
 and what past pushes learnt of each target) and receives them (receiver.py:
 Early Close decides when a round ends, Bubble Filling gives every missing
 chunk a value). The policies live beside them: early_close.py, bubble.py,
-rate.py, layout.py; tokens.py keys a round's packets to the job's secret;
-signing.py signs each answer at the server and checks it at a worker;
+rate.py, layout.py (the round tokens that key a round's packets to the
+job's secret, and the answers' signatures, are control/trust's);
 lossdetect.py chooses what a sender sends next (RACK-style loss detection:
 lost chunks first, backoff for a silent peer); results.py holds the peers
 and what pushes and rounds report; fec.py erasure-codes a reliable round

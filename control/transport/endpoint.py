@@ -43,7 +43,7 @@ from .receiver import Receiver
 from .push import Push
 from .results import Peer, PushReport, RoundResult
 from .sender import Sender
-from .tokens import RoundTokens
+from ..trust.tokens import RoundTokens
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
 LIVENESS_S = 1.0   # seconds a heartbeat counts (liveness_s=; docs/transport.md "A hung receiver")

@@ -17,7 +17,7 @@ from .layout import FRAME_OVERHEAD, ChunkLayout
 from .rate import SharePolicy
 from .results import RoundResult, arrivals_of
 from .straggler import attribute
-from .tokens import RoundTokens
+from ..trust.tokens import RoundTokens
 
 LOSS_SAMPLE = 32  # chunks an interval needs before its re-sent share feeds the boost
 

@@ -22,7 +22,7 @@ from .layout import ChunkLayout, as_f32
 from .options import AUTO, DEFAULTS, PushOptions, SenderChoice
 from .results import Peer, PushReport
 from .push import UDP_SEGMENT, Push
-from .tokens import RoundTokens
+from ..trust.tokens import RoundTokens
 
 LOSS_EWMA = 0.3
 # auto: the ACK clock slows under heavy loss (a lost DATA or ACK takes a tick

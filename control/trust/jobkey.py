@@ -23,8 +23,8 @@ from which the job key or another worker's keys follow: its id, its own
 flow tokens' key per server shard (tokens.member_key), the group key per
 shard where the job's downlink is `group` (tokens.group_key), each shard's
 public answer key (tokens.answer_pub: it checks the server's signature on
-each answer, transport/signing.py), its own store signing seed and the
-server's public store key (control/storeauth.py: each rank signs the store
+each answer, trust/signing.py), its own store signing seed and the
+server's public store key (control/trust/storeauth.py: each rank signs the store
 values it writes), the job's shared MAC key of the training job's own
 values (`store_key`, control/training/context.py) and its own TCP hello key
 (accept.worker_key). `read_key_file`
@@ -56,11 +56,10 @@ import stat
 import tempfile
 from typing import NamedTuple
 
-from ..errors import UsageError
-from . import settings_table
-from . import storeauth
-from .accept import HelloKey, worker_key
-from .transport import tokens
+from ...errors import UsageError
+from .. import settings_table
+from . import storeauth, tokens
+from .hello import HelloKey, worker_key
 
 ENV = settings_table.TABLE["secret_file"].env      # LTP_SECRET_FILE
 RUN_ENV = settings_table.TABLE["run_id"].env        # LTP_RUN_ID: this run's id (run_from_env)
@@ -81,8 +80,8 @@ class MemberKeys(NamedTuple):
     group: tuple[bytes, ...] | None    # the group key of each shard (the group downlink)
     store: bytes                       # the store values' MAC key (shared by the job)
     hello: bytes                       # its own TCP hello key (accept.worker_key)
-    sign: tuple[bytes, ...] = ()       # each shard's public answer key (transport/signing.py)
-    store_sign: bytes = b""            # its own store signing seed (control/storeauth.py)
+    sign: tuple[bytes, ...] = ()       # each shard's public answer key (trust/signing.py)
+    store_sign: bytes = b""            # its own store signing seed (control/trust/storeauth.py)
     store_pub: bytes = b""             # the server's store signing key (public)
 
     def __repr__(self) -> str:      # no key material in a log line or a traceback
@@ -143,7 +142,7 @@ def token_secret(key, shard: int = 0, run: bytes = b""):
 
 
 def store_key(key) -> bytes | None:
-    """The key of the store values' MACs (torchapi/sealed.py)."""
+    """The key of the store values' MACs (trust/sealing.py)."""
     if isinstance(key, MemberKeys):
         return key.store
     return None if key is None else derive(key, "store")
@@ -151,7 +150,7 @@ def store_key(key) -> bytes | None:
 
 def store_auth(key, worker: int | None = None,
                run: bytes = b"") -> storeauth.StoreAuth | None:
-    """This rank's store identity (control/storeauth.py) in run `run`:
+    """This rank's store identity (control/trust/storeauth.py) in run `run`:
     worker w's from its member file; from the job key, the server's (worker
     None) or worker `worker`'s, either able to check every writer; None
     without a key."""

@@ -6,7 +6,7 @@ and every worker must hold it: a hostile member could then write any value
 (another worker's k, its ack, a join under another's id, the server's
 floor, the state a joiner takes). So every rank has a signing key of its own,
 derived from the job key (`server` for server ranks, one per worker id),
-and signs each value it writes (Ed25519; torchapi/sealed.py says what is
+and signs each value it writes (Ed25519; trust/sealing.py says what is
 signed and which writer each key admits). A server rank derives every key.
 A worker's member key file holds its own signing seed and the server's
 public key; the workers' public keys it learns from the server's signed
@@ -41,7 +41,7 @@ def seed(key: bytes, writer: int) -> bytes:
 @functools.lru_cache(maxsize=4096)
 def private(seed_: bytes) -> Ed25519PrivateKey:
     """The Ed25519 key of a 32-byte signing seed (the store's writers' here,
-    the answers' in transport/tokens.py)."""
+    the answers' in trust/tokens.py)."""
     return Ed25519PrivateKey.from_private_bytes(seed_)
 
 

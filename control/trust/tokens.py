@@ -4,7 +4,7 @@ own key, from forging a job's packets.
 
 A job has one secret (SECRET_BYTES random bytes: `new_secret`; ltpx.torch's
 ranks each derive theirs from the job key in their LTP_SECRET_FILE,
-control/jobkey.py: it never crosses the network or the rendezvous store).
+control/trust/jobkey.py: it never crosses the network or the rendezvous store).
 From it each worker w has a key of its own (`member_key`, a keyed BLAKE2b of
 w), and each round of each flow a token: a keyed BLAKE2b of (job, round,
 kind) under the worker's key, cut to 64 bits, so no round needs an exchange.
@@ -38,7 +38,7 @@ A secret may be bound to one run of the job (`bind`: a RunSecret, or a
 MemberSecret with its `run`): the run's id then goes into every token and
 answer signature it makes, so a frame or an answer recorded in an earlier
 run under the same secret (the documented setup reuses one key file) is not
-taken in a later one: a replayed frame is a `bad_token`. control/jobkey.py
+taken in a later one: a replayed frame is a `bad_token`. control/trust/jobkey.py
 says where a run's id comes from.
 
 Without a secret every token is 0, on the wire and in the maps: the job
@@ -57,7 +57,7 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ..storeauth import private, public
+from .storeauth import private, public
 
 SECRET_BYTES = 16          # 128 bits: the least a secret may have
 SECRET_MAX = 64            # BLAKE2b's longest key

@@ -14,7 +14,7 @@ reliable round, so no frame format changes and the XDP program does not
 know it is there. A worker checks it once the answer is
 complete and before it uses any of it (`Verifier.check`); one that does not
 verify is refused with ForgedAnswerError and never reaches the model. The
-public half is in each worker's member key file (control/jobkey.py), so a
+public half is in each worker's member key file (control/trust/jobkey.py), so a
 member can check the server's answers but make none.
 
 What a forger can still do is deny: its chunks, written first, make the real
@@ -36,7 +36,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ...errors import CommError
-from ..storeauth import PUB_BYTES, SIG_BYTES
+from .storeauth import PUB_BYTES, SIG_BYTES
 from .tokens import answer_key, check_run, run_of
 
 SIG_ELEMS = SIG_BYTES // 4        # float32 elements the signature takes at an answer's end
