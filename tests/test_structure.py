@@ -148,6 +148,22 @@ def test_no_two_modules_share_a_name():
         f"{n}: {', '.join(ps)}" for n, ps in sorted(shared.items()))
 
 
+@pytest.mark.unit
+def test_no_class_forwards_attributes_with_getattr():
+    """No class of the package answers for attributes it does not have with
+    __getattr__ (what it offers is what it declares: a reader, a type
+    checker and a traceback see it). A module's own __getattr__, which loads
+    its public names on first use (PEP 562), is allowed."""
+    bad = []
+    for p in sorted(MODULES.values()):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bad += [f"{p.relative_to(ROOT)}:{f.lineno}: {node.name}.__getattr__"
+                        for f in node.body if isinstance(f, ast.FunctionDef)
+                        and f.name in ("__getattr__", "__getattribute__")]
+    assert not bad, "\n".join(bad)
+
+
 def _package_docstring_names(init: Path) -> tuple[set[str], set[str]]:
     """(modules of the package at `init`, those its docstring names)."""
     mods = {p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py"}

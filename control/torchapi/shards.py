@@ -166,12 +166,26 @@ class ShardedExchange:
         self.barrier_seen: Arrival | None = None
         self.donations: dict = {}   # elastic.py's: rejoining is one-server only (see joining)
 
-    def __getattr__(self, name: str):
-        """What else an Exchange has (membership: lost, rejoined, ...) as shard 0's
-        Exchange sees it: every server sees the same workers."""
-        if name.startswith("__") or name == "exs":
-            raise AttributeError(name)
-        return getattr(self.exs[0], name)
+    # what else the job asks of its exchange (membership, the timeline, an
+    # aside), as shard 0's Exchange has it: every server sees the same workers
+    @property
+    def lost(self) -> dict[int, int]:
+        return self.exs[0].lost
+
+    @property
+    def dropped(self) -> dict[int, int]:
+        return self.exs[0].dropped
+
+    @property
+    def rejoined(self) -> dict[int, int]:
+        return self.exs[0].rejoined
+
+    @property
+    def timeline(self):
+        return self.exs[0].timeline
+
+    def set_aside(self, why: str) -> None:
+        self.exs[0].set_aside(why)     # shard 0's record takes the own time (barrier)
 
     @property
     def joining(self) -> bool:
