@@ -51,7 +51,8 @@ def test_an_endpoint_verifies_checksums_by_default_where_frames_carry_them(pair)
     """Endpoint(verify_csum=None), the default of every rank: off on the
     veth, on on the NIC's stand-in; an explicit choice wins; the XDP
     program's setting is what the endpoint says."""
-    from ltpx.control.transport import Endpoint, tokens
+    from ltpx.control.transport import Endpoint
+    from ltpx.control.trust import tokens
     secret = tokens.new_secret()
     cases = [(pair.a.dev, pair.a.ip, "native", None, False),
              ("n0", NIC_IP, "skb", None, True),

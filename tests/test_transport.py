@@ -14,7 +14,8 @@ import pytest
 from conftest import requires_bpf, star_rig
 from ltpx.control.transport.early_close import EarlyClose, EarlyCloseConfig
 from ltpx.control.transport.layout import ChunkLayout
-from ltpx.control.transport import Peer, tokens
+from ltpx.control.transport import Peer
+from ltpx.control.trust import tokens
 from ltpx.dataplane.xdp import wire as W
 
 pytestmark = requires_bpf
