@@ -28,6 +28,7 @@ last; nothing loops over elements or chunks in Python.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ...errors import UsageError
 from ..settings_table import COMPRESS as KINDS   # the compress setting's choices
@@ -144,15 +145,68 @@ class MinMaxUInt8:
         out += w[..., 0:1]
 
 
+class Half:
+    """bfloat16 or float16 on the wire: 2 bytes an element, `per_chunk` of
+    them filling an LTP chunk (no head), two to a float32 word.
+
+    bf16 keeps float32's range and 8 bits of its mantissa; it is rounded to
+    the nearest, ties to even, and a NaN stays a NaN. fp16 keeps 11 bits of
+    mantissa and its range ends at 65504 (beyond it: an infinity, which
+    stays visible to an overflow check such as GradScaler's). A gradient
+    already of that dtype travels exactly, and the aggregate comes back
+    rounded once, as its .grad would hold it anyway."""
+
+    def __init__(self, name: str, chunk_bytes: int):
+        if name not in ("bf16", "fp16"):
+            raise ValueError(f"a 16-bit codec is bf16 or fp16, got {name!r}")
+        if chunk_bytes % 4 or chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be a positive multiple of 4, got {chunk_bytes}")
+        self.name, self.chunk_bytes = name, chunk_bytes
+        self.per_chunk = chunk_bytes // 2
+        self.dtype = torch.bfloat16 if name == "bf16" else torch.float16
+
+    def chunks(self, n: int) -> int:
+        return max(1, -(-n // self.per_chunk))
+
+    def words(self, n: int) -> int:
+        return -(-n // 2)
+
+    def decoded_span(self, n: int) -> int:
+        return self.chunks(n) * self.per_chunk
+
+    def encode(self, x: np.ndarray, out: np.ndarray, residual: np.ndarray | None = None) -> None:
+        """float32 x [n] into out (float32 [words(n)]); with `residual`, x -
+        decode(encode(x)) there (zero where x is not finite). torch's
+        conversions, in place: one pass each way."""
+        n = x.shape[-1]
+        raw = out[:self.words(n)].view(np.int16)
+        raw[n:] = 0
+        half = torch.from_numpy(raw[:n]).view(self.dtype)
+        src = torch.from_numpy(x)
+        half.copy_(src)
+        if residual is not None:
+            res = torch.from_numpy(residual)
+            res.copy_(half)
+            torch.sub(src, res, out=res)
+            res.nan_to_num_(0.0, 0.0, 0.0)
+
+    def decode(self, enc: np.ndarray, n: int, out: np.ndarray) -> None:
+        """Decode rows enc [k, >= words(n)] (float32 words) into out [k, >= n]."""
+        raw = enc[:, :self.words(n)].view(np.int16)[:, :n]
+        torch.from_numpy(out[:, :n]).copy_(torch.from_numpy(raw).view(self.dtype))
+
+
 def rows(a: np.ndarray, *shape: int) -> np.ndarray:
     """a reshaped as a view (ValueError rather than a silent copy the writes would miss)."""
     return a.reshape(shape, copy=False)
 
 
-def make_codec(kind: str, chunk_bytes: int) -> MinMaxUInt8 | None:
+def make_codec(kind: str, chunk_bytes: int) -> MinMaxUInt8 | Half | None:
     """The codec of a `compress` setting (None for "none")."""
     check_kind(kind)
-    return MinMaxUInt8(chunk_bytes) if kind == "uint8" else None
+    if kind == "uint8":
+        return MinMaxUInt8(chunk_bytes)
+    return Half(kind, chunk_bytes) if kind in ("bf16", "fp16") else None
 
 
 class ServerCodec:
