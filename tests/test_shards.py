@@ -166,3 +166,28 @@ def test_train_two_servers_under_loss_reaches_accuracy(rig):
     assert res["replicas_identical"], res["worker_digests"]
     assert res["final_accuracy"] >= 0.9 and res["time_to_target"] is not None
     assert dropped > 0                              # the injector dropped packets on the way
+
+
+@pytest.mark.unit
+def test_both_exchanges_are_what_the_job_asks_of_one():
+    """Exchange and ShardedExchange each have every member of the
+    OpExchange protocol; the sharded one answers membership, the timeline
+    and an aside from shard 0's Exchange, by its own declared members."""
+    import torch.distributed as dist
+
+    from ltpx.control.torchapi.coord import Coord
+    from ltpx.control.torchapi.exchange import Exchange, OpExchange
+    from ltpx.control.torchapi.shards import ShardedExchange
+    exs = [Exchange(None, Coord(dist.HashStore(), 2, 5.0), 0, 2) for _ in range(2)]
+    sh = ShardedExchange(exs, 0, 2)
+    try:
+        assert isinstance(exs[0], OpExchange) and isinstance(sh, OpExchange)
+        assert not isinstance(object(), OpExchange)
+        exs[0].lost[1] = 7
+        assert sh.lost == {1: 7} and sh.timeline is exs[0].timeline
+        sh.set_aside("evaluation")
+        assert exs[0].aside_why == "evaluation" and exs[1].aside_why == ""
+        with pytest.raises(AttributeError):
+            sh.snapshot     # noqa: B018 (rejoining is one server's: not forwarded)
+    finally:
+        sh.close()

@@ -30,6 +30,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -71,6 +72,41 @@ class Run:
     npre: int                # how many of them the server opened before the barrier
     go: Go | None = None     # the barrier's value, once read
     rec: OpRecord | None = None   # its timeline record (trace.py)
+
+
+@runtime_checkable
+class OpExchange(Protocol):
+    """What the job asks of its worker's exchange: `Exchange` (one server)
+    and shards.ShardedExchange (several) both are one (tests/test_shards.py
+    checks their members)."""
+
+    id: int
+    co: object                      # the coordination (coord.Coord, or the shards' ShardCoord)
+    barrier_seen: Arrival | None    # the latest barrier, as this worker saw it
+    donations: dict                 # worker -> the ticket this worker owes its state
+
+    @property
+    def joining(self) -> bool: ...
+    @property
+    def times(self) -> dict: ...
+    @property
+    def lost(self) -> dict[int, int]: ...
+    @property
+    def dropped(self) -> dict[int, int]: ...
+    @property
+    def rejoined(self) -> dict[int, int]: ...
+    @property
+    def timeline(self) -> Timeline: ...
+
+    def plan(self, op: Op): ...
+    def prepare(self, run) -> None: ...
+    def arrive(self, run) -> bool: ...
+    def barrier(self, run) -> None: ...
+    def push(self, run, i: int, piece: np.ndarray) -> None: ...
+    def finish(self, run, out: np.ndarray) -> np.ndarray: ...
+    def run(self, op: Op, pieces: list[np.ndarray] | None, out: np.ndarray) -> np.ndarray: ...
+    def set_aside(self, why: str) -> None: ...
+    def shutdown(self) -> dict: ...
 
 
 class Exchange:

@@ -358,8 +358,7 @@ def shutdown() -> dict | None:
             return job.summary
         job.drain()
         job.summary = job.exchange.shutdown()
-        if job.s.trace and settings_table.env("trace_ranks") and \
-                hasattr(job.exchange, "timeline"):   # ltp launch --trace: each rank's view
+        if job.s.trace and settings_table.env("trace_ranks"):   # ltp launch --trace: each rank's view
             write_trace(f"{job.s.trace}.worker{job.rank}",
                         rank_trace({}, {job.rank: job.exchange.timeline.records()}))
         return job.summary
