@@ -79,6 +79,12 @@ class Setting:
             return self.shown
         return f"{self.default:g}" if self.type is float else str(self.default)
 
+    def span(self) -> str:
+        """The values in a few characters ('ltp|tcp', '1..8')."""
+        if self.choices:
+            return "|".join(self.choices)
+        return self.takes().removeprefix("in ")
+
     def takes(self, lo: float | None = None) -> str:
         """What a value must be, in words ('one of ltp, tcp', 'in 576..9000')."""
         lo = self.lo if lo is None else lo

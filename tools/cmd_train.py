@@ -79,7 +79,7 @@ def register(sub) -> None:
     p.add_argument("--compare", default="none", metavar="LIST",
                    help="baselines to run after the main run, comma-separated: ltp, tcp, "
                    "tcp:CC, gloo, ddp-ltp, each optionally with :KEY=VALUE settings ("
-                   + ", ".join(f"{k}={'|'.join(TABLE[k].choices) or TABLE[k].takes()[3:]}"
+                   + ", ".join(f"{k}={TABLE[k].span()}"
                                for k in COMPARE_KEYS) + "), e.g. "
                    "ltp:servers=1,tcp:cubic:servers=2 (default none; "
                    "a run takes the main run's settings unless it names them; an item equal to "

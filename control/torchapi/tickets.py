@@ -23,6 +23,9 @@ from .storevalues import donor_value, worker_id
 log = logging.getLogger("ltpx.torch.coord")
 
 TICKET_WAIT_S = 10.0   # a join ticket whose worker id never shows is given up after this
+# the most the join ticket count may grow between two polls: each worker asking
+# again a few times (its donor died, its ticket went stale), and some slack
+TICKETS_PER_WORKER, TICKETS_SLACK = 16, 64
 
 
 class Tickets:
@@ -40,7 +43,7 @@ class Tickets:
         A ticket whose worker id is not there yet is looked for again at the
         next poll (TICKET_WAIT_S at most: a count with no request is a forgery)."""
         n = self.store.add(f"{self.prefix}join", 0)
-        if n - self.tickets_seen > 16 * self.workers + 64:
+        if n - self.tickets_seen > TICKETS_PER_WORKER * self.workers + TICKETS_SLACK:
             raise StoreValueError(
                 f"store key {self.prefix}join: the join ticket count jumped from {self.tickets_seen} "
                 f"to {n}, more than {self.workers} workers could ask for: forged")

@@ -39,7 +39,7 @@ from ...dataplane.xdp import clockmaps as C
 from ...dataplane.xdp import wire as W
 from ...errors import DeadPeerError
 from .layout import FRAME_OVERHEAD
-from .push import RETX_BYTE, Push
+from .push import QUEUE_BACKOFF_S, RETX_BYTE, Push
 
 INITIAL_WINDOW = 2  # packets a flow is primed with before it learned its credit
 MAX_WINDOW = 64     # growth stops here when the receiver sets no credit
@@ -281,7 +281,7 @@ class ClockPush(Push):
                 batch.append(c)
             if batch and (c is None or c == short or len(batch) >= 16):
                 while not self._send_batch(tgt, batch):
-                    time.sleep(0.0002)
+                    time.sleep(QUEUE_BACKOFF_S)
                     if time.perf_counter() - self.t0 > self.timeout_s:
                         return
                 self.sent += len(batch)

@@ -48,11 +48,12 @@ from ..trust.tokens import RoundTokens
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
 LIVENESS_S = 1.0   # seconds a heartbeat counts (liveness_s=; docs/transport.md "A hung receiver")
 CHECKSUMS = {"auto": None, "on": True, "off": False}   # a setting's word -> verify_csum=
+SIOCGIFHWADDR = 0x8927   # linux/sockios.h: a device's hardware address
 
 
 def _device_mac(sock: socket.socket, dev: str) -> str:
     """The MAC of `dev` in the namespace `sock` was created in (SIOCGIFHWADDR)."""
-    info = fcntl.ioctl(sock.fileno(), 0x8927, struct.pack("256s", dev.encode()[:15]))
+    info = fcntl.ioctl(sock.fileno(), SIOCGIFHWADDR, struct.pack("256s", dev.encode()[:15]))
     return info[18:24].hex(":")
 
 

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ...dataplane.xdp import wire as W
+from ...dataplane.xdp.mapstructs import TX_CLOSED as CLOSED, TX_RATE as RATE
 from ...errors import DeadPeerError, TransportError
 from . import fec
 from .layout import FRAME_OVERHEAD, ChunkLayout
@@ -24,6 +25,7 @@ UDP_SEGMENT = 103  # linux/udp.h: GSO segment size, per sendmsg
 TAIL_WAIT = 0.002  # after a pass, the longest its last ACKs may take before a re-send pass
 TAIL_MIN = 0.0005  # ... and the shortest (see Push.tail_wait)
 TAIL_POLL = 0.0002  # how often the ACKs are read meanwhile
+QUEUE_BACKOFF_S = 0.0002   # a full local send queue: the wait before a batch is tried again
 # A re-send is flagged in the header bytes themselves, in place: flags is a
 # big-endian u16, so RETX (< 0x100) lives in its second, low-order byte.
 RETX_BYTE = W.OFF["flags"] + 1
@@ -188,8 +190,7 @@ class Push:
         self.sock, self.gso = s.sock, s.gso
         bank = s.maps.bank_index(self.round_)
         txv = s.maps.tx[bank]
-        # per slot: round, closed, rate_kbps, acked, then the token's two words
-        self.tx32 = txv.view(np.uint32).reshape(txv.shape[0], -1)
+        self.tx32 = txv.view(np.uint32).reshape(txv.shape[0], -1)   # words: CLOSED, RATE
         nwords = -(-nch // 64)
         self.words = [s.maps.acked[bank, slot, :nwords] for slot in self.slots]
         self.full = (1 << nch) - 1 if self.only is None else self.only  # every chunk acked
@@ -203,8 +204,7 @@ class Push:
         self.low = [0] * nt
         self.sent = self.resent = self.passes = 0
         self.backoff = Backoff(nt, nch, time.perf_counter())
-        # The first batch goes at once: the round starts on the barrier, not a
-        # pacing interval later.
+        # The first batch goes at once: the round starts on the barrier, not a pacing interval later.
         self.pacer = Pacer(s.start_rate(self.targets, self.group),
                            pkt_bytes=s.chunk_bytes + FRAME_OVERHEAD, full=True)
         self.t0 = time.perf_counter()
@@ -239,8 +239,8 @@ class Push:
         (their minimum in a group push: a group packet reaches every target at once)."""
         tx32, low = self.tx32, self.low
         self.sender.maps.beat()  # this endpoint's control thread runs (a hung receiver)
-        closed = [bool(tx32[s, 1]) for s in self.slots]
-        rates = [int(tx32[s, 2]) for s in self.slots]
+        closed = [bool(tx32[s, CLOSED]) for s in self.slots]
+        rates = [int(tx32[s, RATE]) for s in self.slots]
         for i, r in enumerate(rates):
             if r and (not low[i] or r < low[i]):
                 low[i] = r
@@ -372,7 +372,7 @@ class Push:
             if not send_batch(tgt, batch):
                 if clock() - t0 > timeout_s:
                     break  # the device stays full: the pass ends, the timeout rules
-                time.sleep(0.0002)  # local queue full: back off, retry these
+                time.sleep(QUEUE_BACKOFF_S)   # local queue full: back off, retry these
                 picker.rewind(at)
                 continue
             now = clock()
@@ -415,7 +415,7 @@ class Push:
 
     def _all_closed_or_acked(self) -> bool:
         tx32, full = self.tx32, self.full
-        return all(tx32[s, 1] or (a & full) == full for s, a in zip(self.slots, self.acked()))
+        return all(tx32[s, CLOSED] or (a & full) == full for s, a in zip(self.slots, self.acked()))
 
     def _send_batch(self, tgt: int, batch: list[int]) -> bool:
         """One sendmsg to one target (GSO when several chunks); False when the
@@ -444,7 +444,7 @@ class Push:
         return PushReport(round=self.round_, chunks=self.layout.nchunks, sent=self.sent,
                           resent=self.resent, acked=sum(a.bit_count() for a in self._raw_acked()),
                           closed_by_receiver=self.overtaken or
-                          all(bool(tx32[s, 1]) for s in self.slots),
+                          all(bool(tx32[s, CLOSED]) for s in self.slots),
                           duration_s=time.perf_counter() - self.t0, passes=self.passes,
                           sender_why=self.sender_why)
 

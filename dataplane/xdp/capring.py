@@ -39,6 +39,7 @@ DIRS = {_D["LTP_CAP_RX"]: "in", _D["LTP_CAP_TX"]: "out"}
 CAP_MAPS = ("ltp_capcfg", "ltp_capbuf", "ltp_capstat", "ltp_capring", "ltp_counters")
 #: counter classes that are not an LTP frame coming in (ACKs the program sent)
 NOT_INGRESS = ("pass", "ack_tx", "ack_fail")
+DRAIN_POLL_S = 0.001    # how often a stopping capture drains the ring until all it counted is out
 
 LEASE_NS = 5_000_000_000      # the program stops capturing this long after the last renewal
 RENEW_NS = 500_000_000
@@ -319,7 +320,7 @@ class RingCapture:
             out += self._release(self.ring.drain(), None)
             if self.taken >= self.stats()["captured"] or time.monotonic() > deadline:
                 break
-            time.sleep(0.001)
+            time.sleep(DRAIN_POLL_S)
         self.ring.close()
         self.ring = None
         return out

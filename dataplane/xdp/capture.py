@@ -32,6 +32,7 @@ SO_ATTACH_FILTER = 26
 SO_TIMESTAMPNS = 35             # SO_TIMESTAMPNS_OLD: struct timespec of two longs
 SO_RCVBUFFORCE = 33
 SOL_PACKET = 263
+IP_FRAG_OFFSET = 0x1fff         # the IPv4 header's fragment offset bits: a fragment has some set
 PACKET_STATISTICS = 6
 PACKET_OUTGOING = 4
 # link types a capture file may have, and where their IPv4 header starts
@@ -150,7 +151,7 @@ def _udp_port_filter(port: int) -> bytes:
         (0x30, 0, 0, 23),          # ldb [23]            protocol
         (0x15, 0, 8, 17),          # jeq UDP             else drop
         (0x28, 0, 0, 20),          # ldh [20]            flags + fragment offset
-        (0x45, 6, 0, 0x1fff),      # jset offset         -> drop
+        (0x45, 6, 0, IP_FRAG_OFFSET),   # jset offset    -> drop
         (0xb1, 0, 0, 14),          # ldxb 4*([14]&0xf)   IP header length
         (0x48, 0, 0, 14),          # ldh [x+14]          source port
         (0x15, 2, 0, port),        # jeq port            -> accept

@@ -38,6 +38,7 @@ OPTIONAL_MAPS = ("ltp_slottok", "ltp_beatchk")
 # The longest heartbeat limit: the program compares ltp_cfg.limit_ns as a
 # signed 64-bit count (bpf/ltp_data.h, owner_stale), 2^63 - 1 ns ~ 9.22e9 s.
 MAX_LIVENESS_S = 9.2e9
+SETTLE_POLL_S = 0.0002   # how often a closing bank's claimed and done chunks are compared
 
 
 def liveness_ns(limit_s: float | None) -> int:
@@ -316,7 +317,7 @@ class LtpMaps:
         self.banks.set(b, bank)
         deadline = time.monotonic() + settle_s
         while not np.array_equal(self.claim[b], self.done[b]) and time.monotonic() < deadline:
-            time.sleep(0.0002)
+            time.sleep(SETTLE_POLL_S)
 
     def bank(self, round_: int) -> Bank:
         return self.banks.get(self.bank_index(round_))

@@ -174,6 +174,11 @@ SO_CHUNK, SO_CRITICAL = _D["LTP_SO_CHUNK"], _D["LTP_SO_CRITICAL"]
 # numpy views of the mmapable maps use the same layouts
 SHARE_DTYPE = np.dtype(Share)
 TX_DTYPE = np.dtype(Tx)
+#: struct ltp_tx's 32-bit fields as word indices into a row viewed as uint32
+#: (push.py reads closed and rate_kbps so in its loop)
+TX_WORD = {name: getattr(Tx, name).offset // 4 for name, ctype in Tx._fields_
+           if ctype is ctypes.c_uint32}
+TX_CLOSED, TX_RATE = TX_WORD["closed"], TX_WORD["rate_kbps"]
 SLOTTOK_DTYPE = np.dtype(SlotTok)
 SENDSLOT_DTYPE = np.dtype(SendSlot)
 PROGRESS_DTYPE = np.dtype(Progress)
