@@ -428,3 +428,35 @@ def test_a_compare_run_that_fails_keeps_the_runs_that_finished():
     args = SimpleNamespace(seed=0, target_accuracy=None, sync="bsp", plot=None, tensorboard=None)
     text = train_text.text([out, tcp], args, 0.3, 10**9, 30_000)
     assert "final accuracy" in text and text.rstrip().endswith(f"tcp (cubic): failed: {tcp['error']}")
+
+
+@pytest.mark.unit
+def test_one_table_says_what_each_transport_takes():
+    """TrainConfig.validate reads config.CAPABILITIES: each setting a
+    transport cannot take is refused naming the field, and taken where the
+    table allows it; no module spells the LTP transports out beside it."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from ltpx.control.training.config import CAPABILITIES, LTP_TRANSPORTS, TrainConfig
+    assert set(CAPABILITIES) == {"ltp", "tcp", "gloo", "ddp-ltp"}
+    assert LTP_TRANSPORTS == ("ltp", "ddp-ltp")
+    settings = {"servers": ("servers", {"servers": 2}), "compress": ("compress", {"compress": "bf16"}),
+                "clock": ("sender", {"sender": "xdp"}),
+                "early_close": ("loss-budget", {"loss_budget": 0.5}),
+                "group": ("downlink", {"downlink": "group"}),
+                "wbsp": ("sync", {"sync": "wbsp"})}
+    for tr, can in CAPABILITIES.items():
+        for cap, (field, kw) in settings.items():
+            cfg = dataclasses.replace(TrainConfig(transport=tr), **kw)
+            if getattr(can, cap):
+                cfg.validate()
+            else:
+                with pytest.raises(ValueError, match=f"^{field}"):
+                    cfg.validate()
+    root = Path(__file__).resolve().parent.parent
+    spelled = [str(p.relative_to(root)) for part in ("control", "tools")
+               for p in (root / part).rglob("*.py")
+               if re.search(r"""\(["']ltp["'], ["']ddp-ltp["']\)""", p.read_text())]
+    assert spelled == [], spelled

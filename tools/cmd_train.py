@@ -18,6 +18,7 @@ import sys
 
 from ..control.settings_table import TABLE
 from ..control.training.args import add_train_flags
+from ..control.training.config import CAPABILITIES, LTP_TRANSPORTS
 from . import train_text as show
 from .flags import MAX_WORKERS
 from .common import (EXIT_ERROR, LtpError, UsageError, add_json, emit, need_bcc, need_root,
@@ -111,14 +112,19 @@ def register(sub) -> None:
 
 # --------------------------------------------------------------------------- validation
 
-def _runs(args) -> list[dict]:
-    """The runs to make: the main one, then each --compare item."""
-    main = {"transport": args.transport, "cc": args.cc, "servers": args.servers,
+def _runs_main(args) -> dict:
+    """The main run's settings."""
+    ltp = args.transport in LTP_TRANSPORTS
+    return {"transport": args.transport, "cc": args.cc, "servers": args.servers,
             "compress": args.compress,
             "sender": args.sender if args.transport == "ltp" else NO_SENDER,
-            "loss_policy": args.loss_policy if args.transport in ("ltp", "ddp-ltp")
-            else TABLE["loss_policy"].default,
-            "loss_budget": args.loss_budget if args.transport in ("ltp", "ddp-ltp") else 0.0}
+            "loss_policy": args.loss_policy if ltp else TABLE["loss_policy"].default,
+            "loss_budget": args.loss_budget if ltp else 0.0}
+
+
+def _runs(args) -> list[dict]:
+    """The runs to make: the main one, then each --compare item."""
+    main = _runs_main(args)
     runs = [main]
     if args.compare.strip().lower() in ("", "none"):
         return runs
@@ -150,16 +156,17 @@ def _compare_value(key: str, text: str):
 def _compare_item(item: str, args) -> dict:
     """One --compare item, TRANSPORT[:CC][:KEY=VALUE...], as a run dict."""
     tr, *parts = item.split(":")
-    run = {"transport": tr, "cc": args.cc, "servers": 1 if tr == "gloo" else args.servers,
-           "compress": "none" if tr == "gloo" else args.compress,
-           "sender": args.sender if tr in ("ltp", "ddp-ltp") else NO_SENDER,
-           "loss_policy": args.loss_policy if tr in ("ltp", "ddp-ltp")
-           else TABLE["loss_policy"].default,
-           "loss_budget": args.loss_budget if tr in ("ltp", "ddp-ltp") else 0.0}
+    can, ltp = CAPABILITIES.get(tr), tr in LTP_TRANSPORTS
+    run = {"transport": tr, "cc": args.cc,
+           "servers": args.servers if can and can.servers else 1,
+           "compress": args.compress if can and can.compress else "none",
+           "sender": args.sender if ltp else NO_SENDER,
+           "loss_policy": args.loss_policy if ltp else TABLE["loss_policy"].default,
+           "loss_budget": args.loss_budget if ltp else 0.0}
     usage = (f"--compare: cannot read {item!r} (items: ltp, tcp, tcp:{'|'.join(CCS)}, gloo, "
              "ddp-ltp, "
              f"each with optional :KEY=VALUE, keys {', '.join(COMPARE_KEYS)})")
-    if tr not in ("ltp", "tcp", "gloo", "ddp-ltp"):
+    if can is None:
         raise UsageError(usage)
     for i, part in enumerate(parts):
         key, eq, val = part.partition("=")
@@ -173,20 +180,38 @@ def _compare_item(item: str, args) -> dict:
             raise UsageError(f"--compare: {item!r}: {key} must be {TABLE[key].takes()}")
         else:
             run[key] = _compare_value(key, val)
-    if run["sender"] == "xdp" and tr not in ("ltp", "ddp-ltp"):
-        raise UsageError(f"--compare: {item!r}: sender={run['sender']} is LTP's (the ACK clock)")
-    if run["loss_policy"] == "defer" and (tr not in ("ltp", "ddp-ltp")
-                                            or run["compress"] != "none"):
-        raise UsageError(f"--compare: {item!r}: loss_policy=defer is LTP's (ltp, ddp-ltp), "
-                         "with compress none")
-    if run["loss_budget"] and tr not in ("ltp", "ddp-ltp"):
-        raise UsageError(f"--compare: {item!r}: loss_budget is LTP's Early Close (ltp, ddp-ltp)")
+    run["item"] = item
     return run
 
 
 def _run_key(run: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in run.items()
-                        if k != "cc" or run["transport"] == "tcp"))
+                        if k != "item" and (k != "cc" or run["transport"] == "tcp")))
+
+
+def _run_config(args, run: dict):
+    """The TrainConfig a run trains with: the flags' config for its transport,
+    with the run's own settings, checked by TrainConfig.validate (what each
+    transport allows: the one table, config.CAPABILITIES); ValueError names
+    the flag."""
+    from ..control.training.args import config_from_args
+    cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
+    cfg = dataclasses.replace(cfg, servers=run["servers"], compress=run["compress"],
+                              sender=run["sender"], loss_policy=run["loss_policy"],
+                              loss_budget=run["loss_budget"])
+    try:
+        cfg.validate()
+    except ValueError as e:     # its messages start with the field: make that the flag
+        raise ValueError(f"--{e}") from None
+    return cfg
+
+
+def _check_run(args, run: dict) -> None:
+    """A --compare item's run, checked before anything runs; its error names the item."""
+    try:
+        _run_config(args, run)
+    except ValueError as e:
+        raise UsageError(f"--compare: {run['item']!r}: {e}") from None
 
 
 def _validate(args) -> tuple:
@@ -194,9 +219,6 @@ def _validate(args) -> tuple:
     from ..control.training.args import config_from_args
     if not 1 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
-    if args.sender == "xdp" and args.transport not in ("ltp", "ddp-ltp"):
-        raise UsageError(f"--sender {args.sender}: the ACK clock is LTP's (--transport ltp "
-                         "or ddp-ltp)")
     try:
         loss = float(args.loss)
     except ValueError:
@@ -211,6 +233,10 @@ def _validate(args) -> tuple:
         raise UsageError(f"--cc: one of {', '.join(CCS)}, got {args.cc!r}")
     try:
         cfg = config_from_args(args)   # every shared training flag, checked once
+        # and the main run's LTP settings as given (config_from_args leaves out
+        # what its transport cannot take: a --compare item inherits them so)
+        _run_config(args, {**_runs_main(args), "sender": args.sender,
+                           "loss_policy": args.loss_policy, "loss_budget": args.loss_budget})
     except ValueError as e:
         raise UsageError(str(e)) from None
     bad = [w for w in cfg.straggler if w >= args.workers]
@@ -218,6 +244,8 @@ def _validate(args) -> tuple:
         raise UsageError(f"--straggler: worker {bad[0]} does not exist (--workers "
                          f"{args.workers}: 0..{args.workers - 1})")
     runs = _runs(args)
+    for run in runs[1:]:
+        _check_run(args, run)
     from ..control.training.faults import parse_kills
     try:
         args.kills = parse_kills(args.kill, args.workers)
@@ -228,17 +256,8 @@ def _validate(args) -> tuple:
     if args.kills and not args.restart and runs[0]["servers"] > 1:
         raise UsageError("--kill with --servers > 1 needs --restart: a sharded job cannot go on "
                          "without a worker (every rank is started again)")
-    if any(r["transport"] == "gloo" and r["servers"] > 1 for r in runs):
-        raise UsageError("--servers: gloo all-reduce has no servers (run gloo with --servers 1, "
-                         "or compare ltp:servers=S and tcp:servers=S)")
-    if any(r["transport"] == "gloo" and r["compress"] != "none" for r in runs):
-        raise UsageError("--compress: gloo all-reduce sends float32 (compare ltp:compress=uint8 "
-                         "and tcp:compress=uint8)")
     from ..control.training.curves import check_outputs
     check_outputs(args.tensorboard, args.plot)
-    if args.sync == "wbsp" and any(r["transport"] in ("gloo", "ddp-ltp") for r in runs):
-        raise UsageError("--sync wbsp needs a parameter server's own API: DDP (--transport/"
-                         "--compare gloo or ddp-ltp) is bsp only")
     from ..dataplane.rig.star import RigConfig
     try:   # the rig's own range checks; its messages start with the field's name
         RigConfig(name=args.name or "check", workers=args.workers, rate_bps=rate,
@@ -253,7 +272,7 @@ def _validate(args) -> tuple:
 def cmd_train(args) -> int:
     loss, rate, buffer, runs = _validate(args)
     need_root("ltp train")
-    if any(r["transport"] in ("ltp", "ddp-ltp") for r in runs):
+    if any(r["transport"] in LTP_TRANSPORTS for r in runs):
         need_bcc()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
     from ..control.training import forkserver
@@ -326,13 +345,9 @@ def _floors(args, results: list[dict], rate: int) -> None:
 def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: float,
              rate: int, buffer: int) -> dict:
     """Train one of the runs on its rig; its result, with the rig it had."""
-    from ..control.training.args import config_from_args
     from ..control.training.curves import run_label
     from ..control.training.onrig import train_on_rig
-    cfg = config_from_args(args, transport=run["transport"], cc=run["cc"])
-    cfg = dataclasses.replace(cfg, servers=run["servers"], compress=run["compress"],
-                              sender=run["sender"], loss_policy=run["loss_policy"],
-                              loss_budget=run["loss_budget"])
+    cfg = _run_config(args, run)
     rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
     label = show.label(cfg.transport, cfg.cc, cfg.servers, cfg.compress, cfg.sender,
                        cfg.loss_policy, cfg.loss_budget)

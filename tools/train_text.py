@@ -4,6 +4,7 @@ side as text, and the labels and ratios its JSON names runs by."""
 from __future__ import annotations
 
 from ..control.settings_table import TABLE
+from ..control.training.config import LTP_TRANSPORTS
 from ..control.training.faults import fault_lines
 
 NO_SENDER = TABLE["sender"].default   # a run without LTP: the sender is not its to name
@@ -15,7 +16,7 @@ def label(transport: str, cc: str | None, servers: int = 1, compress: str = "non
     base = f"tcp ({cc})" if transport == "tcp" else transport
     base = f"{base} x{servers}" if servers > 1 else base
     base = base if sender == NO_SENDER else f"{base} {sender}-sender"
-    base = base if loss_policy == "auto" or transport not in ("ltp", "ddp-ltp") \
+    base = base if loss_policy == "auto" or transport not in LTP_TRANSPORTS \
         else f"{base} {loss_policy}"
     base = f"{base} budget {loss_budget:g}" if loss_budget else base
     return base if compress == "none" else f"{base} {compress}"
@@ -149,7 +150,7 @@ def text(results: list[dict], args, loss: float, rate: int, buffer: int) -> str:
     cols = [label_of(r) for r in results]
 
     def early(r):
-        if r["transport"] not in ("ltp", "ddp-ltp"):
+        if r["transport"] not in LTP_TRANSPORTS:
             return "-"
         return f"{r['rounds_early_closed']}/{(r.get('ltp') or {}).get('rounds', r['iterations'])}"
 

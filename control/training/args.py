@@ -16,14 +16,14 @@ import math
 import os
 
 from ..settings_table import TABLE, TRAIN, add_flag
-from .config import BUBBLES, DEFAULT_HIDDEN, LTP_TRANSPORTS, SYNCS, TRANSPORTS, TrainConfig
+from .config import BUBBLES, DEFAULT_HIDDEN, LTP_TRANSPORTS, SYNCS, TRAIN_TRANSPORTS, TrainConfig
 
 MAX_WIDTH = 65536   # widest hidden layer the flags accept
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
     """Add the shared training flags to `p` (`ltp train` and the rank entry point)."""
-    p.add_argument("--transport", choices=TRANSPORTS, default=TABLE["transport"].default,
+    p.add_argument("--transport", choices=TRAIN_TRANSPORTS, default=TABLE["transport"].default,
                    help="gradient transport: ltp (ltpx.torch's parameter server, the "
                    "default), tcp (the same server over TCP), gloo (DDP all-reduce), ddp-ltp "
                    "(stock DDP over the `ltp` backend and its server)")

@@ -12,9 +12,34 @@ from dataclasses import asdict, dataclass, field
 
 from ..settings_table import COMPRESS, DOWNLINKS, MAX_SERVERS, SENDERS, TABLE
 
-TRANSPORTS = ("ltp", "tcp", "gloo", "ddp-ltp")
+
+
+@dataclass(frozen=True)
+class Can:
+    """What a training transport takes beyond the defaults (CAPABILITIES)."""
+
+    servers: bool       # more than one server rank (gloo's all-reduce has none)
+    compress: bool      # gradients coded on the wire (gloo's all-reduce sends float32)
+    clock: bool         # the ACK clock's sender (sender=xdp): LTP's XDP path
+    early_close: bool   # a loss budget, tolerant answers (loss_policy defer): LTP's rounds
+    group: bool         # the answer sent once to a group address (downlink group): LTP's
+    wbsp: bool          # straggler-tolerant sync: a parameter server's own API, not DDP
+
+
+# The one table of what each transport of `ltp train` allows; TrainConfig.validate
+# is its one reader (every run of `ltp train`, --compare items too, is a checked config).
+CAPABILITIES = {
+    "ltp": Can(servers=True, compress=True, clock=True, early_close=True, group=True, wbsp=True),
+    "tcp": Can(servers=True, compress=True, clock=False, early_close=False, group=False,
+               wbsp=True),
+    "gloo": Can(servers=False, compress=False, clock=False, early_close=False, group=False,
+                wbsp=False),
+    "ddp-ltp": Can(servers=True, compress=True, clock=True, early_close=True, group=True,
+                   wbsp=False),
+}
+TRAIN_TRANSPORTS = tuple(CAPABILITIES)
 # over LTP's XDP path: the parameter server's own API, or stock DDP over the `ltp` backend
-LTP_TRANSPORTS = ("ltp", "ddp-ltp")
+LTP_TRANSPORTS = tuple(t for t, c in CAPABILITIES.items() if c.early_close)
 # every rank a DDP trainer (gloo's all-reduce, or the `ltp` backend with its server ranks)
 DDP_TRANSPORTS = ("gloo", "ddp-ltp")
 SYNCS = ("bsp", "wbsp")
@@ -72,16 +97,20 @@ class TrainConfig:
             self.downlink = DEFAULT_DOWNLINK if self.transport in LTP_TRANSPORTS else "unicast"
 
     def validate(self) -> None:
-        """Raise ValueError naming the field when the combination cannot run."""
-        if self.transport not in TRANSPORTS:
-            raise ValueError(f"transport: one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
+        """Raise ValueError naming the field when the combination cannot run
+        (what each transport allows: CAPABILITIES)."""
+        if self.transport not in CAPABILITIES:
+            raise ValueError(f"transport: one of {', '.join(TRAIN_TRANSPORTS)}, got "
+                             f"{self.transport!r}")
+        can = CAPABILITIES[self.transport]
         if self.sync not in SYNCS:
             raise ValueError(f"sync: one of {', '.join(SYNCS)}, got {self.sync!r}")
-        if self.sync == "wbsp" and self.transport in DDP_TRANSPORTS:
-            raise ValueError("sync: wbsp needs a parameter server's own API (transport ltp "
-                             "or tcp); DDP (gloo, ddp-ltp) is bsp only")
+        if self.sync == "wbsp" and not can.wbsp:
+            raise ValueError(f"sync: wbsp needs a parameter server's own API (transport ltp "
+                             f"or tcp); {self.transport} is DDP, bsp only")
         if self.epochs < 1 or (self.iterations is not None and self.iterations < 1):
-            raise ValueError("epochs/iterations: must be at least 1")
+            raise ValueError(f"epochs/iterations: must be at least 1, got {self.epochs}/"
+                             f"{self.iterations}")
         if self.batch < 1:
             raise ValueError(f"batch: must be at least 1, got {self.batch}")
         if not 0 < self.lr < math.inf or not 0 <= self.momentum < math.inf:   # nan fails too
@@ -91,28 +120,25 @@ class TrainConfig:
             raise ValueError(f"hidden: layer widths must be positive, got {self.hidden}")
         if self.downlink not in DOWNLINKS:
             raise ValueError(f"downlink: one of {', '.join(DOWNLINKS)}, got {self.downlink!r}")
-        if self.downlink == "group" and self.transport not in LTP_TRANSPORTS:
+        if self.downlink == "group" and not can.group:
             raise ValueError("downlink: group sends need the ltp transport")
-        if TABLE["servers"].problem(self.servers) or (self.servers > 1 and
-                                                     self.transport == "gloo"):
-            raise ValueError(f"servers: 1..{MAX_SERVERS} server ranks (ltp or tcp; gloo has "
-                             f"none), got {self.servers}")
-        if self.compress not in COMPRESS or (self.compress != "none" and self.transport == "gloo"):
-            raise ValueError(f"compress: one of {', '.join(COMPRESS)} (ltp or tcp; gloo sends "
-                             f"float32), got {self.compress!r}")
-        if self.sender not in SENDERS or (self.sender == "xdp" and
-                                          self.transport not in LTP_TRANSPORTS):
-            raise ValueError(f"sender: one of {', '.join(SENDERS)} (xdp: ltp, ddp-ltp), got "
-                             f"{self.sender!r}")
+        if TABLE["servers"].problem(self.servers) or (self.servers > 1 and not can.servers):
+            raise ValueError(f"servers: 1..{MAX_SERVERS} server ranks (ltp, tcp or ddp-ltp; "
+                             f"gloo's all-reduce has none), got {self.servers}")
+        if self.compress not in COMPRESS or (self.compress != "none" and not can.compress):
+            raise ValueError(f"compress: one of {', '.join(COMPRESS)} (ltp, tcp or ddp-ltp; "
+                             f"gloo's all-reduce sends float32), got {self.compress!r}")
+        if self.sender not in SENDERS or (self.sender == "xdp" and not can.clock):
+            raise ValueError(f"sender: one of {', '.join(SENDERS)} (xdp, the ACK clock: ltp, "
+                             f"ddp-ltp), got {self.sender!r}")
         if self.loss_policy not in TABLE["loss_policy"].choices or (
-                self.loss_policy == "defer" and (self.transport not in LTP_TRANSPORTS
-                                                   or self.compress != "none")):
+                self.loss_policy == "defer" and (not can.early_close or self.compress != "none")):
             raise ValueError(f"loss-policy: one of {', '.join(TABLE['loss_policy'].choices)}"
                              f" (defer: ltp or ddp-ltp, with compress none), got {self.loss_policy!r}")
         bad = TABLE["loss_budget"].problem(self.loss_budget)
         if bad:
             raise ValueError(f"loss-budget: {bad}")
-        if self.loss_budget and self.transport not in LTP_TRANSPORTS:
+        if self.loss_budget and not can.early_close:
             raise ValueError(f"loss-budget: Early Close is LTP's (ltp, ddp-ltp), got "
                              f"{self.loss_budget} for {self.transport}")
         if self.max_missed < 1 or self.checkpoint_every < 0:

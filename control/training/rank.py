@@ -42,7 +42,7 @@ from .. import settings_table
 from ..settings_table import RANK, TABLE, TRAIN, add_flag
 from ..transport.early_close import EarlyCloseConfig
 from .args import add_train_flags, config_from_args
-from .config import TrainConfig
+from .config import DDP_TRANSPORTS, TrainConfig
 from .context import RankContext
 
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        ddp = cfg.transport in ("gloo", "ddp-ltp")
+        ddp = cfg.transport in DDP_TRANSPORTS
         emit(run_gloo_rank(a, cfg) if ddp else run_api(a, cfg, early_close))
         return 0
     except KeyboardInterrupt:   # SIGTERM: stop now, no goodbye to a server that is going too
