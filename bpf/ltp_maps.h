@@ -213,7 +213,8 @@ struct ltp_round_stats {
 	__u32 last_round;      /* round number of the latest record */
 	__u32 last_delivered;  /* chunks delivered in that round */
 	__u32 last_filled;     /* chunks filled in that round */
-	__u32 pad;
+	__u32 last_budget_ppm; /* that round's Early Close loss budget, parts per million (the
+	                          loss policy's: docs/transport.md, "The loss policy") */
 	__u64 time_us;         /* round times summed, microseconds (rounds recorded with one) */
 	__u64 time_hist[LTP_ROUND_TIME_BUCKETS];  /* rounds per time bucket, see above */
 	__u64 straggler;       /* rounds that named this slot's worker their straggler */

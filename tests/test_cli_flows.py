@@ -101,7 +101,7 @@ def test_round_stats_struct_matches_the_c_definition(small_geometry):
                        lateness_s=0.03)
         m.record_round(1, "timeout", 0, 57, round_=5, duration_s=30.0, straggler=True,
                        lateness_s=9.0)
-        m.record_round(1, "deadline", 1, 56, round_=6)          # no time: not in the histogram
+        m.record_round(1, "deadline", 1, 56, round_=6, budget=0.25)   # no time: no histogram
         hist = [0] * M.ROUND_TIME_BUCKETS
         hist[0] = hist[9] = hist[-1] = 1      # 0.1 ms <= 100 us; 50 ms <= 51.2 ms; 30 s > 26.2 s
         assert M.ROUND_TIME_BOUNDS_S[0] == 0.0001 and M.ROUND_TIME_BOUNDS_S[9] == 0.0512
@@ -110,10 +110,14 @@ def test_round_stats_struct_matches_the_c_definition(small_geometry):
         assert m.round_stats(1) == {"complete": 1, "early": 1, "deadline": 1, "timeout": 1,
                                     "delivered": 108, "filled": 120, "last_round": 6,
                                     "last_delivered": 1, "last_filled": 56,
+                                    "last_budget_ppm": 250_000,
                                     "time_us": 30_050_100, "time_hist": hist,
                                     "straggler": 2, "late_hist": late}
         with pytest.raises(ValueError, match="reason"):
             m.record_round(0, "lost", 1, 1)
+        with pytest.raises(ValueError, match="budget"):
+            m.record_round(0, "early", 1, 1, budget=1.5)
+        assert m.round_stats(0)["complete"] == 0       # a refused record changes nothing
 
 
 def _acks(sock, idle=0.3) -> list:

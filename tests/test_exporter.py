@@ -150,8 +150,11 @@ def test_scrape_matches_flows_and_status(cluster, exporter):
                 assert _get(m, "ltp_flow_delivered_ratio", **fl) == \
                     pytest.approx(1 - f["loss"])
                 assert _get(m, "ltp_flow_last_round", **fl) == ROUNDS
+                # the last round's loss budget: none was set here
+                assert _get(m, "ltp_flow_loss_budget", **fl) == f["loss_budget_last"] == 0.0
             else:  # the worker received no downlink here: no rounds, no ratio
                 assert recorded == 0 and _get(m, "ltp_flow_delivered_ratio", **fl) is None
+                assert _get(m, "ltp_flow_loss_budget", **fl) is None
     ps = next(s for s in snaps if s["role"] == "ps")
     p = {"netns": ps["netns"], "dev": ps["dev"], "job": "0x17"}
     assert _get(m, "ltp_round_current", **p) == ROUNDS

@@ -374,11 +374,15 @@ def test_ltp_flows_sees_the_running_endpoint(rig, lossless):
     cl = lossless
     rig.set_loss(0.03)
     before = _flows(rig)
+    # a loss budget, as the loss policy sets one: each flow's row says it
+    cl.ps.early = EarlyClose(cl.capacity, EarlyCloseConfig(min_deadline_s=0.5,
+                                                           hard_timeout_s=10.0, budget=0.25))
     res, reports = cl.run_round(next_round(), NEL, seed=7)
     rig.set_loss(0.0)
     after = _flows(rig)
     for i, w in enumerate(cl.ids):
         a, b = after[w], before[w]
+        assert a["loss_budget_last"] == 0.25
         assert a["delivered"] - b["delivered"] == int(res.masks[i].sum())
         assert a["last_delivered"] == int(res.masks[i].sum())
         assert a["last_filled"] == int(res.filled[i])

@@ -273,7 +273,8 @@ class Receiver:
             w = st.workers[i]
             maps.record_round(s, reason, int(masks[i].sum()), int(filled[i]), round_=round_,
                               duration_s=t_close - st.t_open, straggler=att.critical == w,
-                              lateness_s=att.lateness.get(w))
+                              lateness_s=att.lateness.get(w),
+                              budget=0.0 if st.reliable or st.early is None else st.early.cfg.budget)
         values = chunked.reshape(len(slots), nch * ce)[:, :layout.nelems]
         late, dups, bad_token = self._since_last_report()
         retx = int(prog["retx"].sum())

@@ -77,6 +77,9 @@ def snapshot(rec, maps) -> dict[str, Any]:
         row["last_filled"] = rs["last_filled"]
         row["loss"] = _frac(rs["filled"], rs["delivered"] + rs["filled"])
         row["loss_last"] = _frac(rs["last_filled"], rs["last_delivered"] + rs["last_filled"])
+        # the loss policy's Early Close budget for that round (0: none)
+        row["loss_budget_last"] = rs["last_budget_ppm"] / 1e6 if row["last_round"] is not None \
+            else None
         # who the rounds waited for (control/transport/straggler.py): the rounds
         # that named this worker, and its lateness's p50/p99 (upper bounds, ms)
         row["straggler_rounds"] = rs["straggler"]

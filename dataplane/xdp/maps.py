@@ -378,12 +378,14 @@ class LtpMaps:
     # --- round outcomes (decided in user space, kept in ltp_rounds) -----
     def record_round(self, slot: int, reason: str, delivered_chunks: int, filled_chunks: int,
                      *, round_: int | None = None, duration_s: float | None = None,
-                     straggler: bool = False, lateness_s: float | None = None) -> None:
+                     straggler: bool = False, lateness_s: float | None = None,
+                     budget: float = 0.0) -> None:
         """Count one closed round of `slot`: why it closed (one of
         ROUND_REASONS), how many of its chunks arrived and were filled and,
         if given, how long it was open (into the time histogram), whether it
-        named this slot's worker its straggler, and the worker's lateness
-        (into the lateness histogram; control/transport/straggler.py).
+        named this slot's worker its straggler, the worker's lateness (into
+        the lateness histogram; control/transport/straggler.py), and the
+        round's Early Close loss budget (the loss policy's, in [0, 1)).
 
         One writer per program (the receiving endpoint): this is a read,
         modify, write of the slot's entry, not atomic across processes."""
@@ -396,6 +398,8 @@ class LtpMaps:
             raise ValueError(f"slot must be in 0..{self.geometry.slots - 1}, got {slot}")
         if delivered_chunks < 0 or filled_chunks < 0:
             raise ValueError("chunk counts must not be negative")
+        if not 0.0 <= budget < 1.0:
+            raise ValueError(f"budget must be in [0, 1), got {budget}")
         st = self.rounds.get(slot)
         setattr(st, reason, getattr(st, reason) + 1)
         st.delivered += int(delivered_chunks)
@@ -404,6 +408,7 @@ class LtpMaps:
             st.last_round = int(round_) % 2**32
         st.last_delivered = min(int(delivered_chunks), 2**32 - 1)
         st.last_filled = min(int(filled_chunks), 2**32 - 1)
+        st.last_budget_ppm = round(budget * 1e6)
         if duration_s is not None:
             st.time_us += max(0, round(duration_s * 1e6))
             # the first bucket whose bound is >= the time; past the last bound, the last
@@ -416,12 +421,12 @@ class LtpMaps:
     def round_stats(self, slot: int) -> dict[str, int | list[int]]:
         """Round outcomes of `slot`: complete, early, deadline, timeout (rounds),
         delivered, filled (chunks over all recorded rounds), last_round,
-        last_delivered, last_filled, time_us and time_hist (a list, buckets
+        last_delivered, last_filled, last_budget_ppm, time_us and time_hist (a list, buckets
         of ROUND_TIME_BOUNDS_S), straggler (rounds that named it) and
         late_hist (buckets of LATE_BOUNDS_S); all zero if nothing was recorded."""
         st = self.rounds.get(slot) if self.rounds is not None else RoundStats()
         out = {n: int(getattr(st, n)) for n, *_ in RoundStats._fields_
-               if n not in ("pad", "time_hist", "late_hist")}
+               if n not in ("time_hist", "late_hist")}
         out["time_hist"] = [int(v) for v in st.time_hist]
         out["late_hist"] = [int(v) for v in st.late_hist]
         return out

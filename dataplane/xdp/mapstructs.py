@@ -152,7 +152,7 @@ class RoundStats(ctypes.Structure):
     _fields_ = [*((n, ctypes.c_uint64) for n in ROUND_REASONS),
                 ("delivered", ctypes.c_uint64), ("filled", ctypes.c_uint64),
                 ("last_round", ctypes.c_uint32), ("last_delivered", ctypes.c_uint32),
-                ("last_filled", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("last_filled", ctypes.c_uint32), ("last_budget_ppm", ctypes.c_uint32),
                 ("time_us", ctypes.c_uint64), ("time_hist", ctypes.c_uint64 * ROUND_TIME_BUCKETS),
                 ("straggler", ctypes.c_uint64), ("late_hist", ctypes.c_uint64 * LATE_BUCKETS)]
 

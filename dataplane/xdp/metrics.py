@@ -89,6 +89,8 @@ class _Families:
                            "recorded round", labels=FLOW)
         self.last_round = g("ltp_flow_last_round", "round number of the flow's last "
                             "recorded round", labels=FLOW)
+        self.budget = g("ltp_flow_loss_budget", "the loss budget Early Close had for the "
+                        "flow's last recorded round (the loss policy's; 0: none)", labels=FLOW)
         self.live = g("ltp_flow_round_chunks", "chunks of the newest bank's round in so "
                       "far (live progress)", labels=FLOW)
         self.time = HistogramMetricFamily("ltp_flow_round_seconds", "round time, open to "
@@ -108,7 +110,8 @@ class _Families:
     def all(self) -> list:
         return [self.info, self.up, self.xdp, self.round, self.round_open, self.round_chunks, self.delivered,
                 *self.flow.values(), self.rounds, self.flow_delivered, self.flow_last,
-                self.last_round, self.live, self.time, self.straggler, self.late, self.scrape]
+                self.last_round, self.budget, self.live, self.time, self.straggler, self.late,
+                self.scrape]
 
     def add_program(self, snap: dict[str, Any], hists: dict[int, dict]) -> None:
         """One program's snapshot (flows.snapshot) and its flows' round
@@ -139,6 +142,7 @@ class _Families:
             self.flow_last.add_metric(labels, 1.0 - f["loss_last"])
         if f["last_round"] is not None:
             self.last_round.add_metric(labels, f["last_round"])
+            self.budget.add_metric(labels, f["loss_budget_last"])
         if f["round_chunks"] is not None:
             self.live.add_metric(labels, f["round_chunks"])
         cumulative, buckets = 0, []
