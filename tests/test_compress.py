@@ -216,18 +216,20 @@ def test_a_lost_chunk_changes_only_its_own_slice(rig):
 
 @pytest.mark.rig
 @requires_bpf
-def test_ltp_train_compressed_reaches_its_target_with_identical_replicas(tmp_path):
-    """`ltp train --compress uint8` at 1 % loss on every port: the built-in job
-    reaches 90 % test accuracy and every replica ends bit-identical."""
+@pytest.mark.parametrize("kind", ["uint8", "bf16"])
+def test_ltp_train_compressed_reaches_its_target_with_identical_replicas(kind):
+    """`ltp train --compress uint8` (and bf16: codec.Half) at 1 % loss on
+    every port: the built-in job reaches 90 % test accuracy and every
+    replica ends bit-identical."""
     name = f"hbt{os.getpid() % 100000}"
     out = subprocess.run([LTP, "train", "--name", name,
-                          "--workers", "2", "--epochs", "2", "--compress", "uint8",
+                          "--workers", "2", "--epochs", "2", "--compress", kind,
                           "--loss", "0.01", "--target-accuracy", "0.9", "-j"],
                          capture_output=True, text=True, timeout=600)
     subprocess.run([LTP, "rig", "down", "--name", name], capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
-    assert r["compress"] == "uint8" and r["replicas_identical"]
+    assert r["compress"] == kind and r["replicas_identical"]
     assert r["final_accuracy"] >= 0.9 and r["time_to_target"]
 
 

@@ -104,7 +104,8 @@ def steady(notes: dict[int, dict], keys: list[int], step_s: float) -> dict[int, 
         others = np.delete(med, c)
         others = others[~np.isnan(others)]
         lag = float(med[c] - np.median(others))
-        times = np.bincount(np.nanargmax(np.where(np.isnan(win), -np.inf, win), axis=1),
+        timed = win[~np.isnan(win).all(axis=1)]        # steps someone's own time is of
+        times = np.bincount(np.nanargmax(np.where(np.isnan(timed), -np.inf, timed), axis=1),
                             minlength=len(workers))    # steps each was the slowest in
         if lag > max(floor, float(others.max() - others.min())) and \
                 times[c] == times.max() and times[c] >= STEADY_SHARE * STEADY_WINDOW:
