@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 
 import pytest
 
@@ -78,23 +77,6 @@ def finish_all(procs, timeout: float) -> list[tuple[str, str]]:
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     return outs
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _temp_root(tmp_path_factory):
-    """Every temporary folder the product makes during the suite (a flight
-    folder a stalled or failed rank leaves on purpose, launch logs, key
-    files) goes under pytest's own temp root, which pytest prunes, instead
-    of piling up in /tmp: TMPDIR for this process and its children."""
-    old = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
-    tempfile.tempdir = None            # gettempdir() reads TMPDIR again
-    yield
-    if old is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = old
-    tempfile.tempdir = None
 
 
 @pytest.fixture(scope="session")
