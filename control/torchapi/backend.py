@@ -13,11 +13,15 @@ Filling) while every other collective stays exact:
             SyncBatchNorm's statistics in backward, stays exact),
             `hook` (only buckets sent through `ltpx.torch.ddp_hook`) or
             `never`.
-  exact     everything else (a metric all_reduce, broadcast, all_gather,
-            all_gather_into_tensor, reduce_scatter_tensor, barrier, object
-            collectives, DDP's own integer all-reduce of used parameters):
-            a gloo process group on the same store, so the results are
-            gloo's, bit for bit.
+  native    broadcast, every other all_reduce, all_gather (and object
+            collectives over it), all_gather_into_tensor, reduce_scatter_tensor
+            (tolerant in backward: FSDP2's gradients) and barrier: ops of
+            the LTP job over its reliable class (native.py says how each
+            goes, and what stays on gloo)
+  exact     the rest (gather, scatter, reduce, all-to-all, coalesced forms,
+            PREMUL_SUM, an exact call while DDP's buckets are in flight): a
+            gloo process group on the same store, made at its first use, so
+            a job that needs none never opens its connections.
 
 The ranks torch counts (RANK, WORLD_SIZE) are trainers only, as under
 torchrun. The parameter server(s) are ranks of the LTP job only: `ltp launch`
@@ -33,6 +37,7 @@ send/recv and the other point-to-point calls are not supported.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sys
@@ -44,18 +49,20 @@ from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_futur
 
 from ...errors import UsageError
 from .. import settings_table
+from . import native
 from .ddp import tolerant_reduce, tolerant_rule
 from .job import current, init, joined, serve_here, shutdown
 
 log = logging.getLogger("ltpx.torch.backend")
 
 # the collectives handed to the exact group as they are
-EXACT = ("broadcast", "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced",
-         "all_gather_single", "all_gather_single_coalesced", "reduce_scatter",
-         "reduce_scatter_single", "reduce_scatter_single_coalesced",
-         "reduce_scatter_tensor_coalesced", "allreduce_coalesced", "gather", "scatter",
-         "reduce", "alltoall", "alltoall_base", "all_to_all_single", "barrier",
-         "monitored_barrier")
+EXACT = ("allgather_coalesced", "reduce_scatter", "allreduce_coalesced", "gather", "scatter",
+         "reduce", "alltoall", "alltoall_base", "all_to_all_single", "monitored_barrier")
+# the coalesced forms of a native call: the call on each (output, input) pair in turn
+COALESCED = {"all_gather_single_coalesced": "all_gather_single",
+             "allgather_into_tensor_coalesced": "all_gather_single",
+             "reduce_scatter_single_coalesced": "reduce_scatter_single",
+             "reduce_scatter_tensor_coalesced": "reduce_scatter_single"}
 NAME = "ltp"   # the backend's name (torchplugin.NAME says it to torch at torch's import)
 UNSUPPORTED = ("send", "recv", "recv_anysource")
 EXACT_KEYS = "ltp-exact/"    # the exact group's keys of the store
@@ -125,12 +132,32 @@ class LtpProcessGroup(dist.ProcessGroup):
     """See the module docstring. `reduce` is the job's ddp.TolerantReduce
     (None: an exact-only group)."""
 
-    def __init__(self, exact: dist.ProcessGroup, rank: int, size: int, reduce=None,
+    def __init__(self, make_exact, rank: int, size: int, reduce=None,
                  rule: str = "never"):
         super().__init__(rank, size)
-        self.exact, self.reduce, self.rule = exact, reduce, rule
+        self.make_exact, self.reduce, self.rule = make_exact, reduce, rule
+        self._exact: dist.ProcessGroup | None = None
+        self.routes: collections.Counter = collections.Counter()   # "call way" -> calls
         self.warned = False
         self.key = (-1, 0)     # (graph task, buckets of it so far): a bucket's position
+
+    @property
+    def exact(self) -> dist.ProcessGroup:
+        """The gloo group, made at its first use (every rank reaches the
+        same call the same way: native.py)."""
+        if self._exact is None:
+            self._exact = self.make_exact()
+        return self._exact
+
+    def native(self, call: str, gathers: bool = False) -> bool:
+        """Whether an exact collective goes over LTP (native.py): on the
+        default group, not between DDP's buckets in backward, and, for a
+        call that gathers, with one server. Counted in `routes`."""
+        task = torch._C._current_graph_task_id()
+        ok = self.reduce is not None and not (task != -1 and self.key[0] == task) and \
+            (not gathers or current().s.servers == 1)
+        self.routes[f"{call} {'ltp' if ok else 'gloo'}"] += 1
+        return ok
 
     def getBackendName(self) -> str:
         return NAME
@@ -173,16 +200,63 @@ class LtpProcessGroup(dist.ProcessGroup):
             tensors = [tensors]
         if opts is None:
             opts = dist.AllreduceOptions()
+        op = opts.reduceOp.op
         if self.tolerant(tensors, opts):
-            return self.tolerant_allreduce(tensors[0], opts.reduceOp.op)
-        if opts.reduceOp.op == dist.ReduceOp.AVG:
+            return self.tolerant_allreduce(tensors[0], op)
+        if op == dist.ReduceOp.AVG and any(t.dtype == torch.bool for t in tensors):
+            raise UsageError("ltp backend: ReduceOp.AVG of a bool tensor has no meaning; "
+                             "use SUM (a count), MAX (any) or MIN (all)")
+        halves = all(t.dtype in native.HALVES for t in tensors)
+        if native.reducible(op) and self.native("allreduce", gathers=not halves):
+            return _work(native.allreduce(tensors, op))
+        if op == dist.ReduceOp.AVG:
             return self.exact_average(tensors, opts)
         return self.exact.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        if not isinstance(tensors, list):
+            tensors = [tensors]
+        root = opts.rootRank if opts is not None else 0
+        if self.native("broadcast"):
+            return _work(native.broadcast(tensors, root))
+        return self.exact.broadcast(tensors, opts or dist.BroadcastOptions())
+
+    def allgather(self, outputs, inputs, opts=None):
+        if self.native("allgather", gathers=True):
+            return _work(native.allgather(outputs, inputs))
+        return self.exact.allgather(outputs, inputs, opts or dist.AllgatherOptions())
+
+    def all_gather_single(self, output, t, opts=None):
+        if self.native("all_gather_single", gathers=True):
+            return _work(native.all_gather_single(output, t))
+        return self.exact.all_gather_single(output, t, opts or dist.AllgatherOptions())
+
+    def reduce_scatter_single(self, output, t, opts=None):
+        """FSDP2's gradients (a float SUM or AVG in backward) loss-tolerant,
+        every other exact; then this rank's slice."""
+        op = opts.reduceOp.op if opts is not None else dist.ReduceOp.SUM
+        if not (native.reducible(op) and
+                self.native("reduce_scatter_single", gathers=t.dtype not in native.HALVES)):
+            return self.exact.reduce_scatter_single(output, t,
+                                                    opts or dist.ReduceScatterOptions())
+        tolerant = self.rule == "backward" and t.dtype in FLOATS and \
+            op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG) and \
+            torch._C._current_graph_task_id() != -1
+        if tolerant:
+            self.routes["reduce_scatter_single tolerant"] += 1
+        return _work(native.reduce_scatter(output, t, op, self.rank(),
+                                           self.reduce if tolerant else None))
+
+    def barrier(self, opts=None):
+        if self.native("barrier"):
+            return _work(native.barrier())
+        return self.exact.barrier(opts or dist.BarrierOptions())
 
     def tolerant_allreduce(self, t: torch.Tensor, op):
         task = torch._C._current_graph_task_id()
         n = self.key[1] + 1 if self.key[0] == task else 0
         self.key = (task, n)
+        self.routes["allreduce tolerant"] += 1
         # DDP divided the bucket by the world size and asks for the SUM: the
         # mean over the workers, times the world size, is that sum
         scale = 1.0 if op == dist.ReduceOp.AVG else float(self.size())
@@ -193,9 +267,6 @@ class LtpProcessGroup(dist.ProcessGroup):
         """AVG: gloo's SUM, divided by the size; an integer tensor's quotient
         truncated toward zero, as NCCL's average of integers (Lightning
         averages its integer batch counts so)."""
-        if any(t.dtype == torch.bool for t in tensors):
-            raise UsageError("ltp backend: ReduceOp.AVG of a bool tensor has no meaning; "
-                             "use SUM (a count), MAX (any) or MIN (all)")
         sum_opts = dist.AllreduceOptions()
         sum_opts.reduceOp = dist.ReduceOp.SUM
         sum_opts.timeout = opts.timeout
@@ -219,7 +290,12 @@ class LtpProcessGroup(dist.ProcessGroup):
                 _groups = 0          # a later init_process_group("ltp") is a default group again
                 shutdown()
         finally:
-            self.exact.shutdown()
+            if self._exact is not None:
+                self._exact.shutdown()
+
+
+def _work(fut):
+    return _create_work_from_future(fut)
 
 
 def _from_python_api() -> bool:
@@ -237,9 +313,20 @@ def _from_python_api() -> bool:
 
 def _delegate(name: str):
     def call(self, *args, **kwargs):
+        self.routes[f"{name} gloo"] += 1
         return getattr(self.exact, name)(*args, **kwargs)
     call.__name__ = name
     call.__doc__ = f"{name}: exact, through the gloo group."
+    return call
+
+
+def _coalesced(name: str, single: str):
+    def call(self, outputs, inputs, opts=None):
+        for o, t in zip(outputs, inputs):
+            getattr(self, single)(o, t, opts).wait()
+        return _work(native.done(list(outputs)))
+    call.__name__ = name
+    call.__doc__ = f"{name}: {single} on each pair."
     return call
 
 
@@ -253,6 +340,8 @@ def _refuse(name: str):
 
 for _n in EXACT:
     setattr(LtpProcessGroup, _n, _delegate(_n))
+for _n, _single in COALESCED.items():
+    setattr(LtpProcessGroup, _n, _coalesced(_n, _single))
 for _n in UNSUPPORTED:
     setattr(LtpProcessGroup, _n, _refuse(_n))
 
@@ -284,8 +373,8 @@ def create(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup
     global _groups
     _groups += 1
     if _groups > 1:    # a subgroup: exact only
-        return LtpProcessGroup(exact_group(store, rank, size, timeout, current().coord.seal),
-                               rank, size)
+        seal = current().coord.seal
+        return LtpProcessGroup(lambda: exact_group(store, rank, size, timeout, seal), rank, size)
     rule = tolerant_rule()
     lr, lw, server = ltp_place(rank, size)
     if joined() is None:
@@ -293,8 +382,9 @@ def create(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup
     job = current()
     if job.is_server:
         serve_and_exit()
-    exact = exact_group(store, rank, size, timeout, job.coord.seal)
-    return LtpProcessGroup(exact, rank, size, tolerant_reduce(), rule)
+    seal = job.coord.seal
+    return LtpProcessGroup(lambda: exact_group(store, rank, size, timeout, seal), rank, size,
+                           tolerant_reduce(), rule)
 
 
 def serve_and_exit() -> None:

@@ -2,7 +2,8 @@
 """Operations besides the optimizer's steps, each reliable end to end:
 `broadcast_parameters` (a root worker's tensors, bit for bit, to every worker),
 `allreduce` (the mean or sum of a tensor over the workers, on the tensor's
-device), and `digest` (a hash of a model's parameters, to compare replicas).
+device), `allgather` (every worker's tensor, bit for bit, in worker order),
+`barrier`, and `digest` (a hash of a model's parameters, to compare replicas).
 
 A broadcast packs the tensors' raw bytes, each at an 8-byte boundary, into
 one float32 buffer: any dtype (float16, bfloat16, integer buffers such as
@@ -18,7 +19,7 @@ import torch
 
 from ...errors import UsageError
 from .job import current
-from .ops import ALLREDUCE, BROADCAST, Op
+from .ops import ALLGATHER, ALLREDUCE, BROADCAST, Op
 
 ALIGN = 8
 
@@ -89,6 +90,34 @@ def allreduce(tensor: torch.Tensor, average: bool = True) -> torch.Tensor:
     job.exchange.run(Op(ALLREDUCE, sizes=(piece.size,), average=average,
                         downlink=job.s.downlink), [piece], out)
     return torch.from_numpy(out).reshape(t.shape).to(t.device, t.dtype)
+
+
+def allgather(tensor: torch.Tensor) -> torch.Tensor:
+    """Every worker's `tensor` (the same shape and dtype on each), stacked in
+    worker order: a new CPU tensor of shape (workers, *tensor.shape). Its
+    bytes travel, so any dtype arrives unchanged. A worker the job went on
+    without (absent) has zeros in its row."""
+    job = current()
+    if job.is_server:
+        raise UsageError("allgather: this rank is a server")
+    if job.s.servers > 1:
+        raise UsageError("allgather: not built for sharded servers (servers > 1); "
+                         "use servers=1")
+    t = tensor.detach().to("cpu").contiguous()
+    nbytes = t.numel() * t.element_size()
+    n = max(1, -(-nbytes // 4))
+    buf = np.zeros(n, dtype=np.float32)
+    buf.view(np.uint8)[:nbytes] = t.reshape(-1).view(torch.uint8).numpy()
+    job.drain()
+    out = np.empty(job.workers * n, dtype=np.float32)
+    job.exchange.run(Op(ALLGATHER, sizes=(n,), downlink=job.s.downlink), [buf], out)
+    rows = torch.from_numpy(out.view(np.uint8).reshape(job.workers, 4 * n)[:, :nbytes].copy())
+    return rows.view(t.dtype).reshape(job.workers, *t.shape)
+
+
+def barrier() -> None:
+    """Return once every worker present has called it."""
+    allreduce(torch.zeros(1))
 
 
 def digest(module_or_tensors) -> str:

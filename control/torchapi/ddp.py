@@ -202,6 +202,7 @@ class TolerantReduce:
         self.last_report: StepReport | None = None
         self.phases = worker_phases()  # staging here, comm_* on the communication thread
         self.handed = 0.0                 # perf_counter at the latest bucket's hand-off
+        self.kept: dict[tuple, torch.Tensor] = {}   # alone(): a tensor per size, dtype, device
         job.optimizers.append(self)       # drained before other ops, closed with the job
 
     def op_for(self, bubble: str = "mean", early_close: dict | None = None,
@@ -233,6 +234,20 @@ class TolerantReduce:
         self.comm.submit(self.run, b, host, ev, base or self.base)
         self.handed = time.perf_counter()
         return fut
+
+    def alone(self, t: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """t's mean over the workers (times scale), as an op of its own,
+        waited for here: for a caller that blocks on each reduction (FSDP2's
+        reduce-scatter), which a step op of several buckets would wait on.
+        Its values go through a tensor kept per size, dtype and device, so a
+        caller's fresh tensors each step reuse one host buffer (mean keys
+        them by memory); the result is that tensor, valid until the next call."""
+        key = (t.numel(), t.dtype, t.device)
+        kept = self.kept.get(key)
+        if kept is None:
+            kept = self.kept[key] = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+        kept.copy_(t.reshape(-1))
+        return self.mean(kept, key=0, scale=scale).wait()
 
     def run(self, b: Bucket, host, ev, base: Op) -> None:
         try:

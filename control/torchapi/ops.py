@@ -3,7 +3,7 @@
 sends, which LTP rounds it uses, and the report a step's answer carries.
 
 Every worker runs the same ops in the same order (steps of one optimizer,
-broadcasts, all-reduces, the shutdown), so each side numbers rounds alone:
+broadcasts, all-reduces, gathers, the shutdown), so each side numbers rounds alone:
 op s answers on downlink round s; an op with k uplink pieces takes the next
 k uplink rounds (the first is 1). The last worker to arrive at op s's
 barrier stores the op's description as the value of `go/<s>`; the server
@@ -32,7 +32,8 @@ import numpy as np
 from .losspolicy import WHY, Choice
 
 STEP, BROADCAST, ALLREDUCE, SHUTDOWN = "step", "broadcast", "allreduce", "shutdown"
-KINDS = (STEP, BROADCAST, ALLREDUCE, SHUTDOWN)
+ALLGATHER = "allgather"   # every worker's piece, by worker id: the answer holds a row per worker
+KINDS = (STEP, BROADCAST, ALLREDUCE, ALLGATHER, SHUTDOWN)
 REASONS = ("complete", "early", "deadline", "timeout")   # a round's close, worst last
 REPORT_MAGIC = 0x1CE
 REPORT_WORDS = 4            # magic, step, buckets, workers; then the per-bucket and per-worker words
@@ -70,7 +71,12 @@ class Op:
     def down_elems(self, workers: int) -> int:
         """Elements of the answer (downlink round): the result, plus a step's report."""
         tail = report_words(len(self.sizes), workers) if self.kind == STEP else 0
-        return sum(self.sizes) + tail
+        return sum(self.answer_width(i, workers) for i in range(len(self.sizes))) + tail
+
+    def answer_width(self, i: int, workers: int) -> int:
+        """Elements of the answer uplink piece i fills: its size, a gather's
+        once per worker (a gather has one piece)."""
+        return self.sizes[i] * (workers if self.kind == ALLGATHER else 1)
 
     def max_elems(self, workers: int) -> int:
         """The largest round this op sends: what an endpoint must hold."""

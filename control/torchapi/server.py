@@ -49,6 +49,7 @@ from .losspolicy import Choice
 from .trace import Timeline, answer_record, now_ns, rank_trace, round_record
 from .trace import write as write_trace
 from .ops import ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
+from .ops import ALLGATHER
 
 FIRST_TRY_S = 3.0   # an answer's first try: long enough for a live worker to answer
 
@@ -233,7 +234,8 @@ class Server:
             if missing and self.link.opens:
                 self.pending[r] = missing
             t_sum = time.perf_counter()
-            bad = self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + op.sizes[i]])
+            width = op.answer_width(i, self.W)
+            bad = self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + width])
             if stream is not None:
                 stream.feed(offs[i] + op.sizes[i])
             self.phases.add("gather", t1 - t0)
@@ -369,6 +371,10 @@ class Server:
         rows found holding NaN or Inf (contained: treated as lost)."""
         if op.kind == BROADCAST:
             np.copyto(out, g.values[0])
+        elif op.kind == ALLGATHER:     # row by worker id; an absent one's stays zeros
+            rows = out.reshape(self.W, -1)
+            rows[:] = 0
+            rows[np.asarray(g.workers, dtype=np.int64)] = g.values
         elif op.kind == ALLREDUCE:
             aggregate_into(out, g.values, average=op.average)
         elif op.bubble == "stale" and g.masks is not None:
