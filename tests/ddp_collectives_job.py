@@ -125,8 +125,9 @@ h = hashlib.sha256()
 for p in model.parameters():
     h.update(p.detach().view(-1).view(torch.uint8).numpy().tobytes())
 out["digest"] = h.hexdigest()[:16]
-if backend == "ltp":   # the buckets' LTP ops (ddp.TolerantReduce)
+if backend == "ltp":   # the buckets' LTP ops (ddp.TolerantReduce), how each call went
     from ltpx.control.torchapi.job import current
     out["tolerant"] = current().tolerant.stats()
+    out["routes"] = dict(dist.group.WORLD.routes)
 print(json.dumps({"event": "result", "rank": rank, "world": world, **out}))
 dist.destroy_process_group()

@@ -287,6 +287,11 @@ def test_a_paths_loss_is_judged_from_enough_packets_with_a_gap_between_its_two_l
     assert s.path_loss(2) is None and not s.heavy
     learn([one, two], 400, 300)                    # 25 % of both targets' packets
     assert s.path_loss(2) == pytest.approx(0.25) and s.heavy == {1, 2}
+    assert s.heavy_why(2).startswith("socket: auto, 25% of the packets toward worker 2 lost")
+    for _ in range(20):                            # small pushes decay it past judging
+        learn([two], 1, 1)
+    assert s.path_loss(2) is None and 2 in s.heavy
+    assert "more than 6% of the packets (when last judged) toward worker 2" in s.heavy_why(2)
 
 
 @pytest.fixture(scope="module")

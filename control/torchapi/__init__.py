@@ -45,8 +45,10 @@ reliable class; each worker applies it with its own optimizer. Modules:
                file, dumped as JSON on a stall, SIGUSR1 or an error
   buckets      gradient buckets: reverse registration order, copy in and out
   optimizer    DistributedOptimizer (hooks, overlap, wbsp, report, warnings)
-  collectives  broadcast_parameters, allreduce, digest
+  collectives  broadcast_parameters, allreduce, allgather, barrier, digest
   backend      the torch.distributed backend `ltp` (tolerant buckets, exact rest)
+  native       the backend's collectives over LTP (broadcast, all-reduce, all-gather,
+               reduce-scatter, barrier); gloo for the rest, made at its first use
   ddp          DDP's comm hook and the tolerant bucket reduce, any device
   host         device addresses; bpffs where `ip netns exec` hid it
   liveness     every rank beats a counter in the store; the others watch it

@@ -49,7 +49,10 @@ from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_futur
 
 from ...errors import UsageError
 from .. import settings_table
-from . import native
+from .native import HALVES, done, reducible
+from .native import allgather as ltp_allgather, all_gather_single as ltp_all_gather_single
+from .native import allreduce as ltp_allreduce, barrier as ltp_barrier
+from .native import broadcast as ltp_broadcast, reduce_scatter as ltp_reduce_scatter
 from .ddp import tolerant_reduce, tolerant_rule
 from .job import current, init, joined, serve_here, shutdown
 
@@ -152,9 +155,12 @@ class LtpProcessGroup(dist.ProcessGroup):
     def native(self, call: str, gathers: bool = False) -> bool:
         """Whether an exact collective goes over LTP (native.py): on the
         default group, not between DDP's buckets in backward, and, for a
-        call that gathers, with one server. Counted in `routes`."""
+        call that gathers, with one server; never under LTP_TOLERANT=never
+        (everything gloo's: the check that LTP is not what changed a
+        result). Counted in `routes`."""
         task = torch._C._current_graph_task_id()
-        ok = self.reduce is not None and not (task != -1 and self.key[0] == task) and \
+        ok = self.reduce is not None and self.rule != "never" and \
+            not (task != -1 and self.key[0] == task) and \
             (not gathers or current().s.servers == 1)
         self.routes[f"{call} {'ltp' if ok else 'gloo'}"] += 1
         return ok
@@ -206,9 +212,9 @@ class LtpProcessGroup(dist.ProcessGroup):
         if op == dist.ReduceOp.AVG and any(t.dtype == torch.bool for t in tensors):
             raise UsageError("ltp backend: ReduceOp.AVG of a bool tensor has no meaning; "
                              "use SUM (a count), MAX (any) or MIN (all)")
-        halves = all(t.dtype in native.HALVES for t in tensors)
-        if native.reducible(op) and self.native("allreduce", gathers=not halves):
-            return _work(native.allreduce(tensors, op))
+        halves = all(t.dtype in HALVES for t in tensors)
+        if reducible(op) and self.native("allreduce", gathers=not halves):
+            return _work(ltp_allreduce(tensors, op))
         if op == dist.ReduceOp.AVG:
             return self.exact_average(tensors, opts)
         return self.exact.allreduce(tensors, opts)
@@ -218,25 +224,25 @@ class LtpProcessGroup(dist.ProcessGroup):
             tensors = [tensors]
         root = opts.rootRank if opts is not None else 0
         if self.native("broadcast"):
-            return _work(native.broadcast(tensors, root))
+            return _work(ltp_broadcast(tensors, root))
         return self.exact.broadcast(tensors, opts or dist.BroadcastOptions())
 
     def allgather(self, outputs, inputs, opts=None):
         if self.native("allgather", gathers=True):
-            return _work(native.allgather(outputs, inputs))
+            return _work(ltp_allgather(outputs, inputs))
         return self.exact.allgather(outputs, inputs, opts or dist.AllgatherOptions())
 
     def all_gather_single(self, output, t, opts=None):
         if self.native("all_gather_single", gathers=True):
-            return _work(native.all_gather_single(output, t))
+            return _work(ltp_all_gather_single(output, t))
         return self.exact.all_gather_single(output, t, opts or dist.AllgatherOptions())
 
     def reduce_scatter_single(self, output, t, opts=None):
         """FSDP2's gradients (a float SUM or AVG in backward) loss-tolerant,
         every other exact; then this rank's slice."""
         op = opts.reduceOp.op if opts is not None else dist.ReduceOp.SUM
-        if not (native.reducible(op) and
-                self.native("reduce_scatter_single", gathers=t.dtype not in native.HALVES)):
+        if not (reducible(op) and
+                self.native("reduce_scatter_single", gathers=t.dtype not in HALVES)):
             return self.exact.reduce_scatter_single(output, t,
                                                     opts or dist.ReduceScatterOptions())
         tolerant = self.rule == "backward" and t.dtype in FLOATS and \
@@ -244,12 +250,12 @@ class LtpProcessGroup(dist.ProcessGroup):
             torch._C._current_graph_task_id() != -1
         if tolerant:
             self.routes["reduce_scatter_single tolerant"] += 1
-        return _work(native.reduce_scatter(output, t, op, self.rank(),
+        return _work(ltp_reduce_scatter(output, t, op, self.rank(),
                                            self.reduce if tolerant else None))
 
     def barrier(self, opts=None):
         if self.native("barrier"):
-            return _work(native.barrier())
+            return _work(ltp_barrier())
         return self.exact.barrier(opts or dist.BarrierOptions())
 
     def tolerant_allreduce(self, t: torch.Tensor, op):
@@ -324,7 +330,7 @@ def _coalesced(name: str, single: str):
     def call(self, outputs, inputs, opts=None):
         for o, t in zip(outputs, inputs):
             getattr(self, single)(o, t, opts).wait()
-        return _work(native.done(list(outputs)))
+        return _work(done(list(outputs)))
     call.__name__ = name
     call.__doc__ = f"{name}: {single} on each pair."
     return call

@@ -106,6 +106,7 @@ class OpExchange(Protocol):
     def finish(self, run, out: np.ndarray) -> np.ndarray: ...
     def run(self, op: Op, pieces: list[np.ndarray] | None, out: np.ndarray) -> np.ndarray: ...
     def set_aside(self, why: str) -> None: ...
+    def left_out(self) -> set[int]: ...
     def shutdown(self) -> dict: ...
 
 
@@ -308,6 +309,10 @@ class Exchange:
         for i, piece in enumerate(pieces or []):
             self.push(run, i, piece)
         return self.finish(run, out)
+
+    def left_out(self) -> set[int]:
+        """The workers the latest op went on without (absent, or dropped)."""
+        return set(range(self.workers)) - self.co.view.expect()
 
     def shutdown(self) -> dict:
         """The last op: arrive, then wait for the server's summary (until then

@@ -35,7 +35,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import collectives
+from ...errors import CommError
+from .collectives import allgather as gather_rows, allreduce as reduce_floats
+from .collectives import barrier as ltp_barrier, broadcast_parameters
 from .job import current
 
 RO = dist.ReduceOp
@@ -46,6 +48,14 @@ LOCAL = {RO.SUM: torch.add, RO.AVG: torch.add, RO.MIN: torch.minimum, RO.MAX: to
 
 
 def done(result):
+    """A future of result, after the op's check: an exact collective the job
+    went on without some worker (dead, or dropped) would be wrong without
+    a word, so every rank raises instead, as gloo's would."""
+    gone = current().exchange.left_out()
+    if gone:
+        raise CommError(f"ltp backend: worker(s) {sorted(gone)} took no part in this "
+                        "collective (dead, or dropped from the job): its result would "
+                        "leave them out")
     fut = torch.futures.Future()
     fut.set_result(result)
     return fut
@@ -60,9 +70,9 @@ def allreduce(tensors: list[torch.Tensor], op) -> torch.futures.Future:
     """Each tensor reduced over the workers, in place."""
     for t in tensors:
         if op in (RO.SUM, RO.AVG) and t.dtype in HALVES:
-            t.copy_(collectives.allreduce(t, average=op == RO.AVG))
+            t.copy_(reduce_floats(t, average=op == RO.AVG))
         else:
-            t.copy_(reduce_local(collectives.allgather(t), op))
+            t.copy_(reduce_local(gather_rows(t), op))
     return done(tensors)
 
 
@@ -83,20 +93,20 @@ def reduce_local(rows: torch.Tensor, op) -> torch.Tensor:
 
 
 def broadcast(tensors: list[torch.Tensor], root: int) -> torch.futures.Future:
-    collectives.broadcast_parameters(tensors, root_rank=root)
+    broadcast_parameters(tensors, root_rank=root)
     return done(tensors)
 
 
 def allgather(outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]):
     for outs, t in zip(outputs, inputs):
-        rows = collectives.allgather(t)
+        rows = gather_rows(t)
         for o, r in zip(outs, rows):
             o.copy_(r)
     return done(outputs)
 
 
 def all_gather_single(output: torch.Tensor, t: torch.Tensor):
-    output.view(-1).copy_(collectives.allgather(t).view(-1))
+    output.view(-1).copy_(gather_rows(t).view(-1))
     return done([output])
 
 
@@ -116,5 +126,5 @@ def reduce_scatter(output: torch.Tensor, t: torch.Tensor, op, rank: int, reduce=
 
 
 def barrier():
-    collectives.barrier()
+    ltp_barrier()
     return done([])

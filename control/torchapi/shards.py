@@ -187,6 +187,9 @@ class ShardedExchange:
     def set_aside(self, why: str) -> None:
         self.exs[0].set_aside(why)     # shard 0's record takes the own time (barrier)
 
+    def left_out(self) -> set[int]:
+        return self.exs[0].left_out()
+
     @property
     def joining(self) -> bool:
         """A worker restarted into a running job (elastic.py) rejoins an

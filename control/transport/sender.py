@@ -100,8 +100,7 @@ class Sender:
         heavy = [t.worker for t in targets if t.worker in self.heavy]
         if auto and heavy and options.sender == "xdp":
             options = dataclasses.replace(options, sender="socket")
-            why = (f"socket: auto, {self.path_loss(heavy[0]):.0%} of the packets toward worker "
-                   f"{heavy[0]} lost (the ACK clock again below {LIGHT_LOSS:.0%})")
+            why = self.heavy_why(heavy[0])
         for t in targets:
             if t.worker not in self.peers:
                 raise ValueError(f"peer worker id {t.worker} is not configured on this endpoint")
@@ -119,6 +118,17 @@ class Sender:
                                           group=group, options=options)
         push.sender_why = why
         return push
+
+    def heavy_why(self, worker: int) -> str:
+        """Why auto sends toward a heavy `worker` by the socket. Its loss may
+        be past judging again (small pushes since, e.g. the backend's
+        collectives of a few packets, decay what was counted below PATH_MIN):
+        it stays heavy until enough packets say otherwise."""
+        loss = self.path_loss(worker)
+        share = f"{loss:.0%} of the packets" if loss is not None else \
+            f"more than {HEAVY_LOSS:.0%} of the packets (when last judged)"
+        return (f"socket: auto, {share} toward worker {worker} lost (the ACK clock again "
+                f"below {LIGHT_LOSS:.0%})")
 
     def path_loss(self, worker: int) -> float | None:
         """The share of the packets of recent pushes toward `worker` that
