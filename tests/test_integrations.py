@@ -14,7 +14,9 @@ backend's name.
 
 FSDP2's DeviceMesh looks the group up by its name, which the backend's
 group keeps itself (torch keeps names on a group's C++ backends, and a
-Python group has none); its collectives are exact, so its result is gloo's.
+Python group has none); its reduce-scatters go over LTP's tolerant class,
+its all-gathers over the reliable one, and with two trainers and nothing
+lost its result is gloo's.
 Lightning averages its logged metrics with ReduceOp.AVG, an integer batch
 count among them: the backend's exact AVG takes integers (truncated, as
 NCCL's). Accelerate on the CPU adopts a process group made before it, which
@@ -70,7 +72,9 @@ def test_a_framework_script_on_loopback_trains_as_over_gloo(framework):
 @pytest.mark.slow
 def test_fsdp2_over_ltp_is_gloos_bit_for_bit():
     """FSDP2's `fully_shard` over `ltp` (tests/fsdp_job.py): its DeviceMesh finds
-    the group by its name, its reduce-scatters and all-gathers are exact, and
+    the group by its name, its gradient reduce-scatters go over LTP's tolerant
+    class and its parameter all-gathers over the reliable one, none over
+    gloo; with two trainers and nothing lost the server's mean is gloo's, so
     every trainer ends with gloo's parameters."""
     from ddp_local import run_local
     ltp = run_local(2, *RUN["fsdp2"], script=JOBS["fsdp2"])["results"]
@@ -79,6 +83,11 @@ def test_fsdp2_over_ltp_is_gloos_bit_for_bit():
     assert {r["digest"] for r in ltp} == {r["digest"] for r in gloo} and \
         len({r["digest"] for r in ltp}) == 1
     assert [r["loss"] for r in ltp] == [r["loss"] for r in gloo]
+    for r in ltp:       # 20 steps, 2 units with parameters: a reduce-scatter each, tolerant
+        routes = r["routes"]
+        assert routes["reduce_scatter_single tolerant"] == routes["reduce_scatter_single ltp"] \
+            == 40 and routes["all_gather_single ltp"] >= 40, routes
+        assert not [k for k in routes if k.endswith(" gloo")], routes
 
 
 def _launch(framework: str, *flags: str, backend: str = "ltp") -> list[dict]:
@@ -102,7 +111,8 @@ def test_a_framework_script_under_ltp_launch_trains_as_over_gloo(framework):
     gloo = _launch(framework, "--servers", "0", backend="gloo")
     assert [r["rank"] for r in ltp] == [0, 1] and {r["backend"] for r in ltp} == {"ltp"}
     assert len({r["digest"] for r in ltp}) == 1 and len({r["digest"] for r in gloo}) == 1
-    if framework == "fsdp2":      # every collective exact: gloo's parameters
+    if framework == "fsdp2":      # two trainers, nothing lost: gloo's parameters
         assert ltp[0]["digest"] == gloo[0]["digest"]
+        assert ltp[0]["routes"]["reduce_scatter_single tolerant"] == 40, ltp[0]["routes"]
     else:
         assert abs(ltp[0]["accuracy"] - gloo[0]["accuracy"]) <= 0.005, (ltp[0], gloo[0])
