@@ -185,6 +185,29 @@ def test_backend_on_loopback_over_tcp_matches_gloo():
 
 @pytest.mark.root
 @pytest.mark.slow
+def test_a_blocking_call_in_backward_stays_exact_beside_ddps_buckets():
+    """A blocking all_reduce in backward (tests/ddp_backward_job.py, as
+    SyncBatchNorm's statistics): DDP's reducer calls asynchronously from C++,
+    the Python API with async_op=False, so the blocking call is exact, never
+    a bucket, and it waits on nothing of the step op carrying DDP's buckets
+    (it goes to gloo while they are in flight): every step finishes, the
+    calls return gloo's sums and the replicas end as over gloo."""
+    from ddp_local import run_local
+    script = ROOT / "tests" / "ddp_backward_job.py"
+    ltp = run_local(2, script=script, timeout=240)["results"]
+    gloo = run_local(2, script=script, backend="gloo", timeout=240)["results"]
+    assert [r["seen"] for r in ltp] == [r["seen"] for r in gloo] and len(ltp[0]["seen"]) == 8
+    assert {r["digest"] for r in ltp} == {r["digest"] for r in gloo}, (ltp, gloo)
+    routes = ltp[0]["routes"]
+    # 8 steps, a bucket or more each, all tolerant; the 8 blocking calls exact:
+    # over gloo while buckets were in flight, over LTP where none was yet
+    # (DDP's first backward)
+    assert routes["allreduce tolerant"] >= 8, routes
+    assert routes.get("allreduce ltp", 0) + routes["allreduce gloo"] == 8, routes
+
+
+@pytest.mark.root
+@pytest.mark.slow
 def test_the_backend_needs_no_import_of_ltpx_torch(tmp_path):
     """torch registers `ltp` at its own import (the torch.backends entry
     point, control/torchplugin.py), lazily: a bare `import torch` knows the

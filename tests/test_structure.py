@@ -164,6 +164,22 @@ def test_no_class_forwards_attributes_with_getattr():
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.unit
+def test_no_module_decides_by_its_callers_frames():
+    """No code of the package reads its callers' frames (sys._getframe,
+    inspect.currentframe or .stack): what a call does depends on what it is
+    given, never on who called it (the backend tells DDP's bucket all-reduce
+    from a blocking Python call by the call's own options)."""
+    bad = []
+    for p in sorted(MODULES.values()):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in (
+                    "_getframe", "currentframe", "stack", "getouterframes") and \
+                    isinstance(node.value, ast.Name) and node.value.id in ("sys", "inspect"):
+                bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
 def _package_docstring_names(init: Path) -> tuple[set[str], set[str]]:
     """(modules of the package at `init`, those its docstring names)."""
     mods = {p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py"}

@@ -9,8 +9,8 @@ Filling) while every other collective stays exact:
             autograd runs backward on the default group: what DDP's reducer
             sends for a bucket (its own hook, or none). The rule is the
             `tolerant` setting (LTP_TOLERANT): `backward` (the default;
-            a call through torch.distributed's Python API, e.g.
-            SyncBatchNorm's statistics in backward, stays exact),
+            a blocking call (async_op=False), e.g. SyncBatchNorm's
+            statistics in backward, stays exact),
             `hook` (only buckets sent through `ltpx.torch.ddp_hook`) or
             `never`.
   native    broadcast, every other all_reduce, all_gather (and object
@@ -188,10 +188,16 @@ class LtpProcessGroup(dist.ProcessGroup):
     def tolerant(self, tensors, opts) -> bool:
         if self.rule != "backward" or len(tensors) != 1 or tensors[0].dtype not in FLOATS:
             return False
-        op = opts.reduceOp.op if opts is not None else dist.ReduceOp.SUM
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        op = opts.reduceOp.op
         if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
             return False
-        if torch._C._current_graph_task_id() == -1 or _from_python_api():
+        # DDP's reducer calls from C++ with torch's default options, an
+        # asynchronous call; a blocking one (torch.distributed's Python API
+        # with async_op=False: SyncBatchNorm's statistics in backward, FSDP
+        # NO_SHARD's reduce) stays exact, so its wait never joins a step op
+        # that waits for DDP's later buckets
+        if torch._C._current_graph_task_id() == -1 or not opts.asyncOp:
             return False
         if self.reduce is None:
             if not self.warned:
@@ -302,19 +308,6 @@ class LtpProcessGroup(dist.ProcessGroup):
 
 def _work(fut):
     return _create_work_from_future(fut)
-
-
-def _from_python_api() -> bool:
-    """Called through torch.distributed's Python functions (dist.all_reduce: in
-    backward, SyncBatchNorm's statistics, FSDP's NO_SHARD reduce), not by
-    DDP's reducer, which calls from C++ with no Python frame of torch.distributed
-    above it: those stay exact (and blocking waits on them cannot stall a step
-    op that carries DDP's buckets)."""
-    try:
-        f = sys._getframe(2)     # above allreduce() and tolerant()
-    except ValueError:           # no Python caller: an autograd thread of C++
-        return False
-    return f"torch{os.sep}distributed{os.sep}" in f.f_code.co_filename
 
 
 def _delegate(name: str):
