@@ -14,7 +14,9 @@
 - every LTP_* environment variable is a settings-table entry, named through
   the table: no module but control/settings_table.py spells one, none has
   the old prefix (OLD_PREFIX), and none reads one while importing (a forked rank gets its
-  environment after the fork server's imports: control/training/forkserver.py).
+  environment after the fork server's imports: control/training/forkserver.py);
+- docs/ARCHITECTURE.md's package table has a row for every module (__init__.py
+  files aside) and every bpf/ file.
 """
 from __future__ import annotations
 
@@ -201,6 +203,38 @@ def test_package_docstring_lists_every_module_or_none(init):
     mods, named = _package_docstring_names(ROOT / init)
     if len(named) >= 3:
         assert named == mods, f"{init} names {sorted(named)} but not {sorted(mods - named)}"
+
+
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+_FOLDER_ROW = re.compile(r"\|\s*\*\*`([^`]+/)`\*\*")     # | **`control/torchapi/`** | its job |
+_FILE_ROW = re.compile(r"\|\s*`([^`]+)`\s*\|")             # | `native.py` | what it holds |
+
+
+def _package_table() -> set[str]:
+    """The files ARCHITECTURE.md's "Package layout" table gives a row, as
+    paths from the package root: a bold folder row (`ltpx/` is the root)
+    starts a group, and each row under it names one of its files."""
+    text = ARCHITECTURE.read_text().split("## Package layout", 1)[1].split("\n## ", 1)[0]
+    folder, out = "", set()
+    for line in text.splitlines():
+        if m := _FOLDER_ROW.match(line):
+            folder = "" if m.group(1) == "ltpx/" else m.group(1)
+        elif m := _FILE_ROW.match(line):
+            out.add(folder + m.group(1))
+    return out
+
+
+@pytest.mark.unit
+def test_architecture_package_table_has_every_module():
+    """docs/ARCHITECTURE.md's package table has a row for every module (its
+    __init__.py files aside) and every bpf/ file, under its own folder, so
+    the table cannot fall behind the code. A row for a file not (yet) here
+    is no error: the check runs from the code to the table."""
+    rows = _package_table()
+    files = [p for p in MODULES.values() if p.name != "__init__.py"] + C_SOURCES
+    missing = sorted(str(p.relative_to(ROOT)) for p in files
+                     if str(p.relative_to(ROOT)) not in rows)
+    assert not missing, "docs/ARCHITECTURE.md, Package layout: no row for " + ", ".join(missing)
 
 
 # --- C ------------------------------------------------------------------------
