@@ -403,3 +403,26 @@ def test_the_error_estimate_of_a_rounds_holes():
     assert est["vs_aggregate"] == pytest.approx(true_rel, rel=0.25)
     assert bubble.error_estimate(values, np.ones((W, C), bool)) == {"vs_noise": 0.0,
                                                                    "vs_aggregate": 0.0}
+
+
+@pytest.mark.unit
+def test_an_endpoint_config_is_checked_when_made_and_changed_by_replace():
+    """EndpointConfig: one frozen object an endpoint is made with; a bad field
+    is a ValueError at once (before any compile or attach), and `of` sets
+    fields over a config, checking them again."""
+    import dataclasses
+    from ltpx.control.transport.endpoint_config import EndpointConfig
+    from ltpx.control.transport.options import PushOptions
+    base = EndpointConfig(job=7, capacity_bps=1e8, sender="socket")
+    assert base.options.sender == "socket" and EndpointConfig().options.sender == "auto"
+    again = EndpointConfig.of(base, self_id=3)
+    assert (again.job, again.self_id, again.sender) == (7, 3, "socket") and base.self_id is None
+    assert EndpointConfig.of(None) == EndpointConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.job = 8
+    for bad, why in (({"role": "server"}, "role must be ps or worker"),
+                     ({"bubble_strategy": "nearest"}, "unknown bubble strategy"),
+                     ({"liveness_s": -1.0}, "liveness_s must be >= 0"),
+                     ({"push_options": PushOptions(sender="xdp")}, "differ: give one")):
+        with pytest.raises(ValueError, match=why):
+            EndpointConfig.of(base, **bad)

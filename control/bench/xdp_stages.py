@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import BPF_DIR
-from ...control.transport.endpoint import LIVENESS_S
+from ...control.transport.endpoint_config import LIVENESS_S
 from ...dataplane.xdp import capring, clockmaps
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry, compile_program

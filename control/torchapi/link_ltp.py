@@ -24,7 +24,7 @@ from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError
 from .. import settings_table
 from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
-from ..transport.endpoint import CHECKSUMS, Endpoint, Peer
+from ..transport.endpoint import CHECKSUMS, Endpoint, EndpointConfig, Peer
 from ..transport.rate import CREDIT_RTT_S
 from ..transport import defer, fec
 from ..trust import tokens
@@ -44,6 +44,13 @@ def credit_bytes(s: Settings) -> float | None:
     bottleneck's buffer (setting `buffer`) plus one BDP; None: the
     transport's default (rate.credit_window)."""
     return s.buffer + s.capacity * CREDIT_RTT_S / 8 if s.buffer else None
+
+
+def endpoint_config(s: Settings, secret: bytes | None) -> EndpointConfig:
+    """What a rank's endpoints share, from its settings (each link adds its own)."""
+    return EndpointConfig(ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
+                          chunk_bytes=chunk_bytes_for(s.mtu), secret=secret,
+                          credit_bytes=credit_bytes(s), verify_csum=CHECKSUMS[s.checksums])
 
 
 class LtpServerLink(ServerLink):
@@ -100,15 +107,12 @@ class LtpServerLink(ServerLink):
         self.honest.clear()      # the rounds open on the old endpoint are gone with it
         s, size = self.s, _room(nelems, self.s.downlink_code == "rs", self.s.mtu, self.defer)
         self.ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
-                           ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
-                           chunk_bytes=chunk_bytes_for(s.mtu),
+                           endpoint_config(s, self.secret),
                            early_close=self.early_config(self.early_close),
                            bubble_strategy=self.endpoint_bubble(self.bubble),
-                           secret=self.secret, credit_bytes=credit_bytes(s),
                            # the answers' group send goes once to every worker; the
                            # clock would clock each worker's own unicast copy of it
-                           sender="socket" if s.downlink == "group" else s.sender,
-                           verify_csum=CHECKSUMS[s.checksums])
+                           sender="socket" if s.downlink == "group" else s.sender)
         self.size = size
         return True
 
@@ -335,17 +339,15 @@ class LtpWorkerLink(WorkerLink):
         self.close()
         s, size = self.s, _room(nelems, self.coded, self.s.mtu, self.deferred)
         # the answers are reliable: only completeness closes them, or this timeout
-        self.ep = Endpoint(s.dev, s.ip, {self.id: 0}, size, ns=s.netns, mode=s.xdp_mode,
-                           job=s.job, capacity_bps=s.capacity,
-                           chunk_bytes=chunk_bytes_for(s.mtu),
+        self.ep = Endpoint(s.dev, s.ip, {self.id: 0}, size, endpoint_config(s, self.secret),
                            early_close=EarlyCloseConfig(hard_timeout_s=self.wait_s),
                            initial_rate_bps=s.capacity / max(1, self.workers),
                            self_id=self.id,   # group-sent answers are taken as its own
-                           secret=self.secret, sender=s.sender, credit_bytes=credit_bytes(s),
+                           sender=s.sender,
                            # a worker computes between its pull and the next answer
                            # (wbsp: while the answer comes): only the server proves
                            # liveness to senders; a dead worker shows in the store
-                           liveness_s=None, verify_csum=CHECKSUMS[s.checksums])
+                           liveness_s=None)
         self.size = size
         return True
 

@@ -2,7 +2,8 @@
 """The LTP transport: move one round's float32 buffers between hosts,
 tolerating loss, over the XDP dataplane.
 
-A host's `Endpoint` (endpoint.py) pushes rounds (push.py: `Push`, paced,
+A host's `Endpoint` (endpoint.py; made with an endpoint_config.py
+`EndpointConfig`) pushes rounds (push.py: `Push`, paced,
 loss-detecting re-sends, or ackclock.py: `ClockPush`, the ACK-clocked sender
 at the NIC; options.py: which sender and the clock's knobs, per endpoint or
 per push; sender.py: what an endpoint's pushes share, `Sender`: the socket,
@@ -29,6 +30,7 @@ from __future__ import annotations
 import importlib
 
 _PUBLIC = {"Endpoint": "endpoint", "TransportError": "endpoint", "DeadPeerError": "endpoint",
+           "EndpointConfig": "endpoint_config",
            "Peer": "results",
            "PushReport": "results", "RoundResult": "results",
            "EarlyCloseConfig": "early_close", "COMPLETE": "early_close",

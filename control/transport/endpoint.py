@@ -26,18 +26,17 @@ import numpy as np
 from ...dataplane import netns
 from ...dataplane.doctor.growcheck import grow_verdict
 from ...dataplane.xdp import lookup, registry
-from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.loader import Dataplane, Geometry
 from ...errors import DeadPeerError, TransportError
-from .bubble import STRATEGIES
 
 # how pushes leave: "socket" (paced sendmsg, push.Push) or "xdp" (the ACK
 # clock: the XDP program turns each ACK into the next DATA, ackclock.ClockPush)
 from .ackclock import ClockPush
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
+from .endpoint_config import EndpointConfig
 from . import defer, fec
 from .layout import ChunkLayout, as_f32
-from .options import AUTO, DEFAULTS, PushOptions, choose_sender
+from .options import AUTO, PushOptions, choose_sender
 from .rate import SharePolicy, credit_window, fine_timer_slack
 from .receiver import Receiver
 from .push import Push
@@ -46,7 +45,6 @@ from .sender import Sender
 from ..trust.tokens import RoundTokens
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
-LIVENESS_S = 1.0   # seconds a heartbeat counts (liveness_s=; docs/transport.md "A hung receiver")
 CHECKSUMS = {"auto": None, "on": True, "off": False}   # a setting's word -> verify_csum=
 SIOCGIFHWADDR = 0x8927   # linux/sockios.h: a device's hardware address
 
@@ -84,6 +82,11 @@ def _on(part: str, name: str, doc: str) -> property:
 
 class Endpoint:
     """One host's LTP endpoint: XDP program on `dev` plus a UDP socket.
+
+    Made with an `EndpointConfig` (endpoint_config.py), or its fields as
+    keywords over the defaults (`Endpoint(dev, ip, peers, n, job=7)`), or
+    both (`config`, then fields over it); `self.config` is what it was made
+    with. The fields:
 
     peers: worker id -> slot. A PS lists every worker; a worker lists itself
     (its uplink ACKs and its downlink DATA both carry its own id).
@@ -137,44 +140,29 @@ class Endpoint:
     map ids) so `ltp status/flows/top` see the endpoint while it lives.
     """
 
-    def __init__(self, dev: str, ip: str, peers: dict[int, int], max_elems: int, *,
-                 ns: str | None = None, mode: str = "native", job: int = 0,
-                 capacity_bps: float = 1e9, chunk_bytes: int = W.CHUNK_BYTES, port: int = W.PORT,
-                 early_close: EarlyCloseConfig | None = None, bubble_strategy: str = "mean",
-                 initial_rate_bps: float | None = None, publish: bool = True,
-                 self_id: int | None = None, role: str | None = None, force: bool = False,
-                 secret: bytes | None = None, sender: str | None = None,
-                 push_options: PushOptions | None = None,
-                 credit_bytes: float | None = None, liveness_s: float | None = LIVENESS_S,
-                 verify_csum: bool | None = None):
-        if role not in (None, "ps", "worker"):
-            raise ValueError(f"role must be ps or worker, got {role!r}")
+    def __init__(self, dev: str, ip: str, peers: dict[int, int], max_elems: int,
+                 config: EndpointConfig | None = None, **fields):
+        cfg = self.config = EndpointConfig.of(config, **fields)
+        self_id, job, chunk_bytes, capacity_bps = cfg.self_id, cfg.job, cfg.chunk_bytes, \
+            cfg.capacity_bps
+        mode, ns, port = cfg.mode, cfg.ns, cfg.port
         if self_id is not None and self_id not in peers:
             raise ValueError(f"self_id {self_id} must be one of the peers {sorted(peers)}")
-        options = push_options or DEFAULTS
-        if sender is not None:
-            if push_options is not None and push_options.sender != sender:
-                raise ValueError(f"sender {sender!r} and push_options.sender "
-                                 f"{push_options.sender!r} differ: give one")
-            options = dataclasses.replace(options, sender=sender)
-        if bubble_strategy not in STRATEGIES:
-            raise ValueError(f"unknown bubble strategy {bubble_strategy!r}")
         if not peers:
             raise ValueError("an endpoint needs at least one peer")
-        if liveness_s is not None and not liveness_s >= 0:
-            raise ValueError(f"liveness_s must be >= 0 seconds or None, got {liveness_s!r}")
+        options = cfg.options
         # checked before the compile
-        tokens = RoundTokens(secret, job, f"Endpoint({dev!r})", self_id=self_id)
-        share, early = SharePolicy(capacity_bps), EarlyClose(capacity_bps, early_close)
+        tokens = RoundTokens(cfg.secret, job, f"Endpoint({dev!r})", self_id=self_id)
+        share, early = SharePolicy(capacity_bps), EarlyClose(capacity_bps, cfg.early_close)
         self.ip, self.ns, self.job, self.port = ip, ns, job, port
         self.peers = dict(peers)
         self.slots = max(peers.values()) + 1
         self.max_elems, self.chunk_bytes, self.capacity_bps = max_elems, chunk_bytes, capacity_bps
         max_chunks = ChunkLayout(max_elems, chunk_bytes).nchunks
-        if not force:  # fail before the compile, naming whoever holds the device
+        if not cfg.force:  # fail before the compile, naming whoever holds the device
             registry.check_free(dev, ns or netns.current(), fix=FORCE_FIX)
-        self.verify_csum = lookup.csum_complete(dev, ns) if verify_csum is None \
-            else bool(verify_csum)
+        self.verify_csum = lookup.csum_complete(dev, ns) if cfg.verify_csum is None \
+            else bool(cfg.verify_csum)
         #: which sender this endpoint's pushes use and why (options.SenderChoice)
         self.sender_choice = choose_sender(options.sender, lambda: grow_verdict(mode),
                                            where=f"Endpoint({dev!r})")
@@ -182,14 +170,14 @@ class Endpoint:
         self.dp = Dataplane(Geometry(slots=self.slots, max_chunks=max_chunks,
                                      chunk_bytes=chunk_bytes, port=port), job=job)
         self._published = None
-        self.role = role or ("worker" if self_id is not None else "ps")
+        self.role = cfg.role or ("worker" if self_id is not None else "ps")
         try:
             self.maps = self.dp.maps()
             self.maps.set_peers(self.peers)
-            self.maps.set_liveness(liveness_s)
+            self.maps.set_liveness(cfg.liveness_s)
             self.maps.set_verify_csum(self.verify_csum)
-            self.dp.attach(dev, ns, mode, force=force, fix=FORCE_FIX)
-            if publish:  # a record: `ltp status/flows/top` see this endpoint
+            self.dp.attach(dev, ns, mode, force=cfg.force, fix=FORCE_FIX)
+            if cfg.publish:  # a record: `ltp status/flows/top` see this endpoint
                 self._publish(dev, ns, mode)
             self.sock = _udp_socket(ip, ns)
             if self_id is not None:
@@ -197,12 +185,12 @@ class Endpoint:
             self.receiver = Receiver(self.maps, self.peers, self.slots, chunk_bytes=chunk_bytes,
                                      max_elems=max_elems, capacity_bps=capacity_bps,
                                      share=share, early=early,
-                                     bubble_strategy=bubble_strategy, tokens=tokens,
+                                     bubble_strategy=cfg.bubble_strategy, tokens=tokens,
                                      window=credit_window(capacity_bps, chunk_bytes,
-                                                          credit_bytes))
+                                                          cfg.credit_bytes))
             self.sender = Sender(self.sock, self.maps, self.peers, job=job,
                                  chunk_bytes=chunk_bytes, max_elems=max_elems, initial_rate_bps=(
-                                     initial_rate_bps or capacity_bps / max(1, len(peers))),
+                                     cfg.initial_rate_bps or capacity_bps / max(1, len(peers))),
                                  tokens=tokens, options=options,
                                  kinds={"socket": Push, "xdp": ClockPush},
                                  why=self.sender_choice.why,
@@ -247,7 +235,7 @@ class Endpoint:
     # ------------------------------------------------------------------ receive
     def open_round(self, round_: int, nelems: int, workers: list[int] | None = None,
                    critical: np.ndarray | None = None, reliable: bool = False,
-                   early: EarlyClose | None = None) -> None:
+                   early: EarlyClose | None = None, code: tuple | None = None) -> None:
         """Make round_ receivable for `workers` (default: all peers).
 
         critical: bool per chunk that must arrive from every worker before the
@@ -255,8 +243,9 @@ class Endpoint:
         completeness (or the hard timeout, an error) closes the round.
         early: the Early Close state that judges this round (rounds of
         different kinds open at once each keep their own; default: the
-        endpoint's `early`)."""
-        self.receiver.open(round_, nelems, workers, critical, reliable, early)
+        endpoint's `early`). code: a coded or deferred reliable round's
+        (plan, data elements): expect() and expect_deferred() say it."""
+        self.receiver.open(round_, nelems, workers, critical, reliable, early, code)
 
     def wait_round(self, round_: int, poll_s: float = 0.0003) -> RoundResult:
         """Block until round_ closes (Early Close rules); return the filled result.
@@ -377,8 +366,8 @@ class Endpoint:
         cb = self.sender.chunk_bytes
         data = ChunkLayout(nelems, cb).nchunks
         plan = defer.Plan(data, defer.extra_chunks(data, cb, sig_bytes))
-        self.open_round(round_, plan.nchunks * cb // 4, workers=[source_worker], reliable=True)
-        self.receiver.rounds[round_].code = (plan, nelems)
+        self.open_round(round_, plan.nchunks * cb // 4, workers=[source_worker], reliable=True,
+                        code=(plan, nelems))
         return plan
 
     def expect(self, round_: int, nelems: int, source_worker: int, coded: bool = False) -> None:
@@ -391,8 +380,7 @@ class Endpoint:
             return
         plan = fec.plan_for(nelems, self.sender.chunk_bytes // 4)
         self.open_round(round_, plan.nchunks * self.sender.chunk_bytes // 4,
-                        workers=[source_worker], reliable=True)
-        self.receiver.rounds[round_].code = (plan, nelems)
+                        workers=[source_worker], reliable=True, code=(plan, nelems))
 
     def receive(self, round_: int, timeout_s: float | None = None,
                 out: np.ndarray | None = None) -> np.ndarray:
@@ -406,9 +394,8 @@ class Endpoint:
 
     def receive_round(self, round_: int, timeout_s: float | None = None) -> RoundResult:
         """`receive`, but the round's whole result (values in mapped memory)."""
-        st = self.receiver.rounds.get(round_)
-        if st is not None and timeout_s is not None:
-            st.timeout_s = timeout_s
+        if timeout_s is not None:
+            self.receiver.limit(round_, timeout_s)
         res = self.wait_round(round_)
         if res.reason != COMPLETE:
             raise TransportError(f"reliable round {round_} incomplete after "
@@ -439,5 +426,5 @@ class Endpoint:
         self.close()
 
 
-__all__ = ["Endpoint", "Peer", "PushReport", "RoundResult", "TransportError", "DeadPeerError",
-           "EarlyCloseConfig", "COMPLETE", "DEADLINE", "TIMEOUT"]
+__all__ = ["Endpoint", "EndpointConfig", "Peer", "PushReport", "RoundResult", "TransportError",
+           "DeadPeerError", "EarlyCloseConfig", "COMPLETE", "DEADLINE", "TIMEOUT"]

@@ -114,9 +114,10 @@ class Receiver:
     # ------------------------------------------------------------------ open
     def open(self, round_: int, nelems: int, workers: list[int] | None = None,
              critical: np.ndarray | None = None, reliable: bool = False,
-             early: EarlyClose | None = None) -> OpenRound:
+             early: EarlyClose | None = None, code: tuple | None = None) -> OpenRound:
         """Make round_ receivable (see Endpoint.open_round); `early` judges it
-        (default: the endpoint's own Early Close state)."""
+        (default: the endpoint's own Early Close state); `code`: a coded or
+        deferred reliable round's (plan, data elements), OpenRound.code."""
         if nelems > self.max_elems:
             raise ValueError(f"round of {nelems} elements exceeds this endpoint's "
                              f"max_elems={self.max_elems}")
@@ -142,9 +143,29 @@ class Receiver:
                             thresh=math.ceil(early.threshold * layout.nchunks),
                             slots=[self.peers[w] for w in workers])
         st = OpenRound(round_, layout, workers, [self.peers[w] for w in workers], critical,
-                       reliable, time.perf_counter(), early=early)
+                       reliable, time.perf_counter(), early=early, code=code)
         self.rounds[round_] = st
         return st
+
+    def limit(self, round_: int, timeout_s: float) -> None:
+        """Round round_ (if open) closes by its hard timeout after timeout_s."""
+        st = self.rounds.get(round_)
+        if st is not None:
+            st.timeout_s = timeout_s
+
+    def arrived_from(self, round_: int, chunk: int) -> bool:
+        """Whether any chunk of round_ (open here, one worker's: a reliable
+        answer) at index `chunk` or later has arrived."""
+        st = self.rounds.get(round_)
+        if st is None:
+            return False
+        words = self.maps.done[self.maps.bank_index(round_), st.slots[0]]
+        w0 = chunk // 64
+        if w0 >= len(words):
+            return False
+        if int(words[w0]) >> (chunk % 64):
+            return True
+        return bool(words[w0 + 1:].any())
 
     def drop(self, round_: int, worker: int) -> None:
         """Stop round_ taking `worker`'s DATA (it is dropped from the round):

@@ -138,14 +138,4 @@ def answered_from(ep, round_: int, chunk: int) -> bool:
     the chunk holding round i's first element, and is sent only once round
     i is over (the server gathered it), as is all that follows it; so such an
     arrival proves round i over, although earlier parts prove nothing of it."""
-    st = ep.receiver.rounds.get(round_)
-    if st is None:
-        return False
-    bank, slot = ep.maps.bank_index(round_), st.slots[0]
-    words = ep.maps.done[bank, slot]
-    w0 = chunk // 64
-    if w0 >= len(words):
-        return False
-    if int(words[w0]) >> (chunk % 64):
-        return True
-    return bool(words[w0 + 1:].any())
+    return ep.receiver.arrived_from(round_, chunk)
