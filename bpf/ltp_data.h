@@ -13,6 +13,22 @@
 #include "ltp_frame.h"
 #include "ltp_live.h"
 
+/* What data_admit found out about a DATA packet it let in (the ACK's
+ * helpers read its slot, bank and ack_token). */
+struct ltp_rx {
+	struct ltp_slot_stats *st;  /* its sender's slot's counters */
+	__u32 slot;
+	__u32 bank;
+	__u32 chunk;
+	__u32 nchunks;              /* the bank's chunk count */
+	__u32 len;                  /* payload bytes */
+	__u32 thresh;               /* the bank's thresh (chunks per slot; 0: none) */
+	__be64 ack_token;           /* what its ACK carries (ltp_slottok.ack) */
+	__u32 csum;                 /* verify its UDP checksum (LTP_CFG_CSUM) */
+	__u32 retx;                 /* a re-send (LTP_F_RETX): read before the ACK rewrite */
+	__u64 now;                  /* bpf_ktime_get_ns if read for this frame, else 0 */
+};
+
 /* The flows sharing a bank once the chunk an ACK answers is marked: `ending`
  * (1) when that chunk is to end its flow, which the marking (data_mark)
  * takes off `active` after the ACK is written. */
@@ -29,10 +45,10 @@ static __always_inline __u32 flows_after(struct ltp_share *sh, __u32 ending)
  * had in flight when it left and how many STOPs its sender had seen; less
  * the STOPs sent since, that is what it has now. More than its credit: this
  * ACK says STOP (the sender consumes it: one packet fewer in flight). */
-static __always_inline __u32 credit(struct ltp_hdr *h, __u32 bank, __u32 slot, __u32 ending,
+static __always_inline __u32 credit(struct ltp_hdr *h, struct ltp_rx *rx, __u32 ending,
 				    __u16 *extra)
 {
-	struct ltp_share *sh = ltp_share.lookup(&bank);
+	struct ltp_share *sh = ltp_share.lookup(&rx->bank);
 	__u32 window = sh ? sh->window : 0;
 	if (!window)
 		return 0xffff;
@@ -40,7 +56,7 @@ static __always_inline __u32 credit(struct ltp_hdr *h, __u32 bank, __u32 slot, _
 	__u32 allow = window / (active ? active : 1);
 	if (!allow)
 		allow = 1;
-	__u32 bidx = bank * LTP_SLOTS + slot;
+	__u32 bidx = rx->bank * LTP_SLOTS + rx->slot;
 	struct ltp_progress *pr = ltp_progress.lookup(&bidx);
 	if (!pr)
 		return allow;
@@ -73,24 +89,22 @@ static __always_inline __u64 *ack_sack_at(struct xdp_md *ctx, struct ltp_hdr *h)
 	return sack;
 }
 
-/* Rewrite the DATA packet at ctx in place into its ACK, all but the SACK
+/* Rewrite the DATA packet p in place into its ACK, all but the SACK
  * bytes and the trim (ack_send): addresses and ports swapped, the ACK's
- * token (its slot's, ltp_slottok.ack) in place of the DATA's, IP and UDP
- * checksums right. With has_sack the ACK carries `sack` (LTP_F_SACK: a
- * 64-chunk block's delivered bits, as the payload bytes hold them) in the
- * first LTP_SACK_LEN payload bytes, which the caller stores: the checksum
- * counts them already, so DATA's payload can still be copied out first.
- * Returns the ACK's payload length. */
-static __always_inline __u32 ack_rewrite(struct xdp_md *ctx, struct ltp_pkt *p, __u8 rstate,
-					 __u16 extra_flags, __u32 slot, __u32 bank, __be64 token,
-					 int has_sack, __u64 sack, __u32 ending)
+ * token (rx->ack_token: its slot's, ltp_slottok.ack) in place of the
+ * DATA's, IP and UDP checksums right. With LTP_F_SACK in extra_flags the
+ * ACK carries `sack` (a 64-chunk block's delivered bits, as the payload
+ * bytes hold them) in the first LTP_SACK_LEN payload bytes, which the
+ * caller stores: the checksum counts them already, so DATA's payload can
+ * still be copied out first. Returns the ACK's payload length. */
+static __always_inline __u32 ack_rewrite(struct ltp_pkt *p, struct ltp_rx *rx, __u8 rstate,
+					 __u16 extra_flags, __u64 sack, __u32 ending)
 {
 	struct ltp_hdr *h = p->h;
 	__u32 pay = 0, pay_sum = 0;
-	if (has_sack) {
+	if (extra_flags & LTP_F_SACK) {
 		pay = LTP_SACK_LEN;
 		pay_sum = csum_u64(sack);
-		extra_flags |= LTP_F_SACK;
 	}
 	turn_around(p->eth, p->iph, p->udp, pay);
 
@@ -98,16 +112,16 @@ static __always_inline __u32 ack_rewrite(struct xdp_md *ctx, struct ltp_pkt *p, 
 	 * the flows active right now, or the per-slot rate if none is set; a
 	 * clocked flow's credit instead (in packets). */
 	__u32 rate = 0;
-	struct ltp_share *sh = ltp_share.lookup(&bank);
+	struct ltp_share *sh = ltp_share.lookup(&rx->bank);
 	if ((h->flags & bpf_htons(LTP_F_CLOCK)) && rstate == LTP_RS_OPEN) {
 		__u16 more = 0;
-		rate = credit(h, bank, slot, ending, &more);
+		rate = credit(h, rx, ending, &more);
 		extra_flags |= more;
 	} else if (sh && sh->share_kbps) {
 		__u32 active = flows_after(sh, ending);
 		rate = sh->share_kbps / (active ? active : 1);
 	} else {
-		__u32 *r = ltp_rate.lookup(&slot);
+		__u32 *r = ltp_rate.lookup(&rx->slot);
 		rate = r ? *r : 0;
 	}
 	h->type = LTP_T_ACK;
@@ -116,14 +130,14 @@ static __always_inline __u32 ack_rewrite(struct xdp_md *ctx, struct ltp_pkt *p, 
 	h->state = rstate;
 	h->pad = 0;
 	h->rate = bpf_htonl(rate);
-	h->token = token;  /* the ACK's own: the receiver's, for this slot's flow */
+	h->token = rx->ack_token;  /* the ACK's own: the receiver's, for this slot's flow */
 	udp_csum(p->iph, p->udp, pay_sum);
 	return pay;
 }
 
 /* Send the ACK ack_rewrite made, of `pay` payload bytes: the frame cut to
  * its length, counted; XDP_TX. */
-static __always_inline int ack_send(struct xdp_md *ctx, __u32 slot, __u32 pay)
+static __always_inline int ack_send(struct xdp_md *ctx, struct ltp_rx *rx, __u32 pay)
 {
 	int delta = (int)(PAY_OFF + pay) - (int)(ctx->data_end - ctx->data);
 	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta)) {
@@ -131,46 +145,29 @@ static __always_inline int ack_send(struct xdp_md *ctx, __u32 slot, __u32 pay)
 		return XDP_DROP;
 	}
 	count(LTP_C_ACK_TX);
-	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
+	struct ltp_slot_stats *st = ltp_stats.lookup(&rx->slot);
 	if (st && !skipped(LTP_SKIP_COUNT))
 		st->acks_tx += 1;
 	return XDP_TX;
 }
 
 /* Turn the DATA packet at ctx into its ACK in place and return XDP_TX
- * (ack_rewrite, ack_send). With `done` (an OPEN ACK), the ACK carries the
- * delivered bits of the chunk's 64-chunk block (LTP_F_SACK) when the frame
- * has room for them. */
-static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, __u8 rstate,
-				    __u16 extra_flags, __u32 slot, __u32 bank, __be64 token,
-				    struct ltp_bitmap *done, __u64 word)
+ * (ack_rewrite, ack_send). With `done` (an OPEN ACK: the word of ltp_done
+ * that holds the chunk's bit), the ACK carries the delivered bits of the
+ * chunk's 64-chunk block (LTP_F_SACK) when the frame has room for them. */
+static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, struct ltp_rx *rx,
+				    __u8 rstate, __u16 extra_flags, __u64 *done)
 {
 	__u64 *sack = ack_sack_at(ctx, p->h);
 	__u64 bits = 0;
-	int has_sack = 0;
-	if (done && word < LTP_BM_WORDS && sack) {
-		bits = sack_le64(done->w[word]);
+	if (done && sack) {
+		bits = sack_le64(*done);
 		*sack = bits;
-		has_sack = 1;
+		extra_flags |= LTP_F_SACK;
 	}
-	__u32 pay = ack_rewrite(ctx, p, rstate, extra_flags, slot, bank, token, has_sack, bits, 0);
-	return ack_send(ctx, slot, pay);
+	__u32 pay = ack_rewrite(p, rx, rstate, extra_flags, bits, 0);
+	return ack_send(ctx, rx, pay);
 }
-
-/* What data_admit found out about a DATA packet it let in. */
-struct ltp_rx {
-	struct ltp_slot_stats *st;  /* its sender's slot's counters */
-	__u32 slot;
-	__u32 bank;
-	__u32 chunk;
-	__u32 nchunks;              /* the bank's chunk count */
-	__u32 len;                  /* payload bytes */
-	__u32 thresh;               /* the bank's thresh (chunks per slot; 0: none) */
-	__be64 ack_token;           /* what its ACK carries (ltp_slottok.ack) */
-	__u32 csum;                 /* verify its UDP checksum (LTP_CFG_CSUM) */
-	__u32 retx;                 /* a re-send (LTP_F_RETX): read before the ACK rewrite */
-	__u64 now;                  /* bpf_ktime_get_ns if read for this frame, else 0 */
-};
 
 #define LTP_ADMITTED (-1)           /* data_admit: store it (no verdict yet) */
 
@@ -253,13 +250,13 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 		 * sender stops at once. */
 		st->late += 1;
 		count(LTP_C_LATE);
-		return send_ack(ctx, p, LTP_RS_CLOSED, 0, rx->slot, rx->bank, rx->ack_token, 0, 0);
+		return send_ack(ctx, p, rx, LTP_RS_CLOSED, 0, NULL);
 	}
 	if (!tk->open) {
 		/* A worker this round does not take (dropped, or never in it):
 		 * nothing written, no flow counted down; CLOSED stops it. */
 		count(LTP_C_SLOT_CLOSED);
-		return send_ack(ctx, p, LTP_RS_CLOSED, 0, rx->slot, rx->bank, rx->ack_token, 0, 0);
+		return send_ack(ctx, p, rx, LTP_RS_CLOSED, 0, NULL);
 	}
 	/* An ACK promises a live reader: with a stale heartbeat the round's
 	 * owner is hung, and its senders must hear nothing. */
@@ -351,8 +348,7 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 	if (!skipped(LTP_SKIP_CLAIM) && (__sync_fetch_and_or(&claim->w[word], bit) & bit)) {
 		st->dup += 1;
 		count(LTP_C_DUP);
-		return send_ack(ctx, p, LTP_RS_OPEN, LTP_F_DUP, rx->slot, rx->bank, rx->ack_token,
-				done, word);
+		return send_ack(ctx, p, rx, LTP_RS_OPEN, LTP_F_DUP, &done->w[word]);
 	}
 
 	__u32 midx = bidx * LTP_MAX_CHUNKS + chunk;
@@ -380,8 +376,7 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 		/* This chunk ends its flow: its ACK already counts the flow out. */
 		__u32 ending = !skipped(LTP_SKIP_MARK) && pr->chunks + 1 >= rx->nchunks &&
 			       !(pr->flow & LTP_FLOW_DONE);
-		pay = ack_rewrite(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank, rx->ack_token,
-				  sackp != NULL, sack, ending);
+		pay = ack_rewrite(p, rx, LTP_RS_OPEN, sackp ? LTP_F_SACK : 0, sack, ending);
 	}
 	if (!skipped(LTP_SKIP_COPY) && bpf_xdp_load_bytes(ctx, PAY_OFF, dst, n))
 		return drop(LTP_C_MALFORMED, 0);
@@ -406,8 +401,8 @@ static __always_inline int data_store(struct xdp_md *ctx, struct ltp_pkt *p, str
 	if (skipped(LTP_SKIP_ACK))
 		return XDP_TX;
 	if (early)
-		return ack_send(ctx, rx->slot, pay);
-	return send_ack(ctx, p, LTP_RS_OPEN, 0, rx->slot, rx->bank, rx->ack_token, done, word);
+		return ack_send(ctx, rx, pay);
+	return send_ack(ctx, p, rx, LTP_RS_OPEN, 0, &done->w[word]);
 }
 
 /* DATA to this host's port (a whole LTP header at p->h): admitted, stored,
