@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The flight recorder's file: the layout of a rank's `rank<R>.now` (an array
 of int64 words the rank writes in place, control/torchapi/flight.py) and its
-reader, for the launcher (control/training/hangs.py), which must not import
+reader, for the launcher (control/launcher/hangs.py), which must not import
 torch. Every word is little-endian int64; times are CLOCK_MONOTONIC ns.
 """
 from __future__ import annotations

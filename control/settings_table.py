@@ -6,7 +6,7 @@ Generated from this table: ltpx.torch's `Settings` (lt.init()'s keywords and
 the LTP_* variables it reads, torchapi/settings.py), the flags of one rank
 (`python -m ltpx.control.training`), of `ltp train` and of `ltp launch`
 (`add_flag`), and the LTP_* part of each rank's environment the launcher
-builds (`to_env`, training/launch.py). tests/test_settings_table.py checks
+builds (`to_env`, launcher/launch.py). tests/test_settings_table.py checks
 the surfaces agree, and that docs/training.md's table of init() options says
 the same. Importing this module needs neither torch nor numpy (a rank's
 flags answer --help without them).

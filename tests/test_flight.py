@@ -88,7 +88,7 @@ def test_sigusr1_writes_a_valid_ring_file(tmp_path):
 
 @pytest.mark.slow
 def test_a_stalled_wait_dumps_and_a_stopped_rank_is_named_from_its_file(tmp_path):
-    from ltpx.control.training.hangs import FlightWatch, proc_state
+    from ltpx.control.launcher.hangs import FlightWatch, proc_state
     p = _rank(tmp_path)
     try:
         d = _wait_dump(tmp_path / "rank2.json", "stall")
@@ -244,7 +244,7 @@ def test_a_stall_that_resolves_is_counted_not_screened_and_leaves_no_folder(monk
     """The rank dumps its stall (it waited past its threshold), then moves
     on within LTP_HANG_S: the launcher's watch shows no screen, counts one
     stall with its op, phase and length, and removes its folder at the end."""
-    from ltpx.control.training.hangs import FlightWatch
+    from ltpx.control.launcher.hangs import FlightWatch
     monkeypatch.delenv("LTP_FLIGHT_DIR", raising=False)
     monkeypatch.setenv("LTP_HANG_S", "3")
     fw = FlightWatch()
@@ -266,7 +266,7 @@ def test_a_stall_that_resolves_is_counted_not_screened_and_leaves_no_folder(monk
 
 @pytest.mark.unit
 def test_the_hang_limit_is_read_from_its_variable():
-    from ltpx.control.training.hangs import HANG_S, hang_limit
+    from ltpx.control.launcher.hangs import HANG_S, hang_limit
     from ltpx.errors import UsageError
     assert hang_limit({}) == HANG_S and hang_limit({"LTP_HANG_S": "0.5"}) == 0.5
     for bad in ("-1", "soon", "inf"):

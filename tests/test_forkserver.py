@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The fork server (control/training/forkserver.py, zygote.py): ranks forked from
+"""The fork server (control/launcher/forkserver.py, zygote.py): ranks forked from
 a zygote run in their network namespace with their own environment, argv
 and cwd, their exit codes and output come back as a Popen's would, the
 zygote and its children end with whoever owns them, RigJob forks its ranks
@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ltpx.control.training import forkserver
+from ltpx.control.launcher import forkserver
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),
               pytest.mark.rig]
@@ -128,8 +128,8 @@ def test_ranks_and_the_fork_server_have_names_of_their_own(zygote, tmp_path):
     code, out, err = run(zygote, [PY, str(script)], RANK="3")
     assert code == 0, err
     assert json.loads(out)["comm"] == "ltp-rank3"
-    from ltpx.control.training.zygote import comm_for
-    assert comm_for([PY, "-m", "ltpx.control.training.storehost", "300"], {}) == "ltp-store"
+    from ltpx.control.launcher.zygote import comm_for
+    assert comm_for([PY, "-m", "ltpx.control.launcher.storehost", "300"], {}) == "ltp-store"
     assert comm_for([PY, "job.py", "--out", "/tmp/storehost"], {}) == os.path.basename(PY)
 
 
@@ -284,7 +284,7 @@ def test_nothing_outlives_a_sigkilled_launcher(tmp_path):
     script.write_text("import time\ntime.sleep(60)\n")
     launcher = subprocess.Popen([PY, "-c", f"""
 import json, os, sys, time
-from ltpx.control.training import forkserver
+from ltpx.control.launcher import forkserver
 z = forkserver.Zygote(preload=())
 p = z.spawn([sys.executable, {str(script)!r}], z.env)
 print(json.dumps([z.pid, p.pid]), flush=True)
@@ -318,7 +318,7 @@ print(json.dumps({"rank": int(os.environ["RANK"]), "n": store.add("n", 1),
 @pytest.mark.rig
 @pytest.mark.parametrize("switch", ["1", "0"])
 def test_rigjob_forks_ranks_and_store_and_falls_back(ns, tmp_path, monkeypatch, switch):
-    from ltpx.control.training.launch import Rank, RigJob
+    from ltpx.control.launcher.launch import Rank, RigJob
     monkeypatch.setenv(forkserver.ENV_SWITCH, switch)
     script = tmp_path / "rank.py"
     script.write_text(RANK_JOB)
@@ -443,7 +443,7 @@ def test_a_rigjob_that_cannot_host_its_store_ends_its_zygote(tmp_path):
     fallback raises, and the zygote RigJob took is gone with the error (so is
     train_on_rig's empty log directory)."""
     from ltpx.control.training.config import TrainConfig
-    from ltpx.control.training.launch import Rank, RigJob
+    from ltpx.control.launcher.launch import Rank, RigJob
     from ltpx.control.training.onrig import train_on_rig
     host = SimpleNamespace(netns="hhnope1", name="h")
     parked = forkserver.take(new=False)        # (one an earlier test left parked)

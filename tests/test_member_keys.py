@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from conftest import outputs, reap, star_rig
 from ltpx.control.trust import jobkey
 from ltpx.control.trust.hello import mac_hello, worker_key
-from ltpx.control.training.storehost import loopback_store
+from ltpx.control.launcher.storehost import loopback_store
 from ltpx.control.trust import tokens
 from ltpx.errors import UsageError
 

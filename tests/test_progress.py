@@ -9,7 +9,7 @@ import json
 import pytest
 
 from ltpx.control import progress
-from ltpx.control.training.launch import Rank
+from ltpx.control.launcher.launch import Rank
 from ltpx.tools.cmd_launch import Output
 
 pytestmark = pytest.mark.unit

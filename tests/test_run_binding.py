@@ -24,7 +24,7 @@ from ltpx.control.torchapi import storevalues
 from ltpx.control.trust import sealing
 from ltpx.control.torchapi.coord import KEY, Coord
 from ltpx.control.torchapi.job import agree_run
-from ltpx.control.training.storehost import loopback_store
+from ltpx.control.launcher.storehost import loopback_store
 from ltpx.control.trust import signing, tokens
 from ltpx.errors import UsageError
 

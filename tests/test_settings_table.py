@@ -222,7 +222,7 @@ def test_a_ranks_flags_become_init_keywords_and_unset_ones_leave_the_variable():
 
 def _launch_rig(argv):
     """(parsed `ltp launch` flags, the rig they describe, its ranks): nothing is built."""
-    from ltpx.control.training.launch import plan_ranks
+    from ltpx.control.launcher.launch import plan_ranks
     from ltpx.dataplane.rig.star import Rig
     from ltpx.tools import cmd_launch
     args = _parsers()["launch"].parse_args(argv + ["--", "true"])
@@ -234,7 +234,7 @@ def _launch_rig(argv):
 @pytest.mark.parametrize("argv", [[], ["--transport", "tcp", "--servers", "2", "--mtu", "3000",
                                        "--rate", "100mbit", "--buffer", "60kb"]])
 def test_launch_flags_to_rank_environment_to_settings_round_trip(argv, no_ltp_env):
-    from ltpx.control.training.launch import job_env, rank_settings
+    from ltpx.control.launcher.launch import job_env, rank_settings
     args, rig, ranks = _launch_rig(argv)
     for r in ranks:
         env = job_env(rig, r, len(ranks), 29500, servers=args.servers, transport=args.transport)
@@ -250,7 +250,7 @@ def test_launch_flags_to_rank_environment_to_settings_round_trip(argv, no_ltp_en
 
 
 def test_launch_passes_the_other_settings_on_and_owns_its_own(monkeypatch, no_ltp_env):
-    from ltpx.control.training.launch import job_env
+    from ltpx.control.launcher.launch import job_env
     monkeypatch.setenv("LTP_COMPRESS", "uint8")      # not the launcher's: passed on
     monkeypatch.setenv("LTP_GROUP", "10.9.9.255")    # the launcher's: replaced or removed
     monkeypatch.setenv("LTP_MTU", "9000")
@@ -265,7 +265,7 @@ def test_launch_passes_the_other_settings_on_and_owns_its_own(monkeypatch, no_lt
 def test_a_train_job_config_and_its_rank_environment_make_the_settings_asked_for(no_ltp_env):
     # ltp train: the TrainConfig travels in --config, the host's settings in LTP_*
     from ltpx.control.training.args import config_from_args
-    from ltpx.control.training.launch import job_env, plan_ranks
+    from ltpx.control.launcher.launch import job_env, plan_ranks
     from ltpx.control.training.onrig import rank_argv, rig_config
     from ltpx.control.training.rank import build_parser, ltp_options
     from ltpx.dataplane.rig.star import Rig

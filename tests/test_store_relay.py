@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The launcher's store relay: one client that stops reading stalls only itself.
 
-The relay (control/training/storerelay.py) carries every rank's store
+The relay (control/launcher/storerelay.py) carries every rank's store
 traffic from its namespace to the store's. Here a server of our own stands
 in for the store in one namespace and the relay listens in another: client
 A asks for 64 MB and reads none of them for now; client B's requests are answered all
@@ -60,7 +60,7 @@ def _recv_exactly(s: socket.socket, n: int) -> bytes:
 
 @pytest.mark.rig
 def test_a_client_that_stops_reading_stalls_no_other():
-    from ltpx.control.training.storerelay import StoreRelay
+    from ltpx.control.launcher.storerelay import StoreRelay
     base = f"ltprl{os.getpid() % 100000}"
     store_ns, rank_ns = f"{base}-s", f"{base}-r"
     stop = threading.Event()

@@ -33,7 +33,7 @@ from ltpx.control.torchapi import storevalues
 from ltpx.control.trust import sealing
 from ltpx.control.torchapi.coord import KEY, Coord, Excluded
 from ltpx.control.torchapi.ops import STEP, Go, Op
-from ltpx.control.training.storehost import loopback_store
+from ltpx.control.launcher.storehost import loopback_store
 from ltpx.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,6 +5,7 @@
   functions count: a lazy import still ties two modules together);
 - no module imports another module's private (_underscore) names;
 - C libraries are opened through ctypes in one module (dataplane/clib/libs.py);
+- the launcher (control/launcher) imports nothing of control/training, above it;
 - no module over 450 lines, no function over 80 lines;
 - every folder of Python code is a package (so the wheel cannot miss it);
 - no two modules share a name (a file's name says what it holds, wherever
@@ -14,7 +15,7 @@
 - every LTP_* environment variable is a settings-table entry, named through
   the table: no module but control/settings_table.py spells one, none has
   the old prefix (OLD_PREFIX), and none reads one while importing (a forked rank gets its
-  environment after the fork server's imports: control/training/forkserver.py);
+  environment after the fork server's imports: control/launcher/forkserver.py);
 - docs/ARCHITECTURE.md's package table has a row for every module (__init__.py
   files aside) and every bpf/ file.
 """
@@ -104,6 +105,20 @@ def test_no_private_cross_imports():
     bad = [f"{MODULES[m].relative_to(ROOT)}:{line} takes {n} from {t}"
            for m in MODULES for t, names, line in _imports(m)
            for n in names if n.startswith("_") and not n.startswith("__")]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.unit
+def test_the_launcher_sits_below_training():
+    """control/launcher imports nothing of control/training, lazily or not,
+    nor names one of its modules for another process to import (the fork
+    server's preload: `ltp train` passes its own): docs/ARCHITECTURE.md, Layers."""
+    up = "ltpx.control.training"
+    bad = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t}"
+           for m in MODULES if m.startswith("ltpx.control.launcher")
+           for t, _, line in _imports(m) if t == up or t.startswith(up + ".")]
+    bad += [f"{MODULES[m].relative_to(ROOT)} names {up}" for m in MODULES
+            if m.startswith("ltpx.control.launcher") and up in MODULES[m].read_text()]
     assert not bad, "\n".join(bad)
 
 

@@ -9,7 +9,7 @@ capacity, MTU, group address). Every line a rank prints comes out prefixed
 with its rank ([s0], [w0], ...); a JSON line {"event": "progress", "step",
 "steps", ...} from worker 0 (lt.report_progress) drives a progress bar on a
 terminal. When a rank fails the others are stopped (after --grace
-seconds, 0 by default), unless --max-restarts N allows a restart (faults.RestartPolicy): a
+seconds, 0 by default), unless --max-restarts N allows a restart (restarts.RestartPolicy): a
 worker is started again in its namespace and rejoins the running job, a
 server's death (or any rank's in a sharded job) starts every rank again;
 each restart is a `[launch] ...` line on stderr. The rig is removed at the
@@ -18,7 +18,7 @@ rank's, and the summary says whose ("exit 2 (w1's own exit code)": a
 script's 2 is not ltp's usage error); -j prints one JSON summary (exit_from:
 the ranks the code is from; per rank: exit code, wall time, the last JSON
 object it printed; the restarts; the merged trace under --trace; the hang
-screens, control/training/hangs.py; root_cause, the first failure).
+screens, control/launcher/hangs.py; root_cause, the first failure).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import time
 from ..control.progress import Throttle, describe, metrics_text
 from ..control import settings_table
 from ..control.settings_table import DOWNLINKS, LAUNCH, add_flag, to_env
+from ..control.training import RANK_MODULES
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
 from .train_text import cause_lines, stall_lines
 from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
@@ -131,7 +132,7 @@ def _check_runnable(cmd: list[str]) -> None:
     a program not on PATH (or not executable), a Python script that is not
     there. `python -m MODULE` and `python -c CODE` are left to the ranks."""
     import shutil
-    from ..control.training.launch import python_argv
+    from ..control.launcher.launch import python_argv
     argv = python_argv(cmd)
     if argv != cmd:     # `python ...` or a .py script: this interpreter runs it
         args = iter(argv[1:])
@@ -192,10 +193,10 @@ def cmd_launch(args) -> int:
     if args.transport == "ltp":
         need_bcc()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
-    from ..control.training import forkserver
-    from ..control.training.launch import python_argv
-    if forkserver.plan(python_argv(cmd)):
-        forkserver.warm()      # torch and ltpx.torch imported while the rig is built
+    from ..control.launcher import forkserver
+    from ..control.launcher.launch import python_argv
+    if forkserver.plan(python_argv(cmd)):   # torch, ltpx.torch (and the built-in job's rank:
+        forkserver.warm(RANK_MODULES)       # a COMMAND too) imported while the rig is built
     from ..dataplane.rig.signals import sigterm_as_exit
     from ..dataplane.rig.star import Rig
     import dataclasses
@@ -295,20 +296,19 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
     """Run the job to its end: again from the start after a RestartJob (every
     rank, a new store), as long as the policy allows. `now` holds the ranks
     and the policy of the job running (for the report when a signal stops it)."""
-    from ..control.training import forkserver
-    from ..control.training.faults import RestartJob, RestartPolicy
-    from ..control.training.launch import RigJob, follow, job_env, plan_ranks
+    from ..control.launcher import forkserver, restarts
+    from ..control.launcher.launch import RigJob, follow, job_env, plan_ranks
     from ..dataplane.rig.signals import deferred_signals
-    policy = RestartPolicy(args.max_restarts, whole_job=args.servers > 1, say=out.note)
+    policy = restarts.RestartPolicy(args.max_restarts, whole_job=args.servers > 1, say=out.note)
     t_end = time.monotonic() + args.timeout if args.timeout else None
     while True:
         ranks = plan_ranks(rig, args.workers, args.servers)
         now.update(ranks=ranks, policy=policy)
         if policy.job_restarts and forkserver.plan(argv):
-            forkserver.warm()      # the last job's closed with it
+            forkserver.warm(RANK_MODULES)   # the last job's closed with it
         job = None
         try:
-            job = RigJob(rig, ranks, group_keys=group_keys(args))
+            job = RigJob(rig, ranks, group_keys=group_keys(args), preload=RANK_MODULES)
             now["hangs"] = job.flight.screens    # (a restarted job's go on in a new list)
             now["flight"] = job.flight
             job.on_hang = lambda lines: [out.note(f"[hang] {ln}") for ln in lines]
@@ -317,7 +317,7 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
                 **_trace_env(args, r), **_downlink_env(args)})
             timed_out = follow(job, out.line, policy, grace_s=args.grace, t_end=t_end)
             return ranks, timed_out, policy
-        except RestartJob:
+        except restarts.RestartJob:
             continue
         except (KeyboardInterrupt, SystemExit):   # the ranks the signal found running
             now["running"] = [r.label for r in ranks if r.proc is not None and r.code is None]
@@ -397,7 +397,7 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     """The summary (JSON under -j, else a line and a row per rank on stderr)
     and the launch's exit code: 0, the worst rank's, 124 on --timeout, 130
     or 143 when SIGINT or SIGTERM stopped the launch."""
-    from ..control.training.launch import exit_code, first_failure
+    from ..control.launcher.launch import exit_code, first_failure
     own = sorted(((exit_code(r.code), r.label) for r in ranks if not r.killed), reverse=True)
     worst, source = own[0] if own else (0, None)
     if stopped_by:

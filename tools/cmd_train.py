@@ -17,6 +17,7 @@ import os
 import sys
 
 from ..control.settings_table import TABLE
+from ..control.training import RANK_MODULES
 from ..control.training.args import add_train_flags
 from ..control.training.config import CAPABILITIES, LTP_TRANSPORTS
 from . import train_text as show
@@ -275,8 +276,8 @@ def cmd_train(args) -> int:
     if any(r["transport"] in LTP_TRANSPORTS for r in runs):
         need_bcc()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # before torch is imported
-    from ..control.training import forkserver
-    forkserver.warm()          # the ranks' imports, while the rig is built
+    from ..control.launcher import forkserver
+    forkserver.warm(RANK_MODULES)   # the ranks' imports, while the rig is built
     from ..control.training.curves import Curves
 
     results = []

@@ -20,7 +20,7 @@ and writes the ring out as JSON (`rank<R>.json`, atomically: a temporary file re
 the rank has waited on others past max(STALL_K x the median op interval,
 STALL_MIN_S) (LTP_STALL_K, LTP_STALL_MIN_S), once per stalled wait; also on
 SIGUSR1, a FilledWarning, a DeadPeerError a server answered, and an
-exception that ends the rank (`trigger`). The launcher (control/training/
+exception that ends the rank (`trigger`). The launcher (control/launcher/
 hangs.py) reads the .now files and dumps and prints one line per rank.
 LTP_FLIGHT=0 turns the recorder off.
 """

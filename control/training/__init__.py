@@ -13,18 +13,19 @@ Modules, each with one job:
   gloo      the gloo DDP baseline's loop
   rank      the entry point of one rank (`python -m ltpx.control.training`),
             torch.distributed env:// conventions, so torchrun can start it
-  launch    start every rank of a job inside a rig's namespaces, follow its output
-            (`ltp launch`)
   onrig     `ltp train`'s job on a rig: ranks, the lead's events, logs
-  faults    fault injection (--kill ROLE:ID@ITER) and restart policies
-  hangs     the launcher's hang report: one line per rank from the flight recorder
+  faults    fault injection (--kill ROLE:ID@ITER) and --restart
   curves    training curves: TensorBoard scalars while a run goes, a PNG at the end
-  forkserver, zygote   a fork server for ranks: torch imported once, a fork per rank
-  storehost the job's rendezvous store (a TCPStore on a namespace's loopback)
-  storerelay  the store reached as 127.0.0.1:PORT from every namespace of a rig
   __main__  `python -m ltpx.control.training`: one rank (rank.py)
 
+Launching (the ranks started in a rig's namespaces, the fork server, the
+store, restarts, the hang report) is control/launcher, below this package.
 The transport under the parameter-server runs, and the API itself, are
 control/torchapi (ltpx.torch). docs/training.md has the design, the sync
 modes and how to run it on real hosts.
 """
+
+# what a rank of the built-in job imports beyond any ltpx.torch rank's: the fork
+# server preloads them for `ltp train` (control/launcher/forkserver.py, `also`)
+RANK_MODULES = ("ltpx.control.training.rank", "ltpx.control.training.demo",
+                "ltpx.control.training.gloo")

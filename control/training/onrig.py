@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`ltp train`'s job on a rig: every rank of the built-in training started with
-launch.RigJob, the lead's JSON events followed, the others' output kept in logs.
+the launcher's RigJob (control/launcher/launch.py), the lead's JSON events
+followed, the others' output kept in logs.
 
 The lead is worker 0 (it evaluates and reports; with gloo, rank 0). Its
 stdout (JSON lines: start, iter, eval, result) drives the progress bar;
@@ -28,9 +29,11 @@ from collections.abc import Callable
 from ...errors import LaunchError
 from .. import settings_table
 from .config import LTP_TRANSPORTS, TrainConfig
-from . import forkserver
-from .faults import Faults, RestartJob
-from .launch import RigJob, job_env, plan_ranks
+from . import RANK_MODULES
+from .faults import Faults
+from ..launcher import forkserver
+from ..launcher.launch import RigJob, job_env, plan_ranks
+from ..launcher.restarts import RestartJob
 from ...dataplane.rig.star import RigConfig
 from ...dataplane.tcp_cc import ensure_cc
 
@@ -114,7 +117,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     eval). `early_close`: EarlyCloseConfig fields for the LTP server (e.g.
     threshold 1.0: rounds close only complete). `faults`: kills to fire and
     the restart policy (faults.py; the result then has a "faults" entry).
-    `on_hang(lines)` gets each flight-recorder screen (hangs.py; default:
+    `on_hang(lines)` gets each flight-recorder screen (launcher/hangs.py; default:
     stderr); the result's "hangs" lists them.
     Every process started here is gone when this returns or raises."""
     cfg.validate()
@@ -131,10 +134,11 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     ok = False
     while True:      # once, or again after the server died under --restart
         ranks = plan_ranks(rig, W, servers)
-        forkserver.warm()      # (a no-op if `ltp train` warmed it before the rig)
+        forkserver.warm(RANK_MODULES)   # (a no-op if `ltp train` warmed it before the rig)
         job = follow = None
         try:
-            job = RigJob(rig, ranks, rank_timeout_s, group_keys=cfg.downlink == "group")
+            job = RigJob(rig, ranks, rank_timeout_s, group_keys=cfg.downlink == "group",
+                         preload=RANK_MODULES)
             if on_hang is not None:
                 job.on_hang = on_hang
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The fork server's process: import once, then fork one child per rank (see forkserver.py).
 
-`python -m ltpx.control.training.zygote FD OWNER MODULES`: FD is its end of
+`python -m ltpx.control.launcher.zygote FD OWNER MODULES`: FD is its end of
 the launcher's control socket (SOCK_SEQPACKET), OWNER the launcher's pid,
 MODULES what to import (comma-separated). It dies with its owner
 (PR_SET_PDEATHSIG), imports, checks that no thread was started, says

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`python -m ltpx.control.training.storehost TIMEOUT_S`: host a job's rendezvous store.
+"""`python -m ltpx.control.launcher.storehost TIMEOUT_S`: host a job's rendezvous store.
 
 A TCPStore server on 127.0.0.1 (an ephemeral port) of the network namespace
 it runs in; it prints {"port": N} and then serves until it is signalled.

@@ -19,8 +19,8 @@ any thread exists (zygote.py), and asks it for each rank:
                ---- status: {"signal": n} ---> os.kill (not yet reaped: no pid reuse)
 
 `ZygoteProc` is used as a subprocess.Popen (pid, stdout, stderr, poll, wait,
-returncode, send_signal, terminate, kill), so RigJob, faults.py and stop_all
-treat both alike. Lifetimes: the zygote dies with the launcher's thread that
+returncode, send_signal, terminate, kill), so RigJob, control/training/faults.py
+and stop_all treat both alike. Lifetimes: the zygote dies with the launcher's thread that
 started it (PR_SET_PDEATHSIG) and each child with the zygote; closing the
 control socket (Zygote.close) makes the zygote SIGKILL and reap what is
 left and exit; a child whose status socket closes is SIGKILLed.
@@ -51,15 +51,16 @@ import time
 from .. import settings_table
 
 ENV_SWITCH = settings_table.TABLE["forkserver"].env   # LTP_FORKSERVER=0: new interpreters
-ZYGOTE_MODULE = "ltpx.control.training.zygote"
-STORE_MODULE = "ltpx.control.training.storehost"   # the job's store host (storehost.py)
+ZYGOTE_MODULE = "ltpx.control.launcher.zygote"
+STORE_MODULE = "ltpx.control.launcher.storehost"   # the job's store host (storehost.py)
 # set in the zygote before it imports, and in every rank's environment alike
 IMPORT_ENV = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONUNBUFFERED": "1"}
-# what a rank imports, in this order (a module missing here is skipped)
+# what a rank of an ltpx.torch script imports, in this order (a module missing
+# here is skipped); a caller adds its own ranks' modules (`also`: `ltp train`'s
+# job, control/training's RANK_MODULES), so the launcher names none above it
 PRELOAD = ("numpy", "torch", "torch.optim", "torch._dynamo", "torch.distributed", "bcc",
            "pyroute2", "ltpx.torch", "ltpx.control.transport.endpoint",
-           "ltpx.dataplane.xdp.loader", "ltpx.control.training.rank",
-           "ltpx.control.training.demo", "ltpx.control.training.gloo")
+           "ltpx.dataplane.xdp.loader")
 # environment variables read while importing (torch, OpenMP, the interpreter, the
 # loader, ltpx's store keys): a rank that wants other values than the zygote's
 # starts as a new interpreter. PYTHONUNBUFFERED is the child's own to apply.
@@ -297,13 +298,14 @@ class Zygote:
 _PARKED: list[Zygote] = []      # the zygote warm() started, until a job takes it
 
 
-def warm() -> None:
+def warm(also: tuple[str, ...] = ()) -> None:
     """Start this process's zygote now (call it before building the rig), so
-    its imports overlap whatever comes next; the next RigJob takes it."""
+    its imports (PRELOAD, then `also`) overlap whatever comes next; the next
+    RigJob takes it."""
     if not enabled() or _PARKED:
         return
     try:
-        _PARKED.append(Zygote())
+        _PARKED.append(Zygote(PRELOAD + tuple(also)))
     except OSError as e:
         note(f"cannot start ({e}); ranks start as new processes")
         return
@@ -311,9 +313,9 @@ def warm() -> None:
     atexit.register(_close_parked)
 
 
-def take(new: bool = True) -> Zygote | None:
-    """The warmed zygote, else a new one (new=False: None); None with
-    LTP_FORKSERVER=0. The caller closes it."""
+def take(new: bool = True, also: tuple[str, ...] = ()) -> Zygote | None:
+    """The warmed zygote, else a new one importing PRELOAD and `also`
+    (new=False: None); None with LTP_FORKSERVER=0. The caller closes it."""
     if not enabled():
         return None
     if _PARKED:
@@ -321,7 +323,7 @@ def take(new: bool = True) -> Zygote | None:
     if not new:
         return None
     try:
-        return Zygote()
+        return Zygote(PRELOAD + tuple(also))
     except OSError as e:
         note(f"cannot start ({e}); ranks start as new processes")
         return None

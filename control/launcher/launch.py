@@ -26,8 +26,9 @@ worker i's host. Their stdout and stderr are read line by line as they come
 (`RigJob.pump` hands each line to a callback); when a rank fails the
 others get `grace_s` to notice, then SIGTERM (a rank unwinds and detaches
 its XDP program), then SIGKILL; a rank that died may first be started again
-(`respawn`, as faults.RestartPolicy decides: `follow`). `ltp launch`
-(tools/cmd_launch.py) and `ltp train` (onrig.py) are its two users.
+(`respawn`, as restarts.RestartPolicy decides: `follow`). `ltp launch`
+(tools/cmd_launch.py) and `ltp train` (control/training/onrig.py) are its
+two users.
 
 The job key (control/trust/jobkey.py): the file LTP_SECRET_FILE names in this
 process's environment, else one RigJob makes (mode 0600 in a 0700 folder,
@@ -65,8 +66,8 @@ from ..procs import stop_all
 from .. import settings_table
 from ..settings_table import to_env
 from . import forkserver
-from .faults import describe_exit
 from .hangs import FlightWatch
+from .restarts import describe_exit
 from .storerelay import StoreRelay
 
 STORE_MODULE = forkserver.STORE_MODULE
@@ -94,7 +95,7 @@ class Rank:
     last_json: dict | None = None
     last_error: str | None = None   # its last stderr line that names an exception
     bufs: dict = field(default_factory=dict)   # fd -> partial line
-    settled: bool = False       # died, and the job goes on without it (faults.py)
+    settled: bool = False       # died, and the job goes on without it (restarts.py)
     starts: int = 0             # processes started for this rank
     forked: bool = False        # its process came from the fork server
 
@@ -175,8 +176,10 @@ class RigJob:
     """The ranks of one job on a rig: start, pump their output, stop."""
 
     def __init__(self, rig, ranks: list[Rank], store_timeout_s: float = 300.0,
-                 group_keys: bool = True):
-        self.rig, self.ranks = rig, ranks
+                 group_keys: bool = True, preload: tuple[str, ...] = ()):
+        """`preload`: modules a fork server this job starts itself (none was
+        warmed) imports beyond forkserver.PRELOAD, as `forkserver.warm(also)`."""
+        self.rig, self.ranks, self.preload = rig, ranks, tuple(preload)
         self.sel = selectors.DefaultSelector()
         self.store = self.store_proc = self.relay = None
         self.zygote = forkserver.take(new=False)      # the one warm() started, if any
@@ -252,7 +255,7 @@ class RigJob:
             return None      # (netns.popen names a missing namespace)
         if not self.zygote_asked:
             self.zygote_asked = True
-            self.zygote = forkserver.take()
+            self.zygote = forkserver.take(also=self.preload)
         return self.zygote.spawn(argv, env, netns=r.host.netns) if self.zygote else None
 
     def respawn(self, r: Rank) -> None:
@@ -344,7 +347,7 @@ def first_failure(ranks: list[Rank]) -> dict | None:
 def follow(job: RigJob, on_line: Callable[[Rank, str, str], None], policy, *,
            grace_s: float, t_end: float | None = None) -> bool:
     """Pump `job` until every rank has exited (`ltp launch`). A rank that dies
-    goes to `policy` first (faults.RestartPolicy: restarted in place, or
+    goes to `policy` first (restarts.RestartPolicy: restarted in place, or
     RestartJob, which the caller answers by starting every rank again); a
     failure gives the others grace_s, then they are left for the caller to
     stop. True if t_end (time.monotonic) came first."""
