@@ -90,6 +90,23 @@ def test_fsdp2_over_ltp_is_gloos_bit_for_bit():
         assert not [k for k in routes if k.endswith(" gloo")], routes
 
 
+@pytest.mark.root
+@pytest.mark.slow
+def test_the_fsdp2_example_on_loopback_trains_as_over_gloo():
+    """docs/examples/fsdp2.py (what scripts/fsdp_ab.sh and tests/gpu run), on
+    the CPU over loopback: every rank the same parameters, gloo's accuracy,
+    and no call of the `ltp` group over gloo."""
+    from ddp_local import run_local
+    script = ROOT / "docs" / "examples" / "fsdp2.py"
+    ltp = run_local(2, "--iterations", "40", script=script)["results"]
+    gloo = run_local(2, "--iterations", "40", script=script, backend="gloo")["results"]
+    assert len({r["digest"] for r in ltp}) == 1 and ltp[0]["device"] == "cpu"
+    assert abs(ltp[0]["accuracy"] - gloo[0]["accuracy"]) <= 0.005 and ltp[0]["accuracy"] > 0.8
+    routes = ltp[0]["routes"]
+    assert routes["reduce_scatter_single tolerant"] == 3 * 40, routes   # 3 layers a step
+    assert not [k for k in routes if k.endswith(" gloo")], routes
+
+
 def _launch(framework: str, *flags: str, backend: str = "ltp") -> list[dict]:
     out = run_stopping([str(BIN / "ltp"), "launch", "--workers", "2", *flags, "-j", "--",
                         "python", str(JOBS[framework]), *RUN[framework], "--backend", backend],
