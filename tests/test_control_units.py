@@ -426,3 +426,25 @@ def test_an_endpoint_config_is_checked_when_made_and_changed_by_replace():
                      ({"push_options": PushOptions(sender="xdp")}, "differ: give one")):
         with pytest.raises(ValueError, match=why):
             EndpointConfig.of(base, **bad)
+
+
+@pytest.mark.unit
+def test_a_push_spec_is_checked_when_made_and_its_default_patience_named_once():
+    """PushSpec: what one push is given, one frozen object; its fields as
+    keywords over a spec (`of`), a bad timeout refused at once; the default
+    patience is PUSH_TIMEOUT_S, the one the endpoint's reliable pushes use."""
+    import dataclasses
+    import inspect
+    from ltpx.control.transport.endpoint import Endpoint
+    from ltpx.control.transport.options import PUSH_TIMEOUT_S, PushOptions, PushSpec
+    spec = PushSpec(reliable=True, group=("198.18.0.255", 7410))
+    more = PushSpec.of(spec, timeout_s=2.5, options=PushOptions(sender="socket"))
+    assert (more.reliable, more.group, more.timeout_s, more.options.sender) == \
+        (True, ("198.18.0.255", 7410), 2.5, "socket")
+    assert spec.timeout_s == PUSH_TIMEOUT_S and PushSpec.of(None).critical is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.reliable = False
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        PushSpec.of(spec, timeout_s=0)
+    for call in (Endpoint.push_reliable, Endpoint.push_deferred):
+        assert inspect.signature(call).parameters["timeout_s"].default == PUSH_TIMEOUT_S

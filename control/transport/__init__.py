@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 
 _PUBLIC = {"Endpoint": "endpoint", "TransportError": "endpoint", "DeadPeerError": "endpoint",
-           "EndpointConfig": "endpoint_config",
+           "EndpointConfig": "endpoint_config", "PushSpec": "options",
            "Peer": "results",
            "PushReport": "results", "RoundResult": "results",
            "EarlyCloseConfig": "early_close", "COMPLETE": "early_close",

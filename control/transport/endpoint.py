@@ -36,7 +36,7 @@ from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConf
 from .endpoint_config import EndpointConfig
 from . import defer, fec
 from .layout import ChunkLayout, as_f32
-from .options import AUTO, PushOptions, choose_sender
+from .options import AUTO, PUSH_TIMEOUT_S, PushSpec, choose_sender
 from .rate import SharePolicy, credit_window, fine_timer_slack
 from .receiver import Receiver
 from .push import Push
@@ -264,11 +264,11 @@ class Endpoint:
         self.receiver.cancel(round_)
 
     # --------------------------------------------------------------------- send
-    def push(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
-             reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None,
-             group: tuple[str, int] | None = None, over=None,
-             options: PushOptions | None = None) -> PushReport:
-        """Send buf (float32) as round_ to one or more peers.
+    def push(self, round_: int, buf, to: Peer | list[Peer], spec: PushSpec | None = None,
+             **fields) -> PushReport:
+        """Send buf (float32) as round_ to one or more peers; `spec` (a
+        PushSpec, or its fields as keywords over it: critical, reliable,
+        timeout_s, seed, group, over, options) says how.
 
         Chunks go in a per-round random order, paced to the rate the receiver
         advertises. Unacknowledged chunks are re-sent (flagged RETX) while the
@@ -293,28 +293,22 @@ class Endpoint:
 
         options: this push's sender and clock knobs (options.PushOptions;
         default: the endpoint's), for a benchmark taking turns between arms."""
-        plan = self.prepare_push(round_, buf, to, critical=critical, reliable=reliable,
-                                 timeout_s=timeout_s, seed=seed, group=group, options=options)
-        plan.over = over
-        return plan.send()
+        return self.prepare_push(round_, buf, to, spec, **fields).send()
 
-    def prepare_push(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
-                     reliable: bool = False, timeout_s: float = 10.0,
-                     seed: int | None = None, group: tuple[str, int] | None = None,
-                     options: PushOptions | None = None) -> Push:
+    def prepare_push(self, round_: int, buf, to: Peer | list[Peer],
+                     spec: PushSpec | None = None, **fields) -> Push:
         """Everything `push` does before its first packet (checks, chunk order,
         headers, sender state), so a caller can do it ahead of a barrier and
         `send` the plan the moment the round starts. `buf` must not change
         until `send` returns."""
-        return self.sender.prepare(round_, buf, to, critical=critical, reliable=reliable,
-                                   timeout_s=timeout_s, seed=seed, group=group, options=options)
+        return self.sender.prepare(round_, buf, to, PushSpec.of(spec, **fields))
 
     def send(self, plan: Push) -> PushReport:
         """Send a prepared push (see `push`)."""
         return plan.send()
 
     # ------------------------------------------------------- reliable downlink
-    def push_reliable(self, round_: int, buf, to: list[Peer], timeout_s: float = 10.0,
+    def push_reliable(self, round_: int, buf, to: list[Peer], timeout_s: float = PUSH_TIMEOUT_S,
                       group: tuple[str, int] | None = None, coded: bool = False) -> PushReport:
         """Send buf to every peer in `to`, every chunk critical, until all acked
         (group: see `push`).
@@ -341,7 +335,7 @@ class Endpoint:
         return plan_push.send()
 
     def push_deferred(self, round_: int, buf, to: list[Peer], *, critical_from: int,
-                      timeout_s: float = 10.0, group: tuple[str, int] | None = None,
+                      timeout_s: float = PUSH_TIMEOUT_S, group: tuple[str, int] | None = None,
                       sign=None, sig_bytes: int = 0, memo: dict | None = None) -> PushReport:
         """Send buf to every peer in `to` tolerantly (defer.py; the receivers
         `expect_deferred` it): once, the elements from `critical_from` on
@@ -426,5 +420,5 @@ class Endpoint:
         self.close()
 
 
-__all__ = ["Endpoint", "EndpointConfig", "Peer", "PushReport", "RoundResult", "TransportError",
+__all__ = ["Endpoint", "EndpointConfig", "PushSpec", "Peer", "PushReport", "RoundResult", "TransportError",
            "DeadPeerError", "EarlyCloseConfig", "COMPLETE", "DEADLINE", "TIMEOUT"]

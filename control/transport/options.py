@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""How an endpoint's pushes leave: the sender and the ACK clock's A/B knobs.
+"""How an endpoint's pushes leave: the sender and the ACK clock's A/B knobs
+(`PushOptions`), and what one push is given besides its round, buffer and
+targets (`PushSpec`).
 
 One frozen `PushOptions` per endpoint (`Endpoint(push_options=...)`, or
 `Endpoint(sender=...)` for the sender alone) and, for a benchmark taking
@@ -15,6 +17,7 @@ why; an explicit "socket" or "xdp" is taken as asked.
 from __future__ import annotations
 
 import logging
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +27,7 @@ AUTO = "auto"       # the sender chosen by the grow check (choose_sender)
 log = logging.getLogger("ltpx.sender")
 
 RTO_RTTS = 2        # the ACK clock's RTO in round trips (at least ackclock.RTO_MIN)
+PUSH_TIMEOUT_S = 10.0   # how long a push tries a silent target before DeadPeerError
 
 
 @dataclass(frozen=True)
@@ -101,3 +105,37 @@ def choose_sender(asked: str, grow: Callable[[], object], where: str = "") -> Se
     if getattr(v, "source", "") != "process":
         log.warning("%s: sender %s", where or "endpoint", choice.why)
     return choice
+
+
+@dataclass(frozen=True, eq=False)
+class PushSpec:
+    """What one push is given besides its round, buffer and targets, decided
+    before it is planned (Endpoint.push and prepare_push take one, or its
+    fields as keywords over the defaults; `of`).
+
+    critical: bool per chunk that must reach every target before it may
+    close the round (None: none); reliable: every chunk critical;
+    timeout_s: how long a silent target is tried (DeadPeerError after);
+    seed: the chunk order's (default: from the round and the first target);
+    group: (address, port) the first pass goes to once for every target;
+    over: a callable, True once the round is over everywhere (the push then
+    ends as if every target closed it); options: this push's sender and
+    clock knobs (default: the endpoint's)."""
+
+    critical: object = None
+    reliable: bool = False
+    timeout_s: float = PUSH_TIMEOUT_S
+    seed: int | None = None
+    group: tuple[str, int] | None = None
+    over: Callable[[], bool] | None = None
+    options: PushOptions | None = None
+
+    def __post_init__(self):
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}")
+
+    @classmethod
+    def of(cls, spec: PushSpec | None, **fields) -> PushSpec:
+        """spec (default: every default) with `fields` set over it, checked."""
+        base = spec if spec is not None else cls()
+        return dataclasses.replace(base, **fields) if fields else base

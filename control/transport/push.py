@@ -17,7 +17,7 @@ from ...errors import DeadPeerError, TransportError
 from . import fec
 from .layout import FRAME_OVERHEAD, ChunkLayout
 from .lossdetect import Backoff, BatchPicker, LossDetector, group_pass, pass_runs
-from .options import DEFAULTS, PushOptions
+from .options import DEFAULTS, PushSpec
 from .rate import Pacer
 from .results import Peer, PushReport
 
@@ -62,22 +62,22 @@ class Push:
     dropped unACKed)."""
 
     over = None                   # a callable: True once the round is over everywhere
+                                  # (PushSpec.over; stream.py ends a stopped part with it)
     overtaken = False             # the push ended by `over`
     coded = None                  # (fec.Plan, parity per group) of a coded reliable push
     first_loss = None             # the worst target's loss in the first pass
     only = None                   # bit c: chunk c is this push's (restrict); None: all are
     tolerant = False              # only critical chunks are re-sent at once (restrict)
     after_pass = None             # called with the push after each pass (defer.py)
-    sender_why = ""               # why this push's sender (sender.Sender.prepare says)
     share = 1.0                   # of the advertised rate this push takes (stream.py)
 
     def __init__(self, sender, round_: int, buf: np.ndarray, layout: ChunkLayout,
-                 targets: list[Peer], crit: np.ndarray, *, reliable: bool, timeout_s: float,
-                 seed: int | None, group: tuple[str, int] | None,
-                 options: PushOptions = DEFAULTS):
+                 targets: list[Peer], crit: np.ndarray, spec: PushSpec, why: str = ""):
         self.sender, self.round_, self.buf, self.layout = sender, round_, buf, layout
-        self.options = options  # the ACK clock's knobs (a socket push has none to read)
-        self.targets, self.crit, self.reliable, self.timeout_s = targets, crit, reliable, timeout_s
+        self.options = spec.options or DEFAULTS   # the ACK clock's knobs (a socket push: none)
+        self.targets, self.crit, self.sender_why = targets, crit, why   # why: Sender.prepare's
+        self.reliable, self.timeout_s, self.over = spec.reliable, spec.timeout_s, spec.over
+        seed, group = spec.seed, spec.group
         self.group = group is not None  # the last of hdrs/addrs/pieces is the group
         self.slots = [sender.peers[t.worker] for t in targets]
         # per target: (its DATA's token, its ACKs' token), this flow's own

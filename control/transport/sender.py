@@ -19,7 +19,7 @@ import numpy as np
 
 from ...dataplane.xdp import wire as W
 from .layout import ChunkLayout, as_f32
-from .options import AUTO, DEFAULTS, PushOptions, SenderChoice
+from .options import AUTO, DEFAULTS, PushOptions, PushSpec, SenderChoice
 from .results import Peer, PushReport
 from .push import UDP_SEGMENT, Push
 from ..trust.tokens import RoundTokens
@@ -77,11 +77,9 @@ class Sender:
     def learn_loss(self, loss: float) -> None:
         self.loss_hat = (1 - LOSS_EWMA) * self.loss_hat + LOSS_EWMA * min(1.0, max(0.0, loss))
 
-    def prepare(self, round_: int, buf, to: Peer | list[Peer], *, critical=None,
-                reliable: bool = False, timeout_s: float = 10.0, seed: int | None = None,
-                group: tuple[str, int] | None = None,
-                options: PushOptions | None = None) -> Push:
+    def prepare(self, round_: int, buf, to: Peer | list[Peer], spec: PushSpec) -> Push:
         """Check a push's arguments and plan it (see Endpoint.prepare_push)."""
+        options = spec.options
         auto = options.sender == AUTO if options else self.asked_auto
         options, why = options or self.options, self.why
         if options.sender == AUTO:  # a push's own knobs, auto's sender
@@ -109,15 +107,13 @@ class Sender:
             raise ValueError(f"buffer of {arr.size} elements exceeds max_elems={self.max_elems}")
         layout = ChunkLayout(arr.size, self.chunk_bytes)
         nch = layout.nchunks
-        crit = np.ones(nch, dtype=bool) if reliable else (
-            np.zeros(nch, dtype=bool) if critical is None else np.asarray(critical, dtype=bool))
+        crit = np.ones(nch, dtype=bool) if spec.reliable else (
+            np.zeros(nch, dtype=bool) if spec.critical is None
+            else np.asarray(spec.critical, dtype=bool))
         if crit.shape != (nch,):
             raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
-        push = self.kinds[options.sender](self, round_, arr, layout, targets, crit,
-                                          reliable=reliable, timeout_s=timeout_s, seed=seed,
-                                          group=group, options=options)
-        push.sender_why = why
-        return push
+        return self.kinds[options.sender](self, round_, arr, layout, targets, crit,
+                                          dataclasses.replace(spec, options=options), why)
 
     def heavy_why(self, worker: int) -> str:
         """Why auto sends toward a heavy `worker` by the socket. Its loss may
