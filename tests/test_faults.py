@@ -267,31 +267,31 @@ def test_a_joiner_whose_donor_dies_asks_again_and_takes_the_new_tickets_state(
         assert donor.stdout.readline().strip() == "beating"
         joiner.start_liveness(3)
         w1.start_liveness(2)
-        first = joiner.request_join(2)
+        first = joiner.tickets.request_join(2)
         t = threading.Thread(target=lambda: out.update(
-            blob=joiner.take_sync(first, 30.0, w=2)), daemon=True)
+            blob=joiner.tickets.take_sync(first, 30.0, w=2)), daemon=True)
         t.start()
-        assert srv.take_joins(donor=0) == {2: first}
+        assert srv.tickets.take_joins(donor=0) == {2: first}
         assert store.get(f"{KEY}donor/{first}") == b"0"
         time.sleep(2.5)                      # its donor beats: no second request
         assert store.add(f"{KEY}join", 0) == first and t.is_alive()
         donor.kill()
         donor.wait()
         end = time.monotonic() + 10
-        while not srv.joins and time.monotonic() < end:
+        while not srv.tickets.joins and time.monotonic() < end:
             time.sleep(0.1)
-            srv.poll_joins()
-        (second,) = srv.joins.values()
-        assert list(srv.joins) == [2] and second > first
+            srv.tickets.poll_joins()
+        (second,) = srv.tickets.joins.values()
+        assert list(srv.tickets.joins) == [2] and second > first
         # op 0: worker 1 arrives; the server's barrier goes on without the dead
         # donor and the joiner that asked again, and names worker 1 the donor
         assert not w1.arrive(0, Op(STEP, sizes=(4,)))
         assert srv.next_op(0, idle_s=30).absent == (0, 2)
-        assert srv.take_joins(donor=srv.view.donor()) == {2: second}
+        assert srv.tickets.take_joins(donor=srv.view.donor()) == {2: second}
         assert store.get(f"{KEY}donor/{second}") == b"1"
-        srv.put_sync(first, b"stale")         # too late: the joiner holds the new ticket
+        srv.tickets.put_sync(first, b"stale")         # too late: the joiner holds the new ticket
         time.sleep(0.6)
-        srv.put_sync(second, b"fresh")
+        srv.tickets.put_sync(second, b"fresh")
         t.join(10)
         assert out == {"blob": b"fresh"}
     finally:

@@ -195,19 +195,19 @@ def test_a_member_cannot_ask_to_join_as_another_nor_hand_a_joiner_a_state(store,
     state under a ticket written by a worker other than the donor the
     server named: the joiner refuses it."""
     server, member = _keyed_coords(store)
-    member[1].request_join(0)
+    member[1].tickets.request_join(0)
     with caplog.at_level(logging.WARNING, logger="ltpx.torch.coord"):
-        server.poll_joins()
-    assert server.joins == {} and "worker 1 asked to join as worker 0" in caplog.text
-    t = member[2].request_join(2)
-    server.poll_joins()
-    assert server.take_joins(donor=0) == {2: t}
-    member[1].put_sync(t, b"poisoned model")          # worker 0 owes it, worker 1 wrote it
+        server.tickets.poll_joins()
+    assert server.tickets.joins == {} and "worker 1 asked to join as worker 0" in caplog.text
+    t = member[2].tickets.request_join(2)
+    server.tickets.poll_joins()
+    assert server.tickets.take_joins(donor=0) == {2: t}
+    member[1].tickets.put_sync(t, b"poisoned model")          # worker 0 owes it, worker 1 wrote it
     with pytest.raises(sealing.StoreValueError, match="written by worker 1, not by worker 0, "
                        "its donor"):
-        member[2].take_sync(t, 3.0)
-    member[0].put_sync(t, b"the model")
-    assert member[2].take_sync(t, 3.0) == b"the model"
+        member[2].tickets.take_sync(t, 3.0)
+    member[0].tickets.put_sync(t, b"the model")
+    assert member[2].tickets.take_sync(t, 3.0) == b"the model"
 
 
 @pytest.mark.unit
@@ -217,29 +217,29 @@ def test_a_state_written_before_the_donor_is_named_is_never_taken(store):
     nothing while no donor is named, then refuses it as not its donor's;
     a state the named donor writes is taken."""
     server, member = _keyed_coords(store)
-    t = member[2].request_join(2)
-    member[1].put_sync(t, b"poisoned model")
+    t = member[2].tickets.request_join(2)
+    member[1].tickets.put_sync(t, b"poisoned model")
     out: dict = {}
 
     def joiner():
         try:
-            out["blob"] = member[2].take_sync(t, 10.0)
+            out["blob"] = member[2].tickets.take_sync(t, 10.0)
         except Exception as e:
             out["error"] = e
     th = threading.Thread(target=joiner, daemon=True)
     th.start()
     time.sleep(0.6)
     assert th.is_alive() and not out          # no donor named: nothing taken
-    server.poll_joins()
-    assert server.take_joins(donor=0) == {2: t}
+    server.tickets.poll_joins()
+    assert server.tickets.take_joins(donor=0) == {2: t}
     th.join(10)
     assert isinstance(out.get("error"), sealing.StoreValueError), out
     assert "written by worker 1, not by worker 0, its donor" in str(out["error"])
-    t2 = member[2].request_join(2)
-    server.poll_joins()
-    server.take_joins(donor=0)
-    member[0].put_sync(t2, b"the model")
-    assert member[2].take_sync(t2, 3.0) == b"the model"
+    t2 = member[2].tickets.request_join(2)
+    server.tickets.poll_joins()
+    server.tickets.take_joins(donor=0)
+    member[0].tickets.put_sync(t2, b"the model")
+    assert member[2].tickets.take_sync(t2, 3.0) == b"the model"
 
 
 W = 3
@@ -263,9 +263,9 @@ FORGED = {
     "desc": ({"desc/0": GOOD_OP.to_json()},
              {"desc/0": json.dumps({"kind": "step", "sizes": [-4]})},
              lambda co: co.take("desc/0", storevalues.op_value(W))),
-    "join": ({"join/1": "1"}, {"join/1": "999"}, lambda co: co.poll_joins()),
-    "donor": ({"donor/1": "0"}, {"donor/1": "-3"}, lambda co: co.take_sync(1, 3.0, w=1)),
-    "sync": ({"sync/1": b"\x80\x02forged model"}, None, lambda co: co.take_sync(1, 3.0)),
+    "join": ({"join/1": "1"}, {"join/1": "999"}, lambda co: co.tickets.poll_joins()),
+    "donor": ({"donor/1": "0"}, {"donor/1": "-3"}, lambda co: co.tickets.take_sync(1, 3.0, w=1)),
+    "sync": ({"sync/1": b"\x80\x02forged model"}, None, lambda co: co.tickets.take_sync(1, 3.0)),
     "k": ({"k/0/0": "1", "k/0/1": "1"}, {"k/0/0": "many", "k/0/1": "1"},
           lambda co: co.get_k(0, [0, 1])),
     "open": ({"open/5": "1"}, {"open/5": "0"}, lambda co: co.wait_open(5)),
@@ -299,11 +299,11 @@ def test_a_forged_join_count_neither_hangs_the_server_nor_is_taken(store):
     co = Coord(store, W, 5.0, key=jobkey.store_auth(jobkey.new_key()))
     store.add(KEY + "join", 2)              # two tickets, no worker ids behind them
     t0 = time.monotonic()
-    co.poll_joins()
-    assert time.monotonic() - t0 < 1.0 and co.joins == {} and set(co.unseen) == {1, 2}
+    co.tickets.poll_joins()
+    assert time.monotonic() - t0 < 1.0 and co.tickets.joins == {} and set(co.tickets.unseen) == {1, 2}
     store.add(KEY + "join", 10**6)
     with pytest.raises(sealing.StoreValueError, match="join ticket count jumped"):
-        co.poll_joins()
+        co.tickets.poll_joins()
 
 
 @pytest.mark.unit

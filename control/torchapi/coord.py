@@ -80,7 +80,7 @@ def _bits(masks: list[int]) -> set[int]:
             if m >> b & 1}
 
 
-class Coord(Tickets):
+class Coord:
     """Barriers and metadata through the store (a torch.distributed Store).
 
     `me` is this worker's id (None on a server); `view` the membership it
@@ -89,7 +89,7 @@ class Coord(Tickets):
     key (jobkey.store_key; None: values unsealed), `scope` what sets this
     coordination apart from others in the same store (a shard's prefix)."""
 
-    prefix = KEY      # every key's (tickets.py's too)
+    prefix = KEY      # every key's (the tickets' too)
 
     def __init__(self, store, workers: int, timeout_s: float, servers: int = 1,
                  key: bytes | None = None, scope: str = ""):
@@ -102,10 +102,8 @@ class Coord(Tickets):
         self.view = Members(workers)
         self.watch: Watch | None = None
         self.beat: Beat | None = None
-        self.tickets_seen = 0
-        self.unseen: dict[int, float] = {}   # tickets counted, worker id not there yet: since
+        self.tickets = Tickets(self, workers)   # joins: tickets, donors (tickets.py)
         self.on_server_dead = None   # called once (heartbeat thread) when the server stops
-        self.joins: dict[int, int] = {}   # the server's: worker -> ticket, not yet admitted
         self.unposted: dict[int, float] = {}  # the server's: op -> since its post was taken, no go
         self.on_wait: Callable[[], None] | None = None   # called during waits (server: beat)
         self.reaper = Reaper(store, KEY, self.groups)     # the server's (next_op)
@@ -170,6 +168,21 @@ class Coord(Tickets):
     def drop(self, *keys: str) -> None:
         for k in keys:
             self.store.delete_key(KEY + k)
+
+    # what tickets.Keys asks besides the values: presence, counters, a wait's slice, heartbeats
+    def has(self, key: str) -> bool:
+        return self.store.check([KEY + key])
+
+    def count(self, key: str, n: int) -> int:
+        """Add n to the counter under KEY + key; its new value."""
+        return self.store.add(KEY + key, n)
+
+    def wait_slice(self, keys: list[str], seconds: float, first: bool) -> bool:
+        """One slice of a longer wait (False when the keys are not there yet)."""
+        return self._wait(keys, seconds, quiet=True, first=first)
+
+    def server_alive(self) -> bool:
+        return self.watch is None or self.watch.alive(0)
 
     def set_json(self, key: str, obj) -> None:
         self.put(key, json.dumps(obj))
@@ -371,8 +384,8 @@ class Coord(Tickets):
         has been missing for the watch's dead_s, the server posts it."""
         expect = self.view.expect()
         here = self.arrived(s)
-        self.poll_joins()     # a worker asking to come back will not arrive either
-        dead = {w for w in expect - here if w in self.joins or not self.worker_alive(w)}
+        self.tickets.poll_joins()     # a worker asking to come back will not arrive either
+        dead = {w for w in expect - here if w in self.tickets.joins or not self.worker_alive(w)}
         if not (expect - dead) <= here or not (here & expect):
             return
         if not dead:           # all there, yet no go: did the one posting it die?

@@ -7,7 +7,7 @@ running: `joining()`), or when the job went on without it (the barrier took
 it for dead, or the server dropped it after --max-missed silent steps: its
 next op raises coord.Excluded). Either way it calls `rejoin(opt)`:
 
-  1. it asks the server for a join ticket (coord.request_join);
+  1. it asks the server for a join ticket (coord.tickets.request_join);
   2. the server admits it in the next step's report; the lowest present
      worker, right after that step (its optimizer has stepped), serializes
      its state and puts it in the rendezvous store under sync/<ticket>
@@ -149,8 +149,8 @@ def rejoin(opt, timeout_s: float | None = None) -> dict | None:
     or None if the job ended before this worker was admitted."""
     job = current()
     reset(opt)
-    ticket = job.coord.request_join(job.exchange.id)
-    blob = job.coord.take_sync(ticket, timeout_s, w=job.exchange.id)
+    ticket = job.coord.tickets.request_join(job.exchange.id)
+    blob = job.coord.tickets.take_sync(ticket, timeout_s, w=job.exchange.id)
     if blob is None:
         return None
     return load_blob(opt, blob)
@@ -165,6 +165,6 @@ def donate(opt, extra: dict | None = None) -> list[int]:
     blob = state_blob(opt, extra)
     served = sorted(ex.donations)
     for ticket in ex.donations.values():
-        ex.co.put_sync(ticket, blob)
+        ex.co.tickets.put_sync(ticket, blob)
     ex.donations = {}
     return served

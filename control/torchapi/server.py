@@ -25,7 +25,7 @@ missing there (the report names it); after `max_missed` such steps in a row
 and later steps neither include nor wait for it. The op barrier goes on
 without workers that stopped beating (coord.py); they stay in a step's
 rounds, weighted 0, until dropped. A worker that asks to come back
-(coord.request_join) is admitted in the next step's report; the lowest
+(coord.tickets.request_join) is admitted in the next step's report; the lowest
 present worker then hands it its state (elastic.py). A worker silent to
 an answer's downlink for FIRST_TRY_S is left out of it and dropped at the
 next step.
@@ -287,7 +287,7 @@ class Server:
                 self.lost.append(w)
         self.silent.clear()
         # the donor as every member sees it before this report (Exchange.follow)
-        for w, ticket in self.co.take_joins(donor=self.view.donor()).items():
+        for w, ticket in self.co.tickets.take_joins(donor=self.view.donor()).items():
             status[w] = ticket
             self.missed[w] = 0
             if w not in self.rejoined:   # one that asked again (its donor died) once

@@ -162,7 +162,7 @@ def may_write(rel: str | None, writer: int, servers: int) -> bool:
     `rel` (a name under the job's prefix; None: outside it, anyone's): the
     server's own values, a rank's meta/<rank>, worker w's ack/<r>/<w> and
     k/<s>/<w>; a join request or a joiner's state only from a worker (the
-    reader checks which: tickets.py, coord.take_sync); the barrier's desc
+    reader checks which: tickets.py, Tickets.take_sync); the barrier's desc
     and go from any rank."""
     if rel is None:
         return True
