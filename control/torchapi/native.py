@@ -47,18 +47,23 @@ LOCAL = {RO.SUM: torch.add, RO.AVG: torch.add, RO.MIN: torch.minimum, RO.MAX: to
          RO.BXOR: torch.bitwise_xor}
 
 
+def _future(result):
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return fut
+
+
 def done(result):
     """A future of result, after the op's check: an exact collective the job
     went on without some worker (dead, or dropped) would be wrong without
-    a word, so every rank raises instead, as gloo's would."""
+    a word, so every rank raises instead, as gloo's would (a tolerant one
+    goes on without it, as DDP's buckets do)."""
     gone = current().exchange.left_out()
     if gone:
         raise CommError(f"ltp backend: worker(s) {sorted(gone)} took no part in this "
                         "collective (dead, or dropped from the job): its result would "
                         "leave them out")
-    fut = torch.futures.Future()
-    fut.set_result(result)
-    return fut
+    return _future(result)
 
 
 def reducible(op) -> bool:
@@ -115,14 +120,15 @@ def reduce_scatter(output: torch.Tensor, t: torch.Tensor, op, rank: int, reduce=
     `reduce` (ddp.TolerantReduce.alone: loss-tolerant) where given, else
     exact (`allreduce`)."""
     flat = t.detach().reshape(-1)
+    n = output.numel()
     if reduce is not None:
         full = reduce.alone(flat, scale=1.0 if op == RO.AVG else float(current().workers))
-    else:
-        full = flat.clone()
-        allreduce([full], op)
-    n = output.numel()
+        output.view(-1).copy_(full[rank * n:(rank + 1) * n])
+        return _future([output])
+    full = flat.clone()
+    allreduce([full], op)           # checked there
     output.view(-1).copy_(full[rank * n:(rank + 1) * n])
-    return done([output])
+    return _future([output])
 
 
 def barrier():
