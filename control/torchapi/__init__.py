@@ -46,7 +46,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   buckets      gradient buckets: reverse registration order, copy in and out
   optimizer    DistributedOptimizer (hooks, overlap, wbsp, report, warnings)
   collectives  broadcast_parameters, allreduce, allgather, barrier, digest
-  backend      the torch.distributed backend `ltp` (tolerant buckets, exact rest)
+  backend      the torch.distributed backend `ltp` (tolerant gradients, exact rest)
   native       the backend's collectives over LTP (broadcast, all-reduce, all-gather,
                reduce-scatter, barrier); gloo for the rest, made at its first use
   ddp          DDP's comm hook and the tolerant bucket reduce, any device
