@@ -92,11 +92,50 @@ def _endpoints(rig, n, secret):
     mode, ps_h = rig.config.mode, rig.ps
     eps = [Endpoint(ps_h.ifname, ps_h.ip, {0: 0, 1: 1}, n, ns=ps_h.netns, mode=mode, job=JOB,
                     secret=secret, publish=False, sender="socket")]
-    for w, h in enumerate(rig.workers):
-        eps.append(Endpoint(h.ifname, h.ip, {w: 0}, n, ns=h.netns, mode=mode, job=JOB,
-                            secret=tokens.member(secret, w, group=True), self_id=w,
-                            publish=False, liveness_s=None))
+    for w in range(len(rig.workers)):
+        eps.append(_worker_endpoint(rig, w, n, secret))
     return eps
+
+
+def _worker_endpoint(rig, w, n, secret):
+    from ltpx.control.transport import Endpoint
+    h = rig.workers[w]
+    return Endpoint(h.ifname, h.ip, {w: 0}, n, ns=h.netns, mode=rig.config.mode, job=JOB,
+                    secret=tokens.member(secret, w, group=True), self_id=w,
+                    publish=False, liveness_s=None)
+
+
+@pytest.mark.rig
+def test_a_remade_endpoint_acks_the_late_resends_of_an_answer_it_took(rig):
+    """A worker that took answer d and then made its endpoint anew (a larger
+    op came) while the server still re-sends d's tail (its ACKs lost):
+    retire(d) makes the new program ACK d's DATA CLOSED, so the server's push
+    ends at once; a new program without it drops them unheard, and the push
+    takes the worker for dead (DeadPeerError), the job's server with it."""
+    from ltpx.control.transport import DeadPeerError, Peer
+    secret = tokens.bind(tokens.new_secret(), b"retire-run")
+    n, d = 5000, 3
+    eps = _endpoints(rig, n + 4096, secret)
+    try:
+        ps, wk = eps[0], eps[1:]
+        peers = [Peer(w, h.ip) for w, h in enumerate(rig.workers)]
+        answer = np.random.default_rng(41).standard_normal(n).astype(np.float32)
+        for w, e in enumerate(wk):
+            e.expect(d, n, w)
+        ps.push_reliable(d, answer, peers, timeout_s=10.0)
+        for e in wk:
+            assert np.array_equal(e.receive(d, timeout_s=10.0), answer)
+        for w in (0, 1):                  # both make their endpoints anew
+            eps[1 + w].close()
+            eps[1 + w] = _worker_endpoint(rig, w, 2 * n + 4096, secret)
+        eps[1].retire(d, 0)               # only worker 0 says it took d
+        rep = ps.push_reliable(d, answer, [peers[0]], timeout_s=5.0)   # d's re-sends, again
+        assert rep.closed_by_receiver and rep.duration_s < 2.0, rep
+        with pytest.raises(DeadPeerError):
+            ps.push_reliable(d, answer, [peers[1]], timeout_s=1.0)
+    finally:
+        for e in eps:
+            e.close()
 
 
 def _until(cond, s=10.0) -> bool:

@@ -37,6 +37,7 @@ from .settings import Settings
 
 HEADROOM = 4096        # extra elements an endpoint is made with (a step's report, small ops)
 ROUND_LIMIT_S = 60.0   # one round's hard limit; a rank's waits may be longer (Settings.timeout)
+TAKEN_KEPT = 2         # answers a remade worker endpoint still ACKs late re-sends of (a bank each)
 
 
 def credit_bytes(s: Settings) -> float | None:
@@ -307,6 +308,7 @@ class LtpWorkerLink(WorkerLink):
         # loss, or asked for): DATA sent, and how much of it the ACK clock made
         self.counts = {"pushes": 0, "socket_pushes": 0, "sent": 0, "clock_tx": 0}
         self.deferrals = {"answers": 0, "chunks": 0}   # tolerant answers that deferred some
+        self.taken: list[int] = []         # the latest answers taken (one per bank)
 
     @property
     def uplink(self) -> dict:
@@ -348,6 +350,10 @@ class LtpWorkerLink(WorkerLink):
                            # (wbsp: while the answer comes): only the server proves
                            # liveness to senders; a dead worker shows in the store
                            liveness_s=None)
+        # the server may still be re-sending the last answers' tails (their
+        # ACKs lost): the new program ACKs them CLOSED, as the old one would
+        for d in self.taken:
+            self.ep.retire(d, self.id)
         self.size = size
         return True
 
@@ -396,6 +402,7 @@ class LtpWorkerLink(WorkerLink):
                             f"{res.duration_s:.2f}s: {int(res.masks.sum())}/{res.masks.size} "
                             "chunks (is the server alive? is its --capacity right?)")
         values = res.values[0]
+        self.taken = [*self.taken, d][-TAKEN_KEPT:]
         plan = self.plans.pop(d, None)
         if plan is not None and plan.deferred is not None and plan.deferred.any():
             self.deferrals["answers"] += 1

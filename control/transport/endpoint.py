@@ -263,6 +263,15 @@ class Endpoint:
         """Retire an open round without collecting it (its bank is closed)."""
         self.receiver.cancel(round_)
 
+    def retire(self, round_: int, source_worker: int) -> None:
+        """Take round_ (`source_worker`'s slot) as over though this endpoint
+        never held it: its late DATA, with the round's tokens, is ACKed
+        CLOSED, never written. An endpoint made anew keeps so answering the
+        re-sends of a round the one before it took: the sender, whose ACKs
+        were lost, stops at once instead of taking this host for dead."""
+        self.receiver.open(round_, 1, [source_worker], reliable=True)
+        self.receiver.cancel(round_)
+
     # --------------------------------------------------------------------- send
     def push(self, round_: int, buf, to: Peer | list[Peer], spec: PushSpec | None = None,
              **fields) -> PushReport:
