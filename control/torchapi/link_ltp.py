@@ -8,7 +8,10 @@ class, once to the group address when there is one. A worker's endpoint has
 one slot, its own id, for the answers (group-sent ones included).
 
 Endpoints are made at the first op, sized for it plus room for a step's
-report, and made again (a new compile) only when a later op is larger.
+report, and made again (a new compile) only when a later op is larger. A
+worker's new endpoint retires the last answers its old one took
+(Endpoint.retire): the server may still be re-sending their tails, whose
+ACKs were lost, and those get a CLOSED ACK instead of silence.
 """
 from __future__ import annotations
 
