@@ -44,7 +44,7 @@ before = current().exchange.clock.seq
 extra = checkpoint.resume(opt, ckdir, "fp")
 ops = current().exchange.clock.seq - before
 size = len(torch.load(path, weights_only=True)["blob"]) if path else None
-state_devices = sorted({v.device.type for s in opt.inner.state.values() for v in s.values()
+state_devices = sorted({v.device.type for s in opt.state.values() for v in s.values()
                         if torch.is_tensor(v)})
 print(json.dumps({"rank": lt.rank(), "saved": saved, "resumed": lt.digest(model), "ops": ops,
                   "size": size, "extra": extra, "steps": opt.steps,

@@ -35,5 +35,5 @@ for s in range(steps):
     if lt.rank() == 0 and s % 25 == 0:
         print(json.dumps({"step": s, "keys": current().store.num_keys()}), flush=True)
 print(json.dumps({"event": "result", "digest": lt.digest(model),
-                  "buckets": len(opt.plan)}), flush=True)
+                  "buckets": len(opt.ltp.plan)}), flush=True)
 lt.shutdown()

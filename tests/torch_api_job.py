@@ -18,9 +18,14 @@ prints one JSON line per case ({"case": ..., "digest": ..., ...}), then
   nonfinite    worker 1's gradient turns NaN at step 3: every replica stays
                finite, the report names it
   modes        overlap=False and sync="wbsp" each train a model 20 steps; an allreduce
+  contract     torch's optimizer contract: the DistributedOptimizer is of the user's
+               optimizer's class (its own attributes and step), torch's step hooks
+               run once a step and see the aggregate, an LR scheduler made with it
+               steps without a warning, its state_dict loads into a plain SGD
 
 JOB_DEVICE=cuda puts every model on the GPU (tests/gpu/test_ltpx_gpu.py).
 """
+import hashlib
 import json
 import logging
 import os
@@ -80,7 +85,7 @@ def exact(set_to_none: bool) -> dict:
     diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
     return {"max_diff_to_single": diff, "first_loss": sum(losses[:5]) / 5,
             "last_loss": sum(losses[-5:]) / 5,
-            "buckets": len(opt.plan), "digest": lt.digest(model)}
+            "buckets": len(opt.ltp.plan), "digest": lt.digest(model)}
 
 
 def half(dtype: torch.dtype) -> dict:
@@ -178,7 +183,7 @@ def filled() -> dict:
                 at3 = opt.last_report.to_dict()
     for w in caught:
         print(f"{w.category.__name__}: {w.message}", file=sys.stderr)
-    return {"buckets": len(opt.plan), "step3": at3,
+    return {"buckets": len(opt.ltp.plan), "step3": at3,
             "total": opt.last_report.wholly_filled_total,
             "warnings": sum(isinstance(w.message, lt.FilledWarning) for w in caught),
             "digest": lt.digest(model)}
@@ -239,9 +244,75 @@ def modes() -> dict:
     return out
 
 
+class Counted(torch.optim.SGD):
+    """A user's optimizer with attributes and a step of its own."""
+
+    def __init__(self, params, lr: float):
+        super().__init__(params, lr=lr, momentum=0.9)
+        self.calls = 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        return super().step(closure)
+
+
+def grads_digest(model) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.grad.detach().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def contract() -> dict:
+    model = mlp(11)
+    lt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = lt.DistributedOptimizer(Counted(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), early_close=WHOLE)
+    seen = {"pre": 0, "post": 0, "grads": []}
+
+    def pre(o, args, kwargs):
+        seen["pre"] += 1
+        seen["grads"].append(grads_digest(model))   # each rank's own, unless aggregated
+
+    opt.register_step_pre_hook(pre)
+    opt.register_step_post_hook(lambda o, a, k: seen.__setitem__("post", seen["post"] + 1))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in batches(12, 6):
+            opt.zero_grad()
+            F.cross_entropy(model(mine(x)), mine(y)).backward()
+            opt.step()
+            sched.step()
+    plain = torch.optim.SGD(mlp(11).parameters(), lr=1.0)
+    plain.load_state_dict(opt.state_dict())
+    # the same class without LTP, for how many times torch runs its hooks a step
+    # (twice: Counted's step and SGD's, which it calls, are each wrapped)
+    ref = Counted(plain.param_groups[0]["params"], lr=0.1)
+    ref_hooks = []
+    ref.register_step_pre_hook(lambda o, a, k: ref_hooks.append(1))
+    ref.step()
+    refused = []
+    for act in (lambda: opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]}),
+                lambda: lt.DistributedOptimizer(opt)):
+        try:
+            act()
+        except Exception as e:
+            refused.append(type(e).__name__)
+    return {"class": type(opt).__name__, "is_sgd": isinstance(opt, torch.optim.SGD),
+            "own_steps": opt.calls, "steps": opt.steps, "pre": seen["pre"], "post": seen["post"],
+            "grads": seen["grads"], "lr": opt.param_groups[0]["lr"],
+            "warnings": [str(w.message)[:120] for w in caught],
+            "loaded_momenta": sum("momentum_buffer" in v for v in plain.state.values()),
+            "params": len(list(model.parameters())), "refused": refused,
+            "plain_hooks_per_step": len(ref_hooks),
+            "digest": lt.digest(model)}
+
+
 CASES = {"set_to_none": lambda: exact(True), "keep_grads": lambda: exact(False),
          "fp16": lambda: half(torch.float16), "bf16": lambda: half(torch.bfloat16),
-         "unused": unused, "filled": filled, "nonfinite": nonfinite, "modes": modes}
+         "unused": unused, "filled": filled, "nonfinite": nonfinite, "modes": modes,
+         "contract": contract}
 
 if __name__ == "__main__":
     lt.init()

@@ -44,7 +44,8 @@ reliable class; each worker applies it with its own optimizer. Modules:
   flight       the flight recorder: each rank's phase now and its latest ones in a mapped
                file, dumped as JSON on a stall, SIGUSR1 or an error
   buckets      gradient buckets: reverse registration order, copy in and out
-  optimizer    DistributedOptimizer (hooks, overlap, wbsp, report, warnings)
+  optimizer    DistributedOptimizer: a run-time subclass of the user's optimizer's class
+  gradsync     what it does with a step's gradients (hooks, overlap, wbsp, report, warnings)
   collectives  broadcast_parameters, allreduce, allgather, barrier, digest
   backend      the torch.distributed backend `ltp` (tolerant gradients, exact rest)
   native       the backend's collectives over LTP (broadcast, all-reduce, all-gather,

@@ -216,7 +216,7 @@ def _load(opt, blob: bytes) -> dict:
     """Parameters, optimizer state and step from a checkpoint's blob (the
     exchange's clock stays this job's own: a new job numbers ops afresh).
     Loaded on the CPU whatever device saved it: the copies into the
-    parameters and the wrapped optimizer's load_state_dict move each value
+    parameters and the optimizer's load_state_dict move each value
     to its parameter's device, so a GPU job's checkpoint resumes anywhere."""
     params = [p for g in opt.param_groups for p in g["params"]]
     try:
@@ -227,8 +227,8 @@ def _load(opt, blob: bytes) -> dict:
     with torch.no_grad():
         for p, v in zip(params, st["params"]):
             p.copy_(v)
-    opt.inner.load_state_dict(st["optimizer"])
-    opt.steps, opt.ks = st["steps"], list(st["ks"])
+    opt.load_state_dict(st["optimizer"])
+    opt.ltp.steps, opt.ltp.ks = st["steps"], list(st["ks"])
     extra = dict(st["extra"])
     extra["resumed_from"] = st["steps"]
     return extra

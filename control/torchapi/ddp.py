@@ -41,7 +41,7 @@ from .breakdown import worker as worker_phases
 from .codec import make_codec
 from .job import current
 from .ops import STEP, Op, StepReport
-from .optimizer import DistributedOptimizer, plan_step
+from .gradsync import GradientSync, plan_step
 from .threads import CallThread
 
 
@@ -209,7 +209,7 @@ class TolerantReduce:
                downlink: str | None = None) -> Op:
         """A bucket's step op (its sizes set per bucket), after the options' checks."""
         early_close = dict(early_close or {})
-        DistributedOptimizer.check_options("bsp", bubble, early_close, downlink, None, 1, 1)
+        GradientSync.check_options("bsp", bubble, early_close, downlink, None, 1, 1)
         return Op(STEP, bubble=bubble, early_close=json.dumps(early_close, sort_keys=True),
                   downlink=downlink or self.job.s.downlink)
 

@@ -54,7 +54,7 @@ def state_blob(opt, extra: dict | None = None) -> bytes:
     ex = current().exchange
     buf = io.BytesIO()
     torch.save({"params": [p.detach() for p in _params(opt)],
-                "optimizer": opt.inner.state_dict(), "steps": opt.steps, "ks": list(opt.ks),
+                "optimizer": opt.state_dict(), "steps": opt.steps, "ks": list(opt.ltp.ks),
                 "exchange": ex.snapshot(), "extra": extra or {}}, buf)
     return buf.getvalue()
 
@@ -70,8 +70,8 @@ def load_blob(opt, blob: bytes) -> dict:
     with torch.no_grad():
         for p, v in zip(_params(opt), st["params"]):
             p.copy_(v)
-    opt.inner.load_state_dict(st["optimizer"])
-    opt.steps, opt.ks = st["steps"], list(st["ks"])
+    opt.load_state_dict(st["optimizer"])
+    opt.ltp.steps, opt.ltp.ks = st["steps"], list(st["ks"])
     current().exchange.restore(st["exchange"])
     return st["extra"]
 
@@ -139,9 +139,7 @@ def reset(opt) -> None:
         opt.drain()
     except Exception:   # the exclusion itself, raised again by the comm thread
         pass
-    opt.cur = None
-    opt.synced = False
-    opt.k = 0
+    opt.ltp.reset()
 
 
 def rejoin(opt, timeout_s: float | None = None) -> dict | None:

@@ -258,8 +258,8 @@ class Demo:
         link = current().link
         return {"worker": self.wid, "digest": digest(self.module),
                 "uplink": dict(link.uplink), "sender": _sender_choice(link),
-                "chain": self.chain.hexdigest(), "local_steps": int(sum(opt.ks)),
-                "ks": opt.ks, "versions": self.total + 1,
+                "chain": self.chain.hexdigest(), "local_steps": int(sum(opt.ltp.ks)),
+                "ks": opt.ltp.ks, "versions": self.total + 1,
                 "mean_loss": self.loss_sum / self.loss_n if self.loss_n else None,
                 "barrier": self.notes.to_dict(), "breakdown": breakdown.worker_summary(),
                 **({"timeline": current().exchange.timeline.records()} if self.cfg.trace

@@ -79,7 +79,7 @@ with torch.no_grad():
 result = {"event": "result", "accuracy": accuracy, "train_loss": sum(losses[-10:]) / 10,
           "steps": steps, "iterations_per_s": (steps - 1) / wall if steps > 1 else None,
           "params": sum(p.numel() for p in model.parameters())}
-result.update(digest=lt.digest(model), buckets=list(opt.plan.sizes),       # ltpx (report)
+result.update(digest=lt.digest(model), buckets=list(opt.ltp.plan.sizes),       # ltpx (report)
               report=opt.last_report.to_dict(), times=opt.times())         # ltpx (report)
 print(json.dumps(result))
 lt.shutdown()                                                            # ltpx
