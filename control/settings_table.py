@@ -228,10 +228,11 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "while the step's later rounds still come in (each round's part leaves once it is "
        "summed; the rest, at the full rate, after the last round); 0: every answer whole "
        "after the last round (docs/transport.md, Streamed answers)", lo=0, hi=1),
-    _s("compress", str, "none", "gradients on the wire as 8-bit codes with a min and a "
-       "scale per LTP chunk (uint8: about a quarter of the bytes each way), or as bfloat16 "
-       "or float16 (bf16, fp16: half); ltp and tcp; every rank alike; docs/training.md, "
-       "Compression", choices=("none", "uint8", "bf16", "fp16"), flags=(TRAIN,)),
+    _s("compress", str, "auto", "a step's gradients on the wire: auto (bfloat16 or float16 "
+       "gradients as 2 bytes, exactly; any other as float32), none (float32), uint8 (8-bit "
+       "codes with a min and a scale per LTP chunk: about a quarter of the bytes each way), "
+       "bf16 or fp16 (every gradient rounded to 2 bytes); ltp and tcp; docs/training.md, "
+       "Compression", choices=("auto", "none", "uint8", "bf16", "fp16"), flags=(TRAIN,)),
     _s("error_feedback", bool, True, "with compress, carry each rounding error into the next "
        "step", shown="1"),
     _s("max_missed", int, 3, "drop a worker that delivered nothing of K steps in a row; "
@@ -308,6 +309,7 @@ TRANSPORTS = TABLE["transport"].choices
 XDP_MODES = TABLE["xdp_mode"].choices
 DOWNLINKS = TABLE["downlink"].choices
 COMPRESS = TABLE["compress"].choices
+EXACT_COMPRESS = ("auto", "none")   # the compress settings that round no gradient
 SENDERS = TABLE["sender"].choices
 LAUNCHED = tuple(s.name for s in TABLE.values() if s.launcher)
 # init()'s options: every setting but the internal ones

@@ -98,15 +98,18 @@ def test_server_and_worker_codecs_agree_on_the_wire():
     the worker's decode of it (error feedback on both sides)."""
     n, tail = 5000, 7
     x = np.random.default_rng(2).standard_normal(n).astype(np.float32)
-    wk, srv = WorkerCodec(MinMaxUInt8(CB)), ServerCodec(MinMaxUInt8(CB))
+    wk, srv = WorkerCodec(CB), ServerCodec(CB)
     buf = x.copy()
-    words = wk.piece(buf).copy()
-    assert srv.open(9, n, reliable=False) == len(words) and srv.open(10, n, reliable=True) == n
+    words = wk.piece(buf, "uint8").copy()
+    assert srv.open(9, n, reliable=False, wire="uint8") == len(words)
+    assert srv.open(10, n, reliable=True, wire="uint8") == n        # reliable: as it is
+    assert srv.open(11, n, reliable=False, wire="none") == n        # a float32 step
+    assert srv.compressed(9) is not None and srv.compressed(11) is None
     rows = srv.decode(9, np.stack([words, words]), np.ones((2, 4), bool), "mean")
     assert np.array_equal(rows[0], x - buf) and np.array_equal(rows[1], rows[0])
     answer = np.concatenate([rows[0], np.arange(tail, dtype=np.float32)])
     wire = srv.answer(answer)
-    wk.expect(3, n)
+    wk.expect(3, n, "uint8")
     assert wk.wire_elems(3, n + tail) == len(wire)
     out = np.zeros(n + tail, dtype=np.float32)
     wk.decode(3, wire, out)
@@ -125,8 +128,12 @@ def test_bad_settings_are_refused_by_name(monkeypatch):
     monkeypatch.setenv("LTP_COMPRESS", "uint8")
     s = Settings.resolve({})
     assert (s.compress, s.error_feedback) == ("uint8", False)
+    assert Settings.resolve({"compress": "none"}).compress == "none"
+    monkeypatch.delenv("LTP_COMPRESS")
+    assert Settings.resolve({}).compress == "auto"                 # the default
+    check_peer("auto", CB, {"compress": "auto", "chunk_bytes": CB})
     with pytest.raises(UsageError, match="the server 'none'"):
-        check_peer("uint8", CB, {"compress": "none"})
+        check_peer("uint8", CB, {"compress": "none", "chunk_bytes": CB})
     with pytest.raises(UsageError, match="mtu"):
         check_peer("uint8", CB, {"compress": "uint8", "chunk_bytes": 1424})
 
@@ -178,13 +185,13 @@ def test_a_lost_chunk_changes_only_its_own_slice(rig):
         link.ensure(NEL)
         link.configure("mean", json.dumps({"threshold_min": 0.5, "threshold_max": 0.5,
                                            "grace_factor": 0.0, "min_deadline_s": 0.3,
-                                           "hard_timeout_s": 5.0}))
+                                           "hard_timeout_s": 5.0}), "uint8")
         r, lost = 5, 3
         link.open(r, NEL, [0, 1], reliable=False, key=("step", 0, NEL))
         rng = np.random.default_rng(4)
         grads = [rng.standard_normal(NEL).astype(np.float32) * (w + 1) for w in (0, 1)]
         codec = MinMaxUInt8(CB)
-        words = [WorkerCodec(codec).piece(g.copy()).copy() for g in grads]
+        words = [WorkerCodec(CB).piece(g.copy(), "uint8").copy() for g in grads]
         data = [w.tobytes() for w in words]
         nch = -(-len(data[0]) // CB)
         for w in (0, 1):
@@ -235,11 +242,11 @@ def test_ltp_train_compressed_reaches_its_target_with_identical_replicas(kind):
 
 def compressed_answer(srv: ServerCodec, n: int, tail: int) -> np.ndarray:
     """One compressed round gathered by srv, and the answer that follows it."""
-    wk = WorkerCodec(MinMaxUInt8(CB))
+    wk = WorkerCodec(CB)
     buf = np.random.default_rng(5).standard_normal(n).astype(np.float32)
-    words = wk.piece(buf).copy()
-    srv.open(4, n, reliable=False)
-    rows = srv.decode(4, words[None, :], np.ones((1, srv.codec.chunks(n)), bool), "zero")
+    words = wk.piece(buf, "uint8").copy()
+    srv.open(4, n, reliable=False, wire="uint8")
+    rows = srv.decode(4, words[None, :], np.ones((1, MinMaxUInt8(CB).chunks(n)), bool), "zero")
     return np.concatenate([rows[0], np.arange(tail, dtype=np.float32)])
 
 
@@ -249,15 +256,15 @@ def test_a_retried_answer_goes_out_in_the_same_words():
     retry must be the compressed words the workers opened d for, not the raw
     floats, and error feedback must count it once."""
     n, tail = 5000, 7
-    srv = ServerCodec(MinMaxUInt8(CB))
+    srv = ServerCodec(CB)
     answer = compressed_answer(srv, n, tail)
     first = srv.answer(answer, 11).copy()
     again = srv.answer(answer, 11)
     assert len(first) == MinMaxUInt8(CB).words(n) + tail < len(answer)
     assert np.array_equal(first.view(np.uint32), again.view(np.uint32))
-    residual = srv.residual[n].copy()
+    residual = srv.residual[("uint8", n)].copy()
     srv.answer(answer, 11)
-    assert np.array_equal(srv.residual[n], residual)
+    assert np.array_equal(srv.residual[("uint8", n)], residual)
     nxt = compressed_answer(srv, n, tail)   # the next answer is encoded afresh
     assert not np.shares_memory(srv.answer(nxt, 12), nxt) and srv.sent[0] == 12
 

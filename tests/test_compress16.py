@@ -64,10 +64,10 @@ def test_a_lost_chunk_is_filled_alone_and_the_answer_comes_back_rounded_once(kin
     pieces = []
     for g in grads:
         buf = g.copy()
-        pieces.append(WorkerCodec(codec).piece(buf).copy())
+        pieces.append(WorkerCodec(CB).piece(buf, kind).copy())
         assert not buf.any()                      # exact: nothing left to feed back
-    srv = ServerCodec(codec)
-    assert srv.open(7, n, reliable=False) == codec.words(n)
+    srv = ServerCodec(CB)
+    assert srv.open(7, n, reliable=False, wire=kind) == codec.words(n)
     masks = np.ones((2, codec.chunks(n)), bool)
     masks[0, 1] = False
     rows = srv.decode(7, np.stack(pieces), masks, "mean")
@@ -78,10 +78,22 @@ def test_a_lost_chunk_is_filled_alone_and_the_answer_comes_back_rounded_once(kin
     agg = rows.mean(axis=0).astype(np.float32)
     tail = np.arange(5, dtype=np.float32)
     wire = srv.answer(np.concatenate([agg, tail]), d=8)
-    wk = WorkerCodec(codec)
-    wk.expect(8, n)
+    wk = WorkerCodec(CB)
+    wk.expect(8, n, kind)
     assert wk.wire_elems(8, n + 5) == len(wire) == codec.words(n) + 5
     out = np.zeros(n + 5, dtype=np.float32)
     wk.decode(8, wire, out)
     assert np.array_equal(out[:n], rounded(agg, kind)) and np.array_equal(out[n:], tail)
-    assert np.array_equal(srv.residual[n], agg - rounded(agg, kind))
+    assert np.array_equal(srv.residual[(kind, n)], agg - rounded(agg, kind))
+
+
+@pytest.mark.unit
+def test_compress_auto_sends_half_gradients_as_such_and_the_rest_as_float32():
+    from ltpx.control.torchapi.codec import wire_for
+    bf, fp, f32 = torch.bfloat16, torch.float16, torch.float32
+    assert wire_for("auto", {bf}) == "bf16" and wire_for("auto", [fp, fp]) == "fp16"
+    assert wire_for("auto", {f32}) == "none" and wire_for("auto", {bf, fp}) == "none"
+    assert wire_for("auto", {bf, f32}) == "none" and wire_for("auto", set()) == "none"
+    assert wire_for("auto", {bf}, loss_policy="defer") == "none"   # a deferred chunk is float32's
+    for setting in ("none", "uint8", "bf16", "fp16"):                 # a setting rules
+        assert wire_for(setting, {bf}) == wire_for(setting, {f32}) == setting

@@ -185,6 +185,28 @@ def test_backend_on_loopback_over_tcp_matches_gloo():
 
 @pytest.mark.root
 @pytest.mark.slow
+def test_a_bf16_model_travels_as_bf16_and_equals_gloo_bit_for_bit():
+    """compress auto (the default): DDP's bf16 buckets go up as 2-byte floats
+    (Op.wire bf16, every step op) and the aggregate comes back rounded once,
+    with no error feedback, as a bf16 all-reduce rounds it: 2 trainers end
+    bit-identical to gloo's."""
+    from ddp_local import run_local
+    args = ("--epochs", "1", "--dtype", "bfloat16")
+    ltp = run_local(2, *args)["results"]
+    gloo = run_local(2, *args, backend="gloo")["results"]
+    assert {r["digest"] for r in ltp} == {r["digest"] for r in gloo} and \
+        len({r["digest"] for r in ltp}) == 1
+    hook = run_local(2, *args, "--hook")["results"]
+    assert hook[0]["hook"]["wires"] == {"bf16": hook[0]["hook"]["ops"]}, hook[0]["hook"]
+    # the hook's mean (bubble zero) trains as gloo's sum does (after one bf16 epoch)
+    assert len({r["digest"] for r in hook}) == 1
+    assert abs(hook[0]["accuracy"] - gloo[0]["accuracy"]) < 0.05, (hook[0], gloo[0])
+    f32 = run_local(2, "--epochs", "1", "--hook")["results"]
+    assert f32[0]["hook"]["wires"] == {"none": f32[0]["hook"]["ops"]}, f32[0]["hook"]
+
+
+@pytest.mark.root
+@pytest.mark.slow
 def test_a_blocking_call_in_backward_stays_exact_beside_ddps_buckets():
     """A blocking all_reduce in backward (tests/ddp_backward_job.py, as
     SyncBatchNorm's statistics): DDP's reducer calls asynchronously from C++,
@@ -329,7 +351,7 @@ def test_ltp_train_ddp_ltp_against_gloo_and_compressed_in_one_command():
     res = json.loads(out.stdout)
     runs = [res, *res["compare"]]
     assert [(r["transport"], r["compress"]) for r in runs] == \
-        [("ddp-ltp", "none"), ("gloo", "none"), ("ddp-ltp", "uint8")]
+        [("ddp-ltp", "auto"), ("gloo", "none"), ("ddp-ltp", "uint8")]
     assert all(r["replicas_identical"] and r["iterations"] == 20 for r in runs)
     assert set(res["speedup"]) == {"gloo", "ddp-ltp uint8"}
     ltp = res["ltp"]

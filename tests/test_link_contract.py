@@ -57,7 +57,7 @@ def test_a_sharded_workers_links_add_up_their_counters():
         def uplink(self):
             return {"pushes": self.n, "sent": 2 * self.n}
 
-        address = connect = ensure = expect = expect_compressed = pull = close = (
+        address = connect = ensure = expect = expect_wire = pull = close = (
             lambda self, *a, **k: None)
 
         def push(self, r, buf, reliable, answer=None):

@@ -261,6 +261,7 @@ def check_cases(results: list[dict], exact_atol: float = 1e-5) -> None:
     for name, dtype in (("fp16", "torch.float16"), ("bf16", "torch.bfloat16")):
         if name in cases[0]:
             assert cases[0][name]["dtypes"] == [dtype]
+            assert cases[0][name]["wire"] == name     # compress auto: as 2-byte floats
             for c in cases:
                 assert c[name]["last_loss"] < c[name]["first_loss"], (name, c[name])
     if "unused" in cases[0]:

@@ -3,7 +3,7 @@
 side as text, and the labels and ratios its JSON names runs by."""
 from __future__ import annotations
 
-from ..control.settings_table import TABLE
+from ..control.settings_table import EXACT_COMPRESS, TABLE
 from ..control.training.config import LTP_TRANSPORTS
 from ..control.training.faults import fault_lines
 
@@ -19,7 +19,7 @@ def label(transport: str, cc: str | None, servers: int = 1, compress: str = "non
     base = base if loss_policy == "auto" or transport not in LTP_TRANSPORTS \
         else f"{base} {loss_policy}"
     base = f"{base} budget {loss_budget:g}" if loss_budget else base
-    return base if compress == "none" else f"{base} {compress}"
+    return base if compress in EXACT_COMPRESS else f"{base} {compress}"
 
 
 def ratio(a: dict, b: dict) -> float | None:

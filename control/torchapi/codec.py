@@ -31,18 +31,13 @@ import numpy as np
 import torch
 
 from ...errors import UsageError
-from ..settings_table import COMPRESS as KINDS   # the compress setting's choices
 from ..transport.bubble import fill
+from .ops import WIRES
+from ..settings_table import EXACT_COMPRESS
 
 HEAD = 8          # bytes before a piece's codes: base and scale, float32 little-endian
 HEAD_WORDS = HEAD // 4
 LEVELS = 255
-
-
-def check_kind(kind: str, where: str = "compress") -> str:
-    if kind not in KINDS:
-        raise UsageError(f"{where}: one of {', '.join(KINDS)}, got {kind!r}")
-    return kind
 
 
 class MinMaxUInt8:
@@ -201,20 +196,52 @@ def rows(a: np.ndarray, *shape: int) -> np.ndarray:
     return a.reshape(shape, copy=False)
 
 
+HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
 def make_codec(kind: str, chunk_bytes: int) -> MinMaxUInt8 | Half | None:
-    """The codec of a `compress` setting (None for "none")."""
-    check_kind(kind)
+    """The codec of a wire (Op.wire; None for "none")."""
+    if kind not in WIRES:
+        raise ValueError(f"a wire is one of {', '.join(WIRES)}, got {kind!r}")
     if kind == "uint8":
         return MinMaxUInt8(chunk_bytes)
     return Half(kind, chunk_bytes) if kind in ("bf16", "fp16") else None
 
 
+def wire_for(compress: str, dtypes, loss_policy: str = "auto") -> str:
+    """What a step op's gradients travel as, from the compress setting and the
+    dtypes of the gradients it carries: a setting other than auto rules;
+    auto sends gradients that are all bfloat16 (or all float16) as 2 bytes,
+    exactly, and anything else as float32. A deferred answer leaves out
+    chunks of the float32 aggregate, so under loss_policy defer auto is
+    float32 too."""
+    if compress != "auto":
+        return compress
+    kinds = {HALF.get(dt) for dt in dtypes}
+    return kinds.pop() if len(kinds) == 1 and None not in kinds and loss_policy != "defer" \
+        else "none"
+
+
+class Codecs:
+    """The codecs of one chunk size, made at their first use."""
+
+    def __init__(self, chunk_bytes: int):
+        self.chunk_bytes = chunk_bytes
+        self.made: dict[str, MinMaxUInt8 | Half | None] = {}
+
+    def of(self, wire: str) -> MinMaxUInt8 | Half | None:
+        if wire not in self.made:
+            self.made[wire] = make_codec(wire, self.chunk_bytes)
+        return self.made[wire]
+
+
 class ServerCodec:
     """A server link's side of compression (link_ltp.py and link_tcp.py alike).
 
-    Uplink: a round opened as tolerable (a step's bucket) carries the codec's
-    words; `decode` turns what arrived into float32 rows and Bubble-Fills
-    them (mean | zero; "stale" is server.py's, on these decoded values).
+    Uplink: a round opened as tolerable (a step's bucket) with a wire other
+    than none (its op's) carries that codec's words; `decode` turns what
+    arrived into float32 rows and Bubble-Fills them (mean | zero; "stale" is
+    server.py's, on these decoded values).
     Downlink: the answer that follows a step's rounds starts with their
     aggregate, as many elements as those rounds had, and ends with the step's
     report; `answer` encodes that aggregate (with error feedback: what
@@ -222,10 +249,11 @@ class ServerCodec:
     report's words as they are, so every worker decodes the same bytes and
     the replicas stay bit-identical."""
 
-    def __init__(self, codec: MinMaxUInt8, error_feedback: bool = True):
-        self.codec, self.error_feedback = codec, error_feedback
-        self.rounds: dict[int, int] = {}      # open compressed round -> its elements
+    def __init__(self, chunk_bytes: int, error_feedback: bool = True):
+        self.codecs, self.error_feedback = Codecs(chunk_bytes), error_feedback
+        self.rounds: dict[int, tuple] = {}    # open compressed round -> its elements, codec
         self.pending = 0                      # elements gathered compressed since the last answer
+        self.codec: MinMaxUInt8 | Half | None = None   # ... their codec
         self.bufs: dict[tuple, np.ndarray] = {}
         self.residual: dict[int, np.ndarray] = {}
         self.sent: tuple[int, np.ndarray] | None = None   # (answer d, its wire) for a retry
@@ -236,31 +264,35 @@ class ServerCodec:
             b = self.bufs[key] = np.zeros(shape, dtype=np.float32)
         return b
 
-    def open(self, r: int, nelems: int, reliable: bool) -> int:
+    def open(self, r: int, nelems: int, reliable: bool, wire: str) -> int:
         """Round r's size on the wire (words when it is compressed)."""
-        if reliable:
+        codec = None if reliable else self.codecs.of(wire)
+        if codec is None:
             self.rounds.pop(r, None)
             return nelems
-        self.rounds[r] = nelems
-        return self.codec.words(nelems)
+        self.rounds[r] = (nelems, codec)
+        return codec.words(nelems)
 
     def cancel(self, r: int) -> None:
         self.rounds.pop(r, None)
 
-    def compressed(self, r: int) -> bool:
-        return r in self.rounds
+    def compressed(self, r: int) -> MinMaxUInt8 | Half | None:
+        """Round r's codec, while it is open compressed."""
+        got = self.rounds.get(r)
+        return got and got[1]
 
     def decode(self, r: int, enc: np.ndarray, masks: np.ndarray | None,
                bubble: str) -> np.ndarray:
         """float32 [k, n] rows of round r from its words, holes filled."""
-        n = self.rounds.pop(r)
+        n, codec = self.rounds.pop(r)
         self.pending += n
+        self.codec = codec
         self.sent = None   # a new answer is on its way
-        k, c = enc.shape[0], self.codec.chunks(n)
-        out = self.buf(("up", k), (k, c * self.codec.per_chunk))
-        self.codec.decode(enc, n, out)
+        k, c = enc.shape[0], codec.chunks(n)
+        out = self.buf(("up", k), (k, c * codec.per_chunk))
+        codec.decode(enc, n, out)
         if masks is not None and not masks.all():
-            fill(rows(out, k, c, self.codec.per_chunk), masks,
+            fill(rows(out, k, c, codec.per_chunk), masks,
                  "zero" if bubble == "stale" else bubble)
         return out[:, :n]
 
@@ -274,17 +306,18 @@ class ServerCodec:
         n, self.pending = self.pending, 0
         if n == 0:
             return buf
-        words = self.codec.words(n)
+        codec = self.codec
+        words = codec.words(n)
         wire = self.buf("down", (words + len(buf) - n,))
         v = self.buf("ef", (n,))
         np.copyto(v, buf[:n])
         res = None
         if self.error_feedback:
-            res = self.residual.get(n)
+            res = self.residual.get((codec.name, n))
             if res is None:
-                res = self.residual[n] = np.zeros(n, dtype=np.float32)
+                res = self.residual[(codec.name, n)] = np.zeros(n, dtype=np.float32)
             v += res
-        self.codec.encode(v, wire[:words], residual=res)
+        codec.encode(v, wire[:words], residual=res)
         wire[words:] = buf[n:]
         if d is not None:
             self.sent = (d, wire)
@@ -298,44 +331,68 @@ class WorkerCodec:
     start with a compressed aggregate, the optimizer says before the step's
     answer round is expected."""
 
-    def __init__(self, codec: MinMaxUInt8):
-        self.codec = codec
-        self.answers: dict[int, int] = {}    # answer d -> compressed elements at its head
+    def __init__(self, chunk_bytes: int):
+        self.codecs = Codecs(chunk_bytes)
+        self.answers: dict[int, tuple] = {}  # answer d -> compressed elements at its head, codec
         self.wire = np.empty(0, dtype=np.float32)
 
-    def piece(self, buf: np.ndarray) -> np.ndarray:
-        """buf's words (valid until the next call); buf becomes buf - decoded."""
-        words = self.codec.words(len(buf))
+    def piece(self, buf: np.ndarray, wire: str) -> np.ndarray:
+        """buf's words in `wire` (valid until the next call; buf itself for
+        none); buf becomes buf - decoded."""
+        codec = self.codecs.of(wire)
+        if codec is None:
+            return buf
+        words = codec.words(len(buf))
         if len(self.wire) < words:
             self.wire = np.empty(words, dtype=np.float32)
         out = self.wire[:words]
-        self.codec.encode(buf, out, residual=buf)
+        codec.encode(buf, out, residual=buf)
         return out
 
-    def expect(self, d: int, n: int) -> None:
-        self.answers[d] = n
+    def expect(self, d: int, n: int, wire: str) -> None:
+        """Answer d starts with n elements in `wire` (a step's aggregate)."""
+        codec = self.codecs.of(wire)
+        if codec is None:
+            self.answers.pop(d, None)
+        else:
+            self.answers[d] = (n, codec)
+
+    def compressed(self, d: int) -> bool:
+        return d in self.answers
 
     def wire_elems(self, d: int, nelems: int) -> int:
-        n = self.answers.get(d)
-        return nelems if n is None else self.codec.words(n) + nelems - n
+        got = self.answers.get(d)
+        return nelems if got is None else got[1].words(got[0]) + nelems - got[0]
 
     def decode(self, d: int, wire: np.ndarray, out: np.ndarray) -> None:
         """The answer d's words into out (float32 [nelems])."""
-        n = self.answers.pop(d, None)
-        if n is None:
+        got = self.answers.pop(d, None)
+        if got is None:
             np.copyto(out, wire)
             return
-        words = self.codec.words(n)
-        self.codec.decode(wire[None, :words], n, out[None, :n])
+        n, codec = got
+        words = codec.words(n)
+        codec.decode(wire[None, :words], n, out[None, :n])
         out[n:] = wire[words:]
 
 
 def check_peer(mine: str, chunk_bytes: int, server: dict) -> None:
-    """A worker's compression must be its server's (and, compressed, its chunk size)."""
-    theirs = server.get("compress", "none")
+    """A worker's compress setting must be its server's (the server rounds an
+    answer with error feedback only where the setting asked for rounding),
+    and its chunk size too: an op's compressed words fill the LTP chunks."""
+    theirs = server.get("compress", "auto")
     if theirs != mine:
         raise UsageError(f"compress: this worker has {mine!r}, the server {theirs!r}; give every "
                          "rank the same (init(compress=...) or LTP_COMPRESS)")
-    if mine != "none" and server.get("chunk_bytes") != chunk_bytes:
-        raise UsageError(f"compress: this worker's chunks are {chunk_bytes} bytes, the server's "
-                         f"{server.get('chunk_bytes')}; give every rank the same mtu")
+    if server.get("chunk_bytes") != chunk_bytes:
+        raise UsageError(f"this worker's chunks are {chunk_bytes} bytes, the server's "
+                         f"{server.get('chunk_bytes')}: give every rank the same mtu "
+                         "(init(mtu=...) or LTP_MTU)")
+
+
+def answer_feedback(s) -> bool:
+    """Whether a server carries an answer's rounding into the next: only where
+    the compress setting asked for rounding (compress auto sends bf16 or fp16
+    gradients as such, and the aggregate as their .grad would hold it, as
+    gloo's all-reduce of that dtype does)."""
+    return s.error_feedback and s.compress not in EXACT_COMPRESS

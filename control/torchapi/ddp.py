@@ -28,17 +28,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 import torch.distributed
 
-from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError, UsageError
 from .. import settings_table
 from .breakdown import worker as worker_phases
-from .codec import make_codec
+from .codec import wire_for
 from .job import current
 from .ops import STEP, Op, StepReport
 from .gradsync import GradientSync, plan_step
@@ -180,9 +180,12 @@ class TolerantReduce:
             raise UsageError(f"LTP_EARLY_CLOSE: not JSON ({e}); e.g. "
                              '\'{"threshold_min": 0.97}\'') from None
         self.base = self.op_for(early_close=early_close)
-        self.codec = make_codec(job.s.compress, chunk_bytes_for(job.s.mtu))
-        # compressed, with error feedback: each bucket's rounding error, for its next step
-        self.ef = self.codec is not None and job.s.error_feedback
+        # compressed (a compress other than none or auto: every op's wire), with
+        # error feedback: each bucket's rounding error, for its next step; auto
+        # sends bf16 or fp16 buckets as such (wire_of), exactly
+        self.ef = job.s.compress not in settings_table.EXACT_COMPRESS and job.s.error_feedback
+        self.dtypes: dict[int, torch.dtype] = {}   # a step's buckets' dtypes, by position
+        self.wires: Counter = Counter()            # step ops by what they travelled as
         self.residual: dict[tuple, np.ndarray] = {}
         self.open: list[Bucket] = []      # taken, not yet answered
         self.staging = Staging()
@@ -281,11 +284,15 @@ class TolerantReduce:
             self.abandon()     # every rank sees the same layout change, and does the same
             cur = None
         stable, most = self.layout.stable, self.most
+        if b.t is not None:
+            self.dtypes[b.key] = b.t.dtype
         if cur is None and b.key == 0 and stable and stable[0] == n:
             sizes = tuple(x for m in stable for x in cut(m, most))
-            cur = self.cur = MultiRun(self.start(replace(base, sizes=sizes)), stable, most)
+            wire = self.wire_of([self.dtypes.get(k) for k in range(len(stable))])
+            cur = self.cur = MultiRun(self.start(replace(base, sizes=sizes, wire=wire)),
+                                      stable, most)
         if cur is None:
-            run = self.start(replace(base, sizes=cut(n, most)))
+            run = self.start(replace(base, sizes=cut(n, most), wire=self.wire_of([b.t.dtype])))
             self.push(run, 0, b)
             self.finish(run, [b])
             return
@@ -295,8 +302,13 @@ class TolerantReduce:
             self.cur = None
             self.finish(cur.run, cur.waiting)
 
+    def wire_of(self, dtypes: list) -> str:
+        """What an op of buckets of these dtypes travels as (codec.wire_for)."""
+        return wire_for(self.job.s.compress, dtypes, self.job.s.loss_policy)
+
     def start(self, op: Op):
-        run = plan_step(self.job, op, self.codec is not None)
+        self.wires[op.wire] += 1
+        run = plan_step(self.job, op)
         self.job.exchange.prepare(run)
         self.job.exchange.barrier(run)
         return run
@@ -363,14 +375,15 @@ class TolerantReduce:
 
     def stats(self) -> dict:
         """What its rounds did; `deferred_answers` / `deferred_chunks`: the
-        answers (loss_policy defer) that left chunks out, a step late."""
+        answers (loss_policy defer) that left chunks out, a step late;
+        `wires`: step ops by what their gradients travelled as (Op.wire)."""
         down = self.job.link.downlink if self.job.link is not None else {}
         return {"buckets": self.buckets, "rounds": self.rounds, "ops": self.ops,
                 "early_buckets": self.early_buckets,
                 "wholly_filled_total": self.wholly_filled_total,
                 "delivered": self.delivered_sum / self.buckets if self.buckets else 1.0,
                 "deferred_answers": down.get("answers", 0),
-                "deferred_chunks": down.get("chunks", 0)}
+                "deferred_chunks": down.get("chunks", 0), "wires": dict(self.wires)}
 
     # the job's calls (job.optimizers): before another op, and at the end
     def drain(self) -> None:

@@ -218,7 +218,7 @@ class Exchange:
             self.co.wait_open(r)
         with self.on_rounds():
             closed_early = self.link.push(r, piece, run.op.reliable, answer=run.seq,
-                                          at=run.op.offsets()[i])
+                                          at=run.op.offsets()[i], wire=run.op.wire)
         run.rec.pushes.append((r, int(t0 * 1e9), now_ns()))
         if closed_early:
             # the server closed r before all of this arrived: say so, it may be

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import UsageError
 from ..transport.bubble import STRATEGIES
 from ..transport.early_close import EarlyCloseConfig
@@ -49,7 +48,7 @@ from ..transport.rate import quiet_gc
 from .breakdown import worker as worker_phases
 from .buckets import BucketPlan, named_params
 from .flight import trigger as flight_trigger
-from .codec import make_codec
+from .codec import wire_for
 from .shards import split_op
 from .job import current
 from .ops import STEP, Op, StepReport
@@ -90,11 +89,12 @@ class StepState:
     next: int = 0                # the next bucket to hand to the communication thread
 
 
-def plan_step(job, op: Op, compressed: bool):
-    """The next step op's run; compressed, its answer (each server's, sharded)
-    starts with the aggregate's codes, and the links must know that."""
+def plan_step(job, op: Op):
+    """The next step op's run; compressed (op.wire), its answer (each
+    server's, sharded) starts with the aggregate's codes, and the links must
+    know that."""
     run = job.exchange.plan(op)
-    if compressed:
+    if op.wire != "none":
         links = job.link.parts()
         if len(links) == 1:
             heads = [sum(op.sizes)]
@@ -102,7 +102,7 @@ def plan_step(job, op: Op, compressed: bool):
             subs, _ = split_op(op, len(links))
             heads = [sum(sub.sizes) for sub in subs]
         for link, n in zip(links, heads):
-            link.expect_compressed(run.seq, n)
+            link.expect_wire(run.seq, n, op.wire)
     return run
 
 
@@ -128,9 +128,12 @@ class GradientSync:
         bucket_mb = bucket_mb or job.s.bucket_mb
         self.plan = BucketPlan(named_params(optimizer, named_parameters),
                                max(1, int(bucket_mb * 2**20) // 4))
+        # bf16 or fp16 gradients travel as such (compress auto: codec.wire_for)
+        wire = wire_for(job.s.compress, {p.dtype for b in self.plan.buckets for p in b.params},
+                        job.s.loss_policy)
         self.op = Op(STEP, sizes=self.plan.sizes, sync=sync, bubble=bubble,
                      early_close=json.dumps(early_close, sort_keys=True),
-                     downlink=downlink or job.s.downlink)
+                     downlink=downlink or job.s.downlink, wire=wire)
         self.job, self.ex, self.rank = job, job.exchange, job.rank
         # on a GPU the host buffers are pinned: the copies to and from them are queued
         pin = any(p.device.type == "cuda" for b in self.plan.buckets for p in b.params)
@@ -180,13 +183,15 @@ class GradientSync:
                              "must be at least 1")
 
     def setup_codec(self, s, error_feedback: bool | None) -> None:
-        """Compressed (s.compress), each link encodes the buckets it pushes and
-        leaves the rounding error in the send buffer; with error feedback it
-        is kept (`residual`) and added to the next gradient of its bucket."""
-        self.codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
+        """Compressed (the op's wire), each link encodes the buckets it pushes
+        and leaves the rounding error in the send buffer; with error feedback
+        it is kept (`residual`) and added to the next gradient of its bucket.
+        A wire compress auto chose is the gradients' own dtype: nothing is
+        rounded, nothing kept."""
+        self.compressed = self.op.wire != "none"
         self.error_feedback = s.error_feedback if error_feedback is None else bool(error_feedback)
         self.residual = None
-        if self.codec is not None and self.error_feedback:
+        if self.compressed and self.error_feedback and s.compress != "auto":
             self.residual = np.zeros(self.plan.numel, dtype=np.float32)
             # a sharded push pads a bucket smaller than the servers (a copy): no
             # rounding error comes back for it
@@ -215,7 +220,7 @@ class GradientSync:
                 np.copyto(self.residual[b.lo:b.hi], self.send[b.lo:b.hi])
 
     def plan_run(self):
-        return plan_step(self.job, self.op, self.codec is not None)
+        return plan_step(self.job, self.op)
 
     # ------------------------------------------------------------------ backward
     def begin_step(self) -> StepState:

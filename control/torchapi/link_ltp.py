@@ -33,7 +33,7 @@ from ..transport import defer, fec
 from ..trust import tokens
 from ..trust.signing import SIG_ELEMS, ForgedAnswerError, Signer, StreamSigner, Verifier
 from ..transport.stream import AnswerStream, answered_from
-from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
+from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer
 from .links import Gathered, ServerLink, WorkerLink
 from .losspolicy import Choice, LossPolicy
 from .settings import Settings
@@ -79,10 +79,10 @@ class LtpServerLink(ServerLink):
         # member holding the group key can send GROUP frames, not answers
         self.signer = Signer(secret, s.job) if secret is not None else None
         self.sign_s = 0.0            # seconds spent signing answers (the step breakdown's)
-        codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
-        self.codec = codec and ServerCodec(codec, s.error_feedback)
+        # a step's gradients travel as its op says (Op.wire: configure)
+        self.codec, self.wire = ServerCodec(chunk_bytes_for(s.mtu), answer_feedback(s)), "none"
         self.defer = s.loss_policy == "defer"
-        if self.defer and (codec or s.downlink_code == "rs"):
+        if self.defer and (s.compress not in settings_table.EXACT_COMPRESS or s.downlink_code == "rs"):
             raise CommError("loss_policy defer needs compress none and downlink_code off: "
                             "a deferred chunk is one the answer's bytes leave out")
         self.loss = LossPolicy(s.loss_policy, s.loss_budget, s.loss_warmup)
@@ -93,8 +93,7 @@ class LtpServerLink(ServerLink):
         self.verdicts: dict[int, tuple] = {}   # answer -> its verdict (defer.py), for a retry
 
     def address(self) -> dict:
-        return {"compress": self.s.compress,
-                "chunk_bytes": chunk_bytes_for(self.s.mtu),
+        return {"compress": self.s.compress, "chunk_bytes": chunk_bytes_for(self.s.mtu),
                 "downlink_code": self.s.downlink_code,
                 "answers": "tolerant" if self.defer else "whole",
                 "signed": self.signer is not None}
@@ -143,11 +142,11 @@ class LtpServerLink(ServerLink):
     def loss_summary(self) -> dict:
         return self.loss.summary()
 
-    def configure(self, bubble: str, early_close: str) -> None:
-        """A step's Bubble Filling and Early Close settings, from its op."""
-        if bubble != self.bubble:
+    def configure(self, bubble: str, early_close: str, wire: str = "none") -> None:
+        """A step's Bubble Filling, Early Close settings and wire, from its op."""
+        if (bubble, wire) != (self.bubble, self.wire):
+            self.bubble, self.wire = bubble, wire
             self.ep.bubble_strategy = self.endpoint_bubble(bubble)
-            self.bubble = bubble
         if early_close != self.early_close:
             self.early_close = early_close
             self.policies = {}
@@ -155,7 +154,7 @@ class LtpServerLink(ServerLink):
     def endpoint_bubble(self, bubble: str) -> str:
         """What the endpoint fills: "stale" is server.py's, and compressed
         rounds are filled once decoded (ServerCodec), so zeros then."""
-        return "zero" if bubble == "stale" or self.codec else bubble
+        return "zero" if bubble == "stale" or self.wire != "none" else bubble
 
     def policy(self, key) -> EarlyClose:
         """The Early Close state of one kind of round (a step's bucket i).
@@ -169,8 +168,7 @@ class LtpServerLink(ServerLink):
         return self.policies[key]
 
     def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
-        if self.codec:
-            nelems = self.codec.open(r, nelems, reliable)
+        nelems = self.codec.open(r, nelems, reliable, self.wire)
         early = self.policy(key)
         self.ep.open_round(r, nelems, workers=workers, reliable=reliable, early=early)
         if not reliable and not early.cfg.budget:   # what it loses is the path's (choose)
@@ -184,8 +182,7 @@ class LtpServerLink(ServerLink):
 
     def cancel(self, r: int) -> None:
         self.honest.discard(r)
-        if self.codec:
-            self.codec.cancel(r)
+        self.codec.cancel(r)
         self.ep.cancel_round(r)
 
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
@@ -197,9 +194,10 @@ class LtpServerLink(ServerLink):
         if self.log:   # LTP_ROUND_LOG=1: one JSON line per uplink round on stderr
             print(json.dumps({"round_log": res.report()}), file=sys.stderr, flush=True)
         values, chunk_elems = res.values, res.layout.chunk_elems
-        if self.codec and self.codec.compressed(r):
+        codec = self.codec.compressed(r)
+        if codec is not None:
             values = self.codec.decode(r, values, res.masks, self.bubble)
-            chunk_elems = self.codec.codec.per_chunk
+            chunk_elems = codec.per_chunk
         return Gathered(round=r, values=values, workers=list(res.workers),
                         delivered=res.masks.sum(axis=1), chunks=res.layout.nchunks,
                         filled=np.asarray(res.filled), reason=res.reason,
@@ -216,8 +214,7 @@ class LtpServerLink(ServerLink):
         timeout_s = self.wait_s if wait_s is None else min(self.wait_s, wait_s)
         if self.defer and critical_from is not None:
             return self._send_deferred(d, buf, group, peers, critical_from, timeout_s)
-        if self.codec:
-            buf = self.codec.answer(buf, d)
+        buf = self.codec.answer(buf, d)    # buf itself unless a compressed step preceded it
         if self.signer:
             buf = self.timed_sign(d, buf)
         self.ep.push_reliable(d, buf, peers, timeout_s=timeout_s,
@@ -234,7 +231,7 @@ class LtpServerLink(ServerLink):
         """Answer d sent part by part as buf fills (transport/stream.py), its
         last `sig_elems` elements the signature; None where answers go
         otherwise (coded, compressed, tolerant, or per worker)."""
-        if not self.s.stream_share or self.codec or self.defer or not group \
+        if not self.s.stream_share or self.wire != "none" or self.defer or not group \
                 or self.s.downlink_code == "rs" or self.group is None:
             return None
         peers = [p for p in self.peers if p.worker in to]
@@ -305,8 +302,7 @@ class LtpWorkerLink(WorkerLink):
         self.deferred = False              # ... tolerant: its steps' answers (defer.py)
         self.plans: dict[int, object] = {}   # answer -> its defer.Plan
         self.verifier: Verifier | None = None   # the answers are signed (the server says)
-        codec = make_codec(s.compress, chunk_bytes_for(s.mtu))
-        self.codec = codec and WorkerCodec(codec)
+        self.codec = WorkerCodec(chunk_bytes_for(s.mtu))   # a step's wire: its op's
         # this worker's pushes so far, those the socket sent (auto under
         # loss, or asked for): DATA sent, and how much of it the ACK clock made
         self.counts = {"pushes": 0, "socket_pushes": 0, "sent": 0, "clock_tx": 0}
@@ -360,9 +356,9 @@ class LtpWorkerLink(WorkerLink):
         self.size = size
         return True
 
-    def expect_compressed(self, d: int, n: int) -> None:
-        """Answer d starts with n compressed elements (a step's aggregate)."""
-        self.codec.expect(d, n)
+    def expect_wire(self, d: int, n: int, wire: str) -> None:
+        """Answer d starts with n elements in `wire` (a step's aggregate)."""
+        self.codec.expect(d, n, wire)
 
     def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
         if self.deferred and tolerant:   # the signature comes in its verdict
@@ -370,24 +366,25 @@ class LtpWorkerLink(WorkerLink):
             self.plans[d] = self.ep.expect_deferred(
                 d, nelems, self.id, sig_bytes=SIG_ELEMS * 4 if self.verifier else 0)
             return
-        if self.codec:
-            nelems = self.codec.wire_elems(d, nelems)
+        nelems = self.codec.wire_elems(d, nelems)
         if self.verifier:
             nelems += SIG_ELEMS
         self.ep.expect(d, nelems, self.id, coded=self.coded)
 
     def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
-             at: int = 0) -> bool:
+             at: int = 0, wire: str = "none") -> bool:
         """Send this worker's piece of round r; True when the server closed the
         round before all of it arrived (the server may wait for word of that).
         answer: the downlink round that answers r's op, `at` the element where
         r's part of it starts; once a chunk of it from there on arrives (any
         chunk, where answers are coded or tolerant) r is closed, and the push
-        ends even if its last ACKs were lost."""
-        if self.codec and not reliable:   # buf is left holding the rounding error
-            buf = self.codec.piece(buf)
+        ends even if its last ACKs were lost. wire: what a tolerant piece
+        travels as (its op's); compressed, buf is left holding the rounding error."""
+        compressed = wire != "none" and not reliable
+        if compressed:
+            buf = self.codec.piece(buf, wire)
         ep = self.ep
-        first = 0 if self.codec or self.coded or self.deferred else \
+        first = 0 if compressed or self.coded or self.deferred else \
             at // (chunk_bytes_for(self.s.mtu) // 4)
         over = None if answer is None else (lambda: answered_from(ep, answer, first))
         rep = ep.push(r, buf, self.ps, reliable=reliable, timeout_s=self.wait_s, over=over)
@@ -418,10 +415,7 @@ class LtpWorkerLink(WorkerLink):
             values = np.concatenate([values, np.frombuffer(plan.sig, dtype=np.float32)])
         if self.verifier:      # ForgedAnswerError unless the server's: nothing used then
             values = self.verifier.check(d, values)
-        if self.codec:
-            self.codec.decode(d, values, out)
-        else:
-            np.copyto(out, values)
+        self.codec.decode(d, values, out)   # a copy, unless it starts compressed
 
     def close(self) -> None:
         if self.ep is not None:

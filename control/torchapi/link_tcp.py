@@ -24,7 +24,7 @@ from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError
 from ..accept import accept_workers
 from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
-from .codec import ServerCodec, WorkerCodec, check_peer, make_codec
+from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer
 from .links import Gathered, ServerLink, WorkerLink
 from .settings import Settings
 
@@ -52,10 +52,10 @@ class TcpServerLink(ServerLink):
             raise
         self.port = self.ls.getsockname()[1]
         self.conns: list[socket.socket] = []
-        # compressed, pieces are the same words as over LTP (its chunk size for the MTU)
-        self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
-        codec = make_codec(s.compress, self.chunk_bytes)
-        self.codec = codec and ServerCodec(codec, s.error_feedback)
+        # compressed (a step's Op.wire), pieces are the same words as over LTP
+        # (its chunk size for the MTU)
+        self.compress, self.chunk_bytes, self.wire = s.compress, chunk_bytes_for(s.mtu), "none"
+        self.codec = ServerCodec(self.chunk_bytes, answer_feedback(s))
 
     def address(self) -> dict:
         return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes}
@@ -85,16 +85,15 @@ class TcpServerLink(ServerLink):
             self.values = np.empty((len(self.ids), nelems), dtype=np.float32)
         return False
 
-    def configure(self, bubble: str, early_close: str) -> None:
-        pass   # nothing is lost over TCP
+    def configure(self, bubble: str, early_close: str, wire: str = "none") -> None:
+        self.wire = wire   # nothing is lost over TCP: only the wire matters
 
     def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
-        if self.codec:   # a connection is always open; only the piece's form is noted
-            self.codec.open(r, nelems, reliable)
+        # a connection is always open; only the piece's form is noted
+        self.codec.open(r, nelems, reliable, self.wire)
 
     def cancel(self, r: int) -> None:
-        if self.codec:
-            self.codec.cancel(r)
+        self.codec.cancel(r)
 
     def _ready(self, event: int, idx: list[int], done: set[int],
                stalled: Callable[[], str]) -> Iterator[int]:
@@ -128,8 +127,9 @@ class TcpServerLink(ServerLink):
         """Read round r's header and piece from every worker in `workers` at once."""
         t0 = time.perf_counter()
         n = nelems
-        if self.codec and self.codec.compressed(r):
-            nelems = self.codec.codec.words(n)
+        codec = self.codec.compressed(r)
+        if codec is not None:
+            nelems = codec.words(n)
         self.ensure(nelems)
         need = nelems * 4
         hdrs = {i: bytearray(HDR.size) for i in workers}
@@ -172,8 +172,7 @@ class TcpServerLink(ServerLink):
         each gets every byte within the link's timeout or the send fails, so
         `to`, `wait_s` (for a lossy transport's silent peers) and `critical_from` (its
         tolerance) do not apply."""
-        if self.codec:
-            buf = self.codec.answer(buf, d)
+        buf = self.codec.answer(buf, d)    # buf itself unless a compressed step preceded it
         body = memoryview(np.ascontiguousarray(buf)).cast("B")
         hdr = HDR.pack(TCP_MAGIC, d, len(body))
         total = len(hdr) + len(body)
@@ -210,8 +209,7 @@ class TcpWorkerLink(WorkerLink):
         self.key = key     # the hello's MAC key (jobkey.hello_key); from a member file its own MAC
         self.sock: socket.socket | None = None
         self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
-        codec = make_codec(s.compress, self.chunk_bytes)
-        self.codec = codec and WorkerCodec(codec)
+        self.codec = WorkerCodec(self.chunk_bytes)   # a step's wire: its op's
         self.wire = np.empty(0, dtype=np.float32)   # a compressed answer's words
 
     def address(self) -> dict:
@@ -240,17 +238,17 @@ class TcpWorkerLink(WorkerLink):
     def ensure(self, nelems: int) -> bool:
         return False
 
-    def expect_compressed(self, d: int, n: int) -> None:
-        """Answer d starts with n compressed elements (a step's aggregate)."""
-        self.codec.expect(d, n)
+    def expect_wire(self, d: int, n: int, wire: str) -> None:
+        """Answer d starts with n elements in `wire` (a step's aggregate)."""
+        self.codec.expect(d, n, wire)
 
     def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
         pass
 
     def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
-             at: int = 0) -> bool:
-        if self.codec and not reliable:   # buf is left holding the rounding error
-            buf = self.codec.piece(buf)
+             at: int = 0, wire: str = "none") -> bool:
+        if not reliable:   # compressed, buf is left holding the rounding error
+            buf = self.codec.piece(buf, wire)
         body = memoryview(np.ascontiguousarray(buf)).cast("B")
         hdr = HDR.pack(TCP_MAGIC, r, len(body))
         total, sent = len(hdr) + len(body), 0
@@ -260,7 +258,8 @@ class TcpWorkerLink(WorkerLink):
 
     def pull(self, d: int, out: np.ndarray) -> None:
         into = out
-        if self.codec:   # the words on the wire, decoded into out below
+        compressed = self.codec.compressed(d)
+        if compressed:   # the words on the wire, decoded into out below
             words = self.codec.wire_elems(d, len(out))
             if len(self.wire) < words:
                 self.wire = np.empty(words, dtype=np.float32)
@@ -270,7 +269,7 @@ class TcpWorkerLink(WorkerLink):
             raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
                             f"({into.nbytes} bytes)")
         self.recv_into(into, nbytes)
-        if self.codec:
+        if compressed:
             self.codec.decode(d, into, out)
 
     def recv_into(self, into: np.ndarray, nbytes: int) -> None:

@@ -65,8 +65,9 @@ class ServerLink(ABC):
         """Learn every worker's record (address, port)."""
 
     @abstractmethod
-    def configure(self, bubble: str, early_close: str) -> None:
-        """Bubble Filling's strategy and Early Close's fields (JSON) for the uplink."""
+    def configure(self, bubble: str, early_close: str, wire: str = "none") -> None:
+        """Bubble Filling's strategy, Early Close's fields (JSON) and what the
+        gradients travel as (Op.wire) for a step's uplink rounds from now on."""
 
     @abstractmethod
     def ensure(self, nelems: int) -> bool:
@@ -164,15 +165,16 @@ class WorkerLink(ABC):
         that tolerates loss may send so: see ServerLink.send)."""
 
     @abstractmethod
-    def expect_compressed(self, d: int, n: int) -> None:
-        """Answer d starts with the aggregate's codes for n elements."""
+    def expect_wire(self, d: int, n: int, wire: str) -> None:
+        """Answer d starts with the aggregate's n elements in `wire` (Op.wire)."""
 
     @abstractmethod
     def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
-             at: int = 0) -> bool:
+             at: int = 0, wire: str = "none") -> bool:
         """This worker's piece for uplink round r; `answer`: the op's answer,
         whose arrival from element `at` on (where r's part of it starts: the
-        server may send an answer in parts) ends the push (r is over)."""
+        server may send an answer in parts) ends the push (r is over); `wire`:
+        what a tolerant piece travels as (its op's)."""
 
     @abstractmethod
     def pull(self, d: int, out: np.ndarray) -> None:

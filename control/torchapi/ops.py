@@ -41,6 +41,9 @@ PER_WORKER = 7              # delivered, filled, wholly filled, k, status, non-f
 DROPPED = -1                # status: no longer a member (missed --max-missed steps, or gone)
 
 
+WIRES = ("none", "uint8", "bf16", "fp16")   # what a step's gradients travel as (Op.wire)
+
+
 @dataclass(frozen=True)
 class Op:
     """One operation of the job, as every rank sees it."""
@@ -53,6 +56,8 @@ class Op:
     early_close: str = "{}"         # a step's EarlyCloseConfig fields, as sorted JSON
     average: bool = True            # all-reduce: mean (else sum)
     downlink: str = "group"         # the answer: once to the group address, or per worker
+    wire: str = "none"              # a step's gradients and aggregate as: none (float32),
+                                    # uint8, bf16, fp16 (codec.py; codec.wire_for)
 
     def differs(self, other: Op) -> list[str]:
         """The fields where `other` (another rank's view of this op) differs,

@@ -12,11 +12,11 @@ import ipaddress
 import json
 import math
 
-from ..settings_table import COMPRESS, DOWNLINKS, TABLE
+from ..settings_table import DOWNLINKS, TABLE
 from ..transport.bubble import STRATEGIES
 from ..transport.early_close import EarlyCloseConfig
 from ..trust.tokens import RUN_MAX
-from .ops import KINDS, Go, Op
+from .ops import KINDS, WIRES, Go, Op
 
 MAX_PIECES = 1 << 16        # uplink rounds one op may have
 MAX_ELEMS = (1 << 31) - 1   # float32 elements of one piece
@@ -105,8 +105,9 @@ def check_op(op: Op, workers: int) -> Op:
     if op.root is not None or op.kind == "broadcast":
         _int(op.root, 0, workers - 1, "a broadcast's root")
     if op.sync not in ("bsp", "wbsp") or op.bubble not in STRATEGIES \
-            or op.downlink not in DOWNLINKS or not isinstance(op.average, bool):
-        raise ValueError("sync, bubble, downlink or average out of their choices")
+            or op.downlink not in DOWNLINKS or not isinstance(op.average, bool) \
+            or op.wire not in WIRES or (op.wire != "none" and op.kind != "step"):
+        raise ValueError("sync, bubble, downlink, average or wire out of their choices")
     fields = _json(op.early_close.encode()) if isinstance(op.early_close, str) else None
     names = {f.name for f in dataclasses.fields(EarlyCloseConfig)}
     if not isinstance(fields, dict) or not set(fields) <= names or not all(
@@ -187,8 +188,8 @@ def meta_value(rank: int, servers: int):
             raise ValueError("store_pubs: a server's list of the workers' keys")
         if "chunk_bytes" in d:
             _int(d["chunk_bytes"], 1, 65535, "chunk_bytes")
-        if d.get("compress", "none") not in COMPRESS:
-            raise ValueError(f"compress must be one of {', '.join(COMPRESS)}")
+        if d.get("compress", "auto") not in TABLE["compress"].choices:
+            raise ValueError(f"compress must be one of {', '.join(TABLE['compress'].choices)}")
         if d.get("downlink_code", "off") not in TABLE["downlink_code"].choices:
             raise ValueError("downlink_code out of its choices")
         if d.get("answers", "whole") not in ("whole", "tolerant"):

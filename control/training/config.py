@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
-from ..settings_table import COMPRESS, DOWNLINKS, MAX_SERVERS, SENDERS, TABLE
+from ..settings_table import COMPRESS, DOWNLINKS, EXACT_COMPRESS, MAX_SERVERS, SENDERS, TABLE
 
 
 
@@ -125,16 +125,18 @@ class TrainConfig:
         if TABLE["servers"].problem(self.servers) or (self.servers > 1 and not can.servers):
             raise ValueError(f"servers: 1..{MAX_SERVERS} server ranks (ltp, tcp or ddp-ltp; "
                              f"gloo's all-reduce has none), got {self.servers}")
-        if self.compress not in COMPRESS or (self.compress != "none" and not can.compress):
+        if self.compress not in COMPRESS or (self.compress not in EXACT_COMPRESS and not can.compress):
             raise ValueError(f"compress: one of {', '.join(COMPRESS)} (ltp, tcp or ddp-ltp; "
                              f"gloo's all-reduce sends float32), got {self.compress!r}")
         if self.sender not in SENDERS or (self.sender == "xdp" and not can.clock):
             raise ValueError(f"sender: one of {', '.join(SENDERS)} (xdp, the ACK clock: ltp, "
                              f"ddp-ltp), got {self.sender!r}")
         if self.loss_policy not in TABLE["loss_policy"].choices or (
-                self.loss_policy == "defer" and (not can.early_close or self.compress != "none")):
+                self.loss_policy == "defer" and (not can.early_close
+                                                 or self.compress not in EXACT_COMPRESS)):
             raise ValueError(f"loss-policy: one of {', '.join(TABLE['loss_policy'].choices)}"
-                             f" (defer: ltp or ddp-ltp, with compress none), got {self.loss_policy!r}")
+                             f" (defer: ltp or ddp-ltp, with compress none or auto), got "
+                             f"{self.loss_policy!r}")
         bad = TABLE["loss_budget"].problem(self.loss_budget)
         if bad:
             raise ValueError(f"loss-budget: {bad}")

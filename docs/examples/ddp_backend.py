@@ -41,6 +41,8 @@ p.add_argument("--accumulate", type=int, default=2, help="micro-batches per step
 p.add_argument("--lr", type=float, default=0.2)
 p.add_argument("--device", default="cpu")
 p.add_argument("--seed", type=int, default=0)
+p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+               help="the model's parameters (and so its gradients)")
 a = p.parse_args()
 if a.device == "cuda" and not torch.cuda.is_available():
     p.error("--device cuda: this machine has no CUDA device torch can use")
@@ -77,7 +79,8 @@ class Net(torch.nn.Module):
         return self.head(torch.relu(self.extra(h)) if use_extra else h)
 
 
-model = DDP(Net().to(dev), find_unused_parameters=True)
+dtype = getattr(torch, a.dtype)
+model = DDP(Net().to(dev, dtype), find_unused_parameters=True)
 state = None
 if a.hook:
     state = lt.ddp_state(bubble="zero")
@@ -93,7 +96,8 @@ for epoch in range(a.epochs):
         for j, (xb, yb) in enumerate(batches[i:i + a.accumulate]):
             last = j == a.accumulate - 1
             with (model.no_sync() if not last else torch.enable_grad()):
-                loss = F.cross_entropy(model(xb.to(dev), steps % 2 == 1), yb.to(dev))
+                out = model(xb.to(dev, dtype), steps % 2 == 1)
+                loss = F.cross_entropy(out.float(), yb.to(dev))
                 (loss / a.accumulate).backward()
         opt.step()
         steps += 1
@@ -101,7 +105,7 @@ for epoch in range(a.epochs):
 
 net = model.module
 with torch.no_grad():
-    correct = (net(X[test].to(dev), True).argmax(1).cpu() == y[test]).sum()
+    correct = (net(X[test].to(dev, dtype), True).argmax(1).cpu() == y[test]).sum()
 # exact collectives: a metric sum, a max, an object from rank 0, everyone's object
 total = torch.tensor([int(correct), len(test)], dtype=torch.int64, device=dev)
 dist.all_reduce(total)
