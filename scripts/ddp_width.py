@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A big-gradient DDP job for scripts/ab_loopback.py: an MLP 256-H-H-10 on
-random data, DDP's 4 MB buckets; prints the median step and a digest."""
+"""A big-gradient DDP job for scripts/ab_loopback.py and scripts/launch_ab.sh:
+an MLP 256-H-H-10 on random data (parameters in --dtype), DDP's 4 MB buckets;
+prints the median step and a digest."""
 import argparse
 import hashlib
 import json
@@ -17,16 +18,17 @@ p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--backend", default="ltp")
 p.add_argument("--hidden", type=int, default=4096)
 p.add_argument("--steps", type=int, default=12)
+p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
 a = p.parse_args()
 dist.init_process_group(a.backend)
 torch.set_num_threads(1)
 torch.manual_seed(0)
 H = a.hidden
 net = torch.nn.Sequential(torch.nn.Linear(256, H), torch.nn.ReLU(), torch.nn.Linear(H, H),
-                          torch.nn.ReLU(), torch.nn.Linear(H, 10))
+                          torch.nn.ReLU(), torch.nn.Linear(H, 10)).to(getattr(torch, a.dtype))
 model = DDP(net, bucket_cap_mb=4)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x, y = torch.randn(8, 256), torch.randint(0, 10, (8,))
+x, y = torch.randn(8, 256, dtype=getattr(torch, a.dtype)), torch.randint(0, 10, (8,))
 times = []
 phases = breakdown.worker()
 phases.discard()
@@ -34,14 +36,15 @@ for _ in range(a.steps):
     t0 = time.perf_counter()
     phases.start_step()
     opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
+    torch.nn.functional.cross_entropy(model(x).float(), y).backward()
     opt.step()
     phases.end_step()
     times.append(time.perf_counter() - t0)
 s = sorted(times[2:])            # the first two: set-up (buckets, connections)
-h = hashlib.sha256(b"".join(q.detach().numpy().tobytes() for q in net.parameters()))
+h = hashlib.sha256(b"".join(q.detach().view(-1).view(torch.uint8).numpy().tobytes()
+                            for q in net.parameters()))
 bd = breakdown.worker_summary() if a.backend == "ltp" else None
-print(json.dumps({"event": "result", "rank": dist.get_rank(),
+print(json.dumps({"event": "result", "rank": dist.get_rank(), "backend": a.backend,
                   "breakdown": bd and {"median": bd["median"], "comm": bd["comm"]["median"]},
                   "params": sum(q.numel() for q in net.parameters()),
                   "step_med_s": round(s[len(s) // 2], 4), "digest": h.hexdigest()[:16]}),
