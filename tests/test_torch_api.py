@@ -188,8 +188,9 @@ def test_step_report_round_trips_through_float32():
 
 
 @pytest.mark.unit
-def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_step():
-    from ltpx.control.torchapi.ops import BROADCAST, STEP, Op, RoundClock, preopened
+def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_op():
+    from ltpx.control.torchapi.ops import (ALLGATHER, BROADCAST, SHUTDOWN, STEP, Op, RoundClock,
+                                           preopened)
     step = Op(STEP, sizes=(10, 20, 30))
     assert Op.from_json(step.to_json()) == step
     # the answer: 60 values, then the report (4 words, a reason per bucket, 7 per
@@ -204,6 +205,12 @@ def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_step():
     assert preopened(None, step) == 0 and preopened(step, step) == 2
     assert preopened(step, Op(STEP, sizes=(10, 20, 31))) == 0
     assert preopened(step, Op(BROADCAST, sizes=(5,), root=0)) == 0
+    # any op but the last is opened ahead when it repeats (FSDP's equal gathers)
+    gather, bcast = Op(ALLGATHER, sizes=(64,)), Op(BROADCAST, sizes=(5,), root=0)
+    assert preopened(gather, gather) == 1 and preopened(bcast, bcast) == 1
+    assert preopened(bcast, Op(BROADCAST, sizes=(5,), root=1)) == 0      # another root
+    assert preopened(gather, Op(ALLGATHER, sizes=(65,))) == 0
+    assert preopened(Op(SHUTDOWN), Op(SHUTDOWN)) == 0
     assert Op(BROADCAST, sizes=(5,), root=1).participants(3) == [1]
 
 

@@ -103,13 +103,17 @@ class Op:
         return cls(**d)
 
 
+AHEAD = (STEP, BROADCAST, ALLREDUCE, ALLGATHER)   # kinds whose next op is likely the same
+
+
 def preopened(prev: Op | None, op: Op) -> int:
     """How many of op's uplink rounds the server opened before op's barrier.
 
-    After a step the server opens the first two rounds of the same step again
-    (the likely next op), so data can flow the moment the barrier lifts; any
-    other op's rounds are opened after it and announced through the store."""
-    if op.kind == STEP and prev == op:
+    Before it answers an op the server opens the first two rounds of the
+    same op again (the likely next op: a step, or FSDP's gathers of equal
+    layers), so data can flow the moment the barrier lifts; any other op's
+    rounds are opened after it and announced through the store."""
+    if op.kind in AHEAD and prev == op:
         return min(2, len(op.sizes))
     return 0
 

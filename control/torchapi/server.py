@@ -185,6 +185,7 @@ class Server:
             tally, ks = self.gather_all(op, rounds, ws, absent, stream)
             if op.kind == STEP:
                 self.close_step(op, rounds, tally, ws, ks, absent)
+            self.open_ahead(op, rounds)
             self.answer_op(op, seq, targets, group, stream)
         except BaseException:
             if stream is not None:   # no thread of it outlives the op
@@ -206,12 +207,16 @@ class Server:
         rep.encode(self.answer[sum(op.sizes):op.down_elems(self.W)])
         self.view.after_report(rep)
         self.note(rep)
-        # the likely next op is this one again: open its first rounds now
+        self.times["update_s"] += time.perf_counter() - t2
+
+    def open_ahead(self, op: Op, rounds: list[int]) -> None:
+        """Before op's answer: the likely next op is op again, so its first
+        rounds open now (ops.preopened says how many, on every rank alike),
+        before any worker can have the answer and push the next op's data."""
         nxt = rounds[-1] + 1
-        for j in range(min(2, len(rounds))):
+        for j in range(preopened(op, op)):
             self.open(nxt + j, op, j, announce=False)
             self.pre.append(nxt + j)
-        self.times["update_s"] += time.perf_counter() - t2
 
     def gather_all(self, op: Op, rounds: list[int], ws: list[int], absent: set[int],
                    stream) -> tuple[StepTally, list | None]:
