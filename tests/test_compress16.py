@@ -97,3 +97,20 @@ def test_compress_auto_sends_half_gradients_as_such_and_the_rest_as_float32():
     assert wire_for("auto", {bf}, loss_policy="defer") == "none"   # a deferred chunk is float32's
     for setting in ("none", "uint8", "bf16", "fp16"):                 # a setting rules
         assert wire_for(setting, {bf}) == wire_for(setting, {f32}) == setting
+
+
+@pytest.mark.unit
+def test_under_auto_a_piece_keeps_its_values_and_decodes_exactly():
+    """compress auto (codec.piece_feedback False): a bf16 gradient's piece is
+    coded in one pass and left as it was (no rounding error to keep)."""
+    from ltpx.control.torchapi.settings import Settings
+    from ltpx.control.torchapi.codec import piece_feedback
+    assert not piece_feedback(Settings.resolve({"compress": "auto"}))
+    assert piece_feedback(Settings.resolve({"compress": "bf16"}))
+    g = rounded(np.random.default_rng(9).standard_normal(2 * Q + 7).astype(np.float32), "bf16")
+    buf = g.copy()
+    words = WorkerCodec(CB, keep_error=False).piece(buf, "bf16").copy()
+    assert np.array_equal(buf, g)                        # untouched
+    out = np.zeros((1, len(g)), dtype=np.float32)
+    make_codec("bf16", CB).decode(words[None, :], len(g), out)
+    assert np.array_equal(out[0], g)

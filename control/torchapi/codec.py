@@ -329,16 +329,18 @@ class WorkerCodec:
     slice of it) goes up as words, and its rounding error is left in the
     piece's buffer (the optimizer keeps it for error feedback); which answers
     start with a compressed aggregate, the optimizer says before the step's
-    answer round is expected."""
+    answer round is expected. keep_error False (compress auto: a wire that is
+    the gradients' own dtype rounds nothing, and no error is fed back):
+    the piece's buffer is left as it was, one pass instead of four."""
 
-    def __init__(self, chunk_bytes: int):
-        self.codecs = Codecs(chunk_bytes)
+    def __init__(self, chunk_bytes: int, keep_error: bool = True):
+        self.codecs, self.keep_error = Codecs(chunk_bytes), keep_error
         self.answers: dict[int, tuple] = {}  # answer d -> compressed elements at its head, codec
         self.wire = np.empty(0, dtype=np.float32)
 
     def piece(self, buf: np.ndarray, wire: str) -> np.ndarray:
         """buf's words in `wire` (valid until the next call; buf itself for
-        none); buf becomes buf - decoded."""
+        none); buf becomes buf - decoded (keep_error)."""
         codec = self.codecs.of(wire)
         if codec is None:
             return buf
@@ -346,7 +348,7 @@ class WorkerCodec:
         if len(self.wire) < words:
             self.wire = np.empty(words, dtype=np.float32)
         out = self.wire[:words]
-        codec.encode(buf, out, residual=buf)
+        codec.encode(buf, out, residual=buf if self.keep_error else None)
         return out
 
     def expect(self, d: int, n: int, wire: str) -> None:
@@ -388,6 +390,13 @@ def check_peer(mine: str, chunk_bytes: int, server: dict) -> None:
         raise UsageError(f"this worker's chunks are {chunk_bytes} bytes, the server's "
                          f"{server.get('chunk_bytes')}: give every rank the same mtu "
                          "(init(mtu=...) or LTP_MTU)")
+
+
+def piece_feedback(s) -> bool:
+    """Whether a worker's link leaves a piece's rounding error in its buffer
+    (for the optimizer's error feedback): not under compress auto, whose wire
+    is the gradients' own dtype (nothing to feed back)."""
+    return s.compress not in EXACT_COMPRESS
 
 
 def answer_feedback(s) -> bool:

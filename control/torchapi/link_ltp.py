@@ -33,7 +33,7 @@ from ..transport import defer, fec
 from ..trust import tokens
 from ..trust.signing import SIG_ELEMS, ForgedAnswerError, Signer, StreamSigner, Verifier
 from ..transport.stream import AnswerStream, answered_from
-from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer
+from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer, piece_feedback
 from .links import Gathered, ServerLink, WorkerLink
 from .losspolicy import Choice, LossPolicy
 from .settings import Settings
@@ -302,7 +302,7 @@ class LtpWorkerLink(WorkerLink):
         self.deferred = False              # ... tolerant: its steps' answers (defer.py)
         self.plans: dict[int, object] = {}   # answer -> its defer.Plan
         self.verifier: Verifier | None = None   # the answers are signed (the server says)
-        self.codec = WorkerCodec(chunk_bytes_for(s.mtu))   # a step's wire: its op's
+        self.codec = WorkerCodec(chunk_bytes_for(s.mtu), piece_feedback(s))   # a step's wire: its op's
         # this worker's pushes so far, those the socket sent (auto under
         # loss, or asked for): DATA sent, and how much of it the ACK clock made
         self.counts = {"pushes": 0, "socket_pushes": 0, "sent": 0, "clock_tx": 0}

@@ -24,7 +24,7 @@ from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError
 from ..accept import accept_workers
 from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
-from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer
+from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer, piece_feedback
 from .links import Gathered, ServerLink, WorkerLink
 from .settings import Settings
 
@@ -209,7 +209,7 @@ class TcpWorkerLink(WorkerLink):
         self.key = key     # the hello's MAC key (jobkey.hello_key); from a member file its own MAC
         self.sock: socket.socket | None = None
         self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
-        self.codec = WorkerCodec(self.chunk_bytes)   # a step's wire: its op's
+        self.codec = WorkerCodec(self.chunk_bytes, piece_feedback(s))   # a step's wire: its op's
         self.wire = np.empty(0, dtype=np.float32)   # a compressed answer's words
 
     def address(self) -> dict:
