@@ -94,7 +94,7 @@ def test_compress_auto_sends_half_gradients_as_such_and_the_rest_as_float32():
     assert wire_for("auto", {bf}) == "bf16" and wire_for("auto", [fp, fp]) == "fp16"
     assert wire_for("auto", {f32}) == "none" and wire_for("auto", {bf, fp}) == "none"
     assert wire_for("auto", {bf, f32}) == "none" and wire_for("auto", set()) == "none"
-    assert wire_for("auto", {bf}, loss_policy="defer") == "none"   # a deferred chunk is float32's
+    assert wire_for("auto", {bf}, deferred=True) == "none"   # a deferred chunk is float32's
     for setting in ("none", "uint8", "bf16", "fp16"):                 # a setting rules
         assert wire_for(setting, {bf}) == wire_for(setting, {f32}) == setting
 

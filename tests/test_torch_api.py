@@ -66,6 +66,21 @@ def test_public_names():
 
 
 @pytest.mark.unit
+def test_optimizers_it_cannot_make_distributed_are_refused_by_name():
+    import ltpx.torch as lt
+    from ltpx.errors import UsageError
+    p = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(UsageError, match="closure"):      # LBFGS would compute it again, alone
+        lt.DistributedOptimizer(torch.optim.LBFGS([p]))
+    opt = torch.optim.SGD([p], lr=0.1)
+    torch.optim.lr_scheduler.StepLR(opt, 1)              # patches opt.step on the object
+    with pytest.raises(UsageError, match="scheduler"):
+        lt.DistributedOptimizer(opt)
+    with pytest.raises(UsageError, match="torch.optim.Optimizer"):
+        lt.DistributedOptimizer(object())
+
+
+@pytest.mark.unit
 def test_init_without_a_launcher_says_how():
     out = subprocess.run([sys.executable, "-c", "import ltpx.torch as lt; lt.init(transport='tcp')"],
                          capture_output=True, text=True, timeout=120,
@@ -211,6 +226,16 @@ def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_op():
     assert preopened(bcast, Op(BROADCAST, sizes=(5,), root=1)) == 0      # another root
     assert preopened(gather, Op(ALLGATHER, sizes=(65,))) == 0
     assert preopened(Op(SHUTDOWN), Op(SHUTDOWN)) == 0
+    # a gather opened ahead for 0, 1, 2 no longer holds its rows once the
+    # barrier goes on without worker 2 (every rank asks the same view); a
+    # step's rounds take the absent too
+    from ltpx.control.torchapi.ops import Go, Members
+    view = Members(3)
+    opened = view.opened_for(gather)
+    assert view.still_ahead(gather, opened)
+    view.after_go(Go(gather, absent=(2,)))
+    assert not view.still_ahead(gather, opened) and view.still_ahead(step, view.opened_for(step))
+    assert view.still_ahead(bcast, view.opened_for(bcast))   # the root is there
     assert Op(BROADCAST, sizes=(5,), root=1).participants(3) == [1]
 
 
@@ -309,7 +334,7 @@ def test_optimizer_is_the_users_optimizer_with_torchs_contract(tcp_job):
         assert abs(c["lr"] - 0.1 * 0.5 ** 3) < 1e-12, c     # StepLR(2, 0.5) after 6 steps
         assert not [w for w in c["warnings"] if "lr_scheduler" in w], c["warnings"]
         assert c["loaded_momenta"] == c["params"], c         # a plain SGD takes its state
-        assert c["refused"] == ["UsageError", "UsageError"], c
+        assert c["refused"] == ["UsageError"] * 3, c         # more groups, twice, a copy
     # a pre-hook saw the aggregate: each step's gradients alike on every worker
     # (their own differ: each computes on its half of the batch)
     assert all(g == cases[0]["grads"] for g in (c["grads"] for c in cases)), cases

@@ -21,10 +21,12 @@ prints one JSON line per case ({"case": ..., "digest": ..., ...}), then
   contract     torch's optimizer contract: the DistributedOptimizer is of the user's
                optimizer's class (its own attributes and step), torch's step hooks
                run once a step and see the aggregate, an LR scheduler made with it
-               steps without a warning, its state_dict loads into a plain SGD
+               steps without a warning, its state_dict loads into a plain SGD; more
+               groups, wrapping it twice and copying it refused
 
 JOB_DEVICE=cuda puts every model on the GPU (tests/gpu/test_ltpx_gpu.py).
 """
+import copy
 import hashlib
 import json
 import logging
@@ -294,7 +296,7 @@ def contract() -> dict:
     ref.step()
     refused = []
     for act in (lambda: opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]}),
-                lambda: lt.DistributedOptimizer(opt)):
+                lambda: lt.DistributedOptimizer(opt), lambda: copy.deepcopy(opt)):
         try:
             act()
         except Exception as e:

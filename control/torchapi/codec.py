@@ -208,18 +208,23 @@ def make_codec(kind: str, chunk_bytes: int) -> MinMaxUInt8 | Half | None:
     return Half(kind, chunk_bytes) if kind in ("bf16", "fp16") else None
 
 
-def wire_for(compress: str, dtypes, loss_policy: str = "auto") -> str:
+def wire_for(compress: str, dtypes, deferred: bool = False) -> str:
     """What a step op's gradients travel as, from the compress setting and the
     dtypes of the gradients it carries: a setting other than auto rules;
     auto sends gradients that are all bfloat16 (or all float16) as 2 bytes,
-    exactly, and anything else as float32. A deferred answer leaves out
-    chunks of the float32 aggregate, so under loss_policy defer auto is
-    float32 too."""
+    exactly, and anything else as float32. A deferred answer (the server's
+    loss_policy defer: `deferred`, from its links) leaves out chunks of the
+    float32 aggregate, so then auto is float32 too."""
     if compress != "auto":
         return compress
     kinds = {HALF.get(dt) for dt in dtypes}
-    return kinds.pop() if len(kinds) == 1 and None not in kinds and loss_policy != "defer" \
-        else "none"
+    return kinds.pop() if len(kinds) == 1 and None not in kinds and not deferred else "none"
+
+
+def deferred_answers(link) -> bool:
+    """Whether any server of a worker's link (links.WorkerLink, or a sharded
+    one's parts) answers steps tolerantly."""
+    return any(part.answers_deferred() for part in link.parts())
 
 
 class Codecs:
@@ -381,12 +386,13 @@ class WorkerCodec:
 def check_peer(mine: str, chunk_bytes: int, server: dict) -> None:
     """A worker's compress setting must be its server's (the server rounds an
     answer with error feedback only where the setting asked for rounding),
-    and its chunk size too: an op's compressed words fill the LTP chunks."""
+    and, unless it is none, its chunk size too: an op's compressed words
+    fill the LTP chunks."""
     theirs = server.get("compress", "auto")
     if theirs != mine:
         raise UsageError(f"compress: this worker has {mine!r}, the server {theirs!r}; give every "
                          "rank the same (init(compress=...) or LTP_COMPRESS)")
-    if server.get("chunk_bytes") != chunk_bytes:
+    if mine != "none" and server.get("chunk_bytes") != chunk_bytes:
         raise UsageError(f"this worker's chunks are {chunk_bytes} bytes, the server's "
                          f"{server.get('chunk_bytes')}: give every rank the same mtu "
                          "(init(mtu=...) or LTP_MTU)")

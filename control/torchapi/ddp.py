@@ -38,7 +38,7 @@ import torch.distributed
 from ...errors import CommError, UsageError
 from .. import settings_table
 from .breakdown import worker as worker_phases
-from .codec import wire_for
+from .codec import deferred_answers, wire_for
 from .job import current
 from .ops import STEP, Op, StepReport
 from .gradsync import GradientSync, plan_step
@@ -280,7 +280,7 @@ class TolerantReduce:
             self.layout.next_step()
         self.layout.seen.append(n)
         cur = self.cur
-        if cur is not None and not cur.fits(b.key, n):
+        if cur is not None and (not cur.fits(b.key, n) or self.off_wire(cur.run.op, b)):
             self.abandon()     # every rank sees the same layout change, and does the same
             cur = None
         stable, most = self.layout.stable, self.most
@@ -302,9 +302,14 @@ class TolerantReduce:
             self.cur = None
             self.finish(cur.run, cur.waiting)
 
+    def off_wire(self, op: Op, b: Bucket) -> bool:
+        """A bucket whose dtype the op's 2-byte wire would round (its position
+        held another dtype the step before, when the op was chosen)."""
+        return op.wire != "none" and self.wire_of([b.t.dtype]) != op.wire
+
     def wire_of(self, dtypes: list) -> str:
         """What an op of buckets of these dtypes travels as (codec.wire_for)."""
-        return wire_for(self.job.s.compress, dtypes, self.job.s.loss_policy)
+        return wire_for(self.job.s.compress, dtypes, deferred_answers(self.job.link))
 
     def start(self, op: Op):
         self.wires[op.wire] += 1

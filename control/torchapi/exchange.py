@@ -71,6 +71,7 @@ class Run:
     rounds: list[int]        # its uplink rounds
     npre: int                # how many of them the server opened before the barrier
     go: Go | None = None     # the barrier's value, once read
+    ahead_for: tuple = ()    # opened ahead for these (Members.opened_for)
     rec: OpRecord | None = None   # its timeline record (trace.py)
 
 
@@ -145,6 +146,8 @@ class Exchange:
         """Number the next op; the clock moves on now, so a later op can be
         planned while this one is still being pushed."""
         run = Run(op, self.clock.seq, self.clock.rounds(op), preopened(self.prev, op))
+        if run.npre:   # the server opened it for the members it knew then
+            run.ahead_for = self.co.view.opened_for(op)
         run.rec = OpRecord(run.seq, op.kind)
         self.clock.advance(op)
         self.prev = op
@@ -190,6 +193,8 @@ class Exchange:
             raise CommError(f"worker {self.id}: op {run.seq} is not the same on every rank "
                             f"({'; '.join(diff)}): give every rank the same settings "
                             "(LTP_* variables, ddp_state and init options) and model")
+        if run.npre and not self.co.view.still_ahead(run.op, run.ahead_for):
+            run.npre = 0   # the barrier went on without someone: the server opens it anew
         return go
 
     def barrier(self, run: Run) -> None:

@@ -48,7 +48,7 @@ from ..transport.rate import quiet_gc
 from .breakdown import worker as worker_phases
 from .buckets import BucketPlan, named_params
 from .flight import trigger as flight_trigger
-from .codec import wire_for
+from .codec import deferred_answers, wire_for
 from .shards import split_op
 from .job import current
 from .ops import STEP, Op, StepReport
@@ -128,9 +128,11 @@ class GradientSync:
         bucket_mb = bucket_mb or job.s.bucket_mb
         self.plan = BucketPlan(named_params(optimizer, named_parameters),
                                max(1, int(bucket_mb * 2**20) // 4))
-        # bf16 or fp16 gradients travel as such (compress auto: codec.wire_for)
-        wire = wire_for(job.s.compress, {p.dtype for b in self.plan.buckets for p in b.params},
-                        job.s.loss_policy)
+        # bf16 or fp16 gradients travel as such (compress auto: codec.wire_for),
+        # not under wbsp, whose mean of k gradients is no longer of their dtype
+        dtypes = {p.dtype for b in self.plan.buckets for p in b.params}
+        wire = wire_for(job.s.compress, dtypes if sync == "bsp" else (),
+                        deferred_answers(job.link))
         self.op = Op(STEP, sizes=self.plan.sizes, sync=sync, bubble=bubble,
                      early_close=json.dumps(early_close, sort_keys=True),
                      downlink=downlink or job.s.downlink, wire=wire)

@@ -83,7 +83,7 @@ class LtpServerLink(ServerLink):
         self.codec, self.wire = ServerCodec(chunk_bytes_for(s.mtu), answer_feedback(s)), "none"
         self.defer = s.loss_policy == "defer"
         if self.defer and (s.compress not in settings_table.EXACT_COMPRESS or s.downlink_code == "rs"):
-            raise CommError("loss_policy defer needs compress none and downlink_code off: "
+            raise CommError("loss_policy defer needs compress none or auto and downlink_code off: "
                             "a deferred chunk is one the answer's bytes leave out")
         self.loss = LossPolicy(s.loss_policy, s.loss_budget, s.loss_warmup)
         # uplink rounds opened with no loss budget: what they lose is the
@@ -144,6 +144,10 @@ class LtpServerLink(ServerLink):
 
     def configure(self, bubble: str, early_close: str, wire: str = "none") -> None:
         """A step's Bubble Filling, Early Close settings and wire, from its op."""
+        if self.defer and wire != "none":   # the workers choose from this server's record
+            raise CommError(f"a step op's wire is {wire}, but this server defers answers "
+                            "(loss_policy defer), which leaves out float32 chunks: give "
+                            "every rank the same loss_policy and compress")
         if (bubble, wire) != (self.bubble, self.wire):
             self.bubble, self.wire = bubble, wire
             self.ep.bubble_strategy = self.endpoint_bubble(bubble)
@@ -355,6 +359,9 @@ class LtpWorkerLink(WorkerLink):
             self.ep.retire(d, self.id)
         self.size = size
         return True
+
+    def answers_deferred(self) -> bool:
+        return self.deferred
 
     def expect_wire(self, d: int, n: int, wire: str) -> None:
         """Answer d starts with n elements in `wire` (a step's aggregate)."""

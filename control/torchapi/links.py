@@ -147,6 +147,11 @@ class WorkerLink(ABC):
         """The links to each server (one, unsharded)."""
         return [self]
 
+    def answers_deferred(self) -> bool:
+        """Whether its server answers a step tolerantly (loss_policy defer,
+        the server's setting: its store record says)."""
+        return False
+
     @abstractmethod
     def address(self) -> dict:
         """This worker's store record."""

@@ -175,6 +175,19 @@ class Members:
             return sorted(self.members)
         return sorted(self.expect())
 
+    def opened_for(self, op: Op) -> tuple:
+        """What rounds opened ahead for op hold now: a step's every member (the
+        absent too), another op's participants (see still_ahead)."""
+        return tuple(sorted(self.members)) if op.kind == STEP else tuple(self.participants(op))
+
+    def still_ahead(self, op: Op, opened_for: tuple) -> bool:
+        """Whether op's rounds opened ahead (for `opened_for`, opened_for() then)
+        still hold its rows after its barrier: not when the barrier went on
+        without one of a gather's or an all-reduce's members (a step's rounds
+        take the absent too). Every rank asks it alike: the server
+        (Server.execute) and each worker (Exchange.agreed), after the go."""
+        return op.kind == STEP or self.opened_for(op) == opened_for
+
     def after_go(self, go: Go) -> None:
         self.absent = set(go.absent) & self.members
 

@@ -7,8 +7,12 @@ class), so it *is* that optimizer: `isinstance(opt, torch.optim.Adam)` holds,
 torch's own `Optimizer.__init__` makes it (its step hooks, state_dict and
 load_state_dict, zero_grad, LR schedulers are torch's), and its step is the
 user's class's step once the gradients are the aggregate. It shares the
-wrapped optimizer's param_groups and state (what was loaded into it stays) and
-takes its class's own attributes (LBFGS's, a custom optimizer's).
+wrapped optimizer's param_groups and state (what was loaded into it stays)
+until its own load_state_dict gives it new ones, and takes its class's own
+attributes (a custom optimizer's). Refused: an optimizer whose step needs
+a closure (LBFGS: it would compute gradients again, locally), one whose
+step was already patched (an LR scheduler made with it: make schedulers with
+the optimizer this returns), and pickling it (save its state_dict).
 
 What it adds:
   step(closure=None)   exchange this step's gradients (gradsync.py), then the
@@ -24,13 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 
 import torch
 
 from ...errors import UsageError
 from .gradsync import FilledWarning, GradientSync
 
-__all__ = ["DistributedOptimizer", "FilledWarning", "distributed_class"]
+__all__ = ["DistributedOptimizer", "FilledWarning", "check_wrappable", "distributed_class"]
 
 
 class Distributed:
@@ -99,6 +104,10 @@ class Distributed:
     def __repr__(self) -> str:
         return f"DistributedOptimizer({super().__repr__()}, buckets={list(self.ltp.plan.sizes)})"
 
+    def __reduce_ex__(self, protocol):
+        raise UsageError("a DistributedOptimizer is not pickled or copied (its buckets, threads "
+                         "and job are this process's): save and load opt.state_dict()")
+
 
 @functools.cache
 def distributed_class(base: type) -> type:
@@ -107,6 +116,21 @@ def distributed_class(base: type) -> type:
     return type(base.__name__, (Distributed, base),
                 {"__module__": base.__module__, "__qualname__": base.__qualname__,
                  "__doc__": base.__doc__})
+
+
+def check_wrappable(optimizer: torch.optim.Optimizer) -> None:
+    """UsageError for an optimizer whose step needs a closure, or whose step
+    this object already had patched (torch's LR schedulers do: the patch
+    would be copied over the exchange)."""
+    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise UsageError(f"DistributedOptimizer: {type(optimizer).__name__}'s step needs a "
+                         "closure, which would compute the gradients again on this worker "
+                         "alone after they were aggregated: use an optimizer without one")
+    if "step" in vars(optimizer):
+        raise UsageError("DistributedOptimizer: this optimizer's step was patched already (an "
+                         "LR scheduler made with it?): wrap the optimizer first, then make "
+                         "schedulers with the optimizer DistributedOptimizer returns")
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None,
@@ -120,8 +144,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          f"{type(optimizer).__name__}")
     if isinstance(optimizer, Distributed):
         raise UsageError("DistributedOptimizer: this optimizer is already distributed")
+    check_wrappable(optimizer)
     opt = distributed_class(type(optimizer)).__new__(distributed_class(type(optimizer)))
-    opt.__dict__.update(vars(optimizer))   # the class's own attributes (e.g. LBFGS's)
+    opt.__dict__.update(vars(optimizer))   # the class's own attributes
     torch.optim.Optimizer.__init__(opt, optimizer.param_groups, optimizer.defaults)
     opt.state = optimizer.state            # one state: what was loaded stays
     opt.ltp = GradientSync(opt, named_parameters, **options)

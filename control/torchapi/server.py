@@ -113,6 +113,7 @@ class Server:
         self.clock = RoundClock()
         self.prev: Op | None = None
         self.pre: list[int] = []        # rounds opened ahead of the next op's barrier
+        self.ahead_for: tuple = ()      # ... for these (Members.opened_for)
         self.pending: dict[int, list[int]] = {}   # round -> silent workers whose ack is due
         self.answer = np.empty(0, dtype=np.float32)
         self.stale: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -162,6 +163,8 @@ class Server:
     def execute(self, op: Op) -> None:
         seq, rounds, n = self.clock.seq, self.clock.rounds(op), len(op.sizes)
         npre = preopened(self.prev, op)
+        if npre and not self.view.still_ahead(op, self.ahead_for):
+            npre = 0   # opened ahead for members the barrier went on without (every rank sees it)
         if self.link.ensure(op.max_elems(self.W)):
             self.pre, self.pending = [], {}     # a new endpoint: nothing is open on it
         need = op.down_elems(self.W) + self.link.sig_elems
@@ -196,8 +199,7 @@ class Server:
 
     def close_step(self, op: Op, rounds: list[int], tally: StepTally, ws: list[int],
                    ks: list | None, absent: set[int]) -> None:
-        """A gathered step's report into the answer's tail, and the next step's
-        first rounds opened ahead."""
+        """A gathered step's report into the answer's tail."""
         t2 = time.perf_counter()
         self.steps += 1
         rep = tally.report(self.steps, ws, ks)
@@ -212,8 +214,12 @@ class Server:
     def open_ahead(self, op: Op, rounds: list[int]) -> None:
         """Before op's answer: the likely next op is op again, so its first
         rounds open now (ops.preopened says how many, on every rank alike),
-        before any worker can have the answer and push the next op's data."""
+        before any worker can have the answer and push the next op's data.
+        A non-step op's rounds hold its present members' rows: if the next
+        barrier goes on without one, every rank sees that and the round is
+        opened anew (execute; Exchange.agreed)."""
         nxt = rounds[-1] + 1
+        self.ahead_for = self.view.opened_for(op)
         for j in range(preopened(op, op)):
             self.open(nxt + j, op, j, announce=False)
             self.pre.append(nxt + j)
