@@ -180,12 +180,11 @@ class TolerantReduce:
             raise UsageError(f"LTP_EARLY_CLOSE: not JSON ({e}); e.g. "
                              '\'{"threshold_min": 0.97}\'') from None
         self.base = self.op_for(early_close=early_close)
-        # compressed (a compress other than none or auto: every op's wire), with
-        # error feedback: each bucket's rounding error, for its next step; auto
-        # sends bf16 or fp16 buckets as such (wire_of), exactly
+        # a compress that rounds (not none or auto, which sends bf16 or fp16 buckets
+        # as such: wire_of), with error feedback: each bucket's rounding error
         self.ef = job.s.compress not in settings_table.EXACT_COMPRESS and job.s.error_feedback
         self.dtypes: dict[int, torch.dtype] = {}   # a step's buckets' dtypes, by position
-        self.wires: Counter = Counter()            # step ops by what they travelled as
+        self.wires: Counter = Counter()            # step ops by wire
         self.residual: dict[tuple, np.ndarray] = {}
         self.open: list[Bucket] = []      # taken, not yet answered
         self.staging = Staging()
@@ -303,12 +302,11 @@ class TolerantReduce:
             self.finish(cur.run, cur.waiting)
 
     def off_wire(self, op: Op, b: Bucket) -> bool:
-        """A bucket whose dtype the op's 2-byte wire would round (its position
-        held another dtype the step before, when the op was chosen)."""
+        """b's dtype would be rounded by op's 2-byte wire (its position held
+        another dtype the step before, when the op was chosen)."""
         return op.wire != "none" and self.wire_of([b.t.dtype]) != op.wire
 
-    def wire_of(self, dtypes: list) -> str:
-        """What an op of buckets of these dtypes travels as (codec.wire_for)."""
+    def wire_of(self, dtypes: list) -> str:   # what an op of these dtypes travels as
         return wire_for(self.job.s.compress, dtypes, deferred_answers(self.job.link))
 
     def start(self, op: Op):

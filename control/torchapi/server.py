@@ -162,9 +162,8 @@ class Server:
 
     def execute(self, op: Op) -> None:
         seq, rounds, n = self.clock.seq, self.clock.rounds(op), len(op.sizes)
-        npre = preopened(self.prev, op)
-        if npre and not self.view.still_ahead(op, self.ahead_for):
-            npre = 0   # opened ahead for members the barrier went on without (every rank sees it)
+        # opened ahead, unless for members the barrier went on without (every rank sees it)
+        npre = preopened(self.prev, op) if self.view.still_ahead(op, self.ahead_for) else 0
         if self.link.ensure(op.max_elems(self.W)):
             self.pre, self.pending = [], {}     # a new endpoint: nothing is open on it
         need = op.down_elems(self.W) + self.link.sig_elems
@@ -213,11 +212,8 @@ class Server:
 
     def open_ahead(self, op: Op, rounds: list[int]) -> None:
         """Before op's answer: the likely next op is op again, so its first
-        rounds open now (ops.preopened says how many, on every rank alike),
-        before any worker can have the answer and push the next op's data.
-        A non-step op's rounds hold its present members' rows: if the next
-        barrier goes on without one, every rank sees that and the round is
-        opened anew (execute; Exchange.agreed)."""
+        rounds open now (ops.preopened: how many), before any worker can push
+        the next op's data; for the members now (Members.still_ahead)."""
         nxt = rounds[-1] + 1
         self.ahead_for = self.view.opened_for(op)
         for j in range(preopened(op, op)):
