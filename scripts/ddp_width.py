@@ -19,13 +19,17 @@ p.add_argument("--backend", default="ltp")
 p.add_argument("--hidden", type=int, default=4096)
 p.add_argument("--steps", type=int, default=12)
 p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+p.add_argument("--bn", action="store_true", help="a BatchNorm after the first layer: buffers "
+               "DDP broadcasts from rank 0 at every forward")
 a = p.parse_args()
 dist.init_process_group(a.backend)
 torch.set_num_threads(1)
 torch.manual_seed(0)
 H = a.hidden
-net = torch.nn.Sequential(torch.nn.Linear(256, H), torch.nn.ReLU(), torch.nn.Linear(H, H),
-                          torch.nn.ReLU(), torch.nn.Linear(H, 10)).to(getattr(torch, a.dtype))
+net = torch.nn.Sequential(torch.nn.Linear(256, H),
+                          *([torch.nn.BatchNorm1d(H)] if a.bn else []), torch.nn.ReLU(),
+                          torch.nn.Linear(H, H), torch.nn.ReLU(),
+                          torch.nn.Linear(H, 10)).to(getattr(torch, a.dtype))
 model = DDP(net, bucket_cap_mb=4)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(8, 256, dtype=getattr(torch, a.dtype)), torch.randint(0, 10, (8,))
