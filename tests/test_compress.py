@@ -136,6 +136,10 @@ def test_bad_settings_are_refused_by_name(monkeypatch):
         check_peer("uint8", CB, {"compress": "none", "chunk_bytes": CB})
     with pytest.raises(UsageError, match="mtu"):
         check_peer("uint8", CB, {"compress": "uint8", "chunk_bytes": 1424})
+    # float32 over TCP: the chunk size is nobody's business; over LTP always
+    check_peer("none", CB, {"compress": "none", "chunk_bytes": 1424})
+    with pytest.raises(UsageError, match="mtu"):
+        check_peer("none", CB, {"compress": "none", "chunk_bytes": 1424}, chunks=True)
 
 
 # --------------------------------------------------------------------------- a job over TCP

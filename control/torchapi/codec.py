@@ -383,16 +383,17 @@ class WorkerCodec:
         out[n:] = wire[words:]
 
 
-def check_peer(mine: str, chunk_bytes: int, server: dict) -> None:
+def check_peer(mine: str, chunk_bytes: int, server: dict, chunks: bool = False) -> None:
     """A worker's compress setting must be its server's (the server rounds an
     answer with error feedback only where the setting asked for rounding),
-    and, unless it is none, its chunk size too: an op's compressed words
-    fill the LTP chunks."""
+    and its chunk size too where it matters: always over LTP (`chunks`: each
+    XDP program takes only DATA of its own chunk size), over TCP unless
+    compress is none (an op's compressed words fill the LTP chunks)."""
     theirs = server.get("compress", "auto")
     if theirs != mine:
         raise UsageError(f"compress: this worker has {mine!r}, the server {theirs!r}; give every "
                          "rank the same (init(compress=...) or LTP_COMPRESS)")
-    if mine != "none" and server.get("chunk_bytes") != chunk_bytes:
+    if (chunks or mine != "none") and server.get("chunk_bytes") != chunk_bytes:
         raise UsageError(f"this worker's chunks are {chunk_bytes} bytes, the server's "
                          f"{server.get('chunk_bytes')}: give every rank the same mtu "
                          "(init(mtu=...) or LTP_MTU)")

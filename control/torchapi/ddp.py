@@ -180,10 +180,10 @@ class TolerantReduce:
             raise UsageError(f"LTP_EARLY_CLOSE: not JSON ({e}); e.g. "
                              '\'{"threshold_min": 0.97}\'') from None
         self.base = self.op_for(early_close=early_close)
-        # a compress that rounds (not none or auto, which sends bf16 or fp16 buckets
-        # as such: wire_of), with error feedback: each bucket's rounding error
+        # a compress that rounds (not none or auto), with error feedback: each bucket's error
         self.ef = job.s.compress not in settings_table.EXACT_COMPRESS and job.s.error_feedback
         self.dtypes: dict[int, torch.dtype] = {}   # a step's buckets' dtypes, by position
+        self.deferred = deferred_answers(job.link)   # the server's deferral: auto is float32
         self.wires: Counter = Counter()            # step ops by wire
         self.residual: dict[tuple, np.ndarray] = {}
         self.open: list[Bucket] = []      # taken, not yet answered
@@ -307,7 +307,7 @@ class TolerantReduce:
         return op.wire != "none" and self.wire_of([b.t.dtype]) != op.wire
 
     def wire_of(self, dtypes: list) -> str:   # what an op of these dtypes travels as
-        return wire_for(self.job.s.compress, dtypes, deferred_answers(self.job.link))
+        return wire_for(self.job.s.compress, dtypes, self.deferred)
 
     def start(self, op: Op):
         self.wires[op.wire] += 1

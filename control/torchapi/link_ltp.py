@@ -325,7 +325,7 @@ class LtpWorkerLink(WorkerLink):
         return {}
 
     def connect(self, server: dict) -> None:
-        check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server)
+        check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server, chunks=True)
         self.ps = Peer(self.id, server["ip"])
         self.coded = server.get("downlink_code") == "rs"   # the server's choice rules
         self.deferred = server.get("answers") == "tolerant"

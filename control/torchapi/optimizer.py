@@ -122,7 +122,10 @@ def check_wrappable(optimizer: torch.optim.Optimizer) -> None:
     """UsageError for an optimizer whose step needs a closure, or whose step
     this object already had patched (torch's LR schedulers do: the patch
     would be copied over the exchange)."""
-    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    try:
+        closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    except (TypeError, ValueError):   # a step callable inspect cannot read: let it be
+        closure = None
     if closure is not None and closure.default is inspect.Parameter.empty:
         raise UsageError(f"DistributedOptimizer: {type(optimizer).__name__}'s step needs a "
                          "closure, which would compute the gradients again on this worker "
