@@ -260,7 +260,7 @@ class ServerCodec:
         self.pending = 0                      # elements gathered compressed since the last answer
         self.codec: MinMaxUInt8 | Half | None = None   # ... their codec
         self.bufs: dict[tuple, np.ndarray] = {}
-        self.residual: dict[int, np.ndarray] = {}
+        self.residual: dict[tuple, np.ndarray] = {}   # (codec, elements) -> its error
         self.sent: tuple[int, np.ndarray] | None = None   # (answer d, its wire) for a retry
 
     def buf(self, key, shape) -> np.ndarray:
