@@ -190,10 +190,9 @@ class GradientSync:
         it is kept (`residual`) and added to the next gradient of its bucket.
         A wire compress auto chose is the gradients' own dtype: nothing is
         rounded, nothing kept."""
-        self.compressed = self.op.wire != "none"
         self.error_feedback = s.error_feedback if error_feedback is None else bool(error_feedback)
         self.residual = None
-        if self.compressed and self.error_feedback and s.compress != "auto":
+        if self.op.wire != "none" and self.error_feedback and s.compress != "auto":
             self.residual = np.zeros(self.plan.numel, dtype=np.float32)
             # a sharded push pads a bucket smaller than the servers (a copy): no
             # rounding error comes back for it

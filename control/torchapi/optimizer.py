@@ -148,7 +148,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     if isinstance(optimizer, Distributed):
         raise UsageError("DistributedOptimizer: this optimizer is already distributed")
     check_wrappable(optimizer)
-    opt = distributed_class(type(optimizer)).__new__(distributed_class(type(optimizer)))
+    cls = distributed_class(type(optimizer))
+    opt = cls.__new__(cls)
     opt.__dict__.update(vars(optimizer))   # the class's own attributes
     torch.optim.Optimizer.__init__(opt, optimizer.param_groups, optimizer.defaults)
     opt.state = optimizer.state            # one state: what was loaded stays
