@@ -7,9 +7,10 @@
 #   sudo bash scripts/launch_ab.sh --blocks 3 "ltp LTP_COMPRESS=none" "ltp" "gloo" -- \
 #        --dtype bfloat16 --hidden 1024 --steps 30
 #   sudo bash scripts/launch_ab.sh --script scripts/op_latency.py "ltp" "gloo"
-# An arm is a backend (ltp | gloo) and VAR=value settings for every rank; gloo
-# runs with --servers 0. The job is scripts/ddp_width.py (an MLP 256-H-H-10,
-# DDP's 4 MB buckets) or --script, which prints step_med_s. One JSON line per
+# An arm is a backend (ltp | gloo), VAR=value settings for every rank and
+# `ltp launch` flags (words that start with --, a value after =, e.g.
+# "ltp --colocate --transport=tcp"); gloo runs with --servers 0. The job is
+# scripts/ddp_width.py (an MLP 256-H-H-10, DDP's 4 MB buckets) or --script, which prints step_med_s. One JSON line per
 # run (arm, block, the lowest-ranked trainer's median step and its result,
 # whether every trainer ended with the same digest), then each arm's median
 # step and the first arm's over it (above 1: faster than the first).
@@ -32,12 +33,13 @@ OUT=$(mktemp /tmp/ltp-launch-ab.XXXXXX)
 trap 'rm -f "$OUT" "$OUT.err" "$OUT.all"' EXIT
 for b in $(seq 1 "$BLOCKS"); do
     for arm in "${ARMS[@]}"; do
-        read -r backend vars <<<"$arm"
+        read -r backend rest <<<"$arm"
         case "$backend" in ltp|gloo) ;; *) echo "an arm starts with ltp or gloo: '$arm'" >&2; exit 2 ;; esac
         servers=(); [ "$backend" = gloo ] && servers=(--servers 0)
-        # shellcheck disable=SC2086  # vars: a list of assignments
-        (cd "$ROOT" && env $vars timeout 900 "$PY" -m ltpx.tools.cli launch --workers "$WORKERS" \
-            --loss "$LOSS" "${servers[@]}" -j -- python "$SCRIPT" \
+        vars=(); flags=()
+        for w in $rest; do case "$w" in --*) flags+=("$w") ;; *) vars+=("$w") ;; esac; done
+        (cd "$ROOT" && env "${vars[@]}" timeout 900 "$PY" -m ltpx.tools.cli launch --workers "$WORKERS" \
+            --loss "$LOSS" "${servers[@]}" "${flags[@]}" -j -- python "$SCRIPT" \
             --backend "$backend" "$@" >"$OUT" 2>"$OUT.err") \
             || { echo "arm '$arm' block $b failed:" >&2; tail -5 "$OUT.err" >&2; continue; }
         ARM="$arm" BLOCK="$b" "$PY" - "$OUT" <<'PY' | tee -a "$OUT.all"

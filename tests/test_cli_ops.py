@@ -53,6 +53,16 @@ def test_usage_errors_exit_2_with_json_errors(argv, needle):
 
 
 @pytest.mark.root
+@pytest.mark.parametrize("flags,needle", [
+    (["--colocate"], "use --transport tcp"),       # over LTP: one data plane per role
+    (["--colocate", "--transport", "tcp", "--servers", "3"], "leave out --servers 3"),
+])
+def test_launch_colocate_usage_errors(flags, needle):
+    err = json.loads(ltp("launch", *flags, "-j", "--", "true", rc=2).stdout)
+    assert err["exit_code"] == 2 and needle in err["error"]
+
+
+@pytest.mark.root
 def test_version_is_the_package_version():
     import ltpx
     assert ltp("--version").stdout == f"ltp {ltpx.__version__}\n"

@@ -5,7 +5,9 @@ the same script over gloo.
 
 - lossless, 2 workers: DDP over `ltp` and over gloo end bit-identical (the
   server's mean times 2 is gloo's sum, exactly), RANK/WORLD_SIZE count the
-  trainers, and a gloo script runs under `ltp launch --servers 0`;
+  trainers, and a gloo script runs under `ltp launch --servers 0`; so does
+  the same over co-located servers (`--colocate`: one beside each worker,
+  over TCP);
 - at 5 % loss: every exact collective goes over LTP (native.py), none over
   gloo, and equals gloo's result bit for bit, but the float sums and means,
   which are LTP's (float32 on the server in one fixed order; float64 summed
@@ -54,7 +56,7 @@ def results(summary: dict) -> list[dict]:
 
 @requires_bpf
 @pytest.mark.rig
-def test_stock_ddp_script_over_ltp_equals_gloo_bit_for_bit():
+def test_stock_ddp_script_over_ltp_and_colocated_equals_gloo_bit_for_bit():
     # Nothing is injected, but a queue overflow is real loss, and Early Close may
     # then rightly cut a round by a chunk: bit-equality needs rounds that close
     # only complete (the backend's LTP_EARLY_CLOSE)
@@ -68,10 +70,18 @@ def test_stock_ddp_script_over_ltp_equals_gloo_bit_for_bit():
     assert rc == 0, err[-3000:]
     assert [r["label"] for r in s["ranks"]] == ["w0", "w1"]
     gloo = results(s)
+    # no server hosts: a server beside each worker, on its host, over TCP
+    rc, s, err = launch(2, "python", "docs/examples/ddp_backend.py", "--epochs", "3",
+                        flags=("--colocate", "--transport", "tcp"))
+    assert rc == 0, err[-3000:]
+    assert [(r["label"], r["host"]) for r in s["ranks"]] == \
+        [("s0", "w0"), ("s1", "w1"), ("w0", "w0"), ("w1", "w1")] and s["colocated"]
+    colocated = results(s)
     # torchrun's numbering: the trainers only, whatever servers the job has
     assert [r["rank"] for r in ltp] == [0, 1] and {r["world"] for r in ltp} == {2}
     assert [r["ranks"] for r in ltp] == [r["ranks"] for r in gloo]
-    assert len({r["digest"] for r in ltp + gloo}) == 1, [r["digest"] for r in ltp + gloo]
+    assert len({r["digest"] for r in ltp + gloo + colocated}) == 1, \
+        [r["digest"] for r in ltp + gloo + colocated]
     assert ltp[0]["accuracy"] == gloo[0]["accuracy"]
     assert ltp[0]["cfg"] == {"epochs": 3, "from": 0}
 

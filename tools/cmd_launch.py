@@ -52,6 +52,8 @@ examples:
       (answers to each worker: no member holds a key to forge one for all)
   sudo ltp launch --workers 4 --rig myrig --keep -- python my_train.py     (the rig stays)
   sudo ltp launch --workers 8 --servers 2 -- python my_train.py   (2 servers, a slice each)
+  sudo ltp launch --workers 4 --colocate --transport tcp -- python my_train.py
+      (no server hosts: a server beside each worker, a quarter of every bucket each)
   sudo ltp launch --workers 4 -- python docs/examples/ddp_backend.py
       (a stock DDP script over init_process_group("ltp"); RANK and WORLD_SIZE count
       the trainers, as under torchrun)
@@ -98,6 +100,9 @@ def register(sub) -> None:
     add_flag(p, "servers", LAUNCH, lo=0, help="; a new rig gets that many server hosts "
              "(`ltp rig up --servers S`); 0: a script that does not use LTP (gloo, nccl)")
     add_flag(p, "transport", LAUNCH, help=", on an skb-mode rig")
+    p.add_argument("--colocate", action="store_true",
+                   help="no server hosts: a server beside every worker, on its host, each "
+                   "summing 1/workers of every bucket (servers = workers; --transport tcp)")
     add_rate(p)
     add_buffer(p)
     add_loss(p)
@@ -154,6 +159,18 @@ def _check_runnable(cmd: list[str]) -> None:
                          + ("no such executable file" if "/" in prog else "not found on PATH"))
 
 
+def check_colocate(args) -> None:
+    """--colocate: a server beside every worker (servers = workers), over TCP."""
+    if args.servers not in (1, args.workers):
+        raise UsageError(f"--colocate runs one server beside every worker ({args.workers}); "
+                         f"leave out --servers {args.servers}")
+    if args.transport != "tcp":
+        raise UsageError("--colocate: over LTP a worker and a server on one host need one XDP "
+                         "data plane for both roles, which is not built; use --transport tcp "
+                         "(docs/deploy.md, Co-located servers)")
+    args.servers = args.workers
+
+
 def _check(args) -> list[str]:
     """The command to run, after every flag's check (UsageError names the flag)."""
     cmd = list(args.cmd)
@@ -169,13 +186,15 @@ def _check(args) -> list[str]:
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts: a count, at least 0, got {args.max_restarts}")
     args.rate_bps, args.loss_p = check_rate(args.rate), check_loss(args.loss)
+    if args.colocate:
+        check_colocate(args)
     args.buffer_bytes = check_bytes(args.buffer, "--buffer")
     from ..control.training.onrig import rig_config
     try:   # the rig's own range checks; its messages start with the field's name
         args.rig_config = rig_config(args.rig or "check", args.transport,
                                      workers=args.workers, rate_bps=args.rate_bps,
                                      buffer_bytes=args.buffer_bytes, loss=args.loss_p,
-                                     mtu=args.mtu, servers=max(1, args.servers))
+                                     mtu=args.mtu, servers=1 if args.colocate else max(1, args.servers))
     except ValueError as e:
         raise UsageError(f"--{e}") from None
     if args.trace is not None:
@@ -205,7 +224,7 @@ def cmd_launch(args) -> int:
         rig = Rig.attach(args.rig)
         if len(rig.workers) < args.workers:
             raise UsageError(f"--workers: rig {args.rig} has only {len(rig.workers)} workers")
-        if args.servers > 1 and len(rig.servers) < args.servers:
+        if args.servers > 1 and not args.colocate and len(rig.servers) < args.servers:
             raise UsageError(f"--servers: rig {args.rig} has {len(rig.servers)} server "
                              f"host(s); build it with `ltp rig up --servers {args.servers}`")
     else:
@@ -302,7 +321,7 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
     policy = restarts.RestartPolicy(args.max_restarts, whole_job=args.servers > 1, say=out.note)
     t_end = time.monotonic() + args.timeout if args.timeout else None
     while True:
-        ranks = plan_ranks(rig, args.workers, args.servers)
+        ranks = plan_ranks(rig, args.workers, args.servers, args.colocate)
         now.update(ranks=ranks, policy=policy)
         if policy.job_restarts and forkserver.plan(argv):
             forkserver.warm(RANK_MODULES)   # the last job's closed with it
@@ -414,7 +433,7 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     cause = first_failure(ranks)
     summary = {"exit_code": worst, "exit_from": whose, "timed_out": timed_out,
                "root_cause": cause,
-               "stopped_by": stopped_by, "command": cmd,
+               "stopped_by": stopped_by, "command": cmd, "colocated": args.colocate,
                **policy.report(), "trace": trace, "hangs": hangs or [], "stalls": stalls,
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,

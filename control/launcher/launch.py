@@ -22,9 +22,11 @@ LTP_GROUP, ...).
 
 Ranks 0..servers-1 run on the rig's server hosts (ps, ps1, ...: `ltp rig up
 --servers S`; a one-server rig runs them all on ps), rank servers+i on
-worker i's host. Their stdout and stderr are read line by line as they come
-(`RigJob.pump` hands each line to a callback); when a rank fails the
-others get `grace_s` to notice, then SIGTERM (a rank unwinds and detaches
+worker i's host; co-located (`plan_ranks(colocate=True)`, `ltp launch
+--colocate`), server i runs on worker i's host beside it, in its namespace.
+Their stdout and stderr are read line by line as they come (`RigJob.pump`
+hands each line to a callback); when a rank fails the others get `grace_s`
+to notice, then SIGTERM (a rank unwinds and detaches
 its XDP program), then SIGKILL; a rank that died may first be started again
 (`respawn`, as restarts.RestartPolicy decides: `follow`). `ltp launch`
 (tools/cmd_launch.py) and `ltp train` (control/training/onrig.py) are its
@@ -117,12 +119,20 @@ class Rank:
             self.last_error = m.group(1)
 
 
-def plan_ranks(rig, workers: int, servers: int = 1) -> list[Rank]:
+def plan_ranks(rig, workers: int, servers: int = 1, colocate: bool = False) -> list[Rank]:
     """Servers on the rig's server hosts (several servers need as many:
-    each a host of its own), then one worker per worker host."""
+    each a host of its own), then one worker per worker host. `colocate`:
+    no server hosts; server i runs on worker i's host, beside it."""
     if not 1 <= workers <= len(rig.workers):
         raise ValueError(f"workers: rig {rig.name} has {len(rig.workers)} workers, asked "
                          f"for {workers}")
+    if colocate:
+        if not 1 <= servers <= workers:
+            raise ValueError(f"servers: co-located servers run beside workers, 1..{workers} "
+                             f"of them, asked for {servers}")
+        ranks = [Rank(i, "server", i, rig.workers[i]) for i in range(servers)]
+        return ranks + [Rank(servers + i, "worker", i, h)
+                        for i, h in enumerate(rig.workers[:workers])]
     hosts = getattr(rig, "servers", [rig.ps])
     if servers > 1 and len(hosts) < servers:
         raise ValueError(f"servers: rig {rig.name} has {len(hosts)} server host(s), asked "

@@ -49,10 +49,10 @@ from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_futur
 
 from ...errors import UsageError
 from .. import settings_table
-from .native import HALVES, done, reducible
+from .native import done, reducible
 from .native import allgather as ltp_allgather, all_gather_single as ltp_all_gather_single
 from .native import allreduce as ltp_allreduce, barrier as ltp_barrier
-from .native import broadcast as ltp_broadcast, reduce_scatter as ltp_reduce_scatter
+from .native import broadcast as ltp_broadcast, gathers, reduce_scatter as ltp_reduce_scatter
 from .ddp import tolerant_reduce, tolerant_rule
 from .job import current, init, joined, serve_here, shutdown
 
@@ -218,8 +218,8 @@ class LtpProcessGroup(dist.ProcessGroup):
         if op == dist.ReduceOp.AVG and any(t.dtype == torch.bool for t in tensors):
             raise UsageError("ltp backend: ReduceOp.AVG of a bool tensor has no meaning; "
                              "use SUM (a count), MAX (any) or MIN (all)")
-        halves = all(t.dtype in HALVES for t in tensors)
-        if reducible(op) and self.native("allreduce", gathers=not halves):
+        if reducible(op) and \
+                self.native("allreduce", gathers=gathers(op, [t.dtype for t in tensors])):
             return _work(ltp_allreduce(tensors, op))
         if op == dist.ReduceOp.AVG:
             return self.exact_average(tensors, opts)
@@ -248,7 +248,7 @@ class LtpProcessGroup(dist.ProcessGroup):
         every other exact; then this rank's slice."""
         op = opts.reduceOp.op if opts is not None else dist.ReduceOp.SUM
         if not (reducible(op) and
-                self.native("reduce_scatter_single", gathers=t.dtype not in HALVES)):
+                self.native("reduce_scatter_single", gathers=gathers(op, [t.dtype]))):
             return self.exact.reduce_scatter_single(output, t,
                                                     opts or dist.ReduceScatterOptions())
         tolerant = self.rule == "backward" and t.dtype in FLOATS and \

@@ -71,6 +71,13 @@ def reducible(op) -> bool:
     return op in LOCAL
 
 
+def gathers(op, dtypes) -> bool:
+    """Whether `allreduce` of these dtypes under `op` gathers every rank's
+    tensor (an all-gather op, which sharded servers lack) rather than sums
+    on the server (SUM and AVG of the HALVES)."""
+    return not (op in (RO.SUM, RO.AVG) and all(d in HALVES for d in dtypes))
+
+
 def allreduce(tensors: list[torch.Tensor], op) -> torch.futures.Future:
     """Each tensor reduced over the workers, in place."""
     for t in tensors:
