@@ -56,8 +56,10 @@ def test_usage_errors_exit_2_with_json_errors(argv, needle):
 @pytest.mark.parametrize("flags,needle", [
     (["--colocate"], "use --transport tcp"),       # over LTP: one data plane per role
     (["--colocate", "--transport", "tcp", "--servers", "3"], "leave out --servers 3"),
+    (["--workers", "3", "--ranks-per-node", "2", "--transport", "tcp"], "divide --workers"),
+    (["--workers", "4", "--ranks-per-node", "2"], "a device of its own"),   # over LTP
 ])
-def test_launch_colocate_usage_errors(flags, needle):
+def test_launch_shape_usage_errors(flags, needle):
     err = json.loads(ltp("launch", *flags, "-j", "--", "true", rc=2).stdout)
     assert err["exit_code"] == 2 and needle in err["error"]
 

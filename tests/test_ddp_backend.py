@@ -86,6 +86,23 @@ def test_stock_ddp_script_over_ltp_and_colocated_equals_gloo_bit_for_bit():
     assert ltp[0]["cfg"] == {"epochs": 3, "from": 0}
 
 
+@pytest.mark.rig
+def test_two_hosts_of_two_trainers_and_two_colocated_servers_share_each_device():
+    # the cluster's shape without server hosts: 4 trainers, 2 to a host, a
+    # server beside each; each host's one device carries all four ranks
+    rc, s, err = launch(4, "python", "docs/examples/ddp_backend.py", "--epochs", "1",
+                        flags=("--ranks-per-node", "2", "--colocate", "--transport", "tcp"))
+    assert rc == 0, err[-3000:]
+    assert [(r["label"], r["host"]) for r in s["ranks"]] == \
+        [("s0", "w0"), ("s1", "w0"), ("s2", "w1"), ("s3", "w1"),
+         ("w0", "w0"), ("w1", "w0"), ("w2", "w1"), ("w3", "w1")] and s["ranks_per_node"] == 2
+    res = results(s)
+    assert [r["rank"] for r in res] == [0, 1, 2, 3] and {r["world"] for r in res} == {4}
+    # LOCAL_RANK as torchrun gives it, and LTP's own count of a host's trainers
+    assert [r["local_rank"] for r in res] == [r["ltp_local_rank"] for r in res] == [0, 1, 0, 1]
+    assert len({r["digest"] for r in res}) == 1 and len({r["steps"] for r in res}) == 1, res
+
+
 @requires_bpf
 @pytest.mark.rig
 def test_exact_collectives_equal_gloo_at_5_percent_loss():

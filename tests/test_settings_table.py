@@ -224,9 +224,9 @@ def _launch_rig(argv):
     """(parsed `ltp launch` flags, the rig they describe, its ranks): nothing is built."""
     from ltpx.control.launcher.launch import plan_ranks
     from ltpx.dataplane.rig.star import Rig
-    from ltpx.tools import cmd_launch
+    from ltpx.tools import cmd_launch_checks
     args = _parsers()["launch"].parse_args(argv + ["--", "true"])
-    cmd_launch._check(args)
+    cmd_launch_checks.check_args(args)
     rig = Rig(dataclasses.replace(args.rig_config, name="stt"))
     return args, rig, plan_ranks(rig, args.workers, args.servers)
 

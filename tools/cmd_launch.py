@@ -34,8 +34,8 @@ from ..control.settings_table import DOWNLINKS, LAUNCH, add_flag, to_env
 from ..control.training import RANK_MODULES
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
 from .train_text import cause_lines, stall_lines
-from .flags import (MAX_WORKERS, add_buffer, add_loss, add_rate, check_bytes, check_loss,
-                    check_name, check_rate, check_workers)
+from .flags import MAX_WORKERS, add_buffer, add_loss, add_rate
+from .cmd_launch_checks import check_args
 
 EPILOG = """The command runs once per rank: `python` and a leading .py file mean this
 interpreter (the one with torch and ltpx). In the script, `lt.init()` or
@@ -54,6 +54,8 @@ examples:
   sudo ltp launch --workers 8 --servers 2 -- python my_train.py   (2 servers, a slice each)
   sudo ltp launch --workers 4 --colocate --transport tcp -- python my_train.py
       (no server hosts: a server beside each worker, a quarter of every bucket each)
+  sudo ltp launch --workers 8 --ranks-per-node 2 --colocate --transport tcp -- python my_train.py
+      (4 hosts of 2 trainers and 2 servers, each host's one device shared)
   sudo ltp launch --workers 4 -- python docs/examples/ddp_backend.py
       (a stock DDP script over init_process_group("ltp"); RANK and WORLD_SIZE count
       the trainers, as under torchrun)
@@ -100,6 +102,9 @@ def register(sub) -> None:
     add_flag(p, "servers", LAUNCH, lo=0, help="; a new rig gets that many server hosts "
              "(`ltp rig up --servers S`); 0: a script that does not use LTP (gloo, nccl)")
     add_flag(p, "transport", LAUNCH, help=", on an skb-mode rig")
+    p.add_argument("--ranks-per-node", type=int, default=1, metavar="R",
+                   help="workers on each worker host, sharing its one device (LOCAL_RANK "
+                   "0..R-1; --workers counts them all); over TCP or gloo (default 1)")
     p.add_argument("--colocate", action="store_true",
                    help="no server hosts: a server beside every worker, on its host, each "
                    "summing 1/workers of every bucket (servers = workers; --transport tcp)")
@@ -132,82 +137,8 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_launch)
 
 
-def _check_runnable(cmd: list[str]) -> None:
-    """A usage error, before any rig is built, for a command no rank could run:
-    a program not on PATH (or not executable), a Python script that is not
-    there. `python -m MODULE` and `python -c CODE` are left to the ranks."""
-    import shutil
-    from ..control.launcher.launch import python_argv
-    argv = python_argv(cmd)
-    if argv != cmd:     # `python ...` or a .py script: this interpreter runs it
-        args = iter(argv[1:])
-        for a in args:
-            if a in ("-m", "-c"):
-                return
-            if a in ("-X", "-W"):       # interpreter options that take a value
-                next(args, None)
-            elif not a.startswith("-"):
-                if not os.path.isfile(a):
-                    raise UsageError(f"launch: no such script: {a} (from {os.getcwd()})")
-                return
-        return
-    prog = argv[0]
-    found = (os.path.isfile(prog) and os.access(prog, os.X_OK)) if "/" in prog \
-        else shutil.which(prog) is not None
-    if not found:
-        raise UsageError(f"launch: cannot run {prog!r}: "
-                         + ("no such executable file" if "/" in prog else "not found on PATH"))
-
-
-def check_colocate(args) -> None:
-    """--colocate: a server beside every worker (servers = workers), over TCP."""
-    if args.servers not in (1, args.workers):
-        raise UsageError(f"--colocate runs one server beside every worker ({args.workers}); "
-                         f"leave out --servers {args.servers}")
-    if args.transport != "tcp":
-        raise UsageError("--colocate: over LTP a worker and a server on one host need one XDP "
-                         "data plane for both roles, which is not built; use --transport tcp "
-                         "(docs/deploy.md, Co-located servers)")
-    args.servers = args.workers
-
-
-def _check(args) -> list[str]:
-    """The command to run, after every flag's check (UsageError names the flag)."""
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise UsageError("launch: give the command after --, e.g. "
-                         "`ltp launch --workers 2 -- python train.py`")
-    check_workers(args.workers)
-    check_name(args.rig, "--rig")
-    if args.timeout < 0 or args.grace < 0:
-        raise UsageError("--timeout and --grace: seconds, at least 0")
-    if args.max_restarts < 0:
-        raise UsageError(f"--max-restarts: a count, at least 0, got {args.max_restarts}")
-    args.rate_bps, args.loss_p = check_rate(args.rate), check_loss(args.loss)
-    if args.colocate:
-        check_colocate(args)
-    args.buffer_bytes = check_bytes(args.buffer, "--buffer")
-    from ..control.training.onrig import rig_config
-    try:   # the rig's own range checks; its messages start with the field's name
-        args.rig_config = rig_config(args.rig or "check", args.transport,
-                                     workers=args.workers, rate_bps=args.rate_bps,
-                                     buffer_bytes=args.buffer_bytes, loss=args.loss_p,
-                                     mtu=args.mtu, servers=1 if args.colocate else max(1, args.servers))
-    except ValueError as e:
-        raise UsageError(f"--{e}") from None
-    if args.trace is not None:
-        folder = os.path.dirname(os.path.abspath(args.trace))
-        if not args.trace or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise UsageError(f"--trace: cannot write {args.trace!r} (its folder {folder} is "
-                             "not a writable directory)")
-    _check_runnable(cmd)     # after the flags: a bad flag is named first
-    return cmd
-
-
 def cmd_launch(args) -> int:
-    cmd = _check(args)
+    cmd = check_args(args)
     need_root("ltp launch")
     if args.transport == "ltp":
         need_bcc()
@@ -222,8 +153,9 @@ def cmd_launch(args) -> int:
     kept = bool(args.rig and Rig.exists(args.rig))
     if kept:
         rig = Rig.attach(args.rig)
-        if len(rig.workers) < args.workers:
-            raise UsageError(f"--workers: rig {args.rig} has only {len(rig.workers)} workers")
+        if len(rig.workers) < args.workers // args.ranks_per_node:
+            raise UsageError(f"--workers: rig {args.rig} has only {len(rig.workers)} worker "
+                             "hosts")
         if args.servers > 1 and not args.colocate and len(rig.servers) < args.servers:
             raise UsageError(f"--servers: rig {args.rig} has {len(rig.servers)} server "
                              f"host(s); build it with `ltp rig up --servers {args.servers}`")
@@ -321,7 +253,8 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
     policy = restarts.RestartPolicy(args.max_restarts, whole_job=args.servers > 1, say=out.note)
     t_end = time.monotonic() + args.timeout if args.timeout else None
     while True:
-        ranks = plan_ranks(rig, args.workers, args.servers, args.colocate)
+        ranks = plan_ranks(rig, args.workers, args.servers, args.colocate,
+                           args.ranks_per_node)
         now.update(ranks=ranks, policy=policy)
         if policy.job_restarts and forkserver.plan(argv):
             forkserver.warm(RANK_MODULES)   # the last job's closed with it
@@ -434,6 +367,7 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     summary = {"exit_code": worst, "exit_from": whose, "timed_out": timed_out,
                "root_cause": cause,
                "stopped_by": stopped_by, "command": cmd, "colocated": args.colocate,
+               "ranks_per_node": args.ranks_per_node,
                **policy.report(), "trace": trace, "hangs": hangs or [], "stalls": stalls,
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,

@@ -100,6 +100,9 @@ class Rank:
     settled: bool = False       # died, and the job goes on without it (restarts.py)
     starts: int = 0             # processes started for this rank
     forked: bool = False        # its process came from the fork server
+    local: int = 0              # a worker's place among its host's workers (LOCAL_RANK)
+    local_world: int = 1        # ... and how many its host has (LOCAL_WORLD_SIZE)
+    node: int = 0               # a worker's host among the job's (GROUP_RANK)
 
     @property
     def label(self) -> str:
@@ -119,26 +122,32 @@ class Rank:
             self.last_error = m.group(1)
 
 
-def plan_ranks(rig, workers: int, servers: int = 1, colocate: bool = False) -> list[Rank]:
+def plan_ranks(rig, workers: int, servers: int = 1, colocate: bool = False,
+               per_node: int = 1) -> list[Rank]:
     """Servers on the rig's server hosts (several servers need as many:
-    each a host of its own), then one worker per worker host. `colocate`:
-    no server hosts; server i runs on worker i's host, beside it."""
-    if not 1 <= workers <= len(rig.workers):
+    each a host of its own), then the workers, `per_node` to a worker host
+    in order (worker k on host k // per_node). `colocate`: no server hosts;
+    server i runs on worker i's host, beside it."""
+    if per_node < 1 or workers % per_node:
+        raise ValueError(f"ranks_per_node: {workers} workers do not fill hosts of "
+                         f"{per_node} rank(s) each")
+    if not 1 <= workers // per_node <= len(rig.workers):
         raise ValueError(f"workers: rig {rig.name} has {len(rig.workers)} workers, asked "
-                         f"for {workers}")
+                         f"for {workers // per_node}" + (f" hosts of {per_node} rank(s)"
+                                                         if per_node > 1 else ""))
+    trainers = [Rank(servers + k, "worker", k, rig.workers[k // per_node], local=k % per_node,
+                     local_world=per_node, node=k // per_node) for k in range(workers)]
     if colocate:
         if not 1 <= servers <= workers:
             raise ValueError(f"servers: co-located servers run beside workers, 1..{workers} "
                              f"of them, asked for {servers}")
-        ranks = [Rank(i, "server", i, rig.workers[i]) for i in range(servers)]
-        return ranks + [Rank(servers + i, "worker", i, h)
-                        for i, h in enumerate(rig.workers[:workers])]
+        return [Rank(i, "server", i, trainers[i].host) for i in range(servers)] + trainers
     hosts = getattr(rig, "servers", [rig.ps])
     if servers > 1 and len(hosts) < servers:
         raise ValueError(f"servers: rig {rig.name} has {len(hosts)} server host(s), asked "
                          f"for {servers} (`ltp rig up --servers {servers}`)")
-    ranks = [Rank(i, "server", i, hosts[i] if servers > 1 else rig.ps) for i in range(servers)]
-    return ranks + [Rank(servers + i, "worker", i, h) for i, h in enumerate(rig.workers[:workers])]
+    return [Rank(i, "server", i, hosts[i] if servers > 1 else rig.ps)
+            for i in range(servers)] + trainers
 
 
 def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
@@ -154,21 +163,22 @@ def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
 
 
 def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
-            transport: str = "ltp", group: bool = True, local_rank: int = 0) -> dict[str, str]:
+            transport: str = "ltp", group: bool = True) -> dict[str, str]:
     """env:// as torchrun's agent sets it, and the LTP_* settings of the rank's host.
 
-    RANK, WORLD_SIZE and LOCAL_RANK mean what torchrun means for a script
-    with no servers: the trainers only (a server rank gets RANK 0 of them and
-    LTP_ROLE=server). LTP_RANK and LTP_WORLD_SIZE place every rank in the LTP
-    job, servers first. MASTER_ADDR is the store on loopback, reached from
-    every namespace (StoreRelay); gloo talks over the rank's rig device. The
-    LTP_* variables of rank_settings replace what this process's environment
-    has (one it leaves unset is removed); the other LTP_* settings pass on."""
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK mean what
+    torchrun means for a script with no servers: the trainers only, a worker
+    host a node (a server rank gets RANK 0 of them and LTP_ROLE=server).
+    LTP_RANK and LTP_WORLD_SIZE place every rank in the LTP job, servers
+    first. MASTER_ADDR is the store on loopback, reached from every
+    namespace (StoreRelay); gloo talks over the rank's rig device. The LTP_*
+    variables of rank_settings replace what this process's environment has
+    (one it leaves unset is removed); the other LTP_* settings pass on."""
     trainers = world - servers
     torch_rank = 0 if r.role == "server" else r.rank - servers
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
-               RANK=str(torch_rank), WORLD_SIZE=str(trainers), LOCAL_RANK=str(local_rank),
-               LOCAL_WORLD_SIZE="1", GROUP_RANK=str(torch_rank),
+               RANK=str(torch_rank), WORLD_SIZE=str(trainers), LOCAL_RANK=str(r.local),
+               LOCAL_WORLD_SIZE=str(r.local_world), GROUP_RANK=str(r.node),
                TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=r.host.ifname,
                **forkserver.IMPORT_ENV,        # OMP_NUM_THREADS=1, TORCH_CPP_LOG_LEVEL, ...
                **to_env({"rank": r.rank, "world_size": world, "role": r.role,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import time
 
 import numpy as np
@@ -38,6 +37,7 @@ from ..trust import jobkey
 from .breakdown import worker as worker_phases
 from .coord import Coord
 from .exchange import Arrival, Exchange
+from .host import host_name
 from .link_ltp import LtpWorkerLink
 from .link_tcp import TcpWorkerLink
 from .links import WorkerLink
@@ -395,7 +395,7 @@ def start_sharded(job) -> None:
     key = jobkey.store_auth(job.key, job.rank, job.run)   # one identity: what root learns, the shards know
     root = Coord(job.store, W, s.timeout, servers=S, key=key)
     me = {"rank": job.global_rank, "role": "server" if job.is_server else "worker",
-          "ip": s.ip, "dev": s.dev, "host": socket.gethostname(), "pid": os.getpid()}
+          "ip": s.ip, "dev": s.dev, "host": host_name(s.netns), "pid": os.getpid()}
     if job.is_server:
         i = job.global_rank
         job.coord = Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}")

@@ -1,0 +1,102 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`ltp launch`'s flags checked before anything is built: each bad one a
+UsageError that names it (exit 2), then the command itself (a program or
+script no rank could run). Also the job's shape: `--ranks-per-node` (R
+workers sharing a host's device) and `--colocate` (a server beside every
+worker, no server hosts), which the LTP transport cannot run yet."""
+from __future__ import annotations
+
+import os
+import shutil
+
+from .common import UsageError
+from .flags import check_bytes, check_loss, check_name, check_rate, check_workers
+
+
+def check_runnable(cmd: list[str]) -> None:
+    """A usage error, before any rig is built, for a command no rank could run:
+    a program not on PATH (or not executable), a Python script that is not
+    there. `python -m MODULE` and `python -c CODE` are left to the ranks."""
+    from ..control.launcher.launch import python_argv
+    argv = python_argv(cmd)
+    if argv != cmd:     # `python ...` or a .py script: this interpreter runs it
+        args = iter(argv[1:])
+        for a in args:
+            if a in ("-m", "-c"):
+                return
+            if a in ("-X", "-W"):       # interpreter options that take a value
+                next(args, None)
+            elif not a.startswith("-"):
+                if not os.path.isfile(a):
+                    raise UsageError(f"launch: no such script: {a} (from {os.getcwd()})")
+                return
+        return
+    prog = argv[0]
+    found = (os.path.isfile(prog) and os.access(prog, os.X_OK)) if "/" in prog \
+        else shutil.which(prog) is not None
+    if not found:
+        raise UsageError(f"launch: cannot run {prog!r}: "
+                         + ("no such executable file" if "/" in prog else "not found on PATH"))
+
+
+def check_per_node(args) -> None:
+    """--ranks-per-node: it divides --workers; not over LTP (a device's XDP
+    program belongs to one rank's endpoint)."""
+    r = args.ranks_per_node
+    if r < 1 or args.workers % r:
+        raise UsageError(f"--ranks-per-node: {r} must be at least 1 and divide --workers "
+                         f"({args.workers})")
+    if r > 1 and args.transport == "ltp" and args.servers:
+        raise UsageError("--ranks-per-node: over LTP every rank needs a device of its own "
+                         "(its endpoint owns the device's XDP program); use --transport tcp, "
+                         "or --servers 0 for a script of gloo or nccl")
+
+
+def check_colocate(args) -> None:
+    """--colocate: a server beside every worker (servers = workers), over TCP."""
+    if args.servers not in (1, args.workers):
+        raise UsageError(f"--colocate runs one server beside every worker ({args.workers}); "
+                         f"leave out --servers {args.servers}")
+    if args.transport != "tcp":
+        raise UsageError("--colocate: over LTP a worker and a server on one host need one XDP "
+                         "data plane for both roles, which is not built; use --transport tcp "
+                         "(docs/deploy.md, Co-located servers)")
+    args.servers = args.workers
+
+
+def check_args(args) -> list[str]:
+    """The command to run, after every flag's check (UsageError names the flag)."""
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("launch: give the command after --, e.g. "
+                         "`ltp launch --workers 2 -- python train.py`")
+    check_workers(args.workers)
+    check_name(args.rig, "--rig")
+    if args.timeout < 0 or args.grace < 0:
+        raise UsageError("--timeout and --grace: seconds, at least 0")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts: a count, at least 0, got {args.max_restarts}")
+    args.rate_bps, args.loss_p = check_rate(args.rate), check_loss(args.loss)
+    check_per_node(args)
+    if args.colocate:
+        check_colocate(args)
+    args.buffer_bytes = check_bytes(args.buffer, "--buffer")
+    from ..control.training.onrig import rig_config
+    try:   # the rig's own range checks; its messages start with the field's name
+        args.rig_config = rig_config(args.rig or "check", args.transport,
+                                     workers=args.workers // args.ranks_per_node,
+                                     rate_bps=args.rate_bps,
+                                     buffer_bytes=args.buffer_bytes, loss=args.loss_p,
+                                     mtu=args.mtu,
+                                     servers=1 if args.colocate else max(1, args.servers))
+    except ValueError as e:
+        raise UsageError(f"--{e}") from None
+    if args.trace is not None:
+        folder = os.path.dirname(os.path.abspath(args.trace))
+        if not args.trace or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise UsageError(f"--trace: cannot write {args.trace!r} (its folder {folder} is "
+                             "not a writable directory)")
+    check_runnable(cmd)     # after the flags: a bad flag is named first
+    return cmd
