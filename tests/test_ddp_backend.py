@@ -12,7 +12,8 @@ the same script over gloo.
   gloo, and equals gloo's result bit for bit, but the float sums and means,
   which are LTP's (float32 on the server in one fixed order; float64 summed
   rank by rank): identical on every rank and within a few ulps of gloo's;
-  unsupported calls raise the backend's UsageError;
+  unsupported calls raise the backend's UsageError; the same exact results,
+  with nothing on gloo, over three co-located servers (each a slice);
 - at 5 % loss, through the comm hook: training converges with Early-Closed
   buckets and bit-identical replicas;
 - a rank killed mid-training: every other rank (the server too) ends by
@@ -79,7 +80,8 @@ def test_stock_ddp_script_over_ltp_and_colocated_equals_gloo_bit_for_bit():
     colocated = results(s)
     # torchrun's numbering: the trainers only, whatever servers the job has
     assert [r["rank"] for r in ltp] == [0, 1] and {r["world"] for r in ltp} == {2}
-    assert [r["ranks"] for r in ltp] == [r["ranks"] for r in gloo]
+    assert [r["ranks"] for r in ltp] == [r["ranks"] for r in gloo] == \
+        [r["ranks"] for r in colocated]       # all_gather_object: two servers' rows joined
     assert len({r["digest"] for r in ltp + gloo + colocated}) == 1, \
         [r["digest"] for r in ltp + gloo + colocated]
     assert ltp[0]["accuracy"] == gloo[0]["accuracy"]
@@ -105,15 +107,10 @@ def test_two_hosts_of_two_trainers_and_two_colocated_servers_share_each_device()
 
 @requires_bpf
 @pytest.mark.rig
-def test_exact_collectives_equal_gloo_at_5_percent_loss():
-    rc, s, err = launch(3, "python", "tests/ddp_collectives_job.py", "ltp",
-                        flags=("--loss", "0.05"))
-    assert rc == 0, err[-3000:]
-    ltp = results(s)
-    rc, s, err = launch(3, "python", "tests/ddp_collectives_job.py", "gloo",
-                        flags=("--servers", "0"))
-    assert rc == 0, err[-3000:]
-    gloo = results(s)
+def exact_like_gloo(ltp: list[dict], gloo: list[dict]) -> None:
+    """Every exact result of tests/ddp_collectives_job.py over `ltp` is
+    gloo's: bit for bit, but the float sums (the same bits on every rank,
+    within 4 ulps of gloo's); every call of the job's own group over LTP."""
     for a, b in zip(ltp, gloo):
         exact = set(b) - {"digest", "errors", "routes"}
         assert len(exact) > 30 and \
@@ -132,6 +129,25 @@ def test_exact_collectives_equal_gloo_at_5_percent_loss():
             a["routes"]["all_gather_single ltp"] == 1 and \
             a["routes"]["reduce_scatter_single ltp"] == 1, a["routes"]
         assert not [k for k in a["routes"] if k.endswith(" gloo")], a["routes"]
+
+
+@requires_bpf
+@pytest.mark.rig
+def test_exact_collectives_equal_gloo_at_5_percent_loss_and_over_colocated_servers():
+    rc, s, err = launch(3, "python", "tests/ddp_collectives_job.py", "ltp",
+                        flags=("--loss", "0.05"))
+    assert rc == 0, err[-3000:]
+    ltp = results(s)
+    rc, s, err = launch(3, "python", "tests/ddp_collectives_job.py", "gloo",
+                        flags=("--servers", "0"))
+    assert rc == 0, err[-3000:]
+    gloo = results(s)
+    exact_like_gloo(ltp, gloo)
+    # three servers, each a slice of every piece: gathers and reductions joined
+    rc, s, err = launch(3, "python", "tests/ddp_collectives_job.py", "ltp",
+                        flags=("--colocate", "--transport", "tcp"))
+    assert rc == 0, err[-3000:]
+    exact_like_gloo(results(s), gloo)
     assert ltp[0]["subgroup"] == 21 and ltp[0]["future"] == [3, 3, 3]
     assert ltp[0]["steps"] == 45
     # float sums identical on every rank, and the DDP replicas too

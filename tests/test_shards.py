@@ -169,6 +169,36 @@ def test_train_two_servers_under_loss_reaches_accuracy(rig):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("n,S", [(7, 3), (2, 3), (9, 1)])
+def test_an_all_gathers_rows_are_joined_from_every_servers_slice(n, S):
+    """Server s answers slice s of every worker's row (a row per worker of its
+    slice's width, padded slices too); the join puts each back in its row."""
+    import torch.distributed as dist
+
+    from ltpx.control.torchapi.coord import Coord
+    from ltpx.control.torchapi.exchange import Exchange
+    from ltpx.control.torchapi.ops import ALLGATHER, Op
+    from ltpx.control.torchapi.shards import ShardedExchange, ShardRun, split_op
+    W = 4
+    rows = np.arange(W * n, dtype=np.float32).reshape(W, n) + 1
+    op = Op(ALLGATHER, sizes=(n,))
+    subs, slices = split_op(op, S)
+    padded = np.zeros((W, max(n, S)), dtype=np.float32)
+    padded[:, :n] = rows
+    bufs = [padded[:, lo:hi].reshape(-1).copy() for lo, hi in slices[0]]   # the servers' answers
+    assert [len(b) for b in bufs] == [sub.down_elems(W) for sub in subs]
+    sh = ShardedExchange([Exchange(None, Coord(dist.HashStore(), W, 5.0), 0, W)
+                          for _ in range(S)], 0, W)
+    try:
+        out = np.full(op.down_elems(W) + 3, -1.0, dtype=np.float32)
+        got = sh.join(ShardRun(op, [], slices), bufs, out)
+        assert np.array_equal(got.reshape(W, n), rows)
+        assert np.all(out[W * n:] == -1.0)          # nothing written past the answer
+    finally:
+        sh.close()
+
+
+@pytest.mark.unit
 def test_both_exchanges_are_what_the_job_asks_of_one():
     """Exchange and ShardedExchange each have every member of the
     OpExchange protocol; the sharded one answers membership, the timeline

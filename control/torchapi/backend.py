@@ -52,7 +52,7 @@ from .. import settings_table
 from .native import done, reducible
 from .native import allgather as ltp_allgather, all_gather_single as ltp_all_gather_single
 from .native import allreduce as ltp_allreduce, barrier as ltp_barrier
-from .native import broadcast as ltp_broadcast, gathers, reduce_scatter as ltp_reduce_scatter
+from .native import broadcast as ltp_broadcast, reduce_scatter as ltp_reduce_scatter
 from .ddp import tolerant_reduce, tolerant_rule
 from .job import current, init, joined, serve_here, shutdown
 
@@ -152,16 +152,14 @@ class LtpProcessGroup(dist.ProcessGroup):
             self._exact = self.make_exact()
         return self._exact
 
-    def native(self, call: str, gathers: bool = False) -> bool:
+    def native(self, call: str) -> bool:
         """Whether an exact collective goes over LTP (native.py): on the
-        default group, not between DDP's buckets in backward, and, for a
-        call that gathers, with one server; never under LTP_TOLERANT=never
-        (everything gloo's: the check that LTP is not what changed a
-        result). Counted in `routes`."""
+        default group, not between DDP's buckets in backward; never under
+        LTP_TOLERANT=never (everything gloo's: the check that LTP is not what
+        changed a result). Counted in `routes`."""
         task = torch._C._current_graph_task_id()
         ok = self.reduce is not None and self.rule != "never" and \
-            not (task != -1 and self.key[0] == task) and \
-            (not gathers or current().s.servers == 1)
+            not (task != -1 and self.key[0] == task)
         self.routes[f"{call} {'ltp' if ok else 'gloo'}"] += 1
         return ok
 
@@ -218,8 +216,7 @@ class LtpProcessGroup(dist.ProcessGroup):
         if op == dist.ReduceOp.AVG and any(t.dtype == torch.bool for t in tensors):
             raise UsageError("ltp backend: ReduceOp.AVG of a bool tensor has no meaning; "
                              "use SUM (a count), MAX (any) or MIN (all)")
-        if reducible(op) and \
-                self.native("allreduce", gathers=gathers(op, [t.dtype for t in tensors])):
+        if reducible(op) and self.native("allreduce"):
             return _work(ltp_allreduce(tensors, op))
         if op == dist.ReduceOp.AVG:
             return self.exact_average(tensors, opts)
@@ -234,12 +231,12 @@ class LtpProcessGroup(dist.ProcessGroup):
         return self.exact.broadcast(tensors, opts or dist.BroadcastOptions())
 
     def allgather(self, outputs, inputs, opts=None):
-        if self.native("allgather", gathers=True):
+        if self.native("allgather"):
             return _work(ltp_allgather(outputs, inputs))
         return self.exact.allgather(outputs, inputs, opts or dist.AllgatherOptions())
 
     def all_gather_single(self, output, t, opts=None):
-        if self.native("all_gather_single", gathers=True):
+        if self.native("all_gather_single"):
             return _work(ltp_all_gather_single(output, t))
         return self.exact.all_gather_single(output, t, opts or dist.AllgatherOptions())
 
@@ -248,7 +245,7 @@ class LtpProcessGroup(dist.ProcessGroup):
         every other exact; then this rank's slice."""
         op = opts.reduceOp.op if opts is not None else dist.ReduceOp.SUM
         if not (reducible(op) and
-                self.native("reduce_scatter_single", gathers=gathers(op, [t.dtype]))):
+                self.native("reduce_scatter_single")):
             return self.exact.reduce_scatter_single(output, t,
                                                     opts or dist.ReduceScatterOptions())
         tolerant = self.rule == "backward" and t.dtype in FLOATS and \

@@ -100,9 +100,6 @@ def allgather(tensor: torch.Tensor) -> torch.Tensor:
     job = current()
     if job.is_server:
         raise UsageError("allgather: this rank is a server")
-    if job.s.servers > 1:
-        raise UsageError("allgather: not built for sharded servers (servers > 1); "
-                         "use servers=1")
     t = tensor.detach().to("cpu").contiguous()
     nbytes = t.numel() * t.element_size()
     n = max(1, -(-nbytes // 4))

@@ -23,11 +23,11 @@ answer over LTP's reliable class unless it says tolerant:
 
 What stays on gloo (the backend's `exact` group, made at its first use):
 the other collectives (gather, scatter, reduce, all-to-all, a coalesced
-all-reduce or list all-gather), PREMUL_SUM, a subgroup's, a job of sharded servers' gathers, and
-every exact collective issued in a backward pass while DDP's buckets are in
-flight (a step op waits for the later buckets, and a blocking call between
-them would wait for it). Which way a call goes depends only on what every
-rank sees alike (its kind, dtype, op, the backward's buckets), never on the
+all-reduce or list all-gather), PREMUL_SUM, a subgroup's, and every exact
+collective issued in a backward pass while DDP's buckets are in flight (a
+step op waits for the later buckets, and a blocking call between them would
+wait for it). Which way a call goes depends only on what every rank sees
+alike (its kind, dtype, op, the backward's buckets), never on the
 data, so every rank takes the same way.
 """
 from __future__ import annotations
@@ -69,13 +69,6 @@ def done(result):
 def reducible(op) -> bool:
     """An all-reduce op this module runs (PREMUL_SUM carries a factor it cannot read)."""
     return op in LOCAL
-
-
-def gathers(op, dtypes) -> bool:
-    """Whether `allreduce` of these dtypes under `op` gathers every rank's
-    tensor (an all-gather op, which sharded servers lack) rather than sums
-    on the server (SUM and AVG of the HALVES)."""
-    return not (op in (RO.SUM, RO.AVG) and all(d in HALVES for d in dtypes))
 
 
 def allreduce(tensors: list[torch.Tensor], op) -> torch.futures.Future:

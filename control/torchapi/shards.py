@@ -41,7 +41,7 @@ from .host import host_name
 from .link_ltp import LtpWorkerLink
 from .link_tcp import TcpWorkerLink
 from .links import WorkerLink
-from .ops import REASONS, SHUTDOWN, STEP, Op, StepReport
+from .ops import ALLGATHER, REASONS, SHUTDOWN, STEP, Op, StepReport
 from .threads import CallThread
 
 
@@ -267,6 +267,8 @@ class ShardedExchange:
     def join(self, run: ShardRun, bufs: list[np.ndarray], out: np.ndarray) -> np.ndarray:
         op = run.op
         view = out[:op.down_elems(self.workers)]
+        if op.kind == ALLGATHER:
+            return self.join_rows(run, bufs, view)
         offs = op.offsets()
         sub_offs = [r.op.offsets() for r in run.runs]
         for i, n in enumerate(op.sizes):
@@ -280,6 +282,17 @@ class ShardedExchange:
             total = sum(op.sizes)
             reps = [StepReport.decode(b[sum(r.op.sizes):]) for b, r in zip(bufs, run.runs)]
             merge_reports(reps, self.workers).encode(view[total:])
+        return view
+
+    def join_rows(self, run: ShardRun, bufs: list[np.ndarray], view: np.ndarray) -> np.ndarray:
+        """An all-gather's answer: server s's holds slice s of every worker's
+        row (a row per worker of its slice's width), put back into each row."""
+        n, W = run.op.sizes[0], self.workers
+        rows = view.reshape(W, n)
+        for s, (lo, hi) in enumerate(run.slices[0]):
+            if lo >= n:
+                break                     # padding
+            rows[:, lo:min(hi, n)] = bufs[s][:W * (hi - lo)].reshape(W, hi - lo)[:, :min(hi, n) - lo]
         return view
 
     def wait(self) -> None:
