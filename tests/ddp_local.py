@@ -29,24 +29,27 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
               rank_env: dict[int, dict] | None = None) -> dict:
     """Run the example (or `script`, a variant of it) on loopback:
     {"results": each trainer's JSON line, "wall_s"}. `rank_env`: more
-    environment for some trainers (by rank)."""
+    environment for some trainers (by rank). LTP_SERVERS in `env_extra`
+    starts that many servers (one per trainer: the co-located shape, every
+    rank on this host)."""
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout),
                           wait_for_workers=False)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
                TORCHELASTIC_USE_AGENT_STORE="True", WORLD_SIZE=str(workers),
-               LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1", LTP_SERVERS="1",
-               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="lo",
-               **(env_extra or {}))
+               LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1", OMP_NUM_THREADS="1",
+               TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="lo",
+               **{"LTP_SERVERS": "1", **(env_extra or {})})
     for k in ("LTP_RANK", "LTP_ROLE", "LTP_WORLD_SIZE", "LTP_DEV", "LTP_NETNS",
               "LTP_STORE_NETNS"):
         env.pop(k, None)
     cmd = [sys.executable, str(script), "--backend", backend, *args]
     envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), **(rank_env or {}).get(r, {}))
             for r in range(workers)]
-    if backend == "ltp":   # the server: the same script, LTP rank 0
-        envs.insert(0, dict(env, RANK="0", LOCAL_RANK="0", LTP_ROLE="server", LTP_RANK="0",
-                            LTP_WORLD_SIZE=str(workers + 1)))
+    servers = int(env["LTP_SERVERS"]) if backend == "ltp" else 0
+    # the servers: the same script, LTP ranks 0..servers-1
+    envs[:0] = [dict(env, RANK="0", LOCAL_RANK="0", LTP_ROLE="server", LTP_RANK=str(i),
+                     LTP_WORLD_SIZE=str(workers + servers)) for i in range(servers)]
     t0 = time.monotonic()
     procs = [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, cwd=ROOT) for e in envs]
@@ -66,6 +69,6 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
         if p.returncode != 0:   # every failed process's words: the first is often a victim
             failed.append(f"--- process {rank} exited {p.returncode}:\n{err[-2000:]}")
     assert not failed, "\n".join(failed)
-    trainers = outs[1:] if backend == "ltp" else outs
+    trainers = outs[servers:]
     return {"results": [json.loads(o.strip().splitlines()[-1]) for o, _ in trainers],
             "wall_s": round(wall, 2), "teardown_aborts": aborts}

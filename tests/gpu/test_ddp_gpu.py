@@ -8,7 +8,8 @@ Two trainers and the LTP server on loopback (ltpx.torch's TCP transport
 under the backend: no XDP needed), the model and its gradients on cuda:0:
 the buckets go through pinned host buffers on a side stream and back. It
 checks that the replicas are bit-identical, that an exact all_reduce and
-max are equal on every rank, and compares with the same job over gloo.
+max are equal on every rank, and compares with the same job over gloo and
+with co-located servers (one per trainer, LTP_SERVERS=2: no server hosts).
 """
 from __future__ import annotations
 
@@ -31,14 +32,17 @@ def check() -> dict:
     args = ("--device", "cuda", "--epochs", "3")
     ltp = run_local(2, *args)
     hook = run_local(2, *args, "--hook")
+    colocated = run_local(2, *args, env_extra={"LTP_SERVERS": "2"})
     gloo = run_local(2, *args, backend="gloo")
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    for name, run in (("ltp", ltp), ("ltp_hook", hook), ("gloo", gloo)):
+    for name, run in (("ltp", ltp), ("ltp_hook", hook), ("ltp_colocated", colocated),
+                      ("gloo", gloo)):
         res = run["results"]
         out[name] = {"wall_s": run["wall_s"], "digests": sorted({r["digest"] for r in res}),
                      "accuracy": res[0]["accuracy"], "device": res[0]["device"],
                      "metric_equal": len({(r["accuracy"], r["worst_loss"]) for r in res}) == 1}
-    out["ltp_equals_gloo"] = out["ltp"]["digests"] == out["gloo"]["digests"]
+    out["ltp_equals_gloo"] = out["ltp"]["digests"] == out["gloo"]["digests"] == \
+        out["ltp_colocated"]["digests"]
     return out
 
 
@@ -46,7 +50,7 @@ def check() -> dict:
 def test_ddp_over_ltp_on_cuda():
     out = check()
     print(json.dumps(out))
-    for name in ("ltp", "ltp_hook", "gloo"):
+    for name in ("ltp", "ltp_hook", "ltp_colocated", "gloo"):
         assert len(out[name]["digests"]) == 1, (name, out)        # replicas bit-identical
         assert out[name]["metric_equal"], (name, out)             # exact collectives agree
         assert out[name]["device"].startswith("cuda"), out
