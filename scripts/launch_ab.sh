@@ -10,10 +10,11 @@
 # An arm is a backend (ltp | gloo), VAR=value settings for every rank and
 # `ltp launch` flags (words that start with --, a value after =, e.g.
 # "ltp --colocate --transport=tcp"); gloo runs with --servers 0. The job is
-# scripts/ddp_width.py (an MLP 256-H-H-10, DDP's 4 MB buckets) or --script, which prints step_med_s. One JSON line per
-# run (arm, block, the lowest-ranked trainer's median step and its result,
-# whether every trainer ended with the same digest), then each arm's median
-# step and the first arm's over it (above 1: faster than the first).
+# scripts/ddp_width.py (an MLP 256-H-H-10, DDP's 4 MB buckets) or --script,
+# which prints step_med_s. One JSON line per run (arm, block, the
+# lowest-ranked trainer's median step and its result, whether every trainer
+# ended with the same digest), then each arm's median step and the first
+# arm's over it (above 1: faster than the first).
 set -euo pipefail
 BLOCKS=3; LOSS=0; WORKERS=4; SCRIPT=scripts/ddp_width.py; ARMS=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
@@ -26,7 +27,7 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
     esac
 done
 [ "${1:-}" = "--" ] && shift
-[ ${#ARMS[@]} -ge 1 ] || { sed -n 3,16p "$0" >&2; exit 2; }
+[ ${#ARMS[@]} -ge 1 ] || { sed -n 3,17p "$0" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=$ROOT/.venv/bin/python
 OUT=$(mktemp /tmp/ltp-launch-ab.XXXXXX)
@@ -36,8 +37,14 @@ for b in $(seq 1 "$BLOCKS"); do
         read -r backend rest <<<"$arm"
         case "$backend" in ltp|gloo) ;; *) echo "an arm starts with ltp or gloo: '$arm'" >&2; exit 2 ;; esac
         servers=(); [ "$backend" = gloo ] && servers=(--servers 0)
-        vars=(); flags=()
-        for w in $rest; do case "$w" in --*) flags+=("$w") ;; *) vars+=("$w") ;; esac; done
+        vars=(); flags=(); read -ra words <<<"$rest"
+        for w in "${words[@]}"; do
+            case "$w" in
+                --*) flags+=("$w") ;;
+                [A-Za-z_]*=*) vars+=("$w") ;;
+                *) echo "arm '$arm': '$w' is neither VAR=value nor --flag[=value]" >&2; exit 2 ;;
+            esac
+        done
         (cd "$ROOT" && env "${vars[@]}" timeout 900 "$PY" -m ltpx.tools.cli launch --workers "$WORKERS" \
             --loss "$LOSS" "${servers[@]}" "${flags[@]}" -j -- python "$SCRIPT" \
             --backend "$backend" "$@" >"$OUT" 2>"$OUT.err") \

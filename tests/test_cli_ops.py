@@ -58,6 +58,7 @@ def test_usage_errors_exit_2_with_json_errors(argv, needle):
     (["--colocate", "--transport", "tcp", "--servers", "3"], "leave out --servers 3"),
     (["--workers", "3", "--ranks-per-node", "2", "--transport", "tcp"], "divide --workers"),
     (["--workers", "4", "--ranks-per-node", "2"], "a device of its own"),   # over LTP
+    (["--workers", "9", "--colocate", "--transport", "tcp"], "at most 8 servers"),
 ])
 def test_launch_shape_usage_errors(flags, needle):
     err = json.loads(ltp("launch", *flags, "-j", "--", "true", rc=2).stdout)

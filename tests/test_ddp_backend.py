@@ -105,8 +105,6 @@ def test_two_hosts_of_two_trainers_and_two_colocated_servers_share_each_device()
     assert len({r["digest"] for r in res}) == 1 and len({r["steps"] for r in res}) == 1, res
 
 
-@requires_bpf
-@pytest.mark.rig
 def exact_like_gloo(ltp: list[dict], gloo: list[dict]) -> None:
     """Every exact result of tests/ddp_collectives_job.py over `ltp` is
     gloo's: bit for bit, but the float sums (the same bits on every rank,

@@ -228,11 +228,14 @@ def _launch_rig(argv):
     args = _parsers()["launch"].parse_args(argv + ["--", "true"])
     cmd_launch_checks.check_args(args)
     rig = Rig(dataclasses.replace(args.rig_config, name="stt"))
-    return args, rig, plan_ranks(rig, args.workers, args.servers)
+    return args, rig, plan_ranks(rig, args.workers, args.servers, args.colocate,
+                                 args.ranks_per_node)
 
 
 @pytest.mark.parametrize("argv", [[], ["--transport", "tcp", "--servers", "2", "--mtu", "3000",
-                                       "--rate", "100mbit", "--buffer", "60kb"]])
+                                       "--rate", "100mbit", "--buffer", "60kb"],
+                                  ["--transport", "tcp", "--workers", "4", "--ranks-per-node",
+                                   "2", "--colocate"]])
 def test_launch_flags_to_rank_environment_to_settings_round_trip(argv, no_ltp_env):
     from ltpx.control.launcher.launch import job_env, rank_settings
     args, rig, ranks = _launch_rig(argv)
@@ -247,6 +250,29 @@ def test_launch_flags_to_rank_environment_to_settings_round_trip(argv, no_ltp_en
         assert (got.transport, got.servers, got.mtu, got.dev, got.netns) == \
             (args.transport, args.servers, args.mtu, r.host.ifname, r.host.netns)
         assert got.capacity == rig.config.rate_bps and got.buffer == rig.config.buffer_bytes
+
+
+def test_hosts_of_two_trainers_and_colocated_servers_get_torchruns_numbers(no_ltp_env):
+    from ltpx.control.launcher.launch import job_env
+    args, rig, ranks = _launch_rig(["--transport", "tcp", "--workers", "4",
+                                    "--ranks-per-node", "2", "--colocate"])
+    assert len(rig.workers) == 2 and args.servers == 4      # two hosts, a server per trainer
+    env = {r.label: job_env(rig, r, len(ranks), 29500, servers=args.servers) for r in ranks}
+    got = {lb: tuple(e[k] for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                    "LTP_RANK", "LTP_ROLE", "LTP_NETNS", "LTP_IP"))
+           for lb, e in env.items()}
+    ns, ip = rig.workers[0].netns, rig.workers[0].ip
+    ns1, ip1 = rig.workers[1].netns, rig.workers[1].ip
+    assert got == {"s0": ("0", "0", "1", "0", "0", "server", ns, ip),
+                   "s1": ("0", "0", "1", "0", "1", "server", ns, ip),
+                   "s2": ("0", "0", "1", "1", "2", "server", ns1, ip1),
+                   "s3": ("0", "0", "1", "1", "3", "server", ns1, ip1),
+                   "w0": ("0", "0", "2", "0", "4", "worker", ns, ip),
+                   "w1": ("1", "1", "2", "0", "5", "worker", ns, ip),
+                   "w2": ("2", "0", "2", "1", "6", "worker", ns1, ip1),
+                   "w3": ("3", "1", "2", "1", "7", "worker", ns1, ip1)}
+    assert {e["WORLD_SIZE"] for e in env.values()} == {"4"} and \
+        {e["LTP_WORLD_SIZE"] for e in env.values()} == {"8"}
 
 
 def test_launch_passes_the_other_settings_on_and_owns_its_own(monkeypatch, no_ltp_env):

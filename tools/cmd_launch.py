@@ -3,7 +3,8 @@
 
 Builds a rig (or uses the named one), hosts the rendezvous store on the PS
 namespace's loopback, and starts COMMAND once per rank: the server rank(s)
-on the PS host, worker i on host w<i>, each with torchrun's env:// variables
+on the PS host (--colocate: beside the workers), worker k on host w<k // R>
+(--ranks-per-node R, 1 by default), each with torchrun's env:// variables
 and the LTP_* settings `ltpx.torch.init()` reads (device, address, XDP mode,
 capacity, MTU, group address). Every line a rank prints comes out prefixed
 with its rank ([s0], [w0], ...); a JSON line {"event": "progress", "step",
@@ -85,8 +86,9 @@ worker's state, if the script rejoins (ltpx.torch's elastic.joining/rejoin/
 donate: docs/training.md, "Faults"); a script that does not fails again at its
 first op. A dead server restarts every rank (at most N times per job): a
 script that resumes from a checkpoint (--checkpoint-dir style flags) goes on
-from there, any other starts over. With --servers > 1 any rank's death
-restarts every rank (a worker cannot rejoin a sharded job).
+from there, any other starts over. With --servers > 1 (or --colocate with
+more than one worker) any rank's death restarts every rank (a worker cannot
+rejoin a sharded job).
 """
 
 
@@ -94,7 +96,8 @@ def register(sub) -> None:
     p = add_command(sub, "launch", "run a training script on every rank of a netns rig "
                     "(torchrun for rigs)",
                     description="Run COMMAND once per rank inside a network-namespace rig "
-                    "(server rank(s) on the PS host, one worker per worker host), with the "
+                    "(server rank(s) on the PS host or beside the workers, R workers per worker "
+                    "host), with the "
                     "env:// rendezvous and the LTP settings ltpx.torch.init() reads.",
                     epilog=EPILOG)
     p.add_argument("--workers", type=int, default=2, help=f"worker ranks, 1..{MAX_WORKERS} "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from ..control.settings_table import MAX_SERVERS
 from .common import UsageError
 from .flags import check_bytes, check_loss, check_name, check_rate, check_workers
 
@@ -57,6 +58,9 @@ def check_colocate(args) -> None:
     if args.servers not in (1, args.workers):
         raise UsageError(f"--colocate runs one server beside every worker ({args.workers}); "
                          f"leave out --servers {args.servers}")
+    if args.workers > MAX_SERVERS:
+        raise UsageError(f"--colocate: a job has at most {MAX_SERVERS} servers, one beside "
+                         f"each of {args.workers} workers would be more")
     if args.transport != "tcp":
         raise UsageError("--colocate: over LTP a worker and a server on one host need one XDP "
                          "data plane for both roles, which is not built; use --transport tcp "

@@ -21,9 +21,10 @@ LTP_ROLE; the variables of the settings table's launcher entries, from
 LTP_GROUP, ...).
 
 Ranks 0..servers-1 run on the rig's server hosts (ps, ps1, ...: `ltp rig up
---servers S`; a one-server rig runs them all on ps), rank servers+i on
-worker i's host; co-located (`plan_ranks(colocate=True)`, `ltp launch
---colocate`), server i runs on worker i's host beside it, in its namespace.
+--servers S`; a one-server rig runs them all on ps), rank servers+k on
+worker host k // R (`ltp launch --ranks-per-node R`, 1 by default);
+co-located (`plan_ranks(colocate=True)`, `ltp launch --colocate`), server i
+runs beside worker i, on its host.
 Their stdout and stderr are read line by line as they come (`RigJob.pump`
 hands each line to a callback); when a rank fails the others get `grace_s`
 to notice, then SIGTERM (a rank unwinds and detaches
@@ -141,7 +142,8 @@ def plan_ranks(rig, workers: int, servers: int = 1, colocate: bool = False,
         if not 1 <= servers <= workers:
             raise ValueError(f"servers: co-located servers run beside workers, 1..{workers} "
                              f"of them, asked for {servers}")
-        return [Rank(i, "server", i, trainers[i].host) for i in range(servers)] + trainers
+        return [Rank(i, "server", i, trainers[i].host, node=trainers[i].node)
+                for i in range(servers)] + trainers
     hosts = getattr(rig, "servers", [rig.ps])
     if servers > 1 and len(hosts) < servers:
         raise ValueError(f"servers: rig {rig.name} has {len(hosts)} server host(s), asked "

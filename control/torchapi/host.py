@@ -40,7 +40,7 @@ def _ifreq_ipv4(dev: str, request: int) -> str:
     return socket.inet_ntoa(raw[20:24])
 
 
-def host_name(netns: str | None = None) -> str:
+def rank_host(netns: str | None = None) -> str:
     """This rank's host as the job counts its local ranks: the machine's
     name and, for a rank in a named network namespace (a rig's host), that
     namespace, which is a host of its own there."""

@@ -38,7 +38,7 @@ from .flight import SERVER, WORKER, current as flight_current, start as flight_s
 from .flight import stop as flight_stop, trigger as flight_trigger
 from .coord import KEY, Coord
 from .exchange import Exchange
-from .host import dev_broadcast, dev_ipv4, ensure_bpffs, host_name
+from .host import dev_broadcast, dev_ipv4, ensure_bpffs, rank_host
 from .link_ltp import LtpServerLink, LtpWorkerLink
 from .link_tcp import TcpServerLink, TcpWorkerLink
 from ..trust.sealing import RUN_KEY, Seal
@@ -105,7 +105,7 @@ class Job:
         self.coord.start_liveness(self.global_rank, s.store_netns)   # heartbeats: liveness.py
         self.link = self.make_link()
         me = {"rank": self.global_rank, "role": "server" if self.is_server else "worker",
-              "ip": s.ip, "dev": s.dev, "host": host_name(s.netns), "pid": os.getpid(),
+              "ip": s.ip, "dev": s.dev, "host": rank_host(s.netns), "pid": os.getpid(),
               **self.link.address(), **self.coord.directory()}
         self.coord.set_json(f"meta/{self.global_rank}", me)
         with ranks_note(self):

@@ -37,7 +37,7 @@ from ..trust import jobkey
 from .breakdown import worker as worker_phases
 from .coord import Coord
 from .exchange import Arrival, Exchange
-from .host import host_name
+from .host import rank_host
 from .link_ltp import LtpWorkerLink
 from .link_tcp import TcpWorkerLink
 from .links import WorkerLink
@@ -188,7 +188,9 @@ class ShardedExchange:
         self.exs[0].set_aside(why)     # shard 0's record takes the own time (barrier)
 
     def left_out(self) -> set[int]:
-        return self.exs[0].left_out()
+        """Workers any server went on without (a worker that died between two
+        servers' barriers is left out of one slice only)."""
+        return set().union(*(ex.left_out() for ex in self.exs))
 
     @property
     def joining(self) -> bool:
@@ -408,7 +410,7 @@ def start_sharded(job) -> None:
     key = jobkey.store_auth(job.key, job.rank, job.run)   # one identity: what root learns, the shards know
     root = Coord(job.store, W, s.timeout, servers=S, key=key)
     me = {"rank": job.global_rank, "role": "server" if job.is_server else "worker",
-          "ip": s.ip, "dev": s.dev, "host": host_name(s.netns), "pid": os.getpid()}
+          "ip": s.ip, "dev": s.dev, "host": rank_host(s.netns), "pid": os.getpid()}
     if job.is_server:
         i = job.global_rank
         job.coord = Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}")
