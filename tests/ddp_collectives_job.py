@@ -129,5 +129,7 @@ if backend == "ltp":   # the buckets' LTP ops (ddp.TolerantReduce), how each cal
     from ltpx.control.torchapi.job import current
     out["tolerant"] = current().tolerant.stats()
     out["routes"] = dict(dist.group.WORLD.routes)
+    # this trainer's place on its host: as the launcher says, as LTP counts
+    out["local"] = [int(os.environ.get("LOCAL_RANK", 0)), ltpx.torch.local_rank()]
 print(json.dumps({"event": "result", "rank": rank, "world": world, **out}))
 dist.destroy_process_group()

@@ -88,11 +88,12 @@ def test_stock_ddp_script_over_ltp_and_colocated_equals_gloo_bit_for_bit():
     assert ltp[0]["cfg"] == {"epochs": 3, "from": 0}
 
 
+@requires_bpf
 @pytest.mark.rig
 def test_two_hosts_of_two_trainers_and_two_colocated_servers_share_each_device():
     # the cluster's shape without server hosts: 4 trainers, 2 to a host, a
     # server beside each; each host's one device carries all four ranks
-    rc, s, err = launch(4, "python", "docs/examples/ddp_backend.py", "--epochs", "1",
+    rc, s, err = launch(4, "python", "tests/ddp_collectives_job.py", "ltp",
                         flags=("--ranks-per-node", "2", "--colocate", "--transport", "tcp"))
     assert rc == 0, err[-3000:]
     assert [(r["label"], r["host"]) for r in s["ranks"]] == \
@@ -101,8 +102,9 @@ def test_two_hosts_of_two_trainers_and_two_colocated_servers_share_each_device()
     res = results(s)
     assert [r["rank"] for r in res] == [0, 1, 2, 3] and {r["world"] for r in res} == {4}
     # LOCAL_RANK as torchrun gives it, and LTP's own count of a host's trainers
-    assert [r["local_rank"] for r in res] == [r["ltp_local_rank"] for r in res] == [0, 1, 0, 1]
-    assert len({r["digest"] for r in res}) == 1 and len({r["steps"] for r in res}) == 1, res
+    assert [r["local"] for r in res] == [[0, 0], [1, 1], [0, 0], [1, 1]]
+    assert len({r["digest"] for r in res}) == 1 and {r["steps"] for r in res} == {4 * 15}
+    assert not [k for r in res for k in r["routes"] if k.endswith(" gloo")], res[0]["routes"]
 
 
 def exact_like_gloo(ltp: list[dict], gloo: list[dict]) -> None:
@@ -112,7 +114,7 @@ def exact_like_gloo(ltp: list[dict], gloo: list[dict]) -> None:
     for a, b in zip(ltp, gloo):
         exact = set(b) - {"digest", "errors", "routes"}
         assert len(exact) > 30 and \
-            set(a) - {"digest", "errors", "tolerant", "avg_int", "routes"} == exact
+            set(a) - {"digest", "errors", "tolerant", "avg_int", "routes", "local"} == exact
         bits = exact - FLOAT_SUMS
         assert {k: a[k] for k in bits} == {k: b[k] for k in bits}, a["rank"]
         for k in FLOAT_SUMS:

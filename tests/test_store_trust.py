@@ -553,7 +553,9 @@ def _state(**change):
     import torch
     st = {"params": [torch.ones(3, 2), torch.ones(4)], "optimizer": {}, "steps": 5,
           "ks": [1] * 5, "extra": {},
-          "exchange": {"seq": 9, "up": 20, "prev": GOOD_OP.to_json(),
+          "exchange": {"seq": 9, "up": 20,
+                       "ahead": {"prev": GOOD_OP.to_json(),
+                                 "after": [[GOOD_OP.to_json(), GOOD_OP.to_json()]]},
                        "view": {"members": [0, 1], "absent": []},
                        "lost": {}, "dropped": {}, "rejoined": {1: 3}}}
     for k, v in change.items():
@@ -573,7 +575,10 @@ def _state(**change):
                  __import__("torch").ones(4)]}, "parameter 0"),
     ({"steps": -1}, "steps must be"), ({"steps": True}, "steps must be"),
     ({"ks": [1] * 9}, "ks must be"), ({"ks": [1, -2]}, "a k must be"),
-    ({"seq": "9"}, "seq must be"), ({"prev": '{"kind": "step", "sizes": [-4]}'}, "size"),
+    ({"seq": "9"}, "seq must be"),
+    ({"ahead": {"prev": '{"kind": "step", "sizes": [-4]}', "after": []}}, "size"),
+    ({"ahead": {"prev": None, "after": [[GOOD_OP.to_json(), '{"kind": "nope"}']]}}, "nope"),
+    ({"ahead": {"prev": None, "after": [[GOOD_OP.to_json()]] * 65}}, "at most 64"),
     ({"view": {"members": [0, 7], "absent": []}}, "view.members"),
     ({"rejoined": {9: 1}}, "rejoined"), ({"lost": [1]}, "lost must map"),
     ({"optimizer": None}, "dicts"),

@@ -239,6 +239,34 @@ def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_op():
     assert Op(BROADCAST, sizes=(5,), root=1).participants(3) == [1]
 
 
+@pytest.mark.unit
+def test_the_op_opened_ahead_is_the_one_that_followed_last_time_alike_on_every_rank():
+    """DDP with a BatchNorm broadcasts two buffers before each step: once seen,
+    each op of the cycle is opened ahead (the step too, after the second
+    broadcast); an op the guess missed is not; a joiner's restored table
+    guesses as the members' does; the table keeps KEEP ops."""
+    from ltpx.control.torchapi.ops import BROADCAST, STEP, Ahead, Op
+    floats, counter = Op(BROADCAST, sizes=(64,), root=0), Op(BROADCAST, sizes=(2,), root=0)
+    step = Op(STEP, sizes=(1000, 500))
+    server, worker = Ahead(), Ahead()
+    cycle = [floats, counter, step] * 4
+    got = [(server.take(op), worker.take(op)) for op in cycle]
+    assert [s for s, _ in got] == [w for _, w in got]           # every rank alike
+    # learnt as it goes: the step's successor once a second cycle began
+    assert [s for s, _ in got] == [0, 0, 0] + [0, 1, 2] + [1, 1, 2] * 2
+    assert server.guess() == floats                            # what follows a step
+    # a step that comes after a step once (an evaluation skipped the forward):
+    # not opened for it; the next guess after a step is then a step
+    assert server.take(step) == 0 and server.guess() == step and server.take(step) == 2
+    joiner = Ahead()
+    joiner.restore(worker.snapshot())
+    assert [joiner.take(op) for op in cycle[:3]] == [worker.take(op) for op in cycle[:3]]
+    many = Ahead()
+    for k in range(Ahead.KEEP + 10):
+        many.take(Op(BROADCAST, sizes=(k + 1,), root=0))
+    assert len(many.after) == Ahead.KEEP
+
+
 # --------------------------------------------------------------------------- whole jobs over TCP
 
 def _free_port() -> int:

@@ -36,6 +36,7 @@ import torch
 
 from . import storevalues
 from .job import current
+from .ops import Ahead
 from ..trust.sealing import StoreValueError
 
 
@@ -109,14 +110,29 @@ def check_state(st, params: list[torch.Tensor], workers: int | None) -> None:
         raise bad(str(e)) from None
 
 
+def check_ahead(d, workers: int) -> None:
+    """ValueError unless `d` is an ops.Ahead snapshot: ops of this job, at
+    most Ahead.KEEP pairs."""
+    op = storevalues.op_value(workers)
+    if not isinstance(d, dict) or not isinstance(d.get("after"), list) or \
+            len(d["after"]) > Ahead.KEEP:
+        raise ValueError(f"ahead must hold prev and at most {Ahead.KEEP} pairs of ops")
+    if d.get("prev") is not None:
+        op(str(d["prev"]).encode())
+    for pair in d["after"]:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError("ahead: each entry must be a pair of ops")
+        for text in pair:
+            op(str(text).encode())
+
+
 def check_snapshot(d, workers: int) -> None:
     """ValueError unless `d` is an Exchange.snapshot of a job of `workers`."""
     if not isinstance(d, dict):
         raise ValueError("the exchange snapshot must be a dict")
     for name in ("seq", "up"):
         storevalues.count_value(d[name], name)
-    if d["prev"] is not None:
-        storevalues.op_value(workers)(str(d["prev"]).encode())
+    check_ahead(d["ahead"], workers)
     view = d["view"]
     if not isinstance(view, dict):
         raise ValueError("the view must be a dict")

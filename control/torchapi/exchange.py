@@ -41,7 +41,7 @@ from .flight import enter as flight_enter, heard as flight_heard
 from .coord import Excluded, PeerGone
 from .trace import OpRecord, Timeline, now_ns
 from .runqueue import RunQueue
-from .ops import STEP, Go, Op, RoundClock, SHUTDOWN, StepReport, preopened
+from .ops import STEP, Ahead, Go, Op, RoundClock, SHUTDOWN, StepReport
 
 log = logging.getLogger("ltpx.torch.exchange")
 
@@ -121,7 +121,7 @@ class Exchange:
         self.server_gone = False
         coord.on_server_dead = self.server_dead
         self.clock = RoundClock()
-        self.prev: Op | None = None
+        self.ahead = Ahead()         # what the server opens ahead, guessed as it guesses
         self.times = dict.fromkeys(("barrier_s", "push_s", "pull_s"), 0.0)
         self.phases = worker_phases()    # the process's step breakdown (comm_* phases)
         self.barrier_seen: Arrival | None = None   # the latest barrier, as seen here
@@ -145,12 +145,11 @@ class Exchange:
     def plan(self, op: Op) -> Run:
         """Number the next op; the clock moves on now, so a later op can be
         planned while this one is still being pushed."""
-        run = Run(op, self.clock.seq, self.clock.rounds(op), preopened(self.prev, op))
+        run = Run(op, self.clock.seq, self.clock.rounds(op), self.ahead.take(op))
         if run.npre:   # the server opened it for the members it knew then
             run.ahead_for = self.co.view.opened_for(op)
         run.rec = OpRecord(run.seq, op.kind)
         self.clock.advance(op)
-        self.prev = op
         return run
 
     def prepare(self, run: Run) -> None:
@@ -292,14 +291,14 @@ class Exchange:
     def snapshot(self) -> dict:
         """This side of the state a joiner takes (after this worker's last op)."""
         return {"seq": self.clock.seq, "up": self.clock.up,
-                "prev": self.prev.to_json() if self.prev else None,
+                "ahead": self.ahead.snapshot(),
                 "view": self.co.view.snapshot(), "lost": dict(self.lost),
                 "dropped": dict(self.dropped), "rejoined": dict(self.rejoined)}
 
     def restore(self, d: dict) -> None:
         """Take a member's snapshot: the next op is the member's next op."""
         self.clock.seq, self.clock.up = d["seq"], d["up"]
-        self.prev = Op.from_json(d["prev"]) if d["prev"] else None
+        self.ahead.restore(d["ahead"])
         self.co.view.restore(d["view"])
         self.lost, self.rejoined = dict(d["lost"]), dict(d["rejoined"])
         self.dropped = dict(d["dropped"])

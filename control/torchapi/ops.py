@@ -103,19 +103,59 @@ class Op:
         return cls(**d)
 
 
-AHEAD = (STEP, BROADCAST, ALLREDUCE, ALLGATHER)   # kinds whose next op is likely the same
+AHEAD = (STEP, BROADCAST, ALLREDUCE, ALLGATHER)   # kinds whose rounds may be opened ahead
 
 
-def preopened(prev: Op | None, op: Op) -> int:
-    """How many of op's uplink rounds the server opened before op's barrier.
-
-    Before it answers an op the server opens the first two rounds of the
-    same op again (the likely next op: a step, or FSDP's gathers of equal
-    layers), so data can flow the moment the barrier lifts; any other op's
-    rounds are opened after it and announced through the store."""
-    if op.kind in AHEAD and prev == op:
+def preopened(guess: Op | None, op: Op) -> int:
+    """How many of op's uplink rounds the server opened before op's barrier,
+    having guessed `guess` (Ahead.guess) would come: its first two, if so."""
+    if op.kind in AHEAD and guess == op:
         return min(2, len(op.sizes))
     return 0
+
+
+class Ahead:
+    """Which op the server opens ahead, alike on every rank.
+
+    Before it answers an op the server opens the first rounds of the op it
+    guesses comes next, so data can flow the moment the barrier lifts; any
+    other op's rounds are opened after it and announced through the store.
+    The guess is the op that followed this one the last time it ran, else
+    the same op again: a step after a step, FSDP's gathers of equal layers,
+    and DDP's two buffer broadcasts (a model with BatchNorm) before each
+    step, then the step. The server and every worker see every op in
+    order, so each keeps the same table; a joiner takes it (snapshot)."""
+
+    KEEP = 64                      # ops remembered (the oldest go first)
+
+    def __init__(self):
+        self.prev: Op | None = None
+        self.after: dict[Op, Op] = {}
+
+    def guess(self) -> Op | None:
+        """The op the server opens ahead after answering `prev`."""
+        return self.after.get(self.prev, self.prev)
+
+    def take(self, op: Op, kept: bool = True) -> int:
+        """op comes now: how many of its rounds were opened ahead for it
+        (preopened; 0 unless `kept`: see Members.still_ahead), then op is
+        what followed prev."""
+        n = preopened(self.guess(), op) if kept else 0
+        if self.prev is not None:
+            self.after.pop(self.prev, None)      # the newest last
+            self.after[self.prev] = op
+            if len(self.after) > self.KEEP:
+                del self.after[next(iter(self.after))]
+        self.prev = op
+        return n
+
+    def snapshot(self) -> dict:
+        return {"prev": self.prev.to_json() if self.prev else None,
+                "after": [[a.to_json(), b.to_json()] for a, b in self.after.items()]}
+
+    def restore(self, d: dict) -> None:
+        self.prev = Op.from_json(d["prev"]) if d.get("prev") else None
+        self.after = {Op.from_json(a): Op.from_json(b) for a, b in d.get("after", [])}
 
 
 class RoundClock:

@@ -48,8 +48,8 @@ from .flight import trigger as flight_trigger
 from .losspolicy import Choice
 from .trace import Timeline, answer_record, now_ns, rank_trace, round_record
 from .trace import write as write_trace
-from .ops import ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Op, RoundClock, StepReport, preopened
-from .ops import ALLGATHER
+from .ops import ALLGATHER, ALLREDUCE, BROADCAST, DROPPED, SHUTDOWN, STEP, Ahead, Op, RoundClock
+from .ops import StepReport, preopened
 
 FIRST_TRY_S = 3.0   # an answer's first try: long enough for a live worker to answer
 
@@ -111,7 +111,7 @@ class Server:
         self.rejoined: list[int] = []
         self.group_ok = group_ok        # an address every worker receives exists
         self.clock = RoundClock()
-        self.prev: Op | None = None
+        self.ahead = Ahead()            # the op after the last one, guessed alike everywhere
         self.pre: list[int] = []        # rounds opened ahead of the next op's barrier
         self.ahead_for: tuple = ()      # ... for these (Members.opened_for)
         self.pending: dict[int, list[int]] = {}   # round -> silent workers whose ack is due
@@ -163,7 +163,7 @@ class Server:
     def execute(self, op: Op) -> None:
         seq, rounds, n = self.clock.seq, self.clock.rounds(op), len(op.sizes)
         # opened ahead, unless for members the barrier went on without (every rank sees it)
-        npre = preopened(self.prev, op) if self.view.still_ahead(op, self.ahead_for) else 0
+        npre = self.ahead.take(op, kept=self.view.still_ahead(op, self.ahead_for))
         if self.link.ensure(op.max_elems(self.W)):
             self.pre, self.pending = [], {}     # a new endpoint: nothing is open on it
         need = op.down_elems(self.W) + self.link.sig_elems
@@ -194,7 +194,6 @@ class Server:
                 stream.abort()
             raise
         self.clock.advance(op)
-        self.prev = op
 
     def close_step(self, op: Op, rounds: list[int], tally: StepTally, ws: list[int],
                    ks: list | None, absent: set[int]) -> None:
@@ -211,13 +210,13 @@ class Server:
         self.times["update_s"] += time.perf_counter() - t2
 
     def open_ahead(self, op: Op, rounds: list[int]) -> None:
-        """Before op's answer: the likely next op is op again, so its first
-        rounds open now (ops.preopened: how many), before any worker can push
-        the next op's data; for the members now (Members.still_ahead)."""
-        nxt = rounds[-1] + 1
-        self.ahead_for = self.view.opened_for(op)
-        for j in range(preopened(op, op)):
-            self.open(nxt + j, op, j, announce=False)
+        """Before op's answer: the first rounds of the op likely next
+        (ops.Ahead) open now, before any worker can push its data; for the
+        members now (Members.still_ahead)."""
+        nxt, guess = rounds[-1] + 1, self.ahead.guess()
+        self.ahead_for = self.view.opened_for(guess)
+        for j in range(preopened(guess, guess)):
+            self.open(nxt + j, guess, j, announce=False)
             self.pre.append(nxt + j)
 
     def gather_all(self, op: Op, rounds: list[int], ws: list[int], absent: set[int],

@@ -122,9 +122,7 @@ for t in net.parameters():
 result = {"event": "result", "rank": rank, "world": world, "backend": a.backend,
           "accuracy": total[0].item() / total[1].item(), "train_loss": sum(losses[-5:]) / 5,
           "worst_loss": worst.item(), "cfg": cfg[0], "ranks": ranks, "steps": steps,
-          "digest": h.hexdigest()[:16], "device": str(dev),
-          "local_rank": int(os.environ.get("LOCAL_RANK", 0)),   # as the launcher says,
-          "ltp_local_rank": lt.local_rank() if a.backend == "ltp" else None}   # as LTP counts
+          "digest": h.hexdigest()[:16], "device": str(dev)}
 if state is not None:
     result["hook"] = state.stats()
 print(json.dumps(result))
