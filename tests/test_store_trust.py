@@ -579,6 +579,7 @@ def _state(**change):
     ({"ahead": {"prev": '{"kind": "step", "sizes": [-4]}', "after": []}}, "size"),
     ({"ahead": {"prev": None, "after": [[GOOD_OP.to_json(), '{"kind": "nope"}']]}}, "nope"),
     ({"ahead": {"prev": None, "after": [[GOOD_OP.to_json()]] * 65}}, "at most 64"),
+    ({"ahead": {"prev": None, "step": '{"kind": "step", "sizes": [-1]}', "after": []}}, "size"),
     ({"view": {"members": [0, 7], "absent": []}}, "view.members"),
     ({"rejoined": {9: 1}}, "rejoined"), ({"lost": [1]}, "lost must map"),
     ({"optimizer": None}, "dicts"),

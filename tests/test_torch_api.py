@@ -261,6 +261,15 @@ def test_the_op_opened_ahead_is_the_one_that_followed_last_time_alike_on_every_r
     joiner = Ahead()
     joiner.restore(worker.snapshot())
     assert [joiner.take(op) for op in cycle[:3]] == [worker.take(op) for op in cycle[:3]]
+    # two steps of different wires, a broadcast between: the broadcasts are
+    # guessed, the steps never, since neither is the latest step when it
+    # comes (the server's link holds that one's settings, which a round
+    # opened ahead takes)
+    s1, s2 = Op(STEP, sizes=(8,)), Op(STEP, sizes=(8,), wire="bf16")
+    b1, b2 = Op(BROADCAST, sizes=(1,), root=0), Op(BROADCAST, sizes=(2,), root=0)
+    two = Ahead()
+    got = [two.take(op) for op in [s1, b1, s2, b2] * 3]
+    assert got[4:] == [0, 1, 0, 1] * 2 and two.after[b1] == s2 and two.guess() != s1
     many = Ahead()
     for k in range(Ahead.KEEP + 10):
         many.take(Op(BROADCAST, sizes=(k + 1,), root=0))

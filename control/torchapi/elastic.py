@@ -117,8 +117,9 @@ def check_ahead(d, workers: int) -> None:
     if not isinstance(d, dict) or not isinstance(d.get("after"), list) or \
             len(d["after"]) > Ahead.KEEP:
         raise ValueError(f"ahead must hold prev and at most {Ahead.KEEP} pairs of ops")
-    if d.get("prev") is not None:
-        op(str(d["prev"]).encode())
+    for name in ("prev", "step"):
+        if d.get(name) is not None:
+            op(str(d[name]).encode())
     for pair in d["after"]:
         if not isinstance(pair, list) or len(pair) != 2:
             raise ValueError("ahead: each entry must be a pair of ops")

@@ -97,7 +97,7 @@ class Op:
     @classmethod
     def from_json(cls, text: str | bytes) -> Op:
         d = json.loads(text)
-        d["sizes"] = tuple(d["sizes"])
+        d["sizes"] = tuple(d.get("sizes", ()))    # as storevalues.op_value reads it
         if d.get("kind") not in KINDS:
             raise ValueError(f"unknown op {d.get('kind')!r}")
         return cls(**d)
@@ -123,18 +123,23 @@ class Ahead:
     The guess is the op that followed this one the last time it ran, else
     the same op again: a step after a step, FSDP's gathers of equal layers,
     and DDP's two buffer broadcasts (a model with BatchNorm) before each
-    step, then the step. The server and every worker see every op in
-    order, so each keeps the same table; a joiner takes it (snapshot)."""
+    step, then the step. A step is guessed only if it is the latest step:
+    the server's link holds that step's wire, Early Close and Bubble
+    Filling, which a round opened ahead takes. The server and every worker
+    see every op in order, so each keeps the same table; a joiner takes it
+    (snapshot)."""
 
     KEEP = 64                      # ops remembered (the oldest go first)
 
     def __init__(self):
         self.prev: Op | None = None
+        self.step: Op | None = None    # the latest step
         self.after: dict[Op, Op] = {}
 
     def guess(self) -> Op | None:
         """The op the server opens ahead after answering `prev`."""
-        return self.after.get(self.prev, self.prev)
+        nxt = self.after.get(self.prev, self.prev)
+        return self.prev if nxt is not None and nxt.kind == STEP and nxt != self.step else nxt
 
     def take(self, op: Op, kept: bool = True) -> int:
         """op comes now: how many of its rounds were opened ahead for it
@@ -147,14 +152,18 @@ class Ahead:
             if len(self.after) > self.KEEP:
                 del self.after[next(iter(self.after))]
         self.prev = op
+        if op.kind == STEP:
+            self.step = op
         return n
 
     def snapshot(self) -> dict:
         return {"prev": self.prev.to_json() if self.prev else None,
+                "step": self.step.to_json() if self.step else None,
                 "after": [[a.to_json(), b.to_json()] for a, b in self.after.items()]}
 
     def restore(self, d: dict) -> None:
         self.prev = Op.from_json(d["prev"]) if d.get("prev") else None
+        self.step = Op.from_json(d["step"]) if d.get("step") else None
         self.after = {Op.from_json(a): Op.from_json(b) for a, b in d.get("after", [])}
 
 
