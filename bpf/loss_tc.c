@@ -11,6 +11,10 @@
  * Counting is per segment: a GSO packet (one skb carrying several TCP
  * segments) is dropped or passed as a whole and counts gso_segs times, so
  * dropped / (dropped + passed) estimates p for TCP too.
+ *
+ * A packet it keeps goes on to the port's next filter (TC_ACT_UNSPEC: a
+ * node's shared link redirects it there, dataplane/rig/netlink.py
+ * redirect_through), and with none it is sent as TC_ACT_OK would.
  */
 /* The program's license string (bcc's footer puts it in the license
  * section): the dual licence of the SPDX line, GPL-compatible for the kernel. */
@@ -56,7 +60,7 @@ int loss_tc(struct __sk_buff *skb)
 			       &proto, 1) < 0 ||
 	    (proto != IPPROTO_UDP && proto != IPPROTO_TCP)) {
 		count(LOSS_OTHER, 1);
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	}
 	segs = skb->gso_segs ? skb->gso_segs : 1;
 	thr = loss_cfg.lookup(&zero);
@@ -65,5 +69,5 @@ int loss_tc(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	count(LOSS_PASSED, segs);
-	return TC_ACT_OK;
+	return TC_ACT_UNSPEC;
 }

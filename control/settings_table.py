@@ -207,6 +207,9 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        flags=(TRAIN, LAUNCH), launcher=True),
     _s("netns", str, None, "the network namespace this rank runs in, if not the host's (names "
        "the endpoint's pins for `ltp status`)", shown="-", flags=(RANK,), launcher=True),
+    _s("node", str, None, "the machine this rank counts as on, where its namespace is a "
+       "device of a shared NIC (a rig's node: `ltp rig up --nodes`); ranks of one node are "
+       "one host to local_rank()", shown="-", flags=(RANK,), launcher=True),
     _s("store_netns", str, None, "open the store connection from inside this network "
        "namespace", shown="-", flags=(RANK,), launcher=True),
     _s("timeout", float, 300.0, "seconds any one wait may take before the rank gives up",

@@ -394,7 +394,8 @@ def _training(rig, pace_s: float, iters: int):
     """A built-in job's ranks started on `rig` (no launcher to stop them), once
     the lead has reported `iters` iterations; closed afterwards."""
     from ltpx.control.training.config import TrainConfig
-    from ltpx.control.launcher.launch import RigJob, job_env, plan_ranks
+    from ltpx.control.launcher.launch import RigJob, job_env
+    from ltpx.control.launcher.plan import plan_ranks
     from ltpx.control.training.onrig import rank_argv
     cfg = TrainConfig(**SMALL, iterations=100000, pace_s=pace_s)
     ranks = plan_ranks(rig, WORKERS, 1)
@@ -454,7 +455,8 @@ def test_a_rank_on_the_rig_gets_its_buffer_and_so_its_credit(rig, monkeypatch):
     # buffer; ltpx.torch's settings read it, and the credit is buffer + BDP
     from ltpx.control.torchapi.link_ltp import credit_bytes
     from ltpx.control.torchapi.settings import ENV, Settings
-    from ltpx.control.launcher.launch import job_env, plan_ranks
+    from ltpx.control.launcher.launch import job_env
+    from ltpx.control.launcher.plan import plan_ranks
     from ltpx.control.transport.rate import CREDIT_RTT_S
     ranks = plan_ranks(rig, WORKERS, 1)
     env = job_env(rig, ranks[1], len(ranks), 29500, servers=1)

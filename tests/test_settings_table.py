@@ -222,7 +222,7 @@ def test_a_ranks_flags_become_init_keywords_and_unset_ones_leave_the_variable():
 
 def _launch_rig(argv):
     """(parsed `ltp launch` flags, the rig they describe, its ranks): nothing is built."""
-    from ltpx.control.launcher.launch import plan_ranks
+    from ltpx.control.launcher.plan import plan_ranks
     from ltpx.dataplane.rig.star import Rig
     from ltpx.tools import cmd_launch_checks
     args = _parsers()["launch"].parse_args(argv + ["--", "true"])
@@ -291,7 +291,8 @@ def test_launch_passes_the_other_settings_on_and_owns_its_own(monkeypatch, no_lt
 def test_a_train_job_config_and_its_rank_environment_make_the_settings_asked_for(no_ltp_env):
     # ltp train: the TrainConfig travels in --config, the host's settings in LTP_*
     from ltpx.control.training.args import config_from_args
-    from ltpx.control.launcher.launch import job_env, plan_ranks
+    from ltpx.control.launcher.launch import job_env
+    from ltpx.control.launcher.plan import plan_ranks
     from ltpx.control.training.onrig import rank_argv, rig_config
     from ltpx.control.training.rank import build_parser, ltp_options
     from ltpx.dataplane.rig.star import Rig

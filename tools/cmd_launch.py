@@ -53,8 +53,9 @@ examples:
       (answers to each worker: no member holds a key to forge one for all)
   sudo ltp launch --workers 4 --rig myrig --keep -- python my_train.py     (the rig stays)
   sudo ltp launch --workers 8 --servers 2 -- python my_train.py   (2 servers, a slice each)
-  sudo ltp launch --workers 4 --colocate --transport tcp -- python my_train.py
-      (no server hosts: a server beside each worker, a quarter of every bucket each)
+  sudo ltp launch --workers 4 --colocate -- python my_train.py
+      (no server hosts: a server beside each worker, a quarter of every bucket each; over
+      LTP each rank has a device of its own, a node's devices share one link)
   sudo ltp launch --workers 8 --ranks-per-node 2 --colocate --transport tcp -- python my_train.py
       (4 hosts of 2 trainers and 2 servers, each host's one device shared)
   sudo ltp launch --workers 4 -- python docs/examples/ddp_backend.py
@@ -106,11 +107,12 @@ def register(sub) -> None:
              "(`ltp rig up --servers S`); 0: a script that does not use LTP (gloo, nccl)")
     add_flag(p, "transport", LAUNCH, help=", on an skb-mode rig")
     p.add_argument("--ranks-per-node", type=int, default=1, metavar="R",
-                   help="workers on each worker host, sharing its one device (LOCAL_RANK "
-                   "0..R-1; --workers counts them all); over TCP or gloo (default 1)")
+                   help="workers on each node (LOCAL_RANK 0..R-1; --workers counts them "
+                   "all): over TCP or gloo they share the node's device; over LTP each has "
+                   "a device of its own and the node's devices share one link (default 1)")
     p.add_argument("--colocate", action="store_true",
-                   help="no server hosts: a server beside every worker, on its host, each "
-                   "summing 1/workers of every bucket (servers = workers; --transport tcp)")
+                   help="no server hosts: a server beside every worker, on its node, each "
+                   "summing 1/workers of every bucket (servers = workers)")
     add_rate(p)
     add_buffer(p)
     add_loss(p)
@@ -156,7 +158,7 @@ def cmd_launch(args) -> int:
     kept = bool(args.rig and Rig.exists(args.rig))
     if kept:
         rig = Rig.attach(args.rig)
-        if len(rig.workers) < args.workers // args.ranks_per_node:
+        if len(rig.workers) < args.workers // (1 if rig.config.nodes else args.ranks_per_node):
             raise UsageError(f"--workers: rig {args.rig} has only {len(rig.workers)} worker "
                              "hosts")
         if args.servers > 1 and not args.colocate and len(rig.servers) < args.servers:
@@ -251,13 +253,17 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
     rank, a new store), as long as the policy allows. `now` holds the ranks
     and the policy of the job running (for the report when a signal stops it)."""
     from ..control.launcher import forkserver, restarts
-    from ..control.launcher.launch import RigJob, follow, job_env, plan_ranks
+    from ..control.launcher.launch import RigJob, follow, job_env
+    from ..control.launcher.plan import plan_ranks
     from ..dataplane.rig.signals import deferred_signals
     policy = restarts.RestartPolicy(args.max_restarts, whole_job=args.servers > 1, say=out.note)
     t_end = time.monotonic() + args.timeout if args.timeout else None
     while True:
-        ranks = plan_ranks(rig, args.workers, args.servers, args.colocate,
-                           args.ranks_per_node)
+        try:
+            ranks = plan_ranks(rig, args.workers, args.servers, args.colocate,
+                               args.ranks_per_node)
+        except ValueError as e:     # a kept rig of another shape; the message names the flag
+            raise UsageError(f"--{e}") from None
         now.update(ranks=ranks, policy=policy)
         if policy.job_restarts and forkserver.plan(argv):
             forkserver.warm(RANK_MODULES)   # the last job's closed with it
@@ -374,9 +380,9 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
                **policy.report(), "trace": trace, "hangs": hangs or [], "stalls": stalls,
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,
-                       "servers": c.servers},
+                       "servers": c.servers, "nodes": c.nodes},
                "ranks": [{"rank": r.rank, "torch_rank": r.torch_rank, "role": r.role,
-                          "label": r.label, "host": r.host.name,
+                          "label": r.label, "host": r.host.name, "node": r.node,
                           "netns": r.host.netns, "exit_code": exit_code(r.code),
                           "killed": r.killed, "forked": r.forked,
                           "restarts": policy.restarts.get(r.rank, 0),

@@ -40,31 +40,29 @@ def check_runnable(cmd: list[str]) -> None:
                          + ("no such executable file" if "/" in prog else "not found on PATH"))
 
 
+def nodes_rig(args) -> bool:
+    """Does the job's shape need a rig with nodes: over LTP, ranks on one
+    node (`--ranks-per-node`) or a server beside each worker, each rank with
+    a device of its own (an endpoint owns its device's XDP program)."""
+    return args.transport == "ltp" and (args.ranks_per_node > 1 or args.colocate)
+
+
 def check_per_node(args) -> None:
-    """--ranks-per-node: it divides --workers; not over LTP (a device's XDP
-    program belongs to one rank's endpoint)."""
+    """--ranks-per-node: it divides --workers."""
     r = args.ranks_per_node
     if r < 1 or args.workers % r:
         raise UsageError(f"--ranks-per-node: {r} must be at least 1 and divide --workers "
                          f"({args.workers})")
-    if r > 1 and args.transport == "ltp" and args.servers:
-        raise UsageError("--ranks-per-node: over LTP every rank needs a device of its own "
-                         "(its endpoint owns the device's XDP program); use --transport tcp, "
-                         "or --servers 0 for a script of gloo or nccl")
 
 
 def check_colocate(args) -> None:
-    """--colocate: a server beside every worker (servers = workers), over TCP."""
+    """--colocate: a server beside every worker (servers = workers)."""
     if args.servers not in (1, args.workers):
         raise UsageError(f"--colocate runs one server beside every worker ({args.workers}); "
                          f"leave out --servers {args.servers}")
     if args.workers > MAX_SERVERS:
         raise UsageError(f"--colocate: a job has at most {MAX_SERVERS} servers, one beside "
                          f"each of {args.workers} workers would be more")
-    if args.transport != "tcp":
-        raise UsageError("--colocate: over LTP a worker and a server on one host need one XDP "
-                         "data plane for both roles, which is not built; use --transport tcp "
-                         "(docs/deploy.md, Co-located servers)")
     args.servers = args.workers
 
 
@@ -88,13 +86,17 @@ def check_args(args) -> list[str]:
         check_colocate(args)
     args.buffer_bytes = check_bytes(args.buffer, "--buffer")
     from ..control.training.onrig import rig_config
+    nodes = nodes_rig(args)
+    hosts = args.workers if nodes else args.workers // args.ranks_per_node
     try:   # the rig's own range checks; its messages start with the field's name
         args.rig_config = rig_config(args.rig or "check", args.transport,
-                                     workers=args.workers // args.ranks_per_node,
-                                     rate_bps=args.rate_bps,
+                                     workers=hosts, rate_bps=args.rate_bps,
                                      buffer_bytes=args.buffer_bytes, loss=args.loss_p,
                                      mtu=args.mtu,
-                                     servers=1 if args.colocate else max(1, args.servers))
+                                     servers=(args.servers if nodes else 1) if args.colocate
+                                     else max(1, args.servers),
+                                     nodes=args.workers // args.ranks_per_node if nodes else 0,
+                                     colocate=nodes and args.colocate)
     except ValueError as e:
         raise UsageError(f"--{e}") from None
     if args.trace is not None:

@@ -4,8 +4,8 @@ bottleneck, loss injector). See docs/rig.md. This module builds, shows, uses
 and removes rigs; the measurements on a rig (check, incast-tcp) are in
 cmd_rig_measure.py, registered here under the same `ltp rig`.
 
-  ltp rig up [--name NAME] [--workers N] [--servers S] [--rate 1gbit] [--buffer 30kb]
-             [--loss P] [--shape ps|all] [--mode native|skb]
+  ltp rig up [--name NAME] [--workers N] [--servers S] [--nodes K [--colocate]]
+             [--rate 1gbit] [--buffer 30kb] [--loss P] [--shape ps|all] [--mode native|skb]
   ltp rig status [--name NAME] [-j]
   ltp rig exec [--name NAME] HOST -- CMD...
   ltp rig down [--name NAME | --all]
@@ -27,6 +27,8 @@ from .flags import (add_loss, add_rig_name, add_shape, add_switch_mode, check_by
 RIG_EPILOG = """examples:
   sudo ltp rig up --workers 8 --rate 1gbit --buffer 30kb --loss 0.01
   sudo ltp rig up --workers 8 --servers 2   two server hosts, ps and ps1 (sharded training)
+  sudo ltp rig up --workers 8 --nodes 4     4 nodes of 2 workers, each node one shaped link
+  sudo ltp rig up --workers 4 --servers 4 --nodes 4 --colocate   a server beside each worker
   ltp rig status -j
   ltp rig exec w0 -- ip -br addr
   ltp rig exec ps -- python3 -c 'print(1)'
@@ -39,7 +41,9 @@ ltp-<name>-sw); the PS is 198.18.0.1, worker i is 198.18.0.(10+i), all in 198.18
 with no route out. The loss injector drops only IPv4 UDP/TCP (never ARP or ICMP).
 With --servers S, server i ("ps<i>", 198.18.<i>.1) has a subnet and bridge of its own
 and every worker a device on it (ltp-w<j>s<i>, 198.18.<i>.(10+j)): --shape ps shapes
-every server's port.
+every server's port. With --nodes K the workers (and with --colocate server i beside
+worker i) are grouped into K nodes: every host keeps its own device, and a node's
+devices share one link shaped to --rate each way, as ranks on one NIC do.
 """
 
 
@@ -78,11 +82,18 @@ def _register_up(action) -> None:
     up.add_argument("--spines", type=int, default=2, help="leaf-spine: spines (default 2)")
     up.add_argument("--jobs", type=int, default=2, help="leaf-spine: jobs, each a PS on leaf 0 "
                     "and workers on the other leaves (default 2)")
+    up.add_argument("--nodes", type=int, default=0, metavar="K",
+                    help="group the workers into K nodes of workers/K, each node's devices "
+                    "sharing one link shaped to --rate each way (default 0: a link per host; "
+                    "implies --shape all)")
+    up.add_argument("--colocate", action="store_true",
+                    help="with --nodes and --servers = --workers: server i on worker i's node")
     add_loss(up)
     up.add_argument("--loss-on", choices=("ps", "all"), default="ps",
                     help="ports with the loss injector: toward the PS only, or every port")
-    up.add_argument("--shape", choices=("ps", "all"), default="ps",
-                    help="TBF on the port toward the PS only (default), or on every port")
+    up.add_argument("--shape", choices=("ps", "all"), default=None,
+                    help="TBF on the port toward the PS only (default without --nodes), or on "
+                    "every port")
     add_switch_mode(up)
     add_json(up)
     up.set_defaults(func=cmd_up)
@@ -125,9 +136,12 @@ def cmd_up(args) -> int | None:
             raise UsageError("--servers: the leaf-spine rig has one PS per job; several "
                              "servers per job are built on the star rig only (for now)")
         return _up_leaf_spine(args)
-    cfg = rigs.star_config(name=check_name(args.name), **rigs.shaped(args), shape=args.shape,
+    nodes = getattr(args, "nodes", 0)
+    cfg = rigs.star_config(name=check_name(args.name), **rigs.shaped(args),
+                           shape=args.shape or ("all" if nodes else "ps"),
                            loss_on=args.loss_on, mode=args.mode,
-                           servers=getattr(args, "servers", 1))
+                           servers=getattr(args, "servers", 1), nodes=nodes,
+                           colocate=getattr(args, "colocate", False))
     rigs.prepare()
     from ..dataplane.rig.star import Rig
     emit(args, _bring_up(Rig(cfg)), _up_text)
@@ -169,7 +183,9 @@ def _up_text(s: dict) -> str:
             f"{c['workers']} workers {ws[0]['ip']}..{ws[-1]['ip']} "
             f"({ws[0]['netns']}..{ws[-1]['name']})"
             + (f", each with a device per server ({len(s.get('nics', []))} more)"
-               if s.get("nics") else "") + "\n"
+               if s.get("nics") else "")
+            + "".join(f"\n  node {k}: {', '.join(n)} (one link)" for k, n in
+                      enumerate(s.get("nodes") or [])) + "\n"
             f"bottleneck {rigs.fmt_rate(c['rate_bps'])}, buffer {c['buffer_bytes']} B, burst "
             f"{c['burst_bytes']} B on {', '.join(s['shaped_ports'])}; loss {c['loss']:g} on "
             f"{', '.join(s['loss_ports'])}; mode {c['mode']}\n"

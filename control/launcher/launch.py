@@ -53,13 +53,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
 import selectors
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
 
 from ...dataplane import netns
@@ -70,86 +68,12 @@ from .. import settings_table
 from ..settings_table import to_env
 from . import forkserver
 from .hangs import FlightWatch
+from .plan import Rank
 from .restarts import describe_exit
 from .storerelay import StoreRelay
 
 STORE_MODULE = forkserver.STORE_MODULE
 RC_KILLED = -1000   # a rank this launcher stopped (another one failed first, or the timeout)
-
-
-# a traceback's last line: "RuntimeError: ...", "torch.distributed.DistError: ..."
-ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Z]\w*"
-                        r"(?:Error|Exception|Interrupt|Exit)\b.*)$")
-
-
-@dataclass
-class Rank:
-    """One process of the job."""
-
-    rank: int
-    role: str                   # server | worker
-    index: int                  # among the servers, or the workers (lt.rank())
-    host: object                # the rig host it runs on
-    proc: subprocess.Popen | forkserver.ZygoteProc | None = None
-    t0: float = 0.0
-    wall_s: float | None = None
-    code: int | None = None
-    killed: bool = False
-    last_json: dict | None = None
-    last_error: str | None = None   # its last stderr line that names an exception
-    bufs: dict = field(default_factory=dict)   # fd -> partial line
-    settled: bool = False       # died, and the job goes on without it (restarts.py)
-    starts: int = 0             # processes started for this rank
-    forked: bool = False        # its process came from the fork server
-    local: int = 0              # a worker's place among its host's workers (LOCAL_RANK)
-    local_world: int = 1        # ... and how many its host has (LOCAL_WORLD_SIZE)
-    node: int = 0               # a worker's host among the job's (GROUP_RANK)
-
-    @property
-    def label(self) -> str:
-        return f"{'s' if self.role == 'server' else 'w'}{self.index}"
-
-    @property
-    def torch_rank(self) -> str:
-        """The rank as its script knows it: a worker's torch rank (RANK), or
-        the server's index."""
-        return f"{'server' if self.role == 'server' else 'rank'} {self.index}"
-
-    def heard(self, stream: str, text: str) -> None:
-        """Keep a stderr line that names an exception (its last one is the
-        error a failure summary shows), torch's [rankN]: prefix cut."""
-        m = ERROR_LINE.match(text) if stream == "stderr" else None
-        if m:
-            self.last_error = m.group(1)
-
-
-def plan_ranks(rig, workers: int, servers: int = 1, colocate: bool = False,
-               per_node: int = 1) -> list[Rank]:
-    """Servers on the rig's server hosts (several servers need as many:
-    each a host of its own), then the workers, `per_node` to a worker host
-    in order (worker k on host k // per_node). `colocate`: no server hosts;
-    server i runs on worker i's host, beside it."""
-    if per_node < 1 or workers % per_node:
-        raise ValueError(f"ranks_per_node: {workers} workers do not fill hosts of "
-                         f"{per_node} rank(s) each")
-    if not 1 <= workers // per_node <= len(rig.workers):
-        raise ValueError(f"workers: rig {rig.name} has {len(rig.workers)} workers, asked "
-                         f"for {workers // per_node}" + (f" hosts of {per_node} rank(s)"
-                                                         if per_node > 1 else ""))
-    trainers = [Rank(servers + k, "worker", k, rig.workers[k // per_node], local=k % per_node,
-                     local_world=per_node, node=k // per_node) for k in range(workers)]
-    if colocate:
-        if not 1 <= servers <= workers:
-            raise ValueError(f"servers: co-located servers run beside workers, 1..{workers} "
-                             f"of them, asked for {servers}")
-        return [Rank(i, "server", i, trainers[i].host, node=trainers[i].node)
-                for i in range(servers)] + trainers
-    hosts = getattr(rig, "servers", [rig.ps])
-    if servers > 1 and len(hosts) < servers:
-        raise ValueError(f"servers: rig {rig.name} has {len(hosts)} server host(s), asked "
-                         f"for {servers} (`ltp rig up --servers {servers}`)")
-    return [Rank(i, "server", i, hosts[i] if servers > 1 else rig.ps)
-            for i in range(servers)] + trainers
 
 
 def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
@@ -159,9 +83,11 @@ def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
     MTU and queue, the job's transport and servers, and for the group downlink
     the rig's broadcast address (its bridge floods it to every host)."""
     h, c = r.host, rig.config
+    node = f"{rig.name}-n{r.node}" if getattr(c, "nodes", 0) and r.node >= 0 else None
     return dict(transport=transport, dev=h.ifname, ip=h.ip, xdp_mode=c.mode,
                 capacity=c.rate_bps, mtu=c.mtu, group=broadcast_of(h) if group else None,
-                servers=servers, netns=h.netns, store_netns=rig.ps.netns, buffer=c.buffer_bytes)
+                servers=servers, netns=h.netns, store_netns=rig.ps.netns, buffer=c.buffer_bytes,
+                node=node)
 
 
 def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,

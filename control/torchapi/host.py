@@ -40,12 +40,14 @@ def _ifreq_ipv4(dev: str, request: int) -> str:
     return socket.inet_ntoa(raw[20:24])
 
 
-def rank_host(netns: str | None = None) -> str:
+def rank_host(netns: str | None = None, node: str | None = None) -> str:
     """This rank's host as the job counts its local ranks: the machine's
-    name and, for a rank in a named network namespace (a rig's host), that
-    namespace, which is a host of its own there."""
+    name and, for a rank on a rig, its node (the `node` setting: ranks each
+    in a namespace of its own behind one shared link), else its named
+    network namespace, which is a host of its own there."""
     name = socket.gethostname()
-    return f"{name}/{netns}" if netns else name
+    where = node or netns
+    return f"{name}/{where}" if where else name
 
 
 def dev_ipv4(dev: str) -> str:

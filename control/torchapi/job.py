@@ -105,7 +105,7 @@ class Job:
         self.coord.start_liveness(self.global_rank, s.store_netns)   # heartbeats: liveness.py
         self.link = self.make_link()
         me = {"rank": self.global_rank, "role": "server" if self.is_server else "worker",
-              "ip": s.ip, "dev": s.dev, "host": rank_host(s.netns), "pid": os.getpid(),
+              "ip": s.ip, "dev": s.dev, "host": rank_host(s.netns, s.node), "pid": os.getpid(),
               **self.link.address(), **self.coord.directory()}
         self.coord.set_json(f"meta/{self.global_rank}", me)
         with ranks_note(self):

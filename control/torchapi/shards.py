@@ -410,7 +410,7 @@ def start_sharded(job) -> None:
     key = jobkey.store_auth(job.key, job.rank, job.run)   # one identity: what root learns, the shards know
     root = Coord(job.store, W, s.timeout, servers=S, key=key)
     me = {"rank": job.global_rank, "role": "server" if job.is_server else "worker",
-          "ip": s.ip, "dev": s.dev, "host": rank_host(s.netns), "pid": os.getpid()}
+          "ip": s.ip, "dev": s.dev, "host": rank_host(s.netns, s.node), "pid": os.getpid()}
     if job.is_server:
         i = job.global_rank
         job.coord = Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}")

@@ -32,7 +32,8 @@ from .config import LTP_TRANSPORTS, TrainConfig
 from . import RANK_MODULES
 from .faults import Faults
 from ..launcher import forkserver
-from ..launcher.launch import RigJob, job_env, plan_ranks
+from ..launcher.launch import RigJob, job_env
+from ..launcher.plan import plan_ranks
 from ..launcher.restarts import RestartJob
 from ...dataplane.rig.star import RigConfig
 from ...dataplane.tcp_cc import ensure_cc
@@ -43,11 +44,12 @@ def rig_mode_for(transport: str) -> str:
 
 
 def rig_config(name: str, transport: str, *, workers: int, rate_bps: int, buffer_bytes: int,
-               loss: float, mtu: int = 1500, servers: int = 1):
+               loss: float, mtu: int = 1500, servers: int = 1, nodes: int = 0,
+               colocate: bool = False):
     """The RigConfig a run of `transport` should build (see the module docstring)."""
     return RigConfig(name=name, workers=workers, rate_bps=rate_bps, buffer_bytes=buffer_bytes,
                      loss=loss, shape="all", loss_on="all", mode=rig_mode_for(transport), mtu=mtu,
-                     servers=servers)
+                     servers=servers, nodes=nodes, colocate=colocate)
 
 
 def rank_argv(cfg: TrainConfig, rank_timeout_s: float, deadline_min_s: float | None,

@@ -12,6 +12,10 @@ from typing import Any
 from .. import netns
 
 TC_EGRESS = 0xFFFFFFF3    # clsact egress hook (ffff:fff3)
+TC_INGRESS = 0xFFFFFFF2   # clsact ingress hook (ffff:fff2)
+ETH_P_ALL, ETH_P_IP = 0x0003, 0x0800
+PRIO_LOCAL = 1            # a shared link's filters: a node's own frames first (left alone) ...
+PRIO_LINK = 0xC001        # ... its redirect after the loss injector (auto prio 0xC000)
 NUD_NOARP = 0x40
 NUD_PERMANENT = 0x80
 TBF_HANDLE = 0x10000      # 1:
@@ -150,6 +154,36 @@ def attach_tc_egress(ipr, index: int, fd: int, name: str) -> None:
     ipr.tc("add", "clsact", index=index)
     ipr.tc("add-filter", "bpf", index=index, handle=1, fd=fd, name=name,
            parent=TC_EGRESS, classid=1, direct_action=True)
+
+
+def add_ifb(ipr, name: str, cfg: Any) -> int:
+    """An IFB device `name`, up, with TBF at cfg's rate: a shared link (what
+    several ports' frames are redirected through, `redirect_through`)."""
+    ipr.link("add", ifname=name, kind="ifb", mtu=cfg.mtu)
+    idx = ipr.link_lookup(ifname=name)[0]
+    ipr.link("set", index=idx, state="up")
+    add_tbf(ipr, idx, cfg)
+    return idx
+
+
+def redirect_through(ipr, index: int, down: int, up: int, local_ips: list[str]) -> None:
+    """Port `index`'s frames through a shared link: what leaves it (to its
+    host) through IFB `down`, what comes in from its host through IFB `up`,
+    except frames from (egress) or to (ingress) an address in `local_ips`,
+    which stay on the node. The egress redirect runs after the loss
+    injector's filter (which goes on to the next filter for a frame it keeps:
+    bpf/loss_tc.c)."""
+    with contextlib.suppress(Exception):    # the loss injector may have added it
+        ipr.tc("add", "clsact", index=index)
+    for parent, field, ifb in ((TC_EGRESS, 12, down), (TC_INGRESS, 16, up)):
+        for ip in local_ips:   # u32 keys: value/mask+offset into the IP header (src 12, dst 16)
+            hexip = "0x" + "".join(f"{int(o):02x}" for o in ip.split("."))
+            ipr.tc("add-filter", "u32", index=index, parent=parent, protocol=ETH_P_IP,
+                   prio=PRIO_LOCAL, target=0x10001, keys=[f"{hexip}/0xffffffff+{field}"])
+        ipr.tc("add-filter", "u32", index=index, parent=parent, protocol=ETH_P_ALL,
+               prio=PRIO_LINK, target=0x10001, keys=["0x0/0x0+0"],
+               action={"kind": "mirred", "direction": "egress", "action": "redirect",
+                       "ifindex": ifb})
 
 
 def egress_filters(ipr, index: int) -> list[str]:

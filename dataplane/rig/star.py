@@ -46,7 +46,8 @@ from .netlink import NUD_NOARP, NUD_PERMANENT, TC_EGRESS
 from .star_plan import (BRIDGE, BROADCAST, DEFAULT_NAME, MAX_RATE_BPS, MAX_SERVERS,
                         MAX_WORKERS, MIN_RATE_BPS, NAME_RE, PIN_ROOT, PREFIXLEN, PS_IP, STATE_DIR,
                         SUBNET, WORKER_BASE, Host, RigConfig, bridge_of, broadcast_of,
-                        namespaces_by_rig, pin_dir, plan_hosts, plan_nics, state_path, switch_ns)
+                        namespaces_by_rig, node_links, pin_dir, plan_hosts, plan_nics, state_path,
+                        switch_ns)
 from .teardown import remove_all
 from .traffic import measure_rate, udp_blast
 
@@ -111,9 +112,17 @@ class Rig(RigBase):
             return [h.port for h in self.hosts + self.nics]
         return [h.port for h in self.servers]
 
+    def node_devices(self, k: int) -> list[Host]:
+        """The hosts and devices on node k (RigConfig.nodes)."""
+        return [h for h in self.hosts + self.nics if self.config.node_of(h) == k]
+
     @property
     def shaped_ports(self) -> list[str]:
-        return self._ports(self.config.shape)
+        """What carries a TBF: ports of their own, then each node's two links."""
+        nodes = range(self.config.nodes)
+        return [p for p in self._ports(self.config.shape) if p not in
+                {h.port for k in nodes for h in self.node_devices(k)}] \
+            + [link for k in nodes for link in node_links(k)]
 
     @property
     def loss_ports(self) -> list[str]:
@@ -144,6 +153,8 @@ class Rig(RigBase):
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "version": 1, "config": self.config.to_dict(),
+                "nodes": [[h.name for h in self.node_devices(k)]
+                          for k in range(self.config.nodes)],
                 "created": self.created, "switch_ns": self.switch_ns, "bridge": BRIDGE,
                 "bridges": self.bridges,
                 "subnet": f"{SUBNET}/{PREFIXLEN}", "shaped_ports": self.shaped_ports,
@@ -157,7 +168,8 @@ class Rig(RigBase):
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"Rig({c.name!r}, workers={c.workers}, servers={c.servers}, rate={c.rate_bps}, "
+        return (f"Rig({c.name!r}, workers={c.workers}, servers={c.servers}, nodes={c.nodes}, "
+                f"colocate={c.colocate}, rate={c.rate_bps}, "
                 f"buffer={c.buffer_bytes}, "
                 f"loss={c.loss}, shape={c.shape}, mode={c.mode}, up={self._is_up})")
 
@@ -223,8 +235,19 @@ class Rig(RigBase):
             for h in self.hosts + self.nics:
                 self._host_up(h)
             for port in self.shaped_ports:
-                netlink.add_tbf(sw, ports[port], cfg)
+                if port in ports:      # a node's links are shaped in _build_nodes
+                    netlink.add_tbf(sw, ports[port], cfg)
             lossinject.load(sw, [ports[p] for p in self.loss_ports], self.pins["dir"], cfg.loss)
+            self._build_nodes(sw, ports)
+
+    def _build_nodes(self, sw, ports: dict[str, int]) -> None:
+        """Each node's link: an IFB each way, shaped, that its devices' ports
+        send and receive through (netlink.redirect_through)."""
+        for k in range(self.config.nodes):
+            down, up = (netlink.add_ifb(sw, name, self.config) for name in node_links(k))
+            devices = self.node_devices(k)
+            for h in devices:
+                netlink.redirect_through(sw, ports[h.port], down, up, [d.ip for d in devices])
 
     def _host_up(self, h: Host) -> None:
         with netlink.iproute(h.netns) as ipr:

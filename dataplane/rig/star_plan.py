@@ -14,7 +14,19 @@ subnet 0 and "ltp-w<j>s<i>" (198.18.<i>.(10 + j)) on subnet i, all in worker
 j's namespace. An LTP endpoint owns its device's XDP program, so a worker
 pushing to S servers at once needs a device per server; each subnet's
 broadcast address reaches only that server's workers (`nics` are these
-extra devices)."""
+extra devices).
+
+A rig with `nodes` K > 0 groups its workers into K nodes, as a cluster's
+machines hold several GPUs behind one NIC: worker j is on node
+j // (workers / K), and with `colocate` server s is on worker s's node (a
+server beside every worker, servers = workers). Every host keeps a device
+of its own (a rank's XDP program owns its device; on real hosts a VF or a
+macvlan of the node's NIC), but a node's devices share one link: the
+switch redirects what goes to them and what comes from them through the
+node's two IFB devices, each shaped to the rate (`node_links`), so the
+node's traffic together meets one TBF each way. Frames between two devices
+of one node skip the link (a NIC's embedded switch turns them round: no
+wire, no loss)."""
 from __future__ import annotations
 
 import os
@@ -41,7 +53,7 @@ NS_RE = re.compile(r"^ltp-([a-z0-9][a-z0-9_]{0,11})-(sw|ps\d*|w\d+)$")
 __all__ = ["BRIDGE", "BROADCAST", "DEFAULT_NAME", "MAX_RATE_BPS", "MAX_SERVERS", "MAX_WORKERS",
            "MIN_RATE_BPS", "NAME_RE", "NS_RE", "PIN_ROOT", "PREFIXLEN", "PS_IP",
            "STATE_DIR", "SUBNET", "WORKER_BASE", "Host", "RigConfig", "namespaces_by_rig",
-           "pin_dir", "plan_hosts", "plan_nics", "bridge_of", "broadcast_of", "state_path",
+           "pin_dir", "plan_hosts", "plan_nics", "bridge_of", "broadcast_of", "node_links", "state_path",
            "switch_ns"]
 
 
@@ -60,6 +72,10 @@ class RigConfig(ShapedConfig):
     loss_on: "ps" or "all": ports that carry the loss injector.
     mode: "native" puts an XDP_PASS program on the switch-side veths so a host's
       native-mode XDP_TX is delivered; "skb" leaves them bare (generic XDP).
+    nodes: 0, every host on a link of its own; K, the workers in K nodes of
+      workers / K, each node's devices sharing one link shaped each way (the
+      module docstring); needs shape "all".
+    colocate: server s on worker s's node (servers = workers; needs nodes).
     """
 
     name: str = DEFAULT_NAME
@@ -73,6 +89,8 @@ class RigConfig(ShapedConfig):
     mode: str = "native"
     mtu: int = 1500
     servers: int = 1
+    nodes: int = 0
+    colocate: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -88,6 +106,27 @@ class RigConfig(ShapedConfig):
         for key in ("shape", "loss_on"):
             if getattr(self, key) not in ("ps", "all"):
                 raise ValueError(f"{key}: must be ps or all, got {getattr(self, key)!r}")
+        self.check_nodes()
+
+    def check_nodes(self) -> None:
+        """nodes divides workers, and shapes every link; colocate pairs every worker with a server."""
+        if not isinstance(self.nodes, int) or not 0 <= self.nodes <= self.workers \
+                or self.nodes and self.workers % self.nodes:
+            raise ValueError(f"nodes: must divide workers ({self.workers}) into nodes of equal "
+                             f"size, got {self.nodes!r}")
+        if self.nodes and self.shape != "all":
+            raise ValueError("nodes: a node's link is shaped, so every link is: shape must be all")
+        if self.colocate and (not self.nodes or self.servers != self.workers):
+            raise ValueError(f"colocate: a server beside every worker needs nodes and servers = "
+                             f"workers ({self.workers}), got nodes {self.nodes}, servers "
+                             f"{self.servers}")
+
+    def node_of(self, h: Host) -> int | None:
+        """The node host or device `h` is on, or None (a link of its own)."""
+        if not self.nodes or h.role == "ps" and not self.colocate:
+            return None
+        index = subnet_of(h) if h.role == "ps" else h.index   # server s beside worker s
+        return index // (self.workers // self.nodes)
 
 
 def _host(rig: str, short: str, role: str, index: int, subnet: int, last: int,
@@ -111,6 +150,12 @@ def plan_nics(name: str, workers: int, servers: int = 1) -> list[Host]:
     worker's namespace: named w<j>s<i>, role "nic", index j."""
     return [_host(name, f"w{j}s{i}", "nic", j, i, WORKER_BASE + j, ns_short=f"w{j}")
             for i in range(1, servers) for j in range(workers)]
+
+
+def node_links(k: int) -> tuple[str, str]:
+    """The IFB devices (in the switch namespace) of node k's link: what goes
+    to the node, what comes from it."""
+    return f"n{k}-down", f"n{k}-up"
 
 
 def subnet_of(h: Host) -> int:
