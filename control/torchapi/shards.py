@@ -15,6 +15,11 @@ looks like one Exchange to the optimizer and the collectives: it splits each
 piece, pushes slice i to server i from shard i's own thread (all S at once),
 pulls the S answers and joins them, with one StepReport merged from the S.
 Replicas stay bit-identical: every worker joins the same S answers.
+A worker's shard threads each talk to the store over a client of their own
+(`Store.clone`): one client serves one call at a time and holds it through
+a blocking wait, so shard i waiting for its server's word would hold up
+shard j's answer that server j waits for (a deadlock with three servers
+or more, seen on the rig).
 
 An LTP endpoint owns its device's XDP program, so a worker needs a device
 per server: the one its route to that server leaves by (`route_to`). The
@@ -432,8 +437,10 @@ def start_sharded(job) -> None:
     job.local_rank = job.local_index(metas)
     for link, m in zip(links, servers):
         link.connect(m)
+    with netns.inside(s.store_netns):     # as liveness.Beat makes its own
+        clients = [job.store.clone() for _ in links]    # one per shard thread (module doc)
     job.exchange = ShardedExchange(
-        [Exchange(link, Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}"),
+        [Exchange(link, Coord(_store(clients[i], i), W, s.timeout, key=key, scope=f"s{i}"),
                   job.rank, W)
          for i, link in enumerate(links)], job.rank, W)
 
