@@ -38,6 +38,8 @@ requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
     (["unload"], "DEV"),
     (["unload", "eth9", "--all"], "DEV"),
     (["capture"], "DEV"),
+    (["train", "--colocate", "--servers", "3"], "leave out --servers 3"),
+    (["train", "--colocate", "--workers", "9"], "at most 8 servers"),
     (["capture", "eth9", "-r", "x.pcap"], "DEV"),
     (["top", "--interval", "0"], "--interval"),
     (["top", "-c", "0"], "--count"),
@@ -54,10 +56,10 @@ def test_usage_errors_exit_2_with_json_errors(argv, needle):
 
 @pytest.mark.root
 @pytest.mark.parametrize("flags,needle", [
-    (["--colocate"], "use --transport tcp"),       # over LTP: one data plane per role
     (["--colocate", "--transport", "tcp", "--servers", "3"], "leave out --servers 3"),
+    (["--colocate", "--servers", "3"], "leave out --servers 3"),              # over LTP too
     (["--workers", "3", "--ranks-per-node", "2", "--transport", "tcp"], "divide --workers"),
-    (["--workers", "4", "--ranks-per-node", "2"], "a device of its own"),   # over LTP
+    (["--workers", "3", "--ranks-per-node", "2"], "divide --workers"),
     (["--workers", "9", "--colocate", "--transport", "tcp"], "at most 8 servers"),
 ])
 def test_launch_shape_usage_errors(flags, needle):

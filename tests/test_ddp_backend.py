@@ -7,7 +7,10 @@ the same script over gloo.
   server's mean times 2 is gloo's sum, exactly), RANK/WORLD_SIZE count the
   trainers, and a gloo script runs under `ltp launch --servers 0`; so does
   the same over co-located servers (`--colocate`: one beside each worker,
-  over TCP);
+  over LTP, each rank with a device of its own on a rig with nodes);
+- 2 nodes of 2 trainers with a server beside each, over TCP (a node's ranks
+  share its device) and over LTP (a device each, a node's sharing one link):
+  torchrun's LOCAL_RANK and LTP's own count of a node's trainers agree;
 - at 5 % loss: every exact collective goes over LTP (native.py), none over
   gloo, and equals gloo's result bit for bit, but the float sums and means,
   which are LTP's (float32 on the server in one fixed order; float64 summed
@@ -71,12 +74,15 @@ def test_stock_ddp_script_over_ltp_and_colocated_equals_gloo_bit_for_bit():
     assert rc == 0, err[-3000:]
     assert [r["label"] for r in s["ranks"]] == ["w0", "w1"]
     gloo = results(s)
-    # no server hosts: a server beside each worker, on its host, over TCP
+    # no server hosts: a server beside each worker, on its node, over LTP: each
+    # rank a device of its own, a node's two sharing one link
     rc, s, err = launch(2, "python", "docs/examples/ddp_backend.py", "--epochs", "3",
-                        flags=("--colocate", "--transport", "tcp"))
+                        flags=("--colocate",),
+                        LTP_EARLY_CLOSE='{"threshold_min": 1.0, "threshold_max": 1.0}')
     assert rc == 0, err[-3000:]
-    assert [(r["label"], r["host"]) for r in s["ranks"]] == \
-        [("s0", "w0"), ("s1", "w1"), ("w0", "w0"), ("w1", "w1")] and s["colocated"]
+    assert [(r["label"], r["host"], r["node"]) for r in s["ranks"]] == \
+        [("s0", "ps", 0), ("s1", "ps1", 1), ("w0", "w0", 0), ("w1", "w1", 1)] and \
+        s["colocated"] and s["rig"]["nodes"] == 2
     colocated = results(s)
     # torchrun's numbering: the trainers only, whatever servers the job has
     assert [r["rank"] for r in ltp] == [0, 1] and {r["world"] for r in ltp} == {2}
@@ -88,17 +94,26 @@ def test_stock_ddp_script_over_ltp_and_colocated_equals_gloo_bit_for_bit():
     assert ltp[0]["cfg"] == {"epochs": 3, "from": 0}
 
 
+NODE_HOSTS = {   # 2 nodes of 2 trainers, a server beside each: where each rank runs
+    # over TCP a node's ranks share its one device ...
+    "tcp": [("s0", "w0"), ("s1", "w0"), ("s2", "w1"), ("s3", "w1"),
+            ("w0", "w0"), ("w1", "w0"), ("w2", "w1"), ("w3", "w1")],
+    # ... over LTP each has a device of its own (4 servers: 4 shard threads a worker)
+    "ltp": [("s0", "ps"), ("s1", "ps1"), ("s2", "ps2"), ("s3", "ps3"),
+            ("w0", "w0"), ("w1", "w1"), ("w2", "w2"), ("w3", "w3")]}
+
+
 @requires_bpf
 @pytest.mark.rig
-def test_two_hosts_of_two_trainers_and_two_colocated_servers_share_each_device():
-    # the cluster's shape without server hosts: 4 trainers, 2 to a host, a
-    # server beside each; each host's one device carries all four ranks
+@pytest.mark.parametrize("transport", ["tcp", "ltp"])
+def test_two_nodes_of_two_trainers_and_a_colocated_server_beside_each(transport):
+    # the cluster's shape without server hosts: 4 trainers, 2 to a node, a
+    # server beside each
     rc, s, err = launch(4, "python", "tests/ddp_collectives_job.py", "ltp",
-                        flags=("--ranks-per-node", "2", "--colocate", "--transport", "tcp"))
+                        flags=("--ranks-per-node", "2", "--colocate", "--transport", transport))
     assert rc == 0, err[-3000:]
-    assert [(r["label"], r["host"]) for r in s["ranks"]] == \
-        [("s0", "w0"), ("s1", "w0"), ("s2", "w1"), ("s3", "w1"),
-         ("w0", "w0"), ("w1", "w0"), ("w2", "w1"), ("w3", "w1")] and s["ranks_per_node"] == 2
+    assert [(r["label"], r["host"]) for r in s["ranks"]] == NODE_HOSTS[transport] and \
+        s["ranks_per_node"] == 2
     res = results(s)
     assert [r["rank"] for r in res] == [0, 1, 2, 3] and {r["world"] for r in res} == {4}
     # LOCAL_RANK as torchrun gives it, and LTP's own count of a host's trainers

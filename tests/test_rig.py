@@ -8,6 +8,7 @@ touched (no test calls Rig.down_all()).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -243,6 +244,7 @@ def rig():
 
 
 def _py(rig, host, code: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """Run Python `code` in `host`'s namespace (a Host: any of its devices')."""
     r = rig.exec(host, [sys.executable, "-c", textwrap.dedent(code), *args], timeout=timeout)
     assert r.returncode == 0, r.stderr
     return r
@@ -489,3 +491,48 @@ def test_skb_mode_rounds_arrive_whole():
             res, _ = cl.run_round(r, 65536)
             assert res.delivered_fraction == 1.0, res.report()
         assert cl.ps.counters()["malformed"] == 0
+
+
+@privileged
+@pytest.mark.rig
+def test_a_nodes_devices_share_one_link_and_talk_among_themselves_off_it():
+    # 2 nodes of 2 workers, a server beside each: every host its own device,
+    # a node's devices behind one link each way (the IFBs' TBFs count them)
+    from ltpx.dataplane.rig.star import Rig, RigConfig
+    cfg = RigConfig(name=f"nd{_TAG}", workers=4, servers=4, nodes=2, colocate=True,
+                    shape="all", loss_on="all")
+    with Rig(cfg) as rig:
+        def links() -> dict[str, int]:
+            return {b["port"]: b["packets"] for b in rig.bottleneck() if b["port"][0] == "n"}
+
+        def send(src: str, dst: str, n: int = 50) -> int:   # 50 frames: within a queue
+            """n datagrams from device src to device dst; how many arrived."""
+            d = devices[dst]
+            rx = rig.socket(d)
+            rx.bind((d.ip, 7010))
+            rx.settimeout(0.5)
+            _py(rig, devices[src], """
+                import socket, sys
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                for _ in range(int(sys.argv[2])):
+                    s.sendto(b"x" * 100, (sys.argv[1], 7010))
+                """, d.ip, str(n))
+            got = 0
+            with contextlib.suppress(socket.timeout):
+                while rx.recv(200):
+                    got += 1
+            rx.close()
+            return got
+
+        devices = {h.name: h for h in rig.hosts + rig.nics}
+        assert [sorted(h.name for h in rig.node_devices(k)) for k in (0, 1)][0][:4] == \
+            ["ps", "ps1", "w0", "w0s1"]
+        before = links()
+        assert send("w0", "w2") == 50                # across: up node 0's link, down node 1's
+        after = links()
+        assert after["n0-up"] - before["n0-up"] == 50 == after["n1-down"] - before["n1-down"]
+        assert after["n0-down"] == before["n0-down"] and after["n1-up"] == before["n1-up"]
+        rig.set_loss(0.9)                            # the wire's loss, not the node's own switch
+        assert send("w0", "w1") == 50 and send("ps1", "w0s1") == 50
+        assert links() == after
+        assert send("w0", "w3") < 25                 # ... which across the wire applies

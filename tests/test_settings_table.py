@@ -235,7 +235,8 @@ def _launch_rig(argv):
 @pytest.mark.parametrize("argv", [[], ["--transport", "tcp", "--servers", "2", "--mtu", "3000",
                                        "--rate", "100mbit", "--buffer", "60kb"],
                                   ["--transport", "tcp", "--workers", "4", "--ranks-per-node",
-                                   "2", "--colocate"]])
+                                   "2", "--colocate"],
+                                  ["--workers", "4", "--ranks-per-node", "2", "--colocate"]])
 def test_launch_flags_to_rank_environment_to_settings_round_trip(argv, no_ltp_env):
     from ltpx.control.launcher.launch import job_env, rank_settings
     args, rig, ranks = _launch_rig(argv)
@@ -244,12 +245,53 @@ def test_launch_flags_to_rank_environment_to_settings_round_trip(argv, no_ltp_en
         given = rank_settings(rig, r, servers=args.servers, transport=args.transport)
         assert set(given) == set(LAUNCHED)
         assert {v for v in env if v.startswith("LTP_") and v[4:].lower() in OPTIONS} == \
-            {TABLE[k].env for k in LAUNCHED}
+            {TABLE[k].env for k in LAUNCHED if given[k] is not None}    # node: a rig's nodes
         got = Settings.resolve({}, environ=env)
         assert got == dataclasses.replace(Settings(), **given), r.label
         assert (got.transport, got.servers, got.mtu, got.dev, got.netns) == \
             (args.transport, args.servers, args.mtu, r.host.ifname, r.host.netns)
         assert got.capacity == rig.config.rate_bps and got.buffer == rig.config.buffer_bytes
+
+
+def test_over_ltp_ranks_on_one_node_each_have_a_device_and_count_as_one_host(no_ltp_env):
+    # over LTP an endpoint owns its device: 2 nodes of 2 trainers and a server
+    # beside each, every rank in a namespace of its own, a node's sharing its link
+    from ltpx.control.launcher.launch import job_env
+    args, rig, ranks = _launch_rig(["--workers", "4", "--ranks-per-node", "2", "--colocate"])
+    c = rig.config
+    assert (c.workers, c.servers, c.nodes, c.colocate, c.shape) == (4, 4, 2, True, "all")
+    env = {r.label: job_env(rig, r, len(ranks), 29500, servers=args.servers) for r in ranks}
+    got = {lb: tuple(e[k] for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                    "LTP_NODE", "LTP_NETNS"))
+           for lb, e in env.items()}
+    ns = {h.name: h.netns for h in rig.hosts}
+    n0, n1 = "stt-n0", "stt-n1"
+    assert got == {"s0": ("0", "0", "1", "0", n0, ns["ps"]),
+                   "s1": ("0", "0", "1", "0", n0, ns["ps1"]),
+                   "s2": ("0", "0", "1", "1", n1, ns["ps2"]),
+                   "s3": ("0", "0", "1", "1", n1, ns["ps3"]),
+                   "w0": ("0", "0", "2", "0", n0, ns["w0"]),
+                   "w1": ("1", "1", "2", "0", n0, ns["w1"]),
+                   "w2": ("2", "0", "2", "1", n1, ns["w2"]),
+                   "w3": ("3", "1", "2", "1", n1, ns["w3"])}
+    assert len({e["LTP_DEV"] + e["LTP_NETNS"] for e in env.values()}) == 8
+    # what shares a node's link: its trainers' devices (one per server) and its servers'
+    assert [h.name for h in rig.node_devices(0)] == \
+        ["ps", "ps1", "w0", "w1", "w0s1", "w1s1", "w0s2", "w1s2", "w0s3", "w1s3"]
+
+
+def test_rig_nodes_are_checked_and_placed():
+    from ltpx.dataplane.rig.star import Rig, RigConfig
+    for kw, field in [(dict(workers=4, nodes=3, shape="all"), "nodes"),
+                      (dict(workers=4, nodes=2), "nodes"),                 # shape ps
+                      (dict(workers=4, servers=2, nodes=2, shape="all", colocate=True),
+                       "colocate"),
+                      (dict(workers=4, servers=4, shape="all", colocate=True), "colocate")]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            RigConfig(name="x", **kw)
+    rig = Rig(RigConfig(name="x", workers=4, nodes=2, shape="all"))   # a dedicated server
+    assert [rig.config.node_of(h) for h in rig.hosts] == [None, 0, 0, 1, 1]
+    assert rig.shaped_ports == ["sw-ps", "n0-down", "n0-up", "n1-down", "n1-up"]
 
 
 def test_hosts_of_two_trainers_and_colocated_servers_get_torchruns_numbers(no_ltp_env):

@@ -221,3 +221,29 @@ def test_both_exchanges_are_what_the_job_asks_of_one():
             sh.snapshot     # noqa: B018 (rejoining is one server's: not forwarded)
     finally:
         sh.close()
+
+
+@pytest.mark.unit
+def test_a_shards_blocking_wait_does_not_hold_up_another_shards_word():
+    # a worker's shard threads: shard 0 waits for its server's word while
+    # shard 1 must give its own; over one shared client the set would queue
+    # behind the wait until it timed out (a deadlock with 3+ servers, seen)
+    import threading
+    from datetime import timedelta
+    import torch.distributed as dist
+    from ltpx.control.torchapi.shards import shard_clients
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False)
+    c0, c1 = shard_clients(client, 2)
+    waited: list[str] = []
+    t = threading.Thread(target=lambda: (c0.wait(["open/1"], timedelta(seconds=30)),
+                                         waited.append("open")))
+    t.start()
+    try:
+        c1.set("ack/1/0", "1")             # returns while shard 0 still waits ...
+        assert t.is_alive() and not waited
+        assert master.get("ack/1/0") == b"1"
+    finally:
+        master.set("open/1", "1")          # ... which the word it waited for ends
+        t.join(10)
+    assert waited == ["open"]

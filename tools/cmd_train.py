@@ -16,7 +16,7 @@ import dataclasses
 import os
 import sys
 
-from ..control.settings_table import TABLE
+from ..control.settings_table import MAX_SERVERS, TABLE
 from ..control.training import RANK_MODULES
 from ..control.training.args import add_train_flags
 from ..control.training.config import CAPABILITIES, LTP_TRANSPORTS
@@ -69,6 +69,10 @@ def register(sub) -> None:
     p.add_argument("--workers", type=int, default=4, help="workers (default 4; 1..64)")
     add_train_flags(p)   # shared with every rank (python -m ltpx.control.training)
     rig = p.add_argument_group("the rig")
+    rig.add_argument("--colocate", action="store_true",
+                     help="no server hosts: a server beside every worker, each on its node "
+                     "(--servers = --workers, at most 8); over LTP each rank has a device of "
+                     "its own and a node's two share one link (docs/deploy.md)")
     rig.add_argument("--loss", default="0", help="drop probability on every rig port, in "
                      "[0, 1) (default 0)")
     rig.add_argument("--rate", default="1gbit", help="rate of every rig port (default 1gbit)")
@@ -220,6 +224,14 @@ def _validate(args) -> tuple:
     from ..control.training.args import config_from_args
     if not 1 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
+    if args.colocate:
+        if args.servers not in (1, args.workers):
+            raise UsageError(f"--colocate runs one server beside every worker "
+                             f"({args.workers}); leave out --servers {args.servers}")
+        if args.workers > MAX_SERVERS:
+            raise UsageError(f"--colocate: a job has at most {MAX_SERVERS} servers, one beside "
+                             f"each of {args.workers} workers would be more")
+        args.servers = args.workers
     try:
         loss = float(args.loss)
     except ValueError:
@@ -365,7 +377,8 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
                       "rate_bps": rig.config.rate_bps,
                       "buffer_bytes": rig.config.buffer_bytes, "loss": rig.config.loss,
                       "shape": rig.config.shape, "loss_on": rig.config.loss_on,
-                      "mtu": rig.config.mtu, "servers": rig.config.servers}
+                      "mtu": rig.config.mtu, "servers": rig.config.servers,
+                      "nodes": rig.config.nodes, "colocated": rig.config.colocate}
         res["servers"] = cfg.servers
         res["compress"] = cfg.compress
         res["sender"] = cfg.sender
@@ -390,8 +403,15 @@ def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
                           "`ltp rig status` shows the rigs that are up")
         return Rig(rig_config(name, cfg.transport, workers=args.workers, rate_bps=rate,
                               buffer_bytes=buffer, loss=loss, mtu=args.mtu,
-                              servers=cfg.servers)), cfg
+                              servers=args.workers if args.colocate else cfg.servers,
+                              nodes=args.workers if args.colocate else 0,
+                              colocate=args.colocate)), cfg
     rig = Rig.attach(args.name)
+    if args.colocate != rig.config.colocate or args.colocate and args.workers != rig.config.workers:
+        raise UsageError(f"--colocate: rig {args.name} has " + (
+            f"a server beside each of {rig.config.workers} workers" if rig.config.colocate
+            else "no server beside each worker") + "; build one with `ltp rig up --workers W "
+            "--servers W --nodes W --colocate`, or leave out --name")
     if len(rig.workers) < args.workers:
         raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "
                          f"workers, asked for {args.workers}")

@@ -408,6 +408,15 @@ def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]
     return links, nets
 
 
+def shard_clients(store, n: int, store_netns: str | None = None) -> list:
+    """n clients of the store, one per shard thread, each a connection of its
+    own made in the store's namespace (as liveness.Beat makes its own): a
+    client serves one call at a time, and a blocking wait holds it (module
+    doc)."""
+    with netns.inside(store_netns):
+        return [store.clone() for _ in range(n)]
+
+
 def start_sharded(job) -> None:
     """job.Job.start for servers > 1 (after the rendezvous): coordination,
     links and, on a worker, the ShardedExchange."""
@@ -437,8 +446,7 @@ def start_sharded(job) -> None:
     job.local_rank = job.local_index(metas)
     for link, m in zip(links, servers):
         link.connect(m)
-    with netns.inside(s.store_netns):     # as liveness.Beat makes its own
-        clients = [job.store.clone() for _ in links]    # one per shard thread (module doc)
+    clients = shard_clients(job.store, len(links), s.store_netns)
     job.exchange = ShardedExchange(
         [Exchange(link, Coord(_store(clients[i], i), W, s.timeout, key=key, scope=f"s{i}"),
                   job.rank, W)
@@ -446,4 +454,4 @@ def start_sharded(job) -> None:
 
 
 __all__ = ["plan_slices", "split_op", "merge_reports", "merge_summaries", "ShardedExchange",
-           "ShardRun", "route_to", "start_sharded"]
+           "ShardRun", "route_to", "shard_clients", "start_sharded"]

@@ -135,7 +135,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     argv = rank_argv(cfg, rank_timeout_s, deadline_min_s, early_close)
     ok = False
     while True:      # once, or again after the server died under --restart
-        ranks = plan_ranks(rig, W, servers)
+        ranks = plan_ranks(rig, W, servers, colocate=bool(servers and rig.config.colocate))
         forkserver.warm(RANK_MODULES)   # (a no-op if `ltp train` warmed it before the rig)
         job = follow = None
         try:
