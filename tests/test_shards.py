@@ -168,6 +168,20 @@ def test_train_two_servers_under_loss_reaches_accuracy(rig):
     assert dropped > 0                              # the injector dropped packets on the way
 
 
+@requires_bpf
+@pytest.mark.rig
+def test_train_with_a_server_beside_each_worker_under_loss_reaches_accuracy():
+    # no server hosts, over LTP: 3 nodes of a worker and a server, each rank
+    # on a device of its own, a node's two sharing one lossy link
+    r = ltp("train", "--colocate", "--workers", "3", "--epochs", "3", "--loss", "0.01",
+            "--target-accuracy", "0.9", "-j", timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert res["servers"] == 3 and res["rig"]["nodes"] == 3 and res["rig"]["colocated"]
+    assert res["replicas_identical"], res["worker_digests"]
+    assert res["final_accuracy"] >= 0.9 and res["time_to_target"] is not None
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("n,S", [(7, 3), (2, 3), (9, 1)])
 def test_an_all_gathers_rows_are_joined_from_every_servers_slice(n, S):

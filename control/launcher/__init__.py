@@ -5,6 +5,7 @@ their output followed (`ltp launch`; `ltp train` through control/training/onrig.
 Modules, each with one job:
   launch      RigJob: start every rank of a job in its host's namespace, with
               torchrun's env:// variables and the LTP_* settings; pump, stop, follow
+  plan        Rank and plan_ranks: the rig host and node each server and worker runs on
   restarts    RestartPolicy, the one restart policy: a dead rank restarted,
               let go, or every rank started again (RestartJob)
   hangs       the launcher's hang report: one line per rank from the flight recorder

@@ -15,17 +15,12 @@ looks like one Exchange to the optimizer and the collectives: it splits each
 piece, pushes slice i to server i from shard i's own thread (all S at once),
 pulls the S answers and joins them, with one StepReport merged from the S.
 Replicas stay bit-identical: every worker joins the same S answers.
-A worker's shard threads each talk to the store over a client of their own
-(`Store.clone`): one client serves one call at a time and holds it through
-a blocking wait, so shard i waiting for its server's word would hold up
-shard j's answer that server j waits for (a deadlock with three servers
-or more, seen on the rig).
+Each shard thread has a store client of its own (`shard_clients`).
 
-An LTP endpoint owns its device's XDP program, so a worker needs a device
-per server: the one its route to that server leaves by (`route_to`). The
-rig (`ltp rig up --servers S`) gives every worker a device on each server's
-subnet. The root store (no prefix) keeps every rank's meta and what code
-above the API stores (`user/...`); the servers' summaries are merged too.
+An LTP endpoint owns its device's XDP program, so a worker pushes to each server
+over the device its route there leaves by (`route_to`; on a rig, one per subnet).
+The root store (no prefix) keeps every rank's meta and what code above the API
+stores (`user/...`); the servers' summaries are merged too.
 """
 from __future__ import annotations
 
@@ -409,10 +404,9 @@ def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]
 
 
 def shard_clients(store, n: int, store_netns: str | None = None) -> list:
-    """n clients of the store, one per shard thread, each a connection of its
-    own made in the store's namespace (as liveness.Beat makes its own): a
-    client serves one call at a time, and a blocking wait holds it (module
-    doc)."""
+    """A store client per shard thread (made as liveness.Beat's): one serves a call
+    at a time, so shard i's blocking wait would hold up shard j's word to server
+    j, which server j waits for (a deadlock with 3+ servers, seen on the rig)."""
     with netns.inside(store_netns):
         return [store.clone() for _ in range(n)]
 
