@@ -14,13 +14,12 @@ links and S exchange.Exchange objects behind one `ShardedExchange`, which
 looks like one Exchange to the optimizer and the collectives: it splits each
 piece, pushes slice i to server i from shard i's own thread (all S at once),
 pulls the S answers and joins them, with one StepReport merged from the S.
-Replicas stay bit-identical: every worker joins the same S answers.
-Each shard thread has a store client of its own (`shard_clients`).
+Replicas stay bit-identical: every worker joins the same S answers. Each shard
+thread has a store client of its own (`shard_clients`).
 
 An LTP endpoint owns its device's XDP program, so a worker pushes to each server
 over the device its route there leaves by (`route_to`; on a rig, one per subnet).
-The root store (no prefix) keeps every rank's meta and what code above the API
-stores (`user/...`); the servers' summaries are merged too.
+The root store keeps every rank's meta and `user/...`; server summaries merge.
 """
 from __future__ import annotations
 
