@@ -243,6 +243,7 @@ def test_a_shards_blocking_wait_does_not_hold_up_another_shards_word():
     # shard 1 must give its own; over one shared client the set would queue
     # behind the wait until it timed out (a deadlock with 3+ servers, seen)
     import threading
+    import time
     from datetime import timedelta
     import torch.distributed as dist
     from ltpx.control.torchapi.shards import shard_clients
@@ -250,10 +251,13 @@ def test_a_shards_blocking_wait_does_not_hold_up_another_shards_word():
     client = dist.TCPStore("127.0.0.1", master.port, is_master=False)
     c0, c1 = shard_clients(client, 2)
     waited: list[str] = []
-    t = threading.Thread(target=lambda: (c0.wait(["open/1"], timedelta(seconds=30)),
+    going = threading.Event()
+    t = threading.Thread(target=lambda: (going.set(), c0.wait(["open/1"], timedelta(seconds=30)),
                                          waited.append("open")))
     t.start()
     try:
+        assert going.wait(10)
+        time.sleep(0.5)                    # shard 0 in its wait (sooner: only a weaker test)
         c1.set("ack/1/0", "1")             # returns while shard 0 still waits ...
         assert t.is_alive() and not waited
         assert master.get("ack/1/0") == b"1"

@@ -4,7 +4,8 @@
 Builds a rig (or uses the named one), hosts the rendezvous store on the PS
 namespace's loopback, and starts COMMAND once per rank: the server rank(s)
 on the PS host (--colocate: beside the workers), worker k on host w<k // R>
-(--ranks-per-node R, 1 by default), each with torchrun's env:// variables
+(--ranks-per-node R, 1 by default; over LTP each rank on a host of its own,
+a rig with nodes: launcher/plan.py), each with torchrun's env:// variables
 and the LTP_* settings `ltpx.torch.init()` reads (device, address, XDP mode,
 capacity, MTU, group address). Every line a rank prints comes out prefixed
 with its rank ([s0], [w0], ...); a JSON line {"event": "progress", "step",
@@ -36,7 +37,7 @@ from ..control.training import RANK_MODULES
 from .common import UsageError, add_command, add_json, need_bcc, need_root, wants_json
 from .train_text import cause_lines, stall_lines
 from .flags import MAX_WORKERS, add_buffer, add_loss, add_rate
-from .cmd_launch_checks import check_args
+from .cmd_launch_checks import check_args, check_kept_shape
 
 EPILOG = """The command runs once per rank: `python` and a leading .py file mean this
 interpreter (the one with torch and ltpx). In the script, `lt.init()` or
@@ -108,8 +109,9 @@ def register(sub) -> None:
     add_flag(p, "transport", LAUNCH, help=", on an skb-mode rig")
     p.add_argument("--ranks-per-node", type=int, default=1, metavar="R",
                    help="workers on each node (LOCAL_RANK 0..R-1; --workers counts them "
-                   "all): over TCP or gloo they share the node's device; over LTP each has "
-                   "a device of its own and the node's devices share one link (default 1)")
+                   "all): over TCP, or a script without LTP (--servers 0), they share the "
+                   "node's device; over LTP each has a device of its own and the node's "
+                   "devices share one link (default 1)")
     p.add_argument("--colocate", action="store_true",
                    help="no server hosts: a server beside every worker, on its node, each "
                    "summing 1/workers of every bucket (servers = workers)")
@@ -161,6 +163,7 @@ def cmd_launch(args) -> int:
         if len(rig.workers) < args.workers // (1 if rig.config.nodes else args.ranks_per_node):
             raise UsageError(f"--workers: rig {args.rig} has only {len(rig.workers)} worker "
                              "hosts")
+        check_kept_shape(args, rig)
         if args.servers > 1 and not args.colocate and len(rig.servers) < args.servers:
             raise UsageError(f"--servers: rig {args.rig} has {len(rig.servers)} server "
                              f"host(s); build it with `ltp rig up --servers {args.servers}`")

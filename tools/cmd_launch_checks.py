@@ -43,8 +43,11 @@ def check_runnable(cmd: list[str]) -> None:
 def nodes_rig(args) -> bool:
     """Does the job's shape need a rig with nodes: over LTP, ranks on one
     node (`--ranks-per-node`) or a server beside each worker, each rank with
-    a device of its own (an endpoint owns its device's XDP program)."""
-    return args.transport == "ltp" and (args.ranks_per_node > 1 or args.colocate)
+    a device of its own (an endpoint owns its device's XDP program). A script
+    without LTP (`--servers 0`: gloo, nccl) shares a node's one device, as
+    over TCP."""
+    return args.transport == "ltp" and args.servers > 0 and \
+        (args.ranks_per_node > 1 or args.colocate)
 
 
 def check_per_node(args) -> None:
@@ -64,6 +67,25 @@ def check_colocate(args) -> None:
         raise UsageError(f"--colocate: a job has at most {MAX_SERVERS} servers, one beside "
                          f"each of {args.workers} workers would be more")
     args.servers = args.workers
+
+
+def check_kept_shape(args, rig) -> None:
+    """A kept rig (`--rig NAME` that exists) has the shape the flags ask for:
+    nodes of --ranks-per-node ranks for a job that needs them (nodes_rig), a
+    server beside each worker for --colocate over LTP."""
+    c = rig.config
+    if nodes_rig(args) and (not c.nodes or c.workers // c.nodes != args.ranks_per_node):
+        raise UsageError(f"--rig: rig {rig.name} has " + (
+            f"nodes of {c.workers // c.nodes} workers" if c.nodes else "no nodes")
+            + f"; over LTP this job needs {args.workers // args.ranks_per_node} nodes of "
+            f"{args.ranks_per_node} (`ltp rig up --workers {args.workers} --nodes "
+            f"{args.workers // args.ranks_per_node}"
+            + (f" --servers {args.workers} --colocate" if args.colocate else "") + "`)")
+    if nodes_rig(args) and args.colocate and not c.colocate:
+        raise UsageError(f"--colocate: rig {rig.name} has no server beside each worker "
+                         f"(`ltp rig up --workers {args.workers} --nodes "
+                         f"{args.workers // args.ranks_per_node} --servers {args.workers} "
+                         "--colocate`)")
 
 
 def check_args(args) -> list[str]:

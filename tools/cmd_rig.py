@@ -135,6 +135,8 @@ def cmd_up(args) -> int | None:
         if getattr(args, "servers", 1) != 1:
             raise UsageError("--servers: the leaf-spine rig has one PS per job; several "
                              "servers per job are built on the star rig only (for now)")
+        if getattr(args, "nodes", 0) or getattr(args, "colocate", False):
+            raise UsageError("--nodes/--colocate: nodes are built on the star rig only")
         return _up_leaf_spine(args)
     nodes = getattr(args, "nodes", 0)
     cfg = rigs.star_config(name=check_name(args.name), **rigs.shaped(args),
@@ -244,6 +246,8 @@ def _status_text(s: dict) -> str:
     for h in s["hosts"] + s.get("nics", []):
         lines.append(f"{h['name']:5} {h['role']:6} {h['netns']:{w}} "
                      f"{h['ip'] + '/' + str(h['prefixlen']):16} {h['ifname']:8} {h['mac']}")
+    lines += [f"node {k}: {', '.join(n)} (one link: n{k}-down, n{k}-up)"
+              for k, n in enumerate(s.get("nodes") or [])]
     return "\n".join(lines)
 
 

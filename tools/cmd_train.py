@@ -259,6 +259,12 @@ def _validate(args) -> tuple:
     runs = _runs(args)
     for run in runs[1:]:
         _check_run(args, run)
+    odd = [r for r in runs if args.colocate and r["transport"] != "gloo"
+           and r["servers"] != args.workers]
+    if odd:
+        raise UsageError(f"--colocate: every run has a server beside each of the "
+                         f"{args.workers} workers; {odd[0]['transport']} asks for "
+                         f"servers={odd[0]['servers']}")
     from ..control.training.faults import parse_kills
     try:
         args.kills = parse_kills(args.kill, args.workers)
@@ -407,11 +413,15 @@ def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
                               nodes=args.workers if args.colocate else 0,
                               colocate=args.colocate)), cfg
     rig = Rig.attach(args.name)
-    if args.colocate != rig.config.colocate or args.colocate and args.workers != rig.config.workers:
+    c = rig.config
+    if args.colocate != c.colocate:
         raise UsageError(f"--colocate: rig {args.name} has " + (
-            f"a server beside each of {rig.config.workers} workers" if rig.config.colocate
-            else "no server beside each worker") + "; build one with `ltp rig up --workers W "
-            "--servers W --nodes W --colocate`, or leave out --name")
+            f"a server beside each of its {c.workers} workers: add --colocate"
+            if c.colocate else "no server beside each worker: build one with `ltp rig up "
+            "--workers W --servers W --nodes W --colocate`") + ", or use another rig")
+    if c.nodes and args.workers != c.workers:
+        raise UsageError(f"--workers: rig {args.name} has {c.nodes} nodes of "
+                         f"{c.workers // c.nodes} workers; a job on it takes all {c.workers}")
     if len(rig.workers) < args.workers:
         raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "
                          f"workers, asked for {args.workers}")

@@ -24,7 +24,8 @@ Ranks 0..servers-1 run on the rig's server hosts (ps, ps1, ...: `ltp rig up
 --servers S`; a one-server rig runs them all on ps), rank servers+k on
 worker host k // R (`ltp launch --ranks-per-node R`, 1 by default);
 co-located (`plan_ranks(colocate=True)`, `ltp launch --colocate`), server i
-runs beside worker i, on its host.
+runs beside worker i, on its host; on a rig with nodes every rank has a host
+of its own and its node is the rig's (plan.py).
 Their stdout and stderr are read line by line as they come (`RigJob.pump`
 hands each line to a callback); when a rank fails the others get `grace_s`
 to notice, then SIGTERM (a rank unwinds and detaches
@@ -106,7 +107,7 @@ def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
     torch_rank = 0 if r.role == "server" else r.rank - servers
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
                RANK=str(torch_rank), WORLD_SIZE=str(trainers), LOCAL_RANK=str(r.local),
-               LOCAL_WORLD_SIZE=str(r.local_world), GROUP_RANK=str(r.node),
+               LOCAL_WORLD_SIZE=str(r.local_world), GROUP_RANK=str(max(r.node, 0)),
                TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=r.host.ifname,
                **forkserver.IMPORT_ENV,        # OMP_NUM_THREADS=1, TORCH_CPP_LOG_LEVEL, ...
                **to_env({"rank": r.rank, "world_size": world, "role": r.role,

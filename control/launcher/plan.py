@@ -97,11 +97,12 @@ def plan_ranks(rig, workers: int, servers: int = 1, colocate: bool = False,
 def _plan_on_nodes(rig, workers: int, servers: int, colocate: bool) -> list[Rank]:
     """plan_ranks on a rig whose hosts are grouped into nodes."""
     c = rig.config
-    if workers != c.workers or colocate and not c.colocate:
+    if workers != c.workers:
         raise ValueError(f"workers: rig {rig.name} has {c.nodes} nodes of "
-                         f"{c.workers // c.nodes} workers" + (", no server beside each"
-                                                              if colocate else "")
-                         + f"; a job on it takes all {c.workers} workers")
+                         f"{c.workers // c.nodes} workers; a job on it takes all {c.workers}")
+    if colocate and not c.colocate:
+        raise ValueError(f"colocate: rig {rig.name} has no server beside each worker "
+                         "(`ltp rig up --nodes K --servers W --colocate` builds one)")
     if colocate and servers != workers:
         raise ValueError(f"servers: co-located servers are one beside each of the {workers} "
                          f"workers, asked for {servers}")

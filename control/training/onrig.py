@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from ...errors import LaunchError
+from ...errors import LaunchError, UsageError
 from .. import settings_table
 from .config import LTP_TRANSPORTS, TrainConfig
 from . import RANK_MODULES
@@ -135,7 +135,10 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     argv = rank_argv(cfg, rank_timeout_s, deadline_min_s, early_close)
     ok = False
     while True:      # once, or again after the server died under --restart
-        ranks = plan_ranks(rig, W, servers, colocate=bool(servers and rig.config.colocate))
+        try:
+            ranks = plan_ranks(rig, W, servers, colocate=bool(servers and rig.config.colocate))
+        except ValueError as e:      # a rig of another shape; the message names the flag
+            raise UsageError(f"--{e}") from None
         forkserver.warm(RANK_MODULES)   # (a no-op if `ltp train` warmed it before the rig)
         job = follow = None
         try:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import netns
+from ...errors import RigError
 
 TC_EGRESS = 0xFFFFFFF3    # clsact egress hook (ffff:fff3)
 TC_INGRESS = 0xFFFFFFF2   # clsact ingress hook (ffff:fff2)
@@ -159,7 +160,12 @@ def attach_tc_egress(ipr, index: int, fd: int, name: str) -> None:
 def add_ifb(ipr, name: str, cfg: Any) -> int:
     """An IFB device `name`, up, with TBF at cfg's rate: a shared link (what
     several ports' frames are redirected through, `redirect_through`)."""
-    ipr.link("add", ifname=name, kind="ifb", mtu=cfg.mtu)
+    try:
+        ipr.link("add", ifname=name, kind="ifb", mtu=cfg.mtu)
+    except Exception as e:    # pyroute2's NetlinkError: no IFB in this kernel (CONFIG_IFB)
+        raise RigError(f"cannot make IFB device {name} for a node's shared link ({e}); a rig "
+                       "with nodes needs the kernel's ifb driver (CONFIG_IFB, `modprobe ifb`)"
+                       ) from None
     idx = ipr.link_lookup(ifname=name)[0]
     ipr.link("set", index=idx, state="up")
     add_tbf(ipr, idx, cfg)
