@@ -40,6 +40,7 @@ requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
     (["capture"], "DEV"),
     (["train", "--colocate", "--servers", "3"], "leave out --servers 3"),
     (["train", "--colocate", "--workers", "9"], "at most 8 servers"),
+    (["train", "--colocate", "--compare", "ltp:servers=1"], "servers=1"),
     (["capture", "eth9", "-r", "x.pcap"], "DEV"),
     (["top", "--interval", "0"], "--interval"),
     (["top", "-c", "0"], "--count"),

@@ -539,3 +539,23 @@ def test_a_nodes_devices_share_one_link_and_talk_among_themselves_off_it():
         assert send("w0", "w1") == 50 and send("ps1", "w0s1") == 50
         assert links() == after
         assert send("w0", "w3") < 25                 # ... which across the wire applies
+
+
+def _rig_up(rig) -> bool:
+    from ltpx.dataplane import netns
+    return all(netns.exists(ns) for ns in rig.namespaces)
+
+
+@privileged
+@pytest.mark.rig
+def test_a_kept_rig_without_nodes_is_refused_for_ranks_that_need_a_device_each(rig):
+    # over LTP, ranks on one node or a server beside each worker need a rig
+    # with nodes: on this one they would share a device's one XDP program
+    for argv, needle in [(["launch", "--rig", rig.name, "--workers", "3", "--colocate", "-j",
+                           "--", "true"], "has no nodes"),
+                         (["train", "--name", rig.name, "--workers", "3", "--colocate", "-j"],
+                          "no server beside each worker")]:
+        r = _ltp(*argv)
+        assert r.returncode == 2, (r.stdout, r.stderr[-2000:])
+        assert needle in json.loads(r.stdout)["error"]
+    assert _rig_up(rig)            # the rig the refusals named is untouched
