@@ -69,7 +69,7 @@ def plan_ranks(rig, workers: int, servers: int = 1, colocate: bool = False,
     own and the rig says which node it is on: worker k on worker host k,
     server i (`colocate`: the rig's server i, on worker i's node) or the
     dedicated servers as above; LOCAL_RANK counts a node's workers."""
-    if getattr(rig.config, "nodes", 0):
+    if getattr(getattr(rig, "config", None), "nodes", 0):
         return _plan_on_nodes(rig, workers, servers, colocate)
     if per_node < 1 or workers % per_node:
         raise ValueError(f"ranks_per_node: {workers} workers do not fill hosts of "

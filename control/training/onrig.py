@@ -136,7 +136,8 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     ok = False
     while True:      # once, or again after the server died under --restart
         try:
-            ranks = plan_ranks(rig, W, servers, colocate=bool(servers and rig.config.colocate))
+            ranks = plan_ranks(rig, W, servers, colocate=bool(
+                servers and getattr(getattr(rig, "config", None), "colocate", False)))
         except ValueError as e:      # a rig of another shape; the message names the flag
             raise UsageError(f"--{e}") from None
         forkserver.warm(RANK_MODULES)   # (a no-op if `ltp train` warmed it before the rig)
