@@ -23,6 +23,18 @@ def test_an_ack_clock_check_that_fails_warns_and_keeps_the_doctor_ready():
     assert f"ltp-g{os.getpid()}" not in left
 
 
+@pytest.mark.root
+def test_the_ifb_check_passes_here_warns_when_it_cannot_and_leaves_no_namespace():
+    import os
+    from ltpx.dataplane.doctor.checks import ifb_check
+    chk = ifb_check()                   # this kernel has IFB (CI's too)
+    assert chk.ok and not chk.warn and "--nodes" in chk.detail
+    bad = ifb_check("nosuchkind")       # as a kernel without the driver answers
+    assert bad.ok and bad.warn and "CONFIG_IFB" in bad.detail
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"ltp-ifb{os.getpid()}" not in left
+
+
 @pytest.mark.unit
 def test_a_passing_check_carries_no_warning():
     from ltpx.dataplane.doctor.checks import Check

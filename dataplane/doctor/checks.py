@@ -111,7 +111,31 @@ def run_checks(compile_test: bool = True) -> list[Check]:
         checks.append(cache_check())
     if compile_test and root and have_bcc and has_headers:
         checks.append(clock_check())
+    if root:
+        checks.append(ifb_check())
     return checks
+
+
+def ifb_check(kind: str = "ifb") -> Check:
+    """Can this kernel make an IFB device (a rig with nodes shapes each node's
+    link with two: `ltp rig up --nodes`)? Tried in a throwaway namespace. Only
+    such rigs need it: a failure is a warning."""
+    from .. import netns                    # noqa: PLC0415 (only the doctor's root checks)
+    from ..rig.netlink import iproute       # noqa: PLC0415
+    ns = f"ltp-ifb{os.getpid()}"
+    try:
+        netns.create(ns)
+        with iproute(ns) as ipr:
+            ipr.link("add", ifname="ifbchk", kind=kind)
+        return Check("ifb", True, "IFB devices can be made (rigs with nodes: `ltp rig up "
+                     "--nodes`)")
+    except Exception as e:      # report, do not crash the doctor
+        return Check("ifb", True, f"unavailable ({e}): rigs with nodes (`ltp rig up --nodes`, "
+                     "`ltp launch --colocate` over LTP) cannot be built; every other rig can. "
+                     "`modprobe ifb`, or a kernel with CONFIG_IFB", warn=True)
+    finally:
+        if netns.exists(ns):
+            netns.remove(ns)
 
 
 def clock_check(mode: str = "native") -> Check:
