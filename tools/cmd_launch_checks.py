@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 
-from ..control.settings_table import MAX_SERVERS
 from .common import UsageError
-from .flags import check_bytes, check_loss, check_name, check_rate, check_workers
+from .flags import (check_bytes, check_colocate, check_loss, check_name, check_rate,
+                    check_workers)
 
 
 def check_runnable(cmd: list[str]) -> None:
@@ -56,17 +56,6 @@ def check_per_node(args) -> None:
     if r < 1 or args.workers % r:
         raise UsageError(f"--ranks-per-node: {r} must be at least 1 and divide --workers "
                          f"({args.workers})")
-
-
-def check_colocate(args) -> None:
-    """--colocate: a server beside every worker (servers = workers)."""
-    if args.servers not in (1, args.workers):
-        raise UsageError(f"--colocate runs one server beside every worker ({args.workers}); "
-                         f"leave out --servers {args.servers}")
-    if args.workers > MAX_SERVERS:
-        raise UsageError(f"--colocate: a job has at most {MAX_SERVERS} servers, one beside "
-                         f"each of {args.workers} workers would be more")
-    args.servers = args.workers
 
 
 def check_kept_shape(args, rig) -> None:

@@ -16,12 +16,12 @@ import dataclasses
 import os
 import sys
 
-from ..control.settings_table import MAX_SERVERS, TABLE
+from ..control.settings_table import TABLE
 from ..control.training import RANK_MODULES
 from ..control.training.args import add_train_flags
 from ..control.training.config import CAPABILITIES, LTP_TRANSPORTS
 from . import train_text as show
-from .flags import MAX_WORKERS
+from .flags import MAX_WORKERS, check_colocate
 from .common import (EXIT_ERROR, LtpError, UsageError, add_json, emit, need_bcc, need_root,
                      parse_rate, parse_size)
 
@@ -225,13 +225,7 @@ def _validate(args) -> tuple:
     if not 1 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
     if args.colocate:
-        if args.servers not in (1, args.workers):
-            raise UsageError(f"--colocate runs one server beside every worker "
-                             f"({args.workers}); leave out --servers {args.servers}")
-        if args.workers > MAX_SERVERS:
-            raise UsageError(f"--colocate: a job has at most {MAX_SERVERS} servers, one beside "
-                             f"each of {args.workers} workers would be more")
-        args.servers = args.workers
+        check_colocate(args)
     try:
         loss = float(args.loss)
     except ValueError:

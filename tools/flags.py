@@ -15,6 +15,7 @@ import argparse
 import re
 
 from ..dataplane.xdp.headers import defines
+from ..control.settings_table import MAX_SERVERS
 from .common import UsageError, parse_rate, parse_size
 from ..dataplane.rig.base import MAX_RATE_BPS, MIN_RATE_BPS
 
@@ -170,3 +171,16 @@ def check_bytes(text: str | None, flag: str, least: int = 1514) -> int | None:
         raise UsageError(f"{flag}: must be in {least} bytes (one 1500-byte-MTU frame)..1GiB, "
                          f"got {text!r}")
     return n
+
+
+def check_colocate(args: argparse.Namespace) -> None:
+    """--colocate (`ltp launch`, `ltp train`): a server beside every worker,
+    so --servers is left out or equals --workers, and the workers fit the
+    servers' cap; sets args.servers to the workers."""
+    if args.servers not in (1, args.workers):
+        raise UsageError(f"--colocate runs one server beside every worker ({args.workers}); "
+                         f"leave out --servers {args.servers}")
+    if args.workers > MAX_SERVERS:
+        raise UsageError(f"--colocate: a job has at most {MAX_SERVERS} servers, one beside "
+                         f"each of {args.workers} workers would be more")
+    args.servers = args.workers

@@ -116,7 +116,8 @@ def _plan_on_nodes(rig, workers: int, servers: int, colocate: bool) -> list[Rank
     else:
         placed = [Rank(0, "server", 0, rig.ps)] if servers else []
     for r in placed + trainers:
-        r.node = c.node_of(r.host) if c.node_of(r.host) is not None else -1
+        k = c.node_of(r.host)
+        r.node = -1 if k is None else k       # -1: a dedicated server's own link
     for r in trainers:
         mates = [t for t in trainers if t.node == r.node]
         r.local, r.local_world = mates.index(r), len(mates)

@@ -120,8 +120,8 @@ class Rig(RigBase):
     def shaped_ports(self) -> list[str]:
         """What carries a TBF: ports of their own, then each node's two links."""
         nodes = range(self.config.nodes)
-        return [p for p in self._ports(self.config.shape) if p not in
-                {h.port for k in nodes for h in self.node_devices(k)}] \
+        linked = {h.port for k in nodes for h in self.node_devices(k)}
+        return [p for p in self._ports(self.config.shape) if p not in linked] \
             + [link for k in nodes for link in node_links(k)]
 
     @property
