@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ltpx.control.torchapi.link_ltp import LtpServerLink, LtpWorkerLink
+from ltpx.control.torchapi.link_ltp import LtpServerLink
+from ltpx.control.torchapi.link_ltp_worker import LtpWorkerLink
 from ltpx.control.torchapi.link_tcp import TcpServerLink, TcpWorkerLink
 from ltpx.control.torchapi.links import ServerLink, WorkerLink
 from ltpx.control.torchapi.settings import Settings

@@ -469,7 +469,8 @@ def test_a_members_forged_group_answer_is_refused_and_never_used(rig):
     (its frames carry the true group token, so worker 0's XDP takes them,
     counting no bad_token): worker 0's pull refuses it, and its output
     keeps what it held."""
-    from ltpx.control.torchapi.link_ltp import LtpServerLink, LtpWorkerLink
+    from ltpx.control.torchapi.link_ltp import LtpServerLink
+    from ltpx.control.torchapi.link_ltp_worker import LtpWorkerLink
     from ltpx.control.torchapi.settings import Settings
     from ltpx.control.transport.layout import ChunkLayout
     from ltpx.control.transport.push import data_headers

@@ -274,24 +274,25 @@ def test_a_paths_loss_is_judged_from_enough_packets_with_a_gap_between_its_two_l
         assert s.learned(SimpleNamespace(targets=targets, group=group), rep) is rep
 
     learn([one], PATH_MIN - 1, 0)                  # too few packets to judge
-    assert s.path_loss(1) is None and not s.heavy
+    assert s.path_loss(one) is None and not s.heavy
     s.path.clear()
     learn([one], 200, 180)                         # 10 % lost
-    assert s.path_loss(1) == pytest.approx(0.1) and s.heavy == {1}
+    assert s.path_loss(one) == pytest.approx(0.1) and s.heavy == {(1, one.ip)}
     learn([one], 200, 200)                         # none lost: 4.1 %, between the lines
-    assert LIGHT_LOSS < s.path_loss(1) < HEAVY_LOSS and s.heavy == {1}
-    while s.path_loss(1) >= LIGHT_LOSS:
+    assert LIGHT_LOSS < s.path_loss(one) < HEAVY_LOSS and s.heavy == {(1, one.ip)}
+    while s.path_loss(one) >= LIGHT_LOSS:
         learn([one], 200, 200)
     assert not s.heavy
     learn([one, two], 400, 300, group=True)        # a group push: not counted
-    assert s.path_loss(2) is None and not s.heavy
+    assert s.path_loss(two) is None and not s.heavy
     learn([one, two], 400, 300)                    # 25 % of both targets' packets
-    assert s.path_loss(2) == pytest.approx(0.25) and s.heavy == {1, 2}
-    assert s.heavy_why(2).startswith("socket: auto, 25% of the packets toward worker 2 lost")
+    assert s.path_loss(two) == pytest.approx(0.25) and s.heavy == {(1, one.ip), (2, two.ip)}
+    assert s.heavy_why(two).startswith("socket: auto, 25% of the packets toward worker 2 "
+                                 "(198.18.0.3) lost")
     for _ in range(20):                            # small pushes decay it past judging
         learn([two], 1, 1)
-    assert s.path_loss(2) is None and 2 in s.heavy
-    assert "more than 6% of the packets (when last judged) toward worker 2" in s.heavy_why(2)
+    assert s.path_loss(two) is None and (2, two.ip) in s.heavy
+    assert "more than 6% of the packets (when last judged) toward worker 2" in s.heavy_why(two)
 
 
 @pytest.fixture(scope="module")
@@ -334,7 +335,7 @@ def test_auto_sends_by_the_socket_while_the_path_loses_much_and_by_the_clock_aga
         lossy.set_loss(0.15)
         reps = [push(r) for r in range(1, 4)]
         assert reps[0].sender == "xdp" and reps[0].clock_tx > 0
-        assert wk.sender.path_loss(h.index) > HEAVY_LOSS
+        assert wk.sender.path_loss(Peer(h.index, lossy.ps.ip)) > HEAVY_LOSS
         assert [r.sender for r in reps[1:]] == ["socket", "socket"]
         assert reps[1].clock_tx == 0
         assert reps[1].sender_why.startswith("socket: auto, ")
@@ -350,11 +351,11 @@ def test_auto_sends_by_the_socket_while_the_path_loses_much_and_by_the_clock_aga
         lossy.set_loss(0.0)
         back = [push(r) for r in range(5, 17)]
         senders = [r.sender for r in back]
-        assert "xdp" in senders, (senders, wk.sender.path_loss(h.index))
+        assert "xdp" in senders, (senders, wk.sender.path_loss(Peer(h.index, lossy.ps.ip)))
         i = senders.index("xdp")
         assert set(senders[:i]) == {"socket"} and senders[-1] == "xdp"
         assert back[i].sender_why == wk.sender_choice.why
-        assert wk.sender.path_loss(h.index) < HEAVY_LOSS
+        assert wk.sender.path_loss(Peer(h.index, lossy.ps.ip)) < HEAVY_LOSS
     finally:
         lossy.set_loss(0.0)
         if wk is not None:

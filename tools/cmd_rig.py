@@ -184,8 +184,6 @@ def _up_text(s: dict) -> str:
             f"({', '.join(h['netns'] for h in ps)}), "
             f"{c['workers']} workers {ws[0]['ip']}..{ws[-1]['ip']} "
             f"({ws[0]['netns']}..{ws[-1]['name']})"
-            + (f", each with a device per server ({len(s.get('nics', []))} more)"
-               if s.get("nics") else "")
             + "".join(f"\n  node {k}: {', '.join(n)} (one link)" for k, n in
                       enumerate(s.get("nodes") or [])) + "\n"
             f"bottleneck {rigs.fmt_rate(c['rate_bps'])}, buffer {c['buffer_bytes']} B, burst "
@@ -243,7 +241,7 @@ def _status_text(s: dict) -> str:
                      f"(ARP, ICMP, ...) {li['other']}")
     w = max(len(h["netns"]) for h in s["hosts"])
     lines.append(f"{'HOST':5} {'ROLE':6} {'NAMESPACE':{w}} {'ADDRESS':16} {'IFNAME':8} MAC")
-    for h in s["hosts"] + s.get("nics", []):
+    for h in s["hosts"]:
         lines.append(f"{h['name']:5} {h['role']:6} {h['netns']:{w}} "
                      f"{h['ip'] + '/' + str(h['prefixlen']):16} {h['ifname']:8} {h['mac']}")
     lines += [f"node {k}: {', '.join(n)} (one link: n{k}-down, n{k}-up)"

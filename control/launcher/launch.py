@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable
 
 from ...dataplane import netns
-from ...dataplane.rig.star import broadcast_of
+from ...dataplane.rig.star import BROADCAST
 from ..trust import jobkey
 from ..procs import stop_all
 from .. import settings_table
@@ -86,7 +86,7 @@ def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
     h, c = r.host, rig.config
     node = f"{rig.name}-n{r.node}" if getattr(c, "nodes", 0) and r.node >= 0 else None
     return dict(transport=transport, dev=h.ifname, ip=h.ip, xdp_mode=c.mode,
-                capacity=c.rate_bps, mtu=c.mtu, group=broadcast_of(h) if group else None,
+                capacity=c.rate_bps, mtu=c.mtu, group=BROADCAST if group else None,
                 servers=servers, netns=h.netns, store_netns=rig.ps.netns, buffer=c.buffer_bytes,
                 node=node)
 

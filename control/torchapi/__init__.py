@@ -34,7 +34,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   storevalues  what each store value must hold (the parsers its reader gives Seal.read)
   storegc      the store's keys deleted once every rank has read them
   ops          the op sequence every rank runs, round numbers, the step report
-  links, link_ltp, link_tcp   the transports under the server and the workers
+  links, link_ltp, link_ltp_worker, link_tcp   the transports under the server and the workers
   runqueue     a thread's waits for a CPU (schedstat): a rank's own time, shared host
   exchange     a worker's side of an op
   server       the server's loop (sums, answers; no model)

@@ -39,7 +39,8 @@ from .flight import stop as flight_stop, trigger as flight_trigger
 from .coord import KEY, Coord
 from .exchange import Exchange
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs, rank_host
-from .link_ltp import LtpServerLink, LtpWorkerLink
+from .link_ltp import LtpServerLink
+from .link_ltp_worker import LtpWorkerLink
 from .link_tcp import TcpServerLink, TcpWorkerLink
 from ..trust.sealing import RUN_KEY, Seal
 from .storevalues import run_value
@@ -135,7 +136,8 @@ class Job:
                 log.warning("ltpx: %s has no IPv4 broadcast address and no group was given: "
                             "answers go to each worker (unicast)", s.dev)
             return LtpServerLink(s, self.workers, self.group,
-                                 secret=jobkey.token_secret(self.key, shard, self.run))
+                                 secret=jobkey.token_secret(self.key, shard, self.run),
+                                 shard=shard, servers=s.servers)
         return LtpWorkerLink(s, self.rank, self.workers,
                              secret=jobkey.token_secret(self.key, shard, self.run))
 

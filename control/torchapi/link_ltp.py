@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The LTP links: an XDP endpoint per rank (links.py says what each call does).
+"""The LTP server link (links.py says what each call does), and what it
+shares with the worker's (link_ltp_worker.py): an XDP endpoint per rank.
 
 The server's endpoint has a slot per worker; its uplink rounds close by Early
 Close and are Bubble-Filled (a step's bubble mode; "stale" is done per bucket
 by server.py, so the endpoint fills zeros then). Answers go with the reliable
 class, once to the group address when there is one. A worker's endpoint has
-one slot, its own id, for the answers (group-sent ones included).
+one slot, its own id, for the answers (group-sent ones included). Server s
+of S numbers its rounds on the wire r·S + s (transport/roundspace.py), so a
+worker's one device carries its flows to every server.
 
 Endpoints are made at the first op, sized for it plus room for a step's
 report, and made again (a new compile) only when a later op is larger. A
@@ -26,21 +29,20 @@ from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError
 from .. import settings_table
-from ..transport.early_close import COMPLETE, EarlyClose, EarlyCloseConfig
+from ..transport.early_close import EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import CHECKSUMS, Endpoint, EndpointConfig, Peer
 from ..transport.rate import CREDIT_RTT_S
+from ..transport.roundspace import RoundSpace, banks_for
 from ..transport import defer, fec
-from ..trust import tokens
-from ..trust.signing import SIG_ELEMS, ForgedAnswerError, Signer, StreamSigner, Verifier
-from ..transport.stream import AnswerStream, answered_from
-from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer, piece_feedback
-from .links import Gathered, ServerLink, WorkerLink
+from ..trust.signing import SIG_ELEMS, Signer, StreamSigner
+from ..transport.stream import AnswerStream
+from .codec import ServerCodec, answer_feedback
+from .links import Gathered, ServerLink
 from .losspolicy import Choice, LossPolicy
 from .settings import Settings
 
 HEADROOM = 4096        # extra elements an endpoint is made with (a step's report, small ops)
 ROUND_LIMIT_S = 60.0   # one round's hard limit; a rank's waits may be longer (Settings.timeout)
-TAKEN_KEPT = 2         # answers a remade worker endpoint still ACKs late re-sends of (a bank each)
 
 
 def credit_bytes(s: Settings) -> float | None:
@@ -50,10 +52,11 @@ def credit_bytes(s: Settings) -> float | None:
     return s.buffer + s.capacity * CREDIT_RTT_S / 8 if s.buffer else None
 
 
-def endpoint_config(s: Settings, secret: bytes | None) -> EndpointConfig:
-    """What a rank's endpoints share, from its settings (each link adds its own)."""
+def endpoint_config(s: Settings, secret, banks: int = 2) -> EndpointConfig:
+    """What a rank's endpoints share, from its settings (each link adds its
+    own); `secret` a list of the servers' where their rounds share it (banks)."""
     return EndpointConfig(ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
-                          chunk_bytes=chunk_bytes_for(s.mtu), secret=secret,
+                          chunk_bytes=chunk_bytes_for(s.mtu), secret=secret, banks=banks,
                           credit_bytes=credit_bytes(s), verify_csum=CHECKSUMS[s.checksums])
 
 
@@ -62,8 +65,9 @@ class LtpServerLink(ServerLink):
     opens = True       # a round must be open before its data arrives
 
     def __init__(self, s: Settings, workers: int, group: str | None,
-                 secret: bytes | None = None):
+                 secret: bytes | None = None, shard: int = 0, servers: int = 1):
         self.s, self.ids = s, list(range(workers))
+        self.shard, self.servers = shard, servers   # server `shard` of S: its rounds r·S + shard
         self.group = (group, W.PORT) if group else None
         self.ep: Endpoint | None = None
         self.size = 0
@@ -108,14 +112,15 @@ class LtpServerLink(ServerLink):
             return False
         self.close()
         self.honest.clear()      # the rounds open on the old endpoint are gone with it
-        s, size = self.s, _room(nelems, self.s.downlink_code == "rs", self.s.mtu, self.defer)
-        self.ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
-                           endpoint_config(s, self.secret),
-                           early_close=self.early_config(self.early_close),
-                           bubble_strategy=self.endpoint_bubble(self.bubble),
-                           # the answers' group send goes once to every worker; the
-                           # clock would clock each worker's own unicast copy of it
-                           sender="socket" if s.downlink == "group" else s.sender)
+        s, size = self.s, endpoint_room(nelems, self.s.downlink_code == "rs", self.s.mtu, self.defer)
+        ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
+                      endpoint_config(s, self.secret, banks_for(self.servers)),
+                      early_close=self.early_config(self.early_close),
+                      bubble_strategy=self.endpoint_bubble(self.bubble),
+                      # the answers' group send goes once to every worker; the
+                      # clock would clock each worker's own unicast copy of it
+                      sender="socket" if s.downlink == "group" else s.sender)
+        self.ep = ep if self.servers == 1 else RoundSpace(ep, self.shard, self.servers)
         self.size = size
         return True
 
@@ -276,7 +281,7 @@ class LtpServerLink(ServerLink):
             ep.close()
 
 
-def _room(nelems: int, coded: bool, mtu: int, deferred: bool = False) -> int:
+def endpoint_room(nelems: int, coded: bool, mtu: int, deferred: bool = False) -> int:
     """Elements an endpoint for rounds of up to nelems holds: with a coded
     downlink, room for an answer's parity slots too (up to half again); with
     a tolerant one, for its verdict (defer.py)."""
@@ -287,144 +292,3 @@ def _room(nelems: int, coded: bool, mtu: int, deferred: bool = False) -> int:
         data = -(-nelems // (cb // 4))
         nelems = (data + defer.extra_chunks(data, cb, SIG_ELEMS * 4)) * (cb // 4)
     return nelems + HEADROOM
-
-
-class LtpWorkerLink(WorkerLink):
-    name = "ltp"
-    opens = True
-
-    def __init__(self, s: Settings, worker: int, workers: int, secret: bytes | None = None):
-        self.s, self.id, self.workers = s, worker, workers
-        self.ep: Endpoint | None = None
-        self.size = 0
-        self.ps: Peer | None = None
-        self.wait_s = min(s.timeout, ROUND_LIMIT_S)
-        # the tokens' (jobkey.token_secret): from a member key file, this
-        # worker's own key (tokens.MemberSecret), with the group key or not
-        self.secret = secret
-        self.coded = False                 # the downlink is coded (the server says, connect)
-        self.deferred = False              # ... tolerant: its steps' answers (defer.py)
-        self.plans: dict[int, object] = {}   # answer -> its defer.Plan
-        self.verifier: Verifier | None = None   # the answers are signed (the server says)
-        self.codec = WorkerCodec(chunk_bytes_for(s.mtu), piece_feedback(s))   # a step's wire: its op's
-        # this worker's pushes so far, those the socket sent (auto under
-        # loss, or asked for): DATA sent, and how much of it the ACK clock made
-        self.counts = {"pushes": 0, "socket_pushes": 0, "sent": 0, "clock_tx": 0}
-        self.deferrals = {"answers": 0, "chunks": 0}   # tolerant answers that deferred some
-        self.taken: list[int] = []         # the latest answers taken (one per bank)
-
-    @property
-    def uplink(self) -> dict:
-        return self.counts
-
-    @property
-    def downlink(self) -> dict:
-        return self.deferrals
-
-    def address(self) -> dict:
-        return {}
-
-    def connect(self, server: dict) -> None:
-        check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server, chunks=True)
-        self.ps = Peer(self.id, server["ip"])
-        self.coded = server.get("downlink_code") == "rs"   # the server's choice rules
-        self.deferred = server.get("answers") == "tolerant"
-        self.verifier = None
-        if server.get("signed"):
-            pub = tokens.answer_pub(self.secret)
-            if pub is None:
-                raise CommError("the server signs its answers but this worker holds no key "
-                                "to check them: give every rank a key file of this job "
-                                "(LTP_SECRET_FILE; a member file made by this ltp)")
-            self.verifier = Verifier(pub, self.s.job, tokens.run_of(self.secret))
-
-    def ensure(self, nelems: int) -> bool:
-        if self.ep is not None and nelems <= self.size:
-            return False
-        self.close()
-        s, size = self.s, _room(nelems, self.coded, self.s.mtu, self.deferred)
-        # the answers are reliable: only completeness closes them, or this timeout
-        self.ep = Endpoint(s.dev, s.ip, {self.id: 0}, size, endpoint_config(s, self.secret),
-                           early_close=EarlyCloseConfig(hard_timeout_s=self.wait_s),
-                           initial_rate_bps=s.capacity / max(1, self.workers),
-                           self_id=self.id,   # group-sent answers are taken as its own
-                           sender=s.sender,
-                           # a worker computes between its pull and the next answer
-                           # (wbsp: while the answer comes): only the server proves
-                           # liveness to senders; a dead worker shows in the store
-                           liveness_s=None)
-        # the server may still be re-sending the last answers' tails (their
-        # ACKs lost): the new program ACKs them CLOSED, as the old one would
-        for d in self.taken:
-            self.ep.retire(d, self.id)
-        self.size = size
-        return True
-
-    def answers_deferred(self) -> bool:
-        return self.deferred
-
-    def expect_wire(self, d: int, n: int, wire: str) -> None:
-        """Answer d starts with n elements in `wire` (a step's aggregate)."""
-        self.codec.expect(d, n, wire)
-
-    def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
-        if self.deferred and tolerant:   # the signature comes in its verdict
-            self.plans = {k: p for k, p in self.plans.items() if k > d - 4}
-            self.plans[d] = self.ep.expect_deferred(
-                d, nelems, self.id, sig_bytes=SIG_ELEMS * 4 if self.verifier else 0)
-            return
-        nelems = self.codec.wire_elems(d, nelems)
-        if self.verifier:
-            nelems += SIG_ELEMS
-        self.ep.expect(d, nelems, self.id, coded=self.coded)
-
-    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
-             at: int = 0, wire: str = "none") -> bool:
-        """Send this worker's piece of round r; True when the server closed the
-        round before all of it arrived (the server may wait for word of that).
-        answer: the downlink round that answers r's op, `at` the element where
-        r's part of it starts; once a chunk of it from there on arrives (any
-        chunk, where answers are coded or tolerant) r is closed, and the push
-        ends even if its last ACKs were lost. wire: what a tolerant piece
-        travels as (its op's); compressed, buf is left holding the rounding error."""
-        compressed = wire != "none" and not reliable
-        if compressed:
-            buf = self.codec.piece(buf, wire)
-        ep = self.ep
-        first = 0 if compressed or self.coded or self.deferred else \
-            at // (chunk_bytes_for(self.s.mtu) // 4)
-        over = None if answer is None else (lambda: answered_from(ep, answer, first))
-        rep = ep.push(r, buf, self.ps, reliable=reliable, timeout_s=self.wait_s, over=over)
-        up = self.uplink
-        up["pushes"], up["sent"], up["clock_tx"] = (up["pushes"] + 1, up["sent"] + rep.sent,
-                                                    up["clock_tx"] + rep.clock_tx)
-        up["socket_pushes"] += rep.sender == "socket"
-        return rep.closed_by_receiver and rep.acked < rep.chunks
-
-    def pull(self, d: int, out: np.ndarray) -> None:
-        # wait_round gives a view of the mapped memory: one copy, into `out`
-        res = self.ep.wait_round(d, poll_s=0.0005)
-        if res.reason != COMPLETE:
-            raise CommError(f"the server's answer {d} is incomplete after "
-                            f"{res.duration_s:.2f}s: {int(res.masks.sum())}/{res.masks.size} "
-                            "chunks (is the server alive? is its --capacity right?)")
-        values = res.values[0]
-        self.taken = [*self.taken, d][-TAKEN_KEPT:]
-        plan = self.plans.pop(d, None)
-        if plan is not None and plan.deferred is not None and plan.deferred.any():
-            self.deferrals["answers"] += 1
-            self.deferrals["chunks"] += int(plan.deferred.sum())
-        if plan is not None and self.verifier:   # the answer as used, and the verdict's signature
-            if len(plan.sig) != SIG_ELEMS * 4:
-                raise ForgedAnswerError(f"answer {d}'s verdict carries a signature of "
-                                        f"{len(plan.sig)} bytes, not {SIG_ELEMS * 4}: refused, "
-                                        "nothing of it used")
-            values = np.concatenate([values, np.frombuffer(plan.sig, dtype=np.float32)])
-        if self.verifier:      # ForgedAnswerError unless the server's: nothing used then
-            values = self.verifier.check(d, values)
-        self.codec.decode(d, values, out)   # a copy, unless it starts compressed
-
-    def close(self) -> None:
-        if self.ep is not None:
-            ep, self.ep = self.ep, None
-            ep.close()

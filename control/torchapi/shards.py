@@ -17,8 +17,11 @@ pulls the S answers and joins them, with one StepReport merged from the S.
 Replicas stay bit-identical: every worker joins the same S answers. Each shard
 thread has a store client of its own (`shard_clients`).
 
-An LTP endpoint owns its device's XDP program, so a worker pushes to each server
-over the device its route there leaves by (`route_to`; on a rig, one per subnet).
+A worker pushes to each server over the device its route there leaves by
+(`route_to`). Over LTP the links of one device share its endpoint (one XDP
+program owns a device): server s's rounds go on the wire as r·S + s, two
+banks of the program each (transport/roundspace.py), so one device serves
+any number of servers; a host with a device per server uses each.
 The root store keeps every rank's meta and `user/...`; server summaries merge.
 """
 from __future__ import annotations
@@ -36,8 +39,8 @@ from ..trust import jobkey
 from .breakdown import worker as worker_phases
 from .coord import Coord
 from .exchange import Arrival, Exchange
-from .host import rank_host
-from .link_ltp import LtpWorkerLink
+from .host import rank_host, route_to
+from .link_ltp_worker import LtpWorkerLink, SharedDevice
 from .link_tcp import TcpWorkerLink
 from .links import WorkerLink
 from .ops import ALLGATHER, REASONS, SHUTDOWN, STEP, Op, StepReport
@@ -212,6 +215,10 @@ class ShardedExchange:
         return ShardRun(op, [ex.plan(sub) for ex, sub in zip(self.exs, subs)], slices)
 
     def prepare(self, run: ShardRun) -> None:
+        # every link's endpoint first: links sharing a device share one, and
+        # one made larger for a later shard drops what earlier shards opened
+        for ex, r in zip(self.exs, run.runs):
+            ex.link.ensure(r.op.max_elems(self.workers))
         for ex, r in zip(self.exs, run.runs):
             ex.prepare(r)
 
@@ -337,8 +344,9 @@ class ShardLinks:
     """A sharded worker's links, one per server, closed together (job.link):
     the parts and counters of links.WorkerLink."""
 
-    def __init__(self, links: list[WorkerLink]):
+    def __init__(self, links: list[WorkerLink], devices: list | None = None):
         self.links = links
+        self.devices = devices or []   # LTP: the endpoints the links share (SharedDevice)
 
     def parts(self) -> list[WorkerLink]:
         return list(self.links)
@@ -356,18 +364,8 @@ class ShardLinks:
     def close(self) -> None:
         for link in self.links:
             link.close()
-
-
-def route_to(ip: str) -> tuple[str, str]:
-    """(device, source address) this namespace's route to `ip` leaves by."""
-    from pyroute2 import IPRoute  # noqa: PLC0415 (0.15 s to import; only what touches links)
-    with IPRoute() as ipr:
-        try:
-            r = ipr.route("get", dst=ip)[0]
-        except Exception as e:   # pyroute2's NetlinkError: no route
-            raise UsageError(f"no route to server {ip}: {e}") from None
-        dev = ipr.get_links(r.get_attr("RTA_OIF"))[0].get_attr("IFLA_IFNAME")
-        return dev, r.get_attr("RTA_PREFSRC")
+        for device in self.devices:
+            device.close()
 
 
 def _store(store, i: int):
@@ -375,31 +373,30 @@ def _store(store, i: int):
 
 
 def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]:
-    """One link per server, each on the device its route leaves by."""
+    """One link per server, each on the device its route leaves by; over LTP
+    the links of one device share its endpoint (link_ltp_worker.SharedDevice)."""
     s = job.s
     with netns.inside(s.netns if s.netns and s.netns != netns.current() else None):
         nets = [route_to(m["ip"]) for m in servers]
-    devs = [d for d, _ in nets]
-    if s.transport == "ltp" and len(set(devs)) < len(devs):
-        raise UsageError(f"servers={len(servers)}: LTP needs a device per server on each "
-                         f"worker (an endpoint owns its device's XDP program), but the routes "
-                         f"to {', '.join(m['ip'] for m in servers)} leave by {', '.join(devs)}; "
-                         "`ltp rig up --servers S` gives each worker one per server subnet")
-    links = []
+    links: list = []
+    devices: dict[str, SharedDevice] = {}
     try:
+        if s.transport == "ltp":
+            secrets = [jobkey.token_secret(job.key, i, job.run) for i in range(len(servers))]
         for i, (dev, ip) in enumerate(nets):
             sub = dataclasses.replace(s, dev=dev, ip=ip)
             if s.transport == "tcp":
                 links.append(TcpWorkerLink(sub, job.rank, job.workers,
                                            key=jobkey.hello_key(job.key, job.run)))
-            else:
-                links.append(LtpWorkerLink(sub, job.rank, job.workers,
-                                           secret=jobkey.token_secret(job.key, i, job.run)))
+                continue
+            if dev not in devices:
+                devices[dev] = SharedDevice(sub, job.rank, job.workers, secrets, len(servers))
+            links.append(LtpWorkerLink(sub, job.rank, job.workers, secret=secrets[i],
+                                       device=devices[dev], shard=i))
     except BaseException:
-        for link in links:
-            link.close()
+        ShardLinks(links, list(devices.values())).close()
         raise
-    return links, nets
+    return links, nets, list(devices.values())
 
 
 def shard_clients(store, n: int, store_netns: str | None = None) -> list:
@@ -431,8 +428,8 @@ def start_sharded(job) -> None:
         return
     job.coord = root
     servers = root.metas(range(S))
-    links, nets = worker_links(job, servers)
-    job.link = ShardLinks(links)
+    links, nets, devices = worker_links(job, servers)
+    job.link = ShardLinks(links, devices)
     root.set_json(f"meta/{job.global_rank}", {**me, "shard_ips": [ip for _, ip in nets],
                                               "shard_devs": [d for d, _ in nets]})
     metas = root.metas(range(job.world))
@@ -447,4 +444,4 @@ def start_sharded(job) -> None:
 
 
 __all__ = ["plan_slices", "split_op", "merge_reports", "merge_summaries", "ShardedExchange",
-           "ShardRun", "route_to", "shard_clients", "start_sharded"]
+           "ShardRun", "shard_clients", "start_sharded"]

@@ -38,7 +38,7 @@ from ..torchapi import (DistributedOptimizer, broadcast_parameters, digest, rank
 from ..torchapi import breakdown, checkpoint, elastic, trace
 from ..torchapi.coord import Excluded
 from ..torchapi.job import current
-from ..torchapi.link_ltp import LtpWorkerLink
+from ..torchapi.link_ltp_worker import LtpWorkerLink
 from .config import TrainConfig, iterations_per_epoch
 from .data import BatchStream, split
 from .local import Clock, Evaluator, Stepper, VersionChain, eval_due, setup_torch

@@ -20,7 +20,9 @@ an answer tolerantly (once; what some worker lacks is deferred a step by
 every worker alike); straggler.py names whom a round waited for from the
 NIC's arrival times; aggregate.py sums a round's rows into the server's
 answer (float32, one fixed order, across threads, NaN and Inf contained);
-stream.py sends a step's answer part by part as its rounds are summed.
+stream.py sends a step's answer part by part as its rounds are summed;
+roundspace.py numbers server s's rounds r·S + s, so S servers' flows share
+one endpoint (a sharded worker's one device).
 
 The public names load on first use, so importing a policy module alone
 (e.g. early_close for a flag parser) does not load the dataplane.

@@ -42,7 +42,7 @@ from .receiver import Receiver
 from .push import Push
 from .results import Peer, PushReport, RoundResult
 from .sender import Sender
-from ..trust.tokens import RoundTokens
+from ..trust.tokens import for_rounds
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
 CHECKSUMS = {"auto": None, "on": True, "off": False}   # a setting's word -> verify_csum=
@@ -152,7 +152,7 @@ class Endpoint:
             raise ValueError("an endpoint needs at least one peer")
         options = cfg.options
         # checked before the compile
-        tokens = RoundTokens(cfg.secret, job, f"Endpoint({dev!r})", self_id=self_id)
+        tokens = for_rounds(cfg.secret, job, f"Endpoint({dev!r})", self_id=self_id)
         share, early = SharePolicy(capacity_bps), EarlyClose(capacity_bps, cfg.early_close)
         self.ip, self.ns, self.job, self.port = ip, ns, job, port
         self.peers = dict(peers)
@@ -168,7 +168,8 @@ class Endpoint:
                                            where=f"Endpoint({dev!r})")
         options = dataclasses.replace(options, sender=self.sender_choice.sender)
         self.dp = Dataplane(Geometry(slots=self.slots, max_chunks=max_chunks,
-                                     chunk_bytes=chunk_bytes, port=port), job=job)
+                                     chunk_bytes=chunk_bytes, banks=cfg.banks, port=port),
+                            job=job)
         self._published = None
         self.role = cfg.role or ("worker" if self_id is not None else "ps")
         try:
@@ -254,6 +255,11 @@ class Endpoint:
         to come, so a receiver that waits costs little CPU (many share a
         machine on the rig) and still sees the last chunk within `poll_s`."""
         return self.receiver.wait(round_, poll_s)
+
+    def arrived_from(self, round_: int, chunk: int) -> bool:
+        """Whether a chunk at index `chunk` or later of open round_ (a
+        reliable answer) has arrived (Receiver.arrived_from)."""
+        return self.receiver.arrived_from(round_, chunk)
 
     def drop_worker(self, round_: int, worker: int) -> None:
         """Take no more of `worker`'s DATA in open round_ (see Receiver.drop)."""

@@ -28,7 +28,11 @@ class EndpointConfig:
     policies. initial_rate_bps: a first push's rate (default: the capacity
     shared by the peers). publish: a registry record for `ltp status`.
     self_id, role, secret, sender, push_options, credit_bytes, liveness_s,
-    verify_csum, force: as Endpoint documents them."""
+    verify_csum, force: as Endpoint documents them. banks: round banks (round
+    r uses bank r % banks): 2, or 2S where S servers share the round space
+    (roundspace.py: server s's rounds are r·S + s, so each keeps two banks of
+    its own); secret then may be a list of S secrets, round r's tokens made
+    from secret[r % S]."""
 
     ns: str | None = None
     mode: str = "native"
@@ -49,12 +53,18 @@ class EndpointConfig:
     credit_bytes: float | None = None
     liveness_s: float | None = LIVENESS_S
     verify_csum: bool | None = None
+    banks: int = 2
 
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"role must be ps or worker, got {self.role!r}")
         if self.bubble_strategy not in STRATEGIES:
             raise ValueError(f"unknown bubble strategy {self.bubble_strategy!r}")
+        if not isinstance(self.banks, int) or self.banks < 2:
+            raise ValueError(f"banks must be an integer >= 2, got {self.banks!r}")
+        if isinstance(self.secret, list) and self.banks % len(self.secret):
+            raise ValueError(f"a secret per server ({len(self.secret)}) needs banks a multiple "
+                             f"of their number, got {self.banks}")
         if self.liveness_s is not None and not self.liveness_s >= 0:
             raise ValueError(f"liveness_s must be >= 0 seconds or None, got {self.liveness_s!r}")
         if self.sender is not None and self.push_options is not None and \

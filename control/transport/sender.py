@@ -37,6 +37,12 @@ PATH_DECAY = 0.7    # the weight of the pushes before the latest in a path's los
 PATH_MIN = 64       # packets (decayed) a path's loss is judged from, at least
 
 
+def _key(t: Peer) -> tuple[int, str]:
+    """What a sender learns of a target by: its flow's worker id and its
+    address (a sharded worker's flows to S servers all carry its own id)."""
+    return t.worker, t.ip
+
+
 class Sender:
     """What an endpoint's pushes share: its socket, maps and peers, and the
     rate each target last advertised (a push to it starts there)."""
@@ -95,7 +101,7 @@ class Sender:
         targets = [to] if isinstance(to, Peer) else list(to)
         if not targets:
             raise ValueError("push needs at least one target peer")
-        heavy = [t.worker for t in targets if t.worker in self.heavy]
+        heavy = [t for t in targets if _key(t) in self.heavy]
         if auto and heavy and options.sender == "xdp":
             options = dataclasses.replace(options, sender="socket")
             why = self.heavy_why(heavy[0])
@@ -115,21 +121,21 @@ class Sender:
         return self.kinds[options.sender](self, round_, arr, layout, targets, crit,
                                           dataclasses.replace(spec, options=options), why)
 
-    def heavy_why(self, worker: int) -> str:
+    def heavy_why(self, target: Peer) -> str:
         """Why auto sends toward a heavy `worker` by the socket. Its loss may
         be past judging again (small pushes since, e.g. the backend's
         collectives of a few packets, decay what was counted below PATH_MIN):
         it stays heavy until enough packets say otherwise."""
-        loss = self.path_loss(worker)
+        loss = self.path_loss(target)
         share = f"{loss:.0%} of the packets" if loss is not None else \
             f"more than {HEAVY_LOSS:.0%} of the packets (when last judged)"
-        return (f"socket: auto, {share} toward worker {worker} lost (the ACK clock again "
-                f"below {LIGHT_LOSS:.0%})")
+        return (f"socket: auto, {share} toward worker {target.worker} ({target.ip}) lost "
+                f"(the ACK clock again below {LIGHT_LOSS:.0%})")
 
-    def path_loss(self, worker: int) -> float | None:
-        """The share of the packets of recent pushes toward `worker` that
+    def path_loss(self, target: Peer) -> float | None:
+        """The share of the packets of recent pushes toward `target` that
         delivered nothing (PATH_DECAY a push; None: fewer than PATH_MIN)."""
-        lost, sent = self.path.get(worker, (0.0, 0.0))
+        lost, sent = self.path.get(_key(target), (0.0, 0.0))
         return lost / sent if sent >= PATH_MIN else None
 
     def learned(self, push: Push, rep: PushReport) -> PushReport:
@@ -144,36 +150,36 @@ class Sender:
         n = len(push.targets)
         lost, sent = max(0, rep.sent - rep.acked) / n, rep.sent / n
         for t in push.targets:
-            l0, s0 = self.path.get(t.worker, (0.0, 0.0))
-            self.path[t.worker] = (PATH_DECAY * l0 + lost, PATH_DECAY * s0 + sent)
-            loss = self.path_loss(t.worker)
+            l0, s0 = self.path.get(_key(t), (0.0, 0.0))
+            self.path[_key(t)] = (PATH_DECAY * l0 + lost, PATH_DECAY * s0 + sent)
+            loss = self.path_loss(t)
             if loss is not None and loss > HEAVY_LOSS:
-                self.heavy.add(t.worker)
+                self.heavy.add(_key(t))
             elif loss is not None and loss < LIGHT_LOSS:
-                self.heavy.discard(t.worker)
+                self.heavy.discard(_key(t))
         return rep
 
     def start_rate(self, targets: list[Peer], group: bool) -> float:
-        hints = [self.rate_hint.get(t.worker, self.initial_rate_bps) for t in targets]
+        hints = [self.rate_hint.get(_key(t), self.initial_rate_bps) for t in targets]
         return min(hints) if group else sum(hints)  # a group packet reaches them all
 
     def learn_rates(self, targets: list[Peer], low_kbps: list[int]) -> None:
         for t, r in zip(targets, low_kbps):
             if r:
-                self.rate_hint[t.worker] = r * 1000
+                self.rate_hint[_key(t)] = r * 1000
 
     def learn_windows(self, targets: list[Peer], low: list[int]) -> None:
         """The ACK clock: the smallest credit each target gave (its share
         with every flow active) is what its next push is primed with."""
         for t, w in zip(targets, low):
             if w and w != 0xffff:
-                self.window_hint.setdefault(t.worker, collections.deque(maxlen=4)).append(w)
+                self.window_hint.setdefault(_key(t), collections.deque(maxlen=4)).append(w)
 
     def prime_window(self, target: Peer, default: int) -> int:
         """Packets to prime a clocked push to `target` with: the smallest
         credit of its last four pushes (one whose flow started late saw a
         larger share), `default` before it gave one."""
-        hint = self.window_hint.get(target.worker)
+        hint = self.window_hint.get(_key(target))
         return min(hint) if hint else default
 
     def learn_gaps(self, targets: list[Peer], gaps: list[float]) -> None:
@@ -182,10 +188,10 @@ class Sender:
         that push measures its own."""
         for t, g in zip(targets, gaps):
             if g > 0:
-                self.gap_hint[t.worker] = g
+                self.gap_hint[_key(t)] = g
 
     def ack_gap(self, target: Peer) -> float:
-        return self.gap_hint.get(target.worker, 0.0)
+        return self.gap_hint.get(_key(target), 0.0)
 
     def forget(self) -> None:
         """Drop what the clock learned of every target (credits, ACK gaps)."""

@@ -138,4 +138,4 @@ def answered_from(ep, round_: int, chunk: int) -> bool:
     the chunk holding round i's first element, and is sent only once round
     i is over (the server gathered it), as is all that follows it; so such an
     arrival proves round i over, although earlier parts prove nothing of it."""
-    return ep.receiver.arrived_from(round_, chunk)
+    return ep.arrived_from(round_, chunk)

@@ -294,3 +294,41 @@ class RoundTokens:
     def group(self, round_: int) -> int | None:
         """The token of round_'s GROUP frames; None if this endpoint holds none."""
         return derive(self.secret, self.job, round_, kind=GROUP)
+
+
+class ShardTokens(RoundTokens):
+    """The tokens of an endpoint whose rounds S servers share (one device
+    for a sharded worker, control/transport/roundspace.py): round r is
+    server r % S's, its tokens made from that server's secret (jobkey gives
+    each server shard a secret of its own)."""
+
+    def __init__(self, secrets_: list, job: int, where: str = "endpoint",
+                 self_id: int | None = None):
+        if len({s is None for s in secrets_}) > 1:
+            raise ValueError(f"{where}: the servers' secrets must all be given or all be None")
+        self.parts = [RoundTokens(s, job, where, self_id) for s in secrets_]
+        self.secret, self.job, self.self_id = self.parts[0].secret, job, self_id
+
+    def _of(self, round_: int) -> RoundTokens:
+        return self.parts[round_ % len(self.parts)]
+
+    def receive(self, round_: int, worker: int) -> tuple[int, int]:
+        return self._of(round_).receive(round_, worker)
+
+    def send(self, round_: int, worker: int) -> tuple[int, int]:
+        return self._of(round_).send(round_, worker)
+
+    def bank(self, round_: int, peers: dict[int, int]) -> dict[int, tuple[int, int]]:
+        return self._of(round_).bank(round_, peers)
+
+    def group(self, round_: int) -> int | None:
+        return self._of(round_).group(round_)
+
+
+def for_rounds(secret, job: int, where: str = "endpoint",
+               self_id: int | None = None) -> RoundTokens:
+    """An endpoint's tokens: from one secret (RoundTokens), or from a list
+    of one secret per server shard (ShardTokens)."""
+    if isinstance(secret, list):
+        return ShardTokens(secret, job, where, self_id)
+    return RoundTokens(secret, job, where, self_id)

@@ -45,16 +45,15 @@ from .base import RigBase, RigError, saved_names
 from .netlink import NUD_NOARP, NUD_PERMANENT, TC_EGRESS
 from .star_plan import (BRIDGE, BROADCAST, DEFAULT_NAME, MAX_RATE_BPS, MAX_SERVERS,
                         MAX_WORKERS, MIN_RATE_BPS, NAME_RE, PIN_ROOT, PREFIXLEN, PS_IP, STATE_DIR,
-                        SUBNET, WORKER_BASE, Host, RigConfig, bridge_of, broadcast_of,
-                        namespaces_by_rig, node_links, pin_dir, plan_hosts, plan_nics, state_path,
-                        switch_ns)
+                        SUBNET, WORKER_BASE, Host, RigConfig, namespaces_by_rig, node_links,
+                        pin_dir, plan_hosts, state_path, switch_ns)
 from .teardown import remove_all
 from .traffic import measure_rate, udp_blast
 
 LOSS_STATS = lossinject.STATS
 
 __all__ = ["BRIDGE", "BROADCAST", "DEFAULT_NAME", "LOSS_STATS", "MAX_RATE_BPS", "MAX_SERVERS",
-           "MAX_WORKERS", "broadcast_of",
+           "MAX_WORKERS",
            "MIN_RATE_BPS", "NUD_NOARP", "NUD_PERMANENT", "PIN_ROOT", "PREFIXLEN", "PS_IP",
            "STATE_DIR", "SUBNET", "TC_EGRESS", "WORKER_BASE", "Host", "Rig", "RigConfig",
            "RigError", "measure_rate", "pin_dir", "plan_hosts", "remove_all", "state_path",
@@ -78,7 +77,6 @@ class Rig(RigBase):
         super().__init__()
         self.config = config
         self.hosts: list[Host] = plan_hosts(config.name, config.workers, config.servers)
-        self.nics: list[Host] = plan_nics(config.name, config.workers, config.servers)
         self.switch_ns = switch_ns(config.name)
         self.created: float | None = None
 
@@ -96,25 +94,16 @@ class Rig(RigBase):
     def workers(self) -> list[Host]:
         return [h for h in self.hosts if h.role == "worker"]
 
-    def nics_of(self, worker: HostKey) -> list[Host]:
-        """A worker's devices, one per server in server order (the first is the host's own)."""
-        w = self.host(worker)
-        return [w] + [n for n in self.nics if n.index == w.index]
-
-    @property
-    def bridges(self) -> list[str]:
-        return [BRIDGE] + [f"br{i}" for i in range(1, self.config.servers)]
-
     def _ports(self, which: str) -> list[str]:
         """Switch ports a per-port option ("ps" or "all") applies to: every
-        server's, or every port (the workers' extra devices' included)."""
+        server's, or every port."""
         if which == "all":
-            return [h.port for h in self.hosts + self.nics]
+            return [h.port for h in self.hosts]
         return [h.port for h in self.servers]
 
     def node_devices(self, k: int) -> list[Host]:
         """The hosts and devices on node k (RigConfig.nodes)."""
-        return [h for h in self.hosts + self.nics if self.config.node_of(h) == k]
+        return [h for h in self.hosts if self.config.node_of(h) == k]
 
     @property
     def shaped_ports(self) -> list[str]:
@@ -156,15 +145,13 @@ class Rig(RigBase):
                 "nodes": [[h.name for h in self.node_devices(k)]
                           for k in range(self.config.nodes)],
                 "created": self.created, "switch_ns": self.switch_ns, "bridge": BRIDGE,
-                "bridges": self.bridges,
                 "subnet": f"{SUBNET}/{PREFIXLEN}", "shaped_ports": self.shaped_ports,
                 "loss_ports": self.loss_ports,
-                "xdp_pass_ports": ([h.port for h in self.hosts + self.nics]
+                "xdp_pass_ports": ([h.port for h in self.hosts]
                                    if self.config.mode == "native" else []),
                 "pins": self.pins, "state": "up" if self._is_up else "building",
                 "owner_pid": self.owner_pid,
-                "hosts": [h.to_dict() for h in self.hosts],
-                "nics": [h.to_dict() for h in self.nics]}
+                "hosts": [h.to_dict() for h in self.hosts]}
 
     def __repr__(self) -> str:
         c = self.config
@@ -214,25 +201,24 @@ class Rig(RigBase):
                        missing_ok=True)
         self._build_switch()
         if self.config.mode == "native":
-            tcprogs.xdp_pass((h.port, self.switch_ns) for h in self.hosts + self.nics)
+            tcprogs.xdp_pass((h.port, self.switch_ns) for h in self.hosts)
         self._built()
 
     def _build_switch(self) -> None:
         """The bridge and its ports, the hosts' ends, TBF and the loss injector."""
         cfg = self.config
         with netlink.iproute(self.switch_ns) as sw:
-            brs = {b: netlink.add_bridge(sw, b) for b in self.bridges}   # one per server subnet
+            br = netlink.add_bridge(sw, BRIDGE)
             ports = {}
-            for h in self.hosts + self.nics:
+            for h in self.hosts:
                 idx = ports[h.port] = netlink.add_veth(sw, h.port, mtu=cfg.mtu, peer=h.ifname,
                                                        peer_ns=h.netns, peer_mac=h.mac)
-                sw.link("set", index=idx, master=brs[bridge_of(h)], state="up")
+                sw.link("set", index=idx, master=br, state="up")
                 netlink.no_udp_gso(self.switch_ns, h.port)
                 # static FDB: frames to a host never flood, even before it talked
                 sw.fdb("add", ifindex=idx, lladdr=h.mac, state=NUD_NOARP)
-            for br in brs.values():
-                sw.link("set", index=br, state="up")
-            for h in self.hosts + self.nics:
+            sw.link("set", index=br, state="up")
+            for h in self.hosts:
                 self._host_up(h)
             for port in self.shaped_ports:
                 if port in ports:      # a node's links are shaped in _build_nodes
@@ -252,9 +238,9 @@ class Rig(RigBase):
     def _host_up(self, h: Host) -> None:
         with netlink.iproute(h.netns) as ipr:
             # the broadcast address: the PS's group sends (Endpoint.push group=)
-            idx = netlink.address_up(ipr, h.ifname, h.ip, h.prefixlen, broadcast=broadcast_of(h))
-            for other in self.hosts + self.nics:   # MACs known up front: no ARP on the bottleneck
-                if other is not h and bridge_of(other) == bridge_of(h):
+            idx = netlink.address_up(ipr, h.ifname, h.ip, h.prefixlen, broadcast=BROADCAST)
+            for other in self.hosts:   # MACs known up front: no ARP on the bottleneck
+                if other is not h:
                     netlink.static_neighbour(ipr, idx, other.ip, other.mac)
 
     def has_broadcast(self) -> bool:
@@ -387,7 +373,7 @@ class Rig(RigBase):
         with netlink.iproute(self.switch_ns) as sw:
             for link in sw.get_links():
                 name = link.get_attr("IFLA_IFNAME")
-                if name == "lo" or name in self.bridges:
+                if name in ("lo", BRIDGE):
                     continue
                 xdp = link.get_attr("IFLA_XDP")
                 out[name] = {"xdp_prog_id": xdp.get_attr("IFLA_XDP_PROG_ID") if xdp else None,

@@ -4,17 +4,12 @@ addresses (`plan_hosts`), the names of its namespaces, and where its state
 file and pins live. Pure: nothing here needs root or touches the machine
 beyond listing namespaces.
 
-Every rig uses 198.18.0.0/24: the PS is .1, worker i is .(10 + i), .255 is
-the broadcast address the bridge floods (the PS's group sends).
-
-A rig with `servers` S > 1 (sharded parameter servers) has S subnets, each
-its own L2 segment (bridge br<i>): server i is host "ps<i>" (server 0 is
-"ps") at 198.18.<i>.1, and worker j has one device on each, "ltp-w<j>" on
-subnet 0 and "ltp-w<j>s<i>" (198.18.<i>.(10 + j)) on subnet i, all in worker
-j's namespace. An LTP endpoint owns its device's XDP program, so a worker
-pushing to S servers at once needs a device per server; each subnet's
-broadcast address reaches only that server's workers (`nics` are these
-extra devices).
+Every rig is one L2 segment (bridge br0) on 198.18.0.0/24: server i is host
+"ps<i>" (server 0 is "ps") at .(1 + i), worker j is .(10 + j), and .255 is
+the broadcast address the bridge floods (the servers' group sends). Every
+host has one device: a sharded worker reaches its S servers through it, its
+flows to each in rounds of their own (control/transport/roundspace.py), as
+a host with one NIC does.
 
 A rig with `nodes` K > 0 groups its workers into K nodes, as a cluster's
 machines hold several GPUs behind one NIC: worker j is on node
@@ -45,7 +40,7 @@ PS_IP = "198.18.0.1"
 BROADCAST = "198.18.0.255"  # every host of the rig's /24 (the bridge floods it)
 WORKER_BASE = 10          # worker i has 198.18.0.(10 + i)
 MAX_WORKERS = 64
-MAX_SERVERS = 8           # subnets 198.18.0.0/24 .. 198.18.7.0/24
+MAX_SERVERS = 8           # 198.18.0.1 .. 198.18.0.8
 DEFAULT_NAME = "default"
 BRIDGE = "br0"
 NS_RE = re.compile(r"^ltp-([a-z0-9][a-z0-9_]{0,11})-(sw|ps\d*|w\d+)$")
@@ -53,7 +48,7 @@ NS_RE = re.compile(r"^ltp-([a-z0-9][a-z0-9_]{0,11})-(sw|ps\d*|w\d+)$")
 __all__ = ["BRIDGE", "BROADCAST", "DEFAULT_NAME", "MAX_RATE_BPS", "MAX_SERVERS", "MAX_WORKERS",
            "MIN_RATE_BPS", "NAME_RE", "NS_RE", "PIN_ROOT", "PREFIXLEN", "PS_IP",
            "STATE_DIR", "SUBNET", "WORKER_BASE", "Host", "RigConfig", "namespaces_by_rig",
-           "pin_dir", "plan_hosts", "plan_nics", "bridge_of", "broadcast_of", "node_links", "state_path",
+           "pin_dir", "plan_hosts", "node_links", "server_of", "state_path",
            "switch_ns"]
 
 
@@ -63,8 +58,8 @@ class RigConfig(ShapedConfig):
 
     name: rig name, [a-z0-9_], at most 12 characters (namespaces ltp-<name>-*).
     workers: 1..64 worker hosts.
-    servers: 1..8 server hosts (ps, ps1, ...), each on its own subnet and
-      bridge, each worker with a device on every one (module docstring).
+    servers: 1..8 server hosts (ps, ps1, ...) on the rig's one segment (module
+      docstring).
     rate_bps, buffer_bytes: TBF rate and queue (TBF `limit`) of each shaped port.
     burst_bytes: TBF bucket; None picks max(2 frames, 80 us at the rate).
     loss: drop probability of IPv4 UDP/TCP packets, in [0, 1).
@@ -125,31 +120,23 @@ class RigConfig(ShapedConfig):
         """The node host or device `h` is on, or None (a link of its own)."""
         if not self.nodes or h.role == "ps" and not self.colocate:
             return None
-        index = subnet_of(h) if h.role == "ps" else h.index   # server s beside worker s
+        index = server_of(h) if h.role == "ps" else h.index   # server s beside worker s
         return index // (self.workers // self.nodes)
 
 
-def _host(rig: str, short: str, role: str, index: int, subnet: int, last: int,
-          ns_short: str | None = None) -> Host:
-    return Host(name=short, role=role, index=index, netns=f"ltp-{rig}-{ns_short or short}",
-                ifname=f"ltp-{short}", ip=f"198.18.{subnet}.{last}",
-                mac=f"02:4c:54:00:{subnet:02x}:{last:02x}", port=f"sw-{short}",
+def _host(rig: str, short: str, role: str, index: int, last: int) -> Host:
+    return Host(name=short, role=role, index=index, netns=f"ltp-{rig}-{short}",
+                ifname=f"ltp-{short}", ip=f"198.18.0.{last}",
+                mac=f"02:4c:54:00:00:{last:02x}", port=f"sw-{short}",
                 prefixlen=PREFIXLEN)
 
 
 def plan_hosts(name: str, workers: int, servers: int = 1) -> list[Host]:
     """The hosts of rig `name`: the servers first (ps, ps1, ...), then
     workers w0..w(N-1)."""
-    hosts = [_host(name, "ps" if i == 0 else f"ps{i}", "ps", -1, i, 1) for i in range(servers)]
-    hosts += [_host(name, f"w{i}", "worker", i, 0, WORKER_BASE + i) for i in range(workers)]
+    hosts = [_host(name, "ps" if i == 0 else f"ps{i}", "ps", -1, 1 + i) for i in range(servers)]
+    hosts += [_host(name, f"w{i}", "worker", i, WORKER_BASE + i) for i in range(workers)]
     return hosts
-
-
-def plan_nics(name: str, workers: int, servers: int = 1) -> list[Host]:
-    """Each worker's extra devices, one per server i >= 1 (subnet i), in the
-    worker's namespace: named w<j>s<i>, role "nic", index j."""
-    return [_host(name, f"w{j}s{i}", "nic", j, i, WORKER_BASE + j, ns_short=f"w{j}")
-            for i in range(1, servers) for j in range(workers)]
 
 
 def node_links(k: int) -> tuple[str, str]:
@@ -158,19 +145,9 @@ def node_links(k: int) -> tuple[str, str]:
     return f"n{k}-down", f"n{k}-up"
 
 
-def subnet_of(h: Host) -> int:
-    """The server subnet a host or device is on (the third octet)."""
-    return int(h.ip.split(".")[2])
-
-
-def bridge_of(h: Host) -> str:
-    """The bridge of h's subnet: br0 (the rig's first), br1, ..."""
-    return f"br{subnet_of(h)}"
-
-
-def broadcast_of(h: Host) -> str:
-    """The broadcast address of h's subnet (what its server's group sends reach)."""
-    return f"198.18.{subnet_of(h)}.255"
+def server_of(h: Host) -> int:
+    """Which server a server host is (server i is 198.18.0.(1 + i))."""
+    return int(h.ip.rsplit(".", 1)[1]) - 1
 
 
 def switch_ns(name: str) -> str:

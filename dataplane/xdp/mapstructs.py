@@ -27,6 +27,9 @@ CFG_SELF = _D["LTP_CFG_SELF"]  # self_* set: group DATA accepted
 CFG_CSUM = _D["LTP_CFG_CSUM"]  # DATA's UDP checksum verified
 
 
+MAX_SHARDS = 8   # servers that may share one endpoint's rounds (banks 2 per server)
+
+
 @dataclass(frozen=True)
 class Geometry:
     """Size of the reassembly memory; compiled into the program.
@@ -51,8 +54,8 @@ class Geometry:
             raise ValueError(f"max_chunks must be in 1..{1 << 20}, got {self.max_chunks}")
         if self.chunk_bytes % 8 or not 8 <= self.chunk_bytes <= 8192:
             raise ValueError(f"chunk_bytes must be a multiple of 8 in 8..8192, got {self.chunk_bytes}")
-        if self.banks not in (2, 4, 8):
-            raise ValueError(f"banks must be 2, 4 or 8, got {self.banks}")
+        if self.banks % 2 or not 2 <= self.banks <= 2 * MAX_SHARDS:
+            raise ValueError(f"banks must be even, 2..{2 * MAX_SHARDS}, got {self.banks}")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.max_chunks % 64:

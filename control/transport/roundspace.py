@@ -1,0 +1,107 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One endpoint's round space shared by S servers: a sharded worker reaches
+every server through one device.
+
+An XDP program keys a flow by (worker id, round % banks), and every server
+of a sharded job numbers its rounds alike (each sees every op). So a
+worker's pushes to two servers, or their two answers, would meet in one
+bank of one device. Here server s's round r goes on the wire as r·S + s and
+the program has 2S banks (EndpointConfig.banks): bank = s + S·(r mod 2), so
+every server keeps two banks of its own on every device, as one server has
+on a device of its own. The tokens follow the wire round (a ShardTokens
+picks server s's secret for it), so both ends derive them alike.
+
+`RoundSpace(ep, s, S)` is server s's view of an endpoint: the calls a link
+makes, each round mapped. On a worker the S views share one endpoint
+(control/torchapi/link_ltp.py, SharedDevice); a server's own endpoint is
+seen through its view too, so its rounds are the wire's. S = 1 is the
+identity: r on the wire is r.
+"""
+from __future__ import annotations
+
+from ...dataplane.xdp.mapstructs import MAX_SHARDS
+
+
+def banks_for(servers: int) -> int:
+    """Banks an endpoint of a job with `servers` servers has: two per server."""
+    if not 1 <= servers <= MAX_SHARDS:
+        raise ValueError(f"servers must be in 1..{MAX_SHARDS}, got {servers}")
+    return 2 * servers
+
+
+class RoundSpace:
+    """Server s's rounds on endpoint `ep`, out of S (module docstring)."""
+
+    def __init__(self, ep, s: int = 0, S: int = 1):
+        if not 0 <= s < S:
+            raise ValueError(f"shard {s} is not one of {S}")
+        self.ep, self.s, self.S = ep, s, S
+
+    def wire(self, round_: int) -> int:
+        """Round round_ as it goes on the wire (and into the endpoint)."""
+        return round_ * self.S + self.s
+
+    # what the links read of the endpoint, as it is
+    @property
+    def sender(self):
+        return self.ep.sender
+
+    @property
+    def bubble_strategy(self) -> str:
+        return self.ep.bubble_strategy
+
+    @bubble_strategy.setter
+    def bubble_strategy(self, value: str) -> None:
+        self.ep.bubble_strategy = value
+
+    @property
+    def sender_choice(self):
+        return self.ep.sender_choice
+
+    def beat(self) -> None:
+        self.ep.beat()
+
+    # the calls that name a round
+    def open_round(self, round_: int, *args, **kw) -> None:
+        self.ep.open_round(self.wire(round_), *args, **kw)
+
+    def wait_round(self, round_: int, *args, **kw):
+        return self.ep.wait_round(self.wire(round_), *args, **kw)
+
+    def arrived_from(self, round_: int, chunk: int) -> bool:
+        return self.ep.arrived_from(self.wire(round_), chunk)
+
+    def drop_worker(self, round_: int, worker: int) -> None:
+        self.ep.drop_worker(self.wire(round_), worker)
+
+    def cancel_round(self, round_: int) -> None:
+        self.ep.cancel_round(self.wire(round_))
+
+    def retire(self, round_: int, source_worker: int) -> None:
+        self.ep.retire(self.wire(round_), source_worker)
+
+    def push(self, round_: int, *args, **kw):
+        return self.ep.push(self.wire(round_), *args, **kw)
+
+    def prepare_push(self, round_: int, *args, **kw):
+        return self.ep.prepare_push(self.wire(round_), *args, **kw)
+
+    def push_reliable(self, round_: int, *args, **kw):
+        return self.ep.push_reliable(self.wire(round_), *args, **kw)
+
+    def push_deferred(self, round_: int, *args, **kw):
+        return self.ep.push_deferred(self.wire(round_), *args, **kw)
+
+    def expect(self, round_: int, *args, **kw) -> None:
+        self.ep.expect(self.wire(round_), *args, **kw)
+
+    def expect_deferred(self, round_: int, *args, **kw):
+        return self.ep.expect_deferred(self.wire(round_), *args, **kw)
+
+    def close(self) -> None:
+        """A server's own endpoint goes with its view (a worker's shared one
+        is closed by its SharedDevice, not here)."""
+        self.ep.close()
+
+
+__all__ = ["RoundSpace", "banks_for"]

@@ -1,0 +1,152 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One device for a sharded worker: server s's rounds r·S + s on the wire,
+two banks each (control/transport/roundspace.py), the tokens from each
+server's own secret (ShardTokens), and a worker's links to S servers
+sharing one endpoint (link_ltp_worker.SharedDevice) on a real rig."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import requires_bpf
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("S", [1, 2, 3, 8])
+def test_every_server_keeps_two_banks_of_its_own(S):
+    from ltpx.control.transport.roundspace import RoundSpace, banks_for
+    banks = banks_for(S)
+    seen: dict[int, set] = {}
+    for s in range(S):
+        view = RoundSpace(None, s, S)
+        for r in range(40):
+            seen.setdefault(view.wire(r) % banks, set()).add(s)
+        # two rounds in a row never share a bank: one is read while the next fills
+        assert all(view.wire(r) % banks != view.wire(r + 1) % banks for r in range(40))
+    assert sorted(seen) == list(range(banks))
+    assert all(len(owners) == 1 for owners in seen.values())     # no bank is two servers'
+    assert [RoundSpace(None, 0, 1).wire(r) for r in range(3)] == [0, 1, 2]   # S = 1: as it was
+
+
+@pytest.mark.unit
+def test_bad_shapes_are_refused():
+    from ltpx.control.transport.endpoint_config import EndpointConfig
+    from ltpx.control.transport.roundspace import RoundSpace, banks_for
+    from ltpx.dataplane.xdp.mapstructs import Geometry
+    with pytest.raises(ValueError, match="shard 2 is not one of 2"):
+        RoundSpace(None, 2, 2)
+    with pytest.raises(ValueError, match="servers must be in 1..8"):
+        banks_for(9)
+    with pytest.raises(ValueError, match="banks must be even"):
+        Geometry(banks=3)
+    with pytest.raises(ValueError, match="needs banks a multiple"):
+        EndpointConfig(secret=[b"k" * 16] * 3, banks=4)
+
+
+@pytest.mark.unit
+def test_a_shared_endpoints_tokens_are_each_servers_own():
+    """Round r·S + s is server s's: its tokens are the ones server s's own
+    endpoint (one secret) derives for that wire round, so no server can
+    make another's."""
+    from ltpx.control.trust import tokens
+    S, job = 3, 7
+    secrets = [tokens.new_secret() for _ in range(S)]
+    shared = tokens.for_rounds(secrets, job, self_id=4)
+    for s in range(S):
+        own = tokens.for_rounds(secrets[s], job, self_id=4)
+        server = tokens.for_rounds(secrets[s], job)
+        for r in range(3):
+            wire = r * S + s
+            assert shared.send(wire, 4) == own.send(wire, 4) == server.receive(wire, 4)
+            assert shared.receive(wire, 4) == server.send(wire, 4)
+            assert shared.group(wire) == server.group(wire)
+            other = tokens.for_rounds(secrets[(s + 1) % S], job)
+            assert other.receive(wire, 4) != shared.send(wire, 4)
+    with pytest.raises(ValueError, match="all be given or all be None"):
+        tokens.for_rounds([secrets[0], None], job, self_id=4)
+
+
+@pytest.fixture(scope="module")
+def two_servers():
+    from conftest import star_rig
+    yield from star_rig(clear=True, name="rsp", workers=2, servers=2, mode="skb")
+
+
+@requires_bpf
+@pytest.mark.rig
+def test_a_worker_reaches_two_servers_through_its_one_device(two_servers):
+    """Two workers, two servers, one device a worker: each worker's links
+    share one endpoint; both push their slices to both servers at once
+    (two threads), each server sums only its own, and both servers' group
+    answers reach each worker whole. A larger op remakes the shared
+    endpoint once, for both links."""
+    from ltpx.control.torchapi.link_ltp import LtpServerLink
+    from ltpx.control.torchapi.link_ltp_worker import LtpWorkerLink, SharedDevice
+    from ltpx.control.torchapi.settings import Settings
+    from ltpx.control.trust import tokens
+    from ltpx.dataplane.rig.star import BROADCAST
+    rig, S, n = two_servers, 2, 30_000
+    secrets = [tokens.new_secret() for _ in range(S)]
+
+    def settings(h):
+        return Settings(dev=h.ifname, ip=h.ip, netns=h.netns, xdp_mode=rig.config.mode,
+                        mtu=rig.config.mtu, timeout=20, job=11, servers=S)
+    servers = [LtpServerLink(settings(h), 2, BROADCAST, secret=secrets[i], shard=i, servers=S)
+               for i, h in enumerate(rig.servers)]
+    devices = [SharedDevice(settings(h), w, 2, secrets, S) for w, h in enumerate(rig.workers)]
+    links = [[LtpWorkerLink(settings(h), w, 2, secret=secrets[i], device=devices[w], shard=i)
+              for i in range(S)] for w, h in enumerate(rig.workers)]
+    try:
+        for i, sv in enumerate(servers):
+            sv.connect({w: {"ip": h.ip} for w, h in enumerate(rig.workers)})
+            sv.ensure(n)
+            for w in range(2):
+                links[w][i].connect({**sv.address(), "ip": rig.servers[i].ip})
+                links[w][i].ensure(n)
+        for w in range(2):
+            assert links[w][0].ep.ep is links[w][1].ep.ep is devices[w].ep   # one endpoint
+        rng = np.random.default_rng(3)
+        grads = rng.standard_normal((2, S, n)).astype(np.float32)   # [worker][server]
+        for r in (5, 6):                                             # two rounds: both banks
+            for sv in servers:
+                sv.open(r, n, [0, 1], reliable=True)
+            pushers = [threading.Thread(target=links[w][i].push, args=(r, grads[w, i], True))
+                       for w in range(2) for i in range(S)]
+            for t in pushers:
+                t.start()
+            got = [sv.gather(r, n, [0, 1]) for sv in servers]
+            for t in pushers:
+                t.join()
+            for i, g in enumerate(got):
+                assert np.array_equal(np.asarray(g.values)[:, :n], grads[:, i]), (r, i)
+        answers = rng.standard_normal((S, n)).astype(np.float32)
+        for w in range(2):
+            for i in range(S):
+                links[w][i].expect(9, n)
+        senders = [threading.Thread(target=sv.send, args=(9, answers[i], True))
+                   for i, sv in enumerate(servers)]
+        for t in senders:
+            t.start()
+        for w in range(2):
+            for i in range(S):
+                out = np.zeros(n, np.float32)
+                links[w][i].pull(9, out)
+                assert np.array_equal(out, answers[i]), (w, i)
+        for t in senders:
+            t.join()
+        for w in range(2):
+            counts = devices[w].ep.counters()
+            assert counts["bad_token"] == 0 and counts["unknown_worker"] == 0, counts
+        before = devices[0].ep
+        links[0][1].ensure(4 * n)                                  # a larger op: made anew
+        assert devices[0].ep is not before and devices[0].size >= 4 * n
+        assert links[0][0].ep.ep is links[0][1].ep.ep is devices[0].ep
+    finally:
+        for w in range(2):
+            for link in links[w]:
+                link.close()
+            devices[w].close()
+        for sv in servers:
+            sv.close()
