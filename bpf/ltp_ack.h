@@ -60,7 +60,7 @@ static __always_inline int on_ack(struct xdp_md *ctx, struct ltp_hdr *h)
 		return drop(LTP_C_UNKNOWN_WORKER, h);
 	struct ltp_slot_stats *st = ltp_stats.lookup(&slot);
 	__u32 round = bpf_ntohl(h->round);
-	__u32 bank = round % LTP_BANKS;
+	__u32 bank = LTP_BANK_OF(round);
 	__u32 bidx = bank * LTP_SLOTS + slot;
 	struct ltp_tx *tx = ltp_tx.lookup(&bidx);
 	struct ltp_bitmap *acked = ltp_acked.lookup(&bidx);

@@ -209,7 +209,7 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 		return drop(LTP_C_UNKNOWN_WORKER, h);
 
 	__u32 round = bpf_ntohl(h->round);
-	rx->bank = round % LTP_BANKS;
+	rx->bank = LTP_BANK_OF(round);
 	struct ltp_bank *b = ltp_banks.lookup(&rx->bank);
 	if (!b)
 		return XDP_DROP;

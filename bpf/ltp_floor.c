@@ -31,7 +31,7 @@ int ltp_xdp(struct xdp_md *ctx)
 	__u32 chunk = bpf_ntohl(h->chunk);
 	if (chunk >= LTP_MAX_CHUNKS)
 		return XDP_DROP;
-	__u32 midx = (bpf_ntohl(h->round) % LTP_BANKS) * LTP_SLOTS * LTP_MAX_CHUNKS + chunk;
+	__u32 midx = LTP_BANK_OF(bpf_ntohl(h->round)) * LTP_SLOTS * LTP_MAX_CHUNKS + chunk;
 	struct ltp_chunk *dst = ltp_mem.lookup(&midx);
 	if (!dst)
 		return XDP_DROP;
@@ -40,7 +40,7 @@ int ltp_xdp(struct xdp_md *ctx)
 #ifdef LTP_FLOOR_PUBLISH
 	/* The copy published as ltp_xdp publishes it: its done bit, a locked
 	 * operation, which waits for the copy's stores to drain. */
-	__u32 bidx = (bpf_ntohl(h->round) % LTP_BANKS) * LTP_SLOTS;
+	__u32 bidx = LTP_BANK_OF(bpf_ntohl(h->round)) * LTP_SLOTS;
 	struct ltp_bitmap *done = ltp_done.lookup(&bidx);
 	__u64 word = chunk >> 6;
 	if (done && word < LTP_BM_WORDS)

@@ -22,8 +22,13 @@
 #define LTP_CHUNK_BYTES  1424    /* multiple of 8; fits a 1500-byte MTU */
 #endif
 #ifndef LTP_BANKS
-#define LTP_BANKS        2       /* round r uses bank r % LTP_BANKS */
+#define LTP_BANKS        2       /* round r uses bank (r / LTP_BANK_STRIDE) % LTP_BANKS */
 #endif
+#ifndef LTP_BANK_STRIDE
+#define LTP_BANK_STRIDE  1       /* S on a server of S whose rounds are r·S + s (its own s):
+                                    two banks hold all of them (control/transport/roundspace.py) */
+#endif
+#define LTP_BANK_OF(round) (((round) / LTP_BANK_STRIDE) % LTP_BANKS)
 #define LTP_BM_WORDS     (LTP_MAX_CHUNKS / 64)
 #define LTP_MAX_WORKER_ID 65536  /* worker ids are 16 bits */
 

@@ -134,7 +134,7 @@ def test_load_then_status_lists_exactly_it(rig, loaded):
     assert (loaded["role"], loaded["job"], loaded["mode"], loaded["netns"], loaded["dev"]) == \
         ("ps", JOB, "native", rig.ps.netns, rig.ps.ifname)
     assert loaded["geometry"] == {"slots": 2, "max_chunks": 64, "chunk_bytes": CHUNK, "banks": 2,
-                                  "port": W.PORT}
+                                  "port": W.PORT, "stride": 1}
     assert loaded["peers"] == {"0": 0, "1": 1}
     att = registry.xdp_on(rig.ps.ifname, rig.ps.netns)
     assert att == {"prog_id": loaded["prog_id"], "mode": "native"}

@@ -351,7 +351,9 @@ def test_loss_injector_drop_fraction(rig):
 @privileged
 @pytest.mark.rig
 def test_loss_injector_never_drops_arp(rig):
-    """Non-IPv4-UDP/TCP frames (here: ARP requests) pass and count as "other"."""
+    """Non-IPv4-UDP/TCP frames (here: ARP requests, unicast to the PS as a
+    neighbour's refresh is: the switch floods no broadcast to a server's
+    port) pass and count as "other"."""
     w = rig.workers[2]
     rig.set_loss(0.99)
     try:
@@ -360,13 +362,14 @@ def test_loss_injector_never_drops_arp(rig):
             import socket, sys
             mac = bytes.fromhex(sys.argv[2].replace(":", ""))
             ip = socket.inet_aton(sys.argv[3]); ps = socket.inet_aton(sys.argv[4])
-            arp = (b"\\xff" * 6 + mac + b"\\x08\\x06" + b"\\x00\\x01\\x08\\x00\\x06\\x04\\x00\\x01"
+            dst = bytes.fromhex(sys.argv[5].replace(":", ""))
+            arp = (dst + mac + b"\\x08\\x06" + b"\\x00\\x01\\x08\\x00\\x06\\x04\\x00\\x01"
                    + mac + ip + b"\\x00" * 6 + ps)
             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
             s.bind((sys.argv[1], 0))
             for _ in range(200):
                 s.send(arp)
-            """, w.ifname, w.mac, w.ip, rig.ps.ip)
+            """, w.ifname, w.mac, w.ip, rig.ps.ip, rig.ps.mac)
         time.sleep(0.1)
         c1 = rig.loss_counters()
         assert c1["other"] - c0["other"] >= 200

@@ -31,6 +31,21 @@ def test_every_server_keeps_two_banks_of_its_own(S):
 
 
 @pytest.mark.unit
+def test_a_deferred_answers_memo_stays_keyed_by_the_servers_own_rounds():
+    """defer.push keeps each answer's verdict under its wire round and asks
+    for the one before it (wire - 1): through a view both are the server's
+    rounds r and r - 1, so its link prunes the memo by its own numbers."""
+    from ltpx.control.transport.roundspace import RoundSpace, _ByRound
+    memo: dict = {}
+    view = RoundSpace(None, 2, 3)
+    by = _ByRound(memo, view)
+    by[view.wire(7)] = "v7"
+    assert memo == {7: "v7"} and by[view.wire(7)] == "v7"
+    assert by.get(view.wire(8) - 1) == "v7" and by.get(view.wire(7) - 1) is None
+    assert by.get(view.wire(6), "none") == "none"
+
+
+@pytest.mark.unit
 def test_bad_shapes_are_refused():
     from ltpx.control.transport.endpoint_config import EndpointConfig
     from ltpx.control.transport.roundspace import RoundSpace, banks_for
@@ -41,6 +56,8 @@ def test_bad_shapes_are_refused():
         banks_for(9)
     with pytest.raises(ValueError, match="banks must be even"):
         Geometry(banks=3)
+    with pytest.raises(ValueError, match="stride must be in 1..8"):
+        Geometry(stride=9)
     with pytest.raises(ValueError, match="needs banks a multiple"):
         EndpointConfig(secret=[b"k" * 16] * 3, banks=4)
 
@@ -139,6 +156,10 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers):
         for w in range(2):
             counts = devices[w].ep.counters()
             assert counts["bad_token"] == 0 and counts["unknown_worker"] == 0, counts
+        for sv in servers:      # another server's group answer never reached one (the rig's
+            counts = sv.ep.ep.counters()          # ports of hosts in no group drop it)
+            assert counts["unknown_worker"] == 0 and counts["bad_token"] == 0, counts
+            assert sv.ep.ep.dp.geometry.banks == 2           # by r: an unsharded server's memory
         before = devices[0].ep
         links[0][1].ensure(4 * n)                                  # a larger op: made anew
         assert devices[0].ep is not before and devices[0].size >= 4 * n

@@ -32,7 +32,7 @@ from .. import settings_table
 from ..transport.early_close import EarlyClose, EarlyCloseConfig
 from ..transport.endpoint import CHECKSUMS, Endpoint, EndpointConfig, Peer
 from ..transport.rate import CREDIT_RTT_S
-from ..transport.roundspace import RoundSpace, banks_for
+from ..transport.roundspace import RoundSpace
 from ..transport import defer, fec
 from ..trust.signing import SIG_ELEMS, Signer, StreamSigner
 from ..transport.stream import AnswerStream
@@ -52,11 +52,13 @@ def credit_bytes(s: Settings) -> float | None:
     return s.buffer + s.capacity * CREDIT_RTT_S / 8 if s.buffer else None
 
 
-def endpoint_config(s: Settings, secret, banks: int = 2) -> EndpointConfig:
+def endpoint_config(s: Settings, secret, banks: int = 2, stride: int = 1) -> EndpointConfig:
     """What a rank's endpoints share, from its settings (each link adds its
-    own); `secret` a list of the servers' where their rounds share it (banks)."""
+    own); banks and stride as transport/roundspace.py gives them, `secret` a
+    list of the servers' where their rounds share the endpoint."""
     return EndpointConfig(ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
                           chunk_bytes=chunk_bytes_for(s.mtu), secret=secret, banks=banks,
+                          bank_stride=stride,
                           credit_bytes=credit_bytes(s), verify_csum=CHECKSUMS[s.checksums])
 
 
@@ -114,7 +116,8 @@ class LtpServerLink(ServerLink):
         self.honest.clear()      # the rounds open on the old endpoint are gone with it
         s, size = self.s, endpoint_room(nelems, self.s.downlink_code == "rs", self.s.mtu, self.defer)
         ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
-                      endpoint_config(s, self.secret, banks_for(self.servers)),
+                      # server s of S: rounds r·S + s, banks by r (roundspace.py)
+                      endpoint_config(s, self.secret, stride=self.servers),
                       early_close=self.early_config(self.early_close),
                       bubble_strategy=self.endpoint_bubble(self.bubble),
                       # the answers' group send goes once to every worker; the

@@ -168,7 +168,8 @@ class Endpoint:
                                            where=f"Endpoint({dev!r})")
         options = dataclasses.replace(options, sender=self.sender_choice.sender)
         self.dp = Dataplane(Geometry(slots=self.slots, max_chunks=max_chunks,
-                                     chunk_bytes=chunk_bytes, banks=cfg.banks, port=port),
+                                     chunk_bytes=chunk_bytes, banks=cfg.banks,
+                                     stride=cfg.bank_stride, port=port),
                             job=job)
         self._published = None
         self.role = cfg.role or ("worker" if self_id is not None else "ps")

@@ -28,11 +28,12 @@ class EndpointConfig:
     policies. initial_rate_bps: a first push's rate (default: the capacity
     shared by the peers). publish: a registry record for `ltp status`.
     self_id, role, secret, sender, push_options, credit_bytes, liveness_s,
-    verify_csum, force: as Endpoint documents them. banks: round banks (round
-    r uses bank r % banks): 2, or 2S where S servers share the round space
-    (roundspace.py: server s's rounds are r·S + s, so each keeps two banks of
-    its own); secret then may be a list of S secrets, round r's tokens made
-    from secret[r % S]."""
+    verify_csum, force: as Endpoint documents them. banks, bank_stride: round
+    r uses bank (r // bank_stride) % banks. Where S servers share the round
+    space (roundspace.py: server s's rounds are r·S + s), a worker's endpoint
+    has 2S banks (two of its own per server) and secret may be a list of
+    the S servers' secrets, round r's tokens made from secret[r % S]; server
+    s's own has 2 banks and bank_stride S."""
 
     ns: str | None = None
     mode: str = "native"
@@ -54,6 +55,7 @@ class EndpointConfig:
     liveness_s: float | None = LIVENESS_S
     verify_csum: bool | None = None
     banks: int = 2
+    bank_stride: int = 1
 
     def __post_init__(self):
         if self.role not in ROLES:

@@ -6,10 +6,13 @@ An XDP program keys a flow by (worker id, round % banks), and every server
 of a sharded job numbers its rounds alike (each sees every op). So a
 worker's pushes to two servers, or their two answers, would meet in one
 bank of one device. Here server s's round r goes on the wire as r·S + s and
-the program has 2S banks (EndpointConfig.banks): bank = s + S·(r mod 2), so
-every server keeps two banks of its own on every device, as one server has
-on a device of its own. The tokens follow the wire round (a ShardTokens
-picks server s's secret for it), so both ends derive them alike.
+a worker's program has 2S banks (EndpointConfig.banks): bank = s + S·(r mod
+2), so every server keeps two banks of its own on every worker's device, as
+one server has on a device of its own. Server s's own program has 2 banks
+and takes the bank from r (bank_stride S: (r·S + s) // S = r), so its
+memory is what an unsharded server's is for its slice. The tokens follow
+the wire round (a ShardTokens picks server s's secret for it), so both ends
+derive them alike.
 
 `RoundSpace(ep, s, S)` is server s's view of an endpoint: the calls a link
 makes, each round mapped. On a worker the S views share one endpoint
@@ -23,7 +26,7 @@ from ...dataplane.xdp.mapstructs import MAX_SHARDS
 
 
 def banks_for(servers: int) -> int:
-    """Banks an endpoint of a job with `servers` servers has: two per server."""
+    """Banks a worker's endpoint of a job with `servers` servers has: two per server."""
     if not 1 <= servers <= MAX_SHARDS:
         raise ValueError(f"servers must be in 1..{MAX_SHARDS}, got {servers}")
     return 2 * servers
@@ -89,8 +92,10 @@ class RoundSpace:
     def push_reliable(self, round_: int, *args, **kw):
         return self.ep.push_reliable(self.wire(round_), *args, **kw)
 
-    def push_deferred(self, round_: int, *args, **kw):
-        return self.ep.push_deferred(self.wire(round_), *args, **kw)
+    def push_deferred(self, round_: int, *args, memo: dict | None = None, **kw):
+        # the memo stays keyed by this view's rounds (its owner prunes it so)
+        memo = None if memo is None else _ByRound(memo, self)
+        return self.ep.push_deferred(self.wire(round_), *args, memo=memo, **kw)
 
     def expect(self, round_: int, *args, **kw) -> None:
         self.ep.expect(self.wire(round_), *args, **kw)
@@ -102,6 +107,27 @@ class RoundSpace:
         """A server's own endpoint goes with its view (a worker's shared one
         is closed by its SharedDevice, not here)."""
         self.ep.close()
+
+
+class _ByRound:
+    """A dict keyed by a view's rounds, read and written by wire round, as
+    defer.push does: its round, and the round before it (wire - 1 falls in
+    the view's previous round, (r·S + s - 1 - s) // S = r - 1)."""
+
+    def __init__(self, memo: dict, view: RoundSpace):
+        self.memo, self.view = memo, view
+
+    def _key(self, wire: int) -> int:
+        return (wire - self.view.s) // self.view.S
+
+    def get(self, wire: int, default=None):
+        return self.memo.get(self._key(wire), default)
+
+    def __getitem__(self, wire: int):
+        return self.memo[self._key(wire)]
+
+    def __setitem__(self, wire: int, value) -> None:
+        self.memo[self._key(wire)] = value
 
 
 __all__ = ["RoundSpace", "banks_for"]

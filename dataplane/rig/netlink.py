@@ -192,6 +192,14 @@ def redirect_through(ipr, index: int, down: int, up: int, local_ips: list[str]) 
                        "ifindex": ifb})
 
 
+def no_broadcast(ipr, index: int) -> None:
+    """The bridge floods no broadcast out of port `index`: its host is in no
+    group (the servers' group answers are the rig's broadcasts), as a switch
+    that snoops multicast sends a group's frames only to its members' ports.
+    Neighbours are static on the rig, so no ARP needs it."""
+    ipr.brport("set", index=index, bcast_flood=0)
+
+
 def egress_filters(ipr, index: int) -> list[str]:
     """Kinds of the tc filters on egress of `index` ("bpf", ...)."""
     return [f.get_attr("TCA_KIND") for f in ipr.get_filters(index=index, parent=TC_EGRESS)

@@ -225,6 +225,8 @@ class Rig(RigBase):
                     netlink.add_tbf(sw, ports[port], cfg)
             lossinject.load(sw, [ports[p] for p in self.loss_ports], self.pins["dir"], cfg.loss)
             self._build_nodes(sw, ports)
+            for h in self.servers:     # the servers' group answers reach the workers only
+                netlink.no_broadcast(sw, ports[h.port])
 
     def _build_nodes(self, sw, ports: dict[str, int]) -> None:
         """Each node's link: an IFB each way, shaped, that its devices' ports

@@ -242,7 +242,7 @@ class LtpMaps:
 
     # --- receiver rounds ----------------------------------------------
     def bank_index(self, round_: int) -> int:
-        return round_ % self.geometry.banks
+        return round_ // self.geometry.stride % self.geometry.banks
 
     def open_bank(self, round_: int, nchunks: int, last_len: int, share_kbps: int = 0,
                   flows: int = 1, token: int = 0, window: int = 0, thresh: int = 0,

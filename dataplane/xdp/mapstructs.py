@@ -46,6 +46,7 @@ class Geometry:
     chunk_bytes: int = CHUNK_BYTES
     banks: int = 2
     port: int = PORT
+    stride: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= 1024:
@@ -56,6 +57,8 @@ class Geometry:
             raise ValueError(f"chunk_bytes must be a multiple of 8 in 8..8192, got {self.chunk_bytes}")
         if self.banks % 2 or not 2 <= self.banks <= 2 * MAX_SHARDS:
             raise ValueError(f"banks must be even, 2..{2 * MAX_SHARDS}, got {self.banks}")
+        if not 1 <= self.stride <= MAX_SHARDS:
+            raise ValueError(f"stride must be in 1..{MAX_SHARDS}, got {self.stride}")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.max_chunks % 64:
@@ -68,7 +71,8 @@ class Geometry:
     def cflags(self) -> list[str]:
         return [f"-I{BPF_DIR}", f"-DLTP_SLOTS={self.slots}",
                 f"-DLTP_MAX_CHUNKS={self.max_chunks}", f"-DLTP_CHUNK_BYTES={self.chunk_bytes}",
-                f"-DLTP_BANKS={self.banks}", f"-DLTP_PORT={self.port}",
+                f"-DLTP_BANKS={self.banks}", f"-DLTP_BANK_STRIDE={self.stride}",
+                f"-DLTP_PORT={self.port}",
                 "-Wno-ignored-attributes"]
 
     def to_dict(self) -> dict[str, int]:
