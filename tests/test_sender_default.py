@@ -287,12 +287,12 @@ def test_a_paths_loss_is_judged_from_enough_packets_with_a_gap_between_its_two_l
     assert s.path_loss(two) is None and not s.heavy
     learn([one, two], 400, 300)                    # 25 % of both targets' packets
     assert s.path_loss(two) == pytest.approx(0.25) and s.heavy == {(1, one.ip), (2, two.ip)}
-    assert s.heavy_why(two).startswith("socket: auto, 25% of the packets toward worker 2 "
-                                 "(198.18.0.3) lost")
+    assert s.heavy_why(two).startswith("socket: auto, 25% of the packets toward 198.18.0.3 "
+                                       "(worker 2's flow) lost")
     for _ in range(20):                            # small pushes decay it past judging
         learn([two], 1, 1)
     assert s.path_loss(two) is None and (2, two.ip) in s.heavy
-    assert "more than 6% of the packets (when last judged) toward worker 2" in s.heavy_why(two)
+    assert "more than 6% of the packets (when last judged) toward 198.18.0.3" in s.heavy_why(two)
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +339,7 @@ def test_auto_sends_by_the_socket_while_the_path_loses_much_and_by_the_clock_aga
         assert [r.sender for r in reps[1:]] == ["socket", "socket"]
         assert reps[1].clock_tx == 0
         assert reps[1].sender_why.startswith("socket: auto, ")
-        assert f"toward worker {h.index} lost" in reps[1].sender_why
+        assert f"toward {lossy.ps.ip} (worker {h.index}'s flow) lost" in reps[1].sender_why
         # an explicit sender is taken as asked, whatever the loss
         from ltpx.control.transport.options import PushOptions
         ps.open_round(4, nel)

@@ -129,8 +129,8 @@ class Sender:
         loss = self.path_loss(target)
         share = f"{loss:.0%} of the packets" if loss is not None else \
             f"more than {HEAVY_LOSS:.0%} of the packets (when last judged)"
-        return (f"socket: auto, {share} toward worker {target.worker} ({target.ip}) lost "
-                f"(the ACK clock again below {LIGHT_LOSS:.0%})")
+        return (f"socket: auto, {share} toward {target.ip} (worker {target.worker}'s flow) "
+                f"lost (the ACK clock again below {LIGHT_LOSS:.0%})")
 
     def path_loss(self, target: Peer) -> float | None:
         """The share of the packets of recent pushes toward `target` that
