@@ -46,26 +46,6 @@ def test_a_deferred_answers_memo_stays_keyed_by_the_servers_own_rounds():
 
 
 @pytest.mark.unit
-def test_a_views_pushes_leave_from_its_own_socket_in_its_own_thread_only():
-    """Sender.sending_from: a push started inside it (in that thread) takes
-    the view's socket; another thread's, and any push after it, the
-    endpoint's."""
-    from ltpx.control.transport.sender import Sender
-    s = Sender("main", None, {0: 0}, job=0, chunk_bytes=1424, max_elems=64,
-               initial_rate_bps=1e9)
-    seen = []
-    with s.sending_from("shard1"):
-        assert s.sock == "shard1"
-        t = threading.Thread(target=lambda: seen.append(s.sock))
-        t.start()
-        t.join()
-        with s.sending_from(None):
-            assert s.sock == "main"
-        assert s.sock == "shard1"
-    assert s.sock == "main" and seen == ["main"]
-
-
-@pytest.mark.unit
 def test_bad_shapes_are_refused():
     from ltpx.control.transport.endpoint_config import EndpointConfig
     from ltpx.control.transport.roundspace import RoundSpace, banks_for
@@ -144,8 +124,6 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers):
                 links[w][i].ensure(n)
         for w in range(2):
             assert links[w][0].ep.ep is links[w][1].ep.ep is devices[w].ep   # one endpoint
-            socks = [link.ep.sock for link in links[w]]        # ... a socket a shard
-            assert len({id(x) for x in socks}) == 2 and devices[w].ep.sock not in socks
         rng = np.random.default_rng(3)
         grads = rng.standard_normal((2, S, n)).astype(np.float32)   # [worker][server]
         for r in (5, 6):                                             # two rounds: both banks

@@ -95,9 +95,7 @@ class LtpWorkerLink(WorkerLink):
 
     def bind(self, ep: Endpoint, size: int) -> None:
         """This link's rounds on endpoint `ep` (of `size` elements), made anew."""
-        # a shard's pushes from a socket of its own: the shards push at once
-        self.ep = ep if self.device is None else \
-            RoundSpace(ep, self.shard, self.device.servers, sock=ep.new_socket())
+        self.ep = ep if self.device is None else RoundSpace(ep, self.shard, self.device.servers)
         # the server may still be re-sending the last answers' tails (their
         # ACKs lost): the new program ACKs them CLOSED, as the old one would
         for d in self.taken:

@@ -172,7 +172,6 @@ class Endpoint:
                                      stride=cfg.bank_stride, port=port),
                             job=job)
         self._published = None
-        self.more_socks: list[socket.socket] = []
         self.role = cfg.role or ("worker" if self_id is not None else "ps")
         try:
             self.maps = self.dp.maps()
@@ -423,19 +422,9 @@ class Endpoint:
     def counters(self) -> dict[str, int]:
         return self.maps.counters()
 
-    def new_socket(self) -> socket.socket:
-        """Another socket on this endpoint's address, closed with it: for a
-        caller that pushes from several threads at once (Sender.sending_from),
-        so no send waits on another's socket lock."""
-        sock = _udp_socket(self.ip, self.ns)
-        self.more_socks.append(sock)
-        return sock
-
     def close(self) -> None:
         try:
             self.sock.close()
-            for sock in self.more_socks:
-                sock.close()
         finally:
             self._withdraw()
             self.dp.close()

@@ -16,11 +16,9 @@ derive them alike.
 
 `RoundSpace(ep, s, S)` is server s's view of an endpoint: the calls a link
 makes, each round mapped. On a worker the S views share one endpoint
-(control/torchapi/link_ltp_worker.py, SharedDevice), each view's pushes
-leaving from a socket of its own (`sock`, Endpoint.new_socket: the S shard
-threads push at once, and one socket's lock would take them in turn); a
-server's own endpoint is seen through its view too, so its rounds are the
-wire's. S = 1 is the identity: r on the wire is r.
+(control/torchapi/link_ltp.py, SharedDevice); a server's own endpoint is
+seen through its view too, so its rounds are the wire's. S = 1 is the
+identity: r on the wire is r.
 """
 from __future__ import annotations
 
@@ -37,11 +35,10 @@ def banks_for(servers: int) -> int:
 class RoundSpace:
     """Server s's rounds on endpoint `ep`, out of S (module docstring)."""
 
-    def __init__(self, ep, s: int = 0, S: int = 1, sock=None):
+    def __init__(self, ep, s: int = 0, S: int = 1):
         if not 0 <= s < S:
             raise ValueError(f"shard {s} is not one of {S}")
         self.ep, self.s, self.S = ep, s, S
-        self.sock = sock    # where this view's pushes leave from (None: the endpoint's socket)
 
     def wire(self, round_: int) -> int:
         """Round round_ as it goes on the wire (and into the endpoint)."""
@@ -87,21 +84,18 @@ class RoundSpace:
         self.ep.retire(self.wire(round_), source_worker)
 
     def push(self, round_: int, *args, **kw):
-        with self.ep.sender.sending_from(self.sock):
-            return self.ep.push(self.wire(round_), *args, **kw)
+        return self.ep.push(self.wire(round_), *args, **kw)
 
     def prepare_push(self, round_: int, *args, **kw):
         return self.ep.prepare_push(self.wire(round_), *args, **kw)
 
     def push_reliable(self, round_: int, *args, **kw):
-        with self.ep.sender.sending_from(self.sock):
-            return self.ep.push_reliable(self.wire(round_), *args, **kw)
+        return self.ep.push_reliable(self.wire(round_), *args, **kw)
 
     def push_deferred(self, round_: int, *args, memo: dict | None = None, **kw):
         # the memo stays keyed by this view's rounds (its owner prunes it so)
         memo = None if memo is None else _ByRound(memo, self)
-        with self.ep.sender.sending_from(self.sock):
-            return self.ep.push_deferred(self.wire(round_), *args, memo=memo, **kw)
+        return self.ep.push_deferred(self.wire(round_), *args, memo=memo, **kw)
 
     def expect(self, round_: int, *args, **kw) -> None:
         self.ep.expect(self.wire(round_), *args, **kw)

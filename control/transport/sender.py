@@ -10,11 +10,9 @@ LIGHT_LOSS)."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import socket
 import struct
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -54,11 +52,7 @@ class Sender:
                  tokens: RoundTokens | None = None, options: PushOptions = DEFAULTS,
                  kinds: dict[str, type[Push]] | None = None, why: str = "",
                  asked_auto: bool = False, auto: Callable[[], SenderChoice] | None = None):
-        self.maps, self.peers, self.job = maps, peers, job
-        self._sock = sock
-        # where several threads push at once (a sharded worker's shards on one
-        # endpoint), each may send from a socket of its own (sending_from)
-        self._local = threading.local()
+        self.sock, self.maps, self.peers, self.job = sock, maps, peers, job
         self.tokens = tokens or RoundTokens.off()  # each flow's per round
         self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
         self.initial_rate_bps = initial_rate_bps
@@ -85,23 +79,6 @@ class Sender:
         # the loss the first passes of its reliable pushes met (the worst
         # target's, EWMA): what a coded push's parity is chosen for
         self.loss_hat = 0.0
-
-    @property
-    def sock(self) -> socket.socket:
-        """The socket a push started in this thread sends from: the
-        endpoint's, or the one `sending_from` gave it."""
-        return getattr(self._local, "sock", None) or self._sock
-
-    @contextlib.contextmanager
-    def sending_from(self, sock: socket.socket | None):
-        """Pushes this thread starts inside send from `sock` (None: the
-        endpoint's); its ACKs come back to the same program, as any socket
-        bound to the endpoint's address has them."""
-        before, self._local.sock = getattr(self._local, "sock", None), sock
-        try:
-            yield
-        finally:
-            self._local.sock = before
 
     def learn_loss(self, loss: float) -> None:
         self.loss_hat = (1 - LOSS_EWMA) * self.loss_hat + LOSS_EWMA * min(1.0, max(0.0, loss))
