@@ -204,7 +204,7 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 	struct ltp_hdr *h = p->h;
 	__u16 group = h->flags & bpf_htons(LTP_F_GROUP);
 	if (group && take_group(p, cfg))
-		return drop(LTP_C_UNKNOWN_WORKER, h);
+		return drop_unauth(LTP_C_NO_GROUP);
 	if (peer_slot(h, &rx->slot))
 		return drop(LTP_C_UNKNOWN_WORKER, h);
 

@@ -78,6 +78,11 @@ enum ltp_counter {
 	LTP_C_BAD_CSUM,        /* receiver: DATA whose UDP checksum does not verify (corrupted in
 	                          flight; only with LTP_CFG_CSUM): never marked delivered, never
 	                          ACKed, so it is re-sent or filled */
+	LTP_C_NO_GROUP,        /* receiver: DATA flagged GROUP at an endpoint with no identity of
+	                          its own (ltp_cfg.self_*: a server): a group answer meant for the
+	                          workers, seen where a segment floods it to every host (another
+	                          server of a sharded job). Not this host's traffic: dropped,
+	                          no header kept */
 	LTP_C_MAX,
 };
 
