@@ -4,6 +4,7 @@ Close shuts it, then collect what arrived, Bubble-Filled, as a RoundResult."""
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -110,6 +111,7 @@ class Receiver:
         self.rounds: dict[int, OpenRound] = {}
         self._stale: tuple[np.ndarray, np.ndarray] | None = None
         self._last_counters = maps.counters()
+        self._report_lock = threading.Lock()   # S shards may collect on one endpoint at once
 
     # ------------------------------------------------------------------ open
     def open(self, round_: int, nelems: int, workers: list[int] | None = None,
@@ -333,8 +335,9 @@ class Receiver:
     def _since_last_report(self) -> tuple[int, int, int]:
         """Packets of closed rounds, duplicates, and packets without their
         round's token, since the last report."""
-        now, last = self.maps.counters(), self._last_counters
-        self._last_counters = now
+        with self._report_lock:
+            now, last = self.maps.counters(), self._last_counters
+            self._last_counters = now
         return (now["late"] + now["stale"] - last["late"] - last["stale"],
                 now["dup"] - last["dup"], now["bad_token"] - last["bad_token"])
 

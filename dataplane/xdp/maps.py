@@ -13,6 +13,7 @@ import bisect
 import ctypes
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterable
 
@@ -57,7 +58,7 @@ class LtpMaps:
 
     def __init__(self, fds: dict[str, int], geometry: Geometry, owns_fds: bool = False):
         g = self.geometry = geometry
-        self._fds, self._owns = fds, owns_fds
+        self._fds, self._owns, self._rounds_lock = fds, owns_fds, threading.Lock()
         self.cfg = FdMap(fds["ltp_cfg"], Cfg)
         self.peers = FdMap(fds["ltp_peers"], ctypes.c_uint32)
         self.banks = FdMap(fds["ltp_banks"], Bank)
@@ -387,8 +388,9 @@ class LtpMaps:
         the lateness histogram; control/transport/straggler.py), and the
         round's Early Close loss budget (the loss policy's, in [0, 1)).
 
-        One writer per program (the receiving endpoint): this is a read,
-        modify, write of the slot's entry, not atomic across processes."""
+        One writer per program (the receiving endpoint; its threads, a
+        sharded worker's shards, take turns): a read, modify, write of the
+        slot's entry, not atomic across processes."""
         if self.rounds is None:
             raise DataplaneError("this program has no ltp_rounds map (loaded by an older build):"
                                  " `ltp unload` it and load it again")
@@ -400,23 +402,24 @@ class LtpMaps:
             raise ValueError("chunk counts must not be negative")
         if not 0.0 <= budget < 1.0:
             raise ValueError(f"budget must be in [0, 1), got {budget}")
-        st = self.rounds.get(slot)
-        setattr(st, reason, getattr(st, reason) + 1)
-        st.delivered += int(delivered_chunks)
-        st.filled += int(filled_chunks)
-        if round_ is not None:
-            st.last_round = int(round_) % 2**32
-        st.last_delivered = min(int(delivered_chunks), 2**32 - 1)
-        st.last_filled = min(int(filled_chunks), 2**32 - 1)
-        st.last_budget_ppm = round(budget * 1e6)
-        if duration_s is not None:
-            st.time_us += max(0, round(duration_s * 1e6))
-            # the first bucket whose bound is >= the time; past the last bound, the last
-            st.time_hist[bisect.bisect_left(ROUND_TIME_BOUNDS_S, duration_s)] += 1
-        st.straggler += bool(straggler)
-        if lateness_s is not None:
-            st.late_hist[bisect.bisect_left(LATE_BOUNDS_S, lateness_s)] += 1
-        self.rounds.set(slot, st)
+        with self._rounds_lock:
+            st = self.rounds.get(slot)
+            setattr(st, reason, getattr(st, reason) + 1)
+            st.delivered += int(delivered_chunks)
+            st.filled += int(filled_chunks)
+            if round_ is not None:
+                st.last_round = int(round_) % 2**32
+            st.last_delivered = min(int(delivered_chunks), 2**32 - 1)
+            st.last_filled = min(int(filled_chunks), 2**32 - 1)
+            st.last_budget_ppm = round(budget * 1e6)
+            if duration_s is not None:
+                st.time_us += max(0, round(duration_s * 1e6))
+                # the first bucket whose bound is >= the time; past the last bound, the last
+                st.time_hist[bisect.bisect_left(ROUND_TIME_BOUNDS_S, duration_s)] += 1
+            st.straggler += bool(straggler)
+            if lateness_s is not None:
+                st.late_hist[bisect.bisect_left(LATE_BOUNDS_S, lateness_s)] += 1
+            self.rounds.set(slot, st)
 
     def round_stats(self, slot: int) -> dict[str, int | list[int]]:
         """Round outcomes of `slot`: complete, early, deadline, timeout (rounds),
