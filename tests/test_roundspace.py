@@ -5,6 +5,7 @@ server's own secret (ShardTokens), and a worker's links to S servers
 sharing one endpoint (link_ltp_worker.SharedDevice) on a real rig."""
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -93,7 +94,7 @@ def two_servers():
 
 @requires_bpf
 @pytest.mark.rig
-def test_a_worker_reaches_two_servers_through_its_one_device(two_servers):
+def test_a_worker_reaches_two_servers_through_its_one_device(two_servers, capsys):
     """Two workers, two servers, one device a worker: each worker's links
     share one endpoint; both push their slices to both servers at once
     (two threads), each server sums only its own, and both servers' group
@@ -126,6 +127,8 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers):
             assert links[w][0].ep.ep is links[w][1].ep.ep is devices[w].ep   # one endpoint
         rng = np.random.default_rng(3)
         grads = rng.standard_normal((2, S, n)).astype(np.float32)   # [worker][server]
+        for sv in servers:
+            sv.log = True                                            # LTP_ROUND_LOG
         for r in (5, 6):                                             # two rounds: both banks
             for sv in servers:
                 sv.open(r, n, [0, 1], reliable=True)
@@ -138,6 +141,10 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers):
                 t.join()
             for i, g in enumerate(got):
                 assert np.array_equal(np.asarray(g.values)[:, :n], grads[:, i]), (r, i)
+        logged = [json.loads(line)["round_log"] for line in capsys.readouterr().err.splitlines()
+                  if line.startswith('{"round_log"')]
+        assert sorted((x["server"], x["round"], x["wire_round"]) for x in logged) == \
+            [(0, 5, 10), (0, 6, 12), (1, 5, 11), (1, 6, 13)]     # the op's round, and r·S + s
         answers = rng.standard_normal((S, n)).astype(np.float32)
         for w in range(2):
             for i in range(S):

@@ -204,7 +204,10 @@ class LtpServerLink(ServerLink):
             self.measured[0] += res.retx_chunks
             self.measured[1] += int(res.masks.sum())
         if self.log:   # LTP_ROUND_LOG=1: one JSON line per uplink round on stderr
-            print(json.dumps({"round_log": res.report()}), file=sys.stderr, flush=True)
+            line = res.report()      # the op's round; a sharded server's on the wire too
+            line.update(round=r, **({"wire_round": line["round"], "server": self.shard}
+                                    if self.servers > 1 else {}))
+            print(json.dumps({"round_log": line}), file=sys.stderr, flush=True)
         values, chunk_elems = res.values, res.layout.chunk_elems
         codec = self.codec.compressed(r)
         if codec is not None:
