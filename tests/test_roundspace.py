@@ -105,6 +105,7 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers, capsys
     from ltpx.control.torchapi.settings import Settings
     from ltpx.control.trust import tokens
     from ltpx.dataplane.rig.star import BROADCAST
+    from ltpx.dataplane.xdp import registry
     rig, S, n = two_servers, 2, 30_000
     secrets = [tokens.new_secret() for _ in range(S)]
 
@@ -167,6 +168,12 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers, capsys
             counts = sv.ep.ep.counters()          # ports of hosts in no group drop it)
             assert counts["unknown_worker"] == 0 and counts["bad_token"] == 0, counts
             assert sv.ep.ep.dp.geometry.banks == 2           # by r: an unsharded server's memory
+            rec = sv.ep.ep._published                 # what `ltp flows` reads of it (by map ids,
+            maps = registry.open_maps(rec)            # the sizes showing no stride) opens
+            try:
+                assert maps.geometry.stride == S and maps.counters()["data"] > 0
+            finally:
+                maps.close()
         before = devices[0].ep
         links[0][1].ensure(4 * n)                                  # a larger op: made anew
         assert devices[0].ep is not before and devices[0].size >= 4 * n
