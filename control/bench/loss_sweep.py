@@ -12,6 +12,7 @@ the next (the machine drifts). Variants:
     ltp:loss=defer    ... tolerant answers from the first step
     ltp:budget=B      ... with a fixed loss budget B (EarlyCloseConfig.budget)
     ltp:code=rs       ... with coded answers (LTP_DOWNLINK_CODE=rs)
+    ltp:warmup=N      ... the loss policy's warm-up of N steps (LTP_LOSS_WARMUP)
     tcp               TCP cubic (the same server over TCP)
 An ltp variant's knobs combine (ltp:loss=defer:budget=0.7).
 
@@ -38,7 +39,7 @@ from ..settings_table import TABLE, to_env
 from ..training.config import TrainConfig
 from ..training.onrig import rig_config, train_on_rig
 
-KEYS = ("budget", "code", "loss")
+KEYS = ("budget", "code", "loss", "warmup")
 CHOICES = {"code": ("rs", "off"), "loss": TABLE["loss_policy"].choices}
 
 
@@ -59,8 +60,9 @@ def parse_variants(text: str) -> list[Variant]:
         tr, *parts = item.split(":")
         if tr not in ("ltp", "tcp") or (tr == "tcp" and parts):
             raise UsageError(f"--variants: cannot read {item!r} (ltp, ltp:budget=B, "
-                             "ltp:code=rs, ltp:loss=repair|defer|auto, tcp)")
+                             "ltp:code=rs, ltp:loss=repair|defer|auto, ltp:warmup=N, tcp)")
         budget, knobs = 0.0, {"code": "off", "loss": TABLE["loss_policy"].default}
+        env: dict = {}
         for part in parts:
             key, eq, val = part.partition("=")
             if not eq or key not in KEYS:
@@ -73,6 +75,12 @@ def parse_variants(text: str) -> list[Variant]:
                 if not 0 < budget <= TABLE["loss_budget"].hi:
                     raise UsageError(f"--variants: {item!r}: budget must be in "
                                      f"(0, {TABLE['loss_budget'].hi}]")
+            elif key == "warmup":
+                w = TABLE["loss_warmup"]
+                if not val.isdigit() or not w.lo <= int(val) <= w.hi:
+                    raise UsageError(f"--variants: {item!r}: warmup is a step count, "
+                                     f"{w.lo}..{w.hi}")
+                env = to_env({"loss_warmup": int(val)})
             elif val not in CHOICES[key]:
                 raise UsageError(f"--variants: {item!r}: {key} is {' or '.join(CHOICES[key])}")
             else:
@@ -80,7 +88,8 @@ def parse_variants(text: str) -> list[Variant]:
         if knobs["code"] == "rs" and knobs["loss"] == "defer":
             raise UsageError(f"--variants: {item!r}: code=rs and loss=defer do not combine")
         v = Variant(item, tr, budget, knobs["code"],
-                    to_env({"downlink_code": knobs["code"]}) if tr == "ltp" else {}, knobs["loss"])
+                    {**to_env({"downlink_code": knobs["code"]}), **env} if tr == "ltp" else {},
+                    knobs["loss"])
         if v.label in [o.label for o in out]:
             raise UsageError(f"--variants: {item!r} twice")
         out.append(v)
