@@ -223,9 +223,10 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _s("bucket_mb", float, 4.0, "the largest LTP round of a step's gradients, MB: "
        "DistributedOptimizer's default bucket size, and the pieces DDP's buckets are cut "
        "into (each piece's answer leaves as soon as its round is summed)", lo=0, above=True),
-    _s("loss_warmup", int, 40, "steps the loss policy auto closes rounds by the paper's rule "
-       "before it gives them a loss budget, then as many to ramp the budget up (the first "
-       "steps move the model most: docs/transport.md, The loss policy)",
+    _s("loss_warmup", int, 0, "steps the loss policy auto closes rounds by the paper's rule "
+       "before it gives them a loss budget, then as many to ramp the budget up (0: a budget "
+       "from the second step, once the first has measured the loss; a budget alone cost "
+       "no accuracy early in training: docs/transport.md, The loss policy)",
        lo=0, hi=1_000_000),
     _s("stream_share", float, 0.5, "the share of the path's rate a step's answer takes "
        "while the step's later rounds still come in (each round's part leaves once it is "

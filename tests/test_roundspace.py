@@ -105,7 +105,7 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers, capsys
     from ltpx.control.torchapi.settings import Settings
     from ltpx.control.trust import tokens
     from ltpx.dataplane.rig.star import BROADCAST
-    from ltpx.dataplane.xdp import registry
+    from ltpx.dataplane.xdp import flows, registry
     rig, S, n = two_servers, 2, 30_000
     secrets = [tokens.new_secret() for _ in range(S)]
 
@@ -172,6 +172,12 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers, capsys
             maps = registry.open_maps(rec)            # the sizes showing no stride) opens
             try:
                 assert maps.geometry.stride == S and maps.counters()["data"] > 0
+                snap = flows.snapshot(rec, maps)      # `ltp flows`: the op's rounds
+                s = servers.index(sv)
+                assert (snap["round_now"]["round"], snap["round_now"]["wire_round"]) == \
+                    (6, 6 * S + s)
+                assert {(f["last_round"], f["last_wire_round"]) for f in snap["flows"]} == \
+                    {(6, 6 * S + s)}
             finally:
                 maps.close()
         before = devices[0].ep

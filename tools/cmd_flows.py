@@ -148,7 +148,8 @@ def _wrap(text: str, width: int | None = None) -> str:
 
 def _program_title(s: dict) -> str:
     rn = s["round_now"]
-    now = (f"round {rn['round']} {rn['state']}, {rn['nchunks']} chunks" if rn
+    wire = f" (wire {rn['wire_round']})" if rn and rn["wire_round"] != rn["round"] else ""
+    now = (f"round {rn['round']}{wire} {rn['state']}, {rn['nchunks']} chunks" if rn
            else "no round opened yet")
     # "sender xdp (the default)", "sender socket (the fallback)", "... (asked for)"
     why = (s.get("sender_why") or "").partition(":")[2].split(",")[0].strip()

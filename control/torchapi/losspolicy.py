@@ -28,8 +28,11 @@ uplink by the loss it measures, answers whole:
   would raise the budget that cut them (Early Close's own loss_hat does,
   which is why a fixed budget of 0.7 closed rounds at 10 % loss with 0.68
   delivered). So under a budget every PROBE-th step runs without one;
-- no budget in the first `warmup` steps (loss_warmup, 40 by default), then
-  a ramp over as many again: the first steps move the model most.
+- no budget in the first `warmup` steps (loss_warmup, 0 by default: from
+  the second step, the first having measured the loss), then a ramp over as
+  many again. A warm-up of 40 steps was the default while auto still chose
+  tolerant answers, which cost accuracy early in training; a budget alone
+  did not (docs/benchmarks.md, "A budget from the second step").
 
 Why answers stay whole under auto (docs/benchmarks.md, "The loss policy"):
 on this project's rig, turning tolerant answers on after a warm-up set
@@ -81,7 +84,7 @@ class LossPolicy:
     > 0 fixes the budget; `warmup`: steps before auto budgets, then the
     steps of its ramp."""
 
-    def __init__(self, policy: str = "auto", budget: float = 0.0, warmup: int = 40):
+    def __init__(self, policy: str = "auto", budget: float = 0.0, warmup: int = 0):
         if policy not in POLICIES:
             raise ValueError(f"loss_policy: one of {', '.join(POLICIES)}, got {policy!r}")
         self.policy, self.fixed_budget, self.warmup = policy, budget, warmup

@@ -28,7 +28,7 @@ import numpy as np
 from .. import clib
 from ...errors import DataplaneError
 from . import headers
-from .maps import COUNTERS, FdMap
+from .maps import COUNTERS, FdMap, read_counters
 
 _D = headers.defines("ltp_maps.h")
 CAP_F_JOB, CAP_F_WORKER = _D["LTP_CAP_F_JOB"], _D["LTP_CAP_F_WORKER"]
@@ -152,15 +152,8 @@ class CaptureMaps:
     def ingress_frames(self) -> int:
         """LTP frames the program counted coming in (every class but those in NOT_INGRESS;
         a program built from an older bpf/, `ltp bench xdp --against`, may have fewer)."""
-        total = 0
-        for i, name in enumerate(COUNTERS):
-            if name in NOT_INGRESS:
-                continue
-            try:
-                total += sum(v.value for v in self.counter_map.get(i))
-            except FileNotFoundError:   # past the older program's last class
-                break
-        return total
+        counts = read_counters(self.counter_map, COUNTERS)
+        return sum(v for name, v in counts.items() if name not in NOT_INGRESS)
 
     def close(self) -> None:
         if self._owns:

@@ -9,6 +9,11 @@ have no slot (malformed, foreign job, bad magic...) are program-wide
 receiver did not ACK: its heartbeat was stale). `rates` turns two snapshots into per-second
 rates for `ltp top`.
 
+Rounds are the ops' rounds: a sharded job's server s of S (a program with
+bank stride S, docs/transport.md, "One device for a sharded worker") takes
+round r as r·S + s on the wire, shown as `wire_round` and `last_wire_round`
+(equal to the round elsewhere).
+
 Loss estimate of a slot: filled / (delivered + filled) over the rounds the
 control plane recorded, i.e. 1 - delivered / (delivered + missing), since
 Bubble Filling fills every chunk that did not arrive. `loss_last` is the same
@@ -61,8 +66,8 @@ def snapshot(rec, maps) -> dict[str, Any]:
         # the bank holding the newest round
         bi = max((i for i, b in enumerate(banks) if b.state), key=lambda i: banks[i].round)
         b = banks[bi]
-        live = {"bank": bi, "round": int(b.round), "state": BANK_STATES.get(b.state, "?"),
-                "nchunks": int(b.nchunks)}
+        live = {"bank": bi, "round": int(b.round) // g.stride, "wire_round": int(b.round),
+                "state": BANK_STATES.get(b.state, "?"), "nchunks": int(b.nchunks)}
     rows = []
     for worker, slot in sorted(rec.peers.items(), key=lambda kv: (kv[1], kv[0])):
         st = maps.slot_stats(slot)
@@ -72,7 +77,9 @@ def snapshot(rec, maps) -> dict[str, Any]:
         row["rounds"] = {r: rs[r] for r in ROUND_REASONS}
         row["chunks_delivered"] = rs["delivered"]     # over recorded rounds
         row["chunks_filled"] = rs["filled"]
-        row["last_round"] = rs["last_round"] if any(rs[r] for r in ROUND_REASONS) else None
+        seen = any(rs[r] for r in ROUND_REASONS)
+        row["last_round"] = rs["last_round"] // g.stride if seen else None
+        row["last_wire_round"] = rs["last_round"] if seen else None
         row["last_delivered"] = rs["last_delivered"]
         row["last_filled"] = rs["last_filled"]
         row["loss"] = _frac(rs["filled"], rs["delivered"] + rs["filled"])
@@ -96,7 +103,7 @@ def snapshot(rec, maps) -> dict[str, Any]:
     counters = maps.counters()
     totals: dict[str, Any] = {k: sum(r[k] for r in rows) for k in _STATS}
     totals["rounds"] = {r: sum(row["rounds"][r] for row in rows) for r in ROUND_REASONS}
-    totals.update({k: counters[k] for k in PROGRAM_DROPS})
+    totals.update({k: counters.get(k, 0) for k in PROGRAM_DROPS})  # an older build: fewer
     return {"netns": rec.to_dict()["netns"], "dev": rec.dev, "role": rec.role, "job": rec.job,
             "mode": rec.mode, "prog_id": rec.prog_id, "slots": g.slots, "round_now": live,
             "sender": rec.sender or None, "sender_why": rec.sender_why or None,

@@ -27,7 +27,8 @@ from .mapstructs import (BANK_CLOSED, BANK_FREE, BANK_OPEN, BANK_STATES, CFG_CSU
                          LATE_BOUNDS_S, PROGRESS_DTYPE, ROUND_REASONS, ROUND_TIME_BOUNDS_S,
                          ROUND_TIME_BUCKETS, SENDSLOT_DTYPE, SHARE_DTYPE, SLOT_STATS,
                          SLOTTOK_DTYPE, TX_DTYPE, Bank, Cfg, FdMap, Geometry, Progress,
-                         RoundStats, SendSlot, Share, SlotStats, SlotTok, Tx, mmap_rw)
+                         RoundStats, SendSlot, Share, SlotStats, SlotTok, Tx, mmap_rw,
+                         read_counters)
 from .wire import LtpHdr, token_word
 
 #: enum ltp_counter, in order; the maps bpf/ltp_maps.h declares, in order
@@ -367,10 +368,8 @@ class LtpMaps:
 
     # --- counters -----------------------------------------------------
     def counters(self) -> dict[str, int]:
-        out = {}
-        for i, name in enumerate(COUNTERS):
-            out[name] = int(sum(v.value for v in self.counter_map.get(i)))
-        return out
+        """Per class, its count (an older build's program: only the classes it has)."""
+        return read_counters(self.counter_map, COUNTERS)
 
     def slot_stats(self, slot: int) -> dict[str, int]:
         per_cpu = self.stats.get(slot)

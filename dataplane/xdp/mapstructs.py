@@ -213,6 +213,20 @@ class FdMap:
         clib.map_update(self.fd, index, value)
 
 
+def read_counters(counter_map: FdMap, names: list[str]) -> dict[str, int]:
+    """Each drop or event class of an `ltp_counters` map, summed over CPUs,
+    in the program's order. A program built from an older bpf/ (pinned
+    before an upgrade, or `ltp bench xdp --against`) has fewer classes: those
+    past its last are absent from the result, not an error."""
+    out = {}
+    for i, name in enumerate(names):
+        try:
+            out[name] = int(sum(v.value for v in counter_map.get(i)))
+        except FileNotFoundError:      # past the older program's last class
+            break
+    return out
+
+
 def mmap_rw(fd: int, nbytes: int) -> mmap.mmap:
     page = mmap.PAGESIZE
     return mmap.mmap(fd, (nbytes + page - 1) // page * page, mmap.MAP_SHARED,

@@ -118,7 +118,8 @@ class _Families:
         stats (LtpMaps.round_stats by slot)."""
         p = [snap["netns"], snap["dev"], _job(snap["job"])]
         for name in COUNTERS:
-            self.xdp.add_metric(p + [name], snap["counters"][name])
+            if name in snap["counters"]:        # an older build's program has fewer
+                self.xdp.add_metric(p + [name], snap["counters"][name])
         rn = snap["round_now"]
         if rn is not None:
             self.round.add_metric(p, rn["round"])
