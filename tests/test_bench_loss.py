@@ -24,11 +24,14 @@ def test_variants_parse_and_bad_ones_are_usage_errors():
         ("ltp", 0.0, "off", "auto"), ("ltp", 0.35, "rs", "auto"), ("tcp", 0.0, "off", "auto"),
         ("ltp", 0.5, "off", "defer"), ("ltp", 0.0, "off", "repair")]
     assert vs[1].env == {"LTP_DOWNLINK_CODE": "rs"} and vs[2].env == {}
+    (w,) = parse_variants("ltp:warmup=40:loss=auto")     # the policy's warm-up, per run
+    assert w.env == {"LTP_DOWNLINK_CODE": "off", "LTP_LOSS_WARMUP": "40"} and w.loss == "auto"
     for bad, word in (("quic", "cannot read"), ("ltp:budget=2", "budget"),
                       ("ltp:budget=x", "budget"), ("ltp:code=xor", "code"),
                       ("ltp:loss=drop", "loss is auto or repair or defer"),
                       ("ltp:code=rs:loss=defer", "do not combine"),
                       ("ltp:speed=1", "keys"), ("tcp:budget=0.3", "cannot read"),
+                      ("ltp:warmup=-1", "step count"), ("ltp:warmup=ten", "step count"),
                       ("ltp,ltp", "twice")):
         with pytest.raises(UsageError, match=word):
             parse_variants(bad)

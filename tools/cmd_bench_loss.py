@@ -16,11 +16,14 @@ EPILOG = """examples:
   ltp bench loss --variants ltp,ltp:code=rs,ltp:budget=0.35:code=rs --repeats 3 --plot loss.png
   ltp bench loss --loss 0,0.1,0.2,0.3 --variants ltp,ltp:loss=repair --repeats 3 -j
                                        the loss policy auto against repairing every loss
+  ltp bench loss --loss 0,0.2,0.3 --variants ltp,ltp:warmup=40 --repeats 3
+                                       its budget from the second step against a warm-up
 
 Variants: ltp (LTP's defaults: the loss policy auto), ltp:loss=repair (the
 paper's Early Close rule, every answer whole), ltp:loss=defer (tolerant
 answers from the first step), ltp:budget=B (a fixed loss budget,
-docs/transport.md), ltp:code=rs (coded answers), tcp (cubic); an ltp
+docs/transport.md), ltp:code=rs (coded answers), ltp:warmup=N (the loss
+policy auto's warm-up of N steps, LTP_LOSS_WARMUP), tcp (cubic); an ltp
 variant's knobs combine with ':' (ltp:loss=defer:budget=0.7). Each trains the
 same model from the same seed at every loss rate (on every port, both ways),
 in an order that alternates between loss rates and repeats.
@@ -45,7 +48,7 @@ def register(bsub) -> None:
                    "each variant its lossless reference)")
     p.add_argument("--variants", default="ltp,ltp:budget=0.35,tcp",
                    help="comma list of ltp, ltp:loss=repair|defer|auto, ltp:budget=B, "
-                   "ltp:code=rs, tcp; "
+                   "ltp:code=rs, ltp:warmup=N, tcp; "
                    "an ltp variant's options combine, e.g. ltp:loss=defer:budget=0.7 "
                    "(default ltp,ltp:budget=0.35,tcp)")
     add_workers(p, 4)
