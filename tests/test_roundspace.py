@@ -98,8 +98,9 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers, capsys
     """Two workers, two servers, one device a worker: each worker's links
     share one endpoint; both push their slices to both servers at once
     (two threads), each server sums only its own, and both servers' group
-    answers reach each worker whole. A larger op remakes the shared
-    endpoint once, for both links."""
+    answers reach each worker whole. An error names the op's round beside
+    the wire's. A larger op remakes the shared endpoint once, for both
+    links."""
     from ltpx.control.torchapi.link_ltp import LtpServerLink
     from ltpx.control.torchapi.link_ltp_worker import LtpWorkerLink, SharedDevice
     from ltpx.control.torchapi.settings import Settings
@@ -180,6 +181,11 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers, capsys
                     {(6, 6 * S + s)}
             finally:
                 maps.close()
+        # an error names the op's round, and the wire's: a round server 1 never
+        # opened (its program drops the frames unanswered) fails its push
+        from ltpx.errors import TransportError
+        with pytest.raises(TransportError, match=r"round 20 \(wire round 41, server 1 of 2\)"):
+            links[0][1].ep.push(20, grads[0, 1], links[0][1].ps, reliable=True, timeout_s=0.5)
         before = devices[0].ep
         links[0][1].ensure(4 * n)                                  # a larger op: made anew
         assert devices[0].ep is not before and devices[0].size >= 4 * n

@@ -19,10 +19,19 @@ makes, each round mapped. On a worker the S views share one endpoint
 (control/torchapi/link_ltp.py, SharedDevice); a server's own endpoint is
 seen through its view too, so its rounds are the wire's. S = 1 is the
 identity: r on the wire is r.
+
+An error a call raises names its round as the endpoint knows it, on the
+wire; the view says which that is ("round 7 (wire round 15, server 1 of
+2)"), so a sharded job's messages name the rounds its round log, trace and
+`ltp flows` show.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 from ...dataplane.xdp.mapstructs import MAX_SHARDS
+from ...errors import LtpError
 
 
 def banks_for(servers: int) -> int:
@@ -43,6 +52,17 @@ class RoundSpace:
     def wire(self, round_: int) -> int:
         """Round round_ as it goes on the wire (and into the endpoint)."""
         return round_ * self.S + self.s
+
+    def _at(self, call: Callable, round_: int, *args, **kw):
+        """call(wire round, ...); an LtpError it raises names round_ as well."""
+        try:
+            return call(self.wire(round_), *args, **kw)
+        except LtpError as e:
+            if self.S > 1 and e.args and isinstance(e.args[0], str):
+                w = self.wire(round_)
+                name = f"round {round_} (wire round {w}, server {self.s} of {self.S})"
+                e.args = (re.sub(rf"\bround {w}\b", name, e.args[0]), *e.args[1:])
+            raise
 
     # what the links read of the endpoint, as it is
     @property
@@ -66,42 +86,42 @@ class RoundSpace:
 
     # the calls that name a round
     def open_round(self, round_: int, *args, **kw) -> None:
-        self.ep.open_round(self.wire(round_), *args, **kw)
+        self._at(self.ep.open_round, round_, *args, **kw)
 
     def wait_round(self, round_: int, *args, **kw):
-        return self.ep.wait_round(self.wire(round_), *args, **kw)
+        return self._at(self.ep.wait_round, round_, *args, **kw)
 
     def arrived_from(self, round_: int, chunk: int) -> bool:
-        return self.ep.arrived_from(self.wire(round_), chunk)
+        return self._at(self.ep.arrived_from, round_, chunk)
 
     def drop_worker(self, round_: int, worker: int) -> None:
-        self.ep.drop_worker(self.wire(round_), worker)
+        self._at(self.ep.drop_worker, round_, worker)
 
     def cancel_round(self, round_: int) -> None:
-        self.ep.cancel_round(self.wire(round_))
+        self._at(self.ep.cancel_round, round_)
 
     def retire(self, round_: int, source_worker: int) -> None:
-        self.ep.retire(self.wire(round_), source_worker)
+        self._at(self.ep.retire, round_, source_worker)
 
     def push(self, round_: int, *args, **kw):
-        return self.ep.push(self.wire(round_), *args, **kw)
+        return self._at(self.ep.push, round_, *args, **kw)
 
     def prepare_push(self, round_: int, *args, **kw):
-        return self.ep.prepare_push(self.wire(round_), *args, **kw)
+        return self._at(self.ep.prepare_push, round_, *args, **kw)
 
     def push_reliable(self, round_: int, *args, **kw):
-        return self.ep.push_reliable(self.wire(round_), *args, **kw)
+        return self._at(self.ep.push_reliable, round_, *args, **kw)
 
     def push_deferred(self, round_: int, *args, memo: dict | None = None, **kw):
         # the memo stays keyed by this view's rounds (its owner prunes it so)
         memo = None if memo is None else _ByRound(memo, self)
-        return self.ep.push_deferred(self.wire(round_), *args, memo=memo, **kw)
+        return self._at(self.ep.push_deferred, round_, *args, memo=memo, **kw)
 
     def expect(self, round_: int, *args, **kw) -> None:
-        self.ep.expect(self.wire(round_), *args, **kw)
+        self._at(self.ep.expect, round_, *args, **kw)
 
     def expect_deferred(self, round_: int, *args, **kw):
-        return self.ep.expect_deferred(self.wire(round_), *args, **kw)
+        return self._at(self.ep.expect_deferred, round_, *args, **kw)
 
     def close(self) -> None:
         """A server's own endpoint goes with its view (a worker's shared one
