@@ -194,7 +194,7 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "zeroes the chunks any of them may lack, which the server adds into its next answer "
        "(a step late, alike on every replica; needs compress none and downlink_code off); "
        "auto: answers repaired, and a loss budget chosen per step from the uplink loss the "
-       "server measures, none on a lossless or lightly lossy path, after a warm-up "
+       "server measures, none on a lossless or lightly lossy path, from the second step "
        "(loss_warmup; docs/transport.md, The loss policy). The server's choice rules",
        choices=("auto", "repair", "defer"), flags=(TRAIN,)),
     _s("checksums", str, "auto", "verify each LTP DATA frame's UDP checksum in XDP, so a "

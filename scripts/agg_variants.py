@@ -18,10 +18,12 @@ from ltpx.control.transport.aggregate import BLOCK, aggregate_into
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--params", default="4349962", help="comma-separated row lengths")
-p.add_argument("--rows", type=int, default=4)
+p.add_argument("--rows", type=int, default=4, help="rows summed, 2 or more (default 4)")
 p.add_argument("--blocks", type=int, default=5)
 p.add_argument("-j", "--json", action="store_true")
 args = p.parse_args()
+if args.rows < 2:
+    p.error("--rows: 2 or more")
 
 
 def arms(v: np.ndarray) -> dict:
@@ -52,8 +54,10 @@ def arms(v: np.ndarray) -> dict:
         np.multiply(o, inv, out=o)
         np.dot(o, zeros[:hi - lo])
 
-    def into_first_row(lo, hi, o):       # destroys row 0: the answer would be sent from it
-        r = v[0, lo:hi]
+    first = v[0].copy()                  # the arm's own first row: it sums into it
+
+    def into_first_row(lo, hi, o):       # the answer would be sent from the first row
+        r = first[lo:hi]
         for i in range(1, k):
             np.add(r, v[i, lo:hi], out=r)
         np.multiply(r, inv, out=r)

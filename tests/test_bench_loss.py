@@ -32,6 +32,8 @@ def test_variants_parse_and_bad_ones_are_usage_errors():
                       ("ltp:code=rs:loss=defer", "do not combine"),
                       ("ltp:speed=1", "keys"), ("tcp:budget=0.3", "cannot read"),
                       ("ltp:warmup=-1", "step count"), ("ltp:warmup=ten", "step count"),
+                      ("ltp:warmup=\u00b2", "step count"),
+                      ("ltp:warmup=5:loss=repair", "auto's"), ("ltp:warmup=5:budget=0.3", "auto's"),
                       ("ltp,ltp", "twice")):
         with pytest.raises(UsageError, match=word):
             parse_variants(bad)

@@ -78,6 +78,18 @@ def test_auto_budgets_heavy_loss_after_its_warmup_and_ramp_and_probes():
 
 
 @pytest.mark.unit
+def test_by_default_auto_budgets_from_the_second_step_and_says_when():
+    """loss_warmup 0 (the default): the first step measures, the next has
+    the full budget, and that change of mind is listed at step 1."""
+    pol = LossPolicy("auto")
+    got = _run(pol, 4, 0.2)
+    assert [c.why for c in got] == ["lossy"] * 4
+    assert got[0].budget == min(lp.BUDGET_MAX, math.sqrt(lp.BUDGET_GAIN * 0.2))
+    assert [(w["step"], w["from"]["why"], w["to"]["why"]) for w in pol.summary()["switches"]] \
+        == [(1, "warmup", "lossy")]
+
+
+@pytest.mark.unit
 def test_the_budget_grows_with_the_loss_it_measures():
     budgets = [_run(LossPolicy("auto", warmup=0), 21, p)[-1].budget for p in (0.05, 0.1, 0.3)]
     assert 0 < budgets[0] < budgets[1] < budgets[2] == lp.BUDGET_MAX

@@ -186,6 +186,10 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers, capsys
         from ltpx.errors import TransportError
         with pytest.raises(TransportError, match=r"round 20 \(wire round 41, server 1 of 2\)"):
             links[0][1].ep.push(20, grads[0, 1], links[0][1].ps, reliable=True, timeout_s=0.5)
+        plan = links[0][1].ep.prepare_push(22, grads[0, 1], links[0][1].ps, reliable=True,
+                                           timeout_s=0.5)     # sent later: an answer stream's
+        with pytest.raises(TransportError, match=r"round 22 \(wire round 45, server 1 of 2\)"):
+            plan.send()
         before = devices[0].ep
         links[0][1].ensure(4 * n)                                  # a larger op: made anew
         assert devices[0].ep is not before and devices[0].size >= 4 * n

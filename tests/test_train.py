@@ -290,8 +290,8 @@ def test_tolerant_answers_defer_what_a_worker_lost_and_every_replica_agrees(rig)
 @pytest.mark.rig
 @requires_bpf
 def test_the_loss_policy_budgets_heavy_loss_after_its_warmup_and_says_so(rig, monkeypatch):
-    """The default loss policy (auto) at 25 % loss on every port, its warm-up
-    cut to 3 steps (LTP_LOSS_WARMUP): the paper's rule for the warm-up, then
+    """The default loss policy (auto) at 25 % loss on every port, with a
+    warm-up of 3 steps (LTP_LOSS_WARMUP; 0 by default): the paper's rule for the warm-up, then
     a loss budget (every step after the ramp's first but the probe at step
     10), answers whole; it measures the uplink's loss on the rounds with no
     budget and says at which step it changed its mind; rounds close early

@@ -77,14 +77,21 @@ def parse_variants(text: str) -> list[Variant]:
                                      f"(0, {TABLE['loss_budget'].hi}]")
             elif key == "warmup":
                 w = TABLE["loss_warmup"]
-                if not val.isdigit() or not w.lo <= int(val) <= w.hi:
+                try:
+                    steps = int(val)
+                except ValueError:
+                    steps = -1
+                if not w.lo <= steps <= w.hi:
                     raise UsageError(f"--variants: {item!r}: warmup is a step count, "
                                      f"{w.lo}..{w.hi}")
-                env = to_env({"loss_warmup": int(val)})
+                env = to_env({"loss_warmup": steps})
             elif val not in CHOICES[key]:
                 raise UsageError(f"--variants: {item!r}: {key} is {' or '.join(CHOICES[key])}")
             else:
                 knobs[key] = val
+        if env and (knobs["loss"] != "auto" or budget):
+            raise UsageError(f"--variants: {item!r}: warmup is the loss policy auto's, "
+                             "with no fixed budget")
         if knobs["code"] == "rs" and knobs["loss"] == "defer":
             raise UsageError(f"--variants: {item!r}: code=rs and loss=defer do not combine")
         v = Variant(item, tr, budget, knobs["code"],

@@ -116,7 +116,7 @@ class LossPolicy:
             self.counts["budget"] = self.counts.get("budget", 0) + 1
         if c.why != "probe":        # a probe measures: it is no change of mind
             old, self.mind = self.mind, c
-            if (old.mode, old.budget > 0) != (c.mode, c.budget > 0) and self.steps > 1:
+            if (old.mode, old.budget > 0) != (c.mode, c.budget > 0):
                 self.switches.append({"step": self.steps, "from": old.to_dict(),
                                       "to": c.to_dict()})
                 del self.switches[:-16]

@@ -28,7 +28,8 @@ wire; the view says which that is ("round 7 (wire round 15, server 1 of
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ...dataplane.xdp.mapstructs import MAX_SHARDS
 from ...errors import LtpError
@@ -53,16 +54,22 @@ class RoundSpace:
         """Round round_ as it goes on the wire (and into the endpoint)."""
         return round_ * self.S + self.s
 
-    def _at(self, call: Callable, round_: int, *args, **kw):
-        """call(wire round, ...); an LtpError it raises names round_ as well."""
+    @contextmanager
+    def _naming(self, round_: int) -> Iterator[None]:
+        """An LtpError raised inside names round_ beside its wire round."""
         try:
-            return call(self.wire(round_), *args, **kw)
+            yield
         except LtpError as e:
             if self.S > 1 and e.args and isinstance(e.args[0], str):
                 w = self.wire(round_)
                 name = f"round {round_} (wire round {w}, server {self.s} of {self.S})"
                 e.args = (re.sub(rf"\bround {w}\b", name, e.args[0]), *e.args[1:])
             raise
+
+    def _at(self, call: Callable, round_: int, *args, **kw):
+        """call(wire round, ...), its errors named (_naming)."""
+        with self._naming(round_):
+            return call(self.wire(round_), *args, **kw)
 
     # what the links read of the endpoint, as it is
     @property
@@ -107,7 +114,17 @@ class RoundSpace:
         return self._at(self.ep.push, round_, *args, **kw)
 
     def prepare_push(self, round_: int, *args, **kw):
-        return self._at(self.ep.prepare_push, round_, *args, **kw)
+        """The plan, its own `send` (later, e.g. an answer stream's thread)
+        naming its errors too."""
+        plan = self._at(self.ep.prepare_push, round_, *args, **kw)
+        if self.S > 1:
+            send = plan.send
+
+            def named_send(*a, **k):
+                with self._naming(round_):
+                    return send(*a, **k)
+            plan.send = named_send
+        return plan
 
     def push_reliable(self, round_: int, *args, **kw):
         return self._at(self.ep.push_reliable, round_, *args, **kw)

@@ -9,10 +9,12 @@ have no slot (malformed, foreign job, bad magic...) are program-wide
 receiver did not ACK: its heartbeat was stale). `rates` turns two snapshots into per-second
 rates for `ltp top`.
 
-Rounds are the ops' rounds: a sharded job's server s of S (a program with
-bank stride S, docs/transport.md, "One device for a sharded worker") takes
-round r as r·S + s on the wire, shown as `wire_round` and `last_wire_round`
-(equal to the round elsewhere).
+A sharded job's server s of S (a program with bank stride S,
+docs/transport.md, "One device for a sharded worker") takes round r as
+r·S + s on the wire: its rows show the op's round r, with `wire_round` and
+`last_wire_round` beside (elsewhere equal to the round). A sharded worker's
+program (2S banks, stride 1) holds every server's rounds and shows the
+wire's.
 
 Loss estimate of a slot: filled / (delivered + filled) over the rounds the
 control plane recorded, i.e. 1 - delivered / (delivered + missing), since
