@@ -161,3 +161,29 @@ def test_the_link_applies_the_budget_unless_the_ops_early_close_fields_fix_one()
     assert fixed.cfg.budget == 0.25
     link.measured = [30, 100]
     assert link.choose().budget == lp.BUDGET_MAX and fixed.cfg.budget == 0.25
+
+
+@pytest.mark.unit
+def test_early_close_fields_that_fix_the_floor_hold_autos_budget_off():
+    """An op whose Early Close fields fix threshold_min (LTP_EARLY_CLOSE:
+    rounds that close only complete, for bit-equality with gloo) gets no
+    budget of auto's: its floor would close rounds early under the incast
+    loss a lossless rig's queues still make. An explicit loss_budget holds."""
+    from ltpx.control.torchapi.link_ltp import LtpServerLink
+    from ltpx.control.torchapi.settings import Settings
+    link = LtpServerLink(Settings(dev="lo", ip="127.0.0.1", loss_warmup=0), 2, None)
+    link.configure("mean", '{"threshold_min": 1.0, "threshold_max": 1.0}')
+    whole = link.policy(0)
+    for _ in range(5):
+        link.measured = [30, 100]
+        c = link.choose()
+        assert (c.budget, c.why) == (0.0, "fixed") and whole.cfg.budget == 0.0
+        whole.start_round(1 << 20)
+        assert whole.threshold == 1.0
+    assert link.loss.up == pytest.approx(0.3)          # still measured
+    link.configure("mean", "{}")                       # the fields gone: auto budgets again
+    link.measured = [30, 100]
+    assert link.choose().budget == lp.BUDGET_MAX and link.policy(0).cfg.budget == lp.BUDGET_MAX
+    pinned = LtpServerLink(Settings(dev="lo", ip="127.0.0.1", loss_budget=0.2), 2, None)
+    pinned.configure("mean", '{"threshold_min": 1.0}')
+    assert pinned.choose().budget == 0.2

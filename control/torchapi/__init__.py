@@ -51,6 +51,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   native       the backend's collectives over LTP (broadcast, all-reduce, all-gather,
                reduce-scatter, barrier); gloo for the rest, made at its first use
   ddp          DDP's comm hook and the tolerant bucket reduce, any device
+  staging      a bucket's host copy and the answer back (pinned, queued on a GPU)
   host         device addresses; bpffs where `ip netns exec` hid it
   liveness     every rank beats a counter in the store; the others watch it
   elastic      workers that leave and come back, and who hands them the state

@@ -42,6 +42,7 @@ from .codec import deferred_answers, wire_for
 from .job import current
 from .ops import STEP, Op, StepReport
 from .gradsync import GradientSync, plan_step
+from .staging import Staging
 from .threads import CallThread
 
 
@@ -51,60 +52,6 @@ TOLERANT = settings_table.TABLE["tolerant"].choices   # LTP_TOLERANT: backend.py
 def tolerant_rule() -> str:
     """LTP_TOLERANT, else backward; a UsageError (BadVariable) names a bad one."""
     return settings_table.env("tolerant")
-
-
-class Staging:
-    """Float32 host buffers for one bucket position, and the copies to and from
-    a tensor's device (CUDA: pinned memory, non_blocking on a side stream)."""
-
-    def __init__(self):
-        self.bufs: dict[int, torch.Tensor] = {}
-        self.stream = None
-
-    def host(self, key, n: int, device: torch.device) -> torch.Tensor:
-        t = self.bufs.get(key)
-        if t is None or t.numel() != n:
-            pin = device.type == "cuda"
-            t = self.bufs[key] = torch.empty(n, dtype=torch.float32, pin_memory=pin)
-        return t
-
-    def side(self, device: torch.device):
-        if self.stream is None:
-            self.stream = torch.cuda.Stream(device=device)
-        return self.stream
-
-    def down(self, t: torch.Tensor, host: torch.Tensor):
-        """Copy t into host; on CUDA the copy is queued after the work that
-        produced t, and the returned event says when it is done."""
-        flat = t.detach().reshape(-1)
-        if t.device.type != "cuda":
-            host.copy_(flat)
-            return None
-        side = self.side(t.device)
-        side.wait_stream(torch.cuda.current_stream(t.device))
-        with torch.cuda.stream(side):
-            flat.record_stream(side)   # (a copy, when t is not contiguous)
-            host.copy_(flat, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(side)
-        return ev
-
-    def up(self, result: torch.Tensor, t: torch.Tensor, scale: float = 1.0) -> None:
-        """The answer (float32, host) times scale into t's own memory (any
-        strides, its dtype), in one pass, finished on return."""
-        dst, src = t.detach(), result.view(t.shape)
-        if t.device.type != "cuda":
-            if scale == 1.0:
-                dst.copy_(src)
-            else:       # no temporary: a 72 MB one cost 3x the copy (its pages, each step)
-                torch.mul(src, scale, out=dst)
-            return
-        side = self.side(t.device)
-        with torch.cuda.stream(side):   # from pageable memory: done when it returns
-            dst.copy_(src)
-            if scale != 1.0:
-                dst.mul_(scale)
-        side.synchronize()
 
 
 @dataclass
@@ -188,7 +135,6 @@ class TolerantReduce:
         self.residual: dict[tuple, np.ndarray] = {}
         self.open: list[Bucket] = []      # taken, not yet answered
         self.staging = Staging()
-        self.answers: dict[int, np.ndarray] = {}
         self.comm = CallThread("ltpx-ddp")
         self.lock = threading.Lock()
         self.layout = Layout()
@@ -331,12 +277,11 @@ class TolerantReduce:
         """The op's answer: each bucket's slice into its tensor, its future set."""
         op = run.op
         down = op.down_elems(self.job.workers)
-        ans = self.answers.get(down)
-        if ans is None:
-            ans = self.answers[down] = np.empty(down, dtype=np.float32)
-        view = self.job.exchange.finish(run, ans)
+        ans = self.staging.answer(down, any(b.t is not None and b.t.is_cuda for b in buckets))
+        view = self.job.exchange.finish(run, ans.numpy())     # written into ans
         self.note(StepReport.decode(view[sum(op.sizes):]), len(buckets), len(op.sizes))
         offs = np.cumsum([0] + [b.piece.size for b in buckets[:-1]]).tolist()
+        t0 = time.perf_counter()
         for b, off in zip(buckets, offs):
             if b.t is None:              # a stand-in
                 continue
@@ -345,10 +290,12 @@ class TolerantReduce:
             # went as a padded copy and left none
             if self.ef and min(cut(b.piece.size, self.most)) >= self.job.s.servers:
                 self.residual[b.store] = b.piece.copy()
-            t0 = time.perf_counter()
-            self.staging.up(torch.from_numpy(view[off:off + b.piece.size]), b.t, b.scale)
-            self.phases.add("comm_copy_back", time.perf_counter() - t0)
-            b.fut.set_result(b.t)
+            self.staging.up(ans[off:off + b.piece.size], b.t, b.scale)
+        self.staging.wait()      # before the futures: the tensors final, the buffer free
+        self.phases.add("comm_copy_back", time.perf_counter() - t0)
+        for b in buckets:
+            if b.t is not None:
+                b.fut.set_result(b.t)
         done = {id(b) for b in buckets}
         self.open = [w for w in self.open if id(w) not in done]
 

@@ -135,13 +135,16 @@ class LtpServerLink(ServerLink):
         """The loss policy's choice for this step (losspolicy.py), from the
         loss this step's rounds met: the budget of the rounds opened from now
         on, unless the op's Early Close fields fix one (they rule, as in
-        early_config)."""
+        early_config). Fields that fix `threshold_min` hold auto's own budget
+        off (a budget's floor would close rounds below it); a `loss_budget`
+        the rank was given still holds."""
         retx, got = self.measured
         if got:
             self.loss.saw_uplink(retx / got)
         self.measured = [0, 0]
-        c = self.loss.choose()
-        if "budget" not in json.loads(self.early_close):
+        fields = json.loads(self.early_close)
+        c = self.loss.choose(held="threshold_min" in fields)
+        if "budget" not in fields:
             for p in self.policies.values():
                 if p.cfg.budget != c.budget:
                     p.cfg = dataclasses.replace(p.cfg, budget=c.budget)

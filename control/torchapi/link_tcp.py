@@ -5,8 +5,11 @@
 Each piece is a 12-byte header (magic, round, bytes) and the float32 body
 (compressed, a step's pieces and answers are codec.py's words, as over LTP);
 the congestion control is set per socket. Nothing is opened or lost: every
-round is complete. The server reads its workers at once (non-blocking, epoll)
-and writes the answer to all of them at once.
+round is complete. The server reads its workers at once and writes the answer
+to all of them at once: a piece of PARALLEL_BYTES or more on a thread per
+worker (the copies in and out of the kernel then run side by side, each
+releasing the GIL; LTP_TCP_THREADS=0 keeps them in the loop), a smaller one
+in one non-blocking epoll loop.
 """
 from __future__ import annotations
 
@@ -14,14 +17,18 @@ import errno
 import select
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ...dataplane.tcp_cc import set_cc
 from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError
+from .. import settings_table
 from ..accept import accept_workers
 from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
 from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer, piece_feedback
@@ -30,6 +37,7 @@ from .settings import Settings
 
 TCP_MAGIC = 0x4C545054            # "LTPT"
 HDR = struct.Struct(">III")       # magic, round, payload bytes
+PARALLEL_BYTES = 1 << 20          # a piece this large moves on a thread per worker
 
 
 class TcpServerLink(ServerLink):
@@ -56,6 +64,8 @@ class TcpServerLink(ServerLink):
         # (its chunk size for the MTU)
         self.compress, self.chunk_bytes, self.wire = s.compress, chunk_bytes_for(s.mtu), "none"
         self.codec = ServerCodec(self.chunk_bytes, answer_feedback(s))
+        self.threads = settings_table.env("tcp_threads")
+        self.pool: ThreadPoolExecutor | None = None   # a thread per worker (`_each`)
 
     def address(self) -> dict:
         return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes}
@@ -135,28 +145,26 @@ class TcpServerLink(ServerLink):
         hdrs = {i: bytearray(HDR.size) for i in workers}
         hgot, got = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
         views = {i: memoryview(self.values[i, :nelems]).cast("B") for i in workers}
-        done: set[int] = set()
 
-        def stalled() -> str:
-            return (f"round {r}: workers {[i for i in workers if i not in done]} "
-                    f"sent nothing complete within {self.timeout_s:g}s")
-        for i in self._ready(select.EPOLLIN, workers, done, stalled):
-            try:
-                if hgot[i] < HDR.size:
-                    hgot[i] += self._recv_some(i, memoryview(hdrs[i])[hgot[i]:])
-                    if hgot[i] == HDR.size:
-                        magic, rnd, nbytes = HDR.unpack(hdrs[i])
-                        if magic != TCP_MAGIC or rnd != r or nbytes != need:
-                            raise CommError(f"worker {i}: bad header (round {rnd}, {nbytes} "
-                                            f"bytes; want round {r}, {need} bytes)")
-                    if need:
-                        continue
+        def step(i: int) -> bool:
+            """Read what worker i has sent of the round; True once it is whole."""
+            if hgot[i] < HDR.size:
+                hgot[i] += self._recv_some(i, memoryview(hdrs[i])[hgot[i]:])
+                if hgot[i] == HDR.size:
+                    magic, rnd, nbytes = HDR.unpack(hdrs[i])
+                    if magic != TCP_MAGIC or rnd != r or nbytes != need:
+                        raise CommError(f"worker {i}: bad header (round {rnd}, {nbytes} "
+                                        f"bytes; want round {r}, {need} bytes)")
                 if need:
-                    got[i] += self._recv_some(i, views[i][got[i]:])
-            except BlockingIOError:
-                continue
-            if got[i] == need and hgot[i] == HDR.size:
-                done.add(i)
+                    return False
+            if need:
+                got[i] += self._recv_some(i, views[i][got[i]:])
+            return got[i] == need and hgot[i] == HDR.size
+
+        def stalled(left) -> str:
+            return (f"round {r}: workers {sorted(left)} sent nothing complete within "
+                    f"{self.timeout_s:g}s")
+        self._each(select.EPOLLIN, list(workers), need, step, stalled)
         k = len(workers)
         rows = self.values[workers, :nelems] if workers != self.ids else self.values[:, :nelems]
         if n != nelems:
@@ -177,23 +185,67 @@ class TcpServerLink(ServerLink):
         hdr = HDR.pack(TCP_MAGIC, d, len(body))
         total = len(hdr) + len(body)
         sent = [0] * len(self.conns)
-        done: set[int] = set()
 
-        def stalled() -> str:
-            return f"answer {d} stalled for {self.timeout_s:g}s"
-        for i in self._ready(select.EPOLLOUT, self.ids, done, stalled):
+        def step(i: int) -> bool:
+            """Write what worker i's connection takes; True once it has it all."""
             try:
                 sent[i] += self.conns[i].sendmsg(iov(hdr, body, sent[i]))
-            except BlockingIOError:
-                continue
             except OSError as e:
-                if e.errno in (errno.EAGAIN, errno.ENOBUFS):
+                if e.errno not in (errno.EAGAIN, errno.ENOBUFS):
+                    raise CommError(f"sending to worker {self.ids[i]}: {e}") from e
+            return sent[i] == total
+
+        def stalled(left) -> str:
+            return f"answer {d} stalled for {self.timeout_s:g}s (workers {sorted(left)})"
+        self._each(select.EPOLLOUT, list(self.ids), len(body), step, stalled)
+
+    def _each(self, event: int, idx: list[int], nbytes: int, step: Callable[[int], bool],
+              stalled: Callable[[set], str]) -> None:
+        """step(i) for each connection i in idx whenever it is ready for
+        `event`, until step says it is done: a piece of PARALLEL_BYTES or more
+        on a thread per connection, else in one epoll loop. CommError
+        (stalled(those not done)) after the link's timeout with nothing
+        ready; a step's error is raised here once every thread has stopped."""
+        if not self.threads or nbytes < PARALLEL_BYTES or len(idx) < 2:
+            done: set[int] = set()
+            for i in self._ready(event, idx, done, lambda: stalled(set(idx) - done)):
+                try:
+                    if step(i):
+                        done.add(i)
+                except BlockingIOError:
                     continue
-                raise CommError(f"sending to worker {self.ids[i]}: {e}") from e
-            if sent[i] == total:
-                done.add(i)
+            return
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(len(self.conns), thread_name_prefix="ltpx-tcp")
+        left = set(idx)
+        failed = threading.Event()    # one connection's error stops the others' waits
+
+        def one(i: int) -> None:
+            poller = select.poll()
+            poller.register(self.conns[i].fileno(), event)
+            deadline = time.monotonic() + self.timeout_s
+            while not failed.is_set():
+                try:
+                    if step(i):
+                        left.discard(i)
+                        return
+                    deadline = time.monotonic() + self.timeout_s
+                except BlockingIOError:
+                    pass
+                if not poller.poll(200) and time.monotonic() > deadline:
+                    raise CommError(stalled(left))
+        futs = [self.pool.submit(one, i) for i in idx]
+        futures.wait(futs, return_when=futures.FIRST_EXCEPTION)
+        failed.set()                # the others stop at their next wake-up (done ones are)
+        futures.wait(futs)
+        for f in futs:
+            if f.exception() is not None:
+                raise f.exception()
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
+            self.pool = None
         for c in self.conns:
             c.close()
         self.conns = []

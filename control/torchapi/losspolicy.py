@@ -28,6 +28,9 @@ uplink by the loss it measures, answers whole:
   would raise the budget that cut them (Early Close's own loss_hat does,
   which is why a fixed budget of 0.7 closed rounds at 10 % loss with 0.68
   delivered). So under a budget every PROBE-th step runs without one;
+- no budget of its own where the step's Early Close fields fix
+  `threshold_min` (LTP_EARLY_CLOSE, the optimizer's early_close): the
+  user's floor holds, e.g. 1.0 for rounds that close only complete;
 - no budget in the first `warmup` steps (loss_warmup, 0 by default: from
   the second step, the first having measured the loss), then a ramp over as
   many again. A warm-up of 40 steps was the default while auto still chose
@@ -107,10 +110,13 @@ class LossPolicy:
         lost = min(max(lost, 0.0), 1.0)
         self.up = lost if self.up is None else (1 - EWMA) * self.up + EWMA * lost
 
-    def choose(self) -> Choice:
-        """This step's choice (once a step, after its rounds are gathered)."""
+    def choose(self, held: bool = False) -> Choice:
+        """This step's choice (once a step, after its rounds are gathered).
+        held: the step's Early Close fields fix its rounds' floor, so auto
+        sets no budget of its own (`fixed`, as repair's)."""
         self.steps += 1
-        c = self.choice = self._fixed() if self.policy != "auto" else self._auto()
+        auto = self.policy == "auto" and not held
+        c = self.choice = self._auto() if auto else self._fixed()
         self.counts[c.mode] = self.counts.get(c.mode, 0) + 1
         if c.budget > 0:
             self.counts["budget"] = self.counts.get("budget", 0) + 1
