@@ -307,7 +307,8 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _internal("profile", str, None, "cProfile a bench worker process into FILE.<pid>",
               shown="-"),
     _internal("tcp_threads", bool, True, "0: the TCP server reads and writes a large piece "
-              "in one epoll loop, not on a thread per worker (an A/B knob)", shown="1"),
+              "in one epoll loop, not on a thread per worker, and reads no round ahead (an "
+              "A/B knob)", shown="1"),
 )}
 
 # The choices, in one order each (the default first)

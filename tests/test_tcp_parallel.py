@@ -110,3 +110,54 @@ def test_a_worker_that_hangs_up_mid_round_fails_the_gather_not_hangs_it():
         for w in workers:
             w.close()
         server.close()
+
+
+def test_the_next_round_is_read_in_while_the_last_one_is_summed():
+    """`ahead` names the op's next round: gather(1) returns round 1's rows
+    and starts reading round 2 into the other buffer, so round 1's rows stay
+    as they came while round 2 arrives, and gather(2) returns round 2's."""
+    server, workers = pair()
+    try:
+        one = [np.full(N, w + 1, np.float32) for w in range(2)]
+        two = [np.arange(N, dtype=np.float32) - w for w in range(2)]
+        server.ensure(N)
+        server.ahead(2, N, [0, 1])
+        ts, errors = in_threads(*[lambda w=w: workers[w].push(1, one[w].copy(), False)
+                                  for w in range(2)])
+        first = server.gather(1, N, [0, 1])
+        for t in ts:
+            t.join()
+        assert server.pre is not None and server.pre[0][0] == 2     # round 2 on its way in
+        ts, errors2 = in_threads(*[lambda w=w: workers[w].push(2, two[w].copy(), False)
+                                   for w in range(2)])
+        for t in ts:
+            t.join()
+        server.pre[2].result(timeout=20)                  # read in, before anyone asked
+        assert np.array_equal(first.values[0], one[0]) and np.array_equal(first.values[1], one[1])
+        second = server.gather(2, N, [0, 1])
+        assert not errors and not errors2
+        assert np.array_equal(second.values[0], two[0]) and np.array_equal(second.values[1], two[1])
+    finally:
+        for w in workers:
+            w.close()
+        server.close()
+
+
+def test_a_gather_of_another_round_than_the_one_read_ahead_fails():
+    server, workers = pair()
+    try:
+        server.ensure(N)
+        server.ahead(2, N, [0, 1])
+        ts, _ = in_threads(*[lambda w=w: workers[w].push(1, np.ones(N, np.float32), False)
+                             for w in range(2)])
+        server.gather(1, N, [0, 1])
+        ts2, _ = in_threads(*[lambda w=w: workers[w].push(2, np.ones(N, np.float32), False)
+                              for w in range(2)])
+        with pytest.raises(CommError, match=r"round 3 asked for, round 2 .* read ahead"):
+            server.gather(3, N, [0, 1])
+    finally:
+        for w in workers:
+            w.close()
+        server.close()
+        for t in ts + ts2:
+            t.join(5)

@@ -9,7 +9,9 @@ round is complete. The server reads its workers at once and writes the answer
 to all of them at once: a piece of PARALLEL_BYTES or more on a thread per
 worker (the copies in and out of the kernel then run side by side, each
 releasing the GIL; LTP_TCP_THREADS=0 keeps them in the loop), a smaller one
-in one non-blocking epoll loop.
+in one non-blocking epoll loop. Rounds go into two buffers in turn: the
+op's next round (`ahead`, the server's hint) is read in while the server
+sums the one before.
 """
 from __future__ import annotations
 
@@ -48,7 +50,12 @@ class TcpServerLink(ServerLink):
         self.ids, self.cc, self.timeout_s = list(range(workers)), s.cc, s.timeout
         self.key = key     # the hellos' MAC key (jobkey.hello_key)
         self.strays = 0    # connections that were not a worker's, closed
-        self.values = np.empty((workers, 0), dtype=np.float32)
+        # two buffers of rounds: one summed while the next is read in (`ahead`)
+        self.bufs = [np.empty((workers, 0), dtype=np.float32) for _ in (0, 1)]
+        self.side = 0
+        self.hint: tuple | None = None      # the op's next round, to read ahead
+        self.pre: tuple | None = None       # ((round, words, workers), side, its read's future)
+        self.ahead_pool: ThreadPoolExecutor | None = None
         self.ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -91,9 +98,14 @@ class TcpServerLink(ServerLink):
         self.conns = [by_id[w] for w in self.ids]
 
     def ensure(self, nelems: int) -> bool:
-        if self.values.shape[1] < nelems:
-            self.values = np.empty((len(self.ids), nelems), dtype=np.float32)
+        self._settle()
+        for side in (0, 1):
+            self._grow(side, nelems)
         return False
+
+    def _grow(self, side: int, nelems: int) -> None:
+        if self.bufs[side].shape[1] < nelems:
+            self.bufs[side] = np.empty((len(self.ids), nelems), dtype=np.float32)
 
     def configure(self, bubble: str, early_close: str, wire: str = "none") -> None:
         self.wire = wire   # nothing is lost over TCP: only the wire matters
@@ -133,18 +145,56 @@ class TcpServerLink(ServerLink):
             raise CommError(f"worker {self.ids[i]} closed its connection")
         return k
 
+    def ahead(self, r: int, nelems: int, workers: list[int]) -> None:
+        """The op's next round: read it in (on a thread, into the other of two
+        buffers) as soon as the round now gathered is in, while the server
+        sums that one. Only a large uncompressed round (PARALLEL_BYTES), and
+        only with LTP_TCP_THREADS."""
+        if self.threads and nelems * 4 >= PARALLEL_BYTES and self.codec.compressed(r) is None:
+            self.hint = (r, nelems, list(workers))
+
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
-        """Read round r's header and piece from every worker in `workers` at once."""
+        """Round r's header and piece from every worker in `workers` at once
+        (read ahead, if `ahead` named it; then the next one named starts)."""
         t0 = time.perf_counter()
+        hint, self.hint = self.hint, None
         n = nelems
         codec = self.codec.compressed(r)
         if codec is not None:
             nelems = codec.words(n)
-        self.ensure(nelems)
+        pre, self.pre = self.pre, None
+        if pre is not None:
+            (pr, pn, pws), side, fut = pre
+            fut.result()          # its error, if the read failed
+            if (pr, pn, pws) != (r, nelems, list(workers)):
+                raise CommError(f"round {r} asked for, round {pr} ({pn} elements from "
+                                f"workers {pws}) read ahead")
+        else:
+            side = self.side = self.side ^ 1
+            self._grow(side, nelems)
+            self._read(r, nelems, workers, side)
+        if hint is not None and hint[0] != r:
+            other = side ^ 1
+            self._grow(other, hint[1])
+            self.side = other
+            self.pre = (hint, other, self._reader().submit(self._read, *hint, other))
+        values = self.bufs[side]
+        k = len(workers)
+        rows = values[workers, :nelems] if workers != self.ids else values[:, :nelems]
+        if n != nelems:
+            rows = self.codec.decode(r, rows, None, "zero")
+        return Gathered(round=r, values=rows, workers=list(workers),
+                        delivered=np.ones(k, dtype=np.int64), chunks=1,
+                        filled=np.zeros(k, dtype=np.int64),
+                        duration_s=time.perf_counter() - t0)
+
+    def _read(self, r: int, nelems: int, workers: list[int], side: int) -> None:
+        """Round r (nelems words from each of `workers`) into buffer `side`."""
         need = nelems * 4
+        values = self.bufs[side]
         hdrs = {i: bytearray(HDR.size) for i in workers}
         hgot, got = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
-        views = {i: memoryview(self.values[i, :nelems]).cast("B") for i in workers}
+        views = {i: memoryview(values[i, :nelems]).cast("B") for i in workers}
 
         def step(i: int) -> bool:
             """Read what worker i has sent of the round; True once it is whole."""
@@ -165,14 +215,18 @@ class TcpServerLink(ServerLink):
             return (f"round {r}: workers {sorted(left)} sent nothing complete within "
                     f"{self.timeout_s:g}s")
         self._each(select.EPOLLIN, list(workers), need, step, stalled)
-        k = len(workers)
-        rows = self.values[workers, :nelems] if workers != self.ids else self.values[:, :nelems]
-        if n != nelems:
-            rows = self.codec.decode(r, rows, None, "zero")
-        return Gathered(round=r, values=rows, workers=list(workers),
-                        delivered=np.ones(k, dtype=np.int64), chunks=1,
-                        filled=np.zeros(k, dtype=np.int64),
-                        duration_s=time.perf_counter() - t0)
+
+    def _reader(self) -> ThreadPoolExecutor:
+        if self.ahead_pool is None:
+            self.ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="ltpx-tcp-ahead")
+        return self.ahead_pool
+
+    def _settle(self) -> None:
+        """A round read ahead and never asked for (its op given up): done
+        with, its error dropped (the next read meets what it left)."""
+        pre, self.pre = self.pre, None
+        if pre is not None:
+            futures.wait([pre[2]])
 
     def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
              wait_s: float | None = None, critical_from: int | None = None) -> None:
@@ -243,9 +297,10 @@ class TcpServerLink(ServerLink):
                 raise f.exception()
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False)
-            self.pool = None
+        for pool in (self.pool, self.ahead_pool):
+            if pool is not None:
+                pool.shutdown(wait=False)
+        self.pool = self.ahead_pool = None
         for c in self.conns:
             c.close()
         self.conns = []

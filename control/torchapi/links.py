@@ -86,6 +86,13 @@ class ServerLink(ABC):
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
         """Uplink round r, one row per worker (holes filled)."""
 
+    def ahead(self, r: int, nelems: int, workers: list[int]) -> None:
+        """A hint before a gather: round r (nelems, from `workers`) is the
+        one the server gathers next, so a link may read it in while the
+        server sums the one before (the TCP link does). The next gather must
+        then be r's. The default ignores it."""
+        return None
+
     @abstractmethod
     def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
              wait_s: float | None = None,

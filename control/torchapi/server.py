@@ -229,6 +229,8 @@ class Server:
         for i, r in enumerate(rounds):
             t0 = time.perf_counter()
             flight_enter(GATHER, seq, r)
+            if i + 1 < n:     # a link may read it in while this one is summed
+                self.link.ahead(rounds[i + 1], op.sizes[i + 1], ws)
             g = self.link.gather(r, op.sizes[i], ws)
             t1 = time.perf_counter()
             self.timeline.add(round_record(r, seq, op.kind, g))
