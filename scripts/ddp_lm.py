@@ -43,6 +43,8 @@ p.add_argument("--param-dtype", default="float32", choices=("float32", "bfloat16
 p.add_argument("--bucket-mb", type=float, default=25.0)
 p.add_argument("--sample", metavar="DIR", help="sample every thread's stack; reports in DIR")
 a = p.parse_args()
+if a.steps <= a.warmup:
+    p.error(f"--steps ({a.steps}) must be more than --warmup ({a.warmup})")
 role = os.environ.get("LTP_ROLE", "worker")
 sampler = Sampler().start() if a.sample else None
 

@@ -51,7 +51,7 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
-        self._t.join(1)
+        self._t.join()     # it wakes every `interval`: report() then reads still counts
 
     def report(self, top: int = 25) -> dict:
         """The most seen innermost frames and stacks, as seconds (samples x

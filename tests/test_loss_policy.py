@@ -177,10 +177,16 @@ def test_early_close_fields_that_fix_the_floor_hold_autos_budget_off():
     for _ in range(5):
         link.measured = [30, 100]
         c = link.choose()
-        assert (c.budget, c.why) == (0.0, "fixed") and whole.cfg.budget == 0.0
+        assert (c.budget, c.why) == (0.0, "held") and whole.cfg.budget == 0.0
         whole.start_round(1 << 20)
         assert whole.threshold == 1.0
     assert link.loss.up == pytest.approx(0.3)          # still measured
+    # rounds opened for such an op after a budgeted step start without it too
+    link.configure("mean", "{}")
+    link.measured = [30, 100]
+    assert link.choose().budget == lp.BUDGET_MAX
+    link.configure("mean", '{"threshold_min": 1.0, "threshold_max": 1.0}')
+    assert link.policy(0).cfg.budget == 0.0
     link.configure("mean", "{}")                       # the fields gone: auto budgets again
     link.measured = [30, 100]
     assert link.choose().budget == lp.BUDGET_MAX and link.policy(0).cfg.budget == lp.BUDGET_MAX

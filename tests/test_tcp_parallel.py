@@ -24,6 +24,12 @@ pytestmark = pytest.mark.unit
 N = PARALLEL_BYTES // 4 * 3 + 5       # elements: a few MB, more than a socket buffer holds
 
 
+@pytest.fixture(params=["1", "0"], ids=["threads", "epoll"])
+def mode(request, monkeypatch):
+    monkeypatch.setenv("LTP_TCP_THREADS", request.param)
+    return request.param
+
+
 def pair(timeout: float = 20.0):
     cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     s = Settings.resolve({"ip": "127.0.0.1", "cc": cc, "timeout": timeout})
@@ -79,7 +85,7 @@ def test_a_large_round_and_its_answer_arrive_whole_both_ways(monkeypatch, thread
         server.close()
 
 
-def test_a_wrong_header_in_a_large_round_fails_naming_the_worker():
+def test_a_wrong_header_in_a_large_round_fails_naming_the_worker(mode):
     server, workers = pair()
     try:
         server.ensure(N)
@@ -96,7 +102,7 @@ def test_a_wrong_header_in_a_large_round_fails_naming_the_worker():
             t.join(5)
 
 
-def test_a_worker_that_hangs_up_mid_round_fails_the_gather_not_hangs_it():
+def test_a_worker_that_hangs_up_mid_round_fails_the_gather_not_hangs_it(mode):
     server, workers = pair()
     try:
         server.ensure(N)
@@ -161,3 +167,64 @@ def test_a_gather_of_another_round_than_the_one_read_ahead_fails():
         server.close()
         for t in ts + ts2:
             t.join(5)
+
+
+def test_an_answer_to_workers_that_read_nothing_fails_after_the_timeout(mode):
+    """Workers alive but not reading (a frozen process: its kernel keeps the
+    connection, its window shut): the send gives up after the link's
+    timeout with no byte moved, in either mode, naming them."""
+    server, workers = pair(timeout=1.0)
+    try:
+        big = np.zeros(16 * 2**20, np.float32)         # 64 MB: far past the sockets' buffers
+        with pytest.raises(CommError, match=r"answer 2 stalled for 1s"):
+            server.send(2, big, False)
+    finally:
+        for w in workers:
+            w.close()
+        server.close()
+
+
+def test_a_round_read_ahead_that_failed_and_was_never_gathered_stops_the_next_op():
+    """The server gave an op up after `ahead` named its next round: the
+    read in flight meets the next op's data (or an error), and the next op
+    must not read from connections now out of step: ensure() says so."""
+    server, workers = pair()
+    try:
+        server.ensure(N)
+        server.ahead(2, N, [0, 1])
+        ts, _ = in_threads(*[lambda w=w: workers[w].push(1, np.ones(N, np.float32), False)
+                             for w in range(2)])
+        server.gather(1, N, [0, 1])
+        for t in ts:
+            t.join()
+        # round 2 never comes: the next op's round 5 does
+        ts, _ = in_threads(*[lambda w=w: workers[w].push(5, np.ones(N, np.float32), False)
+                             for w in range(2)])
+        with pytest.raises(CommError, match=r"round 2, read ahead and never gathered, failed "
+                           r"\(worker \d: bad header \(round 5"):
+            server.ensure(N)
+        assert server.pre is None
+    finally:
+        for w in workers:
+            w.close()
+        server.close()
+        for t in ts:
+            t.join(5)
+
+
+@pytest.mark.slow
+def test_ddp_over_the_tcp_transport_with_rounds_of_megabytes_equals_gloo():
+    """The server's hints and the link's threads in a real job: DDP over the
+    `ltp` backend's TCP transport on loopback (tests/ddp_local.py), an MLP
+    whose 4 MB rounds are each read in while the last is summed, ends with
+    parameters equal to gloo's bit for bit, on every replica."""
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "tests"))
+    from ddp_local import run_local
+    args = ("--hidden", "1536", "--steps", "5")
+    script = root / "scripts" / "ddp_width.py"
+    ltp = run_local(2, *args, script=script, timeout=240)["results"]
+    gloo = run_local(2, *args, script=script, backend="gloo", timeout=240)["results"]
+    assert ltp[0]["params"] > 2 * 2**20        # rounds of 4 MB: read ahead on threads
+    assert len({r["digest"] for r in ltp + gloo}) == 1, [r["digest"] for r in ltp + gloo]

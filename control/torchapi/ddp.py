@@ -282,16 +282,18 @@ class TolerantReduce:
         self.note(StepReport.decode(view[sum(op.sizes):]), len(buckets), len(op.sizes))
         offs = np.cumsum([0] + [b.piece.size for b in buckets[:-1]]).tolist()
         t0 = time.perf_counter()
-        for b, off in zip(buckets, offs):
-            if b.t is None:              # a stand-in
-                continue
-            # what the links left in the piece is its rounding error (every
-            # shard's thread is done by now); a piece smaller than the servers
-            # went as a padded copy and left none
-            if self.ef and min(cut(b.piece.size, self.most)) >= self.job.s.servers:
-                self.residual[b.store] = b.piece.copy()
-            self.staging.up(ans[off:off + b.piece.size], b.t, b.scale)
-        self.staging.wait()      # before the futures: the tensors final, the buffer free
+        try:
+            for b, off in zip(buckets, offs):
+                if b.t is None:              # a stand-in
+                    continue
+                # what the links left in the piece is its rounding error (every
+                # shard's thread is done by now); a piece smaller than the
+                # servers went as a padded copy and left none
+                if self.ef and min(cut(b.piece.size, self.most)) >= self.job.s.servers:
+                    self.residual[b.store] = b.piece.copy()
+                self.staging.up(ans[off:off + b.piece.size], b.t, b.scale)
+        finally:     # before the futures, also on an error: the tensors final, the buffer free
+            self.staging.wait()
         self.phases.add("comm_copy_back", time.perf_counter() - t0)
         for b in buckets:
             if b.t is not None:

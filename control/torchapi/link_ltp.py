@@ -128,8 +128,9 @@ class LtpServerLink(ServerLink):
         return True
 
     def early_config(self, fields_json: str) -> EarlyCloseConfig:
-        return EarlyCloseConfig(**{"hard_timeout_s": self.wait_s,
-                                   "budget": self.loss.choice.budget, **json.loads(fields_json)})
+        fields = json.loads(fields_json)
+        budget = 0.0 if self.loss.held("threshold_min" in fields) else self.loss.choice.budget
+        return EarlyCloseConfig(**{"hard_timeout_s": self.wait_s, "budget": budget, **fields})
 
     def choose(self) -> Choice:
         """The loss policy's choice for this step (losspolicy.py), from the

@@ -197,7 +197,8 @@ class TcpServerLink(ServerLink):
         views = {i: memoryview(values[i, :nelems]).cast("B") for i in workers}
 
         def step(i: int) -> bool:
-            """Read what worker i has sent of the round; True once it is whole."""
+            """Read what worker i has sent of the round (BlockingIOError: nothing
+            there); True once it is whole."""
             if hgot[i] < HDR.size:
                 hgot[i] += self._recv_some(i, memoryview(hdrs[i])[hgot[i]:])
                 if hgot[i] == HDR.size:
@@ -222,11 +223,17 @@ class TcpServerLink(ServerLink):
         return self.ahead_pool
 
     def _settle(self) -> None:
-        """A round read ahead and never asked for (its op given up): done
-        with, its error dropped (the next read meets what it left)."""
+        """A round read ahead and never gathered (its op given up): waited for;
+        read whole, it is dropped (the connections are where the next op
+        starts); a read that failed leaves them out of step: CommError."""
         pre, self.pre = self.pre, None
-        if pre is not None:
-            futures.wait([pre[2]])
+        if pre is None:
+            return
+        (r, _, _), _, fut = pre
+        err = fut.exception()
+        if err is not None:
+            raise CommError(f"round {r}, read ahead and never gathered, failed ({err}): the "
+                            "workers' connections are out of step") from err
 
     def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
              wait_s: float | None = None, critical_from: int | None = None) -> None:
@@ -241,12 +248,16 @@ class TcpServerLink(ServerLink):
         sent = [0] * len(self.conns)
 
         def step(i: int) -> bool:
-            """Write what worker i's connection takes; True once it has it all."""
+            """Write what worker i's connection takes (BlockingIOError: nothing
+            it would take); True once it has it all."""
             try:
                 sent[i] += self.conns[i].sendmsg(iov(hdr, body, sent[i]))
+            except BlockingIOError:
+                raise
             except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.ENOBUFS):
-                    raise CommError(f"sending to worker {self.ids[i]}: {e}") from e
+                if e.errno == errno.ENOBUFS:    # as a full buffer: wait for room
+                    raise BlockingIOError(errno.ENOBUFS, str(e)) from e
+                raise CommError(f"sending to worker {self.ids[i]}: {e}") from e
             return sent[i] == total
 
         def stalled(left) -> str:
@@ -257,9 +268,10 @@ class TcpServerLink(ServerLink):
               stalled: Callable[[set], str]) -> None:
         """step(i) for each connection i in idx whenever it is ready for
         `event`, until step says it is done: a piece of PARALLEL_BYTES or more
-        on a thread per connection, else in one epoll loop. CommError
-        (stalled(those not done)) after the link's timeout with nothing
-        ready; a step's error is raised here once every thread has stopped."""
+        on a thread per connection (each given up after the link's timeout
+        with no byte moved), else in one epoll loop (after the timeout with
+        nothing ready): CommError(stalled(those not done)). A step's error is
+        raised here once every thread has stopped."""
         if not self.threads or nbytes < PARALLEL_BYTES or len(idx) < 2:
             done: set[int] = set()
             for i in self._ready(event, idx, done, lambda: stalled(set(idx) - done)):
@@ -277,7 +289,7 @@ class TcpServerLink(ServerLink):
         def one(i: int) -> None:
             poller = select.poll()
             poller.register(self.conns[i].fileno(), event)
-            deadline = time.monotonic() + self.timeout_s
+            deadline = time.monotonic() + self.timeout_s   # moved on by each step that moves bytes
             while not failed.is_set():
                 try:
                     if step(i):
@@ -285,9 +297,9 @@ class TcpServerLink(ServerLink):
                         return
                     deadline = time.monotonic() + self.timeout_s
                 except BlockingIOError:
-                    pass
-                if not poller.poll(200) and time.monotonic() > deadline:
-                    raise CommError(stalled(left))
+                    if time.monotonic() > deadline:
+                        raise CommError(stalled(left)) from None
+                    poller.poll(200)
         futs = [self.pool.submit(one, i) for i in idx]
         futures.wait(futs, return_when=futures.FIRST_EXCEPTION)
         failed.set()                # the others stop at their next wake-up (done ones are)

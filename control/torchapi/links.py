@@ -87,10 +87,10 @@ class ServerLink(ABC):
         """Uplink round r, one row per worker (holes filled)."""
 
     def ahead(self, r: int, nelems: int, workers: list[int]) -> None:
-        """A hint before a gather: round r (nelems, from `workers`) is the
-        one the server gathers next, so a link may read it in while the
-        server sums the one before (the TCP link does). The next gather must
-        then be r's. The default ignores it."""
+        """A hint just before a gather: round r (nelems, from `workers`) is
+        the one the server gathers after it, so a link may read r in while
+        the server sums the round that gather returns (the TCP link does).
+        The gather after that one must then be r's. The default ignores it."""
         return None
 
     @abstractmethod

@@ -29,8 +29,9 @@ uplink by the loss it measures, answers whole:
   which is why a fixed budget of 0.7 closed rounds at 10 % loss with 0.68
   delivered). So under a budget every PROBE-th step runs without one;
 - no budget of its own where the step's Early Close fields fix
-  `threshold_min` (LTP_EARLY_CLOSE, the optimizer's early_close): the
-  user's floor holds, e.g. 1.0 for rounds that close only complete;
+  `threshold_min` (LTP_EARLY_CLOSE, the optimizer's early_close; why
+  `held`): the user's floor holds, e.g. 1.0 for rounds that close only
+  complete (an explicit `loss_budget` still rules);
 - no budget in the first `warmup` steps (loss_warmup, 0 by default: from
   the second step, the first having measured the loss), then a ramp over as
   many again. A warm-up of 40 steps was the default while auto still chose
@@ -59,7 +60,7 @@ BUDGET_GAIN, BUDGET_MAX = 2.5, 0.7
 PROBE = 10                             # under a budget, every PROBE-th step: none, to measure
 EWMA = 0.3
 # why a step chose as it did (a code in the step report, a word in summaries)
-WHY = ("fixed", "warmup", "lossless", "lossy", "ramp", "probe")
+WHY = ("fixed", "warmup", "lossless", "lossy", "ramp", "probe", "held")
 
 
 @dataclass(frozen=True)
@@ -110,13 +111,20 @@ class LossPolicy:
         lost = min(max(lost, 0.0), 1.0)
         self.up = lost if self.up is None else (1 - EWMA) * self.up + EWMA * lost
 
+    def held(self, held: bool) -> bool:
+        """Whether auto is held off: the step's Early Close fields fix its
+        rounds' floor (held), and no loss_budget was given, which still rules."""
+        return held and self.policy == "auto" and not self.fixed_budget
+
     def choose(self, held: bool = False) -> Choice:
         """This step's choice (once a step, after its rounds are gathered).
         held: the step's Early Close fields fix its rounds' floor, so auto
-        sets no budget of its own (`fixed`, as repair's)."""
+        sets no budget of its own (why `held`)."""
         self.steps += 1
-        auto = self.policy == "auto" and not held
-        c = self.choice = self._auto() if auto else self._fixed()
+        if self.held(held):
+            c = self.choice = Choice(why="held")
+        else:
+            c = self.choice = self._fixed() if self.policy != "auto" else self._auto()
         self.counts[c.mode] = self.counts.get(c.mode, 0) + 1
         if c.budget > 0:
             self.counts["budget"] = self.counts.get("budget", 0) + 1
