@@ -12,6 +12,8 @@ and staged by the driver. On the CPU the same calls are plain copies.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -65,11 +67,20 @@ class Staging:
         return self.ans[:n]
 
     def up(self, result: torch.Tensor, t: torch.Tensor, scale: float = 1.0) -> None:
-        """The answer (float32, host) times scale into t's own memory (any
-        strides, its dtype), in one pass. On the CPU it is done on return; on
-        a GPU it is queued on the side stream (from `answer`'s pinned memory):
-        `wait` says when every queued copy is done."""
+        """The answer (float32, host: `result`, which it may scale in place)
+        times scale into t's own memory (any strides, its dtype), rounded
+        once to t's dtype. On the CPU it is done on return; on a GPU it is
+        queued on the side stream (from `answer`'s pinned memory): `wait`
+        says when every queued copy is done."""
         dst, src = t.detach(), result.view(t.shape)
+        if scale != 1.0 and dst.dtype != torch.float32 and \
+                (t.device.type != "cuda" or math.frexp(scale)[0] != 0.5):
+            # scaled in float32, then rounded once: torch.mul(src, s, out=a
+            # bfloat16 dst) takes 5x as long (80 against 16 ms for 17.9M
+            # elements), and scaling after the rounding would round twice
+            # (on a GPU, a power of two scales exactly: done there)
+            src.mul_(scale)
+            scale = 1.0
         if t.device.type != "cuda":
             if scale == 1.0:
                 dst.copy_(src)
