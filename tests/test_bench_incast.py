@@ -172,7 +172,8 @@ def test_a_knob_makes_its_own_variant_in_the_same_run():
 @requires_bpf
 def test_no_round_is_cut_on_a_loss_free_rig():
     """300 rounds per sender on a rig with no loss configured, both senders
-    taking turns: no round is cut while what it misses is a re-send away.
+    taking turns: hardly a round (1 % at most) is cut while what it misses
+    is a re-send away.
     Before the repair wait, the incast's queue drops (or a late re-send on
     busy cores) left a chunk or two of 737 missing, and the grace cut 10-15
     of 150 ACK-clock rounds (this file's knob test failed on it once in CI)."""
@@ -184,11 +185,17 @@ def test_no_round_is_cut_on_a_loss_free_rig():
         r = res["results"][name]
         # The incast overflows the rig's queue (path_drops counts the
         # packets): re-sends repair what a flow lost. A round may close with
-        # chunks missing only where a flow lost more than a repair is waited
-        # for (cores so busy the senders' re-sends lag: 2 CPU hogs beside it
-        # here cut 3-7 socket-sender rounds of 300, each missing 10+ chunks)
+        # chunks missing where a flow lost more than a repair is waited for
+        # (cores so busy the senders' re-sends lag: 2 CPU hogs beside it
+        # here cut 3-7 socket-sender rounds of 300, each missing 10+ chunks),
+        # and, the repair's wait being bounded (repair_factor x the longest
+        # repair seen lately), where a re-send lagged past it: on two cores
+        # shared with a training job, 1 round of 300 cut missing 7. What the
+        # repair wait promises is that such cuts are rare (1 % at most here),
+        # not that none happens on a busy host; without it 7-10 % were cut.
         assert r["rounds"] == 300
-        assert all(w > allowance for w in r["cut_worst"]), (name, r["cut_worst"], r["reasons"])
+        small = [w for w in r["cut_worst"] if w <= allowance]
+        assert len(small) <= 3, (name, r["cut_worst"], r["reasons"])
         assert len(r["cut_worst"]) == 300 - r["reasons"].get("complete", 0)
 
 
