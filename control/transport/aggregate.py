@@ -46,7 +46,10 @@ import numpy as np
 
 from .bubble import fill as fill_bubbles
 
-BLOCK = 1 << 16          # elements: 256 KiB of the answer, held in a core's L2 while rows stream in
+# elements: 512 KiB of the answer, held in a core's L2 while rows stream in;
+# each block is a few numpy calls, each a GIL hand-off between threads, and
+# 2**16 summed a 4.35M round 1.34x slower on two threads (docs/benchmarks.md)
+BLOCK = 1 << 17
 PARALLEL_MIN = 1 << 19   # input elements below which one thread sums (a hand-off costs ~50 us)
 
 _pool: ThreadPoolExecutor | None = None
