@@ -7,6 +7,7 @@ header or hangs up mid-piece fails the call with its name, the other
 worker's thread stopped."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from pathlib import Path
@@ -30,15 +31,24 @@ def mode(request, monkeypatch):
     return request.param
 
 
+@contextlib.contextmanager
 def pair(timeout: float = 20.0):
+    """A server link and two workers' links connected over loopback; closed
+    at the end, also when the test fails (a worker thread blocked on one
+    then ends)."""
     cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     s = Settings.resolve({"ip": "127.0.0.1", "cc": cc, "timeout": timeout})
     server = TcpServerLink(s, 2)
     workers = [TcpWorkerLink(s, w, 2) for w in range(2)]
-    for w in workers:
-        w.connect({**server.address(), "ip": "127.0.0.1"})
-    server.connect({i: w.address() for i, w in enumerate(workers)})
-    return server, workers
+    try:
+        for w in workers:
+            w.connect({**server.address(), "ip": "127.0.0.1"})
+        server.connect({i: w.address() for i, w in enumerate(workers)})
+        yield server, workers
+    finally:
+        for w in workers:
+            w.close()
+        server.close()
 
 
 def in_threads(*calls):
@@ -58,8 +68,7 @@ def in_threads(*calls):
 @pytest.mark.parametrize("threads", ["1", "0"])
 def test_a_large_round_and_its_answer_arrive_whole_both_ways(monkeypatch, threads):
     monkeypatch.setenv("LTP_TCP_THREADS", threads)
-    server, workers = pair()
-    try:
+    with pair() as (server, workers):
         rows = [np.arange(N, dtype=np.float32) * (w + 1) + w for w in range(2)]
         server.ensure(N)
         server.open(1, N, [0, 1], False)
@@ -79,32 +88,22 @@ def test_a_large_round_and_its_answer_arrive_whole_both_ways(monkeypatch, thread
         assert not errors
         assert all(np.array_equal(o, answer) for o in outs)
         assert (server.pool is not None) == (threads == "1")   # the threads were used, or not
-    finally:
-        for w in workers:
-            w.close()
-        server.close()
 
 
 def test_a_wrong_header_in_a_large_round_fails_naming_the_worker(mode):
-    server, workers = pair()
-    try:
+    with pair() as (server, workers):
         server.ensure(N)
         body = np.ones(N, np.float32)
         ts, _ = in_threads(lambda: workers[0].push(1, body.copy(), False),
                            lambda: workers[1].sock.sendall(HDR.pack(TCP_MAGIC, 7, N * 4)))
         with pytest.raises(CommError, match=r"worker 1: bad header \(round 7"):
             server.gather(1, N, [0, 1])
-    finally:
-        for w in workers:
-            w.close()
-        server.close()
-        for t in ts:
-            t.join(5)
+    for t in ts:
+        t.join(5)
 
 
 def test_a_worker_that_hangs_up_mid_round_fails_the_gather_not_hangs_it(mode):
-    server, workers = pair()
-    try:
+    with pair() as (server, workers):
         server.ensure(N)
         w1 = workers[1].sock
         w1.sendall(HDR.pack(TCP_MAGIC, 1, N * 4) + b"\0" * 4096)
@@ -112,18 +111,13 @@ def test_a_worker_that_hangs_up_mid_round_fails_the_gather_not_hangs_it(mode):
         # worker 0 sends nothing: its thread is stopped once worker 1's fails
         with pytest.raises(CommError, match="worker 1 closed its connection"):
             server.gather(1, N, [0, 1])
-    finally:
-        for w in workers:
-            w.close()
-        server.close()
 
 
 def test_the_next_round_is_read_in_while_the_last_one_is_summed():
     """`ahead` names the op's next round: gather(1) returns round 1's rows
     and starts reading round 2 into the other buffer, so round 1's rows stay
     as they came while round 2 arrives, and gather(2) returns round 2's."""
-    server, workers = pair()
-    try:
+    with pair() as (server, workers):
         one = [np.full(N, w + 1, np.float32) for w in range(2)]
         two = [np.arange(N, dtype=np.float32) - w for w in range(2)]
         server.ensure(N)
@@ -143,15 +137,10 @@ def test_the_next_round_is_read_in_while_the_last_one_is_summed():
         second = server.gather(2, N, [0, 1])
         assert not errors and not errors2
         assert np.array_equal(second.values[0], two[0]) and np.array_equal(second.values[1], two[1])
-    finally:
-        for w in workers:
-            w.close()
-        server.close()
 
 
 def test_a_gather_of_another_round_than_the_one_read_ahead_fails():
-    server, workers = pair()
-    try:
+    with pair() as (server, workers):
         server.ensure(N)
         server.ahead(2, N, [0, 1])
         ts, _ = in_threads(*[lambda w=w: workers[w].push(1, np.ones(N, np.float32), False)
@@ -161,35 +150,25 @@ def test_a_gather_of_another_round_than_the_one_read_ahead_fails():
                               for w in range(2)])
         with pytest.raises(CommError, match=r"round 3 asked for, round 2 .* read ahead"):
             server.gather(3, N, [0, 1])
-    finally:
-        for w in workers:
-            w.close()
-        server.close()
-        for t in ts + ts2:
-            t.join(5)
+    for t in ts + ts2:
+        t.join(5)
 
 
 def test_an_answer_to_workers_that_read_nothing_fails_after_the_timeout(mode):
     """Workers alive but not reading (a frozen process: its kernel keeps the
     connection, its window shut): the send gives up after the link's
     timeout with no byte moved, in either mode, naming them."""
-    server, workers = pair(timeout=1.0)
-    try:
+    with pair(timeout=1.0) as (server, workers):
         big = np.zeros(16 * 2**20, np.float32)         # 64 MB: far past the sockets' buffers
         with pytest.raises(CommError, match=r"answer 2 stalled for 1s"):
             server.send(2, big, False)
-    finally:
-        for w in workers:
-            w.close()
-        server.close()
 
 
 def test_a_round_read_ahead_that_failed_and_was_never_gathered_stops_the_next_op():
     """The server gave an op up after `ahead` named its next round: the
     read in flight meets the next op's data (or an error), and the next op
     must not read from connections now out of step: ensure() says so."""
-    server, workers = pair()
-    try:
+    with pair() as (server, workers):
         server.ensure(N)
         server.ahead(2, N, [0, 1])
         ts, _ = in_threads(*[lambda w=w: workers[w].push(1, np.ones(N, np.float32), False)
@@ -204,12 +183,8 @@ def test_a_round_read_ahead_that_failed_and_was_never_gathered_stops_the_next_op
                            r"\(worker \d: bad header \(round 5"):
             server.ensure(N)
         assert server.pre is None
-    finally:
-        for w in workers:
-            w.close()
-        server.close()
-        for t in ts:
-            t.join(5)
+    for t in ts:
+        t.join(5)
 
 
 @pytest.mark.slow
