@@ -65,6 +65,23 @@ def in_threads(*calls):
     return ts, errors
 
 
+def push_ones(workers, r: int):
+    """Every worker pushes round r (N ones) on a thread of its own: the threads."""
+    ts, _ = in_threads(*[lambda w=w: workers[w].push(r, np.ones(N, np.float32), False)
+                         for w in range(2)])
+    return ts
+
+
+def gather_one_with_two_ahead(server, workers) -> None:
+    """Round 1 gathered with round 2 named ahead: round 2's read starts."""
+    server.ensure(N)
+    server.ahead(2, N, [0, 1])
+    ts = push_ones(workers, 1)
+    server.gather(1, N, [0, 1])
+    for t in ts:
+        t.join()
+
+
 @pytest.mark.parametrize("threads", ["1", "0"])
 def test_a_large_round_and_its_answer_arrive_whole_both_ways(monkeypatch, threads):
     monkeypatch.setenv("LTP_TCP_THREADS", threads)
@@ -141,16 +158,11 @@ def test_the_next_round_is_read_in_while_the_last_one_is_summed():
 
 def test_a_gather_of_another_round_than_the_one_read_ahead_fails():
     with pair() as (server, workers):
-        server.ensure(N)
-        server.ahead(2, N, [0, 1])
-        ts, _ = in_threads(*[lambda w=w: workers[w].push(1, np.ones(N, np.float32), False)
-                             for w in range(2)])
-        server.gather(1, N, [0, 1])
-        ts2, _ = in_threads(*[lambda w=w: workers[w].push(2, np.ones(N, np.float32), False)
-                              for w in range(2)])
+        gather_one_with_two_ahead(server, workers)
+        ts = push_ones(workers, 2)
         with pytest.raises(CommError, match=r"round 3 asked for, round 2 .* read ahead"):
             server.gather(3, N, [0, 1])
-    for t in ts + ts2:
+    for t in ts:
         t.join(5)
 
 
@@ -169,16 +181,8 @@ def test_a_round_read_ahead_that_failed_and_was_never_gathered_stops_the_next_op
     read in flight meets the next op's data (or an error), and the next op
     must not read from connections now out of step: ensure() says so."""
     with pair() as (server, workers):
-        server.ensure(N)
-        server.ahead(2, N, [0, 1])
-        ts, _ = in_threads(*[lambda w=w: workers[w].push(1, np.ones(N, np.float32), False)
-                             for w in range(2)])
-        server.gather(1, N, [0, 1])
-        for t in ts:
-            t.join()
-        # round 2 never comes: the next op's round 5 does
-        ts, _ = in_threads(*[lambda w=w: workers[w].push(5, np.ones(N, np.float32), False)
-                             for w in range(2)])
+        gather_one_with_two_ahead(server, workers)
+        ts = push_ones(workers, 5)       # round 2 never comes: the next op's round 5 does
         with pytest.raises(CommError, match=r"round 2, read ahead and never gathered, failed "
                            r"\(worker \d: bad header \(round 5"):
             server.ensure(N)
