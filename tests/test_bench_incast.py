@@ -128,19 +128,31 @@ def test_both_senders_and_cubic_take_turns_in_one_run():
 @requires_bpf
 def test_plain_ltp_sends_as_an_endpoint_does_by_default():
     """Without --sender, plain ltp's sender is the endpoints' default: auto
-    (the clock, per push, where the grow check passes; lossless, the clock
-    makes most DATA), else the socket; the JSON says which and why."""
+    (the clock, per push, where the grow check passes, but the socket toward
+    a path that lost over 6 % of its packets; lossless, the clock makes most
+    DATA), else the socket; the JSON says which and why."""
     from ltpx.dataplane.doctor.growcheck import grow_verdict
     res, _ = bench("--workers", "2", "--rounds", "2", "--block", "2", "--size", "256KiB",
                    "--transports", "ltp")
     r, cfg = res["results"]["ltp"], res["config"]
+    assert sum(r["pushes"].values()) == sum(r["sender_whys"].values()) == 2 * 2
     if grow_verdict("native").ok:
         assert cfg["sender"] == r["sender"] == "auto"
         assert cfg["sender_why"].startswith("auto, xdp: the default, ")
-        assert r["clock_share"] > 0.5
+        # an incast into a 30 kB queue on 2 busy cores can drop for real (or
+        # the clock re-send early): auto then rightly takes the socket toward
+        # that path for a few pushes, and says so; the clock's pushes are
+        # still the clock's
+        for why in r["sender_whys"]:
+            assert why.startswith("xdp: the default, ") or (
+                why.startswith("socket: auto, ") and "lost (the ACK clock again below" in why)
+        if set(r["pushes"]) == {"xdp"}:
+            assert r["clock_share"] > 0.5
+        assert r["pushes"].get("xdp", 0) + r["pushes"].get("socket", 0) == 4
     else:
         assert cfg["sender"] == r["sender"] == "socket" and r["clock_share"] == 0.0
         assert cfg["sender_why"].startswith("socket: the fallback, ")
+        assert set(r["pushes"]) == {"socket"}
     # nothing injected, but an incast into a 30 kB queue on 2 busy cores can
     # drop for real, and the paper's rule may then rightly close a round a
     # chunk short (0.9946 seen once in a local CI: 2 of 368 chunks)

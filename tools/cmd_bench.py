@@ -49,6 +49,8 @@ delivered / round time, cpu_s_per_round: the machine's busy CPU seconds from
 /proc/stat per counted round, reasons: rounds per close reason, path_drops:
 packets the rig dropped during its blocks (TBF queues, veths, injector);
 LTP's also sender, sent, clock_share: DATA the ACK clock made / DATA sent,
+pushes: counted pushes per sender that made them (xdp, socket), sender_whys:
+pushes per why (auto sends toward a path losing over 6 % by the socket),
 credit_frames: the PS's credit, all flows together, missing_chunks: chunks
 missing at close, cut_worst: per round closed with chunks missing, the most
 one flow missed), ratios (per LTP

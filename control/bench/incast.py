@@ -92,8 +92,10 @@ def _summary(r: Rounds, limit: float, round_bits: int, label: str, sender: str,
     """The documented per-transport figures. goodput_bps: payload bits
     delivered over the counted rounds / their summed time; cpu_s_per_round:
     busy CPU seconds of the whole machine per counted round; LTP's also say
-    their sender, the share of DATA the ACK clock made (clock_share) and
-    their Early Close rule."""
+    their sender, the share of DATA the ACK clock made (clock_share), the
+    counted pushes by the sender that made them and why (pushes,
+    sender_whys: auto sends toward a lossy path by the socket) and their
+    Early Close rule."""
     times = r.times
     med = statistics.median(times)
     p99 = _pct(times, 99)
@@ -107,7 +109,8 @@ def _summary(r: Rounds, limit: float, round_bits: int, label: str, sender: str,
     if is_ltp(label):
         s, rule = variant(label, sender, rule)
         out.update(sender=s, early_close=rule, sent=r.sent, credit_frames=r.credit_frames,
-                   clock_share=r.clock_tx / r.sent if r.sent else 0.0)
+                   clock_share=r.clock_tx / r.sent if r.sent else 0.0,
+                   pushes=dict(r.pushes), sender_whys=dict(r.whys))
     return out
 
 

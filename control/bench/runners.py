@@ -25,6 +25,7 @@ from its peer, and TCP's blocks keep the hosts' TSO as a real NIC would.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,6 +63,10 @@ class Rounds:
     missing_chunks: int = 0  # LTP: chunks missing when their rounds closed
     cut_worst: list[int] = field(default_factory=list)  # LTP: per round closed with
     # chunks missing, the most one flow missed
+    pushes: collections.Counter = field(default_factory=collections.Counter)  # LTP: the
+    # workers' pushes by the sender that made them (PushReport.sender)
+    whys: collections.Counter = field(default_factory=collections.Counter)  # LTP: and why
+    # (PushReport.sender_why: auto names the loss that sent a push by the socket)
 
 
     def extend(self, other: Rounds) -> None:
@@ -75,6 +80,8 @@ class Rounds:
         self.path_drops += other.path_drops
         self.missing_chunks += other.missing_chunks
         self.cut_worst += other.cut_worst
+        self.pushes.update(other.pushes)
+        self.whys.update(other.whys)
 
 
 KNOBS = {"credit": "the PS's credit cap in frames (rate.credit_window's ring_frames; 0: none)",
@@ -201,6 +208,8 @@ class LtpRunner:
                     out.cut_worst.append(int(missing.max()))
                 out.sent += sum(p.sent for p in reports.values() if p)
                 out.clock_tx += sum(p.clock_tx for p in reports.values() if p)
+                out.pushes.update(p.sender for p in reports.values() if p)
+                out.whys.update(p.sender_why for p in reports.values() if p)
                 tick(len(out.times))
         return out
 
