@@ -43,11 +43,13 @@ class _Hellos:
     """The connections accept_workers waits on for their hello, and what
     it took (`out`)."""
 
-    def __init__(self, ls: socket.socket, size: int, parse: Callable[[bytes], int | None]):
+    def __init__(self, listeners: list[socket.socket], size: int,
+                 parse: Callable[[bytes], int | None]):
         self.size, self.parse, self.out = size, parse, Accepted()
         self.sel = selectors.DefaultSelector()
         self.pending: dict[socket.socket, list] = {}      # conn -> [bytes so far, since]
-        self.sel.register(ls, selectors.EVENT_READ)
+        for ls in listeners:
+            self.sel.register(ls, selectors.EVENT_READ)
 
     def stray(self, c: socket.socket, why: str) -> None:
         self.out.strays += 1
@@ -113,8 +115,9 @@ class _Hellos:
                         "logged above", self.out.strays, LOGGED)
 
 
-def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[bytes], int | None],
-                   timeout_s: float, hello_s: float = HELLO_S) -> Accepted:
+def accept_workers(ls: socket.socket | list[socket.socket], need: int, size: int,
+                   parse: Callable[[bytes], int | None], timeout_s: float,
+                   hello_s: float = HELLO_S) -> Accepted:
     """Connections until `need` workers said a hello of `size` bytes that
     parse() turns into a worker id (None: not one), or timeout_s passed
     (then fewer: the caller says what is missing). Returned connections are
@@ -123,17 +126,20 @@ def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[byt
     connection has sent is read first, and the oldest that has sent
     nothing goes (a worker whose hello is on its way is never the one), so
     waiting on it holds up no other connection. The first LOGGED strays are
-    logged each, the rest in one line at the end."""
-    ls.setblocking(False)
-    h = _Hellos(ls, size, parse)
+    logged each, the rest in one line at the end. `ls`: a listening socket,
+    or several (e.g. TCP and a Unix socket for workers on this host)."""
+    listeners = ls if isinstance(ls, list) else [ls]
+    for one in listeners:
+        one.setblocking(False)
+    h = _Hellos(listeners, size, parse)
     end = time.monotonic() + timeout_s
     try:
         while len(h.out.conns) < need and time.monotonic() < end:
             for key, _ in h.sel.select(0.2):
                 c = key.fileobj
-                if c is ls:
+                if c in listeners:
                     try:
-                        conn, _ = ls.accept()
+                        conn, _ = c.accept()
                     except OSError:
                         continue
                     h.add(conn)
@@ -142,11 +148,14 @@ def accept_workers(ls: socket.socket, need: int, size: int, parse: Callable[[byt
             h.expire(hello_s)
     finally:
         h.close()
-        ls.setblocking(True)
+        for one in listeners:
+            one.setblocking(True)
     return h.out
 
 
 def _peer(c: socket.socket) -> str:
+    if c.family == socket.AF_UNIX:
+        return "this host's Unix socket"
     try:
         host, port = c.getpeername()[:2]
         return f"{host}:{port}"

@@ -7,18 +7,14 @@ header or hangs up mid-piece fails the call with its name, the other
 worker's thread stopped."""
 from __future__ import annotations
 
-import contextlib
 import socket
-import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from ltpx.control.torchapi.link_tcp import HDR, PARALLEL_BYTES, TCP_MAGIC, TcpServerLink, \
-    TcpWorkerLink
-from ltpx.control.torchapi.settings import Settings
+from ltpx.control.torchapi.link_tcp import HDR, PARALLEL_BYTES, TCP_MAGIC
 from ltpx.errors import CommError
+from tcp_links import in_threads, pair
 
 pytestmark = pytest.mark.unit
 
@@ -29,40 +25,6 @@ N = PARALLEL_BYTES // 4 * 3 + 5       # elements: a few MB, more than a socket b
 def mode(request, monkeypatch):
     monkeypatch.setenv("LTP_TCP_THREADS", request.param)
     return request.param
-
-
-@contextlib.contextmanager
-def pair(timeout: float = 20.0):
-    """A server link and two workers' links connected over loopback; closed
-    at the end, also when the test fails (a worker thread blocked on one
-    then ends)."""
-    cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
-    s = Settings.resolve({"ip": "127.0.0.1", "cc": cc, "timeout": timeout})
-    server = TcpServerLink(s, 2)
-    workers = [TcpWorkerLink(s, w, 2) for w in range(2)]
-    try:
-        for w in workers:
-            w.connect({**server.address(), "ip": "127.0.0.1"})
-        server.connect({i: w.address() for i, w in enumerate(workers)})
-        yield server, workers
-    finally:
-        for w in workers:
-            w.close()
-        server.close()
-
-
-def in_threads(*calls):
-    errors = []
-
-    def run(c):
-        try:
-            c()
-        except BaseException as e:
-            errors.append(e)
-    ts = [threading.Thread(target=run, args=(c,)) for c in calls]
-    for t in ts:
-        t.start()
-    return ts, errors
 
 
 def push_ones(workers, r: int):
@@ -197,10 +159,7 @@ def test_ddp_over_the_tcp_transport_with_rounds_of_megabytes_equals_gloo():
     `ltp` backend's TCP transport on loopback (tests/ddp_local.py), an MLP
     whose 4 MB rounds are each read in while the last is summed, ends with
     parameters equal to gloo's bit for bit, on every replica."""
-    import sys
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root / "tests"))
-    from ddp_local import run_local
+    from ddp_local import ROOT as root, run_local
     args = ("--hidden", "1536", "--steps", "5")
     script = root / "scripts" / "ddp_width.py"
     ltp = run_local(2, *args, script=script, timeout=240)["results"]

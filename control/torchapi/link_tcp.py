@@ -11,7 +11,8 @@ worker (the copies in and out of the kernel then run side by side, each
 releasing the GIL; LTP_TCP_THREADS=0 keeps them in the loop), a smaller one
 in one non-blocking epoll loop. Rounds go into two buffers in turn: the
 op's next round (`ahead`, the server's hint) is read in while the server
-sums the one before.
+sums the one before. A worker on the server's own host connects by a Unix
+socket instead (localsock.py: the same stream, not through TCP/IP).
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ from .. import settings_table
 from ..accept import accept_workers
 from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
 from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer, piece_feedback
+from .host import rank_host
+from .localsock import connect_local, listen_local, unlisten
 from .links import Gathered, ServerLink, WorkerLink
 from .settings import Settings
 
@@ -66,6 +69,9 @@ class TcpServerLink(ServerLink):
             self.ls.close()
             raise
         self.port = self.ls.getsockname()[1]
+        # workers on this host come by a Unix socket (localsock.py)
+        self.ux, self.ux_path = listen_local(s.ip, self.port, workers + 8) \
+            if settings_table.env("tcp_local") else (None, None)
         self.conns: list[socket.socket] = []
         # compressed (a step's Op.wire), pieces are the same words as over LTP
         # (its chunk size for the MTU)
@@ -75,14 +81,19 @@ class TcpServerLink(ServerLink):
         self.pool: ThreadPoolExecutor | None = None   # a thread per worker (`_each`)
 
     def address(self) -> dict:
-        return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes}
+        return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes,
+                **({"unix": self.ux_path} if self.ux_path else {})}
 
     def connect(self, metas: dict[int, dict]) -> None:
         """Accept one connection per worker; each says its id and a MAC of it
         under the job key first (accept.py: any other connection is closed,
         counted in `strays`, and the wait goes on)."""
-        got = accept_workers(self.ls, len(self.ids), MAC_HELLO.size,
-                             mac_parser(self.ids, self.key), self.timeout_s)
+        try:
+            got = accept_workers([self.ls] + ([self.ux] if self.ux else []), len(self.ids),
+                                 MAC_HELLO.size, mac_parser(self.ids, self.key), self.timeout_s)
+        finally:   # every worker is in (or the job ends): the file goes
+            unlisten(self.ux, self.ux_path)
+            self.ux = self.ux_path = None
         self.strays += got.strays
         by_id = got.conns
         if len(by_id) < len(self.ids):
@@ -92,8 +103,9 @@ class TcpServerLink(ServerLink):
                             f"{self.timeout_s:g}s ({got.strays} other connection(s) closed: "
                             "a hello without this job's key?)")
         for c in by_id.values():
-            set_cc(c, self.cc)
-            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if c.family != socket.AF_UNIX:
+                set_cc(c, self.cc)
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             c.setblocking(False)
         self.conns = [by_id[w] for w in self.ids]
 
@@ -317,6 +329,8 @@ class TcpServerLink(ServerLink):
             c.close()
         self.conns = []
         self.ls.close()
+        unlisten(self.ux, self.ux_path)
+        self.ux = self.ux_path = None
 
 
 class TcpWorkerLink(WorkerLink):
@@ -325,6 +339,7 @@ class TcpWorkerLink(WorkerLink):
 
     def __init__(self, s: Settings, worker: int, workers: int, key: bytes | None = None):
         self.id, self.cc, self.timeout_s = worker, s.cc, s.timeout
+        self.host = rank_host(s.netns, s.node)   # a server on it is reached by its Unix socket
         self.key = key     # the hello's MAC key (jobkey.hello_key); from a member file its own MAC
         self.sock: socket.socket | None = None
         self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
@@ -336,6 +351,13 @@ class TcpWorkerLink(WorkerLink):
 
     def connect(self, server: dict) -> None:
         check_peer(self.compress, self.chunk_bytes, server)
+        self.sock = connect_local(server, self.host, self.timeout_s) \
+            if settings_table.env("tcp_local") else None
+        if self.sock is None:
+            self.sock = self.connect_tcp(server)
+        self.sock.sendall(mac_hello(self.id, self.key))
+
+    def connect_tcp(self, server: dict) -> socket.socket:
         deadline = time.monotonic() + self.timeout_s
         while True:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -351,8 +373,7 @@ class TcpWorkerLink(WorkerLink):
                     raise CommError(f"cannot connect to the server at {server['ip']}:"
                                     f"{server['port']}: {e}") from e
                 time.sleep(0.05)
-        s.sendall(mac_hello(self.id, self.key))
-        self.sock = s
+        return s
 
     def ensure(self, nelems: int) -> bool:
         return False
