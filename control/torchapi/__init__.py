@@ -35,6 +35,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   storegc      the store's keys deleted once every rank has read them
   ops          the op sequence every rank runs, round numbers, the step report
   links, link_ltp, link_ltp_worker, link_tcp   the transports under the server and the workers
+  localsock    the TCP transport's local hop: a Unix socket to a server on this host
   runqueue     a thread's waits for a CPU (schedstat): a rank's own time, shared host
   exchange     a worker's side of an op
   server       the server's loop (sums, answers; no model)
