@@ -4,7 +4,7 @@
 (no rig, no root), arms taking turns (the machine drifts), gloo beside them:
 
     .venv/bin/python scripts/ab_loopback.py "ENV_A" "ENV_B" [--blocks N]
-        [--workers W] [--hidden H] [--steps S] [--job lm [-- LM_ARGS]]
+        [--workers W] [--hidden H] [--steps S] [--dtype D] [--job lm [-- LM_ARGS]]
 
 Each arm is a space-separated list of VAR=value ("" for none). The job is
 scripts/ddp_width.py: DDP over an MLP 256-H-H-10 (H=4096: 17.9M parameters,
@@ -31,12 +31,13 @@ p.add_argument("--hidden", type=int, default=4096)
 p.add_argument("--steps", type=int, default=12)
 p.add_argument("--no-gloo", action="store_true", help="the arms only")
 p.add_argument("--job", choices=("mlp", "lm"), default="mlp")
+p.add_argument("--dtype", default="float32", help="the MLP's parameters (e.g. bfloat16)")
 argv = sys.argv[1:]
 extra = argv[argv.index("--") + 1:] if "--" in argv else []
 a = p.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
 script = ROOT / "scripts" / ("ddp_lm.py" if a.job == "lm" else "ddp_width.py")
 job_args = (["--steps", str(a.steps), *extra] if a.job == "lm"
-            else ["--hidden", str(a.hidden), "--steps", str(a.steps)])
+            else ["--hidden", str(a.hidden), "--steps", str(a.steps), "--dtype", a.dtype])
 arms = [(arm, "ltp") for arm in a.arms] + ([] if a.no_gloo else [("gloo", "gloo")])
 for b in range(1, a.blocks + 1):
     for arm, backend in arms:

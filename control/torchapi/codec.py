@@ -221,6 +221,15 @@ def wire_for(compress: str, dtypes, deferred: bool = False) -> str:
     return kinds.pop() if len(kinds) == 1 and None not in kinds and not deferred else "none"
 
 
+def staged_as_bits(dtype, compress: str, deferred: bool, last: str | None = None) -> bool:
+    """Whether a tensor of `dtype` is staged as its 2-byte bits (ddp.py,
+    staging.py): its op travels in that dtype: what wire_for gives it alone,
+    or `last`, the wire its bucket's op took the step before (none where
+    float32 buckets share the op)."""
+    own = HALF.get(dtype)
+    return own is not None and (last or wire_for(compress, [dtype], deferred)) == own
+
+
 def deferred_answers(link) -> bool:
     """Whether any server of a worker's link (links.WorkerLink, or a sharded
     one's parts) answers steps tolerantly."""
@@ -345,14 +354,23 @@ class WorkerCodec:
 
     def piece(self, buf: np.ndarray, wire: str) -> np.ndarray:
         """buf's words in `wire` (valid until the next call; buf itself for
-        none); buf becomes buf - decoded (keep_error)."""
+        none); buf becomes buf - decoded (keep_error). buf int16: a bfloat16
+        or float16 tensor's own bits (ddp.py stages them so where its op's
+        wire is that dtype), copied as they are (nothing to round or feed back)."""
         codec = self.codecs.of(wire)
+        if buf.dtype == np.int16 and not isinstance(codec, Half):
+            raise ValueError(f"a piece of 2-byte bits (int16) goes on a 2-byte wire, not {wire!r}")
         if codec is None:
             return buf
         words = codec.words(len(buf))
         if len(self.wire) < words:
             self.wire = np.empty(words, dtype=np.float32)
         out = self.wire[:words]
+        if buf.dtype == np.int16:   # a tensor of the wire's dtype, staged as its bits: exact
+            raw = out.view(np.int16)
+            raw[:len(buf)] = buf
+            raw[len(buf):] = 0
+            return out
         codec.encode(buf, out, residual=buf if self.keep_error else None)
         return out
 

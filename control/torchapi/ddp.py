@@ -38,7 +38,7 @@ import torch.distributed
 from ...errors import CommError, UsageError
 from .. import settings_table
 from .breakdown import worker as worker_phases
-from .codec import deferred_answers, wire_for
+from .codec import HALF, deferred_answers, staged_as_bits, wire_for
 from .job import current
 from .ops import STEP, Op, StepReport
 from .gradsync import GradientSync, plan_step
@@ -130,6 +130,7 @@ class TolerantReduce:
         # a compress that rounds (not none or auto), with error feedback: each bucket's error
         self.ef = job.s.compress not in settings_table.EXACT_COMPRESS and job.s.error_feedback
         self.dtypes: dict[int, torch.dtype] = {}   # a step's buckets' dtypes, by position
+        self.op_wire: dict[int, str] = {}          # the wire each position's op last took
         self.deferred = deferred_answers(job.link)   # the server's deferral: auto is float32
         self.wires: Counter = Counter()            # step ops by wire
         self.residual: dict[tuple, np.ndarray] = {}
@@ -175,7 +176,9 @@ class TolerantReduce:
         # buckets in flight never share a host buffer or a rounding error
         store = (t.device.type, t.untyped_storage().data_ptr(), t.storage_offset(), n)
         with self.phases.timed("staging"):
-            host = self.staging.host(store, n, t.device)
+            bits = staged_as_bits(t.dtype, self.job.s.compress, self.deferred,
+                                  self.op_wire.get(key))
+            host = self.staging.host(store, n, t.device, torch.int16 if bits else torch.float32)
             ev = self.staging.down(t, host)
         fut = torch.futures.Future()
         b = Bucket(t, None, key, scale, fut, store)
@@ -264,7 +267,13 @@ class TolerantReduce:
 
     def push(self, run, i: int, b: Bucket) -> None:
         """Bucket b into the op's pieces from i on, a round each (`cut`)."""
-        if self.ef and b.t is not None:
+        if b.t is not None:
+            self.op_wire[b.key] = run.op.wire   # this position's bucket stages for it next
+        if b.piece.dtype == np.int16 and run.op.wire != HALF[b.t.dtype]:
+            # staged as its bits, but its op goes otherwise (float32 buckets
+            # share it: from the next step on it is staged as float32)
+            b.piece = torch.from_numpy(b.piece).view(b.t.dtype).float().numpy()
+        if self.ef and b.t is not None and b.piece.dtype == np.float32:
             res = self.residual.get(b.store)
             if res is not None:
                 b.piece += res
@@ -289,7 +298,8 @@ class TolerantReduce:
                 # what the links left in the piece is its rounding error (every
                 # shard's thread is done by now); a piece smaller than the
                 # servers went as a padded copy and left none
-                if self.ef and min(cut(b.piece.size, self.most)) >= self.job.s.servers:
+                if self.ef and b.piece.dtype == np.float32 and \
+                        min(cut(b.piece.size, self.most)) >= self.job.s.servers:
                     self.residual[b.store] = b.piece.copy()
                 self.staging.up(ans[off:off + b.piece.size], b.t, b.scale)
         finally:     # before the futures, also on an error: the tensors final, the buffer free

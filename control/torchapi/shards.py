@@ -246,7 +246,7 @@ class ShardedExchange:
         finish() waits). `piece` must not change before finish()."""
         sl = run.slices[i]
         if len(piece) < sl[-1][1]:     # shorter than the servers: padded with zeros
-            padded = np.zeros(sl[-1][1], dtype=np.float32)
+            padded = np.zeros(sl[-1][1], dtype=piece.dtype)
             padded[:len(piece)] = piece
             piece = padded
         for s, (ex, r) in enumerate(zip(self.exs, run.runs)):

@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """A tensor's trip through host memory for the links (ddp.py's buckets):
-a float32 host copy of it to push, and the answer back into its own memory.
+a float32 host copy of it to push (a bfloat16 or float16 tensor whose op
+travels in its own dtype: its 2-byte bits as they are, int16 on the host,
+so nothing is converted and half the bytes are copied), and the answer back
+into its own memory.
 
 On a GPU the host buffers are pinned and the copies are queued on a side
 stream: the copy down after the work that produced the tensor (an event
@@ -28,11 +31,14 @@ class Staging:
         self.ans_pinned = False
         self.queued = False                    # copies back queued on the side stream
 
-    def host(self, key, n: int, device: torch.device) -> torch.Tensor:
+    def host(self, key, n: int, device: torch.device,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The host buffer of n elements for `key` (float32; torch.int16: a
+        2-byte tensor's bits, `down` copies them as they are)."""
         t = self.bufs.get(key)
-        if t is None or t.numel() != n:
+        if t is None or t.numel() != n or t.dtype != dtype:
             pin = device.type == "cuda"
-            t = self.bufs[key] = torch.empty(n, dtype=torch.float32, pin_memory=pin)
+            t = self.bufs[key] = torch.empty(n, dtype=dtype, pin_memory=pin)
         return t
 
     def side(self, device: torch.device):
@@ -44,6 +50,8 @@ class Staging:
         """Copy t into host; on CUDA the copy is queued after the work that
         produced t, and the returned event says when it is done."""
         flat = t.detach().reshape(-1)
+        if host.dtype == torch.int16:    # the 2-byte bits as they are
+            host = host.view(flat.dtype)
         if t.device.type != "cuda":
             host.copy_(flat)
             return None
