@@ -309,6 +309,8 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _internal("tcp_threads", bool, True, "0: the TCP server reads and writes a large piece "
               "in one epoll loop, not on a thread per worker, and reads no round ahead (an "
               "A/B knob)", shown="1"),
+    _internal("group_alone", bool, True, "0: a group push re-sends a chunk only one target "
+              "lacks to the group too, not to that target alone (an A/B knob)", shown="1"),
     _internal("tcp_local", bool, True, "0: a worker on its TCP server's host connects by TCP, "
               "not by a Unix socket (an A/B knob)", shown="1"),
 )}

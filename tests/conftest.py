@@ -37,6 +37,15 @@ def reap_rig_owner(proc, rig_cls, name: str) -> None:
         rig_cls.destroy(name)
 
 
+def sigint_default() -> None:
+    """A child's preexec_fn: SIGINT as a terminal's Ctrl-C gives it. A shell
+    running pytest in the background (`cmd &`, no job control) leaves SIGINT
+    ignored in every child, and Python then raises no KeyboardInterrupt: a
+    test of what Ctrl-C does must not depend on how pytest was started."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def reap(procs) -> None:
     """Kill and wait for each of `procs` still running (a test's finally)."""
     for p in procs:

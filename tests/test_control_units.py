@@ -333,15 +333,30 @@ def test_a_group_push_re_sends_each_lost_chunk_once_to_the_group():
 
 
 @pytest.mark.unit
-def test_a_group_push_repair_pass_is_one_run_of_what_any_answering_target_lacks():
+def test_a_group_push_repair_pass_sends_what_several_lack_to_the_group_and_the_rest_alone():
     from ltpx.control.transport.lossdetect import group_pass
     order, full = [4, 0, 3, 1, 2], 0b11111
     # target 0 lacks 1 and 3, target 1 lacks 3 and 4, target 2 (silent: its
     # probes are its own) lacks everything
-    chunks, lacks = group_pass(order, [0b10101, 0b00111, 0], full, [True, True, False])
-    assert chunks == [4, 3, 1]                  # the union, once, in the push's order
+    acked = [0b10101, 0b00111, 0]
+    chunks, single, lacks = group_pass(order, acked, full, [True, True, False])
+    assert chunks == [3]                        # lacked by both: once, to the group
+    assert single == {0: [1], 1: [4]}           # lacked by one: to it alone, in order
     assert lacks == {0: 2, 1: 2}                # what each would leave unanswered
-    assert group_pass(order, [full, full], full, [True, True]) == ([], {})
+    # as before the switch: the union, once, in the push's order
+    assert group_pass(order, acked, full, [True, True, False], alone=False) == \
+        ([4, 3, 1], {}, {0: 2, 1: 2})
+    assert group_pass(order, [full, full], full, [True, True]) == ([], {}, {})
+
+
+@pytest.mark.unit
+def test_a_chunk_found_lost_goes_alone_only_where_every_other_open_target_has_it():
+    from ltpx.control.transport.lossdetect import only_lacks
+    acked = [0b001, 0b011, 0b111]              # chunk 1: target 0 lacks it; chunk 2: 0 and 1
+    done = [False, False, False]
+    assert only_lacks(acked, done, 0, 1) and not only_lacks(acked, done, 0, 2)
+    done[1] = True                             # a target done needs nothing more
+    assert only_lacks(acked, done, 0, 2)
 
 
 @pytest.mark.unit

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import finish_all, requires_bpf
+from conftest import finish_all, requires_bpf, sigint_default
 from test_torch_api import check_cases
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,7 +214,8 @@ def test_a_stopped_launch_says_who_it_stopped(rig, tmp_path, sig, code):
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
     p = subprocess.Popen([str(BIN / "ltp"), "launch", "--rig", RIG, "--workers", "2",
                           "--servers", "0", "--transport", "tcp", "--", "python", str(script)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         preexec_fn=sigint_default)
     try:
         seen = []
         while len(seen) < 2:               # both ranks are up

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import reap_rig_owner
+from conftest import reap_rig_owner, sigint_default
 
 try:
     import bcc  # noqa: F401
@@ -223,7 +223,7 @@ def test_signal_tears_the_rig_down(sig):
     from ltpx.dataplane.rig.star import Rig
     name = f"s{sig}x{_TAG}"
     p = subprocess.Popen([sys.executable, "-c", _SIGNAL_SCRIPT, name], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     try:
         assert p.stdout.readline().strip() == "ready", p.stderr.read()
         assert netns.exists(f"ltp-{name}-sw")

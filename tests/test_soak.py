@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import requires_bpf
+from conftest import requires_bpf, sigint_default
 from ltp_cli import LTP, ltp
 
 RIG = "soakt"          # names unique to this file: ltp-soakt-* namespaces
@@ -145,7 +145,8 @@ def test_short_soak_reports_the_real_job():
 def test_ctrl_c_stops_the_job_and_removes_its_rig():
     proc = subprocess.Popen([LTP, "bench", "soak", "--minutes", "5", "--workers", "1",
                              "--sample-s", "1", "--name", RIG_INT],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)
     try:
         end = time.monotonic() + 60
         while not _ranks_of(RIG_INT) and time.monotonic() < end and proc.poll() is None:

@@ -166,3 +166,4 @@ def test_ddp_over_the_tcp_transport_with_rounds_of_megabytes_equals_gloo():
     gloo = run_local(2, *args, script=script, backend="gloo", timeout=240)["results"]
     assert ltp[0]["params"] > 2 * 2**20        # rounds of 4 MB: read ahead on threads
     assert len({r["digest"] for r in ltp + gloo}) == 1, [r["digest"] for r in ltp + gloo]
+    assert all(r["tcp_local"] == [True] for r in ltp)   # on its server's host: a Unix socket

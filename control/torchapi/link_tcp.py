@@ -36,7 +36,7 @@ from ..accept import accept_workers
 from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
 from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer, piece_feedback
 from .host import rank_host
-from .localsock import connect_local, listen_local, unlisten
+from .localsock import connect_local, listen_local, ns_id, unlisten
 from .links import Gathered, ServerLink, WorkerLink
 from .settings import Settings
 
@@ -82,7 +82,7 @@ class TcpServerLink(ServerLink):
 
     def address(self) -> dict:
         return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes,
-                **({"unix": self.ux_path} if self.ux_path else {})}
+                **({"unix": self.ux_path, "netns_id": ns_id("net")} if self.ux_path else {})}
 
     def connect(self, metas: dict[int, dict]) -> None:
         """Accept one connection per worker; each says its id and a MAC of it
@@ -340,6 +340,7 @@ class TcpWorkerLink(WorkerLink):
     def __init__(self, s: Settings, worker: int, workers: int, key: bytes | None = None):
         self.id, self.cc, self.timeout_s = worker, s.cc, s.timeout
         self.host = rank_host(s.netns, s.node)   # a server on it is reached by its Unix socket
+        self.local = False
         self.key = key     # the hello's MAC key (jobkey.hello_key); from a member file its own MAC
         self.sock: socket.socket | None = None
         self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
@@ -355,6 +356,7 @@ class TcpWorkerLink(WorkerLink):
             if settings_table.env("tcp_local") else None
         if self.sock is None:
             self.sock = self.connect_tcp(server)
+        self.local = self.sock.family == socket.AF_UNIX   # by the server's Unix socket
         self.sock.sendall(mac_hello(self.id, self.key))
 
     def connect_tcp(self, server: dict) -> socket.socket:

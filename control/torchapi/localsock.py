@@ -5,19 +5,21 @@ by a Unix stream socket, not through the host's TCP/IP stack.
 A co-located server (one beside each trainer) or one server on a GPU node
 takes a piece of every worker's gradient from its own host. Over loopback
 TCP each byte goes through the TCP/IP stack twice; a Unix socket moves the
-same stream with a copy in and a copy out (1.6-1.9x loopback TCP's rate on
-this project's 2-core VM, `scripts/ab_loopback.py` for the job's figure).
+same stream with a copy in and a copy out (the links' round trip 1.42x
+loopback TCP's on this project's 2-core VM, `scripts/ab_tcp_local.py`).
 The stream, its hello (MAC under the job key) and the pieces are the TCP
 transport's, unchanged.
 
 The server binds a socket file in a directory of this user's only
-(`DIR`, 0700, refused when another user owns it or others may write it),
-named by its TCP address and its pid, and says its path beside its port.
-A worker uses it when the server's host (`host.rank_host`: the machine,
-and on a rig the node) is its own and the file is there, else TCP. The
-server removes the file once its workers are in, and at close; a file
-whose server died (pid gone) is swept when the next server on the host
-binds. `tcp_local` (LTP_TCP_LOCAL=0) keeps every worker on TCP.
+(`$TMPDIR/ltpx-<uid>`, 0700; refused when another user owns it, others may
+write it, or its parent is writable by all without the sticky bit), named
+by its TCP address, its pid namespace and pid, and says its path and its
+network namespace beside its port. A worker uses it when the server's
+host (`host.rank_host`: the machine, and on a rig the node) and network
+namespace are its own and the file answers, else TCP. The server removes
+the file once its workers are in, and at close; a file whose server died
+(its pid gone, in this pid namespace) is swept when the next server on the
+host binds. `tcp_local` (LTP_TCP_LOCAL=0) keeps every worker on TCP.
 """
 from __future__ import annotations
 
@@ -30,21 +32,35 @@ import tempfile
 log = logging.getLogger("ltpx.torch.tcp")
 
 PREFIX = "tcp-"
+CONNECT_S = 5.0     # a local connect's wait (a full backlog): then TCP, with the job's timeout
+
+
+def ns_id(kind: str) -> int:
+    """This process's `kind` namespace (net, pid) as its inode; 0 unknown."""
+    try:
+        return os.stat(f"/proc/self/ns/{kind}").st_ino
+    except OSError:
+        return 0
 
 
 def local_dir() -> str | None:
     """This user's directory for the sockets (made 0700 if missing); None,
     logged, where it is not this user's alone (another user could bind or
     swap a socket there)."""
-    path = os.path.join(tempfile.gettempdir(), f"ltpx-{os.getuid()}")
+    parent = tempfile.gettempdir()
+    path = os.path.join(parent, f"ltpx-{os.getuid()}")
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
+        up = os.stat(parent)
+        if up.st_mode & stat.S_IWOTH and not up.st_mode & stat.S_ISVTX:
+            raise PermissionError(f"{parent} is writable by all and not sticky")
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
     except OSError as e:
         log.info("ltpx: no directory for local sockets (%s): local workers use TCP", e)
         return None
-    st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         log.warning("ltpx: %s is not a directory of this user's alone (mode %o, owner %d): "
                     "local workers use TCP", path, stat.S_IMODE(st.st_mode), st.st_uid)
@@ -53,42 +69,49 @@ def local_dir() -> str | None:
 
 
 def sweep(path: str) -> int:
-    """Remove the socket files in `path` whose server is gone; how many."""
-    gone = 0
+    """Remove the socket files in `path` whose server is gone (its pid, in
+    this pid namespace: another namespace's files are not ours to judge);
+    how many."""
+    gone, mine = 0, f"-{ns_id('pid')}-"
     for name in os.listdir(path):
         if not (name.startswith(PREFIX) and name.endswith(".sock")):
             continue
+        head, _, pid = name[:-len(".sock")].rpartition("-")
+        if not head.endswith(mine[:-1]) or not pid.isdigit():
+            continue
         try:
-            pid = int(name[:-len(".sock")].rsplit("-", 1)[1])
-            os.kill(pid, 0)
+            os.kill(int(pid), 0)
         except ProcessLookupError:
             try:
                 os.unlink(os.path.join(path, name))
                 gone += 1
             except FileNotFoundError:
                 pass
-        except (ValueError, IndexError, PermissionError):
-            continue    # not ours to judge (PermissionError: that pid lives)
+        except (OSError, OverflowError):
+            continue    # it lives (PermissionError: another user's), or no pid at all
     return gone
 
 
 def listen_local(ip: str, port: int, backlog: int) -> tuple[socket.socket | None, str | None]:
     """A Unix listener for the TCP server at ip:port, and its path; (None,
-    None) where this host has no directory for it."""
-    where = local_dir()
-    if where is None:
-        return None, None
-    sweep(where)
-    path = os.path.join(where, f"{PREFIX}{ip}-{port}-{os.getpid()}.sock")
-    ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    None), logged, where this host has no place for it (the job goes on by TCP)."""
+    ls = None
     try:
+        where = local_dir()
+        if where is None:
+            return None, None
+        sweep(where)
+        path = os.path.join(where, f"{PREFIX}{ip}-{port}-{ns_id('pid')}-{os.getpid()}.sock")
+        ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         ls.bind(path)
         ls.listen(backlog)
-    except OSError as e:
-        ls.close()
-        log.info("ltpx: no local socket at %s (%s): local workers use TCP", path, e)
+        return ls, path
+    except Exception as e:   # never the server's start: its workers come by TCP
+        if ls is not None:
+            ls.close()
+        log.info("ltpx: no local socket for the TCP server at %s:%d (%s): local workers "
+                 "use TCP", ip, port, e)
         return None, None
-    return ls, path
 
 
 def unlisten(ls: socket.socket | None, path: str | None) -> None:
@@ -104,17 +127,18 @@ def unlisten(ls: socket.socket | None, path: str | None) -> None:
 
 def connect_local(server: dict, my_host: str, timeout_s: float) -> socket.socket | None:
     """A connection to `server` (its meta) by its Unix socket, where it is on
-    `my_host` and has one; None otherwise, or where the file cannot be
-    reached (the caller then uses TCP)."""
+    `my_host` and in this network namespace and has one; None otherwise, or
+    where the file does not answer within CONNECT_S (the caller then uses TCP)."""
     path = server.get("unix")
-    if not path or server.get("host") != my_host:
+    if not path or server.get("host") != my_host or server.get("netns_id") != ns_id("net"):
         return None
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout_s)
+    s.settimeout(min(timeout_s, CONNECT_S))
     try:
         s.connect(path)
-    except OSError as e:
+    except (OSError, TypeError, ValueError) as e:
         s.close()
         log.info("ltpx: the server's local socket %s: %s: by TCP", path, e)
         return None
+    s.settimeout(timeout_s)
     return s

@@ -184,6 +184,12 @@ def meta_value(rank: int, servers: int):
         _int(d.get("pid", 0), 0, 1 << 31, "pid")
         if "port" in d:
             _int(d["port"], 0, 65535, "port")
+        unix = d.get("unix")
+        if unix is not None and (role != "server" or not isinstance(unix, str) or
+                                 not unix.startswith("/") or len(unix.encode()) > 107):
+            raise ValueError("unix: a server's socket path (absolute, at most 107 bytes)")
+        if "netns_id" in d:
+            _int(d["netns_id"], 0, 1 << 63, "netns_id")
         if "store_pubs" in d and (role != "server" or not isinstance(d["store_pubs"], list)):
             raise ValueError("store_pubs: a server's list of the workers' keys")
         if "chunk_bytes" in d:

@@ -46,22 +46,42 @@ def pass_runs(order: list[int], acked: list[int], done: list[bool],
     return out
 
 
-def group_pass(order: list[int], acked: list[int], full: int,
-               answering: list[bool]) -> tuple[list[int], dict[int, int]]:
-    """A group push's re-send pass: every chunk some answering target lacks,
-    in `order`, for one run to the group (a chunk that several lack costs the
-    sender's port one packet, not one per target; those that had it answer
-    DUP), and per answering target how many of them it lacks (what its
-    silence would leave unanswered: Backoff.listen's sent_to)."""
-    missing, lacks = 0, {}
+def group_pass(order: list[int], acked: list[int], full: int, answering: list[bool],
+               alone: bool = True) -> tuple[list[int], dict[int, list[int]], dict[int, int]]:
+    """A group push's re-send pass: every chunk two or more answering
+    targets lack, in `order`, for one run to the group (a chunk that several
+    lack costs the sender's port one packet, not one per target); a chunk
+    only one of them lacks, to that one alone (`alone`; sent to the group,
+    each of the others would take a duplicate and answer it DUP: at 10 %
+    loss on every port two thirds of a repair pass's chunks); and per
+    answering target how many chunks it lacks (what its silence would leave
+    unanswered: Backoff.listen's sent_to). alone False: every chunk any
+    lacks goes to the group."""
+    missing = twice = 0
+    lacks, lack_of = {}, {}
     for i, a in enumerate(acked):
         if answering[i]:
             lack = full & ~a
+            twice |= missing & lack
             missing |= lack
-            lacks[i] = lack.bit_count()
+            lacks[i], lack_of[i] = lack.bit_count(), lack
     if not missing:
-        return [], {}
-    return [c for c in order if (missing >> c) & 1], lacks
+        return [], {}, {}
+    to_group = twice if alone else missing
+    single = {}
+    if alone and missing != twice:
+        for i, lack in lack_of.items():
+            mine = lack & ~twice
+            if mine:
+                single[i] = [c for c in order if (mine >> c) & 1]
+    return [c for c in order if (to_group >> c) & 1], single, lacks
+
+
+def only_lacks(acked: list[int], done: list[bool], i: int, c: int) -> bool:
+    """In a group push: target i is the only open one without chunk c (its
+    re-send goes to i alone; to the group, every other target would take a
+    duplicate and answer it DUP)."""
+    return all((acked[j] >> c) & 1 or done[j] for j in range(len(acked)) if j != i)
 
 
 class Backoff:

@@ -14,9 +14,10 @@ import numpy as np
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.mapstructs import TX_CLOSED as CLOSED, TX_RATE as RATE
 from ...errors import DeadPeerError, TransportError
+from .. import settings_table
 from . import fec
 from .layout import FRAME_OVERHEAD, ChunkLayout
-from .lossdetect import Backoff, BatchPicker, LossDetector, group_pass, pass_runs
+from .lossdetect import Backoff, BatchPicker, LossDetector, group_pass, only_lacks, pass_runs
 from .options import DEFAULTS, PushSpec
 from .rate import Pacer
 from .results import Peer, PushReport
@@ -38,10 +39,7 @@ def data_headers(job: int, round_: int, worker: int, nch: int, flags: np.ndarray
     h = np.zeros(nch, dtype=W.HDR_DTYPE)
     h["magic"], h["version"], h["type"] = W.MAGIC, W.VERSION, W.T_DATA
     h["flags"], h["worker"], h["job"], h["round"] = flags, worker, job, round_
-    h["token"] = token
-    h["chunk"] = np.arange(nch)
-    h["nchunks"] = nch
-    h["len"] = layout.chunk_bytes
+    h["token"], h["chunk"], h["nchunks"], h["len"] = token, np.arange(nch), nch, layout.chunk_bytes
     h["len"][-1] = layout.last_len
     return h.view(np.uint8)
 
@@ -79,6 +77,7 @@ class Push:
         self.reliable, self.timeout_s, self.over = spec.reliable, spec.timeout_s, spec.over
         seed, group = spec.seed, spec.group
         self.group = group is not None  # the last of hdrs/addrs/pieces is the group
+        self.alone = settings_table.env("group_alone")   # what one target lacks: to it
         self.slots = [sender.peers[t.worker] for t in targets]
         # per target: (its DATA's token, its ACKs' token), this flow's own
         self.tokens = [sender.tokens.send(round_, t.worker) for t in targets]
@@ -261,11 +260,11 @@ class Push:
             for c in lost:       # a group push re-sends to the group: once for all it missed
                 if self.tolerant and not self.crit[c]:
                     continue
-                if grp < 0:
-                    picker.urgent.append((i, c))
-                elif not picker.lost_to_group(c):
-                    continue
-                hdr_u8[i if grp < 0 else grp][c, RETX_BYTE] |= W.F_RETX
+                if grp < 0 or (self.alone and only_lacks(acked, self.done_t, i, c)):
+                    picker.urgent.append((i, c))   # (a group push: every other target has it)
+                    hdr_u8[i][c, RETX_BYTE] |= W.F_RETX
+                elif picker.lost_to_group(c):
+                    hdr_u8[grp][c, RETX_BYTE] |= W.F_RETX
         return acked
 
     def _settle(self, closed: list[bool], acked: list[int]) -> bool:
@@ -320,10 +319,11 @@ class Push:
                     hv[np.asarray(self.order, dtype=np.int64), RETX_BYTE] |= W.F_RETX
             bo = self.backoff
             runs, to = [], {}
-            if self.group:   # one run to the group for every answering target
-                chunks, to = group_pass(self.order, acked, self.full,
-                                        [r and not bo.silent[i] for i, r in enumerate(ready)])
-                runs = [(len(self.targets), chunks)] if chunks else []
+            if self.group:   # one run to the group, and what one target alone lacks to it
+                chunks, single, to = group_pass(
+                    self.order, acked, self.full,
+                    [r and not bo.silent[i] for i, r in enumerate(ready)], alone=self.alone)
+                runs = ([(len(self.targets), chunks)] if chunks else []) + list(single.items())
             more = pass_runs(self.order, acked, [not r or i in to for i, r in enumerate(ready)],
                              bo.limits(ready))
             bo.spend(more)
