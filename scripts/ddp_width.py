@@ -40,8 +40,9 @@ class Float32(torch.nn.Module):
 net = torch.nn.Sequential(torch.nn.Linear(256, H),
                           *([torch.nn.BatchNorm1d(H)] if a.bn else []), torch.nn.ReLU(),
                           torch.nn.Linear(H, H), torch.nn.ReLU()).to(dt)
-net.append(Float32()).append(torch.nn.Linear(H, 10).to(
-    torch.float32 if a.dtype == "mixed" else dt))
+if a.dtype == "mixed":
+    net.append(Float32())
+net.append(torch.nn.Linear(H, 10).to(torch.float32 if a.dtype == "mixed" else dt))
 model = DDP(net, bucket_cap_mb=4)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(8, 256, dtype=dt), torch.randint(0, 10, (8,))

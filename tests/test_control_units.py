@@ -347,6 +347,11 @@ def test_a_group_push_repair_pass_sends_what_several_lack_to_the_group_and_the_r
     assert group_pass(order, acked, full, [True, True, False], alone=False) == \
         ([4, 3, 1], {}, {0: 2, 1: 2})
     assert group_pass(order, [full, full], full, [True, True]) == ([], {}, {})
+    # target 2 silent but open: what it lacks with one answering target goes
+    # to the group (one packet for both), as a chunk RACK finds lost would
+    chunks, single, _ = group_pass(order, acked, full, [True, True, False],
+                                   open_=[True, True, True])
+    assert chunks == [4, 3, 1] and single == {}
 
 
 @pytest.mark.unit

@@ -32,7 +32,8 @@ import tempfile
 log = logging.getLogger("ltpx.torch.tcp")
 
 PREFIX = "tcp-"
-CONNECT_S = 5.0     # a local connect's wait (a full backlog): then TCP, with the job's timeout
+CONNECT_S = 5.0     # a local connect's limit: then TCP, with the job's timeout (a full
+                    # backlog refuses a Unix connect at once: TCP then too)
 
 
 def ns_id(kind: str) -> int:

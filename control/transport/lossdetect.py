@@ -47,7 +47,8 @@ def pass_runs(order: list[int], acked: list[int], done: list[bool],
 
 
 def group_pass(order: list[int], acked: list[int], full: int, answering: list[bool],
-               alone: bool = True) -> tuple[list[int], dict[int, list[int]], dict[int, int]]:
+               alone: bool = True, open_: list[bool] | None = None
+               ) -> tuple[list[int], dict[int, list[int]], dict[int, int]]:
     """A group push's re-send pass: every chunk two or more answering
     targets lack, in `order`, for one run to the group (a chunk that several
     lack costs the sender's port one packet, not one per target); a chunk
@@ -56,7 +57,10 @@ def group_pass(order: list[int], acked: list[int], full: int, answering: list[bo
     loss on every port two thirds of a repair pass's chunks); and per
     answering target how many chunks it lacks (what its silence would leave
     unanswered: Backoff.listen's sent_to). alone False: every chunk any
-    lacks goes to the group."""
+    lacks goes to the group. open_: the targets still open (default: the
+    answering ones); a chunk an answering target and an open silent one
+    both lack goes to the group (one packet reaches both, as
+    only_lacks judges it)."""
     missing = twice = 0
     lacks, lack_of = {}, {}
     for i, a in enumerate(acked):
@@ -67,6 +71,9 @@ def group_pass(order: list[int], acked: list[int], full: int, answering: list[bo
             lacks[i], lack_of[i] = lack.bit_count(), lack
     if not missing:
         return [], {}, {}
+    for i, a in enumerate(acked):
+        if open_ is not None and open_[i] and not answering[i]:
+            twice |= missing & full & ~a
     to_group = twice if alone else missing
     single = {}
     if alone and missing != twice:

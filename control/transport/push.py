@@ -27,9 +27,7 @@ TAIL_WAIT = 0.002  # after a pass, the longest its last ACKs may take before a r
 TAIL_MIN = 0.0005  # ... and the shortest (see Push.tail_wait)
 TAIL_POLL = 0.0002  # how often the ACKs are read meanwhile
 QUEUE_BACKOFF_S = 0.0002   # a full local send queue: the wait before a batch is tried again
-# A re-send is flagged in the header bytes themselves, in place: flags is a
-# big-endian u16, so RETX (< 0x100) lives in its second, low-order byte.
-RETX_BYTE = W.OFF["flags"] + 1
+RETX_BYTE = W.OFF["flags"] + 1   # a re-send's flag, set in place: RETX (< 0x100) in flags' low byte
 assert W.F_RETX < 0x100
 
 
@@ -322,7 +320,8 @@ class Push:
             if self.group:   # one run to the group, and what one target alone lacks to it
                 chunks, single, to = group_pass(
                     self.order, acked, self.full,
-                    [r and not bo.silent[i] for i, r in enumerate(ready)], alone=self.alone)
+                    [r and not bo.silent[i] for i, r in enumerate(ready)], alone=self.alone,
+                    open_=[not d for d in self.done_t])
                 runs = ([(len(self.targets), chunks)] if chunks else []) + list(single.items())
             more = pass_runs(self.order, acked, [not r or i in to for i, r in enumerate(ready)],
                              bo.limits(ready))
