@@ -14,7 +14,6 @@ import numpy as np
 from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.mapstructs import TX_CLOSED as CLOSED, TX_RATE as RATE
 from ...errors import DeadPeerError, TransportError
-from .. import settings_table
 from . import fec
 from .layout import FRAME_OVERHEAD, ChunkLayout
 from .lossdetect import Backoff, BatchPicker, LossDetector, group_pass, only_lacks, pass_runs
@@ -75,7 +74,7 @@ class Push:
         self.reliable, self.timeout_s, self.over = spec.reliable, spec.timeout_s, spec.over
         seed, group = spec.seed, spec.group
         self.group = group is not None  # the last of hdrs/addrs/pieces is the group
-        self.alone = settings_table.env("group_alone")   # what one target lacks: to it
+        self.alone = sender.group_alone   # what one target alone lacks goes to it
         self.slots = [sender.peers[t.worker] for t in targets]
         # per target: (its DATA's token, its ACKs' token), this flow's own
         self.tokens = [sender.tokens.send(round_, t.worker) for t in targets]

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...dataplane.xdp import wire as W
+from .. import settings_table
 from .layout import ChunkLayout, as_f32
 from .options import AUTO, DEFAULTS, PushOptions, PushSpec, SenderChoice
 from .results import Peer, PushReport
@@ -56,6 +57,8 @@ class Sender:
         self.tokens = tokens or RoundTokens.off()  # each flow's per round
         self.chunk_bytes, self.max_elems = chunk_bytes, max_elems
         self.initial_rate_bps = initial_rate_bps
+        # a group push's re-send of a chunk one target alone lacks: to it (push.py)
+        self.group_alone = settings_table.env("group_alone")
         self.rate_hint: dict[int, float] = {}
         # the ACK clock's: the credits (with every flow active) of a target's last pushes
         self.window_hint: dict[int, collections.deque] = {}
