@@ -73,12 +73,12 @@ def sweep(path: str) -> int:
     """Remove the socket files in `path` whose server is gone (its pid, in
     this pid namespace: another namespace's files are not ours to judge);
     how many."""
-    gone, mine = 0, f"-{ns_id('pid')}-"
+    gone, mine = 0, f"-{ns_id('pid')}"
     for name in os.listdir(path):
         if not (name.startswith(PREFIX) and name.endswith(".sock")):
             continue
         head, _, pid = name[:-len(".sock")].rpartition("-")
-        if not head.endswith(mine[:-1]) or not pid.isdigit():
+        if not head.endswith(mine) or not pid.isdigit():
             continue
         try:
             os.kill(int(pid), 0)
