@@ -179,8 +179,8 @@ store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timedelta(seco
 co = Coord(store, 3, 30.0)
 co.start_liveness(3)                      # worker 2
 stage = sys.argv[2]
-if store.add(f"{KEY}first/0", 1) == 1 and stage != "first":
-    co.put("desc/0", Op(STEP, sizes=(4,)).to_json())
+# as Coord.arrive does: the op described where it is missing, then the bit
+store.compare_set(f"{KEY}desc/0", "", co.seal.seal(f"{KEY}desc/0", Op(STEP, sizes=(4,)).to_json()))
 if stage in ("bit", "post"):
     store.add(f"{KEY}ready/0/0", 1 << 2)
 if stage == "post":
@@ -191,16 +191,17 @@ time.sleep(120)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["first", "bit", "post"])
+@pytest.mark.parametrize("stage", ["desc", "bit", "post"])
 def test_a_worker_killed_inside_its_arrival_never_holds_the_barrier(tmp_path, monkeypatch,
                                                                     stage):
     # A real store. Worker 2, a real process, is SIGKILLed part way through
-    # its arrival at op 0: "first" after it took the first-arriver counter
-    # but before it described the op (it arrives first); "bit" after its
-    # arrival bit, "post" after it also took the post, both before it posted
-    # the go (it arrives last). Before, each hung the barrier until the
-    # store's timeout: the server waited for a description nobody wrote, or
-    # saw everyone there and left the go to a poster who was dead. Now the
+    # its arrival at op 0: "desc" after it described the op, before its
+    # arrival bit (it arrives first); "bit" after its arrival bit, "post"
+    # after it also took the post, both before it posted the go (it arrives
+    # last). Before, "bit" and "post" hung the barrier until the store's
+    # timeout: the server saw everyone there and left the go to a poster who
+    # was dead (and an older arrival could die between naming itself the
+    # describer and describing: it now describes in the one call). Now the
     # barrier lifts without worker 2, naming it absent, and both live workers
     # read the same go.
     from ltpx.control.torchapi.coord import Coord
@@ -225,10 +226,10 @@ def test_a_worker_killed_inside_its_arrival_never_holds_the_barrier(tmp_path, mo
         p.stdout.close()
 
     try:
-        if stage == "first":
+        if stage == "desc":
             run_worker2()
         assert [co.arrive(0, op) for co in ws] == [False, False]
-        if stage != "first":
+        if stage != "desc":
             run_worker2()
         go = srv.next_op(0, idle_s=30)
         assert go.absent == (2,) and go.op == op

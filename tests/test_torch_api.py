@@ -532,6 +532,58 @@ def test_the_op_is_described_when_first_arrivals_in_two_groups_race():
     assert last and first.read_go(0).op == op
 
 
+class _Counting:
+    """A real store that counts the calls made through it, by name."""
+
+    def __init__(self, store):
+        self.store, self.calls = store, []
+
+    def __getattr__(self, name):
+        f = getattr(self.store, name)
+        if not callable(f):
+            return f
+
+        def call(*a, **k):
+            self.calls.append(name)
+            return f(*a, **k)
+        return call
+
+
+@pytest.mark.unit
+def test_an_arrival_takes_two_store_calls_and_the_poster_reads_nothing_back():
+    """An op's barrier costs store round trips on every rank: a worker that is
+    not last describes the op and sets its bit (2 calls); the last also takes
+    the post and posts the go (4), and its own wait for the go reads nothing
+    back: it is the go it posted, the one every other rank reads."""
+    from datetime import timedelta
+    import torch.distributed as dist
+    from ltpx.control.torchapi.coord import KEY, Coord
+    from ltpx.control.torchapi.ops import STEP, Op
+    from ltpx.control.trust import jobkey
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
+                          wait_for_workers=False)
+    key = jobkey.new_key()
+    op = Op(STEP, sizes=(4, 8))
+    cos = []
+    for w in range(3):
+        co = Coord(_Counting(store), 3, 30.0, key=jobkey.store_auth(key, w))
+        co.me = w
+        cos.append(co)
+    for co in cos:
+        co.store.calls.clear()
+    assert [co.arrive(5, op) for co in cos] == [False, False, True]
+    assert [co.store.calls for co in cos[:2]] == [["compare_set", "add"]] * 2
+    assert cos[2].store.calls == ["compare_set", "add", "add", "set"]
+    cos[2].store.calls.clear()
+    mine = cos[2].wait_go(5)
+    assert cos[2].store.calls == [] and mine.op == op and mine.absent == ()
+    assert [co.wait_go(5) for co in cos[:2]] == [mine, mine]   # read from the store
+    # the description is the first arrival's, signed by it
+    assert cos[0].take_from("desc/5", lambda b: Op.from_json(b)) == (0, op)
+    cos[2].store.calls.clear()     # read once: asked again, it comes from the store
+    assert cos[2].wait_go(5) == mine and cos[2].store.calls == ["wait", "get"]
+
+
 STORE_HOST = """
 import sys, time
 from datetime import timedelta

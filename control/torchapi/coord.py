@@ -8,7 +8,8 @@ sees a stale barrier):
   ready/<s>/<g>    op s's arrivals: bit w % 62 of group g = w // 62, added
                    by worker w (one store add gives count and identity)
   desc/<s>         the op's description, set by the first worker to arrive
-                   (first/<s>: a counter naming it) before its arrival bit
+                   before its arrival bit (each arrival sets it where it is
+                   missing: one compare_set)
   post/<s>         a counter: who adds 1 first posts go/<s> (the last worker
                    to arrive, or the server going on without dead ones)
   go/<s>           op s's barrier value (ops.Go JSON: the op, the absent)
@@ -35,7 +36,7 @@ server's floor, fin, open and donor; a rank's own meta; worker w's ack and
 k; a join or a state only from a worker, the join naming its writer, the
 state from the donor named), so neither an outsider nor a member can write
 in another rank's name; a forged or garbled value ends the rank with a
-StoreValueError naming the key. Counters (ready, first, post, join, hb)
+StoreValueError naming the key. Counters (ready, post, join, hb)
 carry no signature. Keys are deleted once every
 rank has read them (storegc.py: the server, a few ops behind; a joiner its
 ticket's keys), so the store holds a bounded number of keys however long
@@ -105,6 +106,7 @@ class Coord:
         self.tickets = Tickets(self, workers)   # joins: tickets, donors (tickets.py)
         self.on_server_dead = None   # called once (heartbeat thread) when the server stops
         self.unposted: dict[int, float] = {}  # the server's: op -> since its post was taken, no go
+        self.posted: tuple[int, Go] | None = None   # (op, go) this worker posted, not yet read
         self.on_wait: Callable[[], None] | None = None   # called during waits (server: beat)
         self.reaper = Reaper(store, KEY, self.groups)     # the server's (next_op)
 
@@ -300,24 +302,31 @@ class Coord:
             raise Excluded(f"worker {w} is not among op {s}'s workers (dropped or left "
                            "behind): it must rejoin")
         g, bit = divmod(w, GROUP_BITS)
-        # the first to arrive (by a counter: arrival bits span several keys)
-        # describes the op, before its bit shows: who sees a bit finds desc/<s>
-        # (or, if the first died before it did, whoever sees it missing: the same value)
-        if self.store.add(f"{KEY}first/{s}", 1) == 1 or \
-                not self.store.check([f"{KEY}desc/{s}"]):
-            self.put(f"desc/{s}", op.to_json())
+        # every arrival describes the op before its bit shows, in one store
+        # call that sets desc/<s> only where it is missing: who sees a bit
+        # finds the description (the server's release_without_dead reads it)
+        name = f"{KEY}desc/{s}"
+        self.store.compare_set(name, "", self.seal.seal(name, op.to_json()))
         mine = self.store.add(f"{KEY}ready/{s}/{g}", 1 << bit)
         here = _bits([mine if k == g else self.store.add(f"{KEY}ready/{s}/{k}", 0)
                       for k in range(self.groups)])
         if self.view.expect() <= here and self.store.add(f"{KEY}post/{s}", 1) == 1:
-            self.put(f"go/{s}", Go(op, tuple(sorted(self.view.absent))).to_json())
+            go = Go(op, tuple(sorted(self.view.absent)))
+            self.put(f"go/{s}", go.to_json())
+            # the poster's go is op s's (whoever takes the post first is the
+            # one to post: the server only where the post is still free), so
+            # its own wait for it reads nothing back (wait_go, read_go)
+            self.posted = (s, go)
             return True
         return False
 
     def read_go(self, s: int) -> Go:
         """Op s's barrier value (after it lifted); the view follows it. Excluded
-        when the barrier went on without this worker."""
-        go = self.take(f"go/{s}", go_value(self.workers))
+        when the barrier went on without this worker. The go this rank posted
+        itself is not read back."""
+        mine, self.posted = self.posted, None
+        go = mine[1] if mine is not None and mine[0] == s else \
+            self.take(f"go/{s}", go_value(self.workers))
         self.view.after_go(go)
         if self.me is not None and self.me in go.absent:
             raise Excluded(f"op {s}'s barrier went on without worker {self.me} (it was "
@@ -325,7 +334,8 @@ class Coord:
         return go
 
     def wait_go(self, s: int) -> Go:
-        self.wait([f"go/{s}"], server=True, check=lambda: self.check_behind(s))
+        if self.posted is None or self.posted[0] != s:
+            self.wait([f"go/{s}"], server=True, check=lambda: self.check_behind(s))
         return self.read_go(s)
 
     def gone(self, s: int) -> bool:
@@ -344,7 +354,7 @@ class Coord:
         """Excluded when op s's keys are gone (the job is ops ahead: this
         worker was absent from them); what this worker made of op s goes."""
         if s < self.floor() and not self.store.check([f"{KEY}go/{s}"]):
-            self.drop(f"first/{s}", f"desc/{s}", f"post/{s}",
+            self.drop(f"desc/{s}", f"post/{s}",
                       *(f"ready/{s}/{g}" for g in range(self.groups)))
             raise Excluded(f"op {s}'s keys are gone from the store: the job went on without "
                            f"worker {self.me}; it must rejoin")

@@ -87,5 +87,5 @@ class Reaper:
         s = op_floor - 1
         if s < 0:
             return []
-        return [f"{k}/{s}" for k in ("first", "desc", "post", "go")] + \
+        return [f"{k}/{s}" for k in ("desc", "post", "go")] + \
             [f"ready/{s}/{g}" for g in range(self.groups)]
