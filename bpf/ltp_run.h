@@ -38,9 +38,13 @@ static __always_inline int ltp_run(struct xdp_md *ctx, __u64 now)
 	if (cfg->job && bpf_ntohl(h->job) != cfg->job)
 		return drop(LTP_C_FOREIGN_JOB, h);
 
+	/* DATA comes to our port. An ACK comes back to the port our DATA left
+	 * from: our own where the endpoint's socket holds it (every endpoint's,
+	 * and a rank's on a shared device: ltp_mux.c), else one the kernel
+	 * chose, the ACK then coming from the receiver's port, ours too. */
 	if (h->type == LTP_T_DATA && p.udp->dest == bpf_htons(LTP_PORT))
 		return on_data(ctx, &p, cfg, now);
-	if (h->type == LTP_T_ACK && p.udp->source == bpf_htons(LTP_PORT))
+	if (h->type == LTP_T_ACK)
 		return on_ack(ctx, h);
 	if (h->type >= LTP_T_CTRL_MIN && h->type <= LTP_T_CTRL_MAX) {
 		count(LTP_C_CTRL);

@@ -302,9 +302,7 @@ class Coord:
             raise Excluded(f"worker {w} is not among op {s}'s workers (dropped or left "
                            "behind): it must rejoin")
         g, bit = divmod(w, GROUP_BITS)
-        # every arrival describes the op before its bit shows, in one store
-        # call that sets desc/<s> only where it is missing: who sees a bit
-        # finds the description (the server's release_without_dead reads it)
+        # the op described before the bit shows (one call, set where missing)
         name = f"{KEY}desc/{s}"
         self.store.compare_set(name, "", self.seal.seal(name, op.to_json()))
         mine = self.store.add(f"{KEY}ready/{s}/{g}", 1 << bit)
@@ -313,10 +311,7 @@ class Coord:
         if self.view.expect() <= here and self.store.add(f"{KEY}post/{s}", 1) == 1:
             go = Go(op, tuple(sorted(self.view.absent)))
             self.put(f"go/{s}", go.to_json())
-            # the poster's go is op s's (whoever takes the post first is the
-            # one to post: the server only where the post is still free), so
-            # its own wait for it reads nothing back (wait_go, read_go)
-            self.posted = (s, go)
+            self.posted = (s, go)  # the post's first taker posts: no read back
             return True
         return False
 
@@ -324,9 +319,8 @@ class Coord:
         """Op s's barrier value (after it lifted); the view follows it. Excluded
         when the barrier went on without this worker. The go this rank posted
         itself is not read back."""
-        mine, self.posted = self.posted, None
-        go = mine[1] if mine is not None and mine[0] == s else \
-            self.take(f"go/{s}", go_value(self.workers))
+        mine, self.posted = self.posted or (None, None), None
+        go = mine[1] if mine[0] == s else self.take(f"go/{s}", go_value(self.workers))
         self.view.after_go(go)
         if self.me is not None and self.me in go.absent:
             raise Excluded(f"op {s}'s barrier went on without worker {self.me} (it was "
@@ -334,7 +328,7 @@ class Coord:
         return go
 
     def wait_go(self, s: int) -> Go:
-        if self.posted is None or self.posted[0] != s:
+        if (self.posted or (None,))[0] != s:
             self.wait([f"go/{s}"], server=True, check=lambda: self.check_behind(s))
         return self.read_go(s)
 

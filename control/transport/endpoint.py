@@ -17,15 +17,12 @@ parameter downlink that the PS sends with `ps.push_reliable(r, params, peers)`.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import socket
-import struct
 
 import numpy as np
 
 from ...dataplane import netns
 from ...dataplane.doctor.growcheck import grow_verdict
-from ...dataplane.xdp import lookup, registry
+from ...dataplane.xdp import lookup, mux, registry
 from ...dataplane.xdp.loader import Dataplane, Geometry
 from ...errors import DeadPeerError, TransportError
 
@@ -42,37 +39,11 @@ from .receiver import Receiver
 from .push import Push
 from .results import Peer, PushReport, RoundResult
 from .sender import Sender
+from .udpsock import device_mac, udp_socket
 from ..trust.tokens import for_rounds
 
 FORCE_FIX = "Endpoint(..., force=True) replaces it"
 CHECKSUMS = {"auto": None, "on": True, "off": False}   # a setting's word -> verify_csum=
-SIOCGIFHWADDR = 0x8927   # linux/sockios.h: a device's hardware address
-
-
-def _device_mac(sock: socket.socket, dev: str) -> str:
-    """The MAC of `dev` in the namespace `sock` was created in (SIOCGIFHWADDR)."""
-    info = fcntl.ioctl(sock.fileno(), SIOCGIFHWADDR, struct.pack("256s", dev.encode()[:15]))
-    return info[18:24].hex(":")
-
-
-def _udp_socket(ip: str, ns: str | None) -> socket.socket:
-    """The endpoint's socket, made inside its namespace, bound to its address."""
-    with netns.inside(ns):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        sock.bind((ip, 0))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
-        # Group sends: to a broadcast address, or to a multicast group out
-        # of this host's device (no multicast route needed), one hop.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(ip))
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 0)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
 
 
 def _on(part: str, name: str, doc: str) -> property:
@@ -159,8 +130,8 @@ class Endpoint:
         self.slots = max(peers.values()) + 1
         self.max_elems, self.chunk_bytes, self.capacity_bps = max_elems, chunk_bytes, capacity_bps
         max_chunks = ChunkLayout(max_elems, chunk_bytes).nchunks
-        if not cfg.force:  # fail before the compile, naming whoever holds the device
-            registry.check_free(dev, ns or netns.current(), fix=FORCE_FIX)
+        if not cfg.force and not cfg.shared:  # fail before the compile, naming whoever
+            registry.check_free(dev, ns or netns.current(), fix=FORCE_FIX)   # holds the device
         self.verify_csum = lookup.csum_complete(dev, ns) if cfg.verify_csum is None \
             else bool(cfg.verify_csum)
         #: which sender this endpoint's pushes use and why (options.SenderChoice)
@@ -172,18 +143,22 @@ class Endpoint:
                                      stride=cfg.bank_stride, port=port),
                             job=job)
         self._published = None
+        self.seat: mux.Seat | None = None
         self.role = cfg.role or ("worker" if self_id is not None else "ps")
         try:
             self.maps = self.dp.maps()
             self.maps.set_peers(self.peers)
             self.maps.set_liveness(cfg.liveness_s)
             self.maps.set_verify_csum(self.verify_csum)
-            self.dp.attach(dev, ns, mode, force=cfg.force, fix=FORCE_FIX)
-            if cfg.publish:  # a record: `ltp status/flows/top` see this endpoint
+            self.sock = udp_socket(ip, ns, port, strict=cfg.shared)
+            if cfg.shared:   # a seat of the device's mux (mux.py), not the device
+                self.seat = mux.take_seat(dev, ns, mode, self.dp.prog_fd, port)
+            else:
+                self.dp.attach(dev, ns, mode, force=cfg.force, fix=FORCE_FIX)
+            if cfg.publish and not cfg.shared:  # a record: `ltp status/flows/top` see it
                 self._publish(dev, ns, mode)
-            self.sock = _udp_socket(ip, ns)
             if self_id is not None:
-                self.maps.set_self(self_id, ip, _device_mac(self.sock, dev))
+                self.maps.set_self(self_id, ip, device_mac(self.sock, dev))
             self.receiver = Receiver(self.maps, self.peers, self.slots, chunk_bytes=chunk_bytes,
                                      max_elems=max_elems, capacity_bps=capacity_bps,
                                      share=share, early=early,
@@ -201,6 +176,7 @@ class Endpoint:
         except BaseException:  # nothing of a half-made endpoint stays attached or listed
             if getattr(self, "sock", None) is not None:
                 self.sock.close()
+            self._leave()
             self._withdraw()
             self.dp.close()
             raise
@@ -422,12 +398,21 @@ class Endpoint:
     def counters(self) -> dict[str, int]:
         return self.maps.counters()
 
+    def _leave(self) -> None:
+        """A shared endpoint's seat emptied (before its program goes)."""
+        seat, self.seat = self.seat, None
+        if seat is not None:
+            seat.leave()
+
     def close(self) -> None:
         try:
             self.sock.close()
         finally:
-            self._withdraw()
-            self.dp.close()
+            try:
+                self._leave()
+            finally:
+                self._withdraw()
+                self.dp.close()
 
     def __enter__(self) -> Endpoint:
         return self

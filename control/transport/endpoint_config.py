@@ -24,7 +24,12 @@ class EndpointConfig:
     ns: the network namespace of the device (None: this process's).
     mode: XDP attach mode, "native" or "skb". job: the job cookie.
     capacity_bps: the bottleneck's rate. chunk_bytes: payload bytes a chunk.
-    port: the LTP UDP port. early_close, bubble_strategy: the receive
+    port: the LTP UDP port (this endpoint's: its program's, and its socket's
+    where it is free). shared: take a seat of the device's mux
+    (dataplane/xdp/mux.py) instead of owning the device, so several
+    endpoints of a host share one NIC, each on a port of its own; its
+    answers must come by unicast (a group frame reaches one program).
+    early_close, bubble_strategy: the receive
     policies. initial_rate_bps: a first push's rate (default: the capacity
     shared by the peers). publish: a registry record for `ltp status`.
     self_id, role, secret, sender, push_options, credit_bytes, liveness_s,
@@ -56,8 +61,11 @@ class EndpointConfig:
     verify_csum: bool | None = None
     banks: int = 2
     bank_stride: int = 1
+    shared: bool = False
 
     def __post_init__(self):
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be in 1..65535, got {self.port!r}")
         if self.role not in ROLES:
             raise ValueError(f"role must be ps or worker, got {self.role!r}")
         if self.bubble_strategy not in STRATEGIES:

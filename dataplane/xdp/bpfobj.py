@@ -38,9 +38,10 @@ from .lookup import map_info
 MAGIC = b"LTPXBPF1"
 LD_IMM64 = 0x18                      # BPF_LD | BPF_DW | BPF_IMM
 PSEUDO_MAP_FD, PSEUDO_MAP_VALUE = 1, 2
-#: map types LoadedBpf can make like bcc: hash, array, per-CPU hash/array, LRU
-#: hash (and per-CPU), LPM trie, queue, stack, ring buffer
-MAP_TYPES = {1, 2, 5, 6, 9, 10, 11, 22, 23, 27}
+#: map types LoadedBpf can make like bcc: hash, array, program array (tail
+#: calls: ltp_mux.c), per-CPU hash/array, LRU hash (and per-CPU), LPM trie,
+#: queue, stack, ring buffer
+MAP_TYPES = {1, 2, 3, 5, 6, 9, 10, 11, 22, 23, 27}
 PERCPU_TYPES = {5, 6, 10}
 PROG_NAME_LEN = 15                   # BPF_OBJ_NAME_LEN - 1: the kernel keeps this much
 

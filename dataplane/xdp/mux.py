@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One interface shared by several LTP endpoints: seats in bpf/ltp_mux.c.
+
+A device carries one XDP program, and an endpoint's own program owns the
+device it attaches to. Where several ranks of a host share one NIC (eight
+GPUs, one or two NICs), each takes a *seat* of the device's mux instead:
+its ltp_xdp, compiled for its own UDP port, is tail-called for every frame
+to that port. Each rank keeps its own program and maps, so its flows, banks
+and tokens are its own and a rank that dies frees its own memory, not its
+neighbours'.
+
+Lifetimes, with nothing pinned:
+- The first rank to take a seat on a device attaches the mux through a BPF
+  link; every later one opens that link by its kernel id and holds an fd
+  of it. The link, and with it the mux, lives while any seat holder lives,
+  and goes with the last (its fds close with the processes).
+- A seat is the rank's program in `ltp_mux_progs`, its port in
+  `ltp_mux_ports` and its holder (pid and process start time) in
+  `ltp_mux_seats`. `leave` empties it. A holder killed before it could is
+  swept by the next rank to take or leave a seat on the device (its pid no
+  longer names a process with that start time): until then its program
+  keeps its port's frames, as its own attachment would have until its death.
+- Taking and leaving hold a lock per device (flock on a file beside the
+  endpoints' records), so two ranks starting at once never take one seat.
+
+A shared rank binds its socket to its own port, so the ACKs of its pushes
+and the answers to it come back to that port. A group (broadcast) answer
+reaches one program only: a rank on a shared device takes its answers by
+unicast.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+from dataclasses import dataclass, field
+from collections.abc import Iterator
+
+from .. import clib
+from ...errors import RegistryError
+from . import lookup
+from .loader import attach_link, compile_program
+from .records import RECORD_ROOT, ns_key, process_start, where
+
+PROGRAM = "ltp_mux"
+SEATS = 64                 # MUX_SEATS in bpf/ltp_mux.c
+MAPS = ("ltp_mux_progs", "ltp_mux_ports", "ltp_mux_seats", "ltp_mux_count")
+COUNTERS = ("dispatched", "no_seat", "fell_through", "emptied")
+BPF_NOEXIST = 1
+
+
+class SeatValue(ctypes.Structure):
+    """struct ltp_mux_seat: who holds a seat."""
+    _fields_ = [("pid", ctypes.c_uint32), ("port", ctypes.c_uint16), ("pad", ctypes.c_uint16),
+                ("start", ctypes.c_uint64)]
+
+
+@dataclass
+class Mux:
+    """This process's hold on a device's mux: fds of its link and maps."""
+
+    dev: str
+    ns: str | None
+    link_fd: int
+    fds: dict[str, int] = field(default_factory=dict)
+    attached_here: bool = False       # this process attached it (its first seat holder)
+
+    def close(self) -> None:
+        for fd in [self.link_fd, *self.fds.values()]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = {}
+
+    def holders(self) -> dict[int, SeatValue]:
+        """Seat -> its holder, as the map says now."""
+        return {int(k.value): v for k, v in clib.map_items(self.fds["ltp_mux_seats"],
+                                                           ctypes.c_uint32, SeatValue)}
+
+    def counters(self) -> dict[str, int]:
+        """The mux's counters, summed over CPUs."""
+        ncpu = clib.num_possible_cpus()
+        out = {}
+        for i, name in enumerate(COUNTERS):
+            vals = (ctypes.c_uint64 * ncpu)()
+            clib.map_lookup(self.fds["ltp_mux_count"], ctypes.c_uint32(i), vals)
+            out[name] = int(sum(vals))
+        return out
+
+
+@dataclass
+class Seat:
+    """A rank's seat on a shared device (take_seat); `leave()` frees it."""
+
+    mux: Mux
+    seat: int
+    port: int
+
+    def leave(self) -> None:
+        """Empty this seat; the mux goes with its last holder's fds."""
+        if self.mux.fds:
+            with _device_lock(self.mux.dev, self.mux.ns):
+                _empty(self.mux, self.seat, self.port)
+                sweep(self.mux)
+        self.mux.close()
+
+
+def _lock_path(dev: str, ns: str | None) -> str:
+    return os.path.join(RECORD_ROOT, ns_key(ns), f"{dev}.mux.lock")
+
+
+@contextlib.contextmanager
+def _device_lock(dev: str, ns: str | None) -> Iterator[None]:
+    path = _lock_path(dev, ns)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)               # and the lock with it
+
+
+def _mux_on(dev: str, ns: str | None, mode: str) -> Mux:
+    """This process's hold on dev's mux: the one attached, else a new one."""
+    ifindex, att = lookup.attachment(dev, ns)
+    if att is None:
+        bpf, fn = compile_program("ltp_mux.c", PROGRAM)
+        try:
+            link = attach_link(fn.fd, dev, ns, mode,
+                               fix="a shared device carries the mux alone")
+            fds = {n: os.dup(bpf[n.encode()].get_fd()) for n in MAPS}
+        finally:
+            bpf.cleanup()          # the link holds the program, the program its maps
+        return Mux(dev, ns, link, fds, attached_here=True)
+    if lookup.prog_name(att["prog_id"]) != PROGRAM:
+        raise RegistryError(f"{where(dev, ns)} carries {lookup.describe(att)}, not LTP's "
+                            "mux: a device is shared only by endpoints that all ask for it "
+                            "(stop the endpoint or program that holds it)")
+    if att["mode"] != mode:
+        raise RegistryError(f"{where(dev, ns)}: its mux runs in {att['mode']} mode, this "
+                            f"endpoint asks for {mode}: give every rank sharing it one mode")
+    lid = lookup.xdp_link(att["prog_id"], ifindex)
+    if lid is None:
+        raise RegistryError(f"{where(dev, ns)}: its mux is attached without a link (not "
+                            "by an LTP endpoint): detach it (`ip link set DEV xdp off`)")
+    link = clib.link_fd_by_id(lid)
+    try:
+        prog = clib.prog_fd_by_id(att["prog_id"])
+        try:
+            ids = clib.prog_map_ids(prog)
+        finally:
+            os.close(prog)
+        fds = {}
+        for mid in ids:
+            fd = clib.map_fd_by_id(mid)
+            name = lookup.map_info(fd)["name"]
+            if name in MAPS and name not in fds:
+                fds[name] = fd
+            else:
+                os.close(fd)
+        missing = set(MAPS) - set(fds)
+        if missing:
+            raise RegistryError(f"{where(dev, ns)}: its mux lacks map(s) {sorted(missing)} "
+                                "(another build's?): stop its ranks first")
+    except BaseException:
+        os.close(link)
+        raise
+    return Mux(dev, ns, link, fds)
+
+
+def _empty(mux: Mux, seat: int, port: int) -> None:
+    """Seat `seat` (port `port`) emptied: its port, its program, its holder."""
+    for name, key in (("ltp_mux_ports", ctypes.c_uint16(port)),
+                      ("ltp_mux_progs", ctypes.c_uint32(seat)),
+                      ("ltp_mux_seats", ctypes.c_uint32(seat))):
+        with contextlib.suppress(FileNotFoundError):
+            clib.map_delete(mux.fds[name], key)
+
+
+def sweep(mux: Mux) -> list[int]:
+    """Empty the seats whose holder is dead; the seats emptied."""
+    gone = []
+    for seat, v in mux.holders().items():
+        if process_start(v.pid) != v.start:
+            _empty(mux, seat, v.port)
+            gone.append(seat)
+    return gone
+
+
+def take_seat(dev: str, ns: str | None, mode: str, prog_fd: int, port: int) -> Seat:
+    """The program `prog_fd` (an ltp_xdp compiled with LTP_PORT=port) into a
+    free seat of dev's mux, attached now if the device carries none.
+    RegistryError when the device carries another program, or a live rank
+    holds `port` there already."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    mine = None
+    with _device_lock(dev, ns):
+        mux = _mux_on(dev, ns, mode)
+        try:
+            sweep(mux)
+            held = mux.holders()
+            for s, v in held.items():
+                if v.port == port:
+                    raise RegistryError(f"{where(dev, ns)}: UDP port {port} is held by "
+                                        f"process {v.pid} (seat {s}): give each rank "
+                                        "sharing the device a port of its own (LTP_PORT)")
+            free = [s for s in range(SEATS) if s not in held]
+            if not free:
+                raise RegistryError(f"{where(dev, ns)}: all {SEATS} seats of its mux are "
+                                    "held")
+            pid = os.getpid()
+            me = SeatValue(pid=pid, port=port, start=process_start(pid) or 0)
+            clib.map_update(mux.fds["ltp_mux_seats"], ctypes.c_uint32(free[0]), me,
+                            BPF_NOEXIST)
+            mine = free[0]
+            clib.map_update(mux.fds["ltp_mux_progs"], ctypes.c_uint32(mine),
+                            ctypes.c_uint32(prog_fd))
+            clib.map_update(mux.fds["ltp_mux_ports"], ctypes.c_uint16(port),
+                            ctypes.c_uint32(mine), BPF_NOEXIST)
+        except BaseException:
+            if mine is not None:
+                with contextlib.suppress(OSError):
+                    _empty(mux, mine, port)
+            mux.close()
+            raise
+    return Seat(mux, mine, port)
+
+
+def seats(dev: str, ns: str | None) -> list[dict]:
+    """The seats of dev's mux (for `ltp status`): seat, port, pid, alive;
+    [] when the device carries no mux."""
+    _, att = lookup.attachment(dev, ns)
+    if att is None or lookup.prog_name(att["prog_id"]) != PROGRAM:
+        return []
+    mux = _mux_on(dev, ns, att["mode"])
+    try:
+        return [{"seat": s, "port": v.port, "pid": v.pid,
+                 "alive": process_start(v.pid) == v.start}
+                for s, v in sorted(mux.holders().items())]
+    finally:
+        mux.close()
+
+

@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Several endpoints on one device: the mux (bpf/ltp_mux.c, dataplane/xdp/mux.py).
+
+A rig of one server host and one worker host. Two worker endpoints share
+the worker host's one device, each on a UDP port of its own, each with its
+own program and maps in a seat of the device's mux; the server is an
+ordinary endpoint. Real programs, real packets, a real SIGKILL.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import requires_bpf, star_rig
+from ltpx.control.transport import Peer
+from ltpx.control.trust import jobkey
+from ltpx.errors import RegistryError
+
+pytestmark = requires_bpf
+
+RIG = f"mx{os.getpid() % 100000}"
+NEL = 30_000                   # 85 chunks of 1424 bytes
+JOB = 0x3A7
+SECRET = jobkey.token_secret(jobkey.new_key())
+PORTS = (7411, 7412)
+
+
+@pytest.fixture(scope="module")
+def rig():
+    yield from star_rig(name=RIG, workers=1, rate_bps=10**9, buffer_bytes=60_000, loss=0.0,
+                        clear=True)
+
+
+def _endpoint(host, peers, **kw):
+    from ltpx.control.transport import Endpoint
+    return Endpoint(host.ifname, host.ip, peers, NEL, ns=host.netns, job=JOB, secret=SECRET,
+                    **kw)
+
+
+def _tensor(w: int, r: int) -> np.ndarray:
+    return np.random.default_rng(1000 * r + w).standard_normal(NEL).astype(np.float32)
+
+
+def _uplink(ps, workers, r: int):
+    """Round r from every shared worker to the server, pushes in threads."""
+    ps.open_round(r, NEL, [w for w, _ in workers])
+    out = {}
+    ths = [threading.Thread(target=lambda w=w, ep=ep: ep.push(r, _tensor(w, r),
+                                                              Peer(w, ps.ip)))
+           for w, ep in workers]
+    for t in ths:
+        t.start()
+    res = ps.wait_round(r)
+    for t in ths:
+        t.join(30)
+    for i, (w, _) in enumerate(workers):
+        out[w] = res.values[i].copy()
+    return res, out
+
+
+@pytest.mark.rig
+def test_two_ranks_share_one_device_each_through_its_own_port(rig):
+    """Both ranks push a round to the server and take its answer by unicast,
+    bit for bit, through the one device; the mux tail-called every frame to
+    the rank whose port it was for. When one rank leaves, the other still
+    works; when the last leaves, the device carries no program."""
+    from ltpx.dataplane.xdp import lookup, mux
+    h = rig.workers[0]
+    with _endpoint(rig.ps, {0: 0, 1: 1}) as ps:
+        a = _endpoint(h, {0: 0}, self_id=0, port=PORTS[0], shared=True)
+        try:
+            with _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True) as b:
+                assert lookup.prog_name(lookup.xdp_on(h.ifname, h.netns)["prog_id"]) == "ltp_mux"
+                assert [(s["port"], s["pid"], s["alive"]) for s in mux.seats(h.ifname, h.netns)] \
+                    == [(PORTS[0], os.getpid(), True), (PORTS[1], os.getpid(), True)]
+                res, got = _uplink(ps, [(0, a), (1, b)], 1)
+                assert res.reason == "complete"
+                for w in (0, 1):
+                    np.testing.assert_array_equal(got[w], _tensor(w, 1))
+                params = _tensor(9, 2)
+                for w, ep in ((0, a), (1, b)):
+                    ep.expect(2, NEL, w)
+                ps.push_reliable(2, params, [Peer(0, h.ip, PORTS[0]), Peer(1, h.ip, PORTS[1])])
+                for ep in (a, b):
+                    np.testing.assert_array_equal(ep.receive(2, timeout_s=10), params)
+                counts = a.seat.mux.counters()
+                assert counts["dispatched"] >= 4 * 85 and counts["fell_through"] == 0
+                a.close()
+                a = None
+                assert [s["port"] for s in mux.seats(h.ifname, h.netns)] == [PORTS[1]]
+                res, got = _uplink(ps, [(1, b)], 3)
+                np.testing.assert_array_equal(got[1], _tensor(1, 3))
+        finally:
+            if a is not None:
+                a.close()
+    assert lookup.xdp_on(h.ifname, h.netns) is None
+
+
+HOLDER = r"""
+import sys, time
+from ltpx.control.transport import Endpoint
+ep = Endpoint(sys.argv[1], sys.argv[2], {5: 0}, 1000, ns=sys.argv[3], self_id=5,
+              port=int(sys.argv[4]), shared=True)
+print("seated", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.rig
+def test_a_killed_rank_s_seat_is_swept_and_its_neighbours_keep_theirs(rig):
+    """A rank SIGKILLed in its seat cannot leave it: the next rank to take a
+    seat on the device empties it (its process is gone) and takes its port;
+    the rank beside it keeps its seat throughout. A port a live rank holds
+    is refused, naming its process; so is a shared endpoint on a device an
+    ordinary endpoint owns."""
+    from ltpx.dataplane.xdp import lookup, mux
+    h = rig.workers[0]
+    with _endpoint(h, {0: 0}, self_id=0, port=PORTS[0], shared=True):
+        p = subprocess.Popen([sys.executable, "-c", HOLDER, h.ifname, h.ip, h.netns,
+                              str(PORTS[1])], stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "seated"
+            with pytest.raises(RegistryError, match=f"port {PORTS[1]} is held by process "
+                                                    f"{p.pid}"):
+                _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True)
+            p.kill()
+            p.wait()
+        finally:
+            p.kill()
+            p.stdout.close()
+        assert [(s["port"], s["alive"]) for s in mux.seats(h.ifname, h.netns)] == \
+            [(PORTS[0], True), (PORTS[1], False)]
+        with _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True):
+            assert sorted((s["port"], s["pid"]) for s in mux.seats(h.ifname, h.netns)) == \
+                [(PORTS[0], os.getpid()), (PORTS[1], os.getpid())]
+    assert lookup.xdp_on(h.ifname, h.netns) is None
+    with _endpoint(h, {0: 0}, self_id=0), pytest.raises(RegistryError, match="not LTP's mux"):
+        _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True)
