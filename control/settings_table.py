@@ -220,6 +220,13 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        shown="0x7472", flags=(RANK,)),
     _s("tcp_port", int, 0, "the TCP server's listening port (transport tcp; 0: any)",
        lo=0, hi=65535, flags=(RANK,)),
+    _s("port", int, 7410, "this rank's LTP UDP port: its XDP program's and its socket's "
+       "(ranks sharing one device each need a port of their own: share_dev)",
+       lo=1, hi=65535, flags=(RANK,), launcher=True),
+    _s("share_dev", bool, False, "share dev with the host's other ranks: this rank's XDP "
+       "program takes a seat of the device's mux, found by its port, instead of owning the "
+       "device (several ranks on one NIC; docs/deploy.md); its answers then come by unicast",
+       shown="0", flags=(RANK,), launcher=True),
     _s("bucket_mb", float, 4.0, "the largest LTP round of a step's gradients, MB: "
        "DistributedOptimizer's default bucket size, and the pieces DDP's buckets are cut "
        "into (each piece's answer leaves as soon as its round is summed)", lo=0, above=True),

@@ -10,7 +10,8 @@ the same script over gloo.
   over LTP, each rank with a device of its own on a rig with nodes);
 - 2 nodes of 2 trainers with a server beside each, over TCP (a node's ranks
   share its device) and over LTP (a device each, a node's sharing one link):
-  torchrun's LOCAL_RANK and LTP's own count of a node's trainers agree;
+  torchrun's LOCAL_RANK and LTP's own count of a node's trainers agree; and
+  2 hosts of 2 trainers over LTP sharing each host's one device (the mux);
 - at 5 % loss: every exact collective goes over LTP (native.py), none over
   gloo, and equals gloo's result bit for bit, but the float sums and means,
   which are LTP's (float32 on the server in one fixed order; float64 summed
@@ -120,6 +121,24 @@ def test_two_nodes_of_two_trainers_and_a_colocated_server_beside_each(transport)
     res = results(s)
     assert [r["rank"] for r in res] == [0, 1, 2, 3] and {r["world"] for r in res} == {4}
     # LOCAL_RANK as torchrun gives it, and LTP's own count of a host's trainers
+    assert [r["local"] for r in res] == [[0, 0], [1, 1], [0, 0], [1, 1]]
+    assert len({r["digest"] for r in res}) == 1 and {r["steps"] for r in res} == {4 * 15}
+    assert not [k for r in res for k in r["routes"] if k.endswith(" gloo")], res[0]["routes"]
+
+
+@requires_bpf
+@pytest.mark.rig
+def test_two_hosts_of_two_trainers_over_ltp_each_sharing_its_hosts_one_device():
+    # `--share-nic`: a host's two trainers share its one device, each XDP
+    # program in a seat of the device's mux on a port of its own; the server
+    # on a host of its own sees shared workers and answers them by unicast
+    rc, s, err = launch(4, "python", "tests/ddp_collectives_job.py", "ltp",
+                        flags=("--ranks-per-node", "2", "--share-nic"))
+    assert rc == 0, err[-3000:]
+    assert [(r["label"], r["host"]) for r in s["ranks"]] == \
+        [("s0", "ps"), ("w0", "w0"), ("w1", "w0"), ("w2", "w1"), ("w3", "w1")]
+    assert s["share_nic"] and "share a device with other ranks: answers go by unicast" in err
+    res = results(s)
     assert [r["local"] for r in res] == [[0, 0], [1, 1], [0, 0], [1, 1]]
     assert len({r["digest"] for r in res}) == 1 and {r["steps"] for r in res} == {4 * 15}
     assert not [k for r in res for k in r["routes"] if k.endswith(" gloo")], res[0]["routes"]

@@ -59,6 +59,9 @@ examples:
       LTP each rank has a device of its own, a node's devices share one link)
   sudo ltp launch --workers 8 --ranks-per-node 2 --colocate --transport tcp -- python my_train.py
       (4 hosts of 2 trainers and 2 servers, each host's one device shared)
+  sudo ltp launch --workers 8 --ranks-per-node 4 --share-nic -- python docs/examples/ddp_backend.py
+      (2 hosts of 4 trainers over LTP, each host's one device shared by its 4 XDP
+      programs through the mux, ports 7411-7414; the server on a host of its own)
   sudo ltp launch --workers 4 -- python docs/examples/ddp_backend.py
       (a stock DDP script over init_process_group("ltp"); RANK and WORLD_SIZE count
       the trainers, as under torchrun)
@@ -112,6 +115,11 @@ def register(sub) -> None:
                    "all): over TCP, or a script without LTP (--servers 0), they share the "
                    "node's device; over LTP each has a device of its own and the node's "
                    "devices share one link (default 1)")
+    p.add_argument("--share-nic", action="store_true",
+                   help="over LTP, a node's workers share its one device: each rank's XDP "
+                   "program takes a seat of the device's mux, found by its own UDP port "
+                   "(LTP_SHARE_DEV, LTP_PORT), instead of a device of its own; answers go "
+                   "by unicast. Not with --colocate (a server and its worker on one NIC)")
     p.add_argument("--colocate", action="store_true",
                    help="no server hosts: a server beside every worker, on its node, each "
                    "summing 1/workers of every bucket (servers = workers)")
@@ -277,7 +285,8 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
             now["flight"] = job.flight
             job.on_hang = lambda lines: [out.note(f"[hang] {ln}") for ln in lines]
             job.start(lambda r: argv, lambda r, port=job.port, ranks=ranks: {**job_env(
-                rig, r, len(ranks), port, servers=args.servers, transport=args.transport),
+                rig, r, len(ranks), port, servers=args.servers, transport=args.transport,
+                share=args.share_nic),
                 **_trace_env(args, r), **_downlink_env(args)})
             timed_out = follow(job, out.line, policy, grace_s=args.grace, t_end=t_end)
             return ranks, timed_out, policy
@@ -379,7 +388,7 @@ def _report(args, rig, cmd: list[str], ranks, timed_out: bool, kept: bool, polic
     summary = {"exit_code": worst, "exit_from": whose, "timed_out": timed_out,
                "root_cause": cause,
                "stopped_by": stopped_by, "command": cmd, "colocated": args.colocate,
-               "ranks_per_node": args.ranks_per_node,
+               "ranks_per_node": args.ranks_per_node, "share_nic": args.share_nic,
                **policy.report(), "trace": trace, "hangs": hangs or [], "stalls": stalls,
                "rig": {"name": rig.name, "kept": kept, "mode": c.mode, "rate_bps": c.rate_bps,
                        "buffer_bytes": c.buffer_bytes, "loss": c.loss, "mtu": c.mtu,

@@ -46,7 +46,7 @@ def nodes_rig(args) -> bool:
     a device of its own (an endpoint owns its device's XDP program). A script
     without LTP (`--servers 0`: gloo, nccl) shares a node's one device, as
     over TCP."""
-    return args.transport == "ltp" and args.servers > 0 and \
+    return args.transport == "ltp" and args.servers > 0 and not args.share_nic and \
         (args.ranks_per_node > 1 or args.colocate)
 
 
@@ -93,6 +93,9 @@ def check_args(args) -> list[str]:
         raise UsageError(f"--max-restarts: a count, at least 0, got {args.max_restarts}")
     args.rate_bps, args.loss_p = check_rate(args.rate), check_loss(args.loss)
     check_per_node(args)
+    if args.share_nic and args.colocate:
+        raise UsageError("--share-nic: not with --colocate (a co-located server's own worker "
+                         "would reach it on its own host, which the NIC never sees)")
     if args.colocate:
         check_colocate(args)
     args.buffer_bytes = check_bytes(args.buffer, "--buffer")

@@ -74,25 +74,29 @@ from .restarts import describe_exit
 from .storerelay import StoreRelay
 
 STORE_MODULE = forkserver.STORE_MODULE
+LTP_PORT = settings_table.TABLE["port"].default    # a server's; a seated worker's above it
 RC_KILLED = -1000   # a rank this launcher stopped (another one failed first, or the timeout)
 
 
 def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
-                  group: bool = True) -> dict:
+                  group: bool = True, share: bool = False) -> dict:
     """The settings the launcher gives rank r (the settings table's `launcher`
     entries): its host's device, address and namespace, the rig's mode, rate,
     MTU and queue, the job's transport and servers, and for the group downlink
-    the rig's broadcast address (its bridge floods it to every host)."""
+    the rig's broadcast address (its bridge floods it to every host). `share`
+    (`--share-nic`): a worker over LTP takes a seat of its host's device
+    (share_dev) on port LTP_PORT + 1 + its LOCAL_RANK."""
     h, c = r.host, rig.config
     node = f"{rig.name}-n{r.node}" if getattr(c, "nodes", 0) and r.node >= 0 else None
+    seated = share and transport == "ltp" and r.role == "worker"
     return dict(transport=transport, dev=h.ifname, ip=h.ip, xdp_mode=c.mode,
                 capacity=c.rate_bps, mtu=c.mtu, group=BROADCAST if group else None,
                 servers=servers, netns=h.netns, store_netns=rig.ps.netns, buffer=c.buffer_bytes,
-                node=node)
+                node=node, port=LTP_PORT + 1 + r.local if seated else LTP_PORT, share_dev=seated)
 
 
 def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
-            transport: str = "ltp", group: bool = True) -> dict[str, str]:
+            transport: str = "ltp", group: bool = True, share: bool = False) -> dict[str, str]:
     """env:// as torchrun's agent sets it, and the LTP_* settings of the rank's host.
 
     RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK mean what
@@ -112,7 +116,8 @@ def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
                **forkserver.IMPORT_ENV,        # OMP_NUM_THREADS=1, TORCH_CPP_LOG_LEVEL, ...
                **to_env({"rank": r.rank, "world_size": world, "role": r.role,
                          "progress": "json"}))
-    settings = rank_settings(rig, r, servers=servers, transport=transport, group=group)
+    settings = rank_settings(rig, r, servers=servers, transport=transport, group=group,
+                             share=share)
     for var, text in to_env(settings).items():
         if text is None:
             env.pop(var, None)

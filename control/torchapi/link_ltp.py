@@ -58,7 +58,7 @@ def endpoint_config(s: Settings, secret, banks: int = 2, stride: int = 1) -> End
     list of the servers' where their rounds share the endpoint."""
     return EndpointConfig(ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
                           chunk_bytes=chunk_bytes_for(s.mtu), secret=secret, banks=banks,
-                          bank_stride=stride,
+                          bank_stride=stride, port=s.port, shared=s.share_dev,
                           credit_bytes=credit_bytes(s), verify_csum=CHECKSUMS[s.checksums])
 
 
@@ -100,12 +100,19 @@ class LtpServerLink(ServerLink):
 
     def address(self) -> dict:
         return {"compress": self.s.compress, "chunk_bytes": chunk_bytes_for(self.s.mtu),
+                "ltp_port": self.s.port, "shared": self.s.share_dev,
                 "downlink_code": self.s.downlink_code,
                 "answers": "tolerant" if self.defer else "whole",
                 "signed": self.signer is not None}
 
     def connect(self, metas: dict[int, dict]) -> None:
-        self.peers = [Peer(w, metas[w]["ip"]) for w in self.ids]
+        self.peers = [Peer(w, metas[w]["ip"], metas[w].get("ltp_port", W.PORT))
+                      for w in self.ids]
+        shared = [w for w in self.ids if metas[w].get("shared")]
+        if shared and self.group is not None:   # a group frame reaches one program there
+            print(f"ltpx.torch server: worker(s) {shared} share a device with other ranks: "
+                  "answers go by unicast", file=sys.stderr)
+            self.group = None
 
     def ensure(self, nelems: int) -> bool:
         """An endpoint for rounds of up to nelems; True if one was (re)made (the

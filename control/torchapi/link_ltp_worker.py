@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...dataplane.xdp import wire as W
 from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError
 from ..transport.early_close import COMPLETE, EarlyCloseConfig
@@ -66,11 +67,11 @@ class LtpWorkerLink(WorkerLink):
         return self.deferrals
 
     def address(self) -> dict:
-        return {}
+        return {"ltp_port": self.s.port, "shared": self.s.share_dev}
 
     def connect(self, server: dict) -> None:
         check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server, chunks=True)
-        self.ps = Peer(self.id, server["ip"])
+        self.ps = Peer(self.id, server["ip"], server.get("ltp_port", W.PORT))
         self.coded = server.get("downlink_code") == "rs"   # the server's choice rules
         self.deferred = server.get("answers") == "tolerant"
         self.verifier = None

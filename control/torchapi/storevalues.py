@@ -184,6 +184,10 @@ def meta_value(rank: int, servers: int):
         _int(d.get("pid", 0), 0, 1 << 31, "pid")
         if "port" in d:
             _int(d["port"], 0, 65535, "port")
+        if "ltp_port" in d:
+            _int(d["ltp_port"], 1, 65535, "ltp_port")
+        if not isinstance(d.get("shared", False), bool):
+            raise ValueError("shared must be true or false")
         unix = d.get("unix")
         if unix is not None and (role != "server" or not isinstance(unix, str) or
                                  not unix.startswith("/") or len(unix.encode()) > 107):
