@@ -220,7 +220,7 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        shown="0x7472", flags=(RANK,)),
     _s("tcp_port", int, 0, "the TCP server's listening port (transport tcp; 0: any)",
        lo=0, hi=65535, flags=(RANK,)),
-    _s("port", int, 7410, "this rank's LTP UDP port: its XDP program's and its socket's "
+    _s("udp_port", int, 7410, "this rank's LTP UDP port: its XDP program's and its socket's "
        "(ranks sharing one device each need a port of their own: share_dev)",
        lo=1, hi=65535, flags=(RANK,), launcher=True),
     _s("share_dev", bool, False, "share dev with the host's other ranks: this rank's XDP "

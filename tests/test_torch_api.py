@@ -557,7 +557,7 @@ def test_an_arrival_takes_two_store_calls_and_the_poster_reads_nothing_back():
     back: it is the go it posted, the one every other rank reads."""
     from datetime import timedelta
     import torch.distributed as dist
-    from ltpx.control.torchapi.coord import KEY, Coord
+    from ltpx.control.torchapi.coord import Coord
     from ltpx.control.torchapi.ops import STEP, Op
     from ltpx.control.trust import jobkey
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),

@@ -118,7 +118,7 @@ def register(sub) -> None:
     p.add_argument("--share-nic", action="store_true",
                    help="over LTP, a node's workers share its one device: each rank's XDP "
                    "program takes a seat of the device's mux, found by its own UDP port "
-                   "(LTP_SHARE_DEV, LTP_PORT), instead of a device of its own; answers go "
+                   "(LTP_SHARE_DEV, LTP_UDP_PORT), instead of a device of its own; answers go "
                    "by unicast. Not with --colocate (a server and its worker on one NIC)")
     p.add_argument("--colocate", action="store_true",
                    help="no server hosts: a server beside every worker, on its node, each "

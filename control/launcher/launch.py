@@ -74,7 +74,7 @@ from .restarts import describe_exit
 from .storerelay import StoreRelay
 
 STORE_MODULE = forkserver.STORE_MODULE
-LTP_PORT = settings_table.TABLE["port"].default    # a server's; a seated worker's above it
+LTP_PORT = settings_table.TABLE["udp_port"].default    # a server's; a seated worker's above it
 RC_KILLED = -1000   # a rank this launcher stopped (another one failed first, or the timeout)
 
 
@@ -92,7 +92,8 @@ def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
     return dict(transport=transport, dev=h.ifname, ip=h.ip, xdp_mode=c.mode,
                 capacity=c.rate_bps, mtu=c.mtu, group=BROADCAST if group else None,
                 servers=servers, netns=h.netns, store_netns=rig.ps.netns, buffer=c.buffer_bytes,
-                node=node, port=LTP_PORT + 1 + r.local if seated else LTP_PORT, share_dev=seated)
+                node=node, udp_port=LTP_PORT + 1 + r.local if seated else LTP_PORT,
+                share_dev=seated)
 
 
 def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,

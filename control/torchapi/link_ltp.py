@@ -58,7 +58,7 @@ def endpoint_config(s: Settings, secret, banks: int = 2, stride: int = 1) -> End
     list of the servers' where their rounds share the endpoint."""
     return EndpointConfig(ns=s.netns, mode=s.xdp_mode, job=s.job, capacity_bps=s.capacity,
                           chunk_bytes=chunk_bytes_for(s.mtu), secret=secret, banks=banks,
-                          bank_stride=stride, port=s.port, shared=s.share_dev,
+                          bank_stride=stride, port=s.udp_port, shared=s.share_dev,
                           credit_bytes=credit_bytes(s), verify_csum=CHECKSUMS[s.checksums])
 
 
@@ -100,7 +100,7 @@ class LtpServerLink(ServerLink):
 
     def address(self) -> dict:
         return {"compress": self.s.compress, "chunk_bytes": chunk_bytes_for(self.s.mtu),
-                "ltp_port": self.s.port, "shared": self.s.share_dev,
+                "ltp_port": self.s.udp_port, "shared": self.s.share_dev,
                 "downlink_code": self.s.downlink_code,
                 "answers": "tolerant" if self.defer else "whole",
                 "signed": self.signer is not None}

@@ -67,7 +67,7 @@ class LtpWorkerLink(WorkerLink):
         return self.deferrals
 
     def address(self) -> dict:
-        return {"ltp_port": self.s.port, "shared": self.s.share_dev}
+        return {"ltp_port": self.s.udp_port, "shared": self.s.share_dev}
 
     def connect(self, server: dict) -> None:
         check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server, chunks=True)

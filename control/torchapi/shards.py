@@ -430,7 +430,7 @@ def start_sharded(job) -> None:
     servers = root.metas(range(S))
     links, nets, devices = worker_links(job, servers)
     job.link = ShardLinks(links, devices)
-    root.set_json(f"meta/{job.global_rank}", {**me, "ltp_port": s.port, "shared": s.share_dev,
+    root.set_json(f"meta/{job.global_rank}", {**me, "ltp_port": s.udp_port, "shared": s.share_dev,
                                               "shard_ips": [ip for _, ip in nets],
                                               "shard_devs": [d for d, _ in nets]})
     metas = root.metas(range(job.world))
