@@ -141,29 +141,3 @@ def test_a_killed_rank_s_seat_is_swept_and_its_neighbours_keep_theirs(rig):
     assert lookup.xdp_on(h.ifname, h.netns) is None
     with _endpoint(h, {0: 0}, self_id=0), pytest.raises(RegistryError, match="not LTP's mux"):
         _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True)
-
-
-@pytest.mark.rig
-def test_a_server_and_the_worker_beside_it_on_one_device_hand_over_by_test_run(rig):
-    """A co-located pair seated on one device (server on 7410, its worker on
-    7411) and a worker on another host. The local worker's frames to the
-    server beside it would go through the host's own stack, which XDP never
-    sees: they go through the server's program by BPF_PROG_TEST_RUN, and the
-    ACKs back through the worker's; the server's answer to it likewise. Both
-    rounds come out bit for bit, the remote worker's over the wire."""
-    h, far = rig.workers[0], rig.ps
-    with _endpoint(h, {0: 0, 1: 1}, port=7410, shared=True) as srv, \
-            _endpoint(h, {0: 0}, self_id=0, port=PORTS[0], shared=True) as near, \
-            _endpoint(far, {1: 0}, self_id=1) as remote:
-        res, got = _uplink(srv, [(0, near), (1, remote)], 11)
-        assert res.reason == "complete"
-        for w in (0, 1):
-            np.testing.assert_array_equal(got[w], _tensor(w, 11))
-        assert near.sender.local.frames == 85 and remote.sender.local is None
-        params = _tensor(8, 12)
-        near.expect(12, NEL, 0)
-        remote.expect(12, NEL, 1)
-        rep = srv.push_reliable(12, params, [Peer(0, h.ip, PORTS[0]), Peer(1, far.ip)])
-        assert rep.sender == "socket" and srv.sender.local.frames == 85
-        for ep in (near, remote):
-            np.testing.assert_array_equal(ep.receive(12, timeout_s=10), params)

@@ -62,9 +62,6 @@ examples:
   sudo ltp launch --workers 8 --ranks-per-node 4 --share-nic -- python docs/examples/ddp_backend.py
       (2 hosts of 4 trainers over LTP, each host's one device shared by its 4 XDP
       programs through the mux, ports 7411-7414; the server on a host of its own)
-  sudo ltp launch --workers 4 --ranks-per-node 2 --share-nic --colocate -- python my_train.py
-      (no server hosts: 2 hosts of 2 trainers and 2 servers each, one device each
-      host, a trainer's slice for its own host's servers by the kernel's test run)
   sudo ltp launch --workers 4 -- python docs/examples/ddp_backend.py
       (a stock DDP script over init_process_group("ltp"); RANK and WORLD_SIZE count
       the trainers, as under torchrun)
@@ -122,8 +119,7 @@ def register(sub) -> None:
                    help="over LTP, a node's workers share its one device: each rank's XDP "
                    "program takes a seat of the device's mux, found by its own UDP port "
                    "(LTP_SHARE_DEV, LTP_UDP_PORT), instead of a device of its own; answers go "
-                   "by unicast. With --colocate the servers beside them take seats too (a "
-                   "worker's slice for its own host's server goes by the kernel's test run)")
+                   "by unicast. Not with --colocate (a server and its worker on one NIC)")
     p.add_argument("--colocate", action="store_true",
                    help="no server hosts: a server beside every worker, on its node, each "
                    "summing 1/workers of every bucket (servers = workers)")

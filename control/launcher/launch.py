@@ -84,18 +84,16 @@ def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
     entries): its host's device, address and namespace, the rig's mode, rate,
     MTU and queue, the job's transport and servers, and for the group downlink
     the rig's broadcast address (its bridge floods it to every host). `share`
-    (`--share-nic`): over LTP a rank on a worker host takes a seat of its
-    device (share_dev): a worker on port LTP_PORT + 1 + its LOCAL_RANK, a
-    server beside them (`--colocate`) on LTP_PORT + 100 + its index."""
+    (`--share-nic`): a worker over LTP takes a seat of its host's device
+    (share_dev) on port LTP_PORT + 1 + its LOCAL_RANK."""
     h, c = r.host, rig.config
     node = f"{rig.name}-n{r.node}" if getattr(c, "nodes", 0) and r.node >= 0 else None
-    seated = share and transport == "ltp" and h.role == "worker"
-    port = LTP_PORT if not seated else \
-        LTP_PORT + (1 + r.local if r.role == "worker" else 100 + r.index)
+    seated = share and transport == "ltp" and r.role == "worker"
     return dict(transport=transport, dev=h.ifname, ip=h.ip, xdp_mode=c.mode,
                 capacity=c.rate_bps, mtu=c.mtu, group=BROADCAST if group else None,
                 servers=servers, netns=h.netns, store_netns=rig.ps.netns, buffer=c.buffer_bytes,
-                node=node, udp_port=port, share_dev=seated)
+                node=node, udp_port=LTP_PORT + 1 + r.local if seated else LTP_PORT,
+                share_dev=seated)
 
 
 def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,

@@ -377,9 +377,7 @@ def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]
     the links of one device share its endpoint (link_ltp_worker.SharedDevice)."""
     s = job.s
     with netns.inside(s.netns if s.netns and s.netns != netns.current() else None):
-        # a server seated beside it: its shared device (localhop.py), not loopback
-        nets = [(s.dev, s.ip) if s.share_dev and m["ip"] == s.ip else route_to(m["ip"])
-                for m in servers]
+        nets = [route_to(m["ip"]) for m in servers]
     links: list = []
     devices: dict[str, SharedDevice] = {}
     try:

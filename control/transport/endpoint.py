@@ -33,7 +33,6 @@ from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConf
 from .endpoint_config import EndpointConfig
 from . import defer, fec
 from .layout import ChunkLayout, as_f32
-from .localhop import LocalHop
 from .options import AUTO, PUSH_TIMEOUT_S, PushSpec, choose_sender
 from .rate import SharePolicy, credit_window, fine_timer_slack
 from .receiver import Receiver
@@ -158,9 +157,8 @@ class Endpoint:
                 self.dp.attach(dev, ns, mode, force=cfg.force, fix=FORCE_FIX)
             if cfg.publish and not cfg.shared:  # a record: `ltp status/flows/top` see it
                 self._publish(dev, ns, mode)
-            mac = device_mac(self.sock, dev)
             if self_id is not None:
-                self.maps.set_self(self_id, ip, mac)
+                self.maps.set_self(self_id, ip, device_mac(self.sock, dev))
             self.receiver = Receiver(self.maps, self.peers, self.slots, chunk_bytes=chunk_bytes,
                                      max_elems=max_elems, capacity_bps=capacity_bps,
                                      share=share, early=early,
@@ -175,8 +173,6 @@ class Endpoint:
                                  why=self.sender_choice.why,
                                  asked_auto=self.sender_choice.asked == AUTO,
                                  auto=lambda: self._auto_choice(mode))
-            if self.seat is not None:   # frames to a rank seated beside it: localhop.py
-                self.sender.local = LocalHop(self.seat, self.dp.prog_fd, ip, port, mac)
         except BaseException:  # nothing of a half-made endpoint stays attached or listed
             if getattr(self, "sock", None) is not None:
                 self.sock.close()
@@ -405,8 +401,6 @@ class Endpoint:
     def _leave(self) -> None:
         """A shared endpoint's seat emptied (before its program goes)."""
         seat, self.seat = self.seat, None
-        if getattr(self, "sender", None) is not None and self.sender.local is not None:
-            self.sender.local.close()
         if seat is not None:
             seat.leave()
 

@@ -183,7 +183,7 @@ class Push:
     def _start(self) -> None:
         """Bind what the passes read: the tx map's rows, the ACK bitmaps, the pacer."""
         s, nch, nt = self.sender, self.layout.nchunks, len(self.targets)
-        self.sock, self.gso, self.local = s.sock, s.gso, s.seated(self.targets) + [None] * self.group
+        self.sock, self.gso = s.sock, s.gso
         bank = s.maps.bank_index(self.round_)
         txv = s.maps.tx[bank]
         self.tx32 = txv.view(np.uint32).reshape(txv.shape[0], -1)   # words: CLOSED, RATE
@@ -407,8 +407,8 @@ class Push:
         picker.acked = acked = self.detect_losses()
         picker.closed = closed
         if picker.grp >= 0:
-            picker.acked_open = functools.reduce(operator.and_, (a for a, c in zip(
-                acked, closed) if not c), self.full)
+            picker.acked_open = functools.reduce(
+                operator.and_, (a for a, c in zip(acked, closed) if not c), self.full)
         return True
 
     def _all_closed_or_acked(self) -> bool:
@@ -419,8 +419,6 @@ class Push:
         """One sendmsg to one target (GSO when several chunks); False when the
         local queue is full (ENOBUFS, EAGAIN) and the batch must wait."""
         pc = self.pieces[tgt]
-        if self.local[tgt] is not None:   # a target seated beside this endpoint
-            return self.sender.local.send(*self.local[tgt], self.hdrs[tgt], self.bodies, batch)
         if pc is not None:
             iov = [p for c in batch for p in pc[c]]
         else:

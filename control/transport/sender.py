@@ -78,8 +78,6 @@ class Sender:
         self.heavy: set[int] = set()
         # sender name -> what plans its pushes: Push, or the ACK clock's ackclock.ClockPush
         self.kinds = kinds or {"socket": Push}
-        # a shared endpoint's hand-over to the ranks seated beside it (localhop.py)
-        self.local = None
         self.gso = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("=H", W.HDR_LEN + chunk_bytes))]
         # the loss the first passes of its reliable pushes met (the worst
         # target's, EWMA): what a coded push's parity is chosen for
@@ -110,10 +108,6 @@ class Sender:
         if auto and heavy and options.sender == "xdp":
             options = dataclasses.replace(options, sender="socket")
             why = self.heavy_why(heavy[0])
-        if self.local is not None and options.sender == "xdp" and \
-                any(self.local.local(t.ip) for t in targets):   # no clock through a test run
-            options = dataclasses.replace(options, sender="socket")
-            why = "socket: a target is seated beside this endpoint (its frames by test run)"
         for t in targets:
             if t.worker not in self.peers:
                 raise ValueError(f"peer worker id {t.worker} is not configured on this endpoint")
@@ -129,13 +123,6 @@ class Sender:
             raise ValueError(f"critical mask needs {nch} entries, got {crit.shape}")
         return self.kinds[options.sender](self, round_, arr, layout, targets, crit,
                                           dataclasses.replace(spec, options=options), why)
-
-    def seated(self, targets: list[Peer]) -> list:
-        """Per target: (an fd of its program, its port) where it is seated
-        beside this endpoint on its shared device (localhop.py), else None."""
-        hop = self.local
-        return [(hop.target(t.port), t.port) if hop is not None and hop.local(t.ip) else None
-                for t in targets]
 
     def heavy_why(self, target: Peer) -> str:
         """Why auto sends toward a heavy `worker` by the socket. Its loss may
