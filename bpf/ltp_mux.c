@@ -28,12 +28,13 @@
 #define MUX_SEATS 64
 #endif
 
-/* Who holds a seat: its process, its UDP port, since when (ktime, ns). */
+/* Who holds a seat: its process, its UDP port, the process's start time
+ * (clock ticks after boot, /proc/<pid>/stat: with the pid, one process). */
 struct ltp_mux_seat {
 	__u32 pid;
 	__u16 port;
 	__u16 pad;
-	__u64 since_ns;
+	__u64 start;
 };
 
 #define MUX_DISPATCHED  0    /* tail calls tried */

@@ -41,7 +41,9 @@ static __always_inline int ltp_run(struct xdp_md *ctx, __u64 now)
 	/* DATA comes to our port. An ACK comes back to the port our DATA left
 	 * from: our own where the endpoint's socket holds it (every endpoint's,
 	 * and a rank's on a shared device: ltp_mux.c), else one the kernel
-	 * chose, the ACK then coming from the receiver's port, ours too. */
+	 * chose (our port taken), the ACK then from the receiver's port, which
+	 * ltp_parse admits only where it is ours too (a seated peer's is not:
+	 * control/transport/udpsock.py warns). */
 	if (h->type == LTP_T_DATA && p.udp->dest == bpf_htons(LTP_PORT))
 		return on_data(ctx, &p, cfg, now);
 	if (h->type == LTP_T_ACK)

@@ -109,9 +109,11 @@ class LtpServerLink(ServerLink):
         self.peers = [Peer(w, metas[w]["ip"], metas[w].get("ltp_port", W.PORT))
                       for w in self.ids]
         shared = [w for w in self.ids if metas[w].get("shared")]
-        if shared and self.group is not None:   # a group frame reaches one program there
-            print(f"ltpx.torch server: worker(s) {shared} share a device with other ranks: "
-                  "answers go by unicast", file=sys.stderr)
+        off = [p.worker for p in self.peers if p.port != W.PORT]
+        if (shared or off) and self.group is not None:   # a group frame: one port, one program
+            why = (f"worker(s) {shared} share a device with other ranks" if shared else
+                   f"worker(s) {off} take LTP on a port of their own")
+            print(f"ltpx.torch server: {why}: answers go by unicast", file=sys.stderr)
             self.group = None
 
     def ensure(self, nelems: int) -> bool:

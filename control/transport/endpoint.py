@@ -176,9 +176,11 @@ class Endpoint:
         except BaseException:  # nothing of a half-made endpoint stays attached or listed
             if getattr(self, "sock", None) is not None:
                 self.sock.close()
-            self._leave()
-            self._withdraw()
-            self.dp.close()
+            try:
+                self._leave()
+            finally:
+                self._withdraw()
+                self.dp.close()
             raise
         self.protected = tokens.protected
         fine_timer_slack()

@@ -4,12 +4,14 @@ inside its namespace (endpoint.py)."""
 from __future__ import annotations
 
 import fcntl
+import logging
 import socket
 import struct
 
 from ...dataplane import netns
 from ...errors import TransportError
 
+log = logging.getLogger("ltpx.transport")
 SIOCGIFHWADDR = 0x8927   # linux/sockios.h: a device's hardware address
 
 
@@ -36,6 +38,9 @@ def udp_socket(ip: str, ns: str | None, port: int, strict: bool) -> socket.socke
             if strict:
                 raise TransportError(f"UDP port {port} on {ip} is taken ({e.strerror}): a "
                                      "rank sharing a device needs a port of its own") from None
+            log.warning("UDP port %d on %s is taken (%s): this endpoint sends from a port "
+                        "of the kernel's choosing, which the ACKs of a peer on another LTP "
+                        "port (a rank sharing a device) cannot reach", port, ip, e.strerror)
             sock.bind((ip, 0))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
         # Group sends: to a broadcast address, or to a multicast group out

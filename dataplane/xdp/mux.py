@@ -18,8 +18,11 @@ Lifetimes, with nothing pinned:
   `ltp_mux_ports` and its holder (pid and process start time) in
   `ltp_mux_seats`. `leave` empties it. A holder killed before it could is
   swept by the next rank to take or leave a seat on the device (its pid no
-  longer names a process with that start time): until then its program
-  keeps its port's frames, as its own attachment would have until its death.
+  longer names a process with that start time). Until then its program and
+  maps stay, and its program still takes its port's frames (a worker's,
+  which beats for no owner, even ACKs them), where an attachment of its own
+  would have gone with it. Sweeping reads /proc: the ranks sharing a
+  device must share a pid namespace (and the lock file's /run).
 - Taking and leaving hold a lock per device (flock on a file beside the
   endpoints' records), so two ranks starting at once never take one seat.
 
@@ -34,6 +37,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import time
 from dataclasses import dataclass, field
 from collections.abc import Iterator
 
@@ -48,6 +52,7 @@ SEATS = 64                 # MUX_SEATS in bpf/ltp_mux.c
 MAPS = ("ltp_mux_progs", "ltp_mux_ports", "ltp_mux_seats", "ltp_mux_count")
 COUNTERS = ("dispatched", "no_seat", "fell_through", "emptied")
 BPF_NOEXIST = 1
+VANISH_TRIES, VANISH_WAIT_S = 20, 0.01   # a mux on its way out, waited out (_attachment)
 
 
 class SeatValue(ctypes.Structure):
@@ -67,10 +72,12 @@ class Mux:
     attached_here: bool = False       # this process attached it (its first seat holder)
 
     def close(self) -> None:
+        """Close this process's fds (once: a second call closes nothing)."""
         for fd in [self.link_fd, *self.fds.values()]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds = {}
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.link_fd, self.fds = -1, {}
 
     def holders(self) -> dict[int, SeatValue]:
         """Seat -> its holder, as the map says now."""
@@ -97,12 +104,18 @@ class Seat:
     port: int
 
     def leave(self) -> None:
-        """Empty this seat; the mux goes with its last holder's fds."""
-        if self.mux.fds:
-            with _device_lock(self.mux.dev, self.mux.ns):
+        """Empty this seat; the mux goes with its last holder's fds (closed
+        under the lock, so a rank taking a seat meanwhile never meets a mux
+        on its way out)."""
+        if not self.mux.fds:
+            self.mux.close()
+            return
+        with _device_lock(self.mux.dev, self.mux.ns):
+            try:
                 _empty(self.mux, self.seat, self.port)
                 sweep(self.mux)
-        self.mux.close()
+            finally:
+                self.mux.close()
 
 
 def _lock_path(dev: str, ns: str | None) -> str:
@@ -121,15 +134,32 @@ def _device_lock(dev: str, ns: str | None) -> Iterator[None]:
         os.close(fd)               # and the lock with it
 
 
+def _attachment(dev: str, ns: str | None) -> tuple[int, dict | None]:
+    """lookup.attachment, but a program on its way out (a killed holder's
+    last fds closing, which takes no lock) is waited out briefly, so the
+    device reads as free rather than as someone else's."""
+    for _ in range(VANISH_TRIES):
+        ifindex, att = lookup.attachment(dev, ns)
+        if att is None or lookup.prog_name(att["prog_id"]) is not None:
+            return ifindex, att
+        time.sleep(VANISH_WAIT_S)
+    return ifindex, att
+
+
 def _mux_on(dev: str, ns: str | None, mode: str) -> Mux:
     """This process's hold on dev's mux: the one attached, else a new one."""
-    ifindex, att = lookup.attachment(dev, ns)
+    ifindex, att = _attachment(dev, ns)
     if att is None:
         bpf, fn = compile_program("ltp_mux.c", PROGRAM)
+        link = -1
         try:
             link = attach_link(fn.fd, dev, ns, mode,
                                fix="a shared device carries the mux alone")
             fds = {n: os.dup(bpf[n.encode()].get_fd()) for n in MAPS}
+        except BaseException:
+            if link >= 0:
+                os.close(link)     # and the mux with it: nobody else holds it yet
+            raise
         finally:
             bpf.cleanup()          # the link holds the program, the program its maps
         return Mux(dev, ns, link, fds, attached_here=True)
@@ -144,29 +174,28 @@ def _mux_on(dev: str, ns: str | None, mode: str) -> Mux:
     if lid is None:
         raise RegistryError(f"{where(dev, ns)}: its mux is attached without a link (not "
                             "by an LTP endpoint): detach it (`ip link set DEV xdp off`)")
-    link = clib.link_fd_by_id(lid)
+    mux = Mux(dev, ns, clib.link_fd_by_id(lid))
     try:
         prog = clib.prog_fd_by_id(att["prog_id"])
         try:
             ids = clib.prog_map_ids(prog)
         finally:
             os.close(prog)
-        fds = {}
         for mid in ids:
             fd = clib.map_fd_by_id(mid)
             name = lookup.map_info(fd)["name"]
-            if name in MAPS and name not in fds:
-                fds[name] = fd
+            if name in MAPS and name not in mux.fds:
+                mux.fds[name] = fd
             else:
                 os.close(fd)
-        missing = set(MAPS) - set(fds)
+        missing = set(MAPS) - set(mux.fds)
         if missing:
             raise RegistryError(f"{where(dev, ns)}: its mux lacks map(s) {sorted(missing)} "
                                 "(another build's?): stop its ranks first")
     except BaseException:
-        os.close(link)
+        mux.close()
         raise
-    return Mux(dev, ns, link, fds)
+    return mux
 
 
 def _empty(mux: Mux, seat: int, port: int) -> None:
@@ -205,7 +234,7 @@ def take_seat(dev: str, ns: str | None, mode: str, prog_fd: int, port: int) -> S
                 if v.port == port:
                     raise RegistryError(f"{where(dev, ns)}: UDP port {port} is held by "
                                         f"process {v.pid} (seat {s}): give each rank "
-                                        "sharing the device a port of its own (LTP_PORT)")
+                                        "sharing the device a port of its own (LTP_UDP_PORT)")
             free = [s for s in range(SEATS) if s not in held]
             if not free:
                 raise RegistryError(f"{where(dev, ns)}: all {SEATS} seats of its mux are "
