@@ -69,7 +69,6 @@ class Mux:
     ns: str | None
     link_fd: int
     fds: dict[str, int] = field(default_factory=dict)
-    attached_here: bool = False       # this process attached it (its first seat holder)
 
     def close(self) -> None:
         """Close this process's fds (once: a second call closes nothing)."""
@@ -162,7 +161,7 @@ def _mux_on(dev: str, ns: str | None, mode: str) -> Mux:
             raise
         finally:
             bpf.cleanup()          # the link holds the program, the program its maps
-        return Mux(dev, ns, link, fds, attached_here=True)
+        return Mux(dev, ns, link, fds)
     if lookup.prog_name(att["prog_id"]) != PROGRAM:
         raise RegistryError(f"{where(dev, ns)} carries {lookup.describe(att)}, not LTP's "
                             "mux: a device is shared only by endpoints that all ask for it "
