@@ -88,8 +88,29 @@ def test_the_run_names_the_barriers_last_arriver_beyond_the_margin():
     assert out["rounds_attributed"] == 4
     assert out["attributed_by"] == {"steady": 0, "barrier": 2, "nic": 2}
     assert out["named_by"]["barrier"] == {"2": 2} and out["named_by"]["nic"] == {"1": 2}
+    # where the NIC's named worker's lateness is known, it too must pass the
+    # margin: 1 ms at step 3 does not, 20 ms at step 4 does
+    out = attribute_steps(notes, {3: 1, 4: 1}, steps=5, step_s=0.02, nic_late={3: 0.001, 4: 0.02})
+    assert out["named_by"]["nic"] == {"1": 1} and out["rounds_attributed"] == 3
     # a long step widens the margin: 10 % of 0.5 s is 50 ms, more than the waits
     assert attribute_steps(notes, {}, steps=5, step_s=0.5)["rounds_attributed"] == 0
+
+
+def test_a_last_arriver_whose_own_time_was_the_others_is_not_named_by_the_barrier():
+    from ltpx.control.training.straggler_report import attribute_steps
+    # the others waited 30 ms for worker 1 at step 5 and for worker 2 at
+    # step 6; worker 1's own time was the others' (its answer came late),
+    # worker 2's 25 ms above theirs (its compute held them)
+    notes = _own_notes(10, {})
+    notes[1]["last"], notes[2]["last"] = [5], [6]
+    for w in (0, 3):
+        notes[w]["waited_ms"] = {"5": 30.0, "6": 30.0}
+    notes[2]["own_ms"]["6"] += 25.0
+    out = attribute_steps(notes, {}, steps=10, step_s=0.05)
+    assert out["named_by"]["barrier"] == {"2": 1} and out["rounds_attributed"] == 1
+    # 10 ms above theirs explains under half of a 30 ms wait: named by nothing
+    notes[2]["own_ms"]["6"] -= 15.0
+    assert attribute_steps(notes, {}, steps=10, step_s=0.05)["rounds_attributed"] == 0
 
 
 def _own_notes(steps: int, lag_ms: dict[int, float], workers: int = 4, seed: int = 0,
@@ -138,6 +159,7 @@ def test_a_step_after_the_leads_evaluation_names_no_one():
     # the others waited 40 ms for it there
     notes = _own_notes(40, {}, aside=[1, 30])
     notes[0]["last"] = [1, 30]
+    notes[0]["own_ms"].update({"1": 43.0, "30": 43.0})   # its evaluation's time
     for w in (1, 2, 3):
         notes[w]["waited_ms"] = {"1": 40.0, "30": 40.0}
     out = attribute_steps(notes, {30: 0}, steps=40, step_s=0.1)

@@ -2,7 +2,8 @@
 """Straggler attribution in a real `ltp train` run on the rig (issue 28): a
 worker slowed a lot is named in nearly every step, one slowed a little in
 every step after the steady rule's first window (issue 43); with none
-slowed no worker is named in more than 40 % of the steps; the lead's
+slowed no worker is named in more than 40 % of the steps (nor is a last
+arriver whose own time was the others'); the lead's
 evaluations name no one; the run's --trace file is a well-formed
 trace-event file whose summary names the same workers."""
 from __future__ import annotations
@@ -87,8 +88,11 @@ def test_the_runs_trace_is_a_well_formed_trace_event_file_that_says_the_same(slo
 
 
 def test_without_a_straggler_no_worker_is_named_in_most_steps(rig):
-    r = _train(rig)
+    # 40 steps: on 2 busy cores the NIC still names a worker late past the
+    # margin in many steps, spread over the 4 by chance; 40 keeps one
+    # worker's share of that chance well under 40 %
+    r = _train(rig, iterations=2 * STEPS)
     named = r["straggler_rounds"]
-    assert all(v <= 0.4 * STEPS for v in named.values()), r
+    assert all(v <= 0.4 * 2 * STEPS for v in named.values()), r
     assert r["rounds_attributed"] == sum(named.values())
     assert sum(r["attributed_by"].values()) == r["rounds_attributed"]

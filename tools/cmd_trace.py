@@ -116,7 +116,8 @@ def summary(trace: dict) -> dict:
     from ..control.training.straggler_report import attribute_steps  # noqa: PLC0415 (as above)
     s = summarize(trace)
     step_s = (trace.get("otherData") or {}).get("step_s") or s["step_s"]   # the run's, if it said
-    att = attribute_steps(s["notes"], s["nic"], len(s["steps"]), step_s, keys=s["steps"])
+    att = attribute_steps(s["notes"], s["nic"], len(s["steps"]), step_s, keys=s["steps"],
+                         nic_late=s["nic_late"])
     for w, v in s["workers"].items():
         v["straggler_steps"] = att["straggler_rounds"].get(w, 0)
     return {"rounds": s["rounds"], "steps": s["steps"], **att, "workers": s["workers"]}

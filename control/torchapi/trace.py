@@ -284,12 +284,14 @@ def summarize(trace: dict) -> dict:
     p99; per step op the worker its rounds named most (`nic`); and each
     worker's barrier notes (`notes`: the ops it arrived last at, its waits
     in ms), from which control/training/straggler_report.attribute_steps names each
-    step as `ltp train -j` does."""
+    step as `ltp train -j` does; `nic_late`: per op the lateness (s) of the
+    worker `nic` names."""
     events = trace.get("traceEvents", [])
     rounds = [e for e in events if e.get("cat") == "round"]
     named: dict[str, int] = {}
     late: dict[str, list[float]] = {}
     per_op: dict[int, dict[int, int]] = {}
+    op_late: dict[tuple[int, str], list[float]] = {}     # (op, worker) -> its lateness, ms
     for e in rounds:
         a = e.get("args", {})
         if a.get("kind") == "step" and a.get("straggler") is not None:
@@ -299,6 +301,8 @@ def summarize(trace: dict) -> dict:
             op[a["straggler"]] = op.get(a["straggler"], 0) + 1
         for w, v in (a.get("lateness_ms") or {}).items():
             late.setdefault(w, []).append(v)
+            if a.get("kind") == "step" and v is not None:
+                op_late.setdefault((int(a["op"]), w), []).append(v)
     steps = sorted({int(e["args"]["op"]) for e in rounds if e.get("args", {}).get("kind") == "step"})
     notes: dict[int, dict] = {}
     for e in events:
@@ -320,10 +324,14 @@ def summarize(trace: dict) -> dict:
     def pct(v, q):
         return round(float(np.percentile(v, q)), 3) if v else None
     workers = sorted(set(named) | set(late) | {str(w) for w in notes}, key=int)
+    nic = {op: max(c, key=c.get) for op, c in per_op.items()}
+    # the named worker's lateness in its step: the mean over the step's rounds (as a report's)
+    nic_late = {op: float(np.mean(op_late[op, str(w)])) / 1e3
+                for op, w in nic.items() if (op, str(w)) in op_late}
     return {"rounds": len(rounds), "steps": steps, "step_s": step_s,
             "workers": {w: {"nic_rounds": named.get(w, 0), "lateness_p50_ms": pct(late.get(w), 50),
                             "lateness_p99_ms": pct(late.get(w), 99)} for w in workers},
-            "nic": {op: max(c, key=c.get) for op, c in per_op.items()}, "notes": notes}
+            "nic": nic, "nic_late": nic_late, "notes": notes}
 
 
 def problems(trace: dict) -> list[str]:

@@ -77,6 +77,7 @@ class Demo:
         self.resumed_from: int | None = None
         self.missing: dict[int, int] = {}   # worker -> steps it was named missing in
         self.nic: dict[int, int] = {}       # step -> the worker its server named straggler
+        self.nic_late: dict[int, float] = {}   # step -> that worker's lateness there, s
         self.notes = BarrierNotes()         # this worker's view of the steps' barriers
         self.lateness: dict[int, array] = {}   # worker -> its lateness per step, s
         self.wall0 = 0.0            # training seconds before the checkpoint resumed from
@@ -229,6 +230,7 @@ class Demo:
         self.delivered_sum += rep.delivered_fraction
         if rep.straggler is not None:    # the worker the step waited for (the NIC's times)
             self.nic[rep.step] = rep.straggler
+            self.nic_late[rep.step] = rep.lateness.get(rep.straggler, float("inf"))
         self.notes.add(rep)
         for w, v in rep.lateness.items():
             self.lateness.setdefault(w, array("d")).append(v)
@@ -272,7 +274,8 @@ class Demo:
         one, and per worker its lateness at the NIC, p50 and p99 (ms)."""
         n = len(self.round_s)
         notes = {w: d["barrier"] for w, d in done.items() if d.get("barrier")}
-        return {**attribute_steps(notes, self.nic, n, wall / n if n else 0.0),
+        return {**attribute_steps(notes, self.nic, n, wall / n if n else 0.0,
+                                  nic_late=self.nic_late),
                 "lateness_ms": {str(w): {"p50": round(float(np.percentile(v, 50)) * 1e3, 3),
                                          "p99": round(float(np.percentile(v, 99)) * 1e3, 3)}
                                 for w, v in sorted(self.lateness.items()) if len(v)}}

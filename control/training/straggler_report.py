@@ -18,11 +18,19 @@ Three witnesses, each step, the first that names a worker names the step:
            it arrived last at (it lifted the barrier) and how long it waited
            at the others; the step names its last arriver when the others'
            median wait exceeds the margin, max(BARRIER_MARGIN_S,
-           BARRIER_MARGIN_FRAC x the run's mean step time)
+           BARRIER_MARGIN_FRAC x the run's mean step time), and its own
+           time that step explains the wait: it exceeds the others' median
+           own time by EXPLAINS x their median wait. A last arriver whose
+           own time was the others' came late because its answer did (the
+           answers reach the workers up to 10 ms apart on a busy host) or
+           its core was taken: the step did not wait for its compute
   NIC      otherwise the server's own attribution from the arrival times
            (StepReport.straggler, control/transport/straggler.py): a worker
            whose chunks came last, beyond its margin, or whom a round cut by
-           its deadline waited for
+           its deadline waited for; where the worker's lateness that step is
+           known, only beyond the barrier's margin too: the NIC's own margin
+           (2 ms) is a round's, and on a busy host the pushes leave a lifted
+           barrier that far apart in most steps of a healthy run
 
 A step neither names is not attributed, nor is a step whose time before
 the barrier some worker spent aside (the lead's evaluation: Arrival.aside).
@@ -44,6 +52,7 @@ import numpy as np
 
 BARRIER_MARGIN_S = 0.005   # a busy 2-core host's store round trips and scheduling
 BARRIER_MARGIN_FRAC = 0.1  # of the mean step time
+EXPLAINS = 0.5             # of the others' wait: the last arriver's own excess that names it
 STEADY_WINDOW = 20         # steps: a steady straggler is slow in most of them
 STEADY_SHARE = 0.4         # of the window: 8 workers' noise makes each the slowest in 1/8
 STEADY_MIN_S = 0.0005      # a lag under this is no straggler's
@@ -113,14 +122,25 @@ def steady(notes: dict[int, dict], keys: list[int], step_s: float) -> dict[int, 
     return out
 
 
+def _explains(own: dict[int, dict[int, float]], w: int, s: int, wait: float) -> bool:
+    """Whether worker w's own time at step s explains the others' wait for
+    it there (True where its or the others' own times are not known)."""
+    mine = own.get(w, {}).get(s)
+    theirs = [o[s] for v, o in own.items() if v != w and s in o]
+    if mine is None or not theirs:
+        return True
+    return mine - float(np.median(theirs)) >= EXPLAINS * wait
+
+
 def attribute_steps(notes: dict[int, dict], nic: dict[int, int], steps: int,
-                    step_s: float, keys=None) -> dict:
+                    step_s: float, keys=None, nic_late: dict[int, float] | None = None) -> dict:
     """The run's straggler fields: per worker the steps it was named in, the
     steps attributed, by which witness and whom each named, the steady
     rule's median lag per worker it named, the steps set aside, and the
     namings from the first step with a whole window behind it. notes: worker -> its
     BarrierNotes.to_dict() (missing: it kept none); nic: step -> the worker
-    the server named; keys: the steps' numbers (default 1..steps)."""
+    the server named; keys: the steps' numbers (default 1..steps); nic_late:
+    step -> the lateness (s) of the worker nic names there, where known."""
     margin = max(BARRIER_MARGIN_S, BARRIER_MARGIN_FRAC * step_s)
     last_at: dict[int, int] = {}
     aside = set()
@@ -130,6 +150,8 @@ def attribute_steps(notes: dict[int, dict], nic: dict[int, int], steps: int,
         aside.update(int(s) for s in n.get("aside", []))
     waited = {w: {int(s): v / 1e3 for s, v in n.get("waited_ms", {}).items()}
               for w, n in notes.items()}
+    own = {w: {int(s): v / 1e3 for s, v in n.get("own_ms", {}).items()}
+           for w, n in notes.items()}
     keys = [s for s in (range(1, steps + 1) if keys is None else keys) if s not in aside]
     chronic = steady(notes, keys, step_s)
     named: dict[int, int] = {}
@@ -143,9 +165,10 @@ def attribute_steps(notes: dict[int, dict], nic: dict[int, int], steps: int,
         if s in chronic:
             (w, lag), rule = chronic[s], "steady"
             lags.setdefault(w, []).append(lag)
-        elif w is not None and others and float(np.median(others)) > margin:
+        elif w is not None and others and float(np.median(others)) > margin and \
+                _explains(own, w, s, float(np.median(others))):
             rule = "barrier"
-        elif s in nic:
+        elif s in nic and (nic_late or {}).get(s, margin) >= margin:
             w, rule = nic[s], "nic"
         else:
             continue
