@@ -63,8 +63,25 @@ def _uplink(ps, workers, r: int):
     return res, out
 
 
+def _cli(capsys, *argv):
+    """`ltp ARGV -j`, its exit code and its JSON."""
+    import json
+    from ltpx.tools.cli import main
+    capsys.readouterr()
+    rc = main([*argv, "-j"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def _seat_rows(capsys, h) -> list[tuple]:
+    """`ltp status`'s rows of h's device's seats: (port, role, pid, state)."""
+    rc, rows = _cli(capsys, "status", "--netns", h.netns)
+    assert rc in (0, None), rows
+    return sorted((r["seat_port"], r["role"], r["pid"], r["state"]) for r in rows
+                  if r["dev"] == h.ifname and r.get("seat_port"))
+
+
 @pytest.mark.rig
-def test_two_ranks_share_one_device_each_through_its_own_port(rig):
+def test_two_ranks_share_one_device_each_through_its_own_port(rig, capsys):
     """Both ranks push a round to the server and take its answer by unicast,
     bit for bit, through the one device; the mux tail-called every frame to
     the rank whose port it was for. When one rank leaves, the other still
@@ -88,17 +105,29 @@ def test_two_ranks_share_one_device_each_through_its_own_port(rig):
                 ps.push_reliable(2, params, [Peer(0, h.ip, PORTS[0]), Peer(1, h.ip, PORTS[1])])
                 for ep in (a, b):
                     np.testing.assert_array_equal(ep.receive(2, timeout_s=10), params)
+                # each rank's own record: `ltp status` and `ltp flows` list both seats
+                assert _seat_rows(capsys, h) == [(PORTS[0], "worker", os.getpid(), "ok"),
+                                                 (PORTS[1], "worker", os.getpid(), "ok")]
+                rc, snaps = _cli(capsys, "flows", h.ifname, "--netns", h.netns)
+                assert rc in (0, None) and [(x["seat_port"], x["role"]) for x in snaps] == \
+                    [(PORTS[0], "worker"), (PORTS[1], "worker")]
+                assert all(x["totals"]["packets"] >= 85 for x in snaps), snaps   # the answer
+                from ltpx.tools.cli import main
+                assert main(["flows", h.ifname, "--netns", h.netns]) in (0, None)
+                text = capsys.readouterr().out
+                assert all(f"{h.ifname} port {p}  worker" in text for p in PORTS), text
                 counts = a.seat.mux.counters()
                 assert counts["dispatched"] >= 4 * 85 and counts["fell_through"] == 0
                 a.close()
                 a = None
                 assert [s["port"] for s in mux.seats(h.ifname, h.netns)] == [PORTS[1]]
+                assert [r[0] for r in _seat_rows(capsys, h)] == [PORTS[1]]
                 res, got = _uplink(ps, [(1, b)], 3)
                 np.testing.assert_array_equal(got[1], _tensor(1, 3))
         finally:
             if a is not None:
                 a.close()
-    assert lookup.xdp_on(h.ifname, h.netns) is None
+    assert lookup.xdp_on(h.ifname, h.netns) is None and _seat_rows(capsys, h) == []
 
 
 HOLDER = r"""
@@ -112,7 +141,7 @@ time.sleep(120)
 
 
 @pytest.mark.rig
-def test_a_killed_rank_s_seat_is_swept_and_its_neighbours_keep_theirs(rig):
+def test_a_killed_rank_s_seat_is_swept_and_its_neighbours_keep_theirs(rig, capsys):
     """A rank SIGKILLed in its seat cannot leave it: the next rank to take a
     seat on the device empties it (its process is gone) and takes its port;
     the rank beside it keeps its seat throughout. A port a live rank holds
@@ -135,9 +164,13 @@ def test_a_killed_rank_s_seat_is_swept_and_its_neighbours_keep_theirs(rig):
             p.stdout.close()
         assert [(s["port"], s["alive"]) for s in mux.seats(h.ifname, h.netns)] == \
             [(PORTS[0], True), (PORTS[1], False)]
+        # its record stays, dead, until the sweep
+        assert _seat_rows(capsys, h) == [(PORTS[0], "worker", os.getpid(), "ok"),
+                                         (PORTS[1], "worker", p.pid, "dead")]
         with _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True):
             assert sorted((s["port"], s["pid"]) for s in mux.seats(h.ifname, h.netns)) == \
                 [(PORTS[0], os.getpid()), (PORTS[1], os.getpid())]
-    assert lookup.xdp_on(h.ifname, h.netns) is None
+            assert [r[2:] for r in _seat_rows(capsys, h)] == [(os.getpid(), "ok")] * 2
+    assert lookup.xdp_on(h.ifname, h.netns) is None and _seat_rows(capsys, h) == []
     with _endpoint(h, {0: 0}, self_id=0), pytest.raises(RegistryError, match="not LTP's mux"):
         _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True)

@@ -69,12 +69,26 @@ def _add_targets(p) -> None:
 
 
 def _targets(args) -> list:
-    """Records of the programs a flows/top command is about."""
+    """Records of the programs a flows/top command is about: a device's
+    own and those in seats of its mux."""
     reg = registry()
     dev = check_dev(args.dev)
     if dev:
-        return [reg.find(dev, netns_arg(args.netns))]
-    return [reg.find(d, n) for n, d in reg.entries(listed_ns(args.netns))]
+        ns = netns_arg(args.netns)
+        seats = reg.seat_records(ns, dev)
+        try:
+            return [reg.find(dev, ns), *seats]
+        except reg.RegistryError:
+            if seats:           # a device shared through its mux: its seats alone
+                return seats
+            raise
+    ns = listed_ns(args.netns)
+    return [reg.find(d, n) for n, d in reg.entries(ns)] + reg.seat_records(ns)
+
+
+def _key(s: dict) -> tuple:
+    """A snapshot's program: its device, and its seat's port (None: the device's own)."""
+    return s["netns"], s["dev"], s.get("seat_port")
 
 
 # --------------------------------------------------------------------------- formats
@@ -125,6 +139,7 @@ def _snapshots(recs: list) -> list[dict]:
                 m.close()
         except (reg.RegistryError, OSError) as e:
             out.append({"netns": reg.ns_key(rec.netns), "dev": rec.dev,
+                        "seat_port": rec.port or None,
                         "error": getattr(e, "strerror", None) or str(e)})
     return out
 
@@ -154,7 +169,8 @@ def _program_title(s: dict) -> str:
     # "sender xdp (the default)", "sender socket (the fallback)", "... (asked for)"
     why = (s.get("sender_why") or "").partition(":")[2].split(",")[0].strip()
     sender = f"  sender {s['sender']}" + (f" ({why})" if why else "") if s.get("sender") else ""
-    return _wrap(f"{s['netns']}/{s['dev']}  {s['role']}  job {job_text(s['job'])}  prog "
+    seat = f" port {s['seat_port']}" if s.get("seat_port") else ""
+    return _wrap(f"{s['netns']}/{s['dev']}{seat}  {s['role']}  job {job_text(s['job'])}  prog "
                  f"{s['prog_id']} ({s['mode']}){sender}  {now}")
 
 
@@ -232,7 +248,7 @@ def _top_render(snaps: list[dict], prev: dict, errors: list[str], keys: bool = F
         parts.append(Text("no LTP program is loaded (`ltp load DEV --role ps --workers N`); "
                           "waiting ..." + (" (q quits)" if keys else "")))
     for s in snaps:
-        key = (s["netns"], s["dev"])
+        key = _key(s)
         rates = flows.rates(prev.get(key), s)
         t = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold")
         for name in ("WORKER", "PKT/s", "Mbit/s", "ACK/s", "DUP/s", "LATE/s", "ROUND",
@@ -305,7 +321,7 @@ class _Sampler:
 
     def __init__(self, args):
         self.args = args
-        self.opened: dict[tuple, tuple] = {}      # (netns, dev) -> (record, maps)
+        self.opened: dict[tuple, tuple] = {}      # (netns, dev, port) -> (record, maps)
 
     def __call__(self) -> tuple[list[dict], list[str]]:
         from ..dataplane.xdp import flows
@@ -320,7 +336,7 @@ class _Sampler:
         keys = set()
         snaps = []
         for rec in recs:
-            key = (reg.ns_key(rec.netns), rec.dev)
+            key = (reg.ns_key(rec.netns), rec.dev, rec.port or None)
             keys.add(key)
             try:
                 if key not in self.opened or self.opened[key][0].prog_id != rec.prog_id:
@@ -388,7 +404,7 @@ def _top_loop(args, sample: _Sampler, keys: _Keys) -> None:
             show = screen.print
         n = 0
         while True:
-            prev = {(s["netns"], s["dev"]): s for s in snaps}
+            prev = {_key(s): s for s in snaps}
             if (keys.wait(args.interval) or "").lower() == "q":
                 break
             snaps, errors = sample()
@@ -406,11 +422,11 @@ def _top_json(args, sample: _Sampler) -> None:
     snaps, _ = sample()
     n = 0
     while not args.iterations or n < args.iterations:
-        prev = {(s["netns"], s["dev"]): s for s in snaps}
+        prev = {_key(s): s for s in snaps}
         time.sleep(args.interval)
         snaps, errors = sample()
         for s in snaps:
-            rates = flows.rates(prev.get((s["netns"], s["dev"])), s)
+            rates = flows.rates(prev.get(_key(s)), s)
             for r in s["flows"]:
                 r["rates"] = rates.get((r["worker"], r["slot"]))
         emit(args, {"time": time.time(), "interval_s": args.interval, "programs": snaps,

@@ -235,7 +235,8 @@ def status_text(rows: list[dict]):
         n = r.get("maps", r["maps_pinned"])       # reachable: pinned, or by id
         maps = str(n) if n == r["maps_expected"] else f"{n}/{r['maps_expected']}"
         prog = r["prog_id"] or r["pinned_prog_id"] or "-"
-        cells.append([r["netns"], r["dev"], r["mode"] or "-", str(prog), r["role"] or "-",
+        dev = f"{r['dev']}:{r['seat_port']}" if r.get("seat_port") else r["dev"]   # a seat
+        cells.append([r["netns"], dev, r["mode"] or "-", str(prog), r["role"] or "-",
                       job_text(r["job"]), maps, r["state"]])
     t = table(STATUS_COLS, cells)
     for r, row in zip(rows, cells):

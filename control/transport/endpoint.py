@@ -155,7 +155,7 @@ class Endpoint:
                 self.seat = mux.take_seat(dev, ns, mode, self.dp.prog_fd, port)
             else:
                 self.dp.attach(dev, ns, mode, force=cfg.force, fix=FORCE_FIX)
-            if cfg.publish and not cfg.shared:  # a record: `ltp status/flows/top` see it
+            if cfg.publish:     # a record (the seat's, if shared): `ltp status/flows/top`
                 self._publish(dev, ns, mode)
             if self_id is not None:
                 self.maps.set_self(self_id, ip, device_mac(self.sock, dev))
@@ -198,7 +198,8 @@ class Endpoint:
         self._published = registry.publish(self.dp, dev, ns, role=self.role, job=self.job,
                                            mode=mode, peers=self.peers,
                                            sender=self.sender_choice.sender,
-                                           sender_why=self.sender_choice.why)
+                                           sender_why=self.sender_choice.why,
+                                           seat_link=self.seat.link_id() if self.seat else 0)
 
     def _withdraw(self) -> None:
         if self._published:

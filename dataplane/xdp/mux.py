@@ -23,6 +23,9 @@ Lifetimes, with nothing pinned:
   which beats for no owner, even ACKs them), where an attachment of its own
   would have gone with it. Sweeping reads /proc: the ranks sharing a
   device must share a pid namespace (and the lock file's /run).
+- Each seat's endpoint writes a record of its own (records.py: <dev>.seats/
+  <port>.json), so `ltp status`, `ltp flows` and `ltp top` list every
+  rank on the device with its role; a sweep removes a dead holder's.
 - Taking and leaving hold a lock per device (flock on a file beside the
   endpoints' records), so two ranks starting at once never take one seat.
 
@@ -41,11 +44,11 @@ import time
 from dataclasses import dataclass, field
 from collections.abc import Iterator
 
-from .. import clib
+from .. import clib, netns
 from ...errors import RegistryError
 from . import lookup
 from .loader import attach_link, compile_program
-from .records import RECORD_ROOT, ns_key, process_start, where
+from .records import RECORD_ROOT, ns_key, process_start, read_record, remove_record, where
 
 PROGRAM = "ltp_mux"
 SEATS = 64                 # MUX_SEATS in bpf/ltp_mux.c
@@ -101,6 +104,10 @@ class Seat:
     mux: Mux
     seat: int
     port: int
+
+    def link_id(self) -> int:
+        """The kernel id of the mux's link (what the seat's record names)."""
+        return lookup.link_info(self.mux.link_fd)["id"]
 
     def leave(self) -> None:
         """Empty this seat; the mux goes with its last holder's fds (closed
@@ -207,12 +214,18 @@ def _empty(mux: Mux, seat: int, port: int) -> None:
 
 
 def sweep(mux: Mux) -> list[int]:
-    """Empty the seats whose holder is dead; the seats emptied."""
+    """Empty the seats whose holder is dead, and remove their records (the
+    holder's own: records.py); the seats emptied."""
     gone = []
     for seat, v in mux.holders().items():
         if process_start(v.pid) != v.start:
             _empty(mux, seat, v.port)
             gone.append(seat)
+            ns = mux.ns or netns.current()
+            with contextlib.suppress(RegistryError):
+                rec = read_record(mux.dev, ns, v.port)
+                if rec is not None and rec.seat and rec.pid == v.pid:
+                    remove_record(mux.dev, ns, v.port)
     return gone
 
 

@@ -3,7 +3,9 @@
 
 Every attached ltp_xdp program has a record /run/ltp/xdp/<netns or
 "host">/<dev>.json (role, job, geometry, mode, program, link and map ids,
-peers, time, owner). Who owns it decides the rest:
+peers, time, owner); a program in a seat of a device's mux (mux.py) has
+/run/ltp/xdp/<netns or "host">/<dev>.seats/<port>.json, one per seat, the
+mux's link its link. Who owns it decides the rest:
 
 - `ltp load` (pinned): program, link and maps are pinned in
   /sys/fs/bpf/ltp/<netns or "host">/<dev>/ and outlive every process;
@@ -33,6 +35,7 @@ PIN_ROOT = "/sys/fs/bpf/ltp"
 RECORD_ROOT = "/run/ltp/xdp"
 HOST = "host"                 # directory and display name of the machine's own namespace
 RECORD_VERSION = 2            # 2: owner (pinned or a process), pid_start, link and map ids
+SEATS_DIR = ".seats"          # <dev>.seats/: the records of the seats of dev's mux
 _IFNAME_BAD = re.compile(r"[/:\s]")
 
 
@@ -67,7 +70,10 @@ def pin_dir(dev: str, ns: str | None) -> str:
     return os.path.join(PIN_ROOT, ns_key(ns), dev)
 
 
-def record_path(dev: str, ns: str | None) -> str:
+def record_path(dev: str, ns: str | None, port: int = 0) -> str:
+    """A device's record, or (port) that of the seat taking `port` on its mux."""
+    if port:
+        return os.path.join(RECORD_ROOT, ns_key(ns), dev + SEATS_DIR, f"{port}.json")
     return os.path.join(RECORD_ROOT, ns_key(ns), f"{dev}.json")
 
 
@@ -96,14 +102,20 @@ class Record:
     map_ids: dict[str, int] = field(default_factory=dict)  # map name -> kernel id
     sender: str = ""           # an endpoint's pushes: "xdp" or "socket" ("": `ltp load`)
     sender_why: str = ""       # ... and why (control/transport/options.SenderChoice)
+    seat: bool = False         # in a seat of the device's mux, on its port (geometry.port)
 
     @property
     def pin_dir(self) -> str:
         return pin_dir(self.dev, self.netns)
 
     @property
+    def port(self) -> int:
+        """The seat's port; 0 for a program the device carries itself."""
+        return self.geometry.port if self.seat else 0
+
+    @property
     def path(self) -> str:
-        return record_path(self.dev, self.netns)
+        return record_path(self.dev, self.netns, self.port)
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "netns": ns_key(self.netns), "dev": self.dev,
@@ -116,7 +128,8 @@ class Record:
                 "pid": self.pid, "pin_dir": self.pin_dir, "record": self.path,
                 "owner": "ltp load" if self.pinned else "process", "pid_start": self.pid_start,
                 "link_id": self.link_id, "map_ids": dict(self.map_ids),
-                "sender": self.sender or None, "sender_why": self.sender_why or None}
+                "sender": self.sender or None, "sender_why": self.sender_why or None,
+                "seat_port": self.port or None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
@@ -130,12 +143,14 @@ class Record:
                    pinned=d.get("owner", "ltp load") == "ltp load",
                    pid_start=int(d.get("pid_start", 0)), link_id=int(d.get("link_id", 0)),
                    map_ids={str(k): int(v) for k, v in d.get("map_ids", {}).items()},
-                   sender=str(d.get("sender") or ""), sender_why=str(d.get("sender_why") or ""))
+                   sender=str(d.get("sender") or ""), sender_why=str(d.get("sender_why") or ""),
+                   seat=bool(d.get("seat_port")))
 
 
-def read_record(dev: str, ns: str | None) -> Record | None:
-    """The record of `dev` in `ns`, None if there is none."""
-    path = record_path(dev, ns)
+def read_record(dev: str, ns: str | None, port: int = 0) -> Record | None:
+    """The record of `dev` in `ns` (port: of its mux's seat on that port),
+    None if there is none."""
+    path = record_path(dev, ns, port)
     try:
         with open(path) as f:
             return Record.from_dict(json.load(f))
@@ -173,6 +188,26 @@ def entries(ns: Any = ...) -> list[tuple[str | None, str]]:
     if ns is not ...:
         out = [e for e in out if e[0] == ns]
     return out
+
+
+def seat_entries(ns: Any = ..., dev: str | None = None) -> list[tuple[str | None, str, int]]:
+    """(netns, dev, port) of every seat record (of `dev` alone if given);
+    `ns` as in `entries`."""
+    found = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for key in os.listdir(RECORD_ROOT):
+            if ns is not ... and ns_arg(key) != ns:
+                continue
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for name in os.listdir(os.path.join(RECORD_ROOT, key)):
+                    d = name[:-len(SEATS_DIR)]
+                    if not name.endswith(SEATS_DIR) or (dev is not None and d != dev):
+                        continue
+                    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                        found += [(ns_arg(key), d, int(f[:-5]))
+                                  for f in os.listdir(os.path.join(RECORD_ROOT, key, name))
+                                  if f.endswith(".json") and f[:-5].isdigit()]
+    return sorted(found, key=lambda e: (ns_key(e[0]), e[1], e[2]))
 
 
 # --------------------------------------------------------------------------- owners
@@ -225,12 +260,14 @@ def unpin(directory: str) -> None:
     _rmdir_empty(os.path.dirname(directory), PIN_ROOT)
 
 
-def remove_record(dev: str, ns: str | None) -> None:
-    """Remove the record of `dev` in `ns` and, when empty, its folders."""
-    path = record_path(dev, ns)
+def remove_record(dev: str, ns: str | None, port: int = 0) -> None:
+    """Remove the record of `dev` in `ns` (port: of its mux's seat on that
+    port) and, when empty, its folders."""
+    path = record_path(dev, ns, port)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    _rmdir_empty(os.path.dirname(path), RECORD_ROOT)
+    seats = [os.path.dirname(path)] if port else []
+    _rmdir_empty(*seats, os.path.dirname(seats[0] if seats else path), RECORD_ROOT)
 
 
 def _rmdir_empty(*dirs: str) -> None:

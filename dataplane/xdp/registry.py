@@ -14,7 +14,8 @@ kernel's side):
   is `dead` in `status`; `unload` (or the rig's teardown) removes it.
 
 Either way /run/ltp/xdp/<netns or "host">/<dev>.json describes it: role,
-job, geometry, mode, ids, peers, time, owner. This module is the mechanism
+job, geometry, mode, ids, peers, time, owner; an endpoint in a seat of a
+device's mux (mux.py) has <dev>.seats/<port>.json, listed with the rest. This module is the mechanism
 behind `ltp load/unload/status/flows`: it loads, publishes, unloads and
 reports, checking records against pins, owners and the kernel. Callers use
 this module alone: it re-exports the names they need from both. Policy
@@ -30,14 +31,16 @@ from typing import Any
 
 from .. import clib, netns
 from ...errors import RegistryError
-from .maps import MAP_NAMES, Geometry
+from .maps import Geometry
 # The names callers had from this module before the split (re-exported on purpose).
 from .lookup import (describe, geometry_from_fds, geometry_from_pins, link_info,  # noqa: F401
                      map_info, open_map_ids, pinned_maps, pinned_prog_id, prog_id, xdp_on)
 from .records import (HOST, PIN_ROOT, RECORD_ROOT, Record, check_ifname, entries,  # noqa: F401
                       ns_arg, ns_key, nsflag, owner_alive, owner_text, pin_dir, process_start,
-                      read_record, record_path, remove_record, unpin, where, write_record)
+                      read_record, record_path, remove_record, seat_entries, unpin, where,
+                      write_record)
 from .loader import Dataplane
+from .status import seat_records, status  # noqa: F401 (re-exported, as above)
 from .loader import detach, detach_link_id
 from .maps import LtpMaps
 
@@ -107,20 +110,24 @@ def check_free(dev: str, ns: str | None, *, fix: str) -> None:
 
 
 def publish(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
-            peers: dict[int, int], sender: str = "", sender_why: str = "") -> Record:
+            peers: dict[int, int], sender: str = "", sender_why: str = "",
+            seat_link: int = 0) -> Record:
     """Write the record of a running endpoint's program (attached by `dp`
     through a link this process holds), so `ltp status/flows/top` see it
     from any process while it runs. Nothing is pinned: program, link and
     maps die with this process. `withdraw` removes the record when the
     endpoint closes; after a crash `status` shows it `dead`. sender,
-    sender_why: which sender the endpoint's pushes use and why (`ltp flows`)."""
+    sender_why: which sender the endpoint's pushes use and why (`ltp flows`).
+    seat_link: the id of the mux's link, for an endpoint in a seat of it
+    (its record is the seat's, on its port)."""
     me = os.getpid()
     rec = Record(dev=dev, netns=ns, role=role, job=job, geometry=dp.geometry, mode=mode,
                  prog_id=prog_id(dp.prog_fd), peers=dict(peers), loaded_at=time.time(),
                  pid=me, pinned=False, pid_start=process_start(me) or 0,
-                 link_id=dp.link_id(), map_ids=dp.map_ids(), sender=sender,
-                 sender_why=sender_why)
-    unpin(pin_dir(dev, ns))             # pins of a program this endpoint replaced (force)
+                 link_id=seat_link or dp.link_id(), map_ids=dp.map_ids(), sender=sender,
+                 sender_why=sender_why, seat=bool(seat_link))
+    if not seat_link:
+        unpin(pin_dir(dev, ns))         # pins of a program this endpoint replaced (force)
     write_record(rec)
     return rec
 
@@ -141,12 +148,12 @@ def withdraw(published: Record) -> None:
     (the program detaches with its link); a record another endpoint wrote
     since (one that took the device with force) stays."""
     try:
-        rec = read_record(published.dev, published.netns)
+        rec = read_record(published.dev, published.netns, published.port)
     except RegistryError:
         return
     if rec is not None and not rec.pinned and (rec.pid, rec.prog_id) == (published.pid,
                                                                       published.prog_id):
-        remove_record(published.dev, published.netns)
+        remove_record(published.dev, published.netns, published.port)
 
 
 def unload(dev: str, ns: str | None) -> dict[str, Any]:
@@ -236,6 +243,20 @@ def unload_all(ns: Any = ...) -> list[dict[str, Any]]:
                         "note": f"held by a running endpoint, {owner_text(rec)}; left alone"})
             continue
         out.append(unload(dev, n))
+    for n, dev, port in seat_entries(ns):
+        try:
+            rec = read_record(dev, n, port)
+        except RegistryError:
+            rec = None
+        row = {"netns": ns_key(n), "dev": dev, "seat_port": port, "detached": False,
+               "prog_id": rec.prog_id if rec else None}
+        if rec is not None and owner_alive(rec):
+            out.append({**row, "skipped": True, "note": "a seat held by a running endpoint, "
+                        f"{owner_text(rec)}; left alone"})
+            continue
+        remove_record(dev, n, port)
+        out.append({**row, "note": "its owner had died (its seat goes at the next take or "
+                    "leave on the device); removed the record"})
     return out
 
 
@@ -254,84 +275,9 @@ def clear_namespace(ns: str) -> list[str]:
             remove_record(dev, n)
         except Exception as e:  # noqa: BLE001
             errors.append(f"LTP program on {where(dev, n)}: {e}")
+    for n, dev, port in seat_entries(ns):
+        remove_record(dev, n, port)
     return errors
-
-
-# --------------------------------------------------------------------------- status
-
-def status(ns: Any = ...) -> list[dict[str, Any]]:
-    """One dict per loaded program: the record (if any) and what the kernel
-    says now. `state` is ok, dead (the endpoint that held it exited: its
-    program and maps are gone, the record is left), detached (device
-    carries no program or another one), no netns, no device, no pins, no
-    record or partial (some pins missing). `maps` counts the maps reachable
-    (pinned, or by id while the owner lives)."""
-    return [_status_row(n, dev) for n, dev in entries(ns)]
-
-
-def _status_row(n: str | None, dev: str) -> dict[str, Any]:
-    pdir = pin_dir(dev, n)
-    try:
-        rec = read_record(dev, n)
-        bad_record = None
-    except RegistryError as e:
-        rec, bad_record = None, str(e)
-    pinned = pinned_maps(pdir)
-    pid = pinned_prog_id(pdir)
-    row: dict[str, Any] = {"netns": ns_key(n), "dev": dev, "pin_dir": pdir,
-                           "maps_pinned": len(pinned), "maps_expected": len(MAP_NAMES),
-                           "maps": len(pinned), "pinned_prog_id": pid, "attached": None,
-                           "owner": None, "owner_alive": None}
-    if rec is not None:
-        r = rec.to_dict()
-        row.update({k: r[k] for k in ("role", "job", "mode", "prog_id", "geometry", "loaded_at",
-                                      "loaded_at_iso", "pid", "owner", "link_id")})
-        row["workers"] = sorted(rec.peers)
-        row["owner_alive"] = owner_alive(rec)
-    else:
-        row.update({"role": None, "job": None, "mode": None, "prog_id": pid,
-                    "geometry": None, "loaded_at": None, "loaded_at_iso": None,
-                    "pid": None, "workers": [], "link_id": None})
-    row["state"] = _state(row, rec, pdir, len(pinned))
-    if bad_record:
-        row["error"] = bad_record
-    return row
-
-
-def _state(row: dict[str, Any], rec: Record | None, pdir: str, npinned: int) -> str:
-    """The STATE of a status row (and its `attached` and `maps`)."""
-    n, dev, pid = ns_arg(row["netns"]), row["dev"], row["pinned_prog_id"]
-    endpoint = rec is not None and not rec.pinned
-    if endpoint and not row["owner_alive"]:
-        return "dead"
-    try:
-        row["attached"] = xdp_on(dev, n)
-    except RegistryError:
-        return "no netns" if n and not netns.exists(n) else "no device"
-    att_id = row["attached"]["prog_id"] if row["attached"] else None
-    if endpoint:
-        row["maps"] = _maps_by_id(rec)
-        return "ok" if att_id == rec.prog_id else "detached"
-    if pid is None and not os.path.isdir(pdir):
-        return "no pins"
-    if rec is None:
-        return "no record"
-    if npinned < len(MAP_NAMES) or pid is None:
-        return "partial"                # a pin was removed behind our back
-    if att_id is None or att_id not in (pid, row["prog_id"]):
-        return "detached"
-    return "ok"
-
-
-def _maps_by_id(rec: Record) -> int:
-    """How many of an endpoint's maps its record's ids still open (all or none)."""
-    try:
-        fds = open_map_ids(rec.map_ids)
-    except RegistryError:
-        return 0
-    for fd in fds.values():
-        os.close(fd)
-    return len(fds)
 
 
 # --------------------------------------------------------------------------- maps
