@@ -116,6 +116,14 @@ def test_two_ranks_share_one_device_each_through_its_own_port(rig, capsys):
                 assert main(["flows", h.ifname, "--netns", h.netns]) in (0, None)
                 text = capsys.readouterr().out
                 assert all(f"{h.ifname} port {p}  worker" in text for p in PORTS), text
+                # the exporter: a program per seat, `dev` DEV:PORT, read
+                from ltpx.dataplane.xdp.metrics import LtpCollector
+                up = {s.labels["dev"]: s.value for f in LtpCollector(h.netns).collect()
+                      if f.name == "ltp_program_up" for s in f.samples}
+                assert up == {f"{h.ifname}:{p}": 1 for p in PORTS}, up
+                # nothing to unload while both holders live
+                assert main(["unload", h.ifname, "--netns", h.netns]) == 1
+                assert f"ports {PORTS[0]}, {PORTS[1]}" in capsys.readouterr().err
                 counts = a.seat.mux.counters()
                 assert counts["dispatched"] >= 4 * 85 and counts["fell_through"] == 0
                 a.close()
@@ -164,9 +172,12 @@ def test_a_killed_rank_s_seat_is_swept_and_its_neighbours_keep_theirs(rig, capsy
             p.stdout.close()
         assert [(s["port"], s["alive"]) for s in mux.seats(h.ifname, h.netns)] == \
             [(PORTS[0], True), (PORTS[1], False)]
-        # its record stays, dead, until the sweep
+        # its record stays, dead, until the sweep or `ltp unload DEV`
         assert _seat_rows(capsys, h) == [(PORTS[0], "worker", os.getpid(), "ok"),
                                          (PORTS[1], "worker", p.pid, "dead")]
+        rc, rows = _cli(capsys, "unload", h.ifname, "--netns", h.netns)
+        assert rc in (0, None) and rows[0]["seats"] == 1, rows
+        assert _seat_rows(capsys, h) == [(PORTS[0], "worker", os.getpid(), "ok")]
         with _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True):
             assert sorted((s["port"], s["pid"]) for s in mux.seats(h.ifname, h.netns)) == \
                 [(PORTS[0], os.getpid()), (PORTS[1], os.getpid())]

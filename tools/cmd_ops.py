@@ -211,8 +211,10 @@ def cmd_unload(args) -> None:
         for r in rows:
             what = f"prog id {r['prog_id']}" if r["prog_id"] else "program"
             done_ = "left {} on" if r.get("skipped") else "unloaded {} from"
-            out.append(f"{done_.format(what)} {r['dev']} in {r['netns']}"
-                       f"{'' if r['detached'] or r.get('skipped') else ' (was not attached)'}"
+            dev = f"{r['dev']}:{r['seat_port']}" if r.get("seat_port") else r["dev"]
+            quiet = r["detached"] or r.get("skipped") or r.get("seat_port") or "seats" in r
+            out.append(f"{done_.format(what)} {dev} in {r['netns']}"
+                       f"{'' if quiet else ' (was not attached)'}"
                        + (f": {r['note']}" if r["note"] else ""))
         return "\n".join(out)
     emit(args, done, text)

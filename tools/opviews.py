@@ -67,7 +67,8 @@ def listed_ns(text: str | None):
     a typo must not read as "nothing loaded". A gone namespace that still
     has records stays listable (`ltp status` shows them as "no netns")."""
     ns = ns_filter(text)
-    if ns not in (..., None) and not netns.exists(ns) and not registry().entries(ns):
+    if ns not in (..., None) and not netns.exists(ns) and not registry().entries(ns) and \
+            not registry().seat_entries(ns):
         raise RegistryError(f"no network namespace {ns!r} (`ip netns list` shows them)")
     return ns
 

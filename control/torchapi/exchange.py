@@ -210,6 +210,7 @@ class Exchange:
         self.phases.add("comm_barrier", t2 - t0)
         self.barrier_seen = Arrival(run.seq, t2 - t1, last, own, aside)
         run.rec.lift_ns, run.rec.last = int(t2 * 1e9), last
+        run.rec.wait_ns = int((t2 - t1) * 1e9)
 
     def push(self, run: Run, i: int, piece: np.ndarray) -> None:
         """Piece i of the op (one bucket of a step) into its uplink round."""

@@ -240,6 +240,7 @@ class ShardedExchange:
         worker_phases().add("comm_barrier", t2 - t0)
         self.barrier_seen = Arrival(run.runs[0].seq, t2 - t1, last[0], own, aside)
         run.runs[0].rec.lift_ns, run.runs[0].rec.last = int(t2 * 1e9), last[0]
+        run.runs[0].rec.wait_ns = int((t2 - t1) * 1e9)
 
     def push(self, run: ShardRun, i: int, piece: np.ndarray) -> None:
         """Piece i: slice s to server s, from shard s's thread (returns at once;

@@ -87,6 +87,8 @@ class OpRecord:
     kind: str
     arrive_ns: int = 0
     lift_ns: int = 0
+    wait_ns: int = 0           # its wait for the go (Arrival.wait_s): arrive_ns..lift_ns
+                               # less its own arrival's store calls
     last: bool = False
     own_ns: int = 0
     cpu_wait_ns: int = 0
@@ -165,6 +167,8 @@ def _worker_events(w: int, recs: list[dict], ends: dict) -> list[dict]:
     for o in recs:
         if o["arrive_ns"] and o["lift_ns"]:
             args = {"op": o["op"], "last": o["last"]}
+            if o.get("wait_ns"):
+                args["wait_ms"] = round(o["wait_ns"] / 1e6, 3)
             if o.get("own_ns"):
                 args["own_ms"] = round(o["own_ns"] / 1e6, 3)
                 args["cpu_wait_ms"] = round(o.get("cpu_wait_ns", 0) / 1e6, 3)
@@ -292,6 +296,7 @@ def summarize(trace: dict) -> dict:
     late: dict[str, list[float]] = {}
     per_op: dict[int, dict[int, int]] = {}
     op_late: dict[tuple[int, str], list[float]] = {}     # (op, worker) -> its lateness, ms
+    waited: set[tuple[int, str]] = set()
     for e in rounds:
         a = e.get("args", {})
         if a.get("kind") == "step" and a.get("straggler") is not None:
@@ -299,6 +304,8 @@ def summarize(trace: dict) -> dict:
             named[k] = named.get(k, 0) + 1
             op = per_op.setdefault(int(a["op"]), {})
             op[a["straggler"]] = op.get(a["straggler"], 0) + 1
+            if a.get("cause") == "waited":     # cut by its deadline: it waited for k
+                waited.add((int(a["op"]), k))
         for w, v in (a.get("lateness_ms") or {}).items():
             late.setdefault(w, []).append(v)
             if a.get("kind") == "step" and v is not None:
@@ -312,8 +319,8 @@ def summarize(trace: dict) -> dict:
                                  {"last": [], "waited_ms": {}, "own_ms": {}, "aside": []})
             if a["last"]:
                 n["last"].append(op)
-            else:
-                n["waited_ms"][str(op)] = e["dur"] / 1e3
+            else:       # as the worker's notes have it (Arrival.wait_s), else the slice
+                n["waited_ms"][str(op)] = a.get("wait_ms", e["dur"] / 1e3)
             if "own_ms" in a:
                 n["own_ms"][str(op)] = a["own_ms"]
             if a.get("aside"):
@@ -324,10 +331,15 @@ def summarize(trace: dict) -> dict:
     def pct(v, q):
         return round(float(np.percentile(v, q)), 3) if v else None
     workers = sorted(set(named) | set(late) | {str(w) for w in notes}, key=int)
-    nic = {op: max(c, key=c.get) for op, c in per_op.items()}
+    # the worker named in most of the op's rounds, ties to the larger summed
+    # lateness (as StepStragglers.straggler)
+    nic = {op: max(c, key=lambda w, c=c, op=op: (c[w], sum(op_late.get((op, str(w)), []))))
+           for op, c in per_op.items()}
     # the named worker's lateness in its step: the mean over the step's rounds (as a report's)
-    nic_late = {op: float(np.mean(op_late[op, str(w)])) / 1e3
-                for op, w in nic.items() if (op, str(w)) in op_late}
+    # (a round cut by its deadline waited for it: past any margin)
+    nic_late = {op: float("inf") if (op, str(w)) in waited else
+                float(np.mean(op_late[op, str(w)])) / 1e3
+                for op, w in nic.items() if (op, str(w)) in op_late or (op, str(w)) in waited}
     return {"rounds": len(rounds), "steps": steps, "step_s": step_s,
             "workers": {w: {"nic_rounds": named.get(w, 0), "lateness_p50_ms": pct(late.get(w), 50),
                             "lateness_p99_ms": pct(late.get(w), 99)} for w in workers},

@@ -43,6 +43,7 @@ from .config import TrainConfig, iterations_per_epoch
 from .data import BatchStream, split
 from .local import Clock, Evaluator, Stepper, VersionChain, eval_due, setup_torch
 from .model import build_mlp
+from ..transport.straggler import WAITED_REASONS
 from .straggler_report import BarrierNotes, attribute_steps
 
 EARLY = ("early", "deadline")
@@ -230,7 +231,9 @@ class Demo:
         self.delivered_sum += rep.delivered_fraction
         if rep.straggler is not None:    # the worker the step waited for (the NIC's times)
             self.nic[rep.step] = rep.straggler
-            self.nic_late[rep.step] = rep.lateness.get(rep.straggler, float("inf"))
+            # a round cut by its deadline waited for it, whatever its last chunk's time
+            self.nic_late[rep.step] = float("inf") if rep.reason in WAITED_REASONS else \
+                rep.lateness.get(rep.straggler, float("inf"))
         self.notes.add(rep)
         for w, v in rep.lateness.items():
             self.lateness.setdefault(w, array("d")).append(v)

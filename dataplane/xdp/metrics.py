@@ -116,7 +116,7 @@ class _Families:
     def add_program(self, snap: dict[str, Any], hists: dict[int, dict]) -> None:
         """One program's snapshot (flows.snapshot) and its flows' round
         stats (LtpMaps.round_stats by slot)."""
-        p = [snap["netns"], snap["dev"], _job(snap["job"])]
+        p = [snap["netns"], dev_label(snap), _job(snap["job"])]
         for name in COUNTERS:
             if name in snap["counters"]:        # an older build's program has fewer
                 self.xdp.add_metric(p + [name], snap["counters"][name])
@@ -174,11 +174,12 @@ class LtpCollector:
         fam = _Families()
         rows = registry.status(self.ns)
         for row in rows:
-            p = [row["netns"], row["dev"], _job(row["job"])]
+            p = [row["netns"], dev_label(row), _job(row["job"])]
             fam.info.add_metric(p, {"role": row["role"] or "", "mode": row["mode"] or "",
                                     "prog_id": str(row["prog_id"] or ""), "state": row["state"]})
             try:
-                snap, hists = read_program(row["dev"], registry.ns_arg(row["netns"]))
+                snap, hists = read_program(row["dev"], registry.ns_arg(row["netns"]),
+                                           row.get("seat_port") or 0)
             except (LtpError, OSError) as e:
                 # a program `ltp status` already calls dead or gone is expected
                 # to be unreadable: say so only with -v, not every scrape
@@ -194,10 +195,20 @@ class LtpCollector:
         yield from fam.all()
 
 
-def read_program(dev: str, ns: str | None) -> tuple[dict[str, Any], dict[int, dict]]:
-    """The flows snapshot of `dev` in `ns` and each slot's round stats, from
-    its maps, which are closed again before this returns."""
-    rec = registry.find(dev, ns)
+def dev_label(row: dict[str, Any]) -> str:
+    """The `dev` label of a program: its device, `DEV:PORT` for one in a
+    seat of the device's mux (as `ltp status` shows it)."""
+    return f"{row['dev']}:{row['seat_port']}" if row.get("seat_port") else row["dev"]
+
+
+def read_program(dev: str, ns: str | None, port: int = 0) -> tuple[dict[str, Any],
+                                                                 dict[int, dict]]:
+    """The flows snapshot of `dev` in `ns` (port: of the program in the seat
+    of its mux taking that port) and each slot's round stats, from its maps,
+    which are closed again before this returns."""
+    rec = registry.read_record(dev, ns, port) if port else registry.find(dev, ns)
+    if rec is None:
+        raise LtpError(f"no seat on {registry.where(dev, ns)} takes port {port}")
     maps = registry.open_maps(rec)
     try:
         snap = flows.snapshot(rec, maps)

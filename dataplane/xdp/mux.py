@@ -124,8 +124,13 @@ class Seat:
                 self.mux.close()
 
 
+LOCK_SUFFIX = ".mux.lock"
+
+
 def _lock_path(dev: str, ns: str | None) -> str:
-    return os.path.join(RECORD_ROOT, ns_key(ns), f"{dev}.mux.lock")
+    """The device's lock file, by the namespace's name whether given or the
+    process's own (records are kept by it too)."""
+    return os.path.join(RECORD_ROOT, ns_key(ns or netns.current()), dev + LOCK_SUFFIX)
 
 
 @contextlib.contextmanager

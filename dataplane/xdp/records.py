@@ -162,11 +162,17 @@ def read_record(dev: str, ns: str | None, port: int = 0) -> Record | None:
 
 
 def write_record(rec: Record) -> None:
-    os.makedirs(os.path.dirname(rec.path), exist_ok=True)
     tmp = f"{rec.path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(rec.to_dict(), f, indent=1)
-    os.replace(tmp, rec.path)
+    for tries in range(3):     # a neighbour's remove_record may take an empty folder away
+        os.makedirs(os.path.dirname(rec.path), exist_ok=True)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(rec.to_dict(), f, indent=1)
+            os.replace(tmp, rec.path)
+            return
+        except FileNotFoundError:
+            if tries == 2:
+                raise
 
 
 def entries(ns: Any = ...) -> list[tuple[str | None, str]]:
@@ -190,6 +196,12 @@ def entries(ns: Any = ...) -> list[tuple[str | None, str]]:
     return out
 
 
+def _port_file(name: str) -> bool:
+    """Is `name` a seat's record, <port>.json (1..65535, no leading zero)?"""
+    stem = name[:-5] if name.endswith(".json") else ""
+    return stem.isdigit() and str(int(stem)) == stem and 1 <= int(stem) <= 65535
+
+
 def seat_entries(ns: Any = ..., dev: str | None = None) -> list[tuple[str | None, str, int]]:
     """(netns, dev, port) of every seat record (of `dev` alone if given);
     `ns` as in `entries`."""
@@ -206,7 +218,7 @@ def seat_entries(ns: Any = ..., dev: str | None = None) -> list[tuple[str | None
                     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                         found += [(ns_arg(key), d, int(f[:-5]))
                                   for f in os.listdir(os.path.join(RECORD_ROOT, key, name))
-                                  if f.endswith(".json") and f[:-5].isdigit()]
+                                  if _port_file(f)]
     return sorted(found, key=lambda e: (ns_key(e[0]), e[1], e[2]))
 
 

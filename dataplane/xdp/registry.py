@@ -23,6 +23,7 @@ this module alone: it re-exports the names they need from both. Policy
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -168,6 +169,8 @@ def unload(dev: str, ns: str | None) -> dict[str, Any]:
         rec = None                      # unreadable: remove it all the same
     has_record = os.path.exists(record_path(dev, ns))
     if not has_record and not os.path.isdir(pdir):
+        if seat_entries(ns, dev):
+            return _forget_seats(dev, ns)
         raise RegistryError(f"nothing loaded by `ltp load` on {where(dev, ns)}; "
                             "`ltp status` lists what is")
     if rec is not None and not rec.pinned:
@@ -190,6 +193,43 @@ def unload(dev: str, ns: str | None) -> dict[str, Any]:
                                "left it attached")
     unpin(pdir)
     remove_record(dev, ns)
+    return out
+
+
+def _forget_seats(dev: str, ns: str | None) -> dict[str, Any]:
+    """`unload` of a device shared through its mux: the records of the seats
+    whose holders died are removed; refused when every holder lives."""
+    rows = _seat_rows_removed(seat_entries(ns, dev))
+    live = ", ".join(str(r["seat_port"]) for r in rows if r.get("skipped"))
+    gone = [r for r in rows if not r.get("skipped")]
+    if live and not gone:
+        raise RegistryError(f"{where(dev, ns)} is shared by running LTP endpoints (seats of "
+                            f"its mux on ports {live}): each leaves its seat when its "
+                            "process exits")
+    return {"netns": ns_key(ns), "dev": dev, "prog_id": None, "detached": False,
+            "seats": len(gone),
+            "note": f"removed the records of {len(gone)} seat(s) whose holders had died"
+                    + (f"; left those of running endpoints (ports {live})" if live else "")}
+
+
+def _seat_rows_removed(seats: list[tuple[str | None, str, int]]) -> list[dict[str, Any]]:
+    """Remove the records of these seats whose holders died; a row each,
+    `skipped` for one a running endpoint holds."""
+    out = []
+    for n, dev, port in seats:
+        try:
+            rec = read_record(dev, n, port)
+        except RegistryError:
+            rec = None
+        row = {"netns": ns_key(n), "dev": dev, "seat_port": port, "detached": False,
+               "prog_id": rec.prog_id if rec else None}
+        if rec is not None and owner_alive(rec):
+            out.append({**row, "skipped": True, "note": "a seat held by a running endpoint, "
+                        f"{owner_text(rec)}; left alone"})
+            continue
+        remove_record(dev, n, port)
+        out.append({**row, "note": "its owner had died (its seat goes at the next take or "
+                    "leave on the device); removed the record"})
     return out
 
 
@@ -243,21 +283,7 @@ def unload_all(ns: Any = ...) -> list[dict[str, Any]]:
                         "note": f"held by a running endpoint, {owner_text(rec)}; left alone"})
             continue
         out.append(unload(dev, n))
-    for n, dev, port in seat_entries(ns):
-        try:
-            rec = read_record(dev, n, port)
-        except RegistryError:
-            rec = None
-        row = {"netns": ns_key(n), "dev": dev, "seat_port": port, "detached": False,
-               "prog_id": rec.prog_id if rec else None}
-        if rec is not None and owner_alive(rec):
-            out.append({**row, "skipped": True, "note": "a seat held by a running endpoint, "
-                        f"{owner_text(rec)}; left alone"})
-            continue
-        remove_record(dev, n, port)
-        out.append({**row, "note": "its owner had died (its seat goes at the next take or "
-                    "leave on the device); removed the record"})
-    return out
+    return out + _seat_rows_removed(seat_entries(ns))
 
 
 def clear_namespace(ns: str) -> list[str]:
@@ -277,7 +303,25 @@ def clear_namespace(ns: str) -> list[str]:
             errors.append(f"LTP program on {where(dev, n)}: {e}")
     for n, dev, port in seat_entries(ns):
         remove_record(dev, n, port)
+    _remove_locks(ns)
     return errors
+
+
+def _remove_locks(ns: str) -> None:
+    """The muxes' lock files of namespace `ns` (its rig removes it: nobody
+    holds them), and the namespace's folder once empty."""
+    folder = os.path.join(RECORD_ROOT, ns_key(ns))
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if name.endswith(".mux.lock"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
+        os.rmdir(RECORD_ROOT)
 
 
 # --------------------------------------------------------------------------- maps

@@ -30,7 +30,8 @@ def status(ns: Any = ...) -> list[dict[str, Any]]:
 
 def _seat_row(n: str | None, dev: str, port: int) -> dict[str, Any]:
     """A status row of an endpoint in a seat of dev's mux: ok while its
-    owner lives and its maps open, else dead."""
+    owner lives, its maps open and the device carries a program (the mux),
+    else dead, detached, no netns or no device."""
     try:
         rec, err = read_record(dev, n, port), None
     except RegistryError as e:
@@ -45,6 +46,13 @@ def _seat_row(n: str | None, dev: str, port: int) -> dict[str, Any]:
                                       "loaded_at_iso", "pid", "owner", "link_id")})
     row["maps"] = _maps_by_id(rec) if row["owner_alive"] else 0
     row["state"] = "ok" if row["maps"] == len(MAP_NAMES) else "dead"
+    if row["state"] == "ok":          # and the device still carries the mux
+        try:
+            row["attached"] = xdp_on(dev, n)
+        except RegistryError:
+            row["state"] = "no netns" if n and not netns.exists(n) else "no device"
+        else:
+            row["state"] = "ok" if row["attached"] else "detached"
     if err:
         row["error"] = err
     return row
