@@ -185,3 +185,17 @@ def test_a_killed_rank_s_seat_is_swept_and_its_neighbours_keep_theirs(rig, capsy
     assert lookup.xdp_on(h.ifname, h.netns) is None and _seat_rows(capsys, h) == []
     with _endpoint(h, {0: 0}, self_id=0), pytest.raises(RegistryError, match="not LTP's mux"):
         _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True)
+
+
+@pytest.mark.rig
+def test_ltp_train_puts_two_trainers_on_each_host_sharing_its_device(capsys):
+    """`ltp train --ranks-per-node 2 --share-nic`: 4 trainers on 2 worker
+    hosts, each host's pair through its one device's mux; the replicas end
+    identical, and the rig is gone after."""
+    rc, r = _cli(capsys, "train", "--workers", "4", "--ranks-per-node", "2", "--share-nic",
+                 "--iterations", "12")
+    assert rc in (0, None) and r["replicas_identical"], r
+    assert (r["rig"]["worker_hosts"], r["rig"]["nodes"], r["rig"]["share_nic"]) == (2, 0, True)
+    assert r["iterations"] == 12 and r["delivered_fraction"] > 0.99, r
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert r["rig"]["name"] not in left

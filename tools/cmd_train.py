@@ -21,7 +21,8 @@ from ..control.training import RANK_MODULES
 from ..control.training.args import add_train_flags
 from ..control.training.config import CAPABILITIES, LTP_TRANSPORTS
 from . import train_text as show
-from .flags import MAX_WORKERS, check_colocate
+from .train_rig import add_rig_flags, check_shape, rig_fields, rig_for
+from .flags import MAX_WORKERS
 from .common import (EXIT_ERROR, LtpError, UsageError, add_json, emit, need_bcc, need_root,
                      parse_rate, parse_size)
 
@@ -49,6 +50,8 @@ EPILOG = """examples:
                                                   heavy loss, fixed from the first step: rounds
                                                   closed after one pass, answers sent once
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
+  sudo ltp train --workers 8 --ranks-per-node 2 --share-nic --compare gloo
+                                                  2 trainers a host, sharing its one device
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
   sudo ltp train --transport ddp-ltp --hidden 2048,2048 --floors -j
                                                   where a step's time goes (breakdown),
@@ -68,20 +71,7 @@ def register(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     p.add_argument("--workers", type=int, default=4, help="workers (default 4; 1..64)")
     add_train_flags(p)   # shared with every rank (python -m ltpx.control.training)
-    rig = p.add_argument_group("the rig")
-    rig.add_argument("--colocate", action="store_true",
-                     help="no server hosts: a server beside every worker, each on its node "
-                     "(--servers = --workers, at most 8); over LTP each rank has a device of "
-                     "its own and a node's two share one link (docs/deploy.md)")
-    rig.add_argument("--loss", default="0", help="drop probability on every rig port, in "
-                     "[0, 1) (default 0)")
-    rig.add_argument("--rate", default="1gbit", help="rate of every rig port (default 1gbit)")
-    rig.add_argument("--buffer", default="30kb", help="queue of every rig port (default 30kb)")
-    rig.add_argument("--mtu", type=int, default=1500,
-                     help="MTU of every rig link, 1280..3500 (default 1500; larger frames "
-                     "mean fewer packets for every transport)")
-    rig.add_argument("--name", default=None, help="use rig NAME (built if it does not exist, "
-                     "kept if it did)")
+    add_rig_flags(p)
     p.add_argument("--compare", default="none", metavar="LIST",
                    help="baselines to run after the main run, comma-separated: ltp, tcp, "
                    "tcp:CC, gloo, ddp-ltp, each optionally with :KEY=VALUE settings ("
@@ -224,8 +214,7 @@ def _validate(args) -> tuple:
     from ..control.training.args import config_from_args
     if not 1 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers: must be in 1..{MAX_WORKERS}, got {args.workers}")
-    if args.colocate:
-        check_colocate(args)
+    check_shape(args)
     try:
         loss = float(args.loss)
     except ValueError:
@@ -361,7 +350,8 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
     from ..control.training.curves import run_label
     from ..control.training.onrig import train_on_rig
     cfg = _run_config(args, run)
-    rig, cfg = _rig_for(args, cfg, progress, loss=loss, rate=rate, buffer=buffer)
+    rig, cfg = rig_for(args, cfg, progress, comparing=len(_runs(args)) > 1, loss=loss,
+                       rate=rate, buffer=buffer)
     label = show.label(cfg.transport, cfg.cc, cfg.servers, cfg.compress, cfg.sender,
                        cfg.loss_policy, cfg.loss_budget)
     progress.begin(label)
@@ -372,13 +362,9 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
         faults = Faults(args.kills, restart=args.restart, servers=cfg.servers)
     with rig:
         res = train_on_rig(rig, cfg, workers=args.workers, progress=on_event, faults=faults,
-                           timeout_s=args.timeout, deadline_min_s=args.deadline_min)
-        res["rig"] = {"name": rig.name, "mode": rig.config.mode,
-                      "rate_bps": rig.config.rate_bps,
-                      "buffer_bytes": rig.config.buffer_bytes, "loss": rig.config.loss,
-                      "shape": rig.config.shape, "loss_on": rig.config.loss_on,
-                      "mtu": rig.config.mtu, "servers": rig.config.servers,
-                      "nodes": rig.config.nodes, "colocated": rig.config.colocate}
+                           timeout_s=args.timeout, deadline_min_s=args.deadline_min,
+                           per_node=args.ranks_per_node, share=args.share_nic)
+        res["rig"] = rig_fields(rig, args)
         res["servers"] = cfg.servers
         res["compress"] = cfg.compress
         res["sender"] = cfg.sender
@@ -386,55 +372,6 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
         res["loss_budget"] = cfg.loss_budget
     progress.end(res)
     return res
-
-
-def _rig_for(args, cfg, progress, *, loss: float, rate: int, buffer: int):
-    """(rig, cfg) of one run: the named rig if it exists (with notes on what it
-    lacks; an old rig without a broadcast address makes the downlink unicast;
-    under --compare, one not shaped alike for every transport), else a new
-    rig built for the run's transport (said when --name named it)."""
-    from ..control.training.onrig import rig_config, rig_mode_for
-    from ..dataplane.rig.star import Rig
-    if not (args.name and Rig.exists(args.name)):
-        name = args.name or f"tr{os.getpid() % 1000000}"
-        if args.name:   # a typo must not pass for the rig the user meant
-            progress.note(f"note: no rig {name} exists: building one ({args.workers} workers, "
-                          f"{rate / 1e6:g} Mbit/s, {buffer} B buffer, loss {loss:g}); "
-                          "`ltp rig status` shows the rigs that are up")
-        return Rig(rig_config(name, cfg.transport, workers=args.workers, rate_bps=rate,
-                              buffer_bytes=buffer, loss=loss, mtu=args.mtu,
-                              servers=args.workers if args.colocate else cfg.servers,
-                              nodes=args.workers if args.colocate else 0,
-                              colocate=args.colocate)), cfg
-    rig = Rig.attach(args.name)
-    c = rig.config
-    if args.colocate != c.colocate:
-        raise UsageError(f"--colocate: rig {args.name} has " + (
-            f"a server beside each of its {c.workers} workers: add --colocate"
-            if c.colocate else "no server beside each worker: build one with `ltp rig up "
-            "--workers W --servers W --nodes W --colocate`") + ", or use another rig")
-    if c.nodes and args.workers != c.workers:
-        raise UsageError(f"--workers: rig {args.name} has {c.nodes} nodes of "
-                         f"{c.workers // c.nodes} workers; a job on it takes all {c.workers}")
-    if len(rig.workers) < args.workers:
-        raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "
-                         f"workers, asked for {args.workers}")
-    if cfg.servers > 1 and len(rig.servers) < cfg.servers:
-        raise UsageError(f"--servers: rig {args.name} has {len(rig.servers)} server host(s), "
-                         f"asked for {cfg.servers} (`ltp rig up --servers {cfg.servers}`)")
-    if cfg.downlink == "group" and not rig.has_broadcast():
-        cfg = dataclasses.replace(cfg, downlink="unicast")
-        progress.note(f"note: rig {args.name} predates group sends (no broadcast "
-                      "address); the parameter downlink is unicast. Rebuild it "
-                      "(ltp rig down / up) for --downlink group")
-    comparing = len(_runs(args)) > 1     # fairness matters only between runs
-    if comparing and (rig.config.mode != rig_mode_for(cfg.transport)
-                      or rig.config.shape != "all"):
-        progress.note(f"note: rig {args.name} is {rig.config.mode} mode, shape "
-                      f"{rig.config.shape}; {show.label(cfg.transport, cfg.cc)} compares fairly "
-                      f"on a {rig_mode_for(cfg.transport)}-mode rig with shape all "
-                      "(docs/rig.md, docs/training.md)")
-    return rig, cfg
 
 
 if __name__ == "__main__":  # pragma: no cover

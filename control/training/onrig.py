@@ -113,14 +113,17 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
                  progress: Callable[[dict], None] | None = None, timeout_s: float = 900.0,
                  rank_timeout_s: float = 120.0, deadline_min_s: float | None = None,
                  early_close: dict | None = None, faults: Faults | None = None,
-                 on_hang: Callable[[list[str]], None] | None = None) -> dict:
+                 on_hang: Callable[[list[str]], None] | None = None, per_node: int = 1,
+                 share: bool = False) -> dict:
     """Run one training job on `rig` (a dataplane.rig.Rig); returns the lead's
     result dict. `progress(event)` sees every event it prints (start, iter,
     eval). `early_close`: EarlyCloseConfig fields for the LTP server (e.g.
     threshold 1.0: rounds close only complete). `faults`: kills to fire and
     the restart policy (faults.py; the result then has a "faults" entry).
     `on_hang(lines)` gets each flight-recorder screen (launcher/hangs.py; default:
-    stderr); the result's "hangs" lists them.
+    stderr); the result's "hangs" lists them. `per_node`: trainers a worker
+    host (a rig without nodes); `share`: over LTP they share its device
+    (each in a seat of its mux, launch.rank_settings).
     Every process started here is gone when this returns or raises."""
     cfg.validate()
     W = workers or len(rig.workers)
@@ -137,7 +140,8 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     while True:      # once, or again after the server died under --restart
         try:
             ranks = plan_ranks(rig, W, servers, colocate=bool(
-                servers and getattr(getattr(rig, "config", None), "colocate", False)))
+                servers and getattr(getattr(rig, "config", None), "colocate", False)),
+                per_node=per_node)
         except ValueError as e:      # a rig of another shape; the message names the flag
             raise UsageError(f"--{e}") from None
         forkserver.warm(RANK_MODULES)   # (a no-op if `ltp train` warmed it before the rig)
@@ -156,7 +160,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
             job.start(lambda r: argv, lambda r, job=job, ranks=ranks: job_env(
                 rig, r, len(ranks), job.port, servers=servers,
                 transport="tcp" if cfg.transport == "tcp" else "ltp",
-                group=cfg.downlink == "group"))
+                group=cfg.downlink == "group", share=share))
             result = _follow(job, follow, logdir, timeout_s, fx)
             result["startup"] = {"start_s": follow.marks.get("start"),
                                  "first_iter_s": follow.marks.get("iter"),

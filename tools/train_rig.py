@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`ltp train`'s rig: its flags, the shape they ask for, and the rig of each run.
+
+A run's shape is its workers and servers and where they sit:
+- one rank per host (the default): a worker host per worker;
+- `--colocate`: a server beside every worker, each rank with a device of
+  its own on a node, a node's devices sharing one link (docs/deploy.md);
+- `--ranks-per-node R`: R trainers on each worker host. Over LTP's XDP path
+  (ltp, ddp-ltp) each rank then needs a device of its own, on a node of R
+  devices sharing one link, unless `--share-nic` seats them on their host's
+  one device (the mux: docs/deploy.md, "Several ranks on one NIC"); TCP and
+  gloo share a host's device as they would on real hosts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ..control.training.config import LTP_TRANSPORTS
+from . import train_text as show
+from .common import UsageError
+from .flags import check_colocate
+
+
+def add_rig_flags(p) -> None:
+    rig = p.add_argument_group("the rig")
+    rig.add_argument("--colocate", action="store_true",
+                     help="no server hosts: a server beside every worker, each on its node "
+                     "(--servers = --workers, at most 8); over LTP each rank has a device of "
+                     "its own and a node's two share one link (docs/deploy.md)")
+    rig.add_argument("--ranks-per-node", type=int, default=1, metavar="R",
+                     help="R trainers on each worker host (it divides --workers; default 1); "
+                     "over LTP each has a device of its own on a node of R sharing one link, "
+                     "unless --share-nic")
+    rig.add_argument("--share-nic", action="store_true",
+                     help="over LTP, a host's trainers share its one device, each rank's "
+                     "program in a seat of the device's mux on a UDP port of its own; "
+                     "answers go by unicast (docs/deploy.md, Several ranks on one NIC)")
+    rig.add_argument("--loss", default="0", help="drop probability on every rig port, in "
+                     "[0, 1) (default 0)")
+    rig.add_argument("--rate", default="1gbit", help="rate of every rig port (default 1gbit)")
+    rig.add_argument("--buffer", default="30kb", help="queue of every rig port (default 30kb)")
+    rig.add_argument("--mtu", type=int, default=1500,
+                     help="MTU of every rig link, 1280..3500 (default 1500; larger frames "
+                     "mean fewer packets for every transport)")
+    rig.add_argument("--name", default=None, help="use rig NAME (built if it does not exist, "
+                     "kept if it did)")
+
+
+def check_shape(args) -> None:
+    """--colocate, --ranks-per-node and --share-nic together (UsageError
+    names the flag)."""
+    r = args.ranks_per_node
+    if r < 1 or args.workers % r:
+        raise UsageError(f"--ranks-per-node: {r} must be at least 1 and divide --workers "
+                         f"({args.workers})")
+    if args.share_nic and args.colocate:
+        raise UsageError("--share-nic: not with --colocate (a co-located server's own worker "
+                         "would reach it on its own host, which the NIC never sees)")
+    if args.colocate:
+        check_colocate(args)
+
+
+def needs_nodes(args, transport: str) -> bool:
+    """Does a run of `transport` need a rig with nodes: a server beside each
+    worker, or several LTP trainers a host each with a device of its own."""
+    return args.colocate or (args.ranks_per_node > 1 and transport in LTP_TRANSPORTS
+                             and not args.share_nic)
+
+
+def rig_fields(rig, args) -> dict:
+    """What a run's result says of its rig and the job's shape on it."""
+    c = rig.config
+    return {"name": rig.name, "mode": c.mode, "rate_bps": c.rate_bps,
+            "buffer_bytes": c.buffer_bytes, "loss": c.loss, "shape": c.shape,
+            "loss_on": c.loss_on, "mtu": c.mtu, "servers": c.servers, "nodes": c.nodes,
+            "colocated": c.colocate, "worker_hosts": len(rig.workers),
+            "ranks_per_node": args.ranks_per_node,
+            "share_nic": args.share_nic}
+
+
+def rig_for(args, cfg, progress, *, comparing: bool, loss: float, rate: int, buffer: int):
+    """(rig, cfg) of one run: the named rig if it exists (with notes on what it
+    lacks; an old rig without a broadcast address makes the downlink unicast;
+    under --compare, one not shaped alike for every transport), else a new
+    rig built for the run's transport and shape (said when --name named it)."""
+    from ..control.training.onrig import rig_config, rig_mode_for  # noqa: PLC0415 (the rig's
+    from ..dataplane.rig.star import Rig  # noqa: PLC0415 (modules: not for --help)
+    nodes = needs_nodes(args, cfg.transport)
+    per = args.ranks_per_node
+    if not (args.name and Rig.exists(args.name)):
+        name = args.name or f"tr{os.getpid() % 1000000}"
+        hosts = args.workers if nodes else args.workers // per
+        if args.name:   # a typo must not pass for the rig the user meant
+            progress.note(f"note: no rig {name} exists: building one ({hosts} worker hosts, "
+                          f"{rate / 1e6:g} Mbit/s, {buffer} B buffer, loss {loss:g}); "
+                          "`ltp rig status` shows the rigs that are up")
+        return Rig(rig_config(name, cfg.transport, workers=hosts, rate_bps=rate,
+                              buffer_bytes=buffer, loss=loss, mtu=args.mtu,
+                              servers=args.workers if args.colocate else cfg.servers,
+                              nodes=args.workers // per if nodes else 0,
+                              colocate=args.colocate)), cfg
+    rig = Rig.attach(args.name)
+    _check_kept(args, rig, cfg, nodes)
+    if cfg.downlink == "group" and not rig.has_broadcast():
+        cfg = dataclasses.replace(cfg, downlink="unicast")
+        progress.note(f"note: rig {args.name} predates group sends (no broadcast "
+                      "address); the parameter downlink is unicast. Rebuild it "
+                      "(ltp rig down / up) for --downlink group")
+    if comparing and (rig.config.mode != rig_mode_for(cfg.transport)
+                      or rig.config.shape != "all"):
+        progress.note(f"note: rig {args.name} is {rig.config.mode} mode, shape "
+                      f"{rig.config.shape}; {show.label(cfg.transport, cfg.cc)} compares fairly "
+                      f"on a {rig_mode_for(cfg.transport)}-mode rig with shape all "
+                      "(docs/rig.md, docs/training.md)")
+    return rig, cfg
+
+
+def _check_kept(args, rig, cfg, nodes: bool) -> None:
+    """A kept rig (--name that exists) has the shape the run needs."""
+    c, per = rig.config, args.ranks_per_node
+    if args.colocate != c.colocate:
+        raise UsageError(f"--colocate: rig {args.name} has " + (
+            f"a server beside each of its {c.workers} workers: add --colocate"
+            if c.colocate else "no server beside each worker: build one with `ltp rig up "
+            "--workers W --servers W --nodes W --colocate`") + ", or use another rig")
+    if nodes and c.nodes != args.workers // per:
+        raise UsageError(f"--ranks-per-node: rig {args.name} has " + (
+            f"{c.nodes} nodes" if c.nodes else "no nodes") + f"; this run needs "
+            f"{args.workers // per} nodes of {per} (`ltp rig up --workers {args.workers} "
+            f"--nodes {args.workers // per}`), or --share-nic")
+    if c.nodes and args.workers != c.workers:
+        raise UsageError(f"--workers: rig {args.name} has {c.nodes} nodes of "
+                         f"{c.workers // c.nodes} workers; a job on it takes all {c.workers}")
+    hosts = args.workers if nodes else args.workers // per
+    if len(rig.workers) < hosts:
+        raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "
+                         f"worker hosts, asked for {hosts}")
+    if cfg.servers > 1 and len(rig.servers) < cfg.servers:
+        raise UsageError(f"--servers: rig {args.name} has {len(rig.servers)} server host(s), "
+                         f"asked for {cfg.servers} (`ltp rig up --servers {cfg.servers}`)")
