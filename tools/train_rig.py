@@ -91,9 +91,10 @@ def rig_for(args, cfg, progress, *, comparing: bool, loss: float, rate: int, buf
     if not (args.name and Rig.exists(args.name)):
         name = args.name or f"tr{os.getpid() % 1000000}"
         hosts = args.workers if nodes else args.workers // per
+        on = f" on {hosts} hosts" if hosts != args.workers else ""
         if args.name:   # a typo must not pass for the rig the user meant
-            progress.note(f"note: no rig {name} exists: building one ({hosts} worker hosts, "
-                          f"{rate / 1e6:g} Mbit/s, {buffer} B buffer, loss {loss:g}); "
+            progress.note(f"note: no rig {name} exists: building one ({args.workers} workers"
+                          f"{on}, {rate / 1e6:g} Mbit/s, {buffer} B buffer, loss {loss:g}); "
                           "`ltp rig status` shows the rigs that are up")
         return Rig(rig_config(name, cfg.transport, workers=hosts, rate_bps=rate,
                               buffer_bytes=buffer, loss=loss, mtu=args.mtu,
@@ -124,14 +125,20 @@ def _check_kept(args, rig, cfg, nodes: bool) -> None:
             f"a server beside each of its {c.workers} workers: add --colocate"
             if c.colocate else "no server beside each worker: build one with `ltp rig up "
             "--workers W --servers W --nodes W --colocate`") + ", or use another rig")
-    if nodes and c.nodes != args.workers // per:
-        raise UsageError(f"--ranks-per-node: rig {args.name} has " + (
-            f"{c.nodes} nodes" if c.nodes else "no nodes") + f"; this run needs "
-            f"{args.workers // per} nodes of {per} (`ltp rig up --workers {args.workers} "
-            f"--nodes {args.workers // per}`), or --share-nic")
     if c.nodes and args.workers != c.workers:
         raise UsageError(f"--workers: rig {args.name} has {c.nodes} nodes of "
                          f"{c.workers // c.nodes} workers; a job on it takes all {c.workers}")
+    if per > 1 and nodes and c.nodes != args.workers // per:
+        raise UsageError(f"--ranks-per-node: rig {args.name} has " + (
+            f"{c.nodes} nodes" if c.nodes else "no nodes") + f"; this run needs "
+            f"{args.workers // per} nodes of {per} (`ltp rig up --workers {args.workers} "
+            f"--nodes {args.workers // per}"
+            + (f" --servers {args.workers} --colocate`)" if args.colocate
+               else "`), or --share-nic"))
+    if per > 1 and not nodes and c.nodes:
+        raise UsageError(f"--ranks-per-node: rig {args.name} has nodes (a device for every "
+                         f"rank); {per} trainers sharing a host's device need a rig without "
+                         f"(`ltp rig up --workers {args.workers // per}`)")
     hosts = args.workers if nodes else args.workers // per
     if len(rig.workers) < hosts:
         raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "

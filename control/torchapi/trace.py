@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ...dataplane import files
+from ..transport.straggler import WAITED_REASONS
 
 RING = 4096            # records a rank keeps (the trace holds its latest RING rounds/ops)
 SERVER_PID, WORKER_PID = 1, 1001
@@ -296,7 +297,7 @@ def summarize(trace: dict) -> dict:
     late: dict[str, list[float]] = {}
     per_op: dict[int, dict[int, int]] = {}
     op_late: dict[tuple[int, str], list[float]] = {}     # (op, worker) -> its lateness, ms
-    waited: set[tuple[int, str]] = set()
+    waited: set[int] = set()       # ops a round of which its deadline or timeout cut
     for e in rounds:
         a = e.get("args", {})
         if a.get("kind") == "step" and a.get("straggler") is not None:
@@ -304,8 +305,8 @@ def summarize(trace: dict) -> dict:
             named[k] = named.get(k, 0) + 1
             op = per_op.setdefault(int(a["op"]), {})
             op[a["straggler"]] = op.get(a["straggler"], 0) + 1
-            if a.get("cause") == "waited":     # cut by its deadline: it waited for k
-                waited.add((int(a["op"]), k))
+        if a.get("kind") == "step" and a.get("reason") in WAITED_REASONS:
+            waited.add(int(a["op"]))      # cut by its deadline: the step waited (as -j reads)
         for w, v in (a.get("lateness_ms") or {}).items():
             late.setdefault(w, []).append(v)
             if a.get("kind") == "step" and v is not None:
@@ -333,13 +334,13 @@ def summarize(trace: dict) -> dict:
     workers = sorted(set(named) | set(late) | {str(w) for w in notes}, key=int)
     # the worker named in most of the op's rounds, ties to the larger summed
     # lateness (as StepStragglers.straggler)
-    nic = {op: max(c, key=lambda w, c=c, op=op: (c[w], sum(op_late.get((op, str(w)), []))))
+    nic = {op: max(c, key=lambda w, c=c, op=op: (c[w], sum(op_late.get((op, str(w)), [])),
+                                                  -int(w)))
            for op, c in per_op.items()}
     # the named worker's lateness in its step: the mean over the step's rounds (as a report's)
     # (a round cut by its deadline waited for it: past any margin)
-    nic_late = {op: float("inf") if (op, str(w)) in waited else
-                float(np.mean(op_late[op, str(w)])) / 1e3
-                for op, w in nic.items() if (op, str(w)) in op_late or (op, str(w)) in waited}
+    nic_late = {op: float("inf") if op in waited else float(np.mean(op_late[op, str(w)])) / 1e3
+                for op, w in nic.items() if op in waited or (op, str(w)) in op_late}
     return {"rounds": len(rounds), "steps": steps, "step_s": step_s,
             "workers": {w: {"nic_rounds": named.get(w, 0), "lateness_p50_ms": pct(late.get(w), 50),
                             "lateness_p99_ms": pct(late.get(w), 99)} for w in workers},

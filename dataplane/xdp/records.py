@@ -164,8 +164,8 @@ def read_record(dev: str, ns: str | None, port: int = 0) -> Record | None:
 def write_record(rec: Record) -> None:
     tmp = f"{rec.path}.{os.getpid()}.tmp"
     for tries in range(3):     # a neighbour's remove_record may take an empty folder away
-        os.makedirs(os.path.dirname(rec.path), exist_ok=True)
         try:
+            os.makedirs(os.path.dirname(rec.path), exist_ok=True)
             with open(tmp, "w") as f:
                 json.dump(rec.to_dict(), f, indent=1)
             os.replace(tmp, rec.path)

@@ -11,8 +11,10 @@ from typing import Any
 
 from .. import netns
 from ...errors import RegistryError
+from . import lookup
 from .lookup import open_map_ids, pinned_maps, pinned_prog_id, xdp_on
 from .maps import MAP_NAMES
+from .mux import PROGRAM as MUX
 from .records import (Record, entries, ns_arg, ns_key, owner_alive, pin_dir, read_record,
                       seat_entries)
 
@@ -51,8 +53,10 @@ def _seat_row(n: str | None, dev: str, port: int) -> dict[str, Any]:
             row["attached"] = xdp_on(dev, n)
         except RegistryError:
             row["state"] = "no netns" if n and not netns.exists(n) else "no device"
-        else:
-            row["state"] = "ok" if row["attached"] else "detached"
+        else:     # the mux, not another program
+            att = row["attached"]
+            row["state"] = "ok" if att and lookup.prog_name(att["prog_id"]) == MUX else \
+                "detached"
     if err:
         row["error"] = err
     return row
