@@ -277,6 +277,8 @@ class Receiver:
         bank = maps.bank_index(round_)
         nch, ce = layout.nchunks, layout.chunk_elems
         masks = np.stack([maps.done_mask(round_, s, nch) for s in slots])
+        if masks.all():   # what came between the decision and the bank's close made it whole
+            reason = COMPLETE
         # [workers, chunks, elems]; a copy when the rows are not contiguous
         chunked = maps.mem[bank][st.rows, :nch * ce].reshape(len(slots), nch, ce)
         missing, rebuilt = st.critical_missing(masks), 0
