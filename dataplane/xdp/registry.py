@@ -15,7 +15,8 @@ kernel's side):
 
 Either way /run/ltp/xdp/<netns or "host">/<dev>.json describes it: role,
 job, geometry, mode, ids, peers, time, owner; an endpoint in a seat of a
-device's mux (mux.py) has <dev>.seats/<port>.json, listed with the rest. This module is the mechanism
+device's mux (mux.py) has <dev>.seats/<port>.json, listed with the rest.
+This module is the mechanism
 behind `ltp load/unload/status/flows`: it loads, publishes, unloads and
 reports, checking records against pins, owners and the kernel. Callers use
 this module alone: it re-exports the names they need from both. Policy
@@ -42,6 +43,7 @@ from .records import (HOST, PIN_ROOT, RECORD_ROOT, Record, check_ifname, entries
                       write_record)
 from .loader import Dataplane
 from .status import seat_records, status  # noqa: F401 (re-exported, as above)
+from .mux import LOCK_SUFFIX
 from .loader import detach, detach_link_id
 from .maps import LtpMaps
 
@@ -316,7 +318,7 @@ def _remove_locks(ns: str) -> None:
     except OSError:
         return
     for name in names:
-        if name.endswith(".mux.lock"):
+        if name.endswith(LOCK_SUFFIX):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(folder, name))
     with contextlib.suppress(OSError):
