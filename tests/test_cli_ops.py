@@ -111,6 +111,11 @@ def test_status_table_fits_80_columns_and_keeps_every_column():
                                     str(len(MAP_NAMES)), "ok"]
     assert lines[2].split() == ["[red]ns", "eth0", "native", "1234567", "worker", "0xdeadbeef",
                                 f"3/{len(MAP_NAMES)}", "no", "netns"]     # no markup read
+    # a rank in a seat of a shared device's mux: DEV:PORT
+    out = io.StringIO()
+    Console(file=out, width=80).print(status_text([dict(base, netns="ns", dev="eth0",
+                                                        seat_port=7411, state="dead")]))
+    assert out.getvalue().splitlines()[1].split()[:2] == ["ns", "eth0:7411"]
 
 
 @pytest.mark.root

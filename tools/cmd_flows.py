@@ -214,7 +214,8 @@ def flows_text(snaps: list[dict]):
         if parts:
             parts.append(Text(""))
         if "error" in s:
-            parts.append(Text(_wrap(f"{s['netns']}/{s['dev']}: error: {s['error']}"),
+            seat = f" port {s['seat_port']}" if s.get("seat_port") else ""
+            parts.append(Text(_wrap(f"{s['netns']}/{s['dev']}{seat}: error: {s['error']}"),
                               style="red"))
             continue
         parts += [Text(_program_title(s), style="bold"), _flow_table(s),
@@ -345,7 +346,7 @@ class _Sampler:
                     self.opened[key] = (rec, reg.open_maps(rec))
                 snaps.append(flows.snapshot(rec, self.opened[key][1]))
             except Exception as e:  # noqa: BLE001
-                errors.append(f"{key[1]} in {key[0]}: {e}")
+                errors.append(f"{key[1]}{f' port {key[2]}' if key[2] else ''} in {key[0]}: {e}")
         for key in list(self.opened):
             if key not in keys:
                 self.opened.pop(key)[1].close()
