@@ -19,8 +19,8 @@ from __future__ import annotations
 from ..dataplane.xdp.wire import CHUNK_BYTES
 from .common import UsageError, add_json, emit, need_bcc, need_root, table
 from .flags import add_netns, add_port, add_xdp_mode, check_port
-from .opviews import (add_parser, check_dev, guard, job_text, listed_ns, netns_arg, ns_filter,
-                      registry)
+from .opviews import (add_parser, check_dev, dev_text, guard, job_text, listed_ns, netns_arg,
+                      ns_filter, registry)
 
 DEFAULT_CHUNK_BYTES = CHUNK_BYTES
 DEFAULT_MAX_CHUNKS = 256
@@ -211,7 +211,7 @@ def cmd_unload(args) -> None:
         for r in rows:
             what = f"prog id {r['prog_id']}" if r["prog_id"] else "program"
             done_ = "left {} on" if r.get("skipped") else "unloaded {} from"
-            dev = f"{r['dev']}:{r['seat_port']}" if r.get("seat_port") else r["dev"]
+            dev = dev_text(r)
             quiet = r["detached"] or r.get("skipped") or r.get("seat_port") or "seats" in r
             out.append(f"{done_.format(what)} {dev} in {r['netns']}"
                        f"{'' if quiet else ' (was not attached)'}"
@@ -237,7 +237,7 @@ def status_text(rows: list[dict]):
         n = r.get("maps", r["maps_pinned"])       # reachable: pinned, or by id
         maps = str(n) if n == r["maps_expected"] else f"{n}/{r['maps_expected']}"
         prog = r["prog_id"] or r["pinned_prog_id"] or "-"
-        dev = f"{r['dev']}:{r['seat_port']}" if r.get("seat_port") else r["dev"]   # a seat
+        dev = dev_text(r)
         cells.append([r["netns"], dev, r["mode"] or "-", str(prog), r["role"] or "-",
                       job_text(r["job"]), maps, r["state"]])
     t = table(STATUS_COLS, cells)

@@ -73,5 +73,11 @@ def listed_ns(text: str | None):
     return ns
 
 
+def dev_text(row: dict) -> str:
+    """A row's device, `DEV:PORT` for a rank in a seat of the device's mux
+    (as the exporter's `dev` label, metrics.dev_label)."""
+    return f"{row['dev']}:{row['seat_port']}" if row.get("seat_port") else row["dev"]
+
+
 def job_text(job: int | None) -> str:
     return "-" if job is None else ("any" if not job else f"{job:#x}")
