@@ -147,7 +147,7 @@ def test_a_member_cannot_write_a_value_in_another_ranks_name():
     srv, w0, w1 = seals["server"], seals[0], seals[1]
     own = w1.seal(KEY + "k/5/1", "3")
     assert srv.read_from(KEY + "k/5/1", own, storevalues.text_int(0, 9, "k")) == (1, 3)
-    for name in ("k/5/0", "ack/9/0", "meta/1", "floor", "open/4", "donor/2", "fin"):
+    for name in ("k/5/0", "meta/1", "floor", "open/4", "donor/2", "fin"):
         with pytest.raises(sealing.StoreValueError,
                            match=f"store key {KEY}{name}: written by worker 1, who may not"):
             srv.open(KEY + name, w1.seal(KEY + name, "1"))
@@ -270,7 +270,6 @@ FORGED = {
     "k": ({"k/0/0": "1", "k/0/1": "1"}, {"k/0/0": "many", "k/0/1": "1"},
           lambda co: co.get_k(0, [0, 1])),
     "open": ({"open/5": "1"}, {"open/5": "0"}, lambda co: co.wait_open(5)),
-    "ack": ({"ack/5/0": "1"}, {"ack/5/0": "yes"}, lambda co: co.wait_acks(5, [0])),
     "fin": ({"fin": "{}"}, {"fin": "{not json"}, lambda co: co.get_json("fin")),
     "floor": ({"floor": "9"}, {"floor": "-1"}, lambda co: co.gone(4)),
 }

@@ -21,10 +21,6 @@ sees a stale barrier):
                    the joiner asks again with a new ticket
   open/<r>         the server opened uplink round r (a round it did not open
                    ahead of its op's barrier)
-  ack/<r>/<w>      worker w's push of round r ended on the server's close; the
-                   server waits for it before it reuses r's bank when w sent
-                   nothing of r (so w's late packets meet a closed round, which
-                   answers them, not a newer one, which would not)
   k/<s>/<w>        wbsp: how many gradients worker w averaged for op s
   fin              the server's summary when the job ends
   user/...         what code above the API keeps here (lt.store_set/store_get)
@@ -415,24 +411,6 @@ class Coord:
     def wait_open(self, r: int) -> None:
         self.wait([f"open/{r}"], server=True)
         self.take(f"open/{r}", flag)
-
-    def ack(self, r: int, w: int) -> None:
-        self.put(f"ack/{r}/{w}", "1")
-
-    def wait_acks(self, r: int, workers: list[int]) -> None:
-        """Each worker's word on round r; a worker that stopped beating has none
-        to give (its endpoint died with it) and is not waited for."""
-        for w in workers:
-            end, first = time.monotonic() + self.timeout_s, True
-            while not self._wait([f"ack/{r}/{w}"], SLICE_S, quiet=True, first=first):
-                first = False
-                if not self.worker_alive(w):
-                    break
-                if time.monotonic() > end:
-                    raise CommError(f"no word from worker {w} on round {r} after "
-                                    f"{self.timeout_s:g}s")
-            else:            # it is there: it must be the worker's
-                self.take(f"ack/{r}/{w}", flag)
 
     # ------------------------------------------------------------------ wbsp
     def set_k(self, s: int, w: int, k: int) -> None:

@@ -222,13 +222,9 @@ class Exchange:
         if self.link.opens and i >= run.npre:
             self.co.wait_open(r)
         with self.on_rounds():
-            closed_early = self.link.push(r, piece, run.op.reliable, answer=run.seq,
-                                          at=run.op.offsets()[i], wire=run.op.wire)
+            self.link.push(r, piece, run.op.reliable, answer=run.seq,
+                           at=run.op.offsets()[i], wire=run.op.wire)
         run.rec.pushes.append((r, int(t0 * 1e9), now_ns()))
-        if closed_early:
-            # the server closed r before all of this arrived: say so, it may be
-            # waiting for that before it reuses r's bank (coord.py, ack/<r>/<w>)
-            self.co.ack(r, self.id)
         dt = time.perf_counter() - t0
         self.times["push_s"] += dt
         self.phases.add("comm_push", dt)

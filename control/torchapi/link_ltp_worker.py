@@ -124,7 +124,7 @@ class LtpWorkerLink(WorkerLink):
     def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
              at: int = 0, wire: str = "none") -> bool:
         """Send this worker's piece of round r; True when the server closed the
-        round before all of it arrived (the server may wait for word of that).
+        round before all of it arrived.
         answer: the downlink round that answers r's op, `at` the element where
         r's part of it starts; once a chunk of it from there on arrives (any
         chunk, where answers are coded or tolerant) r is closed, and the push

@@ -114,7 +114,6 @@ class Server:
         self.ahead = Ahead()            # the op after the last one, guessed alike everywhere
         self.pre: list[int] = []        # rounds opened ahead of the next op's barrier
         self.ahead_for: tuple = ()      # ... for these (Members.opened_for)
-        self.pending: dict[int, list[int]] = {}   # round -> silent workers whose ack is due
         self.answer = np.empty(0, dtype=np.float32)
         self.stale: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.steps = 0
@@ -165,7 +164,7 @@ class Server:
         # opened ahead, unless for members the barrier went on without (every rank sees it)
         npre = self.ahead.take(op, kept=self.view.still_ahead(op, self.ahead_for))
         if self.link.ensure(op.max_elems(self.W)):
-            self.pre, self.pending = [], {}     # a new endpoint: nothing is open on it
+            self.pre = []     # a new endpoint: nothing is open on it
         need = op.down_elems(self.W) + self.link.sig_elems
         if len(self.answer) < need:
             self.answer = np.zeros(need, dtype=np.float32)
@@ -238,9 +237,6 @@ class Server:
             if op.kind == STEP and ks is None:
                 ks = self.co.get_k(seq, ws) if op.sync == "wbsp" else \
                     [0 if w in absent else 1 for w in ws]
-            missing = [w for w in g.missing if w not in absent]   # the absent push nothing
-            if missing and self.link.opens:
-                self.pending[r] = missing
             t_sum = time.perf_counter()
             width = op.answer_width(i, self.W)
             bad = self.combine(op, i, g, ks, self.answer[offs[i]:offs[i] + width])
@@ -300,9 +296,6 @@ class Server:
             self.missed[w] = 0
             if w not in self.rejoined:   # one that asked again (its donor died) once
                 self.rejoined.append(w)
-        for w in [w for w, st in status.items() if st == DROPPED]:
-            for r in list(self.pending):   # no word on its rounds will come
-                self.pending[r] = [x for x in self.pending[r] if x != w]
         return status
 
     def carry_in(self, op: Op) -> None:
@@ -363,11 +356,10 @@ class Server:
         return [w for w in to if w not in gone]
 
     def open(self, r: int, op: Op, i: int, announce: bool) -> None:
-        """Open uplink round r, op's piece i. A worker that sent nothing of an
-        earlier round in r's bank may still push it: wait for its word first
-        (coord.py, ack)."""
-        for old in [k for k in self.pending if k <= r - 2]:
-            self.co.wait_acks(old, self.pending.pop(old))
+        """Open uplink round r, op's piece i, in the bank of round r - 2
+        whatever its workers do: one still pushing that round meets a newer
+        one there, and its push ends when the op's answer arrives
+        (docs/training.md, "A worker the server gave up on")."""
         self.link.open(r, op.sizes[i], self.view.participants(op), op.reliable,
                        key=(op.kind, i, op.sizes[i]))
         if announce and self.link.opens:

@@ -2,15 +2,17 @@
 """The store's keys deleted once every rank has read them: a long job's store stays the same size.
 
 Every op leaves keys (coord.py: first, desc, ready, post, go, k under the
-op's number; open and ack under its rounds' numbers). The server deletes
+op's number; open under its rounds' numbers). The server deletes
 them a few ops behind (`Reaper.reap`, at each op's wait, while the workers
 compute), where every rank is provably done with them:
 
 - When the server waits for op s, op s-1's barrier has lifted: every
   worker expected there had arrived, so it had finished op s-2 and read
   every key of ops <= s-2. Ops below s-2 go (`floor` = s-2).
-- The server waits for a silent worker's ack/<r>/<w> when it opens round
-  r+2, at the latest as op s+2 starts; so rounds of ops below s-3 go.
+- A round's open/<r> is read by the workers as they push it, so by op s
+  those of ops <= s-2 are read too; rounds of ops below s-3 go (one op
+  more than needed, kept from when the server also waited there for a
+  late worker's word).
 
 A worker the job went on without (absent) may still be behind: when it
 waits for an op below `floor` it learns it was left behind (coord.Excluded)
@@ -25,7 +27,7 @@ import logging
 log = logging.getLogger("ltpx.torch.coord")
 
 OP_KEYS = ("first", "desc", "ready", "post", "go", "k")   # <name>/<op>[/...]
-ROUND_KEYS = ("open", "ack")                             # <name>/<round>[/...]
+ROUND_KEYS = ("open",)                             # <name>/<round>[/...]
 OPS_KEPT = 2      # ops below s - OPS_KEPT are done with when the server waits for op s
 ROUNDS_KEPT = 3   # rounds of ops below s - ROUNDS_KEPT are done with then
 

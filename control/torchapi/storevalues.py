@@ -51,7 +51,7 @@ def count_value(x, what: str, hi: int = MAX_COUNT) -> int:
 
 
 def flag(payload: bytes) -> bool:
-    """A key whose being there is the message (open/<r>, ack/<r>/<w>)."""
+    """A key whose being there is the message (open/<r>)."""
     if payload != b"1":
         raise ValueError(f"expected 1, got {payload[:20]!r}")
     return True

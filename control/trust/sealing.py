@@ -160,10 +160,9 @@ SERVER_ONLY = ("floor", "fin", "open", "donor", RUN_KEY)   # values only a serve
 def may_write(rel: str | None, writer: int, servers: int) -> bool:
     """Whether `writer` (storeauth.SERVER or a worker id) may write the key
     `rel` (a name under the job's prefix; None: outside it, anyone's): the
-    server's own values, a rank's meta/<rank>, worker w's ack/<r>/<w> and
-    k/<s>/<w>; a join request or a joiner's state only from a worker (the
-    reader checks which: tickets.py, Tickets.take_sync); the barrier's desc
-    and go from any rank."""
+    server's own values, a rank's meta/<rank>, worker w's k/<s>/<w>; a join
+    request or a joiner's state only from a worker (the reader checks which:
+    tickets.py, Tickets.take_sync); the barrier's desc and go from any rank."""
     if rel is None:
         return True
     parts = rel.split("/")
@@ -172,7 +171,7 @@ def may_write(rel: str | None, writer: int, servers: int) -> bool:
     if parts[0] == "meta" and len(parts) == 2 and parts[1].isdigit():
         r = int(parts[1])
         return writer == (SERVER if r < servers else r - servers)
-    if parts[0] in ("ack", "k") and len(parts) == 3 and parts[2].isdigit():
+    if parts[0] == "k" and len(parts) == 3 and parts[2].isdigit():
         return writer == int(parts[2])
     if parts[0] in ("join", "sync"):
         return writer != SERVER
