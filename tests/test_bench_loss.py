@@ -4,6 +4,7 @@ against goals: speed belongs to the benchmark), and its variant parsing."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -68,18 +69,22 @@ def test_a_small_sweep_reports_every_variant_against_its_lossless_run():
 @pytest.mark.rig
 @pytest.mark.slow
 @requires_bpf
-def test_a_run_that_fails_is_kept_and_the_sweep_goes_on():
+def test_a_run_that_fails_is_kept_and_the_sweep_goes_on(tmp_path):
     # TCP cubic at 30 % loss on every port cannot make 3 steps in 40 s; it
-    # runs first, and LTP's run after it is still made and reported
+    # runs first, and LTP's run after it is still made and reported. The
+    # failed run's logs are kept for its user, in TMPDIR: here the test's own
     out = subprocess.run(LTP + ["bench", "loss", "--loss", "0.3", "--variants", "tcp,ltp",
                                 "--workers", "2", "--iterations", "3", "--run-timeout", "40",
                                 "--name", "hdlfail", "-j"],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert out.returncode == 1, out.stderr[-2000:]
     res = json.loads(out.stdout)                    # one JSON document, every run in it
     assert res["config"]["run_timeout_s"] == 40.0
     tcp, ltp = res["results"]["tcp"]["0.3"], res["results"]["ltp"]["0.3"]
     assert "longer than 40s" in tcp["error"] and tcp["runs_failed"] == 1
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("ltp-train-hdlfail-")]
+    assert len(kept) == 1 and str(kept[0]) in tcp["error"], (tcp["error"], kept)
     assert ltp["iterations_per_s"] > 0 and ltp["runs_failed"] == 0 and ltp["replicas_identical"]
     assert [(f["variant"], f["loss"]) for f in res["failed"]] == [("tcp", 0.3)]
     assert "1 run(s) failed" in out.stderr and "[2/2] loss 0.3 ltp:" in out.stderr

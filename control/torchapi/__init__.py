@@ -33,6 +33,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   tickets      join tickets: a (re)started worker asking to be taken back
   storevalues  what each store value must hold (the parsers its reader gives Seal.read)
   storegc      the store's keys deleted once every rank has read them
+  storeparts   a value over the store's 8 MiB limit (a joiner's state) in parts
   ops          the op sequence every rank runs, round numbers, the step report
   links, link_ltp, link_ltp_worker, link_tcp   the transports under the server and the workers
   localsock    the TCP transport's local hop: a Unix socket to a server on this host

@@ -15,7 +15,8 @@ sees a stale barrier):
   go/<s>           op s's barrier value (ops.Go JSON: the op, the absent)
   join, join/<n>   a (re)started or excluded worker's request to come back:
                    ticket n from the counter, its worker id under join/<n>
-  sync/<n>         the state a member hands the worker holding ticket n
+  sync/<n>         the state a member hands the worker holding ticket n (in
+                   parts under sync/<n>/part/<i> when large: storeparts.py)
   donor/<n>        who owes it (the lowest present member when ticket n was
                    admitted, as the server saw it); if that worker dies first,
                    the joiner asks again with a new ticket
@@ -53,6 +54,7 @@ from ..trust.sealing import Seal, StoreValueError
 from .storevalues import MAX_COUNT, any_json, flag, go_value, meta_value, op_value, text_int
 from .liveness import SLICE_S, Beat, PeerGone, Watch
 from .ops import Go, Members, Op
+from .storeparts import delete as delete_value, get as get_value, put as put_value
 from .storegc import Reaper
 from .tickets import Tickets
 
@@ -151,21 +153,22 @@ class Coord:
 
     # ------------------------------------------------------------------ values
     def put(self, key: str, payload: bytes | str) -> None:
-        """Store a sealed value under KEY + key."""
-        self.store.set(KEY + key, self.seal.seal(KEY + key, payload))
+        """Store a sealed value under KEY + key (in parts if it is large:
+        storeparts.py)."""
+        put_value(self.store, KEY + key, self.seal.seal(KEY + key, payload))
 
     def take(self, key: str, parse=any_json):
         """The value under KEY + key (it must be there), verified and parsed
         (StoreValueError naming the key when it is refused)."""
-        return self.seal.read(KEY + key, self.store.get(KEY + key), parse)
+        return self.seal.read(KEY + key, get_value(self.store, KEY + key), parse)
 
     def take_from(self, key: str, parse=any_json) -> tuple[int | None, object]:
         """(who wrote it: storeauth.SERVER or a worker id, None if unsigned; take()'s value)."""
-        return self.seal.read_from(KEY + key, self.store.get(KEY + key), parse)
+        return self.seal.read_from(KEY + key, get_value(self.store, KEY + key), parse)
 
     def drop(self, *keys: str) -> None:
         for k in keys:
-            self.store.delete_key(KEY + k)
+            delete_value(self.store, KEY + k)
 
     # what tickets.Keys asks besides the values: presence, counters, a wait's slice, heartbeats
     def has(self, key: str) -> bool:
