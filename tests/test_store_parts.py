@@ -92,3 +92,14 @@ def test_a_missing_part_or_a_head_no_value_has_is_refused_by_name(store):
     co.drop("sync/10")
     co.drop("sync/11")
     assert not store.check([KEY + "sync/10"]) and not store.check([KEY + "sync/10/part/0"])
+
+
+def test_drop_takes_the_parts_a_put_that_did_not_finish_left(store):
+    # a donor that died after two of its three parts: no head, parts left
+    co, _ = _pair(store, False)
+    for i in range(2):
+        store.set(KEY + f"sync/12/part/{i}", b"p" * storeparts.PART)
+    co.drop("sync/12")
+    assert not any(store.check([KEY + f"sync/12/part/{i}"]) for i in range(2))
+    co.drop("sync/13")        # nothing there: nothing to do, no wait
+    assert not store.check([KEY + "sync/13"])

@@ -28,6 +28,7 @@ MAGIC = b"\x00ltp-parts\x00v1\x00"
 HEAD = struct.Struct("<QQ")      # parts, total bytes
 HEAD_BYTES = len(MAGIC) + HEAD.size
 MAX_TOTAL = 1 << 36     # bytes: a head saying more is refused before any part is read
+MAX_PARTS = MAX_TOTAL // PART
 
 
 def part_key(key: str, i: int) -> str:
@@ -78,12 +79,12 @@ def get(store, key: str) -> bytes:
 
 
 def delete(store, key: str) -> None:
-    """`key` and its parts, if it has them (a head no value has: the key alone)."""
-    if store.check([key]):
-        try:
-            head = _head(key, store.get(key))
-        except StoreValueError:
-            head = None
-        for i in range(head[0] if head else 0):
-            store.delete_key(part_key(key, i))
+    """`key` and its parts, found by their names, not by the head: a put
+    that did not finish (its writer died) leaves parts and no head, and
+    the key may go under another rank's hands meanwhile (a read of it
+    would then wait for the store's timeout)."""
+    i = 0
+    while i < MAX_PARTS and store.check([part_key(key, i)]):
+        store.delete_key(part_key(key, i))
+        i += 1
     store.delete_key(key)

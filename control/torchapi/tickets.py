@@ -152,7 +152,7 @@ class Tickets:
                 new = self.request_join(w)
                 log.warning("worker %d: worker %d, which owed it the state (ticket %d), "
                             "stopped beating; asking again (ticket %d)", w, donor, ticket, new)
-                self.keys.drop(f"donor/{ticket}")
+                self.keys.drop(f"donor/{ticket}", f"sync/{ticket}")   # parts it left too
                 ticket, donor = new, None
             if time.monotonic() > end:
                 raise CommError(f"not admitted back after {timeout_s or self.keys.timeout_s:g}s "
