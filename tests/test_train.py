@@ -406,17 +406,20 @@ def test_a_single_run_on_a_named_rig_makes_no_fairness_note_and_a_new_name_is_sa
 
 @pytest.mark.rig
 @requires_bpf
-def test_a_compare_run_that_fails_keeps_the_runs_that_finished():
+def test_a_compare_run_that_fails_keeps_the_runs_that_finished(tmp_path):
     # TCP cubic at 30 % loss on every port cannot make 3 steps in 40 s (LTP
     # takes under a second for them): the TCP run times out, and the LTP run's
-    # result is printed all the same, the failure named, exit 1
+    # result is printed all the same, the failure named, exit 1. The failed
+    # run's logs are kept for its user, in TMPDIR: here the test's own
+    import os
     import subprocess
     import sys
     from types import SimpleNamespace
     from ltpx.tools import train_text
     p = subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "train", "--workers", "2",
                         "--iterations", "3", "--loss", "0.3", "--compare", "tcp",
-                        "--timeout", "40", "-j"], capture_output=True, text=True, timeout=300)
+                        "--timeout", "40", "-j"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert p.returncode == 1, p.stderr[-2000:]
     out = json.loads(p.stdout)                      # one JSON document, the runs' results
     assert out["transport"] == "ltp" and out["iterations"] == 3 and out["replicas_identical"]
