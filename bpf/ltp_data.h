@@ -171,6 +171,31 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, struc
 
 #define LTP_ADMITTED (-1)           /* data_admit: store it (no verdict yet) */
 
+/* DATA of the round its bank held before the one it holds now (a sender
+ * still pushing a round the receiver closed, then reused the bank for):
+ * with that round's token for its slot, ACKed CLOSED with that round's ACK
+ * token, so the push ends now rather than at the next answer; nothing is
+ * written. Without it, a spoof. */
+static __always_inline int data_late(struct xdp_md *ctx, struct ltp_pkt *p,
+				     struct ltp_cfg *cfg, struct ltp_rx *rx)
+{
+	__u32 bidx = rx->bank * LTP_SLOTS + rx->slot;
+	struct ltp_slot_tok *tk = ltp_slottok.lookup(&bidx);
+	if (!tk)
+		return XDP_DROP;
+	if (p->h->token != tk->prev_data)
+		return drop_spoof();
+	rx->ack_token = tk->prev_ack;
+	rx->csum = cfg->flags & LTP_CFG_CSUM;
+	struct ltp_slot_stats *st = ltp_stats.lookup(&rx->slot);
+	if (!st)
+		return XDP_DROP;
+	rx->st = st;
+	st->late += 1;
+	count(LTP_C_LATE);
+	return send_ack(ctx, p, rx, LTP_RS_CLOSED, 0, NULL);
+}
+
 /* DATA flagged GROUP: this host takes it as addressed to itself, so its
  * slot is its own id's and the ACK (built by swapping) names this worker
  * and leaves from this host's MAC and address, not the group's. Nonzero
@@ -217,7 +242,8 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 	if (b->state == LTP_BANK_FREE || (__s32)(round - b->round) > 0)
 		return drop_unauth(LTP_C_FUTURE);
 	if (round != b->round)
-		return drop_unauth(LTP_C_STALE);
+		return group || !b->prev || round != b->prev_round ?
+			drop_unauth(LTP_C_STALE) : data_late(ctx, p, cfg, rx);
 	/* Before anything is written or ACKed, closed rounds included: without
 	 * its worker's token for this round (or the round's group token) a
 	 * packet is a spoof, another member's, or from another secret. */

@@ -136,6 +136,9 @@ struct ltp_bank {
 	                          (Early Close's threshold of nchunks; 0: none) */
 	__u32 group;           /* 1: GROUP DATA is taken with `token`; 0: this endpoint holds no
 	                          group token (a member key): GROUP DATA is dropped bad_token */
+	__u32 prev_round;      /* the round this bank held before `round` (if prev) */
+	__u32 prev;            /* 1: it held one, whose slots' tokens are ltp_slottok's prev_*:
+	                          a late sender's DATA of it is ACKed CLOSED, not dropped stale */
 };
 
 /* The tokens of one [bank][slot] (tokens.py): what the slot's DATA of the
@@ -148,6 +151,8 @@ struct ltp_slot_tok {
 	__u32 open;            /* 1: the round takes this slot's DATA; 0: a worker not in the
 	                          round, or dropped: its DATA is never written, ACKed CLOSED */
 	__u32 pad;
+	__be64 prev_data;      /* the bank's previous round's (ltp_bank.prev_round) data ... */
+	__be64 prev_ack;       /* ... and ACK tokens for this slot */
 };
 
 struct ltp_bitmap {

@@ -436,7 +436,9 @@ def test_duplicate_is_counted_once_and_not_rewritten(dp, maps):
 @pytest.mark.root
 def test_late_packet_of_old_bank_leaves_new_round_intact(dp, maps):
     """Round 5 lives in bank 1; after it closes, round 7 reuses bank 1. A late
-    packet of round 5 must not touch round 7's memory."""
+    packet of round 5 must not touch round 7's memory: with round 5's token
+    it is ACKed CLOSED with round 5's ACK token (its push ends now), with
+    another it is a spoof; round 3, two rounds back, is stale."""
     run(dp, data(round_=5, chunk=0, seed=1.0))
     maps.close_bank(5)
     open_bank(maps, 7)
@@ -445,11 +447,35 @@ def test_late_packet_of_old_bank_leaves_new_round_intact(dp, maps):
     before = maps.counters()
     res = run(dp, data(round_=5, chunk=0, seed=5.0))
     res2 = run(dp, data(round_=5, chunk=1, seed=5.0))
+    spoof = run(dp, data(round_=5, chunk=2, seed=5.0, token=tok(7)))
+    older = run(dp, data(round_=3, chunk=0, seed=3.0))
     after = maps.counters()
-    assert res.verdict == res2.verdict == XDP_DROP
-    assert after["stale"] - before["stale"] == 2
+    assert res.verdict == res2.verdict == XDP_TX
+    for r in (res, res2):
+        a = Ether(r.data)[W.LTP]
+        assert (a.type, a.state, a.round, a.token) == (W.T_ACK, W.RS_CLOSED, 5, tok(5)), a
+    assert spoof.verdict == older.verdict == XDP_DROP
+    assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == \
+        {"late": 2, "ack_tx": 2, "bad_token": 1, "stale": 1}
     assert np.array_equal(maps.mem_bytes[1], snapshot)
     assert maps.done_mask(7, 1, NCHUNKS).tolist() == [True, False, False, False]
+
+
+@pytest.mark.root
+def test_only_the_round_a_bank_held_just_before_is_answered_closed(dp, maps):
+    """Bank 0 held nothing before round 4: DATA of round 2 is stale. Once
+    round 6 reuses it, round 4 (the one before) is ACKed CLOSED, round 2 is
+    still stale."""
+    assert maps.banks.get(0).prev == 0
+    before = maps.counters()
+    assert run(dp, data(round_=2, chunk=0)).verdict == XDP_DROP
+    maps.close_bank(4)
+    open_bank(maps, 6)
+    assert (maps.banks.get(0).prev, maps.banks.get(0).prev_round) == (1, 4)
+    assert run(dp, data(round_=4, chunk=0)).verdict == XDP_TX
+    assert run(dp, data(round_=2, chunk=0)).verdict == XDP_DROP
+    after = maps.counters()
+    assert after["late"] - before["late"] == 1 and after["stale"] - before["stale"] == 2
 
 
 @pytest.mark.root

@@ -273,14 +273,20 @@ class LtpMaps:
             raise ValueError(f"last chunk length must be a multiple of 4 in 4..{g.chunk_bytes}")
         gword = word if group_token == -1 else token_word(group_token or 0)
         b = self.bank_index(round_)
+        old = self.banks.get(b)
+        # the round it held stays answerable: a late sender's DATA of it is
+        # ACKed CLOSED with its own tokens (bpf/ltp_data.h, data_admit)
+        held = old.state != BANK_FREE and old.round != round_ and self.slottok is not None
         bank = dict(round=round_, nchunks=nchunks, last_len=last_len, token=gword,
-                    thresh=max(0, min(int(thresh), nchunks)), group=int(group_token is not None))
+                    thresh=max(0, min(int(thresh), nchunks)), group=int(group_token is not None),
+                    prev_round=old.round if held else 0, prev=int(held))
         self.banks.set(b, Bank(state=BANK_FREE, **bank))
         self.claim[b] = 0
         self.done[b] = 0
         self.progress[b] = 0
         if self.slottok is not None:
             t = self.slottok[b]
+            t["prev_data"], t["prev_ack"] = (t["data"], t["ack"]) if held else (0, 0)
             if slot_tokens is None:
                 t["data"], t["ack"] = word, word
             else:

@@ -91,13 +91,16 @@ class Bank(ctypes.Structure):
                 ("nchunks", ctypes.c_uint32), ("last_len", ctypes.c_uint32),
                 ("token", ctypes.c_uint64),  # wire.token_word of the round's token
                 ("thresh", ctypes.c_uint32),  # chunks per slot that stamp thresh_ns (0: none)
-                ("group", ctypes.c_uint32)]   # 1: GROUP DATA taken with `token`
+                ("group", ctypes.c_uint32),   # 1: GROUP DATA taken with `token`
+                ("prev_round", ctypes.c_uint32),  # the round the bank held before (if prev)
+                ("prev", ctypes.c_uint32)]    # 1: it held one (SlotTok.prev_*: its tokens)
 
 
 class SlotTok(ctypes.Structure):
     """struct ltp_slot_tok: one [bank][slot]'s tokens (wire.token_word each)."""
     _fields_ = [("data", ctypes.c_uint64), ("ack", ctypes.c_uint64),
-                ("open", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+                ("open", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("prev_data", ctypes.c_uint64), ("prev_ack", ctypes.c_uint64)]
 
 
 class Progress(ctypes.Structure):
