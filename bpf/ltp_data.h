@@ -171,11 +171,15 @@ static __always_inline int send_ack(struct xdp_md *ctx, struct ltp_pkt *p, struc
 
 #define LTP_ADMITTED (-1)           /* data_admit: store it (no verdict yet) */
 
-/* DATA of the round its bank held before the one it holds now (a sender
- * still pushing a round the receiver closed, then reused the bank for):
- * with that round's token for its slot, ACKed CLOSED with that round's ACK
- * token, so the push ends now rather than at the next answer; nothing is
- * written. Without it, a spoof. */
+/* `round` is the one bank b held just before (not GROUP DATA: no group token kept). */
+static __always_inline int held_before(struct ltp_bank *b, __u32 round, __u16 group)
+{
+	return !group && b->prev && round == b->prev_round;
+}
+
+/* DATA of the round its bank held before the one it holds now (its sender
+ * still pushing it): with that round's slot token, ACKed CLOSED with its ACK
+ * token, so the push ends now, not at the next answer; never written. */
 static __always_inline int data_late(struct xdp_md *ctx, struct ltp_pkt *p,
 				     struct ltp_cfg *cfg, struct ltp_rx *rx)
 {
@@ -242,8 +246,7 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 	if (b->state == LTP_BANK_FREE || (__s32)(round - b->round) > 0)
 		return drop_unauth(LTP_C_FUTURE);
 	if (round != b->round)
-		return group || !b->prev || round != b->prev_round ?
-			drop_unauth(LTP_C_STALE) : data_late(ctx, p, cfg, rx);
+		return held_before(b, round, group) ? data_late(ctx, p, cfg, rx) : drop_unauth(LTP_C_STALE);
 	/* Before anything is written or ACKed, closed rounds included: without
 	 * its worker's token for this round (or the round's group token) a
 	 * packet is a spoof, another member's, or from another secret. */

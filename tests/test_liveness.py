@@ -189,10 +189,12 @@ def test_liveness_limit_is_checked(rig):
 @pytest.mark.parametrize("sender", ["socket", "xdp"])
 def test_a_push_of_a_round_the_receiver_left_ends_once_told_it_is_over(rig, sender):
     """A sender whose last ACKs were lost keeps re-sending after the receiver
-    closed the round; once the receiver's bank holds a newer round, that DATA
-    is stale and dropped unACKed. Told from outside that the round is over (a
-    worker sees the op's answer arrive: link_ltp.push's `answer`), the push
-    ends at once instead of at its timeout."""
+    closed the round. While the bank holds that round or the next one there
+    (its tokens kept), the DATA is ACKed CLOSED and the push ends at once;
+    once the bank holds a round later still, it is stale and dropped
+    unACKed. Told from outside that the round is over (a worker sees the
+    op's answer arrive: link_ltp.push's `answer`), the push then ends at
+    once instead of at its timeout."""
     from ltpx.control.transport import DeadPeerError, Endpoint, Peer
     h = rig.workers[0]
     ps = Endpoint(rig.ps.ifname, rig.ps.ip, {h.index: 0}, NEL, ns=rig.ps.netns,
@@ -206,6 +208,10 @@ def test_a_push_of_a_round_the_receiver_left_ends_once_told_it_is_over(rig, send
         ps.open_round(13, NEL, workers=[h.index])      # round 11's bank now holds 13
         buf = np.ones(NEL, dtype=np.float32)
         to = Peer(h.index, rig.ps.ip)
+        rep = wk.push(11, buf, to, timeout_s=5.0)     # the round before: answered CLOSED
+        assert rep.closed_by_receiver and rep.acked == 0
+        ps.cancel_round(13)
+        ps.open_round(15, NEL, workers=[h.index])      # ... then 15: round 11 is two back
         with pytest.raises(DeadPeerError):
             wk.push(11, buf, to, timeout_s=1.0)
         stale = ps.counters()["stale"]

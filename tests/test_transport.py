@@ -281,17 +281,25 @@ def test_late_packets_never_touch_the_next_round(rig, lossless):
         before = cl.ps.counters()
         sock.sendto(late, (rig.ps.ip, W.PORT))  # round r closed, bank still holds it
         _wait(lambda: cl.ps.counters()["late"] > before["late"])
-        # Round r + 2 reuses r's bank: a packet of round r is now stale.
+        # Round r + 2 reuses r's bank: a packet of round r is still late (its
+        # token kept), r + 4 there makes it stale; neither touches the bank
         r2 = next_round()
         r2 = next_round()
         assert r2 % 2 == r % 2
         cl.ps.open_round(r2, NEL)
+        late_now = cl.ps.counters()["late"]
+        sock.sendto(late, (rig.ps.ip, W.PORT))
+        _wait(lambda: cl.ps.counters()["late"] > late_now)
+        cl.ps.cancel_round(r2)
+        r4 = next_round()
+        r4 = next_round()
+        cl.ps.open_round(r4, NEL)
         sock.sendto(late, (rig.ps.ip, W.PORT))
         _wait(lambda: cl.ps.counters()["stale"] > before["stale"])
-        assert not cl.ps.maps.done[cl.ps.maps.bank_index(r2)].any()
-        cl.ps.cancel_round(r2)
-        res2, _ = cl.run_round(r2, NEL, seed=7)
-        assert np.array_equal(res2.values, expected(cl, r2))
+        assert not cl.ps.maps.done[cl.ps.maps.bank_index(r4)].any()
+        cl.ps.cancel_round(r4)
+        res2, _ = cl.run_round(r4, NEL, seed=7)
+        assert np.array_equal(res2.values, expected(cl, r4))
         assert res2.late >= 1  # the report counts what came late since the last one
     finally:
         sock.close()

@@ -252,19 +252,19 @@ class LtpMaps:
                   group_token: int | None = -1, slots: Iterable[int] | None = None) -> int:
         """Make round `round_` writable in its bank; returns the bank index.
 
-        The bank is marked FREE while its bitmaps are cleared, so no packet
-        of the old or new round lands in between. share_kbps: the capacity its
-        ACKs divide among the `flows` senders not yet finished (see set_share).
+        The bank is FREE while its bitmaps are cleared (no packet of the old
+        or new round lands then); the round it held is answered CLOSED still
+        (data_late). share_kbps: the capacity its ACKs divide among the
+        `flows` senders not yet finished (see set_share).
         token: every slot's DATA and ACK token and the group token, unless
         slot_tokens ({slot: (data token, ack token)}, the rest 0) and
         group_token (None: GROUP DATA is refused; -1: `token`) say otherwise;
         DATA carrying another is dropped as bad_token. slots: the slots the
         round takes (default all); another's DATA with its token is ACKed
         CLOSED and never written (close_slot closes one later).
-        window: packets the round's clocked flows may keep in flight together
-        (each active one window / active, at least 1; 0: no credit limit).
-        thresh: the chunks per slot whose arrival stamps its progress's
-        thresh_ns (Early Close's threshold of nchunks; 0: none)."""
+        window: packets its clocked flows may keep in flight together (each
+        window / active, at least 1; 0: no limit). thresh: the chunks per
+        slot that stamp its progress's thresh_ns (0: none)."""
         g = self.geometry
         word = token_word(token)
         if not 1 <= nchunks <= g.max_chunks:
@@ -273,17 +273,12 @@ class LtpMaps:
             raise ValueError(f"last chunk length must be a multiple of 4 in 4..{g.chunk_bytes}")
         gword = word if group_token == -1 else token_word(group_token or 0)
         b = self.bank_index(round_)
-        old = self.banks.get(b)
-        # the round it held stays answerable: a late sender's DATA of it is
-        # ACKed CLOSED with its own tokens (bpf/ltp_data.h, data_admit)
-        held = old.state != BANK_FREE and old.round != round_ and self.slottok is not None
+        held = self.slottok is not None and (old := self.banks.get(b)).state != BANK_FREE
         bank = dict(round=round_, nchunks=nchunks, last_len=last_len, token=gword,
                     thresh=max(0, min(int(thresh), nchunks)), group=int(group_token is not None),
-                    prev_round=old.round if held else 0, prev=int(held))
+                    prev_round=old.round if held else 0, prev=int(held and old.round != round_))
         self.banks.set(b, Bank(state=BANK_FREE, **bank))
-        self.claim[b] = 0
-        self.done[b] = 0
-        self.progress[b] = 0
+        self.claim[b] = self.done[b] = self.progress[b] = 0
         if self.slottok is not None:
             t = self.slottok[b]
             t["prev_data"], t["prev_ack"] = (t["data"], t["ack"]) if held else (0, 0)
