@@ -357,9 +357,10 @@ class Server:
 
     def open(self, r: int, op: Op, i: int, announce: bool) -> None:
         """Open uplink round r, op's piece i, in the bank of round r - 2
-        whatever its workers do: one still pushing that round meets a newer
-        one there, and its push ends when the op's answer arrives
-        (docs/training.md, "A worker the server gave up on")."""
+        whatever its workers do: one still pushing that round is answered
+        CLOSED there (the XDP program keeps r - 2's tokens), and one pushing
+        an older round ends when the op's answer arrives (docs/training.md,
+        "A worker the server gave up on")."""
         self.link.open(r, op.sizes[i], self.view.participants(op), op.reliable,
                        key=(op.kind, i, op.sizes[i]))
         if announce and self.link.opens:
