@@ -71,13 +71,6 @@ static __always_inline __u32 credit(struct ltp_hdr *h, struct ltp_rx *rx, __u32 
 	return allow;
 }
 
-/* The ones' complement sum of a 64-bit value's four 16-bit words as it
- * lies in memory (the lanes are the same words in either byte order). */
-static __always_inline __u32 csum_u64(__u64 v)
-{
-	return (v & 0xffff) + ((v >> 16) & 0xffff) + ((v >> 32) & 0xffff) + (v >> 48);
-}
-
 /* The SACK bytes of the ACK the frame at ctx becomes: right after its LTP
  * header, or NULL where the frame has no room for them (a last chunk under
  * 8 bytes). */
@@ -177,6 +170,27 @@ static __always_inline int held_before(struct ltp_bank *b, __u32 round, __u16 gr
 	return !group && b->prev && round == b->prev_round;
 }
 
+/* Fill what rx's ACK needs once the token checked: the ACK token, whether
+ * to verify checksums, the slot's counters (nonzero: none, drop). */
+static __always_inline int rx_bind(struct ltp_rx *rx, struct ltp_cfg *cfg, __be64 ack_token)
+{
+	rx->ack_token = ack_token;
+	rx->csum = cfg->flags & LTP_CFG_CSUM;
+	struct ltp_slot_stats *st = ltp_stats.lookup(&rx->slot);
+	if (!st)
+		return -1;
+	rx->st = st;
+	return 0;
+}
+
+/* Late for a closed round: never written, ACKed CLOSED so the sender stops. */
+static __always_inline int ack_late(struct xdp_md *ctx, struct ltp_pkt *p, struct ltp_rx *rx)
+{
+	rx->st->late += 1;
+	count(LTP_C_LATE);
+	return send_ack(ctx, p, rx, LTP_RS_CLOSED, 0, NULL);
+}
+
 /* DATA of the round its bank held before the one it holds now (its sender
  * still pushing it): with that round's slot token, ACKed CLOSED with its ACK
  * token, so the push ends now, not at the next answer; never written. */
@@ -189,15 +203,9 @@ static __always_inline int data_late(struct xdp_md *ctx, struct ltp_pkt *p,
 		return XDP_DROP;
 	if (p->h->token != tk->prev_data)
 		return drop_spoof();
-	rx->ack_token = tk->prev_ack;
-	rx->csum = cfg->flags & LTP_CFG_CSUM;
-	struct ltp_slot_stats *st = ltp_stats.lookup(&rx->slot);
-	if (!st)
+	if (rx_bind(rx, cfg, tk->prev_ack))
 		return XDP_DROP;
-	rx->st = st;
-	st->late += 1;
-	count(LTP_C_LATE);
-	return send_ack(ctx, p, rx, LTP_RS_CLOSED, 0, NULL);
+	return ack_late(ctx, p, rx);
 }
 
 /* DATA flagged GROUP: this host takes it as addressed to itself, so its
@@ -256,12 +264,8 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 		return XDP_DROP;
 	if (group ? (!b->group || h->token != b->token) : h->token != tk->data)
 		return drop_spoof();
-	rx->ack_token = tk->ack;
-	rx->csum = cfg->flags & LTP_CFG_CSUM;
-	struct ltp_slot_stats *st = ltp_stats.lookup(&rx->slot);
-	if (!st)
+	if (rx_bind(rx, cfg, tk->ack))
 		return XDP_DROP;
-	rx->st = st;
 
 	struct iphdr *iph = p->iph;
 	struct udphdr *udp = p->udp;
@@ -274,13 +278,8 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 		return drop(LTP_C_MALFORMED, h);
 	rx->len = len;
 
-	if (b->state != LTP_BANK_OPEN) {
-		/* Late for a closed round: never written, but ACKed CLOSED so the
-		 * sender stops at once. */
-		st->late += 1;
-		count(LTP_C_LATE);
-		return send_ack(ctx, p, rx, LTP_RS_CLOSED, 0, NULL);
-	}
+	if (b->state != LTP_BANK_OPEN)
+		return ack_late(ctx, p, rx);
 	if (!tk->open) {
 		/* A worker this round does not take (dropped, or never in it):
 		 * nothing written, no flow counted down; CLOSED stops it. */
@@ -298,12 +297,12 @@ static __always_inline int data_admit(struct xdp_md *ctx, struct ltp_pkt *p,
 	if (rx->chunk >= LTP_MAX_CHUNKS || rx->chunk >= rx->nchunks ||
 	    bpf_ntohl(h->nchunks) != rx->nchunks ||
 	    (rx->chunk + 1 == rx->nchunks ? len != b->last_len : len != LTP_CHUNK_BYTES)) {
-		st->out_of_range += 1;
+		rx->st->out_of_range += 1;
 		return drop(LTP_C_OUT_OF_RANGE, h);
 	}
 	if (!skipped(LTP_SKIP_COUNT)) {
-		st->rx_packets += 1;
-		st->rx_bytes += len;
+		rx->st->rx_packets += 1;
+		rx->st->rx_bytes += len;
 	}
 	return LTP_ADMITTED;
 }

@@ -44,6 +44,13 @@ static __always_inline __u32 csum_change32(__u32 from, __u32 to)
 	return csum_change(from, to) + csum_change(from >> 16, to >> 16);
 }
 
+/* The ones' complement sum of a 64-bit value's four 16-bit words as it
+ * lies in memory (the lanes are the same words in either byte order). */
+static __always_inline __u32 csum_u64(__u64 v)
+{
+	return (v & 0xffff) + ((v >> 16) & 0xffff) + ((v >> 32) & 0xffff) + (v >> 48);
+}
+
 /* The checksum `check` corrected by `delta` (a sum of csum_change); a UDP
  * sum that comes to 0 is sent as 0xffff (0 says "none"). */
 static __always_inline __u16 csum_amend(__u16 check, __u32 delta)
