@@ -35,7 +35,20 @@ XDP_FLAGS_SKB_MODE = 1 << 1
 XDP_FLAGS_DRV_MODE = 1 << 2
 MODES = {"native": XDP_FLAGS_DRV_MODE, "skb": XDP_FLAGS_SKB_MODE}
 
-NATIVE_HINT = " (native mode needs MTU <= ~3500 on veth)"
+NATIVE_MTU = 3500   # about the largest MTU whose frame fits the one page native XDP takes
+
+
+def native_hint(dev: str, ns: str | None) -> str:
+    """What a failed native attach's error adds: where `dev`'s MTU is over
+    the one page a frame must fit (the program takes no fragments), that
+    and the two ways out; else the way out for a driver without native XDP."""
+    mtu = lookup.mtu(dev, ns)
+    if mtu is not None and mtu > 1500:
+        return (f" ({dev}'s MTU is {mtu}: native XDP takes frames of one page, an MTU of "
+                f"about 3000-{NATIVE_MTU} at most by driver ({NATIVE_MTU} on veth): lower it, e.g. "
+                f"`ip link set {dev} mtu {NATIVE_MTU}` with LTP_MTU={NATIVE_MTU}, or attach in "
+                "generic mode, LTP_XDP_MODE=skb, slower)")
+    return " (a driver without native XDP refuses it: LTP_XDP_MODE=skb attaches in generic mode)"
 
 
 def _bcc():
@@ -109,7 +122,7 @@ def attach_fd(fd: int, dev: str, ns: str | None = None, mode: str = "native",
             if err in (errno.EBUSY, errno.EEXIST):
                 raise _taken(dev, ns, fix)
             raise DataplaneError(f"attaching XDP ({mode}) to {dev} failed: {os.strerror(err)}"
-                                 + (NATIVE_HINT if mode == "native" else ""))
+                                 + (native_hint(dev, ns) if mode == "native" else ""))
 
 
 def attach_link(fd: int, dev: str, ns: str | None = None, mode: str = "native", *,
@@ -133,7 +146,7 @@ def attach_link(fd: int, dev: str, ns: str | None = None, mode: str = "native", 
             if e.errno in (errno.EBUSY, errno.EEXIST):
                 raise _taken(dev, ns, fix) from None
             raise DataplaneError(f"attaching XDP ({mode}) to {dev} failed: {e.strerror}"
-                                 + (NATIVE_HINT if mode == "native" else "")) from None
+                                 + (native_hint(dev, ns) if mode == "native" else "")) from None
 
 
 def clear(dev: str, ns: str | None) -> dict | None:

@@ -185,6 +185,14 @@ def csum_complete(dev: str, ns: str | None) -> bool:
     return kind not in LOCAL_KINDS
 
 
+def mtu(dev: str, ns: str | None) -> int | None:
+    """`dev`'s MTU in `ns`; None where it cannot be read."""
+    try:
+        return int(_link(dev, ns)[1].get_attr("IFLA_MTU"))
+    except (RegistryError, OSError, TypeError):
+        return None
+
+
 def _link(dev: str, ns: str | None):
     """(ifindex, pyroute2's link message) of `dev` in `ns`; RegistryError
     naming what is missing."""
