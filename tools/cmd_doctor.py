@@ -7,17 +7,22 @@ from .common import EXIT_ERROR, LtpError, add_command, add_json, emit
 
 def register(sub) -> None:
     p = add_command(sub, "doctor", "check root, bcc, kernel headers, bpffs, kernel and BTF",
-                    epilog="examples:\n  ltp doctor\n  sudo ltp doctor --fix\n  ltp doctor -j\n\n"
+                    epilog="examples:\n  ltp doctor\n  sudo ltp doctor --fix\n  ltp doctor -j\n"
+                           "  sudo LTP_MTU=3500 ltp doctor --dev eth1\n\n"
                            "Exits 0 only when everything needed is there.\n")
     p.add_argument("--fix", action="store_true",
                    help="link Debian's kernel headers when missing and mount bpffs")
     p.add_argument("--no-load", action="store_true", help="skip the compile-and-load check")
+    p.add_argument("--dev", metavar="DEV",
+                   help="also check the device a rank will attach to: there, an MTU native "
+                        "XDP takes (LTP_XDP_MODE), LTP_MTU within it (default: LTP_DEV)")
     add_json(p)
     p.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args) -> int:
     import os
+    from ..control import settings_table
     from ..dataplane.doctor import checks as doctor
     fixed = []
     if args.fix:
@@ -25,6 +30,10 @@ def cmd_doctor(args) -> int:
             raise LtpError("`ltp doctor --fix` needs root: run it with sudo")
         fixed = doctor.fix()
     checks = doctor.run_checks(compile_test=not args.no_load)
+    dev = args.dev or settings_table.env("dev")
+    if dev:
+        checks.append(doctor.device_check(dev, ltp_mtu=settings_table.env("mtu"),
+                                          mode=settings_table.env("xdp_mode")))
     ok = all(c.ok for c in checks)
     out = {"ok": ok, "fixed": fixed, "checks": [c.to_dict() for c in checks]}
 
