@@ -8,7 +8,8 @@
 #        --transport ddp-ltp --workers 4 --iterations 30 --hidden 2048,2048
 #   sudo bash scripts/ab_env.sh --mtu=1500 --mtu=3500 --blocks 2 -- --transport ddp-ltp \
 #        --compare gloo --workers 4 --iterations 20 --hidden 2048,2048
-# One JSON line per run: arm, block, it/s (and each --compare run's), final
+# One JSON line per run: arm, block, it/s (and each --compare run's: transport,
+# cc, it/s), final
 # accuracy, delivered fraction, whether the replicas are identical, and the
 # step breakdown's medians (the median worker's wall, push and pull; the
 # server's gather and send), seconds. Needs the venv (`bash scripts/setup.sh`) and root.
@@ -26,8 +27,9 @@ trap 'rm -f "$OUT" "$OUT.err"' EXIT
 for b in $(seq 1 "$BLOCKS"); do
     for arm in "${ARMS[@]}"; do
         SETS=(); FLAGS=()
-        for w in $arm; do
-            case "$w" in --*=*) FLAGS+=("${w%%=*}" "${w#*=}") ;; --*) FLAGS+=("$w") ;; *) SETS+=("$w") ;; esac
+        read -ra WORDS <<<"$arm"
+        for w in "${WORDS[@]}"; do
+            case "$w" in --*) FLAGS+=("$w") ;; *) SETS+=("$w") ;; esac
         done
         (cd "$ROOT" && env "${SETS[@]}" timeout 900 "$PY" -m ltpx.tools.cli train -j "$@" "${FLAGS[@]}" \
             >"$OUT" 2>"$OUT.err") \
@@ -38,9 +40,10 @@ d = json.load(open(sys.argv[1]))
 b = d.get("breakdown") or {}
 w, s = (b.get("worker") or {}).get("median", {}), (b.get("server") or {}).get("median", {})
 print(json.dumps({"arm": os.environ["ARM"], "block": int(os.environ["BLOCK"]),
-                  "it_per_s": round(d.get("iterations_per_s", 0), 3),
-                  **({"compare": {c["transport"]: round(c.get("iterations_per_s", 0), 3)
-                                  for c in d["compare"]}} if d.get("compare") else {}),
+                  "it_per_s": round(d.get("iterations_per_s") or 0, 3),
+                  **({"compare": [[c.get("transport"), c.get("cc"),
+                                   round(c.get("iterations_per_s") or 0, 3)]
+                                  for c in d["compare"]]} if d.get("compare") else {}),
                   "final_accuracy": d.get("final_accuracy"),
                   "delivered": d.get("delivered_fraction"),
                   "identical": d.get("replicas_identical"),

@@ -3,11 +3,8 @@
 cannot run them; on the project's machines and in CI they run."""
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 import subprocess
-import tempfile
 
 import pytest
 
@@ -89,19 +86,6 @@ def finish_all(procs, timeout: float) -> list[tuple[str, str]]:
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     return outs
-
-
-@pytest.fixture(scope="session", autouse=True)
-def flight_folders():
-    """Remove the flight folders the session's jobs kept. A job that fails
-    or hangs keeps its ranks' dumps for a look (launcher/hangs.py,
-    FlightWatch.close), and the tests fail jobs on purpose; those the tests
-    look into are in their tmp_path (LTP_FLIGHT_DIR)."""
-    pattern = os.path.join(tempfile.gettempdir(), "ltp-flight-*")
-    before = set(glob.glob(pattern))
-    yield
-    for path in set(glob.glob(pattern)) - before:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -29,11 +29,11 @@ def cmd_doctor(args) -> int:
         if os.geteuid() != 0:
             raise LtpError("`ltp doctor --fix` needs root: run it with sudo")
         fixed = doctor.fix()
+    dev = args.dev or settings_table.env("dev")      # a bad setting: a usage error, first
+    mtu, mode = settings_table.env("mtu"), settings_table.env("xdp_mode")
     checks = doctor.run_checks(compile_test=not args.no_load)
-    dev = args.dev or settings_table.env("dev")
     if dev:
-        checks.append(doctor.device_check(dev, ltp_mtu=settings_table.env("mtu"),
-                                          mode=settings_table.env("xdp_mode")))
+        checks.append(doctor.device_check(dev, ltp_mtu=mtu, mode=mode))
     ok = all(c.ok for c in checks)
     out = {"ok": ok, "fixed": fixed, "checks": [c.to_dict() for c in checks]}
 

@@ -178,7 +178,7 @@ def device_check(dev: str, ns: str | None = None, ltp_mtu: int = 1500,
     MTU whose frames fit the one page native XDP takes (the program takes no
     fragments); and LTP's path MTU (LTP_MTU) no larger than the device's,
     whose frames would not leave it."""
-    from ..xdp import lookup                      # noqa: PLC0415 (pyroute2: only with --dev)
+    from ..xdp import lookup                      # noqa: PLC0415 (the --dev check's alone)
     from ..xdp.loader import NATIVE_MTU           # noqa: PLC0415
     from ..xdp.wire import chunk_bytes_for        # noqa: PLC0415
     mtu = lookup.mtu(dev, ns)

@@ -43,11 +43,14 @@ def native_hint(dev: str, ns: str | None) -> str:
     the one page a frame must fit (the program takes no fragments), that
     and the two ways out; else the way out for a driver without native XDP."""
     mtu = lookup.mtu(dev, ns)
-    if mtu is not None and mtu > 1500:
+    if mtu is not None and mtu > NATIVE_MTU:
         return (f" ({dev}'s MTU is {mtu}: native XDP takes frames of one page, an MTU of "
                 f"about 3000-{NATIVE_MTU} at most by driver ({NATIVE_MTU} on veth): lower it, e.g. "
                 f"`ip link set {dev} mtu {NATIVE_MTU}` with LTP_MTU={NATIVE_MTU}, or attach in "
                 "generic mode, LTP_XDP_MODE=skb, slower)")
+    if mtu is not None and mtu > 3000:
+        return (f" ({dev}'s MTU is {mtu}: some drivers take native XDP frames only up to an "
+                "MTU of about 3000; lower it with LTP_MTU to match, or LTP_XDP_MODE=skb)")
     return " (a driver without native XDP refuses it: LTP_XDP_MODE=skb attaches in generic mode)"
 
 

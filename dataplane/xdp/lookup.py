@@ -186,10 +186,12 @@ def csum_complete(dev: str, ns: str | None) -> bool:
 
 
 def mtu(dev: str, ns: str | None) -> int | None:
-    """`dev`'s MTU in `ns`; None where it cannot be read."""
+    """`dev`'s MTU in `ns`; None where it cannot be read (a veth refuses
+    native XDP by its peer's MTU, which the rigs keep equal to its own)."""
+    from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415 (as _link's)
     try:
         return int(_link(dev, ns)[1].get_attr("IFLA_MTU"))
-    except (RegistryError, OSError, TypeError):
+    except (RegistryError, OSError, TypeError, NetlinkError):
         return None
 
 
