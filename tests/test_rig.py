@@ -235,6 +235,28 @@ def test_signal_tears_the_rig_down(sig):
         reap_rig_owner(p, Rig, name)
 
 
+@privileged
+@pytest.mark.rig
+def test_a_rig_whose_owner_was_killed_goes_with_the_next_rig_built():
+    """SIGKILL leaves no chance to tear down: the next rig built (under
+    any name) removes the rig its state says a dead process owned."""
+    from ltpx.dataplane import netns
+    from ltpx.dataplane.rig.star import Rig, RigConfig
+    name, other = f"k{_TAG}", f"n{_TAG}"
+    p = subprocess.Popen([sys.executable, "-c", _SIGNAL_SCRIPT, name], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
+    try:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=20)
+        assert Rig.exists(name) and Rig._owner_died(name)     # left behind, its owner gone
+        with Rig(RigConfig(name=other, workers=1)):
+            assert not Rig.exists(name) and not netns.exists(f"ltp-{name}-sw")
+        assert not Rig.exists(other)
+    finally:
+        reap_rig_owner(p, Rig, name)
+
+
 # --------------------------------------------------------------------------- one shared rig
 
 @pytest.fixture(scope="module")

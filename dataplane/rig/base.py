@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -20,6 +21,8 @@ from typing import Any, ClassVar, Self
 from .. import netns
 from . import signals, tcprogs
 from ...errors import RigError
+
+log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,11}$")   # rig names: namespaces stay short
 MAX_RATE_BPS = 32 * 10**9  # TBF's 32-bit byte rate (pyroute2 sends no TCA_TBF_RATE64)
@@ -168,6 +171,11 @@ class RigBase:
         raise NotImplementedError
 
     @staticmethod
+    def _saved() -> set[str]:
+        """Names of this kind's rigs with a state file (whose owner up() may judge)."""
+        return set()
+
+    @staticmethod
     def _remove(name: str, namespaces: Sequence[str] = ()) -> None:
         """Remove everything rig `name` may have, complete or not (`namespaces`:
         the ones it is known to have); raise one RigError listing what failed."""
@@ -225,9 +233,19 @@ class RigBase:
         return pid if alive else None
 
     def _clear_orphan(self) -> None:
-        """Before building: remove a rig of this name that no one will remove."""
+        """Before building: remove a rig of this name that no one will remove
+        (left by a `with` block whose process was killed), and any other rig
+        whose state names such an owner: a killed owner cannot take its rig
+        down, so the next rig built does. A rig being built, or of a live
+        owner, or persistent (`ltp rig up`: no owner) is left alone."""
         if self.exists(self.name) and self._owner_died(self.name):
-            self.destroy(self.name)  # left by a `with` block whose process was killed
+            self.destroy(self.name)
+        for name in sorted(self._saved() - {self.name}):
+            if self._owner_died(name):
+                try:
+                    self.destroy(name)
+                except (RigError, OSError) as e:   # another builder's sweep got there first
+                    log.info("ltpx: left rig %s (its owner is gone) for later: %s", name, e)
 
     def _set_owner(self, pid: int | None) -> None:
         """Note the process building the rig (None: building failed)."""

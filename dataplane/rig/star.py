@@ -266,6 +266,10 @@ class Rig(RigBase):
             raise RigError(f"cannot read {state_path(name)}: {e}") from e
 
     @staticmethod
+    def _saved() -> set[str]:
+        return saved_names(STATE_DIR)
+
+    @staticmethod
     def names() -> list[str]:
         """Names of the rigs on this machine (state files and leftover namespaces)."""
         names = saved_names(STATE_DIR)
