@@ -318,6 +318,9 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
               "A/B knob)", shown="1"),
     _internal("group_alone", bool, True, "0: a group push re-sends a chunk only one target "
               "lacks to the group too, not to that target alone (an A/B knob)", shown="1"),
+    _internal("sum_kernel", str, "auto", "a server's summing: auto (the C kernel, built once "
+              "with the C compiler; numpy where none builds) or numpy (an A/B knob)",
+              choices=("auto", "numpy")),
     _internal("tcp_local", bool, True, "0: a worker on its TCP server's host connects by TCP, "
               "not by a Unix socket (an A/B knob)", shown="1"),
 )}

@@ -12,7 +12,7 @@
 # cc, it/s), final
 # accuracy, delivered fraction, whether the replicas are identical, and the
 # step breakdown's medians (the median worker's wall, push and pull; the
-# server's gather and send), seconds. Needs the venv (`bash scripts/setup.sh`) and root.
+# server's gather, summing and send), seconds. Needs the venv (`bash scripts/setup.sh`) and root.
 set -euo pipefail
 ARMS=(); BLOCKS=3
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
@@ -48,7 +48,7 @@ print(json.dumps({"arm": os.environ["ARM"], "block": int(os.environ["BLOCK"]),
                   "delivered": d.get("delivered_fraction"),
                   "identical": d.get("replicas_identical"),
                   "step": {k: w.get(k) for k in ("wall", "push", "pull")},
-                  "server": {k: s.get(k) for k in ("gather", "send", "idle")}}))
+                  "server": {k: s.get(k) for k in ("gather", "aggregate", "send", "idle")}}))
 PY
     done
 done

@@ -3,7 +3,8 @@
 answer from one fixed float32 order, whatever the blocks and threads; the
 accuracy contract against float64 on random rows, cancelling rows and a real
 model's gradients; NaN and Inf found in the summing pass and contained as
-before."""
+before. Every test runs twice: on the C kernel (control/transport/sumkernel.c,
+what sums where a compiler builds it) and on the numpy path."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -12,10 +13,23 @@ import numpy as np
 import pytest
 
 from ltpx.control.transport import aggregate as agg
+from ltpx.control.transport import sumkernel
 from ltpx.control.transport.aggregate import (aggregate_into, contain_nonfinite, rows_finite,
                                               sum_step)
 
 EPS = float(np.finfo(np.float32).eps)        # 2**-23
+
+
+@pytest.fixture(autouse=True, params=["c", "numpy"])
+def summing(request, monkeypatch):
+    """Each test on the C kernel and on the numpy path."""
+    if request.param == "numpy":
+        monkeypatch.setenv("LTP_SUM_KERNEL", "numpy")
+    else:
+        monkeypatch.delenv("LTP_SUM_KERNEL", raising=False)
+        if sumkernel.kernel() is None:
+            pytest.skip(f"no C summing kernel here: {sumkernel.status()['why']}")
+    return request.param
 
 
 def fixed_order(values: np.ndarray, weights=None, average=True) -> np.ndarray:

@@ -24,10 +24,12 @@ def test_bench_agg_prints_json_of_every_arm_and_size():
     assert [r["params"] for r in res["sizes"]] == [3000, 70000]
     for r in res["sizes"]:
         assert set(r["gbps"]) == {"memcpy_1", "memcpy_all", "add_1", "add_all", "add3_1",
-                                  "add3_all", "old", "new_1", "new_all"}
+                                  "add3_all", "old", "new_1", "new_all", "numpy_1",
+                                  "numpy_all"}
         assert all(x > 0 for x in r["gbps"].values())
         assert all(len(b) == 2 and min(b) > 0 for b in r["block_gbps"].values())
-        assert r["new_over_add"] > 0 and r["new_over_old"] > 0
+        assert r["new_over_add"] > 0 and r["new_over_old"] > 0 and r["numpy_over_add"] > 0
+    assert res["config"]["summing"]["kernel"] in ("c", "numpy")
     text = subprocess.run(LTP + ["bench", "agg", "--params", "3000", "--blocks", "1",
                                  "--min-s", "0.001"], capture_output=True, text=True, timeout=120)
     assert text.returncode == 0 and "new" in text.stdout and "old" in text.stdout

@@ -20,17 +20,20 @@ size, against the host's floors, every arm in each of --blocks blocks (the
 arms' order turning by one a block), in one run: memcpy, a streaming add
 in place (np.add(a, b, out=a): the floor of issue 40), the same add into a
 third buffer, the server before issue 40 (its non-finite check and float64
-mean, kept in control/bench/agg.py), and now (aggregate.sum_step); with one
-thread and with one per CPU. GB/s: bytes of input read per second (the
+mean, kept in control/bench/agg.py), and now (aggregate.sum_step: on the C
+kernel where it builds, and on its numpy path); with one thread and with one
+per CPU. GB/s: bytes of input read per second (the
 rows; for the adds both operands), the median of the blocks. The default
 sizes are `ltp train`'s MLPs: the default, --hidden 2048,2048 and --hidden
 5000,5000 (25M parameters: about 2 GB of memory in all).
 
-JSON keys: config (workers, weights, params, blocks, min_s, threads_all),
+JSON keys: config (workers, weights, params, blocks, min_s, threads_all,
+summing: what sums by default, {kernel: c or numpy, path, why}),
 machine (cpus, loadavg_start, loadavg_end), sizes (per size: params,
 input_bytes, gbps and block_gbps per arm: memcpy_1, memcpy_all, add_1,
-add_all, add3_1, add3_all, old, new_1, new_all; reps; new_over_add:
-new_all / add_all, new_over_add_1, new_over_add3, new_over_old).
+add_all, add3_1, add3_all, old, new_1, new_all, numpy_1, numpy_all; reps;
+new_over_add: new_all / add_all, new_over_add_1, new_over_add3,
+new_over_old, numpy_over_add, numpy_over_add_1).
 """
 
 

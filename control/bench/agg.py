@@ -12,25 +12,31 @@ Arms, each timed at every size (GB/s: bytes of input read per second):
              of the rows, np.isfinite over all of it) then the float64 mean
              (old_ functions below, kept for this A/B)
   new_T      the server's path now: aggregate.sum_step (float32, fixed
-             order, blocks across threads, NaN check in the same pass)
+             order, spans across threads, NaN check in the same pass) on
+             what sums by default: the C kernel where it builds
+  numpy_T    the same on the numpy path (LTP_SUM_KERNEL=numpy): a block of
+             scratch summed in cache, then written into the answer
 T: 1 (one thread) or all (a thread per CPU this process may use).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import numpy as np
 
+from .. import settings_table
+from ..transport import sumkernel
 from ..transport.aggregate import contain_chunks, cpu_threads, over_spans, sum_step
 
 # the MLPs of `ltp train`: the default, --hidden 2048,2048 and --hidden 5000,5000
 SIZES = (234_122, 4_349_962, 25_380_010)
 ARMS = ("memcpy_1", "memcpy_all", "add_1", "add_all", "add3_1", "add3_all", "old", "new_1",
-        "new_all")
+        "new_all", "numpy_1", "numpy_all")
 CHUNK_ELEMS = 358        # float32 per LTP chunk at MTU 1500: the masks the old check walked
 
 
@@ -53,6 +59,27 @@ def old_contain_nonfinite(g, strategy: str) -> np.ndarray:
     array and np.isfinite over all of it, every round (what
     aggregate.contain_chunks still does where a value is non-finite)."""
     return contain_chunks(g, strategy)
+
+
+@contextlib.contextmanager
+def _numpy_path() -> Iterator[None]:
+    """The server's summing on its numpy path for the call (this bench's
+    arms run one at a time, so the variable is the only one setting it)."""
+    var = settings_table.TABLE["sum_kernel"].env
+    before = os.environ.get(var)
+    os.environ[var] = "numpy"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[var]
+        else:
+            os.environ[var] = before
+
+
+def _on_numpy(out, g, weights, t) -> None:
+    with _numpy_path():
+        sum_step(out, g, weights, "mean", threads=t)
 
 
 def _arms(values: np.ndarray, weights: list[int]) -> dict[str, Callable[[], object]]:
@@ -79,6 +106,7 @@ def _arms(values: np.ndarray, weights: list[int]) -> dict[str, Callable[[], obje
         arms[f"add3_{tag}"] = spread(
             lambda lo, hi: np.add(a[lo:hi], b[lo:hi], out=third[lo:hi]), half, t)
         arms[f"new_{tag}"] = (lambda t=t: sum_step(out, g, weights, "mean", threads=t))
+        arms[f"numpy_{tag}"] = (lambda t=t: _on_numpy(out, g, weights, t))
     arms["old"] = lambda: (old_contain_nonfinite(g, "mean"),
                            old_aggregate_into(out, values, weights))
     return {name: arms[name] for name in ARMS}
@@ -114,6 +142,8 @@ def bench_size(params: int, weights: list[int], blocks: int, min_s: float,
             "new_over_add": med["new_all"] / med["add_all"],
             "new_over_add_1": med["new_1"] / med["add_1"],
             "new_over_add3": med["new_all"] / med["add3_all"],
+            "numpy_over_add": med["numpy_all"] / med["add_all"],
+            "numpy_over_add_1": med["numpy_1"] / med["add_1"],
             "new_over_old": med["new_all"] / med["old"]}
 
 
@@ -127,6 +157,7 @@ def run(params: list[int], weights: list[int], blocks: int, min_s: float,
         sizes.append(bench_size(p, weights, blocks, min_s))
     return {"config": {"workers": len(weights), "weights": weights, "params": params,
                        "blocks": blocks, "min_s": min_s, "threads_all": cpu_threads(),
+                       "summing": sumkernel.status(),
                        "gbps": "bytes of input read per second / 1e9"},
             "machine": {"cpus": os.cpu_count(), "loadavg_start": list(load0),
                         "loadavg_end": list(os.getloadavg())},
@@ -143,12 +174,17 @@ def table(res: dict) -> str:
                   f"GB/s of input read, the median of {c['blocks']} blocks",
                   f"{'':24}{'1 thread':>10}{str(c['threads_all']) + ' threads':>12}"]
         for label, arm in (("memcpy", "memcpy"), ("add a += b (floor)", "add"),
-                           ("add c = a + b", "add3"), ("new (float32, fused)", "new")):
+                           ("add c = a + b", "add3"), ("new (C kernel)", "new"),
+                           ("new, numpy path", "numpy")):
             lines.append(f"{label:24}{g[arm + '_1']:10.2f}{g[arm + '_all']:12.2f}")
         lines += [f"{'old (float64 + copy)':24}{g['old']:10.2f}{'-':>12}",
                   f"{'new / add floor':24}{r['new_over_add_1']:10.2f}{r['new_over_add']:12.2f}",
+                  f"{'numpy path / add floor':24}{r['numpy_over_add_1']:10.2f}"
+                  f"{r['numpy_over_add']:12.2f}",
                   f"{'new / old':24}{'':10}{r['new_over_old']:11.1f}x", ""]
-    load = res["machine"]
+    load, summing = res["machine"], c["summing"]
+    if summing["kernel"] != "c":
+        lines.append(f"no C kernel here ({summing['why']}): new is the numpy path")
     lines.append(f"load average {load['loadavg_start'][0]:.2f} at the start, "
                  f"{load['loadavg_end'][0]:.2f} at the end ({load['cpus']} CPUs)")
     return "\n".join(lines)

@@ -19,7 +19,8 @@ and what pushes and rounds report; fec.py erasure-codes a reliable round
 an answer tolerantly (once; what some worker lacks is deferred a step by
 every worker alike); straggler.py names whom a round waited for from the
 NIC's arrival times; aggregate.py sums a round's rows into the server's
-answer (float32, one fixed order, across threads, NaN and Inf contained);
+answer (float32, one fixed order, across threads, NaN and Inf contained),
+on sumkernel.py's C kernel where the compiler builds it;
 stream.py sends a step's answer part by part as its rounds are summed;
 roundspace.py numbers server s's rounds r·S + s, so S servers' flows share
 one endpoint (a sharded worker's one device); udpsock.py makes an

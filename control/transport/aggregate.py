@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import sumkernel
 from .bubble import fill as fill_bubbles
 
 # elements: 512 KiB of the answer, held in a core's L2 while rows stream in;
@@ -141,7 +142,21 @@ def aggregate_into(out: np.ndarray, values: np.ndarray, weights: list[int] | Non
     if not rows:
         rows, div = plan(None, k)
     skipped = [i for i in range(k) if i not in {r for r, _ in rows}] if check else []
-    finish = _finisher(div if average else 1)
+    if n == 0:
+        return True
+    fn = sumkernel.kernel() if sumkernel.usable(out, values) else None
+    if fn is not None:       # the C kernel: one pass, one call a span
+        span = sumkernel.spanner(fn, out, values, rows, skipped, div if average else 1)
+        return all(over_spans(n, span, _threads_for(k * n, threads))) or not check
+    return all(over_spans(n, _numpy_spanner(out, values, rows, skipped, div if average else 1,
+                                            check), _threads_for(k * n, threads)))
+
+
+def _numpy_spanner(out: np.ndarray, values: np.ndarray, rows: list[tuple[int, int]],
+                   skipped: list[int], div: int, check: bool) -> Callable[[int, int], bool]:
+    """span(lo, hi) -> finite: the numpy path, block by block (a block of
+    scratch summed in cache, then written into the answer divided)."""
+    finish = _finisher(div)
 
     def span(lo: int, hi: int) -> bool:
         ok, scratch = True, _scratch()
@@ -155,9 +170,7 @@ def aggregate_into(out: np.ndarray, values: np.ndarray, weights: list[int] | Non
                     ok = ok and _finite(out[a:b], mask) and \
                         all(_finite(values[i, a:b], mask) for i in skipped)
         return ok
-    if n == 0:
-        return True
-    return all(over_spans(n, span, _threads_for(k * n, threads)))
+    return span
 
 
 def _finisher(div: int) -> Callable[[np.ndarray, np.ndarray], None]:

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The C libraries opened once per process, with the signatures of every
 function LTP calls: libbpf.so.1, bcc's libbcc.so.0 (opened a second time with
-its own signatures) and libc; the option structs those calls take; and the
+its own signatures), libc, and the summing kernel LTP builds itself
+(control/transport/sumkernel.py); the option structs those calls take; and the
 two helpers every binding uses (`check` for libbpf's -errno returns, `ref`
 for pointers to ctypes values)."""
 from __future__ import annotations
@@ -103,6 +104,13 @@ _LIBBCC = {
 }
 
 
+# the server's summing kernel, control/transport/sumkernel.c
+_SUMKERNEL = {
+    "ltp_sum_rows": (_c_int, [ctypes.POINTER(_vp), _vp, _c_int, ctypes.POINTER(_vp), _c_int, _vp,
+                              ctypes.c_size_t, ctypes.c_float, _c_int]),
+}
+
+
 def load(key: str, soname: str, signatures: dict) -> Any:
     """`soname` opened once per process with `signatures` set (OSError if it
     is not installed)."""
@@ -124,6 +132,12 @@ def libbpf():
 def libbcc():
     """bcc's libbcc.so.0 with the signatures above (OSError if it is not installed)."""
     return load("bcc", "libbcc.so.0", _LIBBCC)
+
+
+def sumkernel(path: str):
+    """The summing kernel built at `path`, opened once per process and path
+    (OSError if it does not load)."""
+    return load(f"sum:{path}", path, _SUMKERNEL)
 
 
 def libc():

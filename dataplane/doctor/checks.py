@@ -179,17 +179,15 @@ def device_check(dev: str, ns: str | None = None, ltp_mtu: int = 1500,
     fragments); and LTP's path MTU (LTP_MTU) no larger than the device's,
     whose frames would not leave it."""
     from ..xdp import lookup                      # noqa: PLC0415 (the --dev check's alone)
-    from ..xdp.loader import NATIVE_MTU           # noqa: PLC0415
+    from ..xdp.loader import native_mtu_problem   # noqa: PLC0415
     from ..xdp.wire import chunk_bytes_for        # noqa: PLC0415
     mtu = lookup.mtu(dev, ns)
     if mtu is None:
         return Check("device", False, f"no device {dev!r} here",
                      "give LTP_DEV (or --dev) one of `ip -br link`")
-    if mode == "native" and mtu > NATIVE_MTU:
-        return Check("device", False, f"{dev}: MTU {mtu}, over what native XDP takes (a frame "
-                     f"of one page: an MTU of about 3000-{NATIVE_MTU} by driver)",
-                     f"`ip link set {dev} mtu {NATIVE_MTU}` and LTP_MTU={NATIVE_MTU} on every "
-                     "rank, or LTP_XDP_MODE=skb (generic XDP, slower)")
+    problem = native_mtu_problem(dev, mtu) if mode == "native" else None
+    if problem:
+        return Check("device", False, *problem)
     if ltp_mtu > mtu:
         return Check("device", False, f"LTP_MTU {ltp_mtu} is over {dev}'s MTU {mtu}: LTP's "
                      "frames would not leave it", f"LTP_MTU={mtu} (the path's smallest MTU)")

@@ -36,21 +36,32 @@ XDP_FLAGS_DRV_MODE = 1 << 2
 MODES = {"native": XDP_FLAGS_DRV_MODE, "skb": XDP_FLAGS_SKB_MODE}
 
 NATIVE_MTU = 3500   # about the largest MTU whose frame fits the one page native XDP takes
+DRIVER_MTU = 3000   # ... where some drivers stop taking native XDP frames
+
+
+def native_mtu_problem(dev: str, mtu: int) -> tuple[str, str] | None:
+    """(what is wrong, what to do) where `dev`'s MTU is over the one page a
+    native XDP frame must fit (the program takes no fragments); else None.
+    A failed attach's error and `ltp doctor --dev` both say it."""
+    if mtu <= NATIVE_MTU:
+        return None
+    return (f"{dev}'s MTU is {mtu}: native XDP takes frames of one page, an MTU of about "
+            f"{DRIVER_MTU}-{NATIVE_MTU} at most by driver ({NATIVE_MTU} on veth)",
+            f"lower it, e.g. `ip link set {dev} mtu {NATIVE_MTU}` with LTP_MTU={NATIVE_MTU} on "
+            "every rank, or attach in generic mode, LTP_XDP_MODE=skb (slower)")
 
 
 def native_hint(dev: str, ns: str | None) -> str:
     """What a failed native attach's error adds: where `dev`'s MTU is over
-    the one page a frame must fit (the program takes no fragments), that
-    and the two ways out; else the way out for a driver without native XDP."""
+    the one page a frame must fit, that and the two ways out; else the way
+    out for a driver without native XDP."""
     mtu = lookup.mtu(dev, ns)
-    if mtu is not None and mtu > NATIVE_MTU:
-        return (f" ({dev}'s MTU is {mtu}: native XDP takes frames of one page, an MTU of "
-                f"about 3000-{NATIVE_MTU} at most by driver ({NATIVE_MTU} on veth): lower it, e.g. "
-                f"`ip link set {dev} mtu {NATIVE_MTU}` with LTP_MTU={NATIVE_MTU}, or attach in "
-                "generic mode, LTP_XDP_MODE=skb, slower)")
-    if mtu is not None and mtu > 3000:
+    problem = native_mtu_problem(dev, mtu) if mtu is not None else None
+    if problem:
+        return f" ({problem[0]}: {problem[1]})"
+    if mtu is not None and mtu > DRIVER_MTU:
         return (f" ({dev}'s MTU is {mtu}: some drivers take native XDP frames only up to an "
-                "MTU of about 3000; lower it with LTP_MTU to match, or LTP_XDP_MODE=skb)")
+                f"MTU of about {DRIVER_MTU}; lower it with LTP_MTU to match, or LTP_XDP_MODE=skb)")
     return " (a driver without native XDP refuses it: LTP_XDP_MODE=skb attaches in generic mode)"
 
 

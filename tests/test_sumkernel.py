@@ -1,0 +1,166 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The summing kernel (control/transport/sumkernel.py and .c): the numpy
+path's bits at every length, offset and weighting; NaN and Inf found; built
+once into a cache folder its owner alone may write, loaded from it after,
+built again when the entry is bad, never loaded from a folder others may
+write; the numpy path, with the reason, where no compiler builds it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ltpx.control.settings_table import BadVariable
+from ltpx.control.transport import sumkernel
+from ltpx.control.transport.aggregate import aggregate_into
+
+pytestmark = pytest.mark.unit
+
+
+def needs_kernel() -> None:
+    if sumkernel.kernel() is None:
+        pytest.skip(f"no C summing kernel here: {sumkernel.status()['why']}")
+
+
+def both(values, weights=None, average=True, monkeypatch=None):
+    """(the C kernel's answer and finite flag, the numpy path's)."""
+    n = values.shape[1]
+    c, p = np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
+    ok_c = aggregate_into(c, values, weights, average=average, check=True, threads=1)
+    monkeypatch.setenv("LTP_SUM_KERNEL", "numpy")
+    ok_p = aggregate_into(p, values, weights, average=average, check=True, threads=1)
+    monkeypatch.delenv("LTP_SUM_KERNEL")
+    return (c, ok_c), (p, ok_p)
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A kernel not yet loaded in this process, with its cache in tmp_path."""
+    monkeypatch.delenv("LTP_SUM_KERNEL", raising=False)
+    monkeypatch.setenv("LTP_CACHE_DIR", str(tmp_path / "cache"))      # root's folder
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))       # anyone else's
+    monkeypatch.setattr(sumkernel, "_state", {"fn": None, "tried": False, "why": "",
+                                              "path": None})
+    return tmp_path
+
+
+def folder_of(tmp: Path) -> Path:
+    return tmp / "cache" if os.geteuid() == 0 else tmp / "xdg" / "ltpx"
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 1000, 70_001])
+@pytest.mark.parametrize("weights,average", [(None, True), ([3, 1, 2], True),
+                                             ([2, 0, 4], True), (None, False),
+                                             ([5, 5, 0], True), ([0, 7, 0], True)])
+def test_the_kernels_bits_are_the_numpy_paths(monkeypatch, n, weights, average):
+    needs_kernel()
+    rng = np.random.default_rng(n)
+    big = rng.standard_normal((3, n + 5)).astype(np.float32) * 1e3
+    values = big[:, 3:3 + n]                     # rows that start off any vector's alignment
+    (c, ok_c), (p, ok_p) = both(values, weights, average, monkeypatch)
+    assert ok_c and ok_p
+    assert np.array_equal(c.view(np.uint32), p.view(np.uint32))
+
+
+@pytest.mark.parametrize("where", ["vector", "tail"])
+def test_nan_inf_and_overflow_are_found_where_they_are(monkeypatch, where):
+    needs_kernel()
+    n = 40
+    i = 3 if where == "vector" else n - 1       # 40 = 2 vectors of 16 and a tail of 8
+    v = np.ones((3, n), np.float32)
+    v[1, i] = np.nan
+    (c, ok_c), (p, ok_p) = both(v, monkeypatch=monkeypatch)
+    assert not ok_c and not ok_p and np.isnan(c[i])
+    v = np.ones((3, n), np.float32)
+    v[2, i] = np.inf                             # in a row that does not count
+    (c, ok_c), (_, ok_p) = both(v, [1, 1, 0], monkeypatch=monkeypatch)
+    assert not ok_c and not ok_p and np.isfinite(c).all()
+    v = np.full((3, n), 3e38, np.float32)        # finite rows whose sum overflows
+    (c, ok_c), (_, ok_p) = both(v, average=False, monkeypatch=monkeypatch)
+    assert not ok_c and not ok_p and np.isinf(c[i])
+    assert aggregate_into(c, v, average=False, check=False)      # not asked: True
+
+
+def test_rows_of_any_stride_still_sum_on_the_numpy_path():
+    needs_kernel()
+    v = np.random.default_rng(1).standard_normal((4, 2000)).astype(np.float32)
+    strided = v[:, ::2]
+    assert not sumkernel.usable(np.empty(1000, np.float32), strided)
+    out = np.empty(1000, np.float32)
+    aggregate_into(out, strided)
+    want = ((strided[0] + strided[1]) + strided[2]) + strided[3]
+    assert np.array_equal(out, want * np.float32(0.25))
+
+
+def test_built_once_into_its_folder_then_loaded_from_it(fresh, monkeypatch):
+    if sumkernel.compiler() is None:
+        pytest.skip("no C compiler on PATH")
+    fn = sumkernel.kernel()
+    st = sumkernel.status()
+    assert fn is not None and st["kernel"] == "c"
+    entry = Path(st["path"])
+    assert entry.parent == folder_of(fresh) and entry.is_file()
+    assert not entry.stat().st_mode & 0o022
+    stamp = entry.stat().st_mtime_ns
+    monkeypatch.setattr(sumkernel, "_state", {"fn": None, "tried": False, "why": "", "path": None})
+    monkeypatch.setattr(sumkernel, "_build", lambda *a: pytest.fail("built again"))
+    assert sumkernel.kernel() is not None and sumkernel.status()["path"] == str(entry)
+    assert entry.stat().st_mtime_ns == stamp
+
+
+def test_a_bad_entry_is_built_again(fresh):
+    cc = sumkernel.compiler()
+    if cc is None:
+        pytest.skip("no C compiler on PATH")
+    d = folder_of(fresh)
+    d.mkdir(parents=True)
+    entry = d / f"sum-{sumkernel.key(cc)[:32]}.so"
+    entry.write_bytes(b"not an object")          # as a crash mid-write could leave it
+    assert sumkernel.kernel() is not None
+    assert sumkernel.status()["path"] == str(entry)
+    assert entry.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_never_loaded_from_a_folder_others_may_write(fresh):
+    if sumkernel.compiler() is None:
+        pytest.skip("no C compiler on PATH")
+    d = folder_of(fresh)
+    d.mkdir(parents=True)
+    d.chmod(0o777)
+    assert sumkernel.kernel() is not None
+    assert sumkernel.status()["path"] == "built uncached"
+    assert list(d.iterdir()) == []
+
+
+def test_no_compiler_sums_with_numpy_and_says_why(fresh, monkeypatch):
+    monkeypatch.setenv("PATH", str(fresh / "empty"))
+    monkeypatch.delenv("CC", raising=False)
+    assert sumkernel.kernel() is None
+    st = sumkernel.status()
+    assert st["kernel"] == "numpy" and "no C compiler" in st["why"]
+    v = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = np.empty(4, np.float32)
+    assert aggregate_into(out, v, check=True)
+    assert np.array_equal(out, ((v[0] + v[1]) + v[2]) / np.float32(3))
+
+
+def test_a_compiler_that_fails_is_named(fresh, monkeypatch):
+    cc = fresh / "badcc"
+    cc.write_text("#!/bin/sh\necho 'cannot do it' >&2\nexit 1\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    assert sumkernel.kernel() is None
+    assert "cannot do it" in sumkernel.status()["why"]
+    assert not list(folder_of(fresh).glob("*.so"))
+
+
+def test_the_setting_chooses_numpy_and_a_bad_one_is_named(monkeypatch):
+    monkeypatch.setenv("LTP_SUM_KERNEL", "numpy")
+    assert sumkernel.kernel() is None
+    assert sumkernel.status() == {"kernel": "numpy", "path": sumkernel._state["path"],
+                                  "why": "LTP_SUM_KERNEL=numpy"}
+    monkeypatch.setenv("LTP_SUM_KERNEL", "fortran")
+    with pytest.raises(BadVariable, match="LTP_SUM_KERNEL"):
+        sumkernel.kernel()
