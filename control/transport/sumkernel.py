@@ -48,12 +48,12 @@ SCALE_NONE, SCALE_MUL, SCALE_DIV = 0, 1, 2
 
 log = logging.getLogger("ltpx.sumkernel")
 _lock = threading.Lock()
-_state: dict = {"fn": None, "tried": False, "why": "", "path": None}
+_state: dict = {"fn": None, "tried": False, "why": "", "path": None, "isa": None}
 
 
 def compiler() -> str | None:
-    """The C compiler: $CC, else cc, else gcc (None: none on PATH)."""
-    for name in (os.environ.get("CC"), "cc", "gcc"):
+    """The C compiler: $CC, else cc, gcc or clang (None: none on PATH)."""
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
     return None
@@ -102,8 +102,13 @@ def _trusted(p: Path) -> bool:
     return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
 
 
+ISAS = ("baseline", "avx2", "avx512f")
+
+
 def _load_from(path: Path):
-    return libs.sumkernel(str(path)).ltp_sum_rows
+    lib = libs.sumkernel(str(path))
+    _state["isa"] = ISAS[lib.ltp_sum_isa()]
+    return lib.ltp_sum_rows
 
 
 def _obtain(cc: str) -> tuple[Callable, str]:
@@ -147,12 +152,13 @@ def kernel() -> Callable | None:
 
 
 def status() -> dict:
-    """What sums: {"kernel": "c" or "numpy", "path", "why"}."""
+    """What sums: {"kernel": "c" or "numpy", "isa" (the kernel's copy: avx512f,
+    avx2 or baseline), "path", "why"}."""
     fn = kernel()
     why = "LTP_SUM_KERNEL=numpy" if settings_table.env("sum_kernel") == "numpy" \
         else _state["why"]
-    return {"kernel": "c" if fn is not None else "numpy", "path": _state["path"],
-            "why": "" if fn is not None else why}
+    return {"kernel": "c" if fn is not None else "numpy", "isa": _state["isa"],
+            "path": _state["path"], "why": "" if fn is not None else why}
 
 
 def usable(out: np.ndarray, values: np.ndarray) -> bool:

@@ -108,6 +108,7 @@ _LIBBCC = {
 _SUMKERNEL = {
     "ltp_sum_rows": (_c_int, [ctypes.POINTER(_vp), _vp, _c_int, ctypes.POINTER(_vp), _c_int, _vp,
                               ctypes.c_size_t, ctypes.c_float, _c_int]),
+    "ltp_sum_isa": (_c_int, []),
 }
 
 
