@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from ...errors import DeadPeerError, LtpError, TransportError
+from ..transport import sumkernel
 from ..transport.aggregate import aggregate_into, contain_nonfinite, sum_step
 from ..transport.rate import quiet_gc
 from ..transport.straggler import StepStragglers
@@ -134,6 +135,7 @@ class Server:
 
     def run(self) -> dict:
         """Serve until the workers shut the job down; returns the summary."""
+        sumkernel.warm()               # built or loaded now, not in the first round
         try:
             while True:
                 flight_enter(OPS, self.clock.seq)   # waits for the workers' arrivals

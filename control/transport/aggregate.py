@@ -40,7 +40,7 @@ import math
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -83,7 +83,10 @@ def over_spans(n: int, span: Callable[[int, int], object], threads: int) -> list
     if len(edges) == 1:
         return [span(*edges[0])]
     later = [_executor().submit(span, lo, hi) for lo, hi in edges[1:]]
-    first = span(*edges[0])
+    try:
+        first = span(*edges[0])
+    finally:               # every span ends before the caller may free what they touch
+        wait(later)
     return [first, *(f.result() for f in later)]
 
 

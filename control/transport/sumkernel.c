@@ -79,28 +79,39 @@ static inline __attribute__((always_inline)) int sum_rows(ARGS)
     return tail == 0.0f;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx512f"))) static int sum_avx512(ARGS) { return sum_rows(PASS); }
 __attribute__((target("avx2"))) static int sum_avx2(ARGS) { return sum_rows(PASS); }
+#endif
 static int sum_base(ARGS) { return sum_rows(PASS); }
 
 static int (*impl)(ARGS);
 static int isa;                     /* what impl is: 2 AVX-512, 1 AVX2, 0 the baseline */
 
-static void choose(void)
+/* The copy for `want` (2 AVX-512, 1 AVX2, 0 the baseline) or, if this CPU
+ * lacks it, the best it has below; returns the copy chosen. */
+int ltp_sum_use(int want)
 {
+#if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f"))
-        isa = 2, impl = sum_avx512;
-    else if (__builtin_cpu_supports("avx2"))
-        isa = 1, impl = sum_avx2;
-    else
-        isa = 0, impl = sum_base;
+    if (want >= 2 && __builtin_cpu_supports("avx512f")) {
+        impl = sum_avx512;
+        return isa = 2;
+    }
+    if (want >= 1 && __builtin_cpu_supports("avx2")) {
+        impl = sum_avx2;
+        return isa = 1;
+    }
+#endif
+    (void)want;
+    impl = sum_base;
+    return isa = 0;
 }
 
 int ltp_sum_rows(ARGS)
 {
     if (!impl)
-        choose();
+        ltp_sum_use(2);
     return impl(PASS);
 }
 
@@ -108,6 +119,6 @@ int ltp_sum_rows(ARGS)
 int ltp_sum_isa(void)
 {
     if (!impl)
-        choose();
+        ltp_sum_use(2);
     return isa;
 }

@@ -16,9 +16,13 @@ write (loading it runs its code): root's is the BPF cache's (LTP_CACHE_DIR,
 else /var/cache/ltpx), anyone else's $XDG_CACHE_HOME/ltpx (else
 ~/.cache/ltpx). A new entry is written to a temporary name and renamed, so
 ranks that build it at once each load a whole one. With no usable folder it
-is built in a private temporary folder, removed once loaded. With no
-compiler, or one that fails, the numpy path sums (`status()` says why, as
-`ltp doctor` shows); LTP_SUM_KERNEL=numpy chooses it (an A/B knob).
+is built in a private temporary folder, removed once loaded. An entry is
+loaded only where neither it nor a folder above it can be changed by anyone
+but its owner and root (a sticky folder's entries aside). With no compiler,
+or one that fails (remembered beside the entries, so the next rank does not
+try again), the numpy path sums; `status()` says why (`ltp bench agg`
+shows it); LTP_SUM_KERNEL=numpy chooses it (an A/B knob). A server builds
+it as it starts (`warm`), not in its first round.
 """
 from __future__ import annotations
 
@@ -27,10 +31,14 @@ import ctypes
 import hashlib
 import logging
 import os
+import shlex
 import shutil
+import signal
+import stat
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,28 +50,65 @@ from .. import settings_table
 
 SOURCE = Path(__file__).with_name("sumkernel.c")
 FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-Wno-psabi", "-fPIC", "-shared")
-FORMAT = 1
+FORMAT = 2
 COMPILE_TIMEOUT_S = 120.0
 SCALE_NONE, SCALE_MUL, SCALE_DIV = 0, 1, 2
+ISAS = ("baseline", "avx2", "avx512f")     # ltp_sum_isa()'s answers, in order
+STALE_TMP_S = 3600.0
 
 log = logging.getLogger("ltpx.sumkernel")
 _lock = threading.Lock()
 _state: dict = {"fn": None, "tried": False, "why": "", "path": None, "isa": None}
 
 
-def compiler() -> str | None:
-    """The C compiler: $CC, else cc, gcc or clang (None: none on PATH)."""
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
+def _fresh_lock() -> None:
+    global _lock
+    _lock = threading.Lock()      # a fork mid-build leaves the parent's held
+
+
+os.register_at_fork(after_in_child=_fresh_lock)
+
+
+class BuildFailed(Exception):
+    """The kernel could not be built or loaded; the message says why.
+    lasting: the compiler refused the source or its object does not load,
+    which the next try would repeat (not a timeout or a full disk)."""
+
+    def __init__(self, why: str, lasting: bool = False):
+        super().__init__(why)
+        self.lasting = lasting
+
+
+def compiler() -> list[str] | None:
+    """The C compiler's command: $CC (words, as `ccache gcc`), else cc, gcc
+    or clang (None: none on PATH)."""
+    for cmd in (shlex.split(os.environ.get("CC", "")), ["cc"], ["gcc"], ["clang"]):
+        if cmd and shutil.which(cmd[0]):
+            return cmd
     return None
 
 
-def key(cc: str) -> str:
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """cmd in a session of its own, the whole session killed at the timeout
+    (a compiler driver's children too)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise BuildFailed(f"{shlex.join(cmd[:1])} took over {timeout:.0f} s") from None
+    return subprocess.CompletedProcess(cmd, p.returncode, out.decode(errors="replace"),
+                                       err.decode(errors="replace"))
+
+
+def key(cc: list[str]) -> str:
+    """The entry's name's hash: the source, the compiler's version, the flags."""
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
-                                 timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
+        version = _run([*cc, "--version"], 30.0).stdout
+    except (OSError, BuildFailed):
         version = ""
     h = hashlib.sha256(SOURCE.read_bytes())
     for part in (version, " ".join(FLAGS), str(FORMAT)):
@@ -74,22 +119,33 @@ def key(cc: str) -> str:
 def folder() -> Path:
     """The cache folder for this user (Unusable if it is not safe to load from)."""
     if os.geteuid() == 0:
-        return Cache(cache_dir()).dir
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Cache(Path(base) / "ltpx").dir
+        d = Cache(cache_dir()).dir
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        d = Cache(Path(base) / "ltpx").dir
+    for p in [d.resolve(), *d.resolve().parents]:      # no one else can swap what is below
+        st = os.stat(p)
+        sticky = st.st_mode & stat.S_ISVTX
+        if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not sticky):
+            raise Unusable(f"{p}, above {d}, can be changed by others")
+    return d
 
 
-def _build(cc: str, dest: Path) -> None:
+def _build(cc: list[str], dest: Path) -> None:
     """Compile SOURCE into dest through a temporary file beside it, renamed
     (never written in place: a process that has the old one loaded keeps
     its pages, where a file cut short under it would fault)."""
+    for old in dest.parent.glob(".tmp-sum-*"):              # left by a killed build
+        with contextlib.suppress(OSError):
+            if time.time() - os.lstat(old).st_mtime > STALE_TMP_S:
+                os.unlink(old)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-sum-", suffix=".so")
     os.close(fd)
     try:
-        r = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
-                           text=True, timeout=COMPILE_TIMEOUT_S)
+        r = _run([*cc, *FLAGS, "-o", tmp, str(SOURCE)], COMPILE_TIMEOUT_S)
         if r.returncode != 0:
-            raise OSError(f"{cc} failed: {(r.stderr or r.stdout).strip()[-300:]}")
+            raise BuildFailed(f"{shlex.join(cc)} failed: {(r.stderr or r.stdout).strip()[-300:]}",
+                              lasting=True)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     finally:
@@ -98,36 +154,47 @@ def _build(cc: str, dest: Path) -> None:
 
 
 def _trusted(p: Path) -> bool:
-    st = p.stat()
-    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
+    """A regular file (not a link) only its owner or root may write."""
+    st = os.lstat(p)
+    return stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid()) \
+        and not st.st_mode & 0o022
 
 
-ISAS = ("baseline", "avx2", "avx512f")
-
-
-def _load_from(path: Path):
-    lib = libs.sumkernel(str(path))
-    _state["isa"] = ISAS[lib.ltp_sum_isa()]
-    return lib.ltp_sum_rows
-
-
-def _obtain(cc: str) -> tuple[Callable, str]:
-    """(the loaded function, where it came from); OSError if it cannot be had."""
-    name = f"sum-{key(cc)[:32]}.so"
+def _load_from(path: Path) -> Callable:
     try:
-        entry = folder() / name
+        lib = libs.sumkernel(str(path))
+        _state["isa"] = ISAS[lib.ltp_sum_isa()]
+        return lib.ltp_sum_rows
+    except (OSError, AttributeError, IndexError) as e:
+        raise BuildFailed(f"{path.name} does not load: {e}", lasting=True) from None
+
+
+def _obtain(cc: list[str]) -> tuple[Callable, str]:
+    """(the loaded function, where it came from); BuildFailed if it cannot be had."""
+    name = f"sum-{key(cc)[:32]}"
+    try:
+        d = folder()
     except Unusable as e:
         log.info("summing kernel not cached (%s): built in a temporary folder", e)
-        with tempfile.TemporaryDirectory(prefix="ltp-sum-") as d:
-            _build(cc, Path(d) / name)
-            return _load_from(Path(d) / name), "built uncached"
+        with tempfile.TemporaryDirectory(prefix="ltp-sum-") as t:
+            _build(cc, Path(t) / f"{name}.so")
+            return _load_from(Path(t) / f"{name}.so"), "built uncached"
+    entry, failed = d / f"{name}.so", d / f"{name}.failed"
+    if failed.exists() and _trusted(failed):
+        raise BuildFailed(failed.read_text(errors="replace").strip() + f" (remembered in {failed})")
     if entry.exists() and _trusted(entry):
         try:
             return _load_from(entry), str(entry)
-        except OSError as e:                  # corrupt: built again below
-            log.warning("summing kernel %s does not load (%s): building it again", entry, e)
-    _build(cc, entry)
-    return _load_from(entry), str(entry)
+        except BuildFailed as e:                  # corrupt: built again below
+            log.warning("summing kernel %s: building it again", e)
+    try:
+        _build(cc, entry)
+        return _load_from(entry), str(entry)
+    except BuildFailed as e:
+        if e.lasting:
+            with contextlib.suppress(OSError):
+                failed.write_text(f"{e}\n")
+        raise
 
 
 def kernel() -> Callable | None:
@@ -139,16 +206,21 @@ def kernel() -> Callable | None:
         return _state["fn"]
     with _lock:
         if not _state["tried"]:
-            cc = compiler()
             try:
+                cc = compiler()
                 if cc is None:
-                    raise OSError("no C compiler (cc, gcc or $CC) on PATH")
+                    raise BuildFailed("no C compiler (cc, gcc, clang or $CC) on PATH")
                 _state["fn"], _state["path"] = _obtain(cc)
-            except (OSError, subprocess.SubprocessError) as e:
-                _state["why"] = str(e)
-                log.warning("summing with numpy, not the C kernel: %s", e)
+            except Exception as e:           # noqa: BLE001 - any failure: the numpy path sums
+                _state["why"] = str(e) or type(e).__name__
+                log.warning("summing with numpy, not the C kernel: %s", _state["why"])
             _state["tried"] = True
     return _state["fn"]
+
+
+def warm() -> None:
+    """Build or load the kernel now (a server as it starts), so no round waits on it."""
+    kernel()
 
 
 def status() -> dict:
@@ -162,16 +234,18 @@ def status() -> dict:
 
 
 def usable(out: np.ndarray, values: np.ndarray) -> bool:
-    """Whether the kernel can take these arrays as they are (rows of unit
-    stride, a contiguous answer)."""
-    return values.strides[1] == 4 and out.strides == (4,)
+    """Whether the kernel can take these arrays as they are: rows of unit
+    stride, a contiguous answer it may write, both of aligned floats (else
+    the numpy path sums, and says what is wrong with them)."""
+    return values.strides[1] == 4 and out.strides == (4,) and out.flags.writeable \
+        and out.flags.aligned and values.flags.aligned
 
 
 def spanner(fn: Callable, out: np.ndarray, values: np.ndarray, rows: list[tuple[int, int]],
             skipped: list[int], div: int) -> Callable[[int, int], bool]:
     """span(lo, hi) -> finite: the kernel over [lo, hi) of the answer, for
     aggregate.over_spans (rows: [(row, weight)] in order; div: what the sum
-    is divided by, 1 for none)."""
+    is divided by, 1 for none). The span holds the arrays it points into."""
     base, stride = values.ctypes.data, values.strides[0]
     w = None if all(wt == 1 for _, wt in rows) else np.array([wt for _, wt in rows], np.float32)
     wp = None if w is None else w.ctypes.data
@@ -187,6 +261,6 @@ def spanner(fn: Callable, out: np.ndarray, values: np.ndarray, rows: list[tuple[
         ptrs = (ctypes.c_void_p * len(rows))(*(base + i * stride + lo * 4 for i, _ in rows))
         skip = (ctypes.c_void_p * max(1, len(skipped)))(
             *(base + i * stride + lo * 4 for i in skipped))
-        _ = w                                  # the weights live as long as the span
         return bool(fn(ptrs, wp, len(rows), skip, len(skipped), o + lo * 4, hi - lo, by, mode))
+    span.held = (values, out, w)       # what its addresses point into lives as long as it
     return span

@@ -109,6 +109,7 @@ _SUMKERNEL = {
     "ltp_sum_rows": (_c_int, [ctypes.POINTER(_vp), _vp, _c_int, ctypes.POINTER(_vp), _c_int, _vp,
                               ctypes.c_size_t, ctypes.c_float, _c_int]),
     "ltp_sum_isa": (_c_int, []),
+    "ltp_sum_use": (_c_int, [_c_int]),
 }
 
 
