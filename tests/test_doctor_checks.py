@@ -40,3 +40,28 @@ def test_a_passing_check_carries_no_warning():
     from ltpx.dataplane.doctor.checks import Check
     assert Check("x", True, "fine").to_dict() == {"name": "x", "ok": True, "detail": "fine",
                                                   "fix": "", "warn": False}
+
+
+@pytest.mark.unit
+def test_the_summing_check_names_the_kernel_or_warns_with_the_way_to_it(monkeypatch, tmp_path):
+    from ltpx.control.transport import sumkernel
+    from ltpx.tools.cmd_doctor import summing_check
+    monkeypatch.setenv("LTP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(sumkernel, "_state", {"fn": None, "tried": False, "why": "",
+                                              "path": None, "isa": None})
+    monkeypatch.setenv("LTP_SUM_KERNEL", "numpy")
+    chk = summing_check()
+    assert chk.ok and chk.warn and "LTP_SUM_KERNEL=numpy" in chk.detail and "unset" in chk.detail
+    monkeypatch.delenv("LTP_SUM_KERNEL")
+    if sumkernel.compiler() is None:
+        pytest.skip("no C compiler on PATH")
+    chk = summing_check()
+    assert chk.ok and not chk.warn and chk.detail.startswith("C kernel (")
+    assert str(tmp_path) in chk.detail                  # built into the cache folder
+    monkeypatch.setattr(sumkernel, "_state", {"fn": None, "tried": False, "why": "",
+                                              "path": None, "isa": None})
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    monkeypatch.delenv("CC", raising=False)
+    chk = summing_check()
+    assert chk.ok and chk.warn and "gcc or clang" in chk.detail

@@ -6,18 +6,35 @@ from .common import EXIT_ERROR, LtpError, add_command, add_json, emit
 
 
 def register(sub) -> None:
-    p = add_command(sub, "doctor", "check root, bcc, kernel headers, bpffs, kernel and BTF",
+    p = add_command(sub, "doctor", "check root, bcc, kernel headers, bpffs, kernel, BTF and "
+                    "the summing kernel",
                     epilog="examples:\n  ltp doctor\n  sudo ltp doctor --fix\n  ltp doctor -j\n"
                            "  sudo LTP_MTU=3500 ltp doctor --dev eth1\n\n"
                            "Exits 0 only when everything needed is there.\n")
     p.add_argument("--fix", action="store_true",
                    help="link Debian's kernel headers when missing and mount bpffs")
-    p.add_argument("--no-load", action="store_true", help="skip the compile-and-load check")
+    p.add_argument("--no-load", action="store_true",
+                   help="skip the compile-and-load checks (the BPF program's, the summing "
+                        "kernel's)")
     p.add_argument("--dev", metavar="DEV",
                    help="also check the device a rank will attach to: there, an MTU native "
                         "XDP takes (LTP_XDP_MODE), LTP_MTU within it (default: LTP_DEV)")
     add_json(p)
     p.set_defaults(func=cmd_doctor)
+
+
+def summing_check():
+    """What a server sums with here: the C kernel (built now if need be) or,
+    with a warning, the numpy path and why (the machine is ready either way)."""
+    from ..control.transport import sumkernel
+    from ..dataplane.doctor.checks import Check
+    st = sumkernel.status()
+    if st["kernel"] == "c":
+        return Check("summing", True, f"C kernel ({st['isa']}): {st['path']}")
+    how = ("unset it for the C kernel" if st["why"].startswith("LTP_SUM_KERNEL")
+           else "a C compiler (gcc or clang) builds the C kernel")
+    return Check("summing", True, f"numpy path, about half as fast ({st['why']}): {how}",
+                 warn=True)
 
 
 def cmd_doctor(args) -> int:
@@ -32,6 +49,8 @@ def cmd_doctor(args) -> int:
     dev = args.dev or settings_table.env("dev")      # a bad setting: a usage error, first
     mtu, mode = settings_table.env("mtu"), settings_table.env("xdp_mode")
     checks = doctor.run_checks(compile_test=not args.no_load)
+    if not args.no_load:
+        checks.append(summing_check())
     if dev:
         checks.append(doctor.device_check(dev, ltp_mtu=mtu, mode=mode))
     ok = all(c.ok for c in checks)
