@@ -179,6 +179,11 @@ class EarlyClose:
         reached = seen & (fractions >= self.threshold) & np.isnan(self._t_thr_w)
         self._t_thr_w[reached] = since[reached]
         t_thr = self._t_thr_w
+        # a flow that never reached the threshold (so is not done) and is
+        # within its deadline is none of done, early, late or absent below:
+        # the round stays open (most decisions of a round end here)
+        if (seen & np.isnan(t_thr) & (since < self.deadline_s)).any():
+            return None
         at_thr = ~np.isnan(t_thr)
         done = fractions >= 1.0
         little = seen & ~done & (1.0 - fractions <= self.repair + 1e-12)
