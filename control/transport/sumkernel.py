@@ -20,8 +20,8 @@ is built in a private temporary folder, removed once loaded. An entry is
 loaded only where neither it nor a folder above it can be changed by anyone
 but its owner and root (a sticky folder's entries aside). With no compiler,
 or one that fails (remembered beside the entries, so the next rank does not
-try again), the numpy path sums; `status()` says why (`ltp bench agg`
-shows it); LTP_SUM_KERNEL=numpy chooses it (an A/B knob). A server builds
+try again), the numpy path sums; `status()` says why (`ltp doctor` and
+`ltp bench agg` show it); LTP_SUM_KERNEL=numpy chooses it (an A/B knob). A server builds
 it as it starts (`warm`), not in its first round.
 """
 from __future__ import annotations
