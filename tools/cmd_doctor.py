@@ -26,12 +26,13 @@ def register(sub) -> None:
 def summing_check():
     """What a server sums with here: the C kernel (built now if need be) or,
     with a warning, the numpy path and why (the machine is ready either way)."""
+    from ..control.settings_table import TABLE
     from ..control.transport import sumkernel
     from ..dataplane.doctor.checks import Check
     st = sumkernel.status()
     if st["kernel"] == "c":
         return Check("summing", True, f"C kernel ({st['isa']}): {st['path']}")
-    how = ("unset it for the C kernel" if st["why"].startswith("LTP_SUM_KERNEL")
+    how = ("unset it for the C kernel" if st["why"].startswith(TABLE["sum_kernel"].env)
            else "a C compiler (gcc or clang) builds the C kernel")
     return Check("summing", True, f"numpy path, about half as fast ({st['why']}): {how}",
                  warn=True)

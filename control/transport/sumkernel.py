@@ -227,8 +227,8 @@ def status() -> dict:
     """What sums: {"kernel": "c" or "numpy", "isa" (the kernel's copy: avx512f,
     avx2 or baseline), "path", "why"}."""
     fn = kernel()
-    why = "LTP_SUM_KERNEL=numpy" if settings_table.env("sum_kernel") == "numpy" \
-        else _state["why"]
+    why = f"{settings_table.TABLE['sum_kernel'].env}=numpy" \
+        if settings_table.env("sum_kernel") == "numpy" else _state["why"]
     return {"kernel": "c" if fn is not None else "numpy", "isa": _state["isa"],
             "path": _state["path"], "why": "" if fn is not None else why}
 
