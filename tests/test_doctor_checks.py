@@ -59,9 +59,31 @@ def test_the_summing_check_names_the_kernel_or_warns_with_the_way_to_it(monkeypa
     chk = summing_check()
     assert chk.ok and not chk.warn and chk.detail.startswith("C kernel (")
     assert str(tmp_path) in chk.detail                  # built into the cache folder
-    monkeypatch.setattr(sumkernel, "_state", {"fn": None, "tried": False, "why": "",
-                                              "path": None, "isa": None})
+    fresh = {"fn": None, "tried": False, "why": "", "path": None, "isa": None}
+    bad = tmp_path / "badcc"
+    bad.write_text("#!/bin/sh\necho 'no such option' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("CC", str(bad))
+    monkeypatch.setattr(sumkernel, "_state", dict(fresh))
+    chk = summing_check()                               # a compiler that fails: its error
+    assert chk.ok and chk.warn and "fix the compiler's error" in chk.detail
+    assert "no such option" in chk.detail
+    monkeypatch.setattr(sumkernel, "_state", dict(fresh))
+    chk = summing_check()                               # the next rank: remembered
+    assert chk.ok and chk.warn and "then remove " in chk.detail and ".failed" in chk.detail
+    monkeypatch.setattr(sumkernel, "_state", dict(fresh))
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
-    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CC")
     chk = summing_check()
-    assert chk.ok and chk.warn and "gcc or clang" in chk.detail
+    assert chk.ok and chk.warn and "install gcc or clang" in chk.detail
+
+
+@pytest.mark.unit
+def test_a_bad_summing_setting_is_a_usage_error_before_any_check():
+    import os
+    import sys
+    p = subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "doctor", "--no-load"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "LTP_SUM_KERNEL": "fortran"})
+    assert p.returncode == 2 and "LTP_SUM_KERNEL" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
