@@ -147,12 +147,13 @@ def aggregate_into(out: np.ndarray, values: np.ndarray, weights: list[int] | Non
     skipped = [i for i in range(k) if i not in {r for r, _ in rows}] if check else []
     if n == 0:
         return True
+    div = div if average else 1
     fn = sumkernel.kernel() if sumkernel.usable(out, values) else None
     if fn is not None:       # the C kernel: one pass, one call a span
-        span = sumkernel.spanner(fn, out, values, rows, skipped, div if average else 1)
-        return all(over_spans(n, span, _threads_for(k * n, threads))) or not check
-    return all(over_spans(n, _numpy_spanner(out, values, rows, skipped, div if average else 1,
-                                            check), _threads_for(k * n, threads)))
+        span = sumkernel.spanner(fn, out, values, rows, skipped, div)
+    else:
+        span = _numpy_spanner(out, values, rows, skipped, div, check)
+    return all(over_spans(n, span, _threads_for(k * n, threads))) or not check
 
 
 def _numpy_spanner(out: np.ndarray, values: np.ndarray, rows: list[tuple[int, int]],
