@@ -28,7 +28,7 @@ sizes are `ltp train`'s MLPs: the default, --hidden 2048,2048 and --hidden
 5000,5000 (25M parameters: about 2 GB of memory in all).
 
 JSON keys: config (workers, weights, params, blocks, min_s, threads_all,
-summing: what sums by default, {kernel: c or numpy, path, why}),
+summing: what sums by default, {kernel: c or numpy, isa, path, why, cause, file}),
 machine (cpus, loadavg_start, loadavg_end), sizes (per size: params,
 input_bytes, gbps and block_gbps per arm: memcpy_1, memcpy_all, add_1,
 add_all, add3_1, add3_all, old, new_1, new_all, numpy_1, numpy_all; reps;

@@ -33,15 +33,11 @@ def summing_check():
     st = sumkernel.status()
     if st["kernel"] == "c":
         return Check("summing", True, f"C kernel ({st['isa']}): {st['path']}")
-    why = st["why"]
-    if why.startswith(TABLE["sum_kernel"].env):
-        how = f"unset {TABLE['sum_kernel'].env} for the C kernel"
-    elif why.startswith("no C compiler"):
-        how = "install gcc or clang for the C kernel"
-    elif "(remembered in " in why:
-        how = f"fix the compiler, then remove {why.rsplit('(remembered in ', 1)[1].rstrip(')')}"
-    else:
-        how = "fix the compiler's error for the C kernel"
+    why, cause = st["why"], st["cause"]
+    how = {"setting": f"unset {TABLE['sum_kernel'].env} for the C kernel",
+           "no-compiler": "install gcc or clang for the C kernel",
+           "remembered": f"fix the compiler, then remove {st['file']}"}.get(
+        cause, "fix the compiler's error for the C kernel")
     return Check("summing", True, f"numpy path, slower (the C kernel sums 1.4-2.2x faster): "
                  f"{how}; {why[:100]}", warn=True)
 

@@ -74,9 +74,11 @@ class BuildFailed(Exception):
     lasting: the compiler refused the source or its object does not load,
     which the next try would repeat (not a timeout or a full disk)."""
 
-    def __init__(self, why: str, lasting: bool = False):
+    def __init__(self, why: str, lasting: bool = False, cause: str = "failed",
+                 file: str | None = None):
         super().__init__(why)
         self.lasting = lasting
+        self.cause, self.file = cause, file    # status()'s: what to do about it
 
 
 def compiler() -> list[str] | None:
@@ -99,7 +101,8 @@ def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
-            raise BuildFailed(f"{shlex.join(cmd[:1])} took over {timeout:.0f} s") from None
+            raise BuildFailed(f"{shlex.join(cmd[:1])} took over {timeout:.0f} s",
+                              cause="timeout") from None
     return subprocess.CompletedProcess(cmd, p.returncode, out.decode(errors="replace"),
                                        err.decode(errors="replace"))
 
@@ -181,7 +184,8 @@ def _obtain(cc: list[str]) -> tuple[Callable, str]:
             return _load_from(Path(t) / f"{name}.so"), "built uncached"
     entry, failed = d / f"{name}.so", d / f"{name}.failed"
     if failed.exists() and _trusted(failed):
-        raise BuildFailed(failed.read_text(errors="replace").strip() + f" (remembered in {failed})")
+        raise BuildFailed(failed.read_text(errors="replace").strip() + f" (remembered in {failed})",
+                          cause="remembered", file=str(failed))
     if entry.exists() and _trusted(entry):
         try:
             return _load_from(entry), str(entry)
@@ -209,10 +213,13 @@ def kernel() -> Callable | None:
             try:
                 cc = compiler()
                 if cc is None:
-                    raise BuildFailed("no C compiler (cc, gcc, clang or $CC) on PATH")
+                    raise BuildFailed("no C compiler (cc, gcc, clang or $CC) on PATH",
+                                      cause="no-compiler")
                 _state["fn"], _state["path"] = _obtain(cc)
             except Exception as e:           # noqa: BLE001 - any failure: the numpy path sums
                 _state["why"] = str(e) or type(e).__name__
+                _state["cause"] = getattr(e, "cause", "failed")
+                _state["file"] = getattr(e, "file", None)
                 log.warning("summing with numpy, not the C kernel: %s", _state["why"])
             _state["tried"] = True
     return _state["fn"]
@@ -225,12 +232,19 @@ def warm() -> None:
 
 def status() -> dict:
     """What sums: {"kernel": "c" or "numpy", "isa" (the kernel's copy: avx512f,
-    avx2 or baseline), "path", "why"}."""
+    avx2 or baseline), "path", "why", and for numpy "cause" (setting,
+    no-compiler, failed, timeout or remembered) and "file" (a remembered
+    failure's)}."""
     fn = kernel()
-    why = f"{settings_table.TABLE['sum_kernel'].env}=numpy" \
-        if settings_table.env("sum_kernel") == "numpy" else _state["why"]
-    return {"kernel": "c" if fn is not None else "numpy", "isa": _state["isa"],
-            "path": _state["path"], "why": "" if fn is not None else why}
+    if fn is not None:
+        return {"kernel": "c", "isa": _state["isa"], "path": _state["path"], "why": "",
+                "cause": "", "file": None}
+    if settings_table.env("sum_kernel") == "numpy":
+        why, cause, file = f"{settings_table.TABLE['sum_kernel'].env}=numpy", "setting", None
+    else:
+        why, cause, file = _state["why"], _state.get("cause", "failed"), _state.get("file")
+    return {"kernel": "numpy", "isa": _state["isa"], "path": _state["path"], "why": why,
+            "cause": cause, "file": file}
 
 
 def usable(out: np.ndarray, values: np.ndarray) -> bool:
