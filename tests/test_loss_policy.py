@@ -130,9 +130,43 @@ def test_the_choice_travels_in_the_step_report():
     assert (back.policy.why, back.policy.mode) == ("ramp", "repair")
     assert back.policy.budget == pytest.approx(0.36)
     assert back.to_dict()["loss_policy"] == {"mode": "repair", "cap": 0.0, "budget": 0.36,
-                                             "why": "ramp"}
+                                             "why": "ramp", "wire": "none"}
     deferring = StepReport.decode(_encoded(rep, Choice(cap=MAX_DEFERRED, why="fixed")))
     assert deferring.policy.mode == "defer"
+    halved = StepReport.decode(_encoded(rep, Choice(budget=0.4, why="lossy", wire="bf16")))
+    assert (halved.policy.wire, halved.policy.why) == ("bf16", "lossy")
+
+
+@pytest.mark.unit
+def test_auto_halves_the_wire_on_a_lossy_path_and_back_with_hysteresis():
+    """With `half` (compress auto, error feedback): float32 while the path is
+    clean or lightly lossy, bf16 from HALF_ON on, kept down to HALF_OFF
+    (probe steps included), float32 again below it; the switches are logged."""
+    pol = LossPolicy("auto", warmup=0, half=True)
+    assert {c.wire for c in _run(pol, 20, 0.01)} == {"none"}
+    lossy = _run(pol, 25, 0.2)
+    assert lossy[-1].wire == "bf16"
+    assert {c.wire for c in lossy[-20:]} == {"bf16"}     # probes too
+    assert any(c.why == "probe" for c in lossy[-20:])
+    mid = (lp.HALF_ON + lp.HALF_OFF) / 2
+    pol.up = mid                        # between the marks: the wire stays
+    assert pol.choose().wire == "bf16"
+    assert {c.wire for c in _run(pol, 25, 0.0)[-10:]} == {"none"}
+    assert pol.summary()["steps"]["bf16"] >= 20
+    assert [(s["from"]["wire"], s["to"]["wire"]) for s in pol.switches
+            if s["from"]["wire"] != s["to"]["wire"]] == [("none", "bf16"), ("bf16", "none")]
+    fresh = LossPolicy("auto", warmup=0, half=True)
+    fresh.up = mid                      # never on: below HALF_ON it does not start
+    assert fresh.choose().wire == "none"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("policy,half", [("auto", False), ("repair", True), ("defer", True)])
+def test_the_wire_stays_float32_unless_auto_may_choose_it(policy, half):
+    """No `half` (compress not auto, or no error feedback), or a fixed policy:
+    float32 at any loss."""
+    pol = LossPolicy(policy, warmup=0, half=half)
+    assert {c.wire for c in _run(pol, 30, 0.3)} == {"none"}
 
 
 def _encoded(rep: StepReport, policy: Choice) -> np.ndarray:

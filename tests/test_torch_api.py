@@ -210,8 +210,8 @@ def test_ops_number_rounds_alike_and_open_ahead_only_a_repeated_op():
     assert Op.from_json(step.to_json()) == step
     # the answer: 60 values, then the report (4 words, a reason per bucket, 7 per
     # worker, gather_s, filled_error and the straggler, the loss policy's cap,
-    # budget and why)
-    assert step.down_elems(4) == 60 + 4 + 3 + 28 + 6 and step.max_elems(4) == 101
+    # budget, why and wire)
+    assert step.down_elems(4) == 60 + 4 + 3 + 28 + 7 and step.max_elems(4) == 102
     assert step.offsets() == [0, 10, 30]
     c = RoundClock()
     assert c.rounds(step) == [1, 2, 3]

@@ -293,21 +293,26 @@ def test_the_loss_policy_budgets_heavy_loss_after_its_warmup_and_says_so(rig, mo
     """The default loss policy (auto) at 25 % loss on every port, with a
     warm-up of 3 steps (LTP_LOSS_WARMUP; 0 by default): the paper's rule for the warm-up, then
     a loss budget (every step after the ramp's first but the probe at step
-    10), answers whole; it measures the uplink's loss on the rounds with no
-    budget and says at which step it changed its mind; rounds close early
-    under the budget, the replicas stay bit-identical and the model learns.
-    Lossless it never budgets (the lossless tests here train with it
-    bit-identical to TCP)."""
+    10), answers whole; the bfloat16 wire from its first step's measure on
+    (no warm-up: its rounding is carried); it measures the uplink's loss on
+    the rounds with no budget and says at which step it changed its mind;
+    rounds close early under the budget, the replicas stay bit-identical and
+    the model learns. Lossless it never budgets nor rounds (the lossless
+    tests here train with it bit-identical to TCP)."""
     from ltpx.tools import train_text
     monkeypatch.setenv("LTP_LOSS_WARMUP", "3")
     r = _train(rig, transport="ltp", loss=0.25)
     lc = r["loss_choices"]
-    assert lc["policy"] == "auto" and lc["steps"] == {"repair": STEPS, "budget": STEPS - 4}, lc
+    assert lc["policy"] == "auto" and lc["steps"] == {"repair": STEPS, "budget": STEPS - 4,
+                                                      "bf16": STEPS}, lc
     assert 0.15 < lc["uplink_loss"] < 0.6, lc
-    assert [(w["step"], w["from"]["why"], w["to"]["why"]) for w in lc["switches"]] == \
-        [(4, "warmup", "ramp")], lc["switches"]
+    assert [(w["step"], w["from"]["why"], w["to"]["why"], w["to"]["wire"])
+            for w in lc["switches"]] == [(1, "warmup", "warmup", "bf16"),
+                                         (4, "warmup", "ramp", "bf16")], lc["switches"]
     assert r["downlink_deferred"]["answers"] == 0
-    assert train_text.policy_cell(r) == f"budget {STEPS - 4}/{STEPS}"   # `ltp train`'s row
+    assert train_text.policy_cell(r) == f"budget {STEPS - 4}/{STEPS}, bf16 {STEPS}/{STEPS}"
+    # the workers took the wire from the first step's report on, all alike
+    assert all(w == {"none": 1, "bf16": STEPS - 1} for w in r["wires"].values()), r["wires"]
     assert r["rounds_early_closed"] > 0 and r["delivered_fraction"] < 1.0
     assert r["replicas_identical"] and set(r["worker_digests"].values()) == {r["ps_digest"]}
     assert r["final_train_loss"] < 0.9 * r["initial_train_loss"]

@@ -70,13 +70,14 @@ class RunBars:
 
 def policy_cell(r: dict) -> str:
     """What the loss policy chose, in steps: `budget 45/60`, `defer 60/60`,
-    or `repair` (every answer whole, no budget)."""
+    `bf16 58/60` (the wire it chose for float32 gradients), or `repair`
+    (every answer whole, no budget, float32)."""
     lp = r.get("loss_choices")
     if not lp:
         return "-"
     st = lp.get("steps") or {}
     n = st.get("repair", 0) + st.get("defer", 0)
-    parts = [f"{k} {st[k]}/{n}" for k in ("defer", "budget") if st.get(k)]
+    parts = [f"{k} {st[k]}/{n}" for k in ("defer", "budget", "bf16") if st.get(k)]
     return ", ".join(parts) or "repair"
 
 

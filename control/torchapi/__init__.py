@@ -40,7 +40,9 @@ reliable class; each worker applies it with its own optimizer. Modules:
   runqueue     a thread's waits for a CPU (schedstat): a rank's own time, shared host
   exchange     a worker's side of an op
   server       the server's loop (sums, answers; no model)
-  losspolicy   the loss policy: per step, the loss budget from the loss the server measures
+  losspolicy   the loss policy: per step, the loss budget and the wire from the loss the
+               server measures
+  carry        a worker's side of the policy's wire: each piece's rounding carried on
   trace        each rank's ring of its latest rounds/ops, and the job's trace-event file
   breakdown    where a step's time goes: seconds per phase and step, on each rank
   flight       the flight recorder: each rank's phase now and its latest ones in a mapped

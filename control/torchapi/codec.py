@@ -265,6 +265,7 @@ class ServerCodec:
 
     def __init__(self, chunk_bytes: int, error_feedback: bool = True):
         self.codecs, self.error_feedback = Codecs(chunk_bytes), error_feedback
+        self.carry = False     # the step's op carries its rounding (Op.carry: set_carry)
         self.rounds: dict[int, tuple] = {}    # open compressed round -> its elements, codec
         self.pending = 0                      # elements gathered compressed since the last answer
         self.codec: MinMaxUInt8 | Half | None = None   # ... their codec
@@ -277,6 +278,15 @@ class ServerCodec:
         if b is None or b.shape != shape:
             b = self.bufs[key] = np.zeros(shape, dtype=np.float32)
         return b
+
+    def set_carry(self, carry: bool) -> None:
+        """Whether the steps from now on carry their answers' rounding (Op.carry:
+        the loss policy's wire) where the setting does not. Back on float32, the
+        rounding still held is dropped: at most half a bfloat16 step of one
+        aggregate per element, against starting a later lossy spell with it."""
+        if self.carry and not carry and not self.error_feedback:
+            self.residual.clear()
+        self.carry = carry
 
     def open(self, r: int, nelems: int, reliable: bool, wire: str) -> int:
         """Round r's size on the wire (words when it is compressed)."""
@@ -326,7 +336,7 @@ class ServerCodec:
         v = self.buf("ef", (n,))
         np.copyto(v, buf[:n])
         res = None
-        if self.error_feedback:
+        if self.error_feedback or self.carry:
             res = self.residual.get((codec.name, n))
             if res is None:
                 res = self.residual[(codec.name, n)] = np.zeros(n, dtype=np.float32)

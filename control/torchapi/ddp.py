@@ -38,6 +38,7 @@ import torch.distributed
 from ...errors import CommError, UsageError
 from .. import settings_table
 from .breakdown import worker as worker_phases
+from .carry import Carry
 from .codec import HALF, deferred_answers, staged_as_bits, wire_for
 from .job import current
 from .ops import STEP, Op, StepReport
@@ -132,6 +133,11 @@ class TolerantReduce:
         self.dtypes: dict[int, torch.dtype] = {}   # a step's buckets' dtypes, by position
         self.op_wire: dict[int, str] = {}          # the wire each position's op last took
         self.deferred = deferred_answers(job.link)   # the server's deferral: auto is float32
+        # the loss policy's wire for float32 buckets (compress auto), from the
+        # latest step report: the ops from then on travel so (Op.carry), each
+        # bucket's rounding carried into its next step here (push)
+        self.lossy = "none"
+        self.carry = Carry(job.s.error_feedback)
         self.wires: Counter = Counter()            # step ops by wire
         self.residual: dict[tuple, np.ndarray] = {}
         self.open: list[Bucket] = []      # taken, not yet answered
@@ -236,11 +242,12 @@ class TolerantReduce:
             self.dtypes[b.key] = b.t.dtype
         if cur is None and b.key == 0 and stable and stable[0] == n:
             sizes = tuple(x for m in stable for x in cut(m, most))
-            wire = self.wire_of([self.dtypes.get(k) for k in range(len(stable))])
-            cur = self.cur = MultiRun(self.start(replace(base, sizes=sizes, wire=wire)),
-                                      stable, most)
+            wire, carry = self.wire_of([self.dtypes.get(k) for k in range(len(stable))])
+            cur = self.cur = MultiRun(self.start(replace(base, sizes=sizes, wire=wire,
+                                                         carry=carry)), stable, most)
         if cur is None:
-            run = self.start(replace(base, sizes=cut(n, most), wire=self.wire_of([b.t.dtype])))
+            wire, carry = self.wire_of([b.t.dtype])
+            run = self.start(replace(base, sizes=cut(n, most), wire=wire, carry=carry))
             self.push(run, 0, b)
             self.finish(run, [b])
             return
@@ -253,10 +260,15 @@ class TolerantReduce:
     def off_wire(self, op: Op, b: Bucket) -> bool:
         """b's dtype would be rounded by op's 2-byte wire (its position held
         another dtype the step before, when the op was chosen)."""
-        return op.wire != "none" and self.wire_of([b.t.dtype]) != op.wire
+        return op.wire != "none" and self.wire_of([b.t.dtype])[0] != op.wire
 
-    def wire_of(self, dtypes: list) -> str:   # what an op of these dtypes travels as
-        return wire_for(self.job.s.compress, dtypes, self.deferred)
+    def wire_of(self, dtypes: list) -> tuple[str, bool]:
+        """What an op of these dtypes travels as, and whether that is the loss
+        policy's wire for float32 (Op.carry)."""
+        wire = wire_for(self.job.s.compress, dtypes, self.deferred)
+        if wire == "none" and self.job.s.compress == "auto" and self.lossy != "none":
+            return self.lossy, True
+        return wire, False
 
     def start(self, op: Op):
         self.wires[op.wire] += 1
@@ -273,14 +285,21 @@ class TolerantReduce:
             # staged as its bits, but its op goes otherwise (float32 buckets
             # share it: from the next step on it is staged as float32)
             b.piece = torch.from_numpy(b.piece).view(b.t.dtype).float().numpy()
-        if self.ef and b.t is not None and b.piece.dtype == np.float32:
-            res = self.residual.get(b.store)
-            if res is not None:
-                b.piece += res
+        if b.t is not None and b.piece.dtype == np.float32:
+            self.carry_in(run.op, b)
         lo = 0
         for j, m in enumerate(cut(b.piece.size, self.most)):
             self.job.exchange.push(run, i + j, b.piece[lo:lo + m])
             lo += m
+
+    def carry_in(self, op: Op, b: Bucket) -> None:
+        """b's rounding error of its last step added to it: a compress that
+        rounds leaves it in the piece (finish keeps it), the loss policy's
+        wire keeps its own (carry.py)."""
+        if not self.ef:
+            self.carry.into(b.store, b.piece, op)
+        elif (res := self.residual.get(b.store)) is not None:
+            b.piece += res
 
     def finish(self, run, buckets: list) -> None:
         """The op's answer: each bucket's slice into its tensor, its future set."""
@@ -334,6 +353,7 @@ class TolerantReduce:
             self.wholly_filled_total += sum(rep.wholly_filled.values())
             rep.wholly_filled_total = self.wholly_filled_total
             self.last_report = rep
+            self.lossy = rep.policy.wire
 
     def stats(self) -> dict:
         """What its rounds did; `deferred_answers` / `deferred_chunks`: the

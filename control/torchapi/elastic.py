@@ -36,7 +36,7 @@ import torch
 
 from . import storevalues
 from .job import current
-from .ops import Ahead
+from .ops import WIRES, Ahead
 from ..trust.sealing import StoreValueError
 
 
@@ -56,7 +56,8 @@ def state_blob(opt, extra: dict | None = None) -> bytes:
     buf = io.BytesIO()
     torch.save({"params": [p.detach() for p in _params(opt)],
                 "optimizer": opt.state_dict(), "steps": opt.steps, "ks": list(opt.ltp.ks),
-                "exchange": ex.snapshot(), "extra": extra or {}}, buf)
+                "exchange": ex.snapshot(), "extra": extra or {},
+                "wire": opt.ltp.op.wire}, buf)   # the loss policy's, which the next step takes
     return buf.getvalue()
 
 
@@ -73,6 +74,7 @@ def load_blob(opt, blob: bytes) -> dict:
             p.copy_(v)
     opt.load_state_dict(st["optimizer"])
     opt.ltp.steps, opt.ltp.ks = st["steps"], list(st["ks"])
+    opt.ltp.follow(st.get("wire", "none"))
     current().exchange.restore(st["exchange"])
     return st["extra"]
 
@@ -106,6 +108,8 @@ def check_state(st, params: list[torch.Tensor], workers: int | None) -> None:
             storevalues.count_value(k, "a k")
         if workers is not None:
             check_snapshot(st["exchange"], workers)
+        if st.get("wire", "none") not in WIRES:
+            raise ValueError(f"wire must be one of {', '.join(WIRES)}")
     except (ValueError, TypeError, KeyError) as e:
         raise bad(str(e)) from None
 

@@ -21,7 +21,12 @@ Given the optimizer's parameters (in buckets, buckets.py), per step:
 With lt.init(compress="uint8") each bucket goes up as 8-bit codes, a min
 and a scale per LTP chunk (codec.py), and the aggregate comes back the same
 way; with error_feedback (the default) what rounding left out of a bucket
-is added to the same bucket's next gradient.
+is added to the same bucket's next gradient. With compress auto (the
+default) and float32 gradients under bsp, the server's loss policy may
+choose the bfloat16 wire for heavy loss (losspolicy.py, "The wire"): each
+step's report says which, this optimizer applies it from its next step
+(`follow`), carries its own rounding into the next step while it holds, and
+adds what it still carries to its first float32 step after.
 
 Every step's StepReport is `last_report` (with who the step waited for:
 the server's straggler from the NIC's arrival times, and this worker's own
@@ -32,11 +37,12 @@ worker 0 and on that worker, at the first time and every `warn_every`-th.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 import functools
 import json
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -48,6 +54,7 @@ from ..transport.rate import quiet_gc
 from .breakdown import worker as worker_phases
 from .buckets import BucketPlan, named_params
 from .flight import trigger as flight_trigger
+from .carry import Carry
 from .codec import deferred_answers, wire_for
 from .shards import split_op
 from .job import current
@@ -144,6 +151,9 @@ class GradientSync:
                                     pin_memory=pin)
         self.send, self.answer = self.send_t.numpy(), self.answer_t.numpy()
         self.packing: dict = {}      # bucket -> CUDA event of its copies into send
+        # the loss policy's wire is followed where LTP chooses the wire
+        # (compress auto) and it chose float32 for these gradients
+        self.follows = job.s.compress == "auto" and wire == "none" and sync == "bsp"
         self.setup_codec(job.s, error_feedback)
         self.overlap = overlap and sync == "bsp"
         self.passes, self.warn_every = backward_passes_per_step, warn_every
@@ -192,6 +202,8 @@ class GradientSync:
         rounded, nothing kept."""
         self.error_feedback = s.error_feedback if error_feedback is None else bool(error_feedback)
         self.residual = None
+        self.carry = Carry(self.error_feedback)     # the loss policy's wire's (carry.py)
+        self.wires: Counter = Counter()              # step ops by wire (Op.wire)
         if self.op.wire != "none" and self.error_feedback and s.compress != "auto":
             self.residual = np.zeros(self.plan.numel, dtype=np.float32)
             # a sharded push pads a bucket smaller than the servers (a copy): no
@@ -212,6 +224,8 @@ class GradientSync:
         piece = self.send[b.lo:b.hi]
         if self.residual is not None:
             piece += self.residual[b.lo:b.hi]
+        elif self.follows:     # the loss policy's wire: the links send piece as it is
+            self.carry.into(i, piece, run.op)
         self.ex.push(run, i, piece)
 
     def keep_residual(self) -> None:
@@ -220,7 +234,13 @@ class GradientSync:
             for b in self.ef_buckets:
                 np.copyto(self.residual[b.lo:b.hi], self.send[b.lo:b.hi])
 
+    def follow(self, wire: str) -> None:
+        """The loss policy's wire (a step's report) from the next step on."""
+        if self.follows and wire != self.op.wire:
+            self.op = replace(self.op, wire=wire, carry=wire != "none")
+
     def plan_run(self):
+        self.wires[self.op.wire] += 1
         return plan_step(self.job, self.op)
 
     # ------------------------------------------------------------------ backward
@@ -319,6 +339,7 @@ class GradientSync:
     def apply(self, answer: np.ndarray) -> None:
         self.keep_residual()
         rep = StepReport.decode(answer[self.plan.numel:])
+        self.follow(rep.policy.wire)
         moved = set()
         with self.phases.timed("copy_back"):
             for b in self.plan.buckets:

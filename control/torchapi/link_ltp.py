@@ -91,7 +91,10 @@ class LtpServerLink(ServerLink):
         if self.defer and (s.compress not in settings_table.EXACT_COMPRESS or s.downlink_code == "rs"):
             raise CommError("loss_policy defer needs compress none or auto and downlink_code off: "
                             "a deferred chunk is one the answer's bytes leave out")
-        self.loss = LossPolicy(s.loss_policy, s.loss_budget, s.loss_warmup)
+        # the bfloat16 wire under loss: for a compress that leaves the choice
+        # to LTP (auto), with error feedback to carry its rounding
+        self.loss = LossPolicy(s.loss_policy, s.loss_budget, s.loss_warmup,
+                               half=s.compress == "auto" and s.error_feedback)
         # uplink rounds opened with no loss budget: what they lose is the
         # path's loss (a budget's early close leaves out chunks never lost)
         self.honest: set[int] = set()
@@ -163,8 +166,10 @@ class LtpServerLink(ServerLink):
     def loss_summary(self) -> dict:
         return self.loss.summary()
 
-    def configure(self, bubble: str, early_close: str, wire: str = "none") -> None:
+    def configure(self, bubble: str, early_close: str, wire: str = "none",
+                  carry: bool = False) -> None:
         """A step's Bubble Filling, Early Close settings and wire, from its op."""
+        self.codec.set_carry(carry)
         if self.defer and wire != "none":   # the workers choose from this server's record
             raise CommError(f"a step op's wire is {wire}, but this server defers answers "
                             "(loss_policy defer), which leaves out float32 chunks: give "

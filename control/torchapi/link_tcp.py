@@ -119,8 +119,10 @@ class TcpServerLink(ServerLink):
         if self.bufs[side].shape[1] < nelems:
             self.bufs[side] = np.empty((len(self.ids), nelems), dtype=np.float32)
 
-    def configure(self, bubble: str, early_close: str, wire: str = "none") -> None:
+    def configure(self, bubble: str, early_close: str, wire: str = "none",
+                  carry: bool = False) -> None:
         self.wire = wire   # nothing is lost over TCP: only the wire matters
+        self.codec.set_carry(carry)
 
     def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
         # a connection is always open; only the piece's form is noted

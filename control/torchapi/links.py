@@ -65,9 +65,11 @@ class ServerLink(ABC):
         """Learn every worker's record (address, port)."""
 
     @abstractmethod
-    def configure(self, bubble: str, early_close: str, wire: str = "none") -> None:
+    def configure(self, bubble: str, early_close: str, wire: str = "none",
+                  carry: bool = False) -> None:
         """Bubble Filling's strategy, Early Close's fields (JSON) and what the
-        gradients travel as (Op.wire) for a step's uplink rounds from now on."""
+        gradients travel as (Op.wire) for a step's uplink rounds from now on;
+        `carry` (Op.carry): the answers carry their rounding into the next."""
 
     @abstractmethod
     def ensure(self, nelems: int) -> bool:

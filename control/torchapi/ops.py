@@ -10,7 +10,7 @@ barrier stores the op's description as the value of `go/<s>`; the server
 reads it there and needs no model of its own.
 
 A step's answer is the aggregate gradient followed by a `StepReport` as
-float32 words (`REPORT_WORDS` + 7 per worker + 1 per bucket + 6), so every
+float32 words (`REPORT_WORDS` + 7 per worker + 1 per bucket + 7), so every
 worker learns what happened to the round at no extra cost, membership
 changes included (`status`: a worker dropped after too many missed steps, or
 admitted back with its join ticket).
@@ -58,6 +58,8 @@ class Op:
     downlink: str = "group"         # the answer: once to the group address, or per worker
     wire: str = "none"              # a step's gradients and aggregate as: none (float32),
                                     # uint8, bf16, fp16 (codec.py; codec.wire_for)
+    carry: bool = False             # the wire is the loss policy's for float32 gradients
+                                    # (losspolicy.py): each side carries its rounding on
 
     def differs(self, other: Op) -> list[str]:
         """The fields where `other` (another rank's view of this op) differs,
@@ -183,8 +185,8 @@ class RoundClock:
 
 
 def report_words(buckets: int, workers: int) -> int:
-    # gather_s, filled_error, straggler; the loss policy's cap, budget and why
-    return REPORT_WORDS + buckets + PER_WORKER * workers + 6
+    # gather_s, filled_error, straggler; the loss policy's cap, budget, why and wire
+    return REPORT_WORDS + buckets + PER_WORKER * workers + 7
 
 
 @dataclass(frozen=True)
@@ -362,7 +364,8 @@ class StepReport:
                    for w in ids), *(self.nonfinite.get(w, 0) for w in ids),
                  *(self.lateness.get(w, np.nan) for w in ids), self.gather_s,
                  self.filled_error, -1 if self.straggler is None else self.straggler,
-                 self.policy.cap, self.policy.budget, WHY.index(self.policy.why)]
+                 self.policy.cap, self.policy.budget, WHY.index(self.policy.why),
+                 WIRES.index(self.policy.wire)]
         out[:] = np.asarray(words, dtype=np.float32)
 
     @classmethod
@@ -377,6 +380,7 @@ class StepReport:
         i += B
         per = [w[i + k * W:i + (k + 1) * W] for k in range(PER_WORKER)]
         st = [int(x) for x in per[4]]
+        pol = w[i + PER_WORKER * W + 3:i + PER_WORKER * W + 7]
         return cls(step=step, reasons=reasons,
                    delivered={k: per[0][k] for k in range(W)},
                    filled_chunks={k: int(per[1][k]) for k in range(W)},
@@ -388,5 +392,5 @@ class StepReport:
                    status={k: v for k, v in enumerate(st) if v != -2},
                    absent=[k for k, v in enumerate(st) if v == -2],
                    nonfinite={k: int(x) for k, x in enumerate(per[5]) if x},
-                   policy=Choice(cap=w[i + PER_WORKER * W + 3], budget=w[i + PER_WORKER * W + 4],
-                                 why=WHY[int(w[i + PER_WORKER * W + 5])]))
+                   policy=Choice(cap=pol[0], budget=pol[1], why=WHY[int(pol[2])],
+                                 wire=WIRES[int(pol[3])]))

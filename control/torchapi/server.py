@@ -177,7 +177,7 @@ class Server:
         targets = sorted(self.view.expect())     # who gets the answer: the present
         group = self.group_ok and op.downlink == "group"
         if op.kind == STEP:
-            self.link.configure(op.bubble, op.early_close, op.wire)
+            self.link.configure(op.bubble, op.early_close, op.wire, op.carry)
         for i in range(npre, min(2, n)):
             self.open(rounds[i], op, i, announce=True)
         # a step of several rounds answers each round's part as it is summed

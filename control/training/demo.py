@@ -264,7 +264,7 @@ class Demo:
         return {"worker": self.wid, "digest": digest(self.module),
                 "uplink": dict(link.uplink), "sender": _sender_choice(link),
                 "chain": self.chain.hexdigest(), "local_steps": int(sum(opt.ltp.ks)),
-                "ks": opt.ltp.ks, "versions": self.total + 1,
+                "ks": opt.ltp.ks, "versions": self.total + 1, "wires": dict(opt.ltp.wires),
                 "mean_loss": self.loss_sum / self.loss_n if self.loss_n else None,
                 "barrier": self.notes.to_dict(), "breakdown": breakdown.worker_summary(),
                 **({"timeline": current().exchange.timeline.records()} if self.cfg.trace
@@ -330,6 +330,8 @@ class Demo:
             **self.ev.target_fields(),
             **self.straggler_fields(done, wall),
             "local_steps": {str(w): done[w]["local_steps"] for w in ids},
+            # steps by what the gradients travelled as (Op.wire: the loss policy's)
+            "wires": {str(w): done[w].get("wires") for w in ids},
             "ps_digest": mine["digest"],
             "worker_digests": {str(w): done[w]["digest"] for w in ids},
             "replicas_identical": len({done[w]["digest"] for w in ids}) == 1,
