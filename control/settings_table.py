@@ -240,12 +240,13 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "summed; the rest, at the full rate, after the last round); 0: every answer whole "
        "after the last round (docs/transport.md, Streamed answers)", lo=0, hi=1),
     _s("compress", str, "auto", "a step's gradients on the wire: auto (bfloat16 or float16 "
-       "gradients as 2 bytes, exactly; any other as float32), none (float32), uint8 (8-bit "
+       "gradients as 2 bytes, exactly; any other as float32, or as bfloat16 with its rounding "
+       "carried while the loss policy measures heavy loss), none (float32), uint8 (8-bit "
        "codes with a min and a scale per LTP chunk: about a quarter of the bytes each way), "
        "bf16 or fp16 (every gradient rounded to 2 bytes); ltp and tcp; docs/training.md, "
        "Compression", choices=("auto", "none", "uint8", "bf16", "fp16"), flags=(TRAIN,)),
-    _s("error_feedback", bool, True, "with compress, carry each rounding error into the next "
-       "step", shown="1"),
+    _s("error_feedback", bool, True, "with compress (or the loss policy's bfloat16 wire), "
+       "carry each rounding error into the next step", shown="1"),
     _s("max_missed", int, 3, "drop a worker that delivered nothing of K steps in a row; "
        "training goes on without it until it rejoins", lo=1, metavar="K", flags=(TRAIN,)),
     _s("sender", str, "auto", "how LTP DATA leaves: xdp (the ACK clock: each ACK turned into "

@@ -27,14 +27,19 @@ def test_variants_parse_and_bad_ones_are_usage_errors():
     assert vs[1].env == {"LTP_DOWNLINK_CODE": "rs"} and vs[2].env == {}
     (w,) = parse_variants("ltp:warmup=40:loss=auto")     # the policy's warm-up, per run
     assert w.env == {"LTP_DOWNLINK_CODE": "off", "LTP_LOSS_WARMUP": "40"} and w.loss == "auto"
+    f32, half = parse_variants("ltp:compress=none,ltp:loss=repair:compress=bf16")
+    assert (f32.compress, half.compress, half.loss, vs[0].compress) == \
+        ("none", "bf16", "repair", "auto")
     for bad, word in (("quic", "cannot read"), ("ltp:budget=2", "budget"),
                       ("ltp:budget=x", "budget"), ("ltp:code=xor", "code"),
                       ("ltp:loss=drop", "loss is auto or repair or defer"),
-                      ("ltp:code=rs:loss=defer", "do not combine"),
+                      ("ltp:code=rs:loss=defer", "does not combine"),
+                      ("ltp:loss=defer:compress=bf16", "does not combine"),
                       ("ltp:speed=1", "keys"), ("tcp:budget=0.3", "cannot read"),
                       ("ltp:warmup=-1", "step count"), ("ltp:warmup=ten", "step count"),
                       ("ltp:warmup=\u00b2", "step count"),
                       ("ltp:warmup=5:loss=repair", "auto's"), ("ltp:warmup=5:budget=0.3", "auto's"),
+                      ("ltp:compress=fp8", "compress is"),
                       ("ltp,ltp", "twice")):
         with pytest.raises(UsageError, match=word):
             parse_variants(bad)

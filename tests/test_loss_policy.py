@@ -158,6 +158,8 @@ def test_auto_halves_the_wire_on_a_lossy_path_and_back_with_hysteresis():
     fresh = LossPolicy("auto", warmup=0, half=True)
     fresh.up = mid                      # never on: below HALF_ON it does not start
     assert fresh.choose().wire == "none"
+    fresh.up = 0.3                      # a wbsp step's workers take no wire: float32
+    assert fresh.choose(half=False).wire == "none" and fresh.choose().wire == "bf16"
 
 
 @pytest.mark.unit

@@ -686,6 +686,12 @@ def test_a_deeply_nested_or_huge_store_value_is_one_clear_error(store, kind):
     huge = Op(STEP, sizes=(storevalues.MAX_ELEMS,) * 2)
     with pytest.raises(ValueError, match="elements in all"):
         storevalues.check_op(huge, W)
+    # the loss policy's wire: carry is a bool, and only on a 2-byte wire
+    assert storevalues.check_op(Op(STEP, sizes=(5,), wire="bf16", carry=True), W).carry
+    for bad in (Op(STEP, sizes=(5,), carry=True), Op(STEP, sizes=(5,), wire="bf16", carry=1),
+                Op(STEP, sizes=(5,), wire="uint8", carry=True)):
+        with pytest.raises(ValueError, match="carry"):
+            storevalues.check_op(bad, W)
 
 
 @pytest.mark.unit

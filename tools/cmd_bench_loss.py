@@ -18,12 +18,16 @@ EPILOG = """examples:
                                        the loss policy auto against repairing every loss
   ltp bench loss --loss 0,0.2,0.3 --variants ltp,ltp:warmup=40 --repeats 3
                                        its budget from the second step against a warm-up
+  ltp bench loss --loss 0,0.1 --variants ltp,ltp:compress=none --repeats 5 -j
+                                       the policy's bfloat16 wire against float32 always
 
 Variants: ltp (LTP's defaults: the loss policy auto), ltp:loss=repair (the
 paper's Early Close rule, every answer whole), ltp:loss=defer (tolerant
 answers from the first step), ltp:budget=B (a fixed loss budget,
 docs/transport.md), ltp:code=rs (coded answers), ltp:warmup=N (the loss
-policy auto's warm-up of N steps, LTP_LOSS_WARMUP), tcp (cubic); an ltp
+policy auto's warm-up of N steps, LTP_LOSS_WARMUP), ltp:compress=C (the
+gradients' wire: none keeps float32 at any loss; auto, the default, lets the
+loss policy choose bfloat16 under heavy loss), tcp (cubic); an ltp
 variant's knobs combine with ':' (ltp:loss=defer:budget=0.7). Each trains the
 same model from the same seed at every loss rate (on every port, both ways),
 in an order that alternates between loss rates and repeats.
@@ -48,7 +52,7 @@ def register(bsub) -> None:
                    "each variant its lossless reference)")
     p.add_argument("--variants", default="ltp,ltp:budget=0.35,tcp",
                    help="comma list of ltp, ltp:loss=repair|defer|auto, ltp:budget=B, "
-                   "ltp:code=rs, ltp:warmup=N, tcp; "
+                   "ltp:code=rs, ltp:warmup=N, ltp:compress=none|auto|uint8|bf16|fp16, tcp; "
                    "an ltp variant's options combine, e.g. ltp:loss=defer:budget=0.7 "
                    "(default ltp,ltp:budget=0.35,tcp)")
     add_workers(p, 4)

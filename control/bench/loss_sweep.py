@@ -13,6 +13,9 @@ the next (the machine drifts). Variants:
     ltp:budget=B      ... with a fixed loss budget B (EarlyCloseConfig.budget)
     ltp:code=rs       ... with coded answers (LTP_DOWNLINK_CODE=rs)
     ltp:warmup=N      ... the loss policy's warm-up of N steps (LTP_LOSS_WARMUP)
+    ltp:compress=C    ... gradients on the wire as C (TrainConfig.compress): none keeps
+                      float32 at any loss, where auto (the default) lets the loss
+                      policy choose bfloat16 under heavy loss
     tcp               TCP cubic (the same server over TCP)
 An ltp variant's knobs combine (ltp:loss=defer:budget=0.7).
 
@@ -35,12 +38,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...errors import LtpError, UsageError
-from ..settings_table import TABLE, to_env
+from ..settings_table import EXACT_COMPRESS, TABLE, to_env
 from ..training.config import TrainConfig
 from ..training.onrig import rig_config, train_on_rig
 
-KEYS = ("budget", "code", "loss", "warmup")
-CHOICES = {"code": ("rs", "off"), "loss": TABLE["loss_policy"].choices}
+KEYS = ("budget", "code", "compress", "loss", "warmup")
+CHOICES = {"code": ("rs", "off"), "loss": TABLE["loss_policy"].choices,
+           "compress": TABLE["compress"].choices}
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Variant:
     code: str = "off"
     env: dict = field(default_factory=dict)
     loss: str = TABLE["loss_policy"].default
+    compress: str = TABLE["compress"].default
 
 
 def parse_variants(text: str) -> list[Variant]:
@@ -60,8 +65,10 @@ def parse_variants(text: str) -> list[Variant]:
         tr, *parts = item.split(":")
         if tr not in ("ltp", "tcp") or (tr == "tcp" and parts):
             raise UsageError(f"--variants: cannot read {item!r} (ltp, ltp:budget=B, "
-                             "ltp:code=rs, ltp:loss=repair|defer|auto, ltp:warmup=N, tcp)")
-        budget, knobs = 0.0, {"code": "off", "loss": TABLE["loss_policy"].default}
+                             "ltp:code=rs, ltp:loss=repair|defer|auto, ltp:warmup=N, "
+                             "ltp:compress=C, tcp)")
+        budget, knobs = 0.0, {"code": "off", "loss": TABLE["loss_policy"].default,
+                              "compress": TABLE["compress"].default}
         env: dict = {}
         for part in parts:
             key, eq, val = part.partition("=")
@@ -92,11 +99,13 @@ def parse_variants(text: str) -> list[Variant]:
         if env and (knobs["loss"] != "auto" or budget):
             raise UsageError(f"--variants: {item!r}: warmup is the loss policy auto's, "
                              "with no fixed budget")
-        if knobs["code"] == "rs" and knobs["loss"] == "defer":
-            raise UsageError(f"--variants: {item!r}: code=rs and loss=defer do not combine")
+        if knobs["loss"] == "defer" and (knobs["code"] == "rs" or
+                                         knobs["compress"] not in EXACT_COMPRESS):
+            raise UsageError(f"--variants: {item!r}: loss=defer does not combine with code=rs "
+                             "or a compress that rounds")
         v = Variant(item, tr, budget, knobs["code"],
                     {**to_env({"downlink_code": knobs["code"]}), **env} if tr == "ltp" else {},
-                    knobs["loss"])
+                    knobs["loss"], knobs["compress"])
         if v.label in [o.label for o in out]:
             raise UsageError(f"--variants: {item!r} twice")
         out.append(v)
@@ -149,7 +158,8 @@ def run(*, losses: list[float], variants: list[Variant], workers: int, iteration
                     cfg = TrainConfig(transport=v.transport, iterations=iterations, seed=seed,
                                       eval_every=max(1, iterations // 4),
                                       loss_policy=v.loss if v.transport == "ltp"
-                                      else TABLE["loss_policy"].default, loss_budget=v.budget)
+                                      else TABLE["loss_policy"].default, loss_budget=v.budget,
+                                      compress=v.compress)
                     try:
                         with _env(v.env):
                             res = train_on_rig(rig, cfg, workers=workers,

@@ -67,6 +67,7 @@ class Bucket:
     scale: float = 1.0
     fut: torch.futures.Future | None = None
     store: tuple = ()            # its tensor's memory: host buffer and rounding error
+    follow: bool = True          # may take the loss policy's wire (not alone()'s: see there)
 
 
 @dataclass
@@ -169,7 +170,7 @@ class TolerantReduce:
                   downlink=downlink or self.job.s.downlink)
 
     def mean(self, t: torch.Tensor, key: int = 0, scale: float = 1.0,
-             base: Op | None = None) -> torch.futures.Future:
+             base: Op | None = None, follow: bool = True) -> torch.futures.Future:
         """A future of t, which then holds the mean of every worker's t (times
         scale), written in place. key: the bucket's position in a step (its
         host buffer and, compressed, its rounding error); base: the op's
@@ -187,7 +188,7 @@ class TolerantReduce:
             host = self.staging.host(store, n, t.device, torch.int16 if bits else torch.float32)
             ev = self.staging.down(t, host)
         fut = torch.futures.Future()
-        b = Bucket(t, None, key, scale, fut, store)
+        b = Bucket(t, None, key, scale, fut, store, follow)
         self.comm.submit(self.run, b, host, ev, base or self.base)
         self.handed = time.perf_counter()
         return fut
@@ -198,13 +199,16 @@ class TolerantReduce:
         reduce-scatter), which a step op of several buckets would wait on.
         Its values go through a tensor kept per size, dtype and device, so a
         caller's fresh tensors each step reuse one host buffer (mean keys
-        them by memory); the result is that tensor, valid until the next call."""
+        them by memory); the result is that tensor, valid until the next call.
+        Its ops stay off the loss policy's wire: a rounding error kept per
+        piece would pass from one of a caller's equal-sized tensors (FSDP's
+        layers) to the next, and so would the server's per answer size."""
         key = (t.numel(), t.dtype, t.device)
         kept = self.kept.get(key)
         if kept is None:
             kept = self.kept[key] = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
         kept.copy_(t.reshape(-1))
-        return self.mean(kept, key=0, scale=scale).wait()
+        return self.mean(kept, key=0, scale=scale, follow=False).wait()
 
     def run(self, b: Bucket, host, ev, base: Op) -> None:
         try:
@@ -242,11 +246,12 @@ class TolerantReduce:
             self.dtypes[b.key] = b.t.dtype
         if cur is None and b.key == 0 and stable and stable[0] == n:
             sizes = tuple(x for m in stable for x in cut(m, most))
-            wire, carry = self.wire_of([self.dtypes.get(k) for k in range(len(stable))])
+            wire, carry = self.wire_of([self.dtypes.get(k) for k in range(len(stable))],
+                                       b.follow)
             cur = self.cur = MultiRun(self.start(replace(base, sizes=sizes, wire=wire,
                                                          carry=carry)), stable, most)
         if cur is None:
-            wire, carry = self.wire_of([b.t.dtype])
+            wire, carry = self.wire_of([b.t.dtype], b.follow)
             run = self.start(replace(base, sizes=cut(n, most), wire=wire, carry=carry))
             self.push(run, 0, b)
             self.finish(run, [b])
@@ -260,13 +265,14 @@ class TolerantReduce:
     def off_wire(self, op: Op, b: Bucket) -> bool:
         """b's dtype would be rounded by op's 2-byte wire (its position held
         another dtype the step before, when the op was chosen)."""
-        return op.wire != "none" and self.wire_of([b.t.dtype])[0] != op.wire
+        return op.wire != "none" and self.wire_of([b.t.dtype], b.follow)[0] != op.wire
 
-    def wire_of(self, dtypes: list) -> tuple[str, bool]:
+    def wire_of(self, dtypes: list, follow: bool = True) -> tuple[str, bool]:
         """What an op of these dtypes travels as, and whether that is the loss
-        policy's wire for float32 (Op.carry)."""
+        policy's wire (Op.carry): only for float32 buckets, all of them."""
         wire = wire_for(self.job.s.compress, dtypes, self.deferred)
-        if wire == "none" and self.job.s.compress == "auto" and self.lossy != "none":
+        if follow and self.lossy != "none" and self.job.s.compress == "auto" \
+                and set(dtypes) == {torch.float32}:
             return self.lossy, True
         return wire, False
 

@@ -152,8 +152,8 @@ class GradientSync:
         self.send, self.answer = self.send_t.numpy(), self.answer_t.numpy()
         self.packing: dict = {}      # bucket -> CUDA event of its copies into send
         # the loss policy's wire is followed where LTP chooses the wire
-        # (compress auto) and it chose float32 for these gradients
-        self.follows = job.s.compress == "auto" and wire == "none" and sync == "bsp"
+        # (compress auto) for gradients that are all float32
+        self.follows = job.s.compress == "auto" and dtypes == {torch.float32} and sync == "bsp"
         self.setup_codec(job.s, error_feedback)
         self.overlap = overlap and sync == "bsp"
         self.passes, self.warn_every = backward_passes_per_step, warn_every
@@ -363,7 +363,9 @@ class GradientSync:
         self.phases.end_step()
 
     def reset(self) -> None:
-        """Forget a step under way (elastic.py: a rejoining worker)."""
+        """Forget a step under way (elastic.py: a rejoining worker), and the
+        rounding it carried (its state comes from the donor)."""
+        self.carry.held.clear()
         self.cur = None
         self.synced = False
         self.k = 0

@@ -144,19 +144,19 @@ class LtpServerLink(ServerLink):
         budget = 0.0 if self.loss.held("threshold_min" in fields) else self.loss.choice.budget
         return EarlyCloseConfig(**{"hard_timeout_s": self.wait_s, "budget": budget, **fields})
 
-    def choose(self) -> Choice:
+    def choose(self, half: bool = True) -> Choice:
         """The loss policy's choice for this step (losspolicy.py), from the
         loss this step's rounds met: the budget of the rounds opened from now
         on, unless the op's Early Close fields fix one (they rule, as in
         early_config). Fields that fix `threshold_min` hold auto's own budget
         off (a budget's floor would close rounds below it); a `loss_budget`
-        the rank was given still holds."""
+        the rank was given still holds. half: the workers may take a wire."""
         retx, got = self.measured
         if got:
             self.loss.saw_uplink(retx / got)
         self.measured = [0, 0]
         fields = json.loads(self.early_close)
-        c = self.loss.choose(held="threshold_min" in fields)
+        c = self.loss.choose(held="threshold_min" in fields, half=half)
         if "budget" not in fields:
             for p in self.policies.values():
                 if p.cfg.budget != c.budget:

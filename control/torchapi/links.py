@@ -114,9 +114,10 @@ class ServerLink(ABC):
 
     sig_elems = 0      # elements an answer's buffer keeps at its end for a signature (stream)
 
-    def choose(self) -> Choice:
+    def choose(self, half: bool = True) -> Choice:
         """The loss policy's choice for this step (losspolicy.py), once a step
-        after its gather; the default: a link that tolerates no loss."""
+        after its gather (`half`: its workers may take a wire from it); the
+        default: a link that tolerates no loss."""
         return Choice()
 
     def loss_summary(self) -> dict | None:

@@ -138,16 +138,17 @@ class LossPolicy:
         rounds' floor (held), and no loss_budget was given, which still rules."""
         return held and self.policy == "auto" and not self.fixed_budget
 
-    def choose(self, held: bool = False) -> Choice:
+    def choose(self, held: bool = False, half: bool = True) -> Choice:
         """This step's choice (once a step, after its rounds are gathered).
         held: the step's Early Close fields fix its rounds' floor, so auto
-        sets no budget of its own (why `held`)."""
+        sets no budget of its own (why `held`); half False: the step's
+        workers take no wire from it (wbsp: a mean of k gradients), float32."""
         self.steps += 1
         if self.held(held):
             c = self.choice = Choice(why="held")
         else:
             c = self.choice = self._fixed() if self.policy != "auto" else self._auto()
-        if self.half:
+        if self.half and half:
             c = self.choice = replace(c, wire=self._wire())
         self.counts[c.mode] = self.counts.get(c.mode, 0) + 1
         for name, on in (("budget", c.budget > 0), (c.wire, c.wire != "none")):

@@ -106,8 +106,9 @@ def check_op(op: Op, workers: int) -> Op:
         _int(op.root, 0, workers - 1, "a broadcast's root")
     if op.sync not in ("bsp", "wbsp") or op.bubble not in STRATEGIES \
             or op.downlink not in DOWNLINKS or not isinstance(op.average, bool) \
-            or op.wire not in WIRES or (op.wire != "none" and op.kind != "step"):
-        raise ValueError("sync, bubble, downlink, average or wire out of their choices")
+            or op.wire not in WIRES or (op.wire != "none" and op.kind != "step") \
+            or not isinstance(op.carry, bool) or (op.carry and op.wire not in ("bf16", "fp16")):
+        raise ValueError("sync, bubble, downlink, average, wire or carry out of their choices")
     fields = _json(op.early_close.encode()) if isinstance(op.early_close, str) else None
     names = {f.name for f in dataclasses.fields(EarlyCloseConfig)}
     if not isinstance(fields, dict) or not set(fields) <= names or not all(
