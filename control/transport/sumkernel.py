@@ -45,7 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from ...dataplane.clib import libs
-from ...dataplane.xdp.bpfcache import Cache, Unusable, cache_dir   # the folder's rules
+from ...dataplane.xdp.bpfcache import (Cache, Unusable, cache_dir,   # the folder's rules
+                                       safe_owner)
 from .. import settings_table
 
 SOURCE = Path(__file__).with_name("sumkernel.c")
@@ -159,8 +160,7 @@ def _build(cc: list[str], dest: Path) -> None:
 def _trusted(p: Path) -> bool:
     """A regular file (not a link) only its owner or root may write."""
     st = os.lstat(p)
-    return stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid()) \
-        and not st.st_mode & 0o022
+    return stat.S_ISREG(st.st_mode) and safe_owner(st)
 
 
 def _load_from(path: Path) -> Callable:

@@ -66,6 +66,12 @@ def note(msg: str) -> None:
     log.warning(msg)
 
 
+def safe_owner(st: os.stat_result) -> bool:
+    """Whether a cached file (its stat) may be loaded: its owner is this
+    user or root, and neither group nor others may write it."""
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get(ENV) or DEFAULT_DIR)
 
@@ -198,7 +204,7 @@ class Cache:
             note(f"BPF cache entry {p.name} unreadable ({e.strerror}): compiling")
             return None
         try:
-            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            if not safe_owner(st):
                 raise bpfobj.CorruptEntry("not root's, or writable by others")
             art, meta = bpfobj.Artefact.from_bytes(raw)
             if meta.get("key") != key:
