@@ -160,6 +160,9 @@ def test_auto_halves_the_wire_on_a_lossy_path_and_back_with_hysteresis():
     assert fresh.choose().wire == "none"
     fresh.up = 0.3                      # a wbsp step's workers take no wire: float32
     assert fresh.choose(half=False).wire == "none" and fresh.choose().wire == "bf16"
+    # a user's floor (held: e.g. rounds that close only complete) asks for
+    # exact answers: float32, whatever the loss
+    assert fresh.choose(held=True) == Choice(why="held")
 
 
 @pytest.mark.unit

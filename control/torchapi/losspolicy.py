@@ -31,7 +31,8 @@ uplink by the loss it measures, answers whole:
 - no budget of its own where the step's Early Close fields fix
   `threshold_min` (LTP_EARLY_CLOSE, the optimizer's early_close; why
   `held`): the user's floor holds, e.g. 1.0 for rounds that close only
-  complete (an explicit `loss_budget` still rules);
+  complete (an explicit `loss_budget` still rules), and so does float32
+  (no wire of its own either: such a user asked for exact answers);
 - no budget in the first `warmup` steps (loss_warmup, 0 by default: from
   the second step, the first having measured the loss), then a ramp over as
   many again. A warm-up of 40 steps was the default while auto still chose
@@ -144,12 +145,12 @@ class LossPolicy:
         sets no budget of its own (why `held`); half False: the step's
         workers take no wire from it (wbsp: a mean of k gradients), float32."""
         self.steps += 1
-        if self.held(held):
+        if self.held(held):        # the user's floor: no tolerance of auto's own
             c = self.choice = Choice(why="held")
         else:
             c = self.choice = self._fixed() if self.policy != "auto" else self._auto()
-        if self.half and half:
-            c = self.choice = replace(c, wire=self._wire())
+            if self.half and half:
+                c = self.choice = replace(c, wire=self._wire())
         self.counts[c.mode] = self.counts.get(c.mode, 0) + 1
         for name, on in (("budget", c.budget > 0), (c.wire, c.wire != "none")):
             if on:
