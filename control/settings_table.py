@@ -195,7 +195,8 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "(a step late, alike on every replica; needs compress none and downlink_code off); "
        "auto: answers repaired, and a loss budget chosen per step from the uplink loss the "
        "server measures, none on a lossless or lightly lossy path, from the second step "
-       "(loss_warmup; docs/transport.md, The loss policy). The server's choice rules",
+       "(loss_warmup), and with compress auto float32 gradients as bfloat16 under heavy loss "
+       "(docs/transport.md, The loss policy). The server's choice rules",
        choices=("auto", "repair", "defer"), flags=(TRAIN,)),
     _s("checksums", str, "auto", "verify each LTP DATA frame's UDP checksum in XDP, so a "
        "corrupted frame is never used (counted bad_csum, re-sent or filled): auto: where "
@@ -240,13 +241,15 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "summed; the rest, at the full rate, after the last round); 0: every answer whole "
        "after the last round (docs/transport.md, Streamed answers)", lo=0, hi=1),
     _s("compress", str, "auto", "a step's gradients on the wire: auto (bfloat16 or float16 "
-       "gradients as 2 bytes, exactly; any other as float32, or as bfloat16 with its rounding "
-       "carried while the loss policy measures heavy loss), none (float32), uint8 (8-bit "
+       "gradients as 2 bytes, exactly; any other as float32, and a bsp step's all-float32 ones "
+       "as bfloat16, their rounding carried, while the loss policy measures heavy loss), none "
+       "(float32 at any loss), uint8 (8-bit "
        "codes with a min and a scale per LTP chunk: about a quarter of the bytes each way), "
        "bf16 or fp16 (every gradient rounded to 2 bytes); ltp and tcp; docs/training.md, "
        "Compression", choices=("auto", "none", "uint8", "bf16", "fp16"), flags=(TRAIN,)),
     _s("error_feedback", bool, True, "with compress (or the loss policy's bfloat16 wire), "
-       "carry each rounding error into the next step", shown="1"),
+       "carry each rounding error into the next step; 0 on the server: the loss policy "
+       "never chooses that wire", shown="1"),
     _s("max_missed", int, 3, "drop a worker that delivered nothing of K steps in a row; "
        "training goes on without it until it rejoins", lo=1, metavar="K", flags=(TRAIN,)),
     _s("sender", str, "auto", "how LTP DATA leaves: xdp (the ACK clock: each ACK turned into "

@@ -46,9 +46,12 @@ answer go as bfloat16, each side carrying its rounding into the next step
 (error feedback: Op.carry), and back to float32 once the path is clean
 again. Under heavy loss the re-sends are what a step waits for (at 10 %
 loss on every port, 44 % of an answer is sent twice), and half the bytes
-halve them: the built-in job ran 1.31-1.33x its lossless float32 rate at
-10 % loss, at the same final accuracy (docs/benchmarks.md, "bfloat16 on the
-wire under loss"). A lossless or lightly lossy path keeps float32, so its
+halve them: with it the built-in job ran 1.33x its lossless float32 rate
+at 10 % loss, at the same final accuracy (docs/benchmarks.md, "The loss
+policy chooses the wire"). Only a bsp step whose gradients are all float32
+takes it, where the server's error_feedback is on, from the first step's
+measure (no warm-up: its rounding is carried) unless `held` (below) and no
+loss_budget was given. A lossless or lightly lossy path keeps float32, so its
 answers stay exact; compress none keeps float32 at any loss. The workers
 take the choice from a step's report and apply it from their next step, all
 alike (gradsync.py, ddp.py); a probe step keeps the wire.
