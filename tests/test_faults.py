@@ -361,6 +361,31 @@ def test_killed_worker_is_named_dropped_restarted_and_rejoins(rig):
 
 @pytest.mark.rig
 @requires_bpf
+def test_a_worker_restarted_under_heavy_loss_takes_the_policys_wire_from_its_donor():
+    """At 10 % loss the loss policy sends float32 gradients as bfloat16
+    (losspolicy.py, "The wire"); a worker killed and restarted rejoins with
+    the donor's state, wire included, so its first step's op is the others'
+    (a float32 one would differ at the barrier) and it ends bit-identical."""
+    name = f"fw{os.getpid() % 100000}"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "ltpx.tools.cli", "train", "--name", name, "--workers",
+             str(WORKERS), "--iterations", "160", "--hidden", "64", "--pace", "0.06",
+             "--max-missed", "2", "--kill", "worker:1@5", "--restart", "--loss", "0.1", "-j"],
+            capture_output=True, text=True, timeout=900)
+    finally:
+        subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "rig", "down", "--name", name],
+                       capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    assert r["iterations"] == 160 and r["workers_rejoined"] == [1] and r["replicas_identical"]
+    wires = r["wires"]
+    assert wires["0"] == wires["2"] and wires["0"]["bf16"] >= 150, wires
+    assert set(wires["1"]) == {"bf16"}, wires      # the rejoiner's steps: the donor's wire
+
+
+@pytest.mark.rig
+@requires_bpf
 def test_killed_worker_without_restart_the_job_goes_on_with_the_rest(rig):
     from ltpx.control.training.faults import Faults, parse_kills
     fx = Faults(parse_kills(["worker:2@4"], WORKERS))
