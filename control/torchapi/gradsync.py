@@ -37,11 +37,11 @@ worker 0 and on that worker, at the first time and every `warn_every`-th.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 import functools
 import json
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
