@@ -16,7 +16,9 @@ Streamed answers hid it (a streamed part ends the push early); answers sent
 whole after the last round (the mux's unicast answers, compressed or
 deferred answers, `stream_share 0`, used here) did not.
 
-Stopped for 3 s (past `dead_s`, 2 s) the worker is dropped and, once it
+Stopped for 5 s (past `dead_s`, 2 s, by more than the others' way to the
+next barrier takes on a loaded 2-core machine: at 3 s a CI run once saw
+them reach it only as the worker woke) the worker is dropped and, once it
 runs again, admitted back with a member's state through the store: 15 MB
 for this model, over the 8 MiB torch's store takes in one value, which
 ended the job (storeparts.py).
@@ -112,6 +114,6 @@ def test_a_worker_stopped_mid_push_never_stalls_the_job(rig, tmp_path, monkeypat
 
 
 def test_a_worker_stopped_past_the_heartbeats_limit_is_admitted_back(rig, tmp_path, monkeypatch):
-    r = _stopped(rig, tmp_path, monkeypatch, times=1, stop_s=3.0)
+    r = _stopped(rig, tmp_path, monkeypatch, times=1, stop_s=5.0)
     assert r["workers_lost"] == [STALLED] and r["workers_rejoined"] == [STALLED], r
     assert r["replicas_identical"], r
