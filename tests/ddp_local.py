@@ -31,7 +31,8 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
     {"results": each trainer's JSON line, "wall_s"}. `rank_env`: more
     environment for some trainers (by rank). LTP_SERVERS in `env_extra`
     starts that many servers (one per trainer: the co-located shape, every
-    rank on this host)."""
+    rank on this host); LTP_COLOCATE=1 none (each trainer serves a slice in
+    its own process)."""
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout),
                           wait_for_workers=False)
@@ -46,7 +47,8 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
     cmd = [sys.executable, str(script), "--backend", backend, *args]
     envs = [dict(env, RANK=str(r), LOCAL_RANK=str(r), **(rank_env or {}).get(r, {}))
             for r in range(workers)]
-    servers = int(env["LTP_SERVERS"]) if backend == "ltp" else 0
+    colocated = env.get("LTP_COLOCATE", "0") not in ("", "0")   # trainers serve: none apart
+    servers = int(env["LTP_SERVERS"]) if backend == "ltp" and not colocated else 0
     # the servers: the same script, LTP ranks 0..servers-1
     envs[:0] = [dict(env, RANK="0", LOCAL_RANK="0", LTP_ROLE="server", LTP_RANK=str(i),
                      LTP_WORLD_SIZE=str(workers + servers)) for i in range(servers)]

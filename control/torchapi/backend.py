@@ -54,6 +54,7 @@ from .native import allgather as ltp_allgather, all_gather_single as ltp_all_gat
 from .native import allreduce as ltp_allreduce, barrier as ltp_barrier
 from .native import broadcast as ltp_broadcast, reduce_scatter as ltp_reduce_scatter
 from .ddp import tolerant_reduce, tolerant_rule
+from .colocate import place as colocated_place
 from .job import current, init, joined, serve_here, shutdown
 
 log = logging.getLogger("ltpx.torch.backend")
@@ -344,6 +345,11 @@ for _n in UNSUPPORTED:
 
 def ltp_place(rank: int, size: int) -> tuple[int, int, bool]:
     """(LTP rank, LTP world, is a server) of a process torch numbers rank of size."""
+    if settings_table.env("colocate"):    # no server ranks: each trainer serves (colocate.py)
+        if settings_table.env("role") == "server":
+            raise UsageError("LTP_ROLE=server with LTP_COLOCATE=1: a co-located job has no "
+                             "server ranks (each trainer serves a slice); start the trainers only")
+        return (*colocated_place(rank, size), False)
     servers = settings_table.env("servers")
     lr = settings_table.env("rank")
     if lr is not None:

@@ -17,7 +17,6 @@ XDP program) and the launcher ends the others.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import ipaddress
 import logging
@@ -36,6 +35,7 @@ from .. import settings_table
 from ..trust import jobkey
 from .flight import SERVER, WORKER, current as flight_current, start as flight_start
 from .flight import stop as flight_stop, trigger as flight_trigger
+from .colocate import Partner, settle
 from .coord import KEY, Coord
 from .exchange import Exchange
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs, rank_host
@@ -47,9 +47,9 @@ from .storevalues import run_value
 from .server import run_server
 from .settings import Settings
 from .trace import rank_trace, write as write_trace
-from .shards import start_sharded
+from .shards import shard_clients, start_sharded
+from .waits import ranks_note, waiting_note
 
-NOTE_S = 5.0    # a wait on the store or the other ranks says so after this long
 log = logging.getLogger("ltpx.torch")   # the API's logger; modules log under it
 
 _job: Job | None = None
@@ -59,9 +59,11 @@ _ended: Job | None = None     # the last job shut down here: rank() and size() s
 class Job:
     """This rank in the job: its role, the store, its link, its op loop."""
 
-    def __init__(self, s: Settings, place: tuple[int, int] | None = None):
+    def __init__(self, s: Settings, place: tuple[int, int] | None = None, store=None):
         self.s = s
         self.place = place
+        self.given = store      # a co-located server's store client (colocate.py)
+        self.partner: Partner | None = None   # this trainer's co-located server
         self.crashed = False
         self.summary: dict | None = None
         self.link = None
@@ -80,7 +82,11 @@ class Job:
         if s.dev and not s.ip:
             s = self.s = dataclasses.replace(s, ip=dev_ipv4(s.dev))
         self.key = job_key(s)
-        self.store, self.global_rank, self.world = rendezvous(s.store_netns, s.timeout, self.place)
+        if self.given is None:
+            self.store, self.global_rank, self.world = rendezvous(s.store_netns, s.timeout,
+                                                                  self.place)
+        else:
+            self.store, (self.global_rank, self.world) = self.given, self.place
         if self.key is None and self.global_rank == 0:
             warn_keyless(s)
         self.workers = self.world - s.servers
@@ -92,8 +98,12 @@ class Job:
         # a worker may hold its own member key file only, a server the job key
         jobkey.check_member(self.key, self.is_server, self.rank,
                             s.servers if s.transport == "ltp" else 0)
-        flight_start(self.global_rank, SERVER if self.is_server else WORKER,
-                     self.global_rank if self.is_server else self.rank)   # LTP_FLIGHT_DIR
+        if s.colocate and not self.is_server:   # server `rank` of this process, on a thread
+            self.partner = Partner(lambda at, st: Job(s, at, st), self.rank, self.world,
+                                   shard_clients(self.store, 1, s.store_netns)[0])
+        if self.given is None:     # the process's recorder (LTP_FLIGHT_DIR): not a partner's
+            flight_start(self.global_rank, SERVER if self.is_server else WORKER,
+                         self.global_rank if self.is_server else self.rank)
         # every value, token, answer and hello below is bound to this run
         with ranks_note(self):
             self.run = agree_run(self.store, self.key, self.global_rank, self.rank,
@@ -154,7 +164,8 @@ class Job:
             opt.drain()
 
     def close(self) -> None:
-        flight_stop()
+        if self.given is None:
+            flight_stop()
         if getattr(self, "coord", None) is not None:
             self.coord.stop_liveness()
         for opt in self.optimizers:   # a dying rank does not wait for a push under way
@@ -163,6 +174,9 @@ class Job:
         if self.link is not None:
             link, self.link = self.link, None
             link.close()
+        if self.partner is not None:
+            partner, self.partner = self.partner, None
+            partner.stop(self.crashed)
 
 
 def job_key(s: Settings) -> bytes | jobkey.MemberKeys | None:
@@ -261,45 +275,6 @@ def rendezvous(store_netns: str | None, timeout_s: float, place: tuple[int, int]
     return store, rank, world
 
 
-@contextlib.contextmanager
-def note_after(after_s: float, message: str):
-    """Print `message` on stderr once, if what the block waits for takes
-    longer than after_s: a wait is never silent."""
-    done = threading.Event()
-
-    def note():
-        if not done.wait(after_s):
-            print(message, file=sys.stderr, flush=True)
-    th = threading.Thread(target=note, name="ltpx-wait-note", daemon=True)
-    th.start()
-    try:
-        yield
-    finally:
-        done.set()
-
-
-def waiting_note(timeout_s: float, after_s: float = NOTE_S):
-    """The note of a rendezvous that takes longer than after_s."""
-    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-    return note_after(after_s, f"ltpx.torch: still waiting for the rendezvous store at {where} "
-                      f"after {after_s:.0f} s (gives up after {timeout_s:.0f} s; is MASTER_ADDR "
-                      "reachable from this rank's namespace?)")
-
-
-def ranks_note(job: Job, after_s: float = NOTE_S):
-    """The note of a rank whose LTP job's other ranks have not all joined
-    after after_s: whom the job counts, and the likeliest cause (a DDP
-    script's ranks under torchrun are trainers only: its server rank is a
-    process of its own)."""
-    s = job.s
-    return note_after(after_s, (
-        f"ltpx.torch: rank {job.global_rank} of the LTP job still waits for the others after "
-        f"{after_s:.0f} s (it counts {s.servers} server rank(s), ranks 0..{s.servers - 1}, "
-        f"and {job.workers} worker(s): {job.world} in all; gives up after {s.timeout:.0f} s). "
-        "Under torchrun every rank of a DDP script is a trainer: start the server rank "
-        "too (LTP_ROLE=server LTP_RANK=0 ..., docs/deploy.md), or run it with `ltp launch`"))
-
-
 def joined() -> Job | None:
     """The job of this process, or None before init()."""
     return _job
@@ -322,7 +297,10 @@ def init(*, serve: bool = True, place: tuple[int, int] | None = None, **options)
     if _job is not None:
         raise UsageError("ltpx.torch: init() was called already")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    job = Job(Settings.resolve(options), place)
+    s = Settings.resolve(options)
+    if s.colocate:    # every trainer serves a slice too (colocate.py)
+        s, place = settle(s, place)
+    job = Job(s, place)
     try:
         job.start()
     except BaseException:   # no heartbeat thread or open link outlives a failed init

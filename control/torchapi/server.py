@@ -436,8 +436,8 @@ def run_server(job) -> int:
     srv = Server(job.link, job.coord, job.workers, group_ok=job.group is not None,
                  max_missed=job.s.max_missed)
     srv.trace, srv.index = job.s.trace, job.global_rank
-    if flight_current() is not None:       # a dump carries the latest rounds
-        flight_current().records = srv.timeline.records
+    if flight_current() is not None and job.given is None:   # a dump carries the latest
+        flight_current().records = srv.timeline.records     # rounds (not a partner's)
     try:
         job.summary = srv.run()
         return 0

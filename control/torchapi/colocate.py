@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Co-located servers in the trainers' own processes (`colocate`,
+LTP_COLOCATE=1; the TCP transport): a job with no server ranks to start.
+
+Trainer r of N is two ranks of the LTP job, which has 2N: its worker (LTP
+rank N + r, as a trainer is beside N server ranks) and server r, whose loop
+runs on a thread of the same process (`Partner`) and sums slice r of every
+bucket (sharded servers, shards.py). torch's world is the N trainers, so a
+stock script runs under torchrun as it is. The server's link and the
+worker's link to it meet in memory (handoff.py), so a trainer's own slice
+never enters a socket, and each trainer's port carries about 2(N-1)/N of
+the gradient each way, as a ring all-reduce's does.
+
+The partner has the process's job key (a member key file, which holds no
+server's key, cannot serve), its own store client, its own heartbeats, and
+no flight recorder of its own (the trainer's is the process's). It ends
+when the job does (the workers' goodbye); a trainer that shuts down waits
+for it, one that is dying does not.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+
+from ...errors import UsageError
+from ..settings_table import MAX_SERVERS
+from .server import run_server
+
+log = logging.getLogger("ltpx.torch")
+
+END_S = 10.0      # a clean shutdown waits this long for the partner's loop to end
+
+
+def place(rank: int, size: int) -> tuple[int, int]:
+    """(LTP rank, LTP world) of trainer `rank` of `size`: the worker's."""
+    return size + rank, 2 * size
+
+
+def settle(s, given: tuple[int, int] | None):
+    """(settings, the worker's place) of a co-located trainer: servers = N.
+    `given` is the place a caller worked out (the backend's); else torch's
+    RANK and WORLD_SIZE (a launcher's LTP_RANK has no meaning here)."""
+    if s.transport != "tcp":
+        raise UsageError("colocate (LTP_COLOCATE=1) runs over the TCP transport only "
+                         "(LTP_TRANSPORT=tcp): over LTP a trainer's slice for the server "
+                         "beside it would go through the host's own stack, which XDP never "
+                         "sees (docs/transport.md, One device for every role)")
+    if given is None:
+        missing = [v for v in ("RANK", "WORLD_SIZE") if v not in os.environ]
+        if missing:
+            raise UsageError(f"init(): {', '.join(missing)} not set: start the script with "
+                             "torchrun (env:// rendezvous)")
+        given = place(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    size = given[1] // 2
+    if not 1 <= size <= MAX_SERVERS:
+        raise UsageError(f"colocate: {size} trainers; co-located servers serve 1 to "
+                         f"{MAX_SERVERS} trainers (one server each): use LTP_SERVERS and "
+                         "server ranks of their own beyond that")
+    return dataclasses.replace(s, servers=size), given
+
+
+class Partner:
+    """Server r on a thread of trainer r's process: its Job (made by
+    `make(place, store)`) started and served there."""
+
+    def __init__(self, make, rank: int, world: int, store):
+        self.rank = rank
+        self.job = make((rank, world), store)
+        self.code: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._serve, name=f"ltpx-server{rank}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self.job.start()
+            self.code = run_server(self.job)
+        except BaseException as e:   # noqa: BLE001 - a thread's end: said, kept for stop()
+            self.error, self.code = e, 1
+            log.error("ltpx.torch: the co-located server (rank %d) failed: %s", self.rank, e)
+        finally:
+            self.job.close()
+
+    def stop(self, crashed: bool) -> None:
+        """After the trainer's own close: wait for the loop to end (the job's
+        goodbye ends it), or, dying, close its link under it."""
+        self.thread.join(0.0 if crashed else END_S)
+        if self.thread.is_alive():
+            if not crashed:
+                log.warning("ltpx.torch: the co-located server (rank %d) still serves %.0f s "
+                            "after its trainer left: closing it", self.rank, END_S)
+            self.job.close()
+            self.thread.join(1.0)
