@@ -5,7 +5,8 @@
 # path"). DDP over `ltp` (1 server, co-located, bf16 on the wire) against gloo
 # on loopback, a ~118M-parameter transformer LM, 2 trainers sharing cuda:0, arms
 # taking turns; then one sampled run; then the server's summing against the
-# host's floors (AGG=0: not; SAMPLE=0: no sampled run), and one TCP stream's
+# host's floors (AGG=0: not; SAMPLE=0: no sampled run; SAMPLE_ARM: the sampled
+# run's settings, e.g. "LTP_SERVERS=2"), and one TCP stream's
 # rate over loopback. Writes $OUT/lm.jsonl, $OUT/samples.json, $OUT/agg.json.
 # An earlier tree to A/B against: its files in .abold/ltpx (git archive REV | tar -x
 # -C .abold/ltpx), an arm "PYTHONPATH=/tmp/site:/tmp/oldpkg".
@@ -35,7 +36,7 @@ fi
 "$PY" scripts/ab_loopback.py "${ARMS[@]}" --blocks "$BLOCKS" --steps "$STEPS" --job lm \
     -- ${LM_ARGS:-} | tee "$OUT/lm.jsonl"
 [ "${SAMPLE:-1}" = 0 ] && exit 0
-"$PY" scripts/ab_loopback.py "" --no-gloo --blocks 1 --steps 8 --job lm -- \
+"$PY" scripts/ab_loopback.py "${SAMPLE_ARM:-}" --no-gloo --blocks 1 --steps 8 --job lm -- \
     ${LM_ARGS:-} --sample /tmp/samples | tee -a "$OUT/lm.jsonl"
 "$PY" - "$OUT/samples.json" <<'PY'
 import json, pathlib, sys

@@ -23,6 +23,7 @@ from ltpx.control.torchapi.shards import ShardLinks
 from ltpx.control.transport.ackclock import ClockPush
 from ltpx.control.transport.options import DEFAULTS, PushOptions
 from ltpx.control.transport.push import Push
+from tcp_links import apart
 
 pytestmark = pytest.mark.unit
 
@@ -71,20 +72,25 @@ def test_a_sharded_workers_links_add_up_their_counters():
     assert a.push(1, np.zeros(2, np.float32), False)
 
 
-def test_a_tcp_job_exchanges_a_round_through_the_contract_alone():
+@pytest.mark.parametrize("near", [False, True], ids=["sockets", "in-memory"])
+def test_a_tcp_job_exchanges_a_round_through_the_contract_alone(near):
     """A real server link and two worker links over loopback, driven only by
     the contract's calls. TCP delivers every byte or fails, so an answer
     sent `to` one worker with a short `wait_s` reaches every connected
-    worker (each stream must carry every answer), as ServerLink.send says."""
+    worker (each stream must carry every answer), as ServerLink.send says.
+    In memory (a co-located trainer's links, handoff.py) the same holds: a
+    small piece is held for its taker as a socket's buffer would."""
     # the machine's own congestion control: one an unprivileged process may set
     cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     s = Settings.resolve({"ip": "127.0.0.1", "cc": cc})
     server: ServerLink = TcpServerLink(s, 2)
     workers: list[WorkerLink] = [TcpWorkerLink(s, w, 2) for w in range(2)]
     try:
+        seen = (lambda m: m) if near else apart
         for w in workers:
-            w.connect({**server.address(), "ip": "127.0.0.1"})
-        server.connect({i: w.address() for i, w in enumerate(workers)})
+            w.connect(seen({**server.address(), "ip": "127.0.0.1"}))
+        server.connect({i: seen(w.address()) for i, w in enumerate(workers)})
+        assert [w.local for w in workers] == [near, near]
         server.ensure(3)
         server.open(1, 3, [0, 1], False, key=("step", 0))
         for i, w in enumerate(workers):

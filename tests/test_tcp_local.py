@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from ltpx.control.torchapi import localsock
@@ -19,33 +18,11 @@ from ltpx.control.torchapi.host import rank_host
 from ltpx.control.torchapi.link_tcp import PARALLEL_BYTES, TcpServerLink, TcpWorkerLink
 from ltpx.control.torchapi.settings import Settings
 from ltpx.control.trust.hello import MAC_HELLO
-from tcp_links import in_threads, pair
+from tcp_links import apart, pair, round_trip
 
 pytestmark = pytest.mark.unit
 
 HERE = rank_host()      # a worker's host with no netns or node set: this machine's name
-
-
-def round_trip(server, workers, n: int) -> None:
-    """Each worker pushes a row of n elements, the server gathers them and
-    answers their sum: every byte as sent, both ways."""
-    rows = [np.arange(n, dtype=np.float32) * (w + 1) - w for w in range(len(workers))]
-    ids = list(range(len(workers)))
-    server.ensure(n)
-    server.open(1, n, ids, False)
-    ts, errors = in_threads(*[lambda w=w: workers[w].push(1, rows[w].copy(), False) for w in ids])
-    got = server.gather(1, n, ids)
-    for t in ts:
-        t.join()
-    assert not errors
-    assert all(np.array_equal(got.values[w], rows[w]) for w in ids)
-    answer = got.values.sum(axis=0)
-    outs = [np.zeros(n, np.float32) for _ in ids]
-    ts, errors = in_threads(*[lambda w=w: workers[w].pull(2, outs[w]) for w in ids])
-    server.send(2, answer, False)
-    for t in ts:
-        t.join()
-    assert not errors and all(np.array_equal(o, answer) for o in outs)
 
 
 def families(server, workers) -> set:
@@ -86,11 +63,11 @@ def test_a_unix_connection_without_a_workers_hello_is_a_stray():
     worker = TcpWorkerLink(s, 0, 1)
     stray = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        meta = {**server.address(), "ip": "127.0.0.1", "host": HERE}
+        meta = apart({**server.address(), "ip": "127.0.0.1", "host": HERE})
         stray.connect(meta["unix"])
         stray.sendall(b"\xff" * MAC_HELLO.size)
         worker.connect(meta)
-        server.connect({0: worker.address()})
+        server.connect({0: apart(worker.address())})
         assert server.strays == 1
         assert families(server, [worker]) == {socket.AF_UNIX}
         round_trip(server, [worker], 1000)
@@ -150,11 +127,11 @@ def test_a_worker_whose_servers_file_is_gone_or_in_another_netns_comes_by_tcp():
     server = TcpServerLink(s, 2)
     workers = [TcpWorkerLink(s, w, 2) for w in range(2)]
     try:
-        meta = {**server.address(), "ip": "127.0.0.1", "host": HERE}
+        meta = apart({**server.address(), "ip": "127.0.0.1", "host": HERE})
         path = meta["unix"]
         workers[0].connect({**meta, "unix": path + ".gone"})
         workers[1].connect({**meta, "netns_id": meta["netns_id"] + 1})
-        server.connect({i: w.address() for i, w in enumerate(workers)})
+        server.connect({i: apart(w.address()) for i, w in enumerate(workers)})
         assert families(server, workers) == {socket.AF_INET}
         assert [w.local for w in workers] == [False, False]
         round_trip(server, workers, 1000)

@@ -12,14 +12,15 @@ releasing the GIL; LTP_TCP_THREADS=0 keeps them in the loop), a smaller one
 in one non-blocking epoll loop. Rounds go into two buffers in turn: the
 op's next round (`ahead`, the server's hint) is read in while the server
 sums the one before. A worker on the server's own host connects by a Unix
-socket instead (localsock.py: the same stream, not through TCP/IP).
+socket instead (localsock.py: the same stream, not through TCP/IP), and one
+in the server's own process (a co-located trainer's) meets it in memory
+(handoff.py: a copy each way, no socket).
 """
 from __future__ import annotations
 
 import errno
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,16 +34,17 @@ from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError
 from .. import settings_table
 from ..accept import accept_workers
-from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
-from .codec import ServerCodec, WorkerCodec, answer_feedback, check_peer, piece_feedback
-from .host import rank_host
-from .localsock import connect_local, listen_local, ns_id, unlisten
-from .links import Gathered, ServerLink, WorkerLink
+from ..trust.hello import MAC_HELLO, mac_parser
+from . import handoff
+from .codec import ServerCodec, answer_feedback
+from .localsock import listen_local, ns_id, unlisten
+from .links import Gathered, ServerLink
+from .link_tcp_worker import HDR, TCP_MAGIC, TcpWorkerLink, iov
 from .settings import Settings
 
-TCP_MAGIC = 0x4C545054            # "LTPT"
-HDR = struct.Struct(">III")       # magic, round, payload bytes
 PARALLEL_BYTES = 1 << 20          # a piece this large moves on a thread per worker
+
+__all__ = ["HDR", "PARALLEL_BYTES", "TCP_MAGIC", "TcpServerLink", "TcpWorkerLink"]
 
 
 class TcpServerLink(ServerLink):
@@ -68,11 +70,12 @@ class TcpServerLink(ServerLink):
         except BaseException:
             self.ls.close()
             raise
-        self.port = self.ls.getsockname()[1]
+        self.ip, self.port = s.ip, self.ls.getsockname()[1]
         # workers on this host come by a Unix socket (localsock.py)
         self.ux, self.ux_path = listen_local(s.ip, self.port, workers + 8) \
             if settings_table.env("tcp_local") else (None, None)
-        self.conns: list[socket.socket] = []
+        self.conns: list[socket.socket | None] = []   # None: a worker in this process
+        self.near: dict[int, handoff.Pair] = {}        # by index: those workers' pairs
         # compressed (a step's Op.wire), pieces are the same words as over LTP
         # (its chunk size for the MTU)
         self.compress, self.chunk_bytes, self.wire = s.compress, chunk_bytes_for(s.mtu), "none"
@@ -82,24 +85,30 @@ class TcpServerLink(ServerLink):
 
     def address(self) -> dict:
         return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes,
+                "proc": handoff.proc(),
                 **({"unix": self.ux_path, "netns_id": ns_id("net")} if self.ux_path else {})}
 
     def connect(self, metas: dict[int, dict]) -> None:
         """Accept one connection per worker; each says its id and a MAC of it
         under the job key first (accept.py: any other connection is closed,
-        counted in `strays`, and the wait goes on)."""
+        counted in `strays`, and the wait goes on). A worker in this process
+        (its meta's `proc` this one's) meets the server in memory instead."""
+        if settings_table.env("tcp_local"):
+            self.near = {i: handoff.pair(self.ip, self.port, w) for i, w in enumerate(self.ids)
+                         if metas.get(w, {}).get("proc") == handoff.proc()}
+        far = [w for i, w in enumerate(self.ids) if i not in self.near]
         try:
-            got = accept_workers([self.ls] + ([self.ux] if self.ux else []), len(self.ids),
-                                 MAC_HELLO.size, mac_parser(self.ids, self.key), self.timeout_s)
+            got = accept_workers([self.ls] + ([self.ux] if self.ux else []), len(far),
+                                 MAC_HELLO.size, mac_parser(far, self.key), self.timeout_s)
         finally:   # every worker is in (or the job ends): the file goes
             unlisten(self.ux, self.ux_path)
             self.ux = self.ux_path = None
         self.strays += got.strays
         by_id = got.conns
-        if len(by_id) < len(self.ids):
+        if len(by_id) < len(far):
             for c in by_id.values():
                 c.close()
-            raise CommError(f"only {len(by_id)} of {len(self.ids)} workers connected within "
+            raise CommError(f"only {len(by_id)} of {len(far)} workers connected within "
                             f"{self.timeout_s:g}s ({got.strays} other connection(s) closed: "
                             "a hello without this job's key?)")
         for c in by_id.values():
@@ -107,7 +116,7 @@ class TcpServerLink(ServerLink):
                 set_cc(c, self.cc)
                 c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             c.setblocking(False)
-        self.conns = [by_id[w] for w in self.ids]
+        self.conns = [by_id.get(w) for w in self.ids]
 
     def ensure(self, nelems: int) -> bool:
         self._settle()
@@ -229,7 +238,10 @@ class TcpServerLink(ServerLink):
         def stalled(left) -> str:
             return (f"round {r}: workers {sorted(left)} sent nothing complete within "
                     f"{self.timeout_s:g}s")
-        self._each(select.EPOLLIN, list(workers), need, step, stalled)
+
+        def near(i: int, abort: threading.Event) -> None:
+            self.near[i].up.take(r, views[i], self.timeout_s, abort)
+        self._each(select.EPOLLIN, list(workers), need, step, stalled, near)
 
     def _reader(self) -> ThreadPoolExecutor:
         if self.ahead_pool is None:
@@ -276,16 +288,46 @@ class TcpServerLink(ServerLink):
 
         def stalled(left) -> str:
             return f"answer {d} stalled for {self.timeout_s:g}s (workers {sorted(left)})"
-        self._each(select.EPOLLOUT, list(self.ids), len(body), step, stalled)
+
+        def near(i: int, abort: threading.Event) -> None:
+            self.near[i].down.give(d, body, self.timeout_s)
+        self._each(select.EPOLLOUT, list(self.ids), len(body), step, stalled, near)
 
     def _each(self, event: int, idx: list[int], nbytes: int, step: Callable[[int], bool],
-              stalled: Callable[[set], str]) -> None:
+              stalled: Callable[[set], str],
+              near: Callable[[int, threading.Event], None] | None = None) -> None:
+        """step(i) for each connection i in idx (near(i, abort) for a worker
+        in this process, on a thread of its own, alongside): see `_far`."""
+        close = [i for i in idx if i in self.near]
+        if not close:
+            return self._far(event, idx, nbytes, step, stalled)
+        abort = threading.Event()
+        futs = [self._pool().submit(near, i, abort) for i in close]
+        try:
+            self._far(event, [i for i in idx if i not in self.near], nbytes, step, stalled)
+            futures.wait(futs, return_when=futures.FIRST_EXCEPTION)
+        finally:
+            abort.set()          # after an error, a take under way stops waiting
+            futures.wait(futs)
+        for f in futs:
+            if f.exception() is not None:
+                raise f.exception()
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self.pool is None:    # a thread per connection, and as many for a read ahead
+            self.pool = ThreadPoolExecutor(2 * len(self.conns), thread_name_prefix="ltpx-tcp")
+        return self.pool
+
+    def _far(self, event: int, idx: list[int], nbytes: int, step: Callable[[int], bool],
+             stalled: Callable[[set], str]) -> None:
         """step(i) for each connection i in idx whenever it is ready for
         `event`, until step says it is done: a piece of PARALLEL_BYTES or more
         on a thread per connection (each given up after the link's timeout
         with no byte moved), else in one epoll loop (after the timeout with
         nothing ready): CommError(stalled(those not done)). A step's error is
         raised here once every thread has stopped."""
+        if not idx:
+            return
         if not self.threads or nbytes < PARALLEL_BYTES or len(idx) < 2:
             done: set[int] = set()
             for i in self._ready(event, idx, done, lambda: stalled(set(idx) - done)):
@@ -295,8 +337,6 @@ class TcpServerLink(ServerLink):
                 except BlockingIOError:
                     continue
             return
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(len(self.conns), thread_name_prefix="ltpx-tcp")
         left = set(idx)
         failed = threading.Event()    # one connection's error stops the others' waits
 
@@ -314,7 +354,7 @@ class TcpServerLink(ServerLink):
                     if time.monotonic() > deadline:
                         raise CommError(stalled(left)) from None
                     poller.poll(200)
-        futs = [self.pool.submit(one, i) for i in idx]
+        futs = [self._pool().submit(one, i) for i in idx]
         futures.wait(futs, return_when=futures.FIRST_EXCEPTION)
         failed.set()                # the others stop at their next wake-up (done ones are)
         futures.wait(futs)
@@ -328,121 +368,11 @@ class TcpServerLink(ServerLink):
                 pool.shutdown(wait=False)
         self.pool = self.ahead_pool = None
         for c in self.conns:
-            c.close()
-        self.conns = []
+            if c is not None:
+                c.close()
+        for pr in self.near.values():
+            pr.close("the server")
+        self.conns, self.near = [], {}
         self.ls.close()
         unlisten(self.ux, self.ux_path)
         self.ux = self.ux_path = None
-
-
-class TcpWorkerLink(WorkerLink):
-    name = "tcp"
-    opens = False
-
-    def __init__(self, s: Settings, worker: int, workers: int, key: bytes | None = None):
-        self.id, self.cc, self.timeout_s = worker, s.cc, s.timeout
-        self.host = rank_host(s.netns, s.node)   # a server on it is reached by its Unix socket
-        self.local = False
-        self.key = key     # the hello's MAC key (jobkey.hello_key); from a member file its own MAC
-        self.sock: socket.socket | None = None
-        self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
-        self.codec = WorkerCodec(self.chunk_bytes, piece_feedback(s))   # a step's wire: its op's
-        self.wire = np.empty(0, dtype=np.float32)   # a compressed answer's words
-
-    def address(self) -> dict:
-        return {}
-
-    def connect(self, server: dict) -> None:
-        check_peer(self.compress, self.chunk_bytes, server)
-        self.sock = connect_local(server, self.host, self.timeout_s) \
-            if settings_table.env("tcp_local") else None
-        if self.sock is None:
-            self.sock = self.connect_tcp(server)
-        self.local = self.sock.family == socket.AF_UNIX   # by the server's Unix socket
-        self.sock.sendall(mac_hello(self.id, self.key))
-
-    def connect_tcp(self, server: dict) -> socket.socket:
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            set_cc(s, self.cc)
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.settimeout(self.timeout_s)
-            try:
-                s.connect((server["ip"], int(server["port"])))
-                break
-            except OSError as e:
-                s.close()
-                if time.monotonic() > deadline:
-                    raise CommError(f"cannot connect to the server at {server['ip']}:"
-                                    f"{server['port']}: {e}") from e
-                time.sleep(0.05)
-        return s
-
-    def ensure(self, nelems: int) -> bool:
-        return False
-
-    def expect_wire(self, d: int, n: int, wire: str) -> None:
-        """Answer d starts with n elements in `wire` (a step's aggregate)."""
-        self.codec.expect(d, n, wire)
-
-    def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
-        pass
-
-    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
-             at: int = 0, wire: str = "none") -> bool:
-        if not reliable:   # compressed, buf is left holding the rounding error
-            buf = self.codec.piece(buf, wire)
-        body = memoryview(np.ascontiguousarray(buf)).cast("B")
-        hdr = HDR.pack(TCP_MAGIC, r, len(body))
-        total, sent = len(hdr) + len(body), 0
-        while sent < total:
-            sent += self.sock.sendmsg(iov(hdr, body, sent))
-        return False
-
-    def pull(self, d: int, out: np.ndarray) -> None:
-        into = out
-        compressed = self.codec.compressed(d)
-        if compressed:   # the words on the wire, decoded into out below
-            words = self.codec.wire_elems(d, len(out))
-            if len(self.wire) < words:
-                self.wire = np.empty(words, dtype=np.float32)
-            into = self.wire[:words]
-        magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
-        if magic != TCP_MAGIC or rnd != d or nbytes != into.nbytes:
-            raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
-                            f"({into.nbytes} bytes)")
-        self.recv_into(into, nbytes)
-        if compressed:
-            self.codec.decode(d, into, out)
-
-    def recv_into(self, into: np.ndarray, nbytes: int) -> None:
-        view = memoryview(into).cast("B")
-        got = 0
-        while got < nbytes:
-            k = self.sock.recv_into(view[got:])
-            if k == 0:
-                raise CommError("the server closed the connection")
-            got += k
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise CommError("connection closed by the peer")
-        got += k
-    return bytes(buf)
-
-
-def iov(hdr: bytes, body: memoryview, sent: int) -> list:
-    """What is left to send of header + body after `sent` bytes, as sendmsg buffers."""
-    return [hdr[sent:], body] if sent < len(hdr) else [body[sent - len(hdr):]]

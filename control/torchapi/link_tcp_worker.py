@@ -1,0 +1,156 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The TCP transport's worker link (link_tcp.py has the server's, and says
+what travels): one connection to the server, by TCP, by the server's Unix
+socket where it is on this host (localsock.py), or in memory where it is in
+this process (handoff.py: a co-located trainer's own server)."""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import numpy as np
+
+from ...dataplane.tcp_cc import set_cc
+from ...dataplane.xdp.wire import chunk_bytes_for
+from ...errors import CommError
+from .. import settings_table
+from ..trust.hello import mac_hello
+from . import handoff
+from .codec import WorkerCodec, check_peer, piece_feedback
+from .host import rank_host
+from .links import WorkerLink
+from .localsock import connect_local
+from .settings import Settings
+
+TCP_MAGIC = 0x4C545054            # "LTPT"
+HDR = struct.Struct(">III")       # magic, round, payload bytes
+
+
+class TcpWorkerLink(WorkerLink):
+    name = "tcp"
+    opens = False
+
+    def __init__(self, s: Settings, worker: int, workers: int, key: bytes | None = None):
+        self.id, self.cc, self.timeout_s = worker, s.cc, s.timeout
+        self.host = rank_host(s.netns, s.node)   # a server on it is reached by its Unix socket
+        self.local = False
+        self.key = key     # the hello's MAC key (jobkey.hello_key); from a member file its own MAC
+        self.sock: socket.socket | None = None
+        self.pair: handoff.Pair | None = None    # a server in this process: no socket
+        self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
+        self.codec = WorkerCodec(self.chunk_bytes, piece_feedback(s))   # a step's wire: its op's
+        self.wire = np.empty(0, dtype=np.float32)   # a compressed answer's words
+
+    def address(self) -> dict:
+        return {"proc": handoff.proc()}
+
+    def connect(self, server: dict) -> None:
+        check_peer(self.compress, self.chunk_bytes, server)
+        if settings_table.env("tcp_local") and server.get("proc") == handoff.proc():
+            self.pair = handoff.pair(server["ip"], server["port"], self.id)
+            self.local = True      # the server beside it, in this process (colocate.py)
+            return
+        self.sock = connect_local(server, self.host, self.timeout_s) \
+            if settings_table.env("tcp_local") else None
+        if self.sock is None:
+            self.sock = self.connect_tcp(server)
+        self.local = self.sock.family == socket.AF_UNIX   # by the server's Unix socket
+        self.sock.sendall(mac_hello(self.id, self.key))
+
+    def connect_tcp(self, server: dict) -> socket.socket:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            set_cc(s, self.cc)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.settimeout(self.timeout_s)
+            try:
+                s.connect((server["ip"], int(server["port"])))
+                break
+            except OSError as e:
+                s.close()
+                if time.monotonic() > deadline:
+                    raise CommError(f"cannot connect to the server at {server['ip']}:"
+                                    f"{server['port']}: {e}") from e
+                time.sleep(0.05)
+        return s
+
+    def ensure(self, nelems: int) -> bool:
+        return False
+
+    def expect_wire(self, d: int, n: int, wire: str) -> None:
+        """Answer d starts with n elements in `wire` (a step's aggregate)."""
+        self.codec.expect(d, n, wire)
+
+    def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
+        pass
+
+    def push(self, r: int, buf: np.ndarray, reliable: bool, answer: int | None = None,
+             at: int = 0, wire: str = "none") -> bool:
+        if not reliable:   # compressed, buf is left holding the rounding error
+            buf = self.codec.piece(buf, wire)
+        body = memoryview(np.ascontiguousarray(buf)).cast("B")
+        if self.pair is not None:
+            self.pair.up.give(r, body, self.timeout_s)
+            return False
+        hdr = HDR.pack(TCP_MAGIC, r, len(body))
+        total, sent = len(hdr) + len(body), 0
+        while sent < total:
+            sent += self.sock.sendmsg(iov(hdr, body, sent))
+        return False
+
+    def pull(self, d: int, out: np.ndarray) -> None:
+        into = out
+        compressed = self.codec.compressed(d)
+        if compressed:   # the words on the wire, decoded into out below
+            words = self.codec.wire_elems(d, len(out))
+            if len(self.wire) < words:
+                self.wire = np.empty(words, dtype=np.float32)
+            into = self.wire[:words]
+        if self.pair is not None:
+            self.pair.down.take(d, memoryview(into).cast("B"), self.timeout_s)
+            if compressed:
+                self.codec.decode(d, into, out)
+            return
+        magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
+        if magic != TCP_MAGIC or rnd != d or nbytes != into.nbytes:
+            raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
+                            f"({into.nbytes} bytes)")
+        self.recv_into(into, nbytes)
+        if compressed:
+            self.codec.decode(d, into, out)
+
+    def recv_into(self, into: np.ndarray, nbytes: int) -> None:
+        view = memoryview(into).cast("B")
+        got = 0
+        while got < nbytes:
+            k = self.sock.recv_into(view[got:])
+            if k == 0:
+                raise CommError("the server closed the connection")
+            got += k
+
+    def close(self) -> None:
+        if self.pair is not None:
+            self.pair.close(f"worker {self.id}")
+            self.pair = None
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise CommError("connection closed by the peer")
+        got += k
+    return bytes(buf)
+
+
+def iov(hdr: bytes, body: memoryview, sent: int) -> list:
+    """What is left to send of header + body after `sent` bytes, as sendmsg buffers."""
+    return [hdr[sent:], body] if sent < len(hdr) else [body[sent - len(hdr):]]

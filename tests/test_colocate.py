@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Co-located servers in the trainers' own processes (colocate.py,
+LTP_COLOCATE=1, the TCP transport), on this host's loopback, real processes:
+
+- torchrun starts the trainers alone (no server process): a stock DDP script
+  over `ltp` ends bit-identical to gloo's, each trainer having served a slice;
+- three trainers with bfloat16 on the wire (the answer's words and the
+  rounding carried through the in-memory hop) end where three server
+  processes beside them take the job: the same bits;
+- what a co-located job cannot be is a usage error naming the way out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import finish_all
+from ltpx.control.torchapi import backend, colocate
+from ltpx.control.torchapi.settings import Settings
+from ltpx.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+LOOPBACK = {"LTP_TRANSPORT": "tcp", "LTP_IP": "127.0.0.1", "OMP_NUM_THREADS": "1",
+            "GLOO_SOCKET_IFNAME": "lo", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
+def torchrun(nproc: int, *args: str, **env) -> list[dict]:
+    """docs/examples/ddp_backend.py under torchrun --standalone: each rank's JSON."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LTP_")}
+    p = subprocess.Popen([str(BIN / "torchrun"), "--standalone", "--nproc-per-node",
+                          str(nproc), str(ROOT / "docs/examples/ddp_backend.py"), *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env=dict(clean, **LOOPBACK, **env))
+    (out, _), = finish_all([p], timeout=240)
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(rows) == nproc, out[-2000:]
+    return rows
+
+
+@pytest.mark.slow
+def test_torchrun_starts_the_trainers_alone_and_they_equal_gloo():
+    ltp = torchrun(2, "--epochs", "2", LTP_COLOCATE="1")
+    gloo = torchrun(2, "--epochs", "2", "--backend", "gloo")
+    assert sorted(r["rank"] for r in ltp) == [0, 1] and ltp[0]["world"] == 2
+    assert {r["digest"] for r in ltp} == {r["digest"] for r in gloo}
+    assert len({r["digest"] for r in ltp}) == 1 and ltp[0]["backend"] == "ltp"
+
+
+@pytest.mark.slow
+def test_three_colocated_trainers_with_bf16_on_the_wire_equal_three_server_processes():
+    from ddp_local import run_local
+    args = ("--epochs", "1", "--hook")
+    wire = {"LTP_COMPRESS": "bf16"}
+    near = run_local(3, *args, env_extra={"LTP_COLOCATE": "1", **wire})["results"]
+    apart = run_local(3, *args, env_extra={"LTP_SERVERS": "3", **wire})["results"]
+    assert near[0]["hook"]["wires"] == {"bf16": near[0]["hook"]["ops"]}, near[0]["hook"]
+    assert len({r["digest"] for r in near}) == 1
+    assert {r["digest"] for r in near} == {r["digest"] for r in apart}
+
+
+@pytest.mark.unit
+def test_what_a_colocated_job_cannot_be_is_a_usage_error(monkeypatch):
+    with pytest.raises(UsageError, match="TCP transport only"):
+        colocate.settle(Settings(transport="ltp", colocate=True), (3, 4))
+    with pytest.raises(UsageError, match="9 trainers; co-located servers serve 1 to 8"):
+        colocate.settle(Settings(transport="tcp", colocate=True), colocate.place(0, 9))
+    s, place = colocate.settle(Settings(transport="tcp", colocate=True), colocate.place(2, 3))
+    assert (s.servers, place) == (3, (5, 6))
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(UsageError, match="RANK, WORLD_SIZE not set|RANK not set"):
+        colocate.settle(Settings(transport="tcp", colocate=True), None)
+    monkeypatch.setenv("LTP_COLOCATE", "1")
+    assert backend.ltp_place(1, 4) == (5, 8, False)
+    monkeypatch.setenv("LTP_ROLE", "server")
+    with pytest.raises(UsageError, match="no server ranks"):
+        backend.ltp_place(0, 4)
