@@ -35,8 +35,13 @@ reliable class; each worker applies it with its own optimizer. Modules:
   storegc      the store's keys deleted once every rank has read them
   storeparts   a value over the store's 8 MiB limit (a joiner's state) in parts
   ops          the op sequence every rank runs, round numbers, the step report
-  links, link_ltp, link_ltp_worker, link_tcp   the transports under the server and the workers
+  links, link_ltp, link_ltp_worker, link_tcp, link_tcp_worker   the transports under the
+               server and the workers
   localsock    the TCP transport's local hop: a Unix socket to a server on this host
+  handoff      the TCP transport's hop inside one process: a co-located trainer's worker
+               and server meet in memory
+  colocate     co-located servers in the trainers' own processes (no server ranks)
+  waits        the line a long wait of a starting rank prints
   runqueue     a thread's waits for a CPU (schedstat): a rank's own time, shared host
   exchange     a worker's side of an op
   server       the server's loop (sums, answers; no model)
@@ -61,6 +66,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   elastic      workers that leave and come back, and who hands them the state
   checkpoint   worker 0's checkpoints, for a job whose server may die
   shards       sharded servers: each of S server ranks sums a slice of every piece
+  shardplan    sharded servers' slices, and their reports and summaries merged
   codec        8-bit min-max compression, loss-tolerant per chunk
   threads      a daemon thread that runs calls in order (comm and shard threads)
   alias        holds only the `torch` package that makes this `ltpx.torch`

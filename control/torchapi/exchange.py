@@ -229,13 +229,19 @@ class Exchange:
         self.times["push_s"] += dt
         self.phases.add("comm_push", dt)
 
-    def finish(self, run: Run, out: np.ndarray) -> np.ndarray:
-        """The op's answer, copied into out[:down_elems] (returned)."""
+    def finish(self, run: Run, out: np.ndarray,
+               parts: list[np.ndarray] | None = None) -> np.ndarray:
+        """The op's answer, copied into out[:down_elems] (returned); or, with
+        `parts` (the link `scatters`), into them in turn, the last of which
+        (out itself) holds what follows the pieces: a step's report."""
         t0 = time.perf_counter()
-        view = out[:run.op.down_elems(self.workers)]
+        view = out[:run.op.down_elems(self.workers)] if parts is None else out
         flight_enter(PULL, run.seq)
         with self.on_rounds():
-            self.link.pull(run.seq, view)
+            if parts is None:
+                self.link.pull(run.seq, view)
+            else:
+                self.link.pull_parts(run.seq, parts)
         dt = time.perf_counter() - t0
         self.times["pull_s"] += dt
         self.phases.add("comm_pull", dt)
@@ -245,7 +251,7 @@ class Exchange:
         flight_enter(COMPUTE, run.seq)
         self.timeline.add(run.rec)
         if run.op.kind == STEP:
-            self.follow(StepReport.decode(view[sum(run.op.sizes):]))
+            self.follow(StepReport.decode(view[sum(run.op.sizes):] if parts is None else view))
         return view
 
     def server_dead(self) -> None:

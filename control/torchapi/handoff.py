@@ -81,9 +81,12 @@ class Slot:
             if not piece.done:
                 raise CommError(f"{self.what}: {self.closed}")
 
-    def take(self, tag: int, into: memoryview, timeout_s: float,
+    def take(self, tag: int, into: memoryview | list[memoryview], timeout_s: float,
              abort: threading.Event | None = None) -> None:
-        """Copy the next piece, which must be `tag` of into's size, into `into`."""
+        """Copy the next piece, which must be `tag` of into's size, into `into`
+        (or into a list of buffers in turn, their sizes added)."""
+        parts = into if isinstance(into, list) else [into]
+        size = sum(len(x) for x in parts)
         deadline = time.monotonic() + timeout_s
         with self.cv:
             while not self.q and not self.closed:
@@ -97,13 +100,15 @@ class Slot:
                 raise CommError(f"{self.what}: {self.closed}")
             piece = self.q.popleft()
             self.held -= len(piece.body) if piece.owned else 0
-        if piece.tag != tag or len(piece.body) != len(into):
+        if piece.tag != tag or len(piece.body) != size:
             self.close(f"{piece.tag} of {len(piece.body)} bytes given where {tag} of "
-                       f"{len(into)} was expected: out of step")
+                       f"{size} was expected: out of step")
             raise CommError(f"{self.what}: {self.closed}")
-        if len(into):
-            np.copyto(np.frombuffer(into, dtype=np.uint8),
-                      np.frombuffer(piece.body, dtype=np.uint8))
+        body, at = np.frombuffer(piece.body, dtype=np.uint8), 0
+        for x in parts:
+            if len(x):
+                np.copyto(np.frombuffer(x, dtype=np.uint8), body[at:at + len(x)])
+                at += len(x)
         with self.cv:
             piece.done = True
             self.cv.notify_all()

@@ -41,6 +41,7 @@ class TcpWorkerLink(WorkerLink):
         self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
         self.codec = WorkerCodec(self.chunk_bytes, piece_feedback(s))   # a step's wire: its op's
         self.wire = np.empty(0, dtype=np.float32)   # a compressed answer's words
+        self.spread = np.empty(0, dtype=np.float32)   # ... decoded, for pull_parts
 
     def address(self) -> dict:
         return {"proc": handoff.proc()}
@@ -120,6 +121,29 @@ class TcpWorkerLink(WorkerLink):
         self.recv_into(into, nbytes)
         if compressed:
             self.codec.decode(d, into, out)
+
+    scatters = True
+
+    def pull_parts(self, d: int, parts: list[np.ndarray]) -> None:
+        total = sum(x.size for x in parts)
+        if self.codec.compressed(d):   # its words decoded whole, then spread
+            if len(self.spread) < total:
+                self.spread = np.empty(total, dtype=np.float32)
+            self.pull(d, self.spread[:total])
+            at = 0
+            for x in parts:
+                x[:] = self.spread[at:at + x.size]
+                at += x.size
+            return
+        if self.pair is not None:
+            self.pair.down.take(d, [memoryview(x).cast("B") for x in parts], self.timeout_s)
+            return
+        magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
+        if magic != TCP_MAGIC or rnd != d or nbytes != total * 4:
+            raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
+                            f"({total * 4} bytes)")
+        for x in parts:
+            self.recv_into(x, x.nbytes)
 
     def recv_into(self, into: np.ndarray, nbytes: int) -> None:
         view = memoryview(into).cast("B")

@@ -195,6 +195,13 @@ class WorkerLink(ABC):
     def pull(self, d: int, out: np.ndarray) -> None:
         """Answer d, copied into `out`."""
 
+    scatters = False   # pull_parts: the answer straight into its places (a sharded worker's)
+
+    def pull_parts(self, d: int, parts: list[np.ndarray]) -> None:
+        """Answer d, copied into `parts` in order (float32, contiguous; their
+        sizes add up to the answer's): where `scatters`."""
+        raise NotImplementedError(f"{type(self).__name__} answers into one buffer only")
+
     @abstractmethod
     def close(self) -> None:
         """Release sockets and endpoints."""

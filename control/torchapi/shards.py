@@ -44,27 +44,9 @@ from .host import rank_host, route_to
 from .link_ltp_worker import LtpWorkerLink, SharedDevice
 from .link_tcp import TcpWorkerLink
 from .links import WorkerLink
-from .ops import ALLGATHER, REASONS, SHUTDOWN, STEP, Op, StepReport
+from .ops import ALLGATHER, SHUTDOWN, STEP, Op, StepReport
+from .shardplan import merge_reports, merge_summaries, plan_slices, split_op
 from .threads import CallThread
-
-
-def plan_slices(n: int, servers: int) -> list[tuple[int, int]]:
-    """[lo, hi) of each server's slice of an n-element piece: contiguous,
-    in server order, covering 0..n, sizes differing by at most one (the first
-    n % servers slices are one larger). UsageError when a server would get
-    nothing (n < servers)."""
-    if servers < 1:
-        raise UsageError(f"servers: must be at least 1, got {servers}")
-    if n < servers:
-        raise UsageError(f"cannot cut {n} element(s) into {servers} server slices: every "
-                         "server needs at least one element")
-    q, r = divmod(n, servers)
-    out, lo = [], 0
-    for i in range(servers):
-        hi = lo + q + (1 if i < r else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
 
 
 @dataclasses.dataclass
@@ -78,68 +60,6 @@ class ShardRun:
     @property
     def seq(self) -> int:
         return self.runs[0].seq      # every shard numbers every op alike
-
-
-def split_op(op: Op, servers: int) -> tuple[list[Op], list[list[tuple[int, int]]]]:
-    """Each shard's op (its slice of every piece) and the slices per piece.
-    A piece shorter than `servers` is padded with zeros to one element per
-    server, so every server still sees every piece."""
-    slices = [plan_slices(max(n, servers), servers) for n in op.sizes]
-    subs = [dataclasses.replace(op, sizes=tuple(sl[i][1] - sl[i][0] for sl in slices))
-            for i in range(servers)]
-    return subs, slices
-
-
-def merge_reports(reps: list[StepReport], workers: int) -> StepReport:
-    """One step's report from the S servers' (each saw a slice of every bucket):
-    per bucket the worst close, per worker the mean delivered fraction and
-    the summed filled chunks and wholly filled bucket slices, the longest
-    gather time and the largest filled error, the stragglers merged
-    (merge_stragglers); anything else (step, ks, ...) as server 0 says."""
-    B = len(reps[0].reasons)
-    reasons = [max((r.reasons[b] for r in reps), key=REASONS.index) for b in range(B)]
-    ws = range(workers)
-    return dataclasses.replace(
-        reps[0], reasons=reasons,
-        delivered={w: float(np.mean([r.delivered[w] for r in reps])) for w in ws},
-        filled_chunks={w: sum(r.filled_chunks[w] for r in reps) for w in ws},
-        wholly_filled={w: sum(r.wholly_filled[w] for r in reps) for w in ws},
-        nonfinite={w: n for w in ws if (n := sum(r.nonfinite.get(w, 0) for r in reps))},
-        gather_s=max(r.gather_s for r in reps),
-        filled_error=max(r.filled_error for r in reps), **merge_stragglers(reps))
-
-
-def merge_stragglers(reps: list[StepReport]) -> dict:
-    """The servers' straggler attributions as one: per worker the mean
-    lateness over the servers that timed it, and the worker most servers
-    named (ties: the later one), None if none did."""
-    late: dict[int, list[float]] = {}
-    for r in reps:
-        for w, v in r.lateness.items():
-            late.setdefault(w, []).append(v)
-    lateness = {w: float(np.mean(v)) for w, v in sorted(late.items())}
-    named = [r.straggler for r in reps if r.straggler is not None]
-    straggler = max(set(named), key=lambda w: (named.count(w), lateness.get(w, 0.0))) \
-        if named else None
-    return {"straggler": straggler, "lateness": lateness}
-
-
-def merge_summaries(sums: list[dict]) -> dict:
-    """The servers' summaries as one (their own under "servers")."""
-    reasons: dict[str, int] = {}
-    for s in sums:
-        for k, v in (s.get("rounds_by_reason") or {}).items():
-            reasons[k] = reasons.get(k, 0) + v
-    times = {k: round(max(s.get("ps_times", {}).get(k, 0.0) for s in sums), 4)
-             for k in sums[0].get("ps_times", {})}
-    medians = [s["round_s_median"] for s in sums if s.get("round_s_median") is not None]
-    return {"steps": sums[0].get("steps"), "ops": sums[0].get("ops"), "ps_times": times,
-            "rounds_by_reason": reasons,
-            "delivered_fraction": float(np.mean([s.get("delivered_fraction", 1.0)
-                                                 for s in sums])),
-            "round_s_median": max(medians) if medians else None,
-            "streamed_answers": sum(s.get("streamed_answers", 0) for s in sums),
-            "servers": sums}
 
 
 class ShardCoord:
@@ -256,7 +176,10 @@ class ShardedExchange:
             self.threads[s].submit(ex.push, r, i, piece[lo:hi])
 
     def finish(self, run: ShardRun, out: np.ndarray) -> np.ndarray:
-        """Every server's answer, joined into out[:down_elems] (returned)."""
+        """Every server's answer, joined into out[:down_elems] (returned): by
+        links that scatter, each slice read straight into its place."""
+        if run.op.kind != ALLGATHER and all(ex.link.scatters for ex in self.exs):
+            return self.scatter(run, out)
         bufs = []
         for s, (ex, r) in enumerate(zip(self.exs, run.runs)):
             buf = self.buffer(s, r.op.down_elems(self.workers))
@@ -264,6 +187,29 @@ class ShardedExchange:
             self.threads[s].submit(ex.finish, r, buf)
         self.wait()
         return self.join(run, bufs, out)
+
+    def scatter(self, run: ShardRun, out: np.ndarray) -> np.ndarray:
+        """finish() where every link `scatters`: server s's slice of piece i
+        goes straight into out (a padded slice's tail into a scratch buffer);
+        each server's report into a buffer of its own, then merged."""
+        op, W = run.op, self.workers
+        view, offs = out[:op.down_elems(W)], op.offsets()
+        tails = []
+        for s, (ex, r) in enumerate(zip(self.exs, run.runs)):
+            parts = []
+            for i, n in enumerate(op.sizes):
+                lo, hi = run.slices[i][s]
+                k = max(0, min(hi, n) - lo)
+                if k:
+                    parts.append(view[offs[i] + lo:offs[i] + lo + k])
+                if hi - lo > k:
+                    parts.append(self.buffer(-1 - s, hi - lo - k))   # padding
+            tails.append(self.buffer(s, r.op.down_elems(W) - sum(r.op.sizes)))
+            self.threads[s].submit(ex.finish, r, tails[s], [*parts, tails[s]])
+        self.wait()
+        if op.kind == STEP:
+            merge_reports([StepReport.decode(t) for t in tails], W).encode(view[sum(op.sizes):])
+        return view
 
     def buffer(self, s: int, n: int) -> np.ndarray:
         have = self.answers.setdefault(s, [])
