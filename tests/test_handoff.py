@@ -52,6 +52,15 @@ def test_a_large_piece_is_lent_until_taken_and_a_small_one_is_held():
     assert out.tolist() == list(range(10))
 
 
+def test_a_piece_taken_into_several_buffers_fills_them_in_turn():
+    slot = handoff.Slot("test")
+    body = np.arange(10, dtype=np.float32)
+    slot.give(7, memoryview(body).cast("B"), 10)
+    a, b, c = np.zeros(3, np.float32), np.zeros(0, np.float32), np.zeros(7, np.float32)
+    slot.take(7, [memoryview(x).cast("B") for x in (a, b, c)], 10)
+    assert a.tolist() == [0, 1, 2] and c.tolist() == list(range(3, 10))
+
+
 def test_a_piece_out_of_step_or_of_another_size_closes_the_stream():
     slot = handoff.Slot("test")
     slot.give(5, memoryview(np.ones(4, np.float32)).cast("B"), 10)

@@ -213,6 +213,45 @@ def test_an_all_gathers_rows_are_joined_from_every_servers_slice(n, S):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("sizes,S", [((7, 2, 9), 3), ((5, 1), 2), ((6,), 1)])
+def test_answers_read_straight_into_their_places_equal_the_join(sizes, S):
+    """A link that scatters (TCP's) reads server s's answer into its slices'
+    places in the op's answer, padding into scratch: the same as joining the
+    S answers, and nothing written past the answer."""
+    import types
+
+    import torch.distributed as dist
+
+    from ltpx.control.torchapi.coord import Coord
+    from ltpx.control.torchapi.exchange import Exchange
+    from ltpx.control.torchapi.ops import ALLREDUCE, Op
+    from ltpx.control.torchapi.shards import ShardedExchange, ShardRun, split_op
+    W = 2
+    op = Op(ALLREDUCE, sizes=sizes)
+    subs, slices = split_op(op, S)
+    rng = np.random.default_rng(3)
+    bufs = [rng.standard_normal(sub.down_elems(W)).astype(np.float32) for sub in subs]
+    exs = [Exchange(None, Coord(dist.HashStore(), W, 5.0), 0, W) for _ in range(S)]
+    for ex, buf in zip(exs, bufs):
+        def finish(r, tail, parts, buf=buf):       # the server's answer, part by part
+            at = 0
+            for x in parts:
+                x[:] = buf[at:at + x.size]
+                at += x.size
+            assert at == len(buf)
+        ex.finish = finish
+    sh = ShardedExchange(exs, 0, W)
+    try:
+        run = ShardRun(op, [types.SimpleNamespace(op=sub) for sub in subs], slices)
+        joined = sh.join(run, bufs, np.zeros(op.down_elems(W), dtype=np.float32))
+        out = np.full(op.down_elems(W) + 3, -1.0, dtype=np.float32)
+        got = sh.scatter(run, out)
+        assert np.array_equal(got, joined) and np.all(out[len(joined):] == -1.0)
+    finally:
+        sh.close()
+
+
+@pytest.mark.unit
 def test_both_exchanges_are_what_the_job_asks_of_one():
     """Exchange and ShardedExchange each have every member of the
     OpExchange protocol; the sharded one answers membership, the timeline
