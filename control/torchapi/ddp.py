@@ -143,6 +143,7 @@ class TolerantReduce:
         self.residual: dict[tuple, np.ndarray] = {}
         self.open: list[Bucket] = []      # taken, not yet answered
         self.staging = Staging()
+        self.outs: dict[int, object] = {}   # an op in flight's answer buffer (start, finish)
         self.comm = CallThread("ltpx-ddp")
         self.lock = threading.Lock()
         self.layout = Layout()
@@ -224,6 +225,7 @@ class TolerantReduce:
         """Every bucket taken and not answered gets e (the step's op is given up)."""
         self.cur = None
         self.layout.stable = None
+        self.outs.clear()
         for w in [*self.open, *more]:
             if w.fut is not None and not w.fut.done():
                 w.fut.set_exception(e)
@@ -249,10 +251,10 @@ class TolerantReduce:
             wire, carry = self.wire_of([self.dtypes.get(k) for k in range(len(stable))],
                                        b.follow)
             cur = self.cur = MultiRun(self.start(replace(base, sizes=sizes, wire=wire,
-                                                         carry=carry)), stable, most)
+                                                         carry=carry), b), stable, most)
         if cur is None:
             wire, carry = self.wire_of([b.t.dtype], b.follow)
-            run = self.start(replace(base, sizes=cut(n, most), wire=wire, carry=carry))
+            run = self.start(replace(base, sizes=cut(n, most), wire=wire, carry=carry), b)
             self.push(run, 0, b)
             self.finish(run, [b])
             return
@@ -276,10 +278,14 @@ class TolerantReduce:
             return self.lossy, True
         return wire, False
 
-    def start(self, op: Op):
+    def start(self, op: Op, b: Bucket):
+        """op (b its first bucket) planned, its answer's buffer given to the
+        exchange (a link that can read it as it comes starts now), the barrier."""
         self.wires[op.wire] += 1
         run = plan_step(self.job, op)
-        self.job.exchange.prepare(run)
+        ans = self.staging.answer(op.down_elems(self.job.workers), b.t is not None and b.t.is_cuda)
+        self.outs[id(run)] = ans      # finish() takes it back: the answer may be read into it
+        self.job.exchange.prepare(run, ans.numpy())
         self.job.exchange.barrier(run)
         return run
 
@@ -311,7 +317,9 @@ class TolerantReduce:
         """The op's answer: each bucket's slice into its tensor, its future set."""
         op = run.op
         down = op.down_elems(self.job.workers)
-        ans = self.staging.answer(down, any(b.t is not None and b.t.is_cuda for b in buckets))
+        ans = self.outs.pop(id(run), None)
+        if ans is None:
+            ans = self.staging.answer(down, any(b.t is not None and b.t.is_cuda for b in buckets))
         view = self.job.exchange.finish(run, ans.numpy())     # written into ans
         self.note(StepReport.decode(view[sum(op.sizes):]), len(buckets), len(op.sizes))
         offs = np.cumsum([0] + [b.piece.size for b in buckets[:-1]]).tolist()

@@ -29,6 +29,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -42,6 +43,7 @@ from .coord import Excluded, PeerGone
 from .trace import OpRecord, Timeline, now_ns
 from .runqueue import RunQueue
 from .ops import STEP, Ahead, Go, Op, RoundClock, SHUTDOWN, StepReport
+from .threads import in_thread
 
 log = logging.getLogger("ltpx.torch.exchange")
 
@@ -73,6 +75,7 @@ class Run:
     go: Go | None = None     # the barrier's value, once read
     ahead_for: tuple = ()    # opened ahead for these (Members.opened_for)
     rec: OpRecord | None = None   # its timeline record (trace.py)
+    early: Future | None = None   # its answer's read, started with the op (prepare's out)
 
 
 @runtime_checkable
@@ -100,7 +103,7 @@ class OpExchange(Protocol):
     def timeline(self) -> Timeline: ...
 
     def plan(self, op: Op): ...
-    def prepare(self, run) -> None: ...
+    def prepare(self, run, out: np.ndarray | None = None) -> None: ...
     def arrive(self, run) -> bool: ...
     def barrier(self, run) -> None: ...
     def push(self, run, i: int, piece: np.ndarray) -> None: ...
@@ -152,9 +155,17 @@ class Exchange:
         self.clock.advance(op)
         return run
 
-    def prepare(self, run: Run) -> None:
+    def prepare(self, run: Run, out: np.ndarray | None = None,
+                parts: list[np.ndarray] | None = None) -> None:
+        """The link ready for run's op. With `out` (the buffer finish() will be
+        given) where the link `scatters` and the op travels as float32, the
+        answer's read starts now on a thread of its own (into `parts`, else
+        out), so a streamed answer is in by the end of the op's pushes."""
         self.link.ensure(run.op.max_elems(self.workers))
         self.link.expect(run.seq, run.op.down_elems(self.workers), tolerant=run.op.kind == STEP)
+        if out is not None and self.link.scatters and run.op.wire == "none":
+            parts = [out[:run.op.down_elems(self.workers)]] if parts is None else parts
+            run.early = in_thread(f"ltpx-read-{run.seq}", self.link.pull_parts, run.seq, parts)
 
     def set_aside(self, why: str) -> None:
         """This worker's time before its next op holds work that is not the
@@ -238,7 +249,9 @@ class Exchange:
         view = out[:run.op.down_elems(self.workers)] if parts is None else out
         flight_enter(PULL, run.seq)
         with self.on_rounds():
-            if parts is None:
+            if run.early is not None:      # read since prepare (into parts, or out)
+                run.early.result()
+            elif parts is None:
                 self.link.pull(run.seq, view)
             else:
                 self.link.pull_parts(run.seq, parts)

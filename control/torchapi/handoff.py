@@ -82,9 +82,10 @@ class Slot:
                 raise CommError(f"{self.what}: {self.closed}")
 
     def take(self, tag: int, into: memoryview | list[memoryview], timeout_s: float,
-             abort: threading.Event | None = None) -> None:
+             abort: threading.Event | None = None, at: int = 0, whole: bool = True) -> int:
         """Copy the next piece, which must be `tag` of into's size, into `into`
-        (or into a list of buffers in turn, their sizes added)."""
+        (or into a list of buffers in turn, their sizes added); not `whole`:
+        a part of it (a streamed answer's), from byte `at` on. Its bytes."""
         parts = into if isinstance(into, list) else [into]
         size = sum(len(x) for x in parts)
         deadline = time.monotonic() + timeout_s
@@ -100,18 +101,21 @@ class Slot:
                 raise CommError(f"{self.what}: {self.closed}")
             piece = self.q.popleft()
             self.held -= len(piece.body) if piece.owned else 0
-        if piece.tag != tag or len(piece.body) != size:
-            self.close(f"{piece.tag} of {len(piece.body)} bytes given where {tag} of "
-                       f"{size} was expected: out of step")
+        n = len(piece.body)
+        if piece.tag != tag or (n != size if whole else at + n > size):
+            self.close(f"{piece.tag} of {n} bytes given where {tag} of {size} was expected"
+                       f"{'' if whole else f' from byte {at}'}: out of step")
             raise CommError(f"{self.what}: {self.closed}")
-        body, at = np.frombuffer(piece.body, dtype=np.uint8), 0
+        body, lo = np.frombuffer(piece.body, dtype=np.uint8), 0   # lo: x's start in into
         for x in parts:
-            if len(x):
-                np.copyto(np.frombuffer(x, dtype=np.uint8), body[at:at + len(x)])
-                at += len(x)
+            a, b = max(at, lo), min(at + n, lo + len(x))
+            if a < b:
+                np.copyto(np.frombuffer(x, dtype=np.uint8)[a - lo:b - lo], body[a - at:b - at])
+            lo += len(x)
         with self.cv:
             piece.done = True
             self.cv.notify_all()
+        return n
 
     def close(self, why: str) -> None:
         with self.cv:

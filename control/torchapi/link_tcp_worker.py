@@ -110,7 +110,7 @@ class TcpWorkerLink(WorkerLink):
                 self.wire = np.empty(words, dtype=np.float32)
             into = self.wire[:words]
         if self.pair is not None:
-            self.pair.down.take(d, memoryview(into).cast("B"), self.timeout_s)
+            self.take(d, [memoryview(into).cast("B")])
             if compressed:
                 self.codec.decode(d, into, out)
             return
@@ -136,7 +136,7 @@ class TcpWorkerLink(WorkerLink):
                 at += x.size
             return
         if self.pair is not None:
-            self.pair.down.take(d, [memoryview(x).cast("B") for x in parts], self.timeout_s)
+            self.take(d, [memoryview(x).cast("B") for x in parts])
             return
         magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
         if magic != TCP_MAGIC or rnd != d or nbytes != total * 4:
@@ -144,6 +144,13 @@ class TcpWorkerLink(WorkerLink):
                             f"({total * 4} bytes)")
         for x in parts:
             self.recv_into(x, x.nbytes)
+
+    def take(self, d: int, parts: list[memoryview]) -> None:
+        """Answer d from the server beside it: the parts it was sent in
+        (a streamed answer's, or one), until every byte is in."""
+        total, got = sum(len(x) for x in parts), 0
+        while got < total:
+            got += self.pair.down.take(d, parts, self.timeout_s, at=got, whole=False)
 
     def recv_into(self, into: np.ndarray, nbytes: int) -> None:
         view = memoryview(into).cast("B")
