@@ -74,7 +74,13 @@ def test_three_colocated_trainers_with_bf16_on_the_wire_equal_three_server_proce
 
 
 @pytest.mark.unit
-def test_what_a_colocated_job_cannot_be_is_a_usage_error(monkeypatch):
+def test_what_a_colocated_job_cannot_be_is_a_usage_error(monkeypatch, tmp_path):
+    from ltpx.control.trust import jobkey
+    member = tmp_path / "w0.key"
+    jobkey.write_private(str(member), jobkey.member_text(jobkey.member_keys(jobkey.new_key(), 0)))
+    with pytest.raises(UsageError, match="member key file, but a co-located trainer serves"):
+        colocate.settle(Settings(transport="tcp", colocate=True, secret_file=str(member)),
+                        (2, 4))
     with pytest.raises(UsageError, match="TCP transport only"):
         colocate.settle(Settings(transport="ltp", colocate=True), (3, 4))
     with pytest.raises(UsageError, match="9 trainers; co-located servers serve 1 to 8"):
@@ -89,3 +95,27 @@ def test_what_a_colocated_job_cannot_be_is_a_usage_error(monkeypatch):
     monkeypatch.setenv("LTP_ROLE", "server")
     with pytest.raises(UsageError, match="no server ranks"):
         backend.ltp_place(0, 4)
+
+
+@pytest.mark.slow
+def test_a_trainer_whose_server_cannot_start_ends_at_once_saying_why():
+    """Both trainers' servers want one TCP port another socket holds: each
+    trainer ends within seconds, naming its server's error, rather than wait
+    for the job's timeout (60 s here)."""
+    import socket
+    import time
+
+    from ddp_local import run_local
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(AssertionError, match="co-located server \\(rank \\d\\) could not "
+                                                 "start.*Address already in use"):
+            run_local(2, "--epochs", "1", timeout=120,
+                      env_extra={"LTP_COLOCATE": "1", "LTP_TIMEOUT": "60",
+                                 "LTP_TCP_PORT": str(held.getsockname()[1])})
+    finally:
+        held.close()
+    assert time.monotonic() - t0 < 40

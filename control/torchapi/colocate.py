@@ -15,17 +15,21 @@ The partner has the process's job key (a member key file, which holds no
 server's key, cannot serve), its own store client, its own heartbeats, and
 no flight recorder of its own (the trainer's is the process's). It ends
 when the job does (the workers' goodbye); a trainer that shuts down waits
-for it, one that is dying does not.
+for it, one that is dying does not. One that cannot start (a member key
+file, say) ends its trainer at once, as a server that stops beating does
+(exchange.py), rather than leave it waiting for the job's timeout.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
+import signal
 import threading
 
 from ...errors import UsageError
 from ..settings_table import MAX_SERVERS
+from ..trust import jobkey
 from .server import run_server
 
 log = logging.getLogger("ltpx.torch")
@@ -47,6 +51,11 @@ def settle(s, given: tuple[int, int] | None):
                          "(LTP_TRANSPORT=tcp): over LTP a trainer's slice for the server "
                          "beside it would go through the host's own stack, which XDP never "
                          "sees (docs/transport.md, One device for every role)")
+    if s.secret_file and isinstance(jobkey.read_key_file(s.secret_file, "secret_file "
+                                                        "(LTP_SECRET_FILE)"), jobkey.MemberKeys):
+        raise UsageError("colocate: LTP_SECRET_FILE names a member key file, but a co-located "
+                         "trainer serves a slice too, and a server needs the job key file "
+                         "(hex): give every trainer the job key")
     if given is None:
         missing = [v for v in ("RANK", "WORLD_SIZE") if v not in os.environ]
         if missing:
@@ -77,6 +86,15 @@ class Partner:
     def _serve(self) -> None:
         try:
             self.job.start()
+        except BaseException as e:   # noqa: BLE001 - a thread's end: said, and the trainer ended
+            self.error, self.code = e, 1
+            self.job.close()
+            log.error("ltpx.torch: the co-located server (rank %d) could not start: %s: ending "
+                      "this trainer (its worker would wait for it until the job's timeout)",
+                      self.rank, e)
+            os.kill(os.getpid(), signal.SIGTERM)    # as exchange.server_dead does
+            return
+        try:
             self.code = run_server(self.job)
         except BaseException as e:   # noqa: BLE001 - a thread's end: said, kept for stop()
             self.error, self.code = e, 1

@@ -280,13 +280,15 @@ class TolerantReduce:
 
     def start(self, op: Op, b: Bucket):
         """op (b its first bucket) planned, its answer's buffer given to the
-        exchange (a link that can read it as it comes starts now), the barrier."""
+        exchange, the barrier; then a link that can read the answer as it
+        comes starts to."""
         self.wires[op.wire] += 1
         run = plan_step(self.job, op)
         ans = self.staging.answer(op.down_elems(self.job.workers), b.t is not None and b.t.is_cuda)
         self.outs[id(run)] = ans      # finish() takes it back: the answer may be read into it
         self.job.exchange.prepare(run, ans.numpy())
         self.job.exchange.barrier(run)
+        self.job.exchange.read_early(run)
         return run
 
     def push(self, run, i: int, b: Bucket) -> None:

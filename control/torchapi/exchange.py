@@ -75,7 +75,8 @@ class Run:
     go: Go | None = None     # the barrier's value, once read
     ahead_for: tuple = ()    # opened ahead for these (Members.opened_for)
     rec: OpRecord | None = None   # its timeline record (trace.py)
-    early: Future | None = None   # its answer's read, started with the op (prepare's out)
+    places: list | None = None    # where its answer may be read early (prepare's out)
+    early: Future | None = None   # that read, started after the barrier (read_early)
 
 
 @runtime_checkable
@@ -104,6 +105,7 @@ class OpExchange(Protocol):
 
     def plan(self, op: Op): ...
     def prepare(self, run, out: np.ndarray | None = None) -> None: ...
+    def read_early(self, run) -> None: ...
     def arrive(self, run) -> bool: ...
     def barrier(self, run) -> None: ...
     def push(self, run, i: int, piece: np.ndarray) -> None: ...
@@ -130,6 +132,7 @@ class Exchange:
         self.barrier_seen: Arrival | None = None   # the latest barrier, as seen here
         self.answered_ns = 0         # when the latest answer came (its own time starts)
         self.runq = RunQueue()       # the training thread's waits for a CPU
+        self.reading: Future | None = None   # the latest early read of an answer
         self.answered_waited = 0     # ... as they stood then
         self.aside_why = ""          # set_aside(): what the time before the next op held
         self.timeline = Timeline()   # the latest ops' records (trace.py)
@@ -158,14 +161,24 @@ class Exchange:
     def prepare(self, run: Run, out: np.ndarray | None = None,
                 parts: list[np.ndarray] | None = None) -> None:
         """The link ready for run's op. With `out` (the buffer finish() will be
-        given) where the link `scatters` and the op travels as float32, the
-        answer's read starts now on a thread of its own (into `parts`, else
-        out), so a streamed answer is in by the end of the op's pushes."""
+        given) where the link `scatters` and the op travels as float32, its
+        answer may be read from the barrier on (`read_early`: into `parts`,
+        else out), so a streamed answer is in by the end of the op's pushes."""
         self.link.ensure(run.op.max_elems(self.workers))
         self.link.expect(run.seq, run.op.down_elems(self.workers), tolerant=run.op.kind == STEP)
         if out is not None and self.link.scatters and run.op.wire == "none":
-            parts = [out[:run.op.down_elems(self.workers)]] if parts is None else parts
-            run.early = in_thread(f"ltpx-read-{run.seq}", self.link.pull_parts, run.seq, parts)
+            run.places = [out[:run.op.down_elems(self.workers)]] if parts is None else parts
+
+    def read_early(self, run: Run) -> None:
+        """After run's barrier: its answer's read on a thread of its own, if
+        prepare was given its buffer. A read of an earlier answer still under
+        way (its op given up) leaves the connection out of step: CommError."""
+        if self.reading is not None and not self.reading.done():
+            raise CommError(f"worker {self.id}: answer {run.seq}'s read would start while an "
+                            "earlier answer's is still under way (its op was given up)")
+        if run.places is not None:
+            run.early = self.reading = in_thread(f"ltpx-read-{run.seq}", self.link.pull_parts,
+                                                 run.seq, run.places)
 
     def set_aside(self, why: str) -> None:
         """This worker's time before its next op holds work that is not the
@@ -249,7 +262,7 @@ class Exchange:
         view = out[:run.op.down_elems(self.workers)] if parts is None else out
         flight_enter(PULL, run.seq)
         with self.on_rounds():
-            if run.early is not None:      # read since prepare (into parts, or out)
+            if run.early is not None:      # read since the barrier (into parts, or out)
                 run.early.result()
             elif parts is None:
                 self.link.pull(run.seq, view)

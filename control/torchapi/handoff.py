@@ -44,10 +44,11 @@ def proc() -> str:
 
 
 class _Piece:
-    __slots__ = ("tag", "body", "owned", "done")
+    __slots__ = ("tag", "body", "owned", "done", "ok")
 
     def __init__(self, tag: int, body, owned: bool):
-        self.tag, self.body, self.owned, self.done = tag, body, owned, False
+        self.tag, self.body, self.owned = tag, body, owned
+        self.done = self.ok = False     # the taker is through with it; it copied it
 
 
 class Slot:
@@ -60,10 +61,13 @@ class Slot:
         self.held = 0            # bytes of the copies held (small pieces)
         self.closed: str | None = None
 
-    def give(self, tag: int, body: memoryview, timeout_s: float) -> None:
+    def give(self, tag: int, body: memoryview, timeout_s: float,
+             abort: threading.Event | None = None) -> None:
         """Hand `body` (bytes) over as `tag`. A small one is copied and
         left, as a socket's buffer holds it; a large one (or with HOLD_BYTES
-        held) is lent, and this returns once the taker has copied it."""
+        held) is lent, and this returns once the taker has copied it. A lent
+        piece given up (closed, `abort`, timeout) is withdrawn, or, its copy
+        under way, waited for: the caller's buffer is its own again."""
         with self.cv:
             if self.closed:
                 raise CommError(f"{self.what}: {self.closed}")
@@ -74,12 +78,22 @@ class Slot:
             self.cv.notify_all()
             if small:
                 return
-            if not self.cv.wait_for(lambda: piece.done or self.closed, timeout_s):
-                if piece in self.q:
-                    self.q.remove(piece)
-                raise CommError(f"{self.what}: {tag} not taken within {timeout_s:g}s")
-            if not piece.done:
-                raise CommError(f"{self.what}: {self.closed}")
+            deadline = time.monotonic() + timeout_s
+            while not piece.done and not self.closed and not (abort and abort.is_set()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cv.wait(min(left, POLL_S))
+            if piece.done and piece.ok:
+                return
+            if piece in self.q:
+                self.q.remove(piece)      # never taken: no one reads it now
+            else:
+                while not piece.done:     # taken and being copied: let the copy end
+                    self.cv.wait(POLL_S)
+            why = self.closed or ("given up" if abort and abort.is_set() else
+                                  f"not taken within {timeout_s:g}s")
+            raise CommError(f"{self.what}: {tag} {why}")
 
     def take(self, tag: int, into: memoryview | list[memoryview], timeout_s: float,
              abort: threading.Event | None = None, at: int = 0, whole: bool = True) -> int:
@@ -105,16 +119,24 @@ class Slot:
         if piece.tag != tag or (n != size if whole else at + n > size):
             self.close(f"{piece.tag} of {n} bytes given where {tag} of {size} was expected"
                        f"{'' if whole else f' from byte {at}'}: out of step")
+            with self.cv:
+                piece.done = True       # refused: its giver raises
+                self.cv.notify_all()
             raise CommError(f"{self.what}: {self.closed}")
-        body, lo = np.frombuffer(piece.body, dtype=np.uint8), 0   # lo: x's start in into
-        for x in parts:
-            a, b = max(at, lo), min(at + n, lo + len(x))
-            if a < b:
-                np.copyto(np.frombuffer(x, dtype=np.uint8)[a - lo:b - lo], body[a - at:b - at])
-            lo += len(x)
-        with self.cv:
-            piece.done = True
-            self.cv.notify_all()
+        ok = False
+        try:
+            body, lo = np.frombuffer(piece.body, dtype=np.uint8), 0   # lo: x's start in into
+            for x in parts:
+                a, b = max(at, lo), min(at + n, lo + len(x))
+                if a < b:
+                    np.copyto(np.frombuffer(x, dtype=np.uint8)[a - lo:b - lo],
+                              body[a - at:b - at])
+                lo += len(x)
+            ok = True
+        finally:
+            with self.cv:
+                piece.done, piece.ok = True, ok
+                self.cv.notify_all()
         return n
 
     def close(self, why: str) -> None:

@@ -83,6 +83,7 @@ class TcpServerLink(ServerLink):
         self.codec = ServerCodec(self.chunk_bytes, answer_feedback(s))
         self.threads = settings_table.env("tcp_threads")
         self.pool: ThreadPoolExecutor | None = None   # a thread per worker (`_each`)
+        self.pool_lock, self.closed = threading.Lock(), False
 
     def address(self) -> dict:
         return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes,
@@ -307,7 +308,7 @@ class TcpServerLink(ServerLink):
 
         def near(i: int, abort: threading.Event) -> None:
             if len(body):
-                self.near[i].down.give(d, body, self.timeout_s)
+                self.near[i].down.give(d, body, self.timeout_s, abort)
         self._each(select.EPOLLOUT, list(self.ids), len(body), step, stalled, near)
 
     def _each(self, event: int, idx: list[int], nbytes: int, step: Callable[[int], bool],
@@ -331,10 +332,14 @@ class TcpServerLink(ServerLink):
                 raise f.exception()
 
     def _pool(self) -> ThreadPoolExecutor:
-        if self.pool is None:    # a thread per connection for each of a read, a read
-            # ahead and a streamed answer's part, at once
-            self.pool = ThreadPoolExecutor(3 * len(self.conns), thread_name_prefix="ltpx-tcp")
-        return self.pool
+        with self.pool_lock:    # the stream's thread and the server's may both ask first
+            if self.closed:
+                raise CommError("the TCP server link is closed")
+            if self.pool is None:    # a thread per connection for each of a read, a read
+                # ahead and a streamed answer's part, at once
+                self.pool = ThreadPoolExecutor(3 * len(self.conns),
+                                               thread_name_prefix="ltpx-tcp")
+            return self.pool
 
     def _far(self, event: int, idx: list[int], nbytes: int, step: Callable[[int], bool],
              stalled: Callable[[set], str]) -> None:
@@ -381,6 +386,8 @@ class TcpServerLink(ServerLink):
                 raise f.exception()
 
     def close(self) -> None:
+        with self.pool_lock:
+            self.closed = True
         for pool in (self.pool, self.ahead_pool):
             if pool is not None:
                 pool.shutdown(wait=False)

@@ -42,9 +42,13 @@ def ranks_note(job, after_s: float = NOTE_S):
     script's ranks under torchrun are trainers only: its server rank is a
     process of its own)."""
     s = job.s
+    why = ("Each trainer serves a slice itself (colocate): are all the trainers started, "
+           "each with the same LTP_COLOCATE and WORLD_SIZE?" if s.colocate else
+           "Under torchrun every rank of a DDP script is a trainer: start the server rank "
+           "too (LTP_ROLE=server LTP_RANK=0 ..., docs/deploy.md), run it with `ltp launch`, "
+           "or over TCP let the trainers serve (LTP_COLOCATE=1)")
     return note_after(after_s, (
         f"ltpx.torch: rank {job.global_rank} of the LTP job still waits for the others after "
         f"{after_s:.0f} s (it counts {s.servers} server rank(s), ranks 0..{s.servers - 1}, "
         f"and {job.workers} worker(s): {job.world} in all; gives up after {s.timeout:.0f} s). "
-        "Under torchrun every rank of a DDP script is a trainer: start the server rank "
-        "too (LTP_ROLE=server LTP_RANK=0 ..., docs/deploy.md), or run it with `ltp launch`"))
+        + why))
