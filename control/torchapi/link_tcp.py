@@ -35,7 +35,7 @@ from ...errors import CommError
 from .. import settings_table
 from ..accept import accept_workers
 from ..trust.hello import MAC_HELLO, mac_parser
-from . import handoff
+from .handoff import Pair, pair as handoff_pair, proc
 from .codec import ServerCodec, answer_feedback
 from .localsock import listen_local, ns_id, unlisten
 from .links import Gathered, ServerLink
@@ -76,7 +76,7 @@ class TcpServerLink(ServerLink):
         self.ux, self.ux_path = listen_local(s.ip, self.port, workers + 8) \
             if settings_table.env("tcp_local") else (None, None)
         self.conns: list[socket.socket | None] = []   # None: a worker in this process
-        self.near: dict[int, handoff.Pair] = {}        # by index: those workers' pairs
+        self.near: dict[int, Pair] = {}        # by index: those workers' pairs
         # compressed (a step's Op.wire), pieces are the same words as over LTP
         # (its chunk size for the MTU)
         self.compress, self.chunk_bytes, self.wire = s.compress, chunk_bytes_for(s.mtu), "none"
@@ -87,7 +87,7 @@ class TcpServerLink(ServerLink):
 
     def address(self) -> dict:
         return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes,
-                "proc": handoff.proc(),
+                "proc": proc(),
                 **({"unix": self.ux_path, "netns_id": ns_id("net")} if self.ux_path else {})}
 
     def connect(self, metas: dict[int, dict]) -> None:
@@ -96,8 +96,8 @@ class TcpServerLink(ServerLink):
         counted in `strays`, and the wait goes on). A worker in this process
         (its meta's `proc` this one's) meets the server in memory instead."""
         if settings_table.env("tcp_local"):
-            self.near = {i: handoff.pair(self.ip, self.port, w) for i, w in enumerate(self.ids)
-                         if metas.get(w, {}).get("proc") == handoff.proc()}
+            self.near = {i: handoff_pair(self.ip, self.port, w) for i, w in enumerate(self.ids)
+                         if metas.get(w, {}).get("proc") == proc()}
         far = [w for i, w in enumerate(self.ids) if i not in self.near]
         try:
             got = accept_workers([self.ls] + ([self.ux] if self.ux else []), len(far),

@@ -16,7 +16,7 @@ from ...dataplane.xdp.wire import chunk_bytes_for
 from ...errors import CommError
 from .. import settings_table
 from ..trust.hello import mac_hello
-from . import handoff
+from .handoff import Pair, pair as handoff_pair, proc
 from .codec import WorkerCodec, check_peer, piece_feedback
 from .host import rank_host
 from .links import WorkerLink
@@ -37,19 +37,19 @@ class TcpWorkerLink(WorkerLink):
         self.local = False
         self.key = key     # the hello's MAC key (jobkey.hello_key); from a member file its own MAC
         self.sock: socket.socket | None = None
-        self.pair: handoff.Pair | None = None    # a server in this process: no socket
+        self.pair: Pair | None = None    # a server in this process: no socket
         self.compress, self.chunk_bytes = s.compress, chunk_bytes_for(s.mtu)
         self.codec = WorkerCodec(self.chunk_bytes, piece_feedback(s))   # a step's wire: its op's
         self.wire = np.empty(0, dtype=np.float32)   # a compressed answer's words
         self.spread = np.empty(0, dtype=np.float32)   # ... decoded, for pull_parts
 
     def address(self) -> dict:
-        return {"proc": handoff.proc()}
+        return {"proc": proc()}
 
     def connect(self, server: dict) -> None:
         check_peer(self.compress, self.chunk_bytes, server)
-        if settings_table.env("tcp_local") and server.get("proc") == handoff.proc():
-            self.pair = handoff.pair(server["ip"], server["port"], self.id)
+        if settings_table.env("tcp_local") and server.get("proc") == proc():
+            self.pair = handoff_pair(server["ip"], server["port"], self.id)
             self.local = True      # the server beside it, in this process (colocate.py)
             return
         self.sock = connect_local(server, self.host, self.timeout_s) \

@@ -37,7 +37,7 @@ from ...dataplane import netns
 from ...errors import UsageError
 from ..trust import jobkey
 from .breakdown import worker as worker_phases
-from . import handoff
+from .handoff import proc
 from .coord import Coord
 from .exchange import Arrival, Exchange
 from .host import rank_host, route_to
@@ -391,7 +391,7 @@ def start_sharded(job) -> None:
     root = Coord(job.store, W, s.timeout, servers=S, key=key)
     me = {"rank": job.global_rank, "role": "server" if job.is_server else "worker",
           "ip": s.ip, "dev": s.dev, "host": rank_host(s.netns, s.node), "pid": os.getpid(),
-          "proc": handoff.proc()}   # a server in this process meets its worker in memory
+          "proc": proc()}   # a server in this process meets its worker in memory
     if job.is_server:
         i = job.global_rank
         job.coord = Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}")
