@@ -51,6 +51,5 @@ for b in range(1, a.blocks + 1):
         if a.job == "lm":
             row.update(breakdown=res[0].get("breakdown"),
                        server_breakdown=res[0].get("server_breakdown"),
-                       loss_last=res[0].get("loss_last"), reduce=res[0].get("reduce"),
-                       streamed=res[0].get("streamed"))
+                       loss_last=res[0].get("loss_last"), reduce=res[0].get("reduce"))
         print(json.dumps(row), flush=True)

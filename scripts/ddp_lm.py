@@ -134,6 +134,4 @@ print(json.dumps({"event": "result", "rank": rank, "backend": a.backend, "device
                   "breakdown": bd and {"median": bd["median"], "comm": bd["comm"]["median"]},
                   "server_breakdown": [x.get("breakdown") and x["breakdown"]["median"]
                                        for x in servers if isinstance(x, dict)],
-                  "streamed": sum(x.get("streamed_answers", 0) for x in servers
-                                  if isinstance(x, dict)),
                   "digest": h.hexdigest()[:16]}), flush=True)

@@ -41,7 +41,6 @@ reliable class; each worker applies it with its own optimizer. Modules:
   handoff      the TCP transport's hop inside one process: a co-located trainer's worker
                and server meet in memory
   colocate     co-located servers in the trainers' own processes (no server ranks)
-  tcpstream    a step's answer over TCP in parts as its rounds are summed
   waits        the line a long wait of a starting rank prints
   runqueue     a thread's waits for a CPU (schedstat): a rank's own time, shared host
   exchange     a worker's side of an op

@@ -143,7 +143,6 @@ class TolerantReduce:
         self.residual: dict[tuple, np.ndarray] = {}
         self.open: list[Bucket] = []      # taken, not yet answered
         self.staging = Staging()
-        self.outs: dict[int, object] = {}   # an op in flight's answer buffer (start, finish)
         self.comm = CallThread("ltpx-ddp")
         self.lock = threading.Lock()
         self.layout = Layout()
@@ -225,7 +224,6 @@ class TolerantReduce:
         """Every bucket taken and not answered gets e (the step's op is given up)."""
         self.cur = None
         self.layout.stable = None
-        self.outs.clear()
         for w in [*self.open, *more]:
             if w.fut is not None and not w.fut.done():
                 w.fut.set_exception(e)
@@ -251,10 +249,10 @@ class TolerantReduce:
             wire, carry = self.wire_of([self.dtypes.get(k) for k in range(len(stable))],
                                        b.follow)
             cur = self.cur = MultiRun(self.start(replace(base, sizes=sizes, wire=wire,
-                                                         carry=carry), b), stable, most)
+                                                         carry=carry)), stable, most)
         if cur is None:
             wire, carry = self.wire_of([b.t.dtype], b.follow)
-            run = self.start(replace(base, sizes=cut(n, most), wire=wire, carry=carry), b)
+            run = self.start(replace(base, sizes=cut(n, most), wire=wire, carry=carry))
             self.push(run, 0, b)
             self.finish(run, [b])
             return
@@ -278,17 +276,11 @@ class TolerantReduce:
             return self.lossy, True
         return wire, False
 
-    def start(self, op: Op, b: Bucket):
-        """op (b its first bucket) planned, its answer's buffer given to the
-        exchange, the barrier; then a link that can read the answer as it
-        comes starts to."""
+    def start(self, op: Op):
         self.wires[op.wire] += 1
         run = plan_step(self.job, op)
-        ans = self.staging.answer(op.down_elems(self.job.workers), b.t is not None and b.t.is_cuda)
-        self.outs[id(run)] = ans      # finish() takes it back: the answer may be read into it
-        self.job.exchange.prepare(run, ans.numpy())
+        self.job.exchange.prepare(run)
         self.job.exchange.barrier(run)
-        self.job.exchange.read_early(run)
         return run
 
     def push(self, run, i: int, b: Bucket) -> None:
@@ -319,9 +311,7 @@ class TolerantReduce:
         """The op's answer: each bucket's slice into its tensor, its future set."""
         op = run.op
         down = op.down_elems(self.job.workers)
-        ans = self.outs.pop(id(run), None)
-        if ans is None:
-            ans = self.staging.answer(down, any(b.t is not None and b.t.is_cuda for b in buckets))
+        ans = self.staging.answer(down, any(b.t is not None and b.t.is_cuda for b in buckets))
         view = self.job.exchange.finish(run, ans.numpy())     # written into ans
         self.note(StepReport.decode(view[sum(op.sizes):]), len(buckets), len(op.sizes))
         offs = np.cumsum([0] + [b.piece.size for b in buckets[:-1]]).tolist()

@@ -29,7 +29,6 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -43,7 +42,6 @@ from .coord import Excluded, PeerGone
 from .trace import OpRecord, Timeline, now_ns
 from .runqueue import RunQueue
 from .ops import STEP, Ahead, Go, Op, RoundClock, SHUTDOWN, StepReport
-from .threads import in_thread
 
 log = logging.getLogger("ltpx.torch.exchange")
 
@@ -75,8 +73,6 @@ class Run:
     go: Go | None = None     # the barrier's value, once read
     ahead_for: tuple = ()    # opened ahead for these (Members.opened_for)
     rec: OpRecord | None = None   # its timeline record (trace.py)
-    places: list | None = None    # where its answer may be read early (prepare's out)
-    early: Future | None = None   # that read, started after the barrier (read_early)
 
 
 @runtime_checkable
@@ -104,8 +100,7 @@ class OpExchange(Protocol):
     def timeline(self) -> Timeline: ...
 
     def plan(self, op: Op): ...
-    def prepare(self, run, out: np.ndarray | None = None) -> None: ...
-    def read_early(self, run) -> None: ...
+    def prepare(self, run) -> None: ...
     def arrive(self, run) -> bool: ...
     def barrier(self, run) -> None: ...
     def push(self, run, i: int, piece: np.ndarray) -> None: ...
@@ -132,7 +127,6 @@ class Exchange:
         self.barrier_seen: Arrival | None = None   # the latest barrier, as seen here
         self.answered_ns = 0         # when the latest answer came (its own time starts)
         self.runq = RunQueue()       # the training thread's waits for a CPU
-        self.reading: Future | None = None   # the latest early read of an answer
         self.answered_waited = 0     # ... as they stood then
         self.aside_why = ""          # set_aside(): what the time before the next op held
         self.timeline = Timeline()   # the latest ops' records (trace.py)
@@ -158,27 +152,9 @@ class Exchange:
         self.clock.advance(op)
         return run
 
-    def prepare(self, run: Run, out: np.ndarray | None = None,
-                parts: list[np.ndarray] | None = None) -> None:
-        """The link ready for run's op. With `out` (the buffer finish() will be
-        given) where the link `scatters` and the op travels as float32, its
-        answer may be read from the barrier on (`read_early`: into `parts`,
-        else out), so a streamed answer is in by the end of the op's pushes."""
+    def prepare(self, run: Run) -> None:
         self.link.ensure(run.op.max_elems(self.workers))
         self.link.expect(run.seq, run.op.down_elems(self.workers), tolerant=run.op.kind == STEP)
-        if out is not None and self.link.scatters and run.op.wire == "none":
-            run.places = [out[:run.op.down_elems(self.workers)]] if parts is None else parts
-
-    def read_early(self, run: Run) -> None:
-        """After run's barrier: its answer's read on a thread of its own, if
-        prepare was given its buffer. A read of an earlier answer still under
-        way (its op given up) leaves the connection out of step: CommError."""
-        if self.reading is not None and not self.reading.done():
-            raise CommError(f"worker {self.id}: answer {run.seq}'s read would start while an "
-                            "earlier answer's is still under way (its op was given up)")
-        if run.places is not None:
-            run.early = self.reading = in_thread(f"ltpx-read-{run.seq}", self.link.pull_parts,
-                                                 run.seq, run.places)
 
     def set_aside(self, why: str) -> None:
         """This worker's time before its next op holds work that is not the
@@ -262,9 +238,7 @@ class Exchange:
         view = out[:run.op.down_elems(self.workers)] if parts is None else out
         flight_enter(PULL, run.seq)
         with self.on_rounds():
-            if run.early is not None:      # read since the barrier (into parts, or out)
-                run.early.result()
-            elif parts is None:
+            if parts is None:
                 self.link.pull(run.seq, view)
             else:
                 self.link.pull_parts(run.seq, parts)

@@ -41,7 +41,6 @@ from .localsock import listen_local, ns_id, unlisten
 from .links import Gathered, ServerLink
 from .link_tcp_worker import HDR, TCP_MAGIC, TcpWorkerLink, iov
 from .settings import Settings
-from .tcpstream import TcpAnswerStream
 
 PARALLEL_BYTES = 1 << 20          # a piece this large moves on a thread per worker
 
@@ -273,20 +272,9 @@ class TcpServerLink(ServerLink):
         body = memoryview(np.ascontiguousarray(buf)).cast("B")
         self._write(d, HDR.pack(TCP_MAGIC, d, len(body)), body)
 
-    def stream(self, d: int, buf: np.ndarray, group: bool, *, to: list[int],
-               wait_s: float) -> TcpAnswerStream | None:
-        """Answer d sent in parts as buf fills (tcpstream.py): a float32 answer
-        (no compressed round before it), with LTP_TCP_THREADS."""
-        if not self.threads or self.wire != "none" or self.codec.pending:
-            return None
-        body = memoryview(buf).cast("B")
-        hdr = HDR.pack(TCP_MAGIC, d, len(body))
-        return TcpAnswerStream(d, buf, lambda first, lo, hi: self._write(
-            d, hdr if first else b"", body[lo:hi]))
-
     def _write(self, d: int, hdr: bytes, body: memoryview) -> None:
         """hdr + body to every connected worker at once (a worker in this
-        process gets body, if any, as a part of answer d)."""
+        process gets body, if any, as answer d)."""
         total = len(hdr) + len(body)
         sent = [0] * len(self.conns)
 
@@ -332,12 +320,11 @@ class TcpServerLink(ServerLink):
                 raise f.exception()
 
     def _pool(self) -> ThreadPoolExecutor:
-        with self.pool_lock:    # the stream's thread and the server's may both ask first
+        with self.pool_lock:    # the read ahead's thread and the server's may both ask first
             if self.closed:
                 raise CommError("the TCP server link is closed")
-            if self.pool is None:    # a thread per connection for each of a read, a read
-                # ahead and a streamed answer's part, at once
-                self.pool = ThreadPoolExecutor(3 * len(self.conns),
+            if self.pool is None:    # a thread per connection, and as many for a read ahead
+                self.pool = ThreadPoolExecutor(2 * len(self.conns),
                                                thread_name_prefix="ltpx-tcp")
             return self.pool
 

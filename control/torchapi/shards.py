@@ -56,7 +56,6 @@ class ShardRun:
     op: Op
     runs: list                      # exchange.Run per shard
     slices: list[list[tuple[int, int]]]   # per piece: [lo, hi) per shard (of the padded piece)
-    places: tuple | None = None     # where each answer is being read to (prepare's out)
 
     @property
     def seq(self) -> int:
@@ -136,26 +135,13 @@ class ShardedExchange:
         subs, slices = split_op(op, self.S)
         return ShardRun(op, [ex.plan(sub) for ex, sub in zip(self.exs, subs)], slices)
 
-    def prepare(self, run: ShardRun, out: np.ndarray | None = None) -> None:
-        """Every shard's link ready; with `out` (finish()'s buffer) where every
-        link scatters, each answer's read starts now, straight into its places."""
+    def prepare(self, run: ShardRun) -> None:
         # every link's endpoint first: links sharing a device share one, and
         # one made larger for a later shard drops what earlier shards opened
         for ex, r in zip(self.exs, run.runs):
             ex.link.ensure(r.op.max_elems(self.workers))
-        places = self.places(run, out) if out is not None and self.scatters(run) else None
-        for s, (ex, r) in enumerate(zip(self.exs, run.runs)):
-            if places is None:
-                ex.prepare(r)
-            else:
-                ex.prepare(r, places[1][s], places[0][s])
-        run.places = places
-
-    def read_early(self, run: ShardRun) -> None:
-        """After the barrier: each server's answer read from now on (where
-        prepare was given the buffer), straight into its places."""
         for ex, r in zip(self.exs, run.runs):
-            ex.read_early(r)
+            ex.prepare(r)
 
     def arrive(self, run: ShardRun) -> bool:
         last = [ex.arrive(r) for ex, r in zip(self.exs, run.runs)]
@@ -192,7 +178,7 @@ class ShardedExchange:
     def finish(self, run: ShardRun, out: np.ndarray) -> np.ndarray:
         """Every server's answer, joined into out[:down_elems] (returned): by
         links that scatter, each slice read straight into its place."""
-        if self.scatters(run):
+        if run.op.kind != ALLGATHER and all(ex.link.scatters for ex in self.exs):
             return self.scatter(run, out)
         bufs = []
         for s, (ex, r) in enumerate(zip(self.exs, run.runs)):
@@ -202,17 +188,14 @@ class ShardedExchange:
         self.wait()
         return self.join(run, bufs, out)
 
-    def scatters(self, run: ShardRun) -> bool:
-        return run.op.kind != ALLGATHER and all(ex.link.scatters for ex in self.exs)
-
-    def places(self, run: ShardRun, out: np.ndarray) -> tuple[list[list], list[np.ndarray]]:
-        """Where server s's answer goes, part by part: its slice of each piece
-        in out (a padded slice's tail in a scratch buffer), then its report in
-        a buffer of its own (the last part); (parts per server, reports)."""
+    def scatter(self, run: ShardRun, out: np.ndarray) -> np.ndarray:
+        """finish() where every link `scatters`: server s's slice of piece i
+        goes straight into out (a padded slice's tail into a scratch buffer);
+        each server's report into a buffer of its own, then merged."""
         op, W = run.op, self.workers
         view, offs = out[:op.down_elems(W)], op.offsets()
-        every, tails = [], []
-        for s, r in enumerate(run.runs):
+        tails = []
+        for s, (ex, r) in enumerate(zip(self.exs, run.runs)):
             parts = []
             for i, n in enumerate(op.sizes):
                 lo, hi = run.slices[i][s]
@@ -222,19 +205,8 @@ class ShardedExchange:
                 if hi - lo > k:
                     parts.append(self.buffer(-1 - s, hi - lo - k))   # padding
             tails.append(self.buffer(s, r.op.down_elems(W) - sum(r.op.sizes)))
-            every.append([*parts, tails[s]])
-        return every, tails
-
-    def scatter(self, run: ShardRun, out: np.ndarray) -> np.ndarray:
-        """finish() where every link `scatters`: server s's answer read straight
-        into its places (`places`; since prepare, if it was given out), the
-        reports merged."""
-        op, W = run.op, self.workers
-        every, tails = run.places or self.places(run, out)
-        for s, (ex, r) in enumerate(zip(self.exs, run.runs)):
-            self.threads[s].submit(ex.finish, r, tails[s], every[s])
+            self.threads[s].submit(ex.finish, r, tails[s], [*parts, tails[s]])
         self.wait()
-        view = out[:op.down_elems(W)]
         if op.kind == STEP:
             merge_reports([StepReport.decode(t) for t in tails], W).encode(view[sum(op.sizes):])
         return view

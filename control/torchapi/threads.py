@@ -6,14 +6,12 @@ goes on) and each server shard's thread (shards.py) are one of these:
 submit(fn, *args) queues a call, drain() returns once every call so far is
 done and raises the first error again in the caller's thread (later calls
 are skipped once one failed), close() ends the thread after the queue and
-joins it. `in_thread(fn, *args)` runs one call on a daemon thread of its
-own (a worker's early read of an answer) and gives its Future.
+joins it.
 """
 from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import Future
 
 
 class CallThread:
@@ -53,17 +51,3 @@ class CallThread:
         self.q.put(None)
         if self.thread is not threading.current_thread():
             self.thread.join(wait_s)
-
-
-def in_thread(name: str, fn, *args) -> Future:
-    """fn(*args) on a daemon thread of its own (one blocked at exit does not
-    hold the interpreter, as a pool's would); its result or error."""
-    fut: Future = Future()
-
-    def run() -> None:
-        try:
-            fut.set_result(fn(*args))
-        except BaseException as e:   # the waiter's to raise
-            fut.set_exception(e)
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return fut
