@@ -206,10 +206,9 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _s("servers", int, 1, "server ranks, each summing a contiguous slice of every bucket on a "
        "host of its own (docs/training.md, Sharded servers)", lo=1, hi=MAX_SERVERS,
        flags=(TRAIN, LAUNCH), launcher=True),
-    _s("colocate", bool, False, "no server ranks: trainer r of N also serves, summing slice r "
-       "of every bucket on a thread of its own process (server r of N), its own slice handed "
-       "over in memory (transport tcp; at most 8 trainers; docs/deploy.md, Co-located "
-       "servers)", shown="0"),
+    _s("colocate", bool, False, "no server ranks: trainer r of N starts server r of N as its "
+       "child process, summing slice r of every bucket (transport tcp; at most 8 trainers; "
+       "docs/deploy.md, Co-located servers)", shown="0"),
     _s("netns", str, None, "the network namespace this rank runs in, if not the host's (names "
        "the endpoint's pins for `ltp status`)", shown="-", flags=(RANK,), launcher=True),
     _s("node", str, None, "the machine this rank counts as on, where its namespace is a "
@@ -329,6 +328,9 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _internal("sum_kernel", str, "auto", "a server's summing: auto (the C kernel, built once "
               "with the C compiler; numpy where none builds) or numpy (an A/B knob)",
               choices=("auto", "numpy")),
+    _internal("colocate_thread", bool, False, "1: a co-located trainer's server runs on a "
+              "thread of its own process (its own slice handed over in memory), not as a "
+              "child process (an A/B knob)", shown="0"),
     _internal("tcp_local", bool, True, "0: a worker on its TCP server's host connects by TCP, "
               "not by a Unix socket (an A/B knob)", shown="1"),
 )}

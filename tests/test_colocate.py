@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,14 +64,79 @@ def test_torchrun_starts_the_trainers_alone_and_they_equal_gloo(tmp_path):
 
 @pytest.mark.slow
 def test_three_colocated_trainers_with_bf16_on_the_wire_equal_three_server_processes():
+    """Each trainer's server as its child (the default) and on a thread of it
+    (its own slice handed over in memory, LTP_COLOCATE_THREAD=1), against
+    server processes started apart: the same bits."""
     from ddp_local import run_local
     args = ("--epochs", "1", "--hook")
     wire = {"LTP_COMPRESS": "bf16"}
-    near = run_local(3, *args, env_extra={"LTP_COLOCATE": "1", **wire})["results"]
     apart = run_local(3, *args, env_extra={"LTP_SERVERS": "3", **wire})["results"]
-    assert near[0]["hook"]["wires"] == {"bf16": near[0]["hook"]["ops"]}, near[0]["hook"]
-    assert len({r["digest"] for r in near}) == 1
-    assert {r["digest"] for r in near} == {r["digest"] for r in apart}
+    for how in ({}, {"LTP_COLOCATE_THREAD": "1"}):
+        near = run_local(3, *args, env_extra={"LTP_COLOCATE": "1", **how, **wire})["results"]
+        assert near[0]["hook"]["wires"] == {"bf16": near[0]["hook"]["ops"]}, near[0]["hook"]
+        assert len({r["digest"] for r in near}) == 1
+        assert {r["digest"] for r in near} == {r["digest"] for r in apart}, how
+
+
+@pytest.mark.slow
+def test_a_killed_trainers_server_goes_with_it():
+    """Nothing outlives its owner: trainers killed mid-job (SIGKILL: no
+    cleanup of their own) take their servers' processes with them."""
+    import signal
+    import time
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("LTP_")},
+               **LOOPBACK, LTP_COLOCATE="1", WORLD_SIZE="2", TORCHELASTIC_USE_AGENT_STORE="True")
+    import torch.distributed as dist
+    from datetime import timedelta
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60),
+                          wait_for_workers=False)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
+    trainers = [subprocess.Popen([sys.executable, str(ROOT / "docs/examples/ddp_backend.py"),
+                                  "--epochs", "50"], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+                for r in range(2)]
+    try:
+        deadline, kids = time.monotonic() + 60, []
+        while time.monotonic() < deadline and len(kids) < 2:
+            kids = [k for t in trainers for k in children(t.pid)]
+            time.sleep(0.2)
+        assert len(kids) == 2, kids
+        time.sleep(2)                      # the job under way
+        for t in trainers:
+            t.send_signal(signal.SIGKILL)
+            t.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(alive(k) for k in kids):
+            time.sleep(0.1)
+        assert not any(alive(k) for k in kids), kids
+    finally:
+        for t in trainers:
+            if t.poll() is None:
+                t.kill()
+
+
+def children(pid: int) -> list[int]:
+    """The pids of `pid`'s children that run a co-located server."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"childserver" in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 @pytest.mark.unit
@@ -98,7 +164,8 @@ def test_what_a_colocated_job_cannot_be_is_a_usage_error(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_trainer_whose_server_cannot_start_ends_at_once_saying_why():
+@pytest.mark.parametrize("thread", ["0", "1"], ids=["child", "thread"])
+def test_a_trainer_whose_server_cannot_start_ends_at_once_saying_why(thread):
     """Both trainers' servers want one TCP port another socket holds: each
     trainer ends within seconds, naming its server's error, rather than wait
     for the job's timeout (60 s here)."""
@@ -111,11 +178,15 @@ def test_a_trainer_whose_server_cannot_start_ends_at_once_saying_why():
     held.listen(1)
     t0 = time.monotonic()
     try:
-        with pytest.raises(AssertionError, match="co-located server \\(rank \\d\\) could not "
-                                                 "start.*Address already in use"):
+        with pytest.raises(AssertionError) as e:
             run_local(2, "--epochs", "1", timeout=120,
                       env_extra={"LTP_COLOCATE": "1", "LTP_TIMEOUT": "60",
+                                 "LTP_COLOCATE_THREAD": thread,
                                  "LTP_TCP_PORT": str(held.getsockname()[1])})
     finally:
         held.close()
+    said = str(e.value)
+    assert "Address already in use" in said, said
+    assert re.search(r"co-located server \(rank \d[^\n]*(could not start|exited 1)[^\n]*"
+                     "ending this trainer", said), said
     assert time.monotonic() - t0 < 40

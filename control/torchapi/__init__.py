@@ -40,7 +40,8 @@ reliable class; each worker applies it with its own optimizer. Modules:
   localsock    the TCP transport's local hop: a Unix socket to a server on this host
   handoff      the TCP transport's hop inside one process: a co-located trainer's worker
                and server meet in memory
-  colocate     co-located servers in the trainers' own processes (no server ranks)
+  colocate     co-located servers started by the trainers (no server ranks)
+  childserver  a co-located trainer's server process
   waits        the line a long wait of a starting rank prints
   runqueue     a thread's waits for a CPU (schedstat): a rank's own time, shared host
   exchange     a worker's side of an op

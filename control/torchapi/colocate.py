@@ -1,23 +1,32 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Co-located servers in the trainers' own processes (`colocate`,
+"""Co-located servers started by the trainers themselves (`colocate`,
 LTP_COLOCATE=1; the TCP transport): a job with no server ranks to start.
 
 Trainer r of N is two ranks of the LTP job, which has 2N: its worker (LTP
-rank N + r, as a trainer is beside N server ranks) and server r, whose loop
-runs on a thread of the same process (`Partner`) and sums slice r of every
-bucket (sharded servers, shards.py). torch's world is the N trainers, so a
-stock script runs under torchrun as it is. The server's link and the
-worker's link to it meet in memory (handoff.py), so a trainer's own slice
-never enters a socket, and each trainer's port carries about 2(N-1)/N of
-the gradient each way, as a ring all-reduce's does.
+rank N + r, as a trainer is beside N server ranks) and server r, which sums
+slice r of every bucket (sharded servers, shards.py). torch's world is the N
+trainers, so a stock script runs under torchrun as it is, and each
+trainer's port carries about 2(N-1)/N of the gradient each way, as a ring
+all-reduce's does.
 
-The partner has the process's job key (a member key file, which holds no
-server's key, cannot serve), its own store client, its own heartbeats, and
-no flight recorder of its own (the trainer's is the process's). It ends
-when the job does (the workers' goodbye); a trainer that shuts down waits
-for it, one that is dying does not. One that cannot start (a member key
-file, say) ends its trainer at once, as a server that stops beating does
-(exchange.py), rather than leave it waiting for the job's timeout.
+Server r is the trainer's child process (`Child`, the default: the server
+rank a user would start beside it, started by it; childserver.py), whose
+worker reaches it by its Unix socket (localsock.py). With
+LTP_COLOCATE_THREAD=1 it runs on a thread of the trainer's process instead
+(`Partner`: its own Job, store client and heartbeats, no flight recorder of
+its own), and the worker's link meets it in memory (handoff.py: one copy,
+no socket). On an H200 server processes beside the trainers (those a
+`Child` starts) ran 4-30 % faster than servers on threads, which share the
+trainer's GIL, and the hand-off in memory bought nothing measurable
+(docs/benchmarks.md, "Issue 41's GPU goal").
+
+Either serves with the process's job key (a member key file, which holds
+no server's key, is refused up front: `settle`) and ends when the job does
+(the workers' goodbye); a trainer that shuts down waits for it, one that is
+dying does not (a child gets SIGTERM when its trainer dies). A server that
+cannot start, or a child that dies while its trainer runs, ends the trainer
+at once, as a server that stops beating does (exchange.py), rather than
+leave it waiting for the job's timeout.
 """
 from __future__ import annotations
 
@@ -25,10 +34,12 @@ import dataclasses
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 from ...errors import UsageError
-from ..settings_table import MAX_SERVERS
+from ..settings_table import MAX_SERVERS, TABLE
 from ..trust import jobkey
 from .server import run_server
 
@@ -68,6 +79,52 @@ def settle(s, given: tuple[int, int] | None):
                          f"{MAX_SERVERS} trainers (one server each): use LTP_SERVERS and "
                          "server ranks of their own beyond that")
     return dataclasses.replace(s, servers=size), given
+
+
+class Child:
+    """Server r as a child process of trainer r (the default): the server rank
+    a user would start beside the trainer, started by it. It gets SIGTERM if
+    the trainer dies (PR_SET_PDEATHSIG, set by the child itself:
+    childserver.py), and
+    a child that fails while the trainer runs ends the trainer at once, as a
+    server that stops beating does (exchange.py)."""
+
+    def __init__(self, s, rank: int, world: int):
+        self.rank, self.closing = rank, False
+        ltp = {"servers": s.servers, "colocate": 0, "role": "server", "rank": rank,
+               "world_size": world}
+        env = dict(os.environ, **{TABLE[k].env: str(v) for k, v in ltp.items()},
+                   TORCHELASTIC_USE_AGENT_STORE="True")   # a client of the job's store
+        self.proc = subprocess.Popen([sys.executable, "-m", f"{__package__}.childserver",
+                                      "--parent", str(os.getpid())], env=env)
+        self.watch = threading.Thread(target=self._watch, name=f"ltpx-server{rank}-watch",
+                                      daemon=True)
+        self.watch.start()
+
+    def _watch(self) -> None:
+        code = self.proc.wait()
+        if code != 0 and not self.closing:
+            log.error("ltpx.torch: the co-located server (rank %d, pid %d) exited %d: ending "
+                      "this trainer (its worker would wait for it until the job's timeout)",
+                      self.rank, self.proc.pid, code)
+            os.kill(os.getpid(), signal.SIGTERM)    # as exchange.server_dead does
+
+    def stop(self, crashed: bool) -> None:
+        """After the trainer's own close: the job's goodbye ends the server;
+        one still there after END_S (at once, dying) is ended."""
+        self.closing = True
+        try:
+            self.proc.wait(0.0 if crashed else END_S)
+        except subprocess.TimeoutExpired:
+            if not crashed:
+                log.warning("ltpx.torch: the co-located server (rank %d) still serves %.0f s "
+                            "after its trainer left: ending it", self.rank, END_S)
+            self.proc.terminate()
+            try:
+                self.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 class Partner:

@@ -35,7 +35,7 @@ from .. import settings_table
 from ..trust import jobkey
 from .flight import SERVER, WORKER, current as flight_current, start as flight_start
 from .flight import stop as flight_stop, trigger as flight_trigger
-from .colocate import Partner, settle
+from .colocate import Child, Partner, settle
 from .coord import KEY, Coord
 from .exchange import Exchange
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs, rank_host
@@ -63,7 +63,7 @@ class Job:
         self.s = s
         self.place = place
         self.given = store      # a co-located server's store client (colocate.py)
-        self.partner: Partner | None = None   # this trainer's co-located server
+        self.partner: Child | Partner | None = None   # this trainer's co-located server
         self.crashed = False
         self.summary: dict | None = None
         self.link = None
@@ -98,9 +98,10 @@ class Job:
         # a worker may hold its own member key file only, a server the job key
         jobkey.check_member(self.key, self.is_server, self.rank,
                             s.servers if s.transport == "ltp" else 0)
-        if s.colocate and not self.is_server:   # server `rank` of this process, on a thread
+        if s.colocate and not self.is_server:   # server `rank`: a child, or on a thread
             self.partner = Partner(lambda at, st: Job(s, at, st), self.rank, self.world,
-                                   shard_clients(self.store, 1, s.store_netns)[0])
+                                   shard_clients(self.store, 1, s.store_netns)[0]) \
+                if settings_table.env("colocate_thread") else Child(s, self.rank, self.world)
         if self.given is None:     # the process's recorder (LTP_FLIGHT_DIR): not a partner's
             flight_start(self.global_rank, SERVER if self.is_server else WORKER,
                          self.global_rank if self.is_server else self.rank)
