@@ -39,8 +39,8 @@ def run_local(workers: int, *args: str, backend: str = "ltp", timeout: float = 3
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
                TORCHELASTIC_USE_AGENT_STORE="True", WORLD_SIZE=str(workers),
                LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1", OMP_NUM_THREADS="1",
-               TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="lo",
-               **{"LTP_SERVERS": "1", **(env_extra or {})})
+               TORCH_CPP_LOG_LEVEL="ERROR", GLOO_SOCKET_IFNAME="lo", LTP_SERVERS="1")
+    env.update(env_extra or {})       # over the defaults above (LTP_IP too)
     for k in ("LTP_RANK", "LTP_ROLE", "LTP_WORLD_SIZE", "LTP_DEV", "LTP_NETNS",
               "LTP_STORE_NETNS"):
         env.pop(k, None)

@@ -12,7 +12,7 @@ import signal
 import sys
 
 from ...dataplane.clib.proc import set_parent_death_signal
-from .job import init
+from .job import init, serve_here
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,7 +25,11 @@ def main(argv: list[str] | None = None) -> None:
     set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != a.parent:      # it died before the signal was set
         sys.exit(1)
-    init()
+    init(serve=False)
+    code = serve_here()
+    sys.stdout.flush()     # as backend.serve_and_exit: no interpreter teardown (torch's
+    sys.stderr.flush()     # of a store whose host has gone can abort a finished process)
+    os._exit(code)
 
 
 if __name__ == "__main__":

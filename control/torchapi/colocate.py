@@ -39,7 +39,8 @@ import sys
 import threading
 
 from ...errors import UsageError
-from ..settings_table import MAX_SERVERS, TABLE
+from .. import settings_table
+from ..settings_table import MAX_SERVERS, OPTIONS, to_env
 from ..trust import jobkey
 from .server import run_server
 
@@ -67,6 +68,12 @@ def settle(s, given: tuple[int, int] | None):
         raise UsageError("colocate: LTP_SECRET_FILE names a member key file, but a co-located "
                          "trainer serves a slice too, and a server needs the job key file "
                          "(hex): give every trainer the job key")
+    if settings_table.env("role") == "server":
+        raise UsageError("LTP_ROLE=server with LTP_COLOCATE=1: a co-located job has no server "
+                         "ranks (each trainer starts its own); start the trainers only")
+    if s.tcp_port:
+        raise UsageError(f"colocate: tcp_port {s.tcp_port} (LTP_TCP_PORT): every trainer's "
+                         "server on a host would take that one port; leave it 0 (any)")
     if given is None:
         missing = [v for v in ("RANK", "WORLD_SIZE") if v not in os.environ]
         if missing:
@@ -83,31 +90,52 @@ def settle(s, given: tuple[int, int] | None):
 
 class Child:
     """Server r as a child process of trainer r (the default): the server rank
-    a user would start beside the trainer, started by it. It gets SIGTERM if
-    the trainer dies (PR_SET_PDEATHSIG, set by the child itself:
-    childserver.py), and
-    a child that fails while the trainer runs ends the trainer at once, as a
-    server that stops beating does (exchange.py)."""
+    a user would start beside the trainer, started by it, with the trainer's
+    settings (keywords too) as its LTP_* variables. Its own session, so a
+    launcher's signal to the trainer's process group is the trainer's to
+    answer (`stop`). It gets SIGTERM if the trainer dies: PR_SET_PDEATHSIG,
+    set by the child itself (childserver.py), fires when the thread that
+    started it ends, so the watcher thread, which lives as long as the child,
+    starts it. A child that fails while the trainer runs ends the trainer at
+    once, as a server that stops beating does (exchange.py)."""
 
     def __init__(self, s, rank: int, world: int):
         self.rank, self.closing = rank, False
-        ltp = {"servers": s.servers, "colocate": 0, "role": "server", "rank": rank,
-               "world_size": world}
-        env = dict(os.environ, **{TABLE[k].env: str(v) for k, v in ltp.items()},
-                   TORCHELASTIC_USE_AGENT_STORE="True")   # a client of the job's store
-        self.proc = subprocess.Popen([sys.executable, "-m", f"{__package__}.childserver",
-                                      "--parent", str(os.getpid())], env=env)
+        ltp = {**{n: getattr(s, n) for n in OPTIONS}, "colocate": False, "role": "server",
+               "rank": rank, "world_size": world}
+        self.env = {k: v for k, v in {**os.environ, **to_env(ltp)}.items() if v is not None}
+        self.env["TORCHELASTIC_USE_AGENT_STORE"] = "True"   # a client of the job's store
+        self.proc: subprocess.Popen | None = None
+        self.started = threading.Event()
+        self.error: BaseException | None = None
         self.watch = threading.Thread(target=self._watch, name=f"ltpx-server{rank}-watch",
                                       daemon=True)
         self.watch.start()
+        self.started.wait()
+        if self.error is not None:
+            raise self.error
 
     def _watch(self) -> None:
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", f"{__package__}.childserver", "--parent",
+                 str(os.getpid())], env=self.env, stdin=subprocess.DEVNULL,
+                stdout=sys.stderr.fileno(), start_new_session=True)
+        except BaseException as e:   # noqa: BLE001 - raised by __init__ on the trainer's thread
+            self.error = e
+            return
+        finally:
+            self.started.set()
         code = self.proc.wait()
         if code != 0 and not self.closing:
             log.error("ltpx.torch: the co-located server (rank %d, pid %d) exited %d: ending "
                       "this trainer (its worker would wait for it until the job's timeout)",
                       self.rank, self.proc.pid, code)
             os.kill(os.getpid(), signal.SIGTERM)    # as exchange.server_dead does
+
+    def ending(self) -> None:
+        """The trainer is shutting the job down: the server's exit is expected."""
+        self.closing = True
 
     def stop(self, crashed: bool) -> None:
         """After the trainer's own close: the job's goodbye ends the server;
@@ -158,6 +186,9 @@ class Partner:
             log.error("ltpx.torch: the co-located server (rank %d) failed: %s", self.rank, e)
         finally:
             self.job.close()
+
+    def ending(self) -> None:
+        """The trainer is shutting the job down (its loop ends by itself)."""
 
     def stop(self, crashed: bool) -> None:
         """After the trainer's own close: wait for the loop to end (the job's

@@ -337,6 +337,8 @@ def shutdown() -> dict | None:
     try:
         if job.is_server:
             return job.summary
+        if job.partner is not None:     # its server ends with the goodbye below
+            job.partner.ending()
         job.drain()
         job.summary = job.exchange.shutdown()
         if job.s.trace and settings_table.env("trace_ranks"):   # ltp launch --trace: each rank's view
