@@ -212,3 +212,35 @@ def test_a_trainer_whose_server_cannot_start_ends_at_once_saying_why(thread):
     assert re.search(r"co-located server \(rank \d[^\n]*(could not start|exited 1)[^\n]*"
                      "ending this trainer", said), said
     assert time.monotonic() - t0 < 100
+
+
+KEYWORDS_JOB = """
+import json, sys, torch
+import ltpx.torch as lt
+lt.init(transport="tcp", ip="127.0.0.1", colocate=True, timeout=60)
+out = lt.allreduce(torch.full((1000,), float(lt.rank() + 1)), average=False)
+print(json.dumps({"rank": lt.rank(), "size": lt.size(), "sum": float(out[0])}))
+lt.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_ltpx_torch_with_keywords_alone_starts_its_servers_with_them():
+    """init()'s keywords (no LTP_* variable set) reach the servers the
+    trainers start: the same transport and address, one job."""
+    import torch.distributed as dist
+    from datetime import timedelta
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60),
+                          wait_for_workers=False)
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("LTP_")},
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE="2",
+               TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", KEYWORDS_JOB], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+             for r in range(2)]
+    outs = outputs(procs, timeout=120)
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    rows = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs),
+                  key=lambda r: r["rank"])
+    assert rows == [{"rank": 0, "size": 2, "sum": 3.0}, {"rank": 1, "size": 2, "sum": 3.0}]
