@@ -23,6 +23,7 @@ from ltpx.control.torchapi.shards import ShardLinks
 from ltpx.control.transport.ackclock import ClockPush
 from ltpx.control.transport.options import DEFAULTS, PushOptions
 from ltpx.control.transport.push import Push
+from ltpx.errors import CommError
 from tcp_links import apart
 
 pytestmark = pytest.mark.unit
@@ -107,6 +108,24 @@ def test_a_tcp_job_exchanges_a_round_through_the_contract_alone(near):
     finally:
         for w in workers:
             w.close()
+        server.close()
+
+
+@pytest.mark.unit
+def test_a_tcp_worker_whose_server_is_silent_gets_a_comm_error_naming_the_wait():
+    """A pull from a server that sends nothing ends after the link's
+    timeout with a CommError (not the socket's bare TimeoutError)."""
+    s = Settings.resolve({"ip": "127.0.0.1", "cc": Path(
+        "/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip(), "timeout": 0.5})
+    server, worker = TcpServerLink(s, 1), TcpWorkerLink(s, 0, 1)
+    try:
+        worker.connect(apart({**server.address(), "ip": "127.0.0.1"}))
+        server.connect({0: apart(worker.address())})
+        with pytest.raises(CommError, match="answer 3: the server's connection moved no byte "
+                                            "for 0.5s"):
+            worker.pull(3, np.zeros(4, np.float32))
+    finally:
+        worker.close()
         server.close()
 
 

@@ -5,6 +5,7 @@ socket where it is on this host (localsock.py), or in memory where it is in
 this process (handoff.py: a co-located trainer's own server)."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import time
@@ -97,8 +98,9 @@ class TcpWorkerLink(WorkerLink):
             return False
         hdr = HDR.pack(TCP_MAGIC, r, len(body))
         total, sent = len(hdr) + len(body), 0
-        while sent < total:
-            sent += self.sock.sendmsg(iov(hdr, body, sent))
+        with self.silent(f"round {r}'s piece"):
+            while sent < total:
+                sent += self.sock.sendmsg(iov(hdr, body, sent))
         return False
 
     def pull(self, d: int, out: np.ndarray) -> None:
@@ -114,11 +116,12 @@ class TcpWorkerLink(WorkerLink):
             if compressed:
                 self.codec.decode(d, into, out)
             return
-        magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
-        if magic != TCP_MAGIC or rnd != d or nbytes != into.nbytes:
-            raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
-                            f"({into.nbytes} bytes)")
-        self.recv_into(into, nbytes)
+        with self.silent(f"answer {d}"):
+            magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
+            if magic != TCP_MAGIC or rnd != d or nbytes != into.nbytes:
+                raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
+                                f"({into.nbytes} bytes)")
+            self.recv_into(into, nbytes)
         if compressed:
             self.codec.decode(d, into, out)
 
@@ -138,16 +141,26 @@ class TcpWorkerLink(WorkerLink):
         if self.pair is not None:
             self.take(d, [memoryview(x).cast("B") for x in parts])
             return
-        magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
-        if magic != TCP_MAGIC or rnd != d or nbytes != total * 4:
-            raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
-                            f"({total * 4} bytes)")
-        for x in parts:
-            self.recv_into(x, x.nbytes)
+        with self.silent(f"answer {d}"):
+            magic, rnd, nbytes = HDR.unpack(recv_exact(self.sock, HDR.size))
+            if magic != TCP_MAGIC or rnd != d or nbytes != total * 4:
+                raise CommError(f"the server sent answer {rnd} ({nbytes} bytes); expected {d} "
+                                f"({total * 4} bytes)")
+            for x in parts:
+                self.recv_into(x, x.nbytes)
+
+    @contextlib.contextmanager
+    def silent(self, what: str):
+        """A socket wait past the link's timeout as the CommError it is."""
+        try:
+            yield
+        except TimeoutError as e:
+            raise CommError(f"worker {self.id}: {what}: the server's connection moved no byte "
+                            f"for {self.timeout_s:g}s (LTP_TIMEOUT)") from e
 
     def take(self, d: int, parts: list[memoryview]) -> None:
-        """Answer d from the server beside it: the parts it was sent in
-        (a streamed answer's, or one), until every byte is in."""
+        """Answer d from the server beside it, in the pieces it was given
+        (one, today), until every byte is in."""
         total, got = sum(len(x) for x in parts), 0
         while got < total:
             got += self.pair.down.take(d, parts, self.timeout_s, at=got, whole=False)
