@@ -9,13 +9,13 @@ copies it once into the taker's buffer (where a socket makes two copies and
 crosses the kernel); a small one it copies and leaves, as a socket's buffer
 would hold it (a few MB at most). `take` first checks that the piece is the
 round or answer the taker expects and of its size, as the TCP header is
-checked. A
-wait that outlasts the link's timeout, and a slot closed by either side (its
-link closed), raise CommError, as a silent or closed socket does.
+checked. A wait that outlasts the link's timeout, and a slot closed by
+either side (its link closed), raise CommError, as a silent or closed
+socket does.
 
 Both links find the pair by the server's address and the worker's id
-(`pair`); each says whether its peer is in this process by `PROC`, which
-the server publishes beside its port and the worker beside its address.
+(`pair`); each tells its peer is in this process by `proc()`, which the
+server publishes beside its port and the worker beside its address.
 """
 from __future__ import annotations
 
@@ -96,10 +96,9 @@ class Slot:
             raise CommError(f"{self.what}: {tag} {why}")
 
     def take(self, tag: int, into: memoryview | list[memoryview], timeout_s: float,
-             abort: threading.Event | None = None, at: int = 0, whole: bool = True) -> int:
+             abort: threading.Event | None = None) -> None:
         """Copy the next piece, which must be `tag` of into's size, into `into`
-        (or into a list of buffers in turn, their sizes added); not `whole`:
-        a part of it (a streamed answer's), from byte `at` on. Its bytes."""
+        (or into a list of buffers in turn, their sizes added)."""
         parts = into if isinstance(into, list) else [into]
         size = sum(len(x) for x in parts)
         deadline = time.monotonic() + timeout_s
@@ -116,28 +115,25 @@ class Slot:
             piece = self.q.popleft()
             self.held -= len(piece.body) if piece.owned else 0
         n = len(piece.body)
-        if piece.tag != tag or (n != size if whole else at + n > size):
-            self.close(f"{piece.tag} of {n} bytes given where {tag} of {size} was expected"
-                       f"{'' if whole else f' from byte {at}'}: out of step")
+        if piece.tag != tag or n != size:
+            self.close(f"{piece.tag} of {n} bytes given where {tag} of {size} was expected: "
+                       "out of step")
             with self.cv:
                 piece.done = True       # refused: its giver raises
                 self.cv.notify_all()
             raise CommError(f"{self.what}: {self.closed}")
         ok = False
         try:
-            body, lo = np.frombuffer(piece.body, dtype=np.uint8), 0   # lo: x's start in into
+            body, at = np.frombuffer(piece.body, dtype=np.uint8), 0
             for x in parts:
-                a, b = max(at, lo), min(at + n, lo + len(x))
-                if a < b:
-                    np.copyto(np.frombuffer(x, dtype=np.uint8)[a - lo:b - lo],
-                              body[a - at:b - at])
-                lo += len(x)
+                if len(x):
+                    np.copyto(np.frombuffer(x, dtype=np.uint8), body[at:at + len(x)])
+                    at += len(x)
             ok = True
         finally:
             with self.cv:
                 piece.done, piece.ok = True, ok
                 self.cv.notify_all()
-        return n
 
     def close(self, why: str) -> None:
         with self.cv:

@@ -159,11 +159,10 @@ class TcpWorkerLink(WorkerLink):
                             f"for {self.timeout_s:g}s (LTP_TIMEOUT)") from e
 
     def take(self, d: int, parts: list[memoryview]) -> None:
-        """Answer d from the server beside it, in the pieces it was given
-        (one, today), until every byte is in."""
-        total, got = sum(len(x) for x in parts), 0
-        while got < total:
-            got += self.pair.down.take(d, parts, self.timeout_s, at=got, whole=False)
+        """Answer d from the server beside it, one piece (none when empty:
+        the server gives no empty answer)."""
+        if sum(len(x) for x in parts):
+            self.pair.down.take(d, parts, self.timeout_s)
 
     def recv_into(self, into: np.ndarray, nbytes: int) -> None:
         view = memoryview(into).cast("B")
