@@ -62,6 +62,10 @@ examples:
   sudo ltp launch --workers 8 --ranks-per-node 4 --share-nic -- python docs/examples/ddp_backend.py
       (2 hosts of 4 trainers over LTP, each host's one device shared by its 4 XDP
       programs through the mux, ports 7411-7414; the server on a host of its own)
+  sudo ltp launch --workers 4 --colocate --share-nic -- python docs/examples/ddp_backend.py
+      (no server ranks at all: each trainer serves a quarter of every bucket on a thread
+      of its own process, its worker and server seats of its host's one device; its own
+      slice handed over in memory, LTP_COLOCATE=1)
   sudo ltp launch --workers 4 -- python docs/examples/ddp_backend.py
       (a stock DDP script over init_process_group("ltp"); RANK and WORLD_SIZE count
       the trainers, as under torchrun)
@@ -119,7 +123,8 @@ def register(sub) -> None:
                    help="over LTP, a node's workers share its one device: each rank's XDP "
                    "program takes a seat of the device's mux, found by its own UDP port "
                    "(LTP_SHARE_DEV, LTP_UDP_PORT), instead of a device of its own; answers go "
-                   "by unicast. Not with --colocate (a server and its worker on one NIC)")
+                   "by unicast. With --colocate: no server ranks, each trainer's server in "
+                   "its own process, a seat of the same device (LTP_COLOCATE=1)")
     p.add_argument("--colocate", action="store_true",
                    help="no server hosts: a server beside every worker, on its node, each "
                    "summing 1/workers of every bucket (servers = workers)")
@@ -215,6 +220,13 @@ def cmd_launch(args) -> int:
                    stalls=job["flight"].stall_summary() if "flight" in job else None)
 
 
+def in_trainers(args) -> bool:
+    """`--colocate --share-nic` over LTP: no server ranks to start; each
+    trainer's server runs in its process, its worker and server seats of
+    its host's device (LTP_COLOCATE=1; docs/deploy.md, Co-located servers)."""
+    return args.colocate and args.share_nic and args.transport == "ltp"
+
+
 def downlink(args, environ=None) -> str:
     """The job's downlink: --downlink, else LTP_DOWNLINK, else group."""
     return args.downlink or settings_table.env("downlink", environ)
@@ -268,10 +280,12 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
     from ..control.launcher.plan import plan_ranks
     from ..dataplane.rig.signals import deferred_signals
     policy = restarts.RestartPolicy(args.max_restarts, whole_job=args.servers > 1, say=out.note)
+    inside = in_trainers(args)     # the servers start in the trainers' processes
+    servers = 0 if inside else args.servers
     t_end = time.monotonic() + args.timeout if args.timeout else None
     while True:
         try:
-            ranks = plan_ranks(rig, args.workers, args.servers, args.colocate,
+            ranks = plan_ranks(rig, args.workers, servers, args.colocate and not inside,
                                args.ranks_per_node)
         except ValueError as e:     # a kept rig of another shape; the message names the flag
             raise UsageError(f"--{e}") from None
@@ -280,13 +294,14 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
             forkserver.warm(RANK_MODULES)   # the last job's closed with it
         job = None
         try:
-            job = RigJob(rig, ranks, group_keys=group_keys(args), preload=RANK_MODULES)
+            job = RigJob(rig, ranks, group_keys=group_keys(args), preload=RANK_MODULES,
+                         colocated=inside)
             now["hangs"] = job.flight.screens    # (a restarted job's go on in a new list)
             now["flight"] = job.flight
             job.on_hang = lambda lines: [out.note(f"[hang] {ln}") for ln in lines]
             job.start(lambda r: argv, lambda r, port=job.port, ranks=ranks: {**job_env(
-                rig, r, len(ranks), port, servers=args.servers, transport=args.transport,
-                share=args.share_nic),
+                rig, r, len(ranks), port, servers=servers, transport=args.transport,
+                share=args.share_nic, colocated=inside),
                 **_trace_env(args, r), **_downlink_env(args)})
             timed_out = follow(job, out.line, policy, grace_s=args.grace, t_end=t_end)
             return ranks, timed_out, policy

@@ -93,9 +93,9 @@ def check_args(args) -> list[str]:
         raise UsageError(f"--max-restarts: a count, at least 0, got {args.max_restarts}")
     args.rate_bps, args.loss_p = check_rate(args.rate), check_loss(args.loss)
     check_per_node(args)
-    if args.share_nic and args.colocate:
-        raise UsageError("--share-nic: not with --colocate (a co-located server's own worker "
-                         "would reach it on its own host, which the NIC never sees)")
+    if args.share_nic and args.colocate and args.transport != "ltp":
+        raise UsageError("--share-nic with --colocate: over LTP only (its servers in the "
+                         "trainers' processes); over TCP leave out --share-nic")
     if args.colocate:
         check_colocate(args)
     args.buffer_bytes = check_bytes(args.buffer, "--buffer")

@@ -97,7 +97,8 @@ def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
 
 
 def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
-            transport: str = "ltp", group: bool = True, share: bool = False) -> dict[str, str]:
+            transport: str = "ltp", group: bool = True, share: bool = False,
+            colocated: bool = False) -> dict[str, str]:
     """env:// as torchrun's agent sets it, and the LTP_* settings of the rank's host.
 
     RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK mean what
@@ -107,7 +108,9 @@ def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
     first. MASTER_ADDR is the store on loopback, reached from every
     namespace (StoreRelay); gloo talks over the rank's rig device. The LTP_*
     variables of rank_settings replace what this process's environment has
-    (one it leaves unset is removed); the other LTP_* settings pass on."""
+    (one it leaves unset is removed); the other LTP_* settings pass on.
+    `colocated`: the trainers start their servers themselves (LTP_COLOCATE=1,
+    LTP_SERVERS the trainers), and `servers` is 0."""
     trainers = world - servers
     torch_rank = 0 if r.role == "server" else r.rank - servers
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
@@ -119,6 +122,8 @@ def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
                          "progress": "json"}))
     settings = rank_settings(rig, r, servers=servers, transport=transport, group=group,
                              share=share)
+    if colocated:    # no server ranks: each trainer serves a slice (colocate.py)
+        settings.update(colocate=True, servers=trainers)
     for var, text in to_env(settings).items():
         if text is None:
             env.pop(var, None)
@@ -131,10 +136,14 @@ class RigJob:
     """The ranks of one job on a rig: start, pump their output, stop."""
 
     def __init__(self, rig, ranks: list[Rank], store_timeout_s: float = 300.0,
-                 group_keys: bool = True, preload: tuple[str, ...] = ()):
+                 group_keys: bool = True, preload: tuple[str, ...] = (),
+                 colocated: bool = False):
         """`preload`: modules a fork server this job starts itself (none was
-        warmed) imports beyond forkserver.PRELOAD, as `forkserver.warm(also)`."""
+        warmed) imports beyond forkserver.PRELOAD, as `forkserver.warm(also)`.
+        `colocated`: trainers that serve a slice too (LTP_COLOCATE=1) get the
+        job key's file, as a server does."""
         self.rig, self.ranks, self.preload = rig, ranks, tuple(preload)
+        self.colocated = colocated
         self.sel = selectors.DefaultSelector()
         self.store = self.store_proc = self.relay = None
         self.zygote = forkserver.take(new=False)      # the one warm() started, if any
@@ -186,7 +195,8 @@ class RigJob:
         """Start rank r's process (again, after it died: the same argv and
         environment in the same namespace, as torchrun's agent restarts one)."""
         argv, env = self.argv_for(r), {**self.env_for(r),
-                                       jobkey.ENV: self.keys.path(r.role, r.index),
+                                       jobkey.ENV: self.keys.path(
+                                           "server" if self.colocated else r.role, r.index),
                                        jobkey.RUN_ENV: self.run,
                                        # as torchrun's: frameworks (Lightning) see a launcher
                                        jobkey.TORCHRUN_RUN: self.run,

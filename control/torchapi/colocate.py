@@ -47,6 +47,22 @@ from .server import run_server
 log = logging.getLogger("ltpx.torch")
 
 END_S = 10.0      # a clean shutdown waits this long for the partner's loop to end
+SERVER_PORT = 1000   # over LTP, a trainer's server's UDP port: this above its worker's
+
+
+def on_thread(s) -> bool:
+    """Whether trainer's server runs on a thread of its process: over LTP
+    always (its own slice is handed over in memory: link_ltp_near.py),
+    over TCP where LTP_COLOCATE_THREAD=1 asks."""
+    return s.transport == "ltp" or bool(settings_table.env("colocate_thread"))
+
+
+def server_settings(s):
+    """A co-located server's settings, from its trainer's: over LTP its own
+    seat of the trainer's device, on a port of its own."""
+    if s.transport != "ltp":
+        return s
+    return dataclasses.replace(s, share_dev=True, udp_port=s.udp_port + SERVER_PORT)
 
 
 def place(rank: int, size: int) -> tuple[int, int]:
@@ -58,11 +74,15 @@ def settle(s, given: tuple[int, int] | None):
     """(settings, the worker's place) of a co-located trainer: servers = N.
     `given` is the place a caller worked out (the backend's); else torch's
     RANK and WORLD_SIZE (a launcher's LTP_RANK has no meaning here)."""
-    if s.transport != "tcp":
-        raise UsageError("colocate (LTP_COLOCATE=1) runs over the TCP transport only "
-                         "(LTP_TRANSPORT=tcp): over LTP a trainer's slice for the server "
-                         "beside it would go through the host's own stack, which XDP never "
-                         "sees (docs/transport.md, One device for every role)")
+    if s.transport == "ltp":
+        if s.loss_policy == "defer":
+            raise UsageError("colocate over LTP: a trainer's own slice and answer are handed "
+                             "over in memory, which tolerant answers (loss_policy defer) do "
+                             "not cover: use loss_policy auto or repair")
+        if s.udp_port + SERVER_PORT > 65535:
+            raise UsageError(f"colocate over LTP: udp_port {s.udp_port} leaves no port "
+                             f"{SERVER_PORT} above it for the trainer's server")
+        s = dataclasses.replace(s, share_dev=True)   # its worker and server: seats of its device
     if s.secret_file and isinstance(jobkey.read_key_file(s.secret_file, "secret_file "
                                                         "(LTP_SECRET_FILE)"), jobkey.MemberKeys):
         raise UsageError("colocate: LTP_SECRET_FILE names a member key file, but a co-located "

@@ -35,7 +35,7 @@ from .. import settings_table
 from ..trust import jobkey
 from .flight import SERVER, WORKER, current as flight_current, start as flight_start
 from .flight import stop as flight_stop, trigger as flight_trigger
-from .colocate import Child, Partner, settle
+from .colocate import Child, Partner, on_thread, server_settings, settle
 from .coord import KEY, Coord
 from .exchange import Exchange
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs, rank_host
@@ -99,9 +99,9 @@ class Job:
         jobkey.check_member(self.key, self.is_server, self.rank,
                             s.servers if s.transport == "ltp" else 0)
         if s.colocate and not self.is_server:   # server `rank`: a child, or on a thread
-            self.partner = Partner(lambda at, st: Job(s, at, st), self.rank, self.world,
-                                   shard_clients(self.store, 1, s.store_netns)[0]) \
-                if settings_table.env("colocate_thread") else Child(s, self.rank, self.world)
+            self.partner = Partner(lambda at, st: Job(server_settings(s), at, st), self.rank,
+                                   self.world, shard_clients(self.store, 1, s.store_netns)[0]) \
+                if on_thread(s) else Child(s, self.rank, self.world)
         if self.given is None:     # the process's recorder (LTP_FLIGHT_DIR): not a partner's
             flight_start(self.global_rank, SERVER if self.is_server else WORKER,
                          self.global_rank if self.is_server else self.rank)

@@ -37,6 +37,8 @@ from ..transport import defer, fec
 from ..trust.signing import SIG_ELEMS, Signer, StreamSigner
 from ..transport.stream import AnswerStream
 from .codec import ServerCodec, answer_feedback
+from .handoff import proc
+from .link_ltp_near import NearRows, check_tolerant
 from .links import Gathered, ServerLink
 from .losspolicy import Choice, LossPolicy
 from .settings import Settings
@@ -100,17 +102,22 @@ class LtpServerLink(ServerLink):
         self.honest: set[int] = set()
         self.measured = [0, 0]   # this step's honest rounds: chunks in only as re-sends, chunks in
         self.verdicts: dict[int, tuple] = {}   # answer -> its verdict (defer.py), for a retry
+        # workers in this process (a co-located trainer's: link_ltp_near.py)
+        self.near = NearRows(s.ip, s.udp_port)
 
     def address(self) -> dict:
         return {"compress": self.s.compress, "chunk_bytes": chunk_bytes_for(self.s.mtu),
                 "ltp_port": self.s.udp_port, "shared": self.s.share_dev,
                 "downlink_code": self.s.downlink_code,
                 "answers": "tolerant" if self.defer else "whole",
-                "signed": self.signer is not None}
+                "signed": self.signer is not None, "proc": proc()}
 
     def connect(self, metas: dict[int, dict]) -> None:
+        self.near.connect(metas, self.ids)
+        if self.near:
+            check_tolerant(self.defer)
         self.peers = [Peer(w, metas[w]["ip"], metas[w].get("ltp_port", W.PORT))
-                      for w in self.ids]
+                      for w in self.near.far(self.ids)]
         shared = [w for w in self.ids if metas[w].get("shared")]
         off = [p.worker for p in self.peers if p.port != W.PORT]
         if (shared or off) and self.group is not None:   # a group frame: one port, one program
@@ -124,8 +131,9 @@ class LtpServerLink(ServerLink):
         rounds open on an old one are gone with it)."""
         if self.ep is not None and nelems <= self.size:
             return False
-        self.close()
+        self.close_endpoint()
         self.honest.clear()      # the rounds open on the old endpoint are gone with it
+        self.near.clear()
         s, size = self.s, endpoint_room(nelems, self.s.downlink_code == "rs", self.s.mtu, self.defer)
         ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
                       # server s of S: rounds r·S + s, banks by r (roundspace.py)
@@ -200,7 +208,12 @@ class LtpServerLink(ServerLink):
     def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
         nelems = self.codec.open(r, nelems, reliable, self.wire)
         early = self.policy(key)
-        self.ep.open_round(r, nelems, workers=workers, reliable=reliable, early=early)
+        far = self.near.far(workers)
+        if self.near:
+            self.near.opened(r, nelems, wired=bool(far))
+            if not far:     # every worker of it in this process: nothing over XDP
+                return
+        self.ep.open_round(r, nelems, workers=far, reliable=reliable, early=early)
         if not reliable and not early.cfg.budget:   # what it loses is the path's (choose)
             self.honest.add(r)
 
@@ -213,10 +226,32 @@ class LtpServerLink(ServerLink):
     def cancel(self, r: int) -> None:
         self.honest.discard(r)
         self.codec.cancel(r)
-        self.ep.cancel_round(r)
+        if not self.near or self.near.cancel(r):
+            self.ep.cancel_round(r)
 
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
-        res = self.ep.wait_round(r)
+        near = bool(self.near)     # workers in this process: their rows taken in memory
+        res = self.ep.wait_round(r) if not near or r in self.near.wired else None
+        if res is not None:
+            self.note_round(r, res)
+        if near:
+            g = self.near.gather(r, workers, res, chunk_bytes_for(self.s.mtu) // 4, self.wait_s)
+        else:
+            g = Gathered(round=r, values=res.values, workers=list(res.workers),
+                         delivered=res.masks.sum(axis=1), chunks=res.layout.nchunks,
+                         filled=np.asarray(res.filled), reason=res.reason,
+                         chunk_elems=res.layout.chunk_elems, masks=res.masks,
+                         duration_s=res.duration_s, error=res.error["vs_noise"],
+                         arrivals=res.arrivals, attribution=res.attribution)
+        codec = self.codec.compressed(r)
+        if codec is not None:
+            g.values = self.codec.decode(r, g.values, g.masks, self.bubble)
+            g.chunk_elems = codec.per_chunk
+        return g
+
+    def note_round(self, r: int, res) -> None:
+        """What uplink round r's result tells the loss policy, and its
+        LTP_ROUND_LOG line."""
         if r in self.honest:     # of the chunks in, those that came only as a re-send
             self.honest.discard(r)   # (a late or dead worker's missing ones are no loss)
             self.measured[0] += res.retx_chunks
@@ -226,33 +261,29 @@ class LtpServerLink(ServerLink):
             line.update(round=r, **({"wire_round": line["round"], "server": self.shard}
                                     if self.servers > 1 else {}))
             print(json.dumps({"round_log": line}), file=sys.stderr, flush=True)
-        values, chunk_elems = res.values, res.layout.chunk_elems
-        codec = self.codec.compressed(r)
-        if codec is not None:
-            values = self.codec.decode(r, values, res.masks, self.bubble)
-            chunk_elems = codec.per_chunk
-        return Gathered(round=r, values=values, workers=list(res.workers),
-                        delivered=res.masks.sum(axis=1), chunks=res.layout.nchunks,
-                        filled=np.asarray(res.filled), reason=res.reason,
-                        chunk_elems=chunk_elems, masks=res.masks,
-                        duration_s=res.duration_s, error=res.error["vs_noise"],
-                        arrivals=res.arrivals, attribution=res.attribution)
 
     def send(self, d: int, buf: np.ndarray, group: bool, *, to: list[int] | None = None,
              wait_s: float | None = None,
              critical_from: int | None = None) -> np.ndarray | None:
         peers = self.peers if to is None else [p for p in self.peers if p.worker in to]
-        if not peers:
+        near = self.near.near_of(self.ids if to is None else to)
+        if not peers and not near:
             return None
         timeout_s = self.wait_s if wait_s is None else min(self.wait_s, wait_s)
-        if self.defer and critical_from is not None:
+        if self.defer and critical_from is not None:   # (never with near workers: connect)
             return self._send_deferred(d, buf, group, peers, critical_from, timeout_s)
         buf = self.codec.answer(buf, d)    # buf itself unless a compressed step preceded it
         if self.signer:
             buf = self.timed_sign(d, buf)
-        self.ep.push_reliable(d, buf, peers, timeout_s=timeout_s,
-                              group=self.group if group else None,
-                              coded=self.s.downlink_code == "rs")
+        given = self.near.give(d, buf, near, timeout_s)   # in memory, while XDP sends
+        try:
+            if peers:
+                self.ep.push_reliable(d, buf, peers, timeout_s=timeout_s,
+                                      group=self.group if group else None,
+                                      coded=self.s.downlink_code == "rs")
+        finally:
+            if given is not None:
+                given.result()
         return None
 
     @property
@@ -265,7 +296,7 @@ class LtpServerLink(ServerLink):
         last `sig_elems` elements the signature; None where answers go
         otherwise (coded, compressed, tolerant, or per worker)."""
         if not self.s.stream_share or self.wire != "none" or self.defer or not group \
-                or self.s.downlink_code == "rs" or self.group is None:
+                or self.s.downlink_code == "rs" or self.group is None or self.near:
             return None
         peers = [p for p in self.peers if p.worker in to]
         if not peers:
@@ -300,6 +331,10 @@ class LtpServerLink(ServerLink):
         return np.repeat(rep.deferred, chunk_bytes_for(self.s.mtu) // 4)[:buf.size]
 
     def close(self) -> None:
+        self.near.close()
+        self.close_endpoint()
+
+    def close_endpoint(self) -> None:
         if self.ep is not None:
             ep, self.ep = self.ep, None
             ep.close()

@@ -21,7 +21,9 @@ from ..transport.stream import answered_from
 from ..trust import tokens
 from ..trust.signing import SIG_ELEMS, ForgedAnswerError, Verifier
 from .codec import WorkerCodec, check_peer, piece_feedback
+from .handoff import Pair, proc
 from .link_ltp import ROUND_LIMIT_S, endpoint_room, endpoint_config
+from .link_ltp_near import as_bytes, check_tolerant, worker_pair
 from .links import WorkerLink
 from .settings import Settings
 
@@ -57,6 +59,8 @@ class LtpWorkerLink(WorkerLink):
         self.counts = {"pushes": 0, "socket_pushes": 0, "sent": 0, "clock_tx": 0}
         self.deferrals = {"answers": 0, "chunks": 0}   # tolerant answers that deferred some
         self.taken: list[int] = []         # the latest answers taken (one per bank)
+        self.pair: Pair | None = None      # the server in this process (link_ltp_near.py)
+        self.sizes: dict[int, int] = {}    # ... the answers it is to give: their words
 
     @property
     def uplink(self) -> dict:
@@ -67,7 +71,7 @@ class LtpWorkerLink(WorkerLink):
         return self.deferrals
 
     def address(self) -> dict:
-        return {"ltp_port": self.s.udp_port, "shared": self.s.share_dev}
+        return {"ltp_port": self.s.udp_port, "shared": self.s.share_dev, "proc": proc()}
 
     def connect(self, server: dict) -> None:
         check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server, chunks=True)
@@ -82,6 +86,9 @@ class LtpWorkerLink(WorkerLink):
                                 "to check them: give every rank a key file of this job "
                                 "(LTP_SECRET_FILE; a member file made by this ltp)")
             self.verifier = Verifier(pub, self.s.job, tokens.run_of(self.secret))
+        self.pair = worker_pair(server, self.id)
+        if self.pair is not None:
+            check_tolerant(self.deferred)
 
     def ensure(self, nelems: int) -> bool:
         if self.ep is not None and nelems <= self.size:
@@ -90,7 +97,7 @@ class LtpWorkerLink(WorkerLink):
         if self.device is not None:
             self.device.ensure(size, self)     # binds this link, or every link of a new one
             return True
-        self.close()
+        self.close_endpoint()
         self.bind(worker_endpoint(self.s, self.id, self.workers, size, self.secret), size)
         return True
 
@@ -111,6 +118,10 @@ class LtpWorkerLink(WorkerLink):
         self.codec.expect(d, n, wire)
 
     def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
+        if self.pair is not None:    # given in memory, as it would be sent
+            self.sizes[d] = self.codec.wire_elems(d, nelems) + (SIG_ELEMS if self.verifier
+                                                               else 0)
+            return
         if self.deferred and tolerant:   # the signature comes in its verdict
             self.plans = {k: p for k, p in self.plans.items() if k > d - 4}
             self.plans[d] = self.ep.expect_deferred(
@@ -133,18 +144,25 @@ class LtpWorkerLink(WorkerLink):
         compressed = wire != "none" and not reliable
         if compressed:
             buf = self.codec.piece(buf, wire)
+        up = self.uplink
+        if self.pair is not None:     # the server beside it: the piece in memory, whole
+            self.pair.up.give(r, as_bytes(buf), self.wait_s)
+            up["pushes"], up["in_memory"] = up["pushes"] + 1, up.get("in_memory", 0) + 1
+            return False
         ep = self.ep
         first = 0 if compressed or self.coded or self.deferred else \
             at // (chunk_bytes_for(self.s.mtu) // 4)
         over = None if answer is None else (lambda: answered_from(ep, answer, first))
         rep = ep.push(r, buf, self.ps, reliable=reliable, timeout_s=self.wait_s, over=over)
-        up = self.uplink
         up["pushes"], up["sent"], up["clock_tx"] = (up["pushes"] + 1, up["sent"] + rep.sent,
                                                     up["clock_tx"] + rep.clock_tx)
         up["socket_pushes"] += rep.sender == "socket"
         return rep.closed_by_receiver and rep.acked < rep.chunks
 
     def pull(self, d: int, out: np.ndarray) -> None:
+        if self.pair is not None:
+            self.pull_near(d, out)
+            return
         # wait_round gives a view of the mapped memory: one copy, into `out`
         res = self.ep.wait_round(d, poll_s=0.0005)
         if res.reason != COMPLETE:
@@ -163,11 +181,33 @@ class LtpWorkerLink(WorkerLink):
                                         f"{len(plan.sig)} bytes, not {SIG_ELEMS * 4}: refused, "
                                         "nothing of it used")
             values = np.concatenate([values, np.frombuffer(plan.sig, dtype=np.float32)])
+        self.use(d, values, out)
+
+    def pull_near(self, d: int, out: np.ndarray) -> None:
+        """Answer d from the server beside it, in memory: straight into `out`
+        where it comes as it is used (no signature, not compressed)."""
+        n = self.sizes.pop(d)
+        if not self.verifier and not self.codec.compressed(d) and n == out.size \
+                and out.dtype == np.float32 and out.flags.c_contiguous:
+            self.pair.down.take(d, as_bytes(out), self.wait_s)
+            return
+        values = np.empty(n, dtype=np.float32)
+        self.pair.down.take(d, as_bytes(values), self.wait_s)
+        self.use(d, values, out)
+
+    def use(self, d: int, values: np.ndarray, out: np.ndarray) -> None:
+        """Answer d's words as taken: checked (signed), decoded into `out`."""
         if self.verifier:      # ForgedAnswerError unless the server's: nothing used then
             values = self.verifier.check(d, values)
         self.codec.decode(d, values, out)   # a copy, unless it starts compressed
 
     def close(self) -> None:
+        if self.pair is not None:
+            self.pair.close(f"worker {self.id}")
+            self.pair = None
+        self.close_endpoint()
+
+    def close_endpoint(self) -> None:
         if self.ep is not None:
             ep, self.ep = self.ep, None
             if self.device is None:    # a shared one goes with its SharedDevice

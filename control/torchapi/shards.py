@@ -325,7 +325,10 @@ def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]
     the links of one device share its endpoint (link_ltp_worker.SharedDevice)."""
     s = job.s
     with netns.inside(s.netns if s.netns and s.netns != netns.current() else None):
-        nets = [route_to(m["ip"]) for m in servers]
+        # a server in this process (colocate) is met in memory, over LTP on this
+        # rank's own device's endpoint (its route would be the host's loopback)
+        nets = [(s.dev, s.ip) if s.transport == "ltp" and m.get("proc") == proc() else
+                route_to(m["ip"]) for m in servers]
     links: list = []
     devices: dict[str, SharedDevice] = {}
     try:
