@@ -148,9 +148,11 @@ class Job:
                             "answers go to each worker (unicast)", s.dev)
             return LtpServerLink(s, self.workers, self.group,
                                  secret=jobkey.token_secret(self.key, shard, self.run),
-                                 shard=shard, servers=s.servers)
+                                 shard=shard, servers=s.servers,
+                                 key=jobkey.hello_key(self.key, self.run))
         return LtpWorkerLink(s, self.rank, self.workers,
-                             secret=jobkey.token_secret(self.key, shard, self.run))
+                             secret=jobkey.token_secret(self.key, shard, self.run),
+                             key=jobkey.hello_key(self.key, self.run))
 
     def local_index(self, metas: list[dict]) -> int:
         """This worker's index among the workers on its host (servers: 0)."""

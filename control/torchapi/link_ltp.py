@@ -37,7 +37,7 @@ from ..transport import defer, fec
 from ..trust.signing import SIG_ELEMS, Signer, StreamSigner
 from ..transport.stream import AnswerStream
 from .codec import ServerCodec, answer_feedback
-from .handoff import proc
+from .host import rank_host
 from .link_ltp_near import NearRows, check_tolerant
 from .links import Gathered, ServerLink
 from .losspolicy import Choice, LossPolicy
@@ -69,7 +69,8 @@ class LtpServerLink(ServerLink):
     opens = True       # a round must be open before its data arrives
 
     def __init__(self, s: Settings, workers: int, group: str | None,
-                 secret: bytes | None = None, shard: int = 0, servers: int = 1):
+                 secret: bytes | None = None, shard: int = 0, servers: int = 1,
+                 key=None):
         self.s, self.ids = s, list(range(workers))
         self.shard, self.servers = shard, servers   # server `shard` of S: its rounds r·S + shard
         self.group = (group, W.PORT) if group else None
@@ -102,18 +103,19 @@ class LtpServerLink(ServerLink):
         self.honest: set[int] = set()
         self.measured = [0, 0]   # this step's honest rounds: chunks in only as re-sends, chunks in
         self.verdicts: dict[int, tuple] = {}   # answer -> its verdict (defer.py), for a retry
-        # workers in this process (a co-located trainer's: link_ltp_near.py)
-        self.near = NearRows(s.ip, s.udp_port)
+        # workers whose frames never reach a NIC: in this process (a co-located
+        # trainer's) or on this host (link_ltp_near.py); `key` their hello's
+        self.near = NearRows(s.ip, s.udp_port, rank_host(s.netns, s.node), key)
 
     def address(self) -> dict:
         return {"compress": self.s.compress, "chunk_bytes": chunk_bytes_for(self.s.mtu),
                 "ltp_port": self.s.udp_port, "shared": self.s.share_dev,
                 "downlink_code": self.s.downlink_code,
                 "answers": "tolerant" if self.defer else "whole",
-                "signed": self.signer is not None, "proc": proc()}
+                "signed": self.signer is not None, **self.near.address()}
 
     def connect(self, metas: dict[int, dict]) -> None:
-        self.near.connect(metas, self.ids)
+        self.near.connect(metas, self.ids, self.s.timeout)
         if self.near:
             check_tolerant(self.defer)
         self.peers = [Peer(w, metas[w]["ip"], metas[w].get("ltp_port", W.PORT))
@@ -275,7 +277,7 @@ class LtpServerLink(ServerLink):
         buf = self.codec.answer(buf, d)    # buf itself unless a compressed step preceded it
         if self.signer:
             buf = self.timed_sign(d, buf)
-        given = self.near.give(d, buf, near, timeout_s)   # in memory, while XDP sends
+        given = self.near.give(d, buf, near, timeout_s)   # off the wire, while XDP sends
         try:
             if peers:
                 self.ep.push_reliable(d, buf, peers, timeout_s=timeout_s,
@@ -283,7 +285,7 @@ class LtpServerLink(ServerLink):
                                       coded=self.s.downlink_code == "rs")
         finally:
             if given is not None:
-                given.result()
+                given()
         return None
 
     @property

@@ -15,22 +15,33 @@ would send it (compressed, signed), and the worker takes it and checks and
 decodes it as an answer off the wire. The other workers' rows come over XDP
 as always, in the same round, closed by Early Close; the near row is whole.
 
+A worker on the server's host in another process (another trainer of a
+node that shares one NIC, or a trainer and its server's child process)
+meets the same wall: it reaches the server by the server's Unix socket
+(localsock.py), with the TCP transport's hello (a MAC under the job key)
+and header, its pieces and answers as they would travel (`SockChannel`).
+
 `NearRows` is the server's side: which workers are near, and a round's rows
 put together, in the workers' order (the sum's order, so a replica sums as
 one whose every row came over the wire).
 """
 from __future__ import annotations
 
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ...errors import CommError
+from ..accept import accept_workers
 from ..transport.early_close import COMPLETE
 from ..transport.results import Arrivals
-from .handoff import Pair, pair as handoff_pair, proc
+from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
+from .handoff import pair as handoff_pair, proc
+from .link_tcp_worker import HDR, TCP_MAGIC, iov, recv_exact
 from .links import Gathered
+from .localsock import connect_local, listen_local, ns_id, unlisten
 
 
 def as_bytes(buf: np.ndarray) -> memoryview:
@@ -38,19 +49,93 @@ def as_bytes(buf: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(buf).view(np.uint8))
 
 
+class SockEnd:
+    """One direction of a worker's Unix socket to its server, as a Slot's
+    give and take: a piece is the TCP transport's header and body."""
+
+    def __init__(self, sock: socket.socket, what: str):
+        self.sock, self.what = sock, what
+
+    def give(self, tag: int, body: memoryview, timeout_s: float, abort=None) -> None:
+        hdr, sent = HDR.pack(TCP_MAGIC, tag, len(body)), 0
+        self.sock.settimeout(timeout_s)
+        try:
+            while sent < len(hdr) + len(body):
+                sent += self.sock.sendmsg(iov(hdr, body, sent))
+        except OSError as e:
+            raise CommError(f"{self.what}: {tag}: {e or type(e).__name__}") from e
+
+    def take(self, tag: int, into: memoryview, timeout_s: float, abort=None) -> None:
+        self.sock.settimeout(timeout_s)
+        try:
+            magic, got, size = HDR.unpack(recv_exact(self.sock, HDR.size))
+            if magic != TCP_MAGIC or got != tag or size != len(into):
+                raise CommError(f"{self.what}: {got} of {size} bytes where {tag} of "
+                                f"{len(into)} was expected: out of step")
+            view, at = into.cast("B"), 0
+            while at < size:
+                k = self.sock.recv_into(view[at:])
+                if k == 0:
+                    raise CommError(f"{self.what}: closed by the peer")
+                at += k
+        except OSError as e:
+            raise CommError(f"{self.what}: {tag}: {e or type(e).__name__}") from e
+
+
+class SockChannel:
+    """A worker and its server on one host, in two processes: its Unix socket."""
+
+    def __init__(self, sock: socket.socket, worker: int):
+        self.sock = sock
+        self.up = SockEnd(sock, f"worker {worker}'s pieces to the server on its host")
+        self.down = SockEnd(sock, f"the server's answers to worker {worker} on its host")
+
+    def close(self, who: str) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
 class NearRows:
     """The server's workers in its own process, and the rounds only they push."""
 
-    def __init__(self, ip: str, port: int):
-        self.ip, self.port = ip, port
-        self.pairs: dict[int, Pair] = {}       # worker id -> its pair
+    def __init__(self, ip: str, port: int, host: str, key=None):
+        self.ip, self.port, self.host, self.key = ip, port, host, key
+        self.pairs: dict = {}       # worker id -> its handoff.Pair or SockChannel
         self.sizes: dict[int, tuple[int, int]] = {}   # open round -> (wire elems, open ns)
         self.wired: set[int] = set()           # open rounds with workers over XDP too
         self.pool: ThreadPoolExecutor | None = None
 
-    def connect(self, metas: dict[int, dict], ids: list[int]) -> None:
+        self.ux, self.ux_path = listen_local(ip, port, 64)   # for workers on this host
+
+    def address(self) -> dict:
+        return {"proc": proc(), "host": self.host, "netns_id": ns_id("net"),
+                **({"unix": self.ux_path} if self.ux_path else {})}
+
+    def connect(self, metas: dict[int, dict], ids: list[int], timeout_s: float) -> None:
+        """The workers in this process (a pair each) and, by the Unix socket,
+        those on this host (each says its hello first: accept.py)."""
         self.pairs = {w: handoff_pair(self.ip, self.port, w) for w in ids
                       if metas.get(w, {}).get("proc") == proc()}
+        here = [w for w in ids if w not in self.pairs and on_host(metas.get(w, {}), self.host)]
+        try:
+            if here and self.ux is None:
+                raise CommError(f"worker(s) {here} share this server's host, which has no "
+                                "place for the local socket they need (localsock.py)")
+            if here:
+                got = accept_workers([self.ux], len(here), MAC_HELLO.size,
+                                     mac_parser(here, self.key), timeout_s)
+                if len(got.conns) < len(here):
+                    for c in got.conns.values():
+                        c.close()
+                    raise CommError(f"only {len(got.conns)} of the {len(here)} workers on "
+                                    f"this host connected within {timeout_s:g}s")
+                self.pairs.update({w: SockChannel(c, w) for w, c in got.conns.items()})
+        finally:   # every worker is in (or the job ends): the file goes
+            unlisten(self.ux, self.ux_path)
+            self.ux = self.ux_path = None
 
     def __bool__(self) -> bool:
         return bool(self.pairs)
@@ -114,16 +199,18 @@ class NearRows:
 
     def give(self, d: int, wire: np.ndarray, near: list[int], wait_s: float):
         """Answer d (its words as they go on the wire) to the near workers
-        `near`, on a thread: a future to wait on (None: no one to give to)."""
+        `near`, a thread each: a wait() for them all (None: no one to give to)."""
         if not near:
             return None
         if self.pool is None:
-            self.pool = ThreadPoolExecutor(1, thread_name_prefix="ltpx-near")
+            self.pool = ThreadPoolExecutor(len(self.pairs), thread_name_prefix="ltpx-near")
         body = as_bytes(wire)
-        return self.pool.submit(lambda: [self.pairs[w].down.give(d, body, wait_s)
-                                         for w in near])
+        futs = [self.pool.submit(self.pairs[w].down.give, d, body, wait_s) for w in near]
+        return lambda: [f.result() for f in futs]
 
     def close(self) -> None:
+        unlisten(self.ux, self.ux_path)
+        self.ux = self.ux_path = None
         for p in self.pairs.values():
             p.close("the co-located LTP server")
         self.pairs = {}
@@ -149,11 +236,26 @@ def _arrivals(res, far: list[int], ws: list[int], took: np.ndarray, open_ns: int
                     first_ns=first, last_ns=last, thresh_ns=thresh)
 
 
-def worker_pair(server: dict, worker: int) -> Pair | None:
-    """The pair to the server in this process (its meta's `proc` this one's), else None."""
-    if server.get("proc") != proc():
+def on_host(meta: dict, host: str) -> bool:
+    """Whether the rank of `meta` is on this host, in this network namespace:
+    a frame between the two never reaches a NIC."""
+    return meta.get("host") == host and meta.get("netns_id") == ns_id("net")
+
+
+def worker_pair(server: dict, worker: int, host: str, key, timeout_s: float):
+    """The way to a server XDP never sees this worker's frames reach: in
+    memory where it is in this process (its meta's `proc` this one's), by
+    its Unix socket where it is on this host; None: over the wire."""
+    if server.get("proc") == proc():
+        return handoff_pair(server["ip"], int(server["ltp_port"]), worker)
+    if not on_host(server, host):
         return None
-    return handoff_pair(server["ip"], int(server["ltp_port"]), worker)
+    sock = connect_local(server, host, timeout_s)
+    if sock is None:
+        raise CommError(f"the server at {server['ip']} shares this worker's host, and its "
+                        "local socket does not answer: frames to it would never reach a NIC")
+    sock.sendall(mac_hello(worker, key))
+    return SockChannel(sock, worker)
 
 
 def check_tolerant(deferred: bool) -> None:

@@ -22,8 +22,10 @@ from ..trust import tokens
 from ..trust.signing import SIG_ELEMS, ForgedAnswerError, Verifier
 from .codec import WorkerCodec, check_peer, piece_feedback
 from .handoff import Pair, proc
+from .host import rank_host
 from .link_ltp import ROUND_LIMIT_S, endpoint_room, endpoint_config
-from .link_ltp_near import as_bytes, check_tolerant, worker_pair
+from .link_ltp_near import SockChannel, as_bytes, check_tolerant, worker_pair
+from .localsock import ns_id
 from .links import WorkerLink
 from .settings import Settings
 
@@ -35,7 +37,7 @@ class LtpWorkerLink(WorkerLink):
     opens = True
 
     def __init__(self, s: Settings, worker: int, workers: int, secret: bytes | None = None,
-                 device: SharedDevice | None = None, shard: int = 0):
+                 device: SharedDevice | None = None, shard: int = 0, key=None):
         self.s, self.id, self.workers = s, worker, workers
         # sharded: the endpoint this link's rounds (server `shard`'s) share
         # with the other servers' links whose routes leave by its device
@@ -59,7 +61,10 @@ class LtpWorkerLink(WorkerLink):
         self.counts = {"pushes": 0, "socket_pushes": 0, "sent": 0, "clock_tx": 0}
         self.deferrals = {"answers": 0, "chunks": 0}   # tolerant answers that deferred some
         self.taken: list[int] = []         # the latest answers taken (one per bank)
-        self.pair: Pair | None = None      # the server in this process (link_ltp_near.py)
+        # a server whose frames never reach a NIC: in this process or on this
+        # host (link_ltp_near.py); `key` the hello to its local socket
+        self.pair: Pair | SockChannel | None = None
+        self.key, self.host = key, rank_host(s.netns, s.node)
         self.sizes: dict[int, int] = {}    # ... the answers it is to give: their words
 
     @property
@@ -71,7 +76,8 @@ class LtpWorkerLink(WorkerLink):
         return self.deferrals
 
     def address(self) -> dict:
-        return {"ltp_port": self.s.udp_port, "shared": self.s.share_dev, "proc": proc()}
+        return {"ltp_port": self.s.udp_port, "shared": self.s.share_dev, "proc": proc(),
+                "netns_id": ns_id("net")}
 
     def connect(self, server: dict) -> None:
         check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server, chunks=True)
@@ -86,7 +92,7 @@ class LtpWorkerLink(WorkerLink):
                                 "to check them: give every rank a key file of this job "
                                 "(LTP_SECRET_FILE; a member file made by this ltp)")
             self.verifier = Verifier(pub, self.s.job, tokens.run_of(self.secret))
-        self.pair = worker_pair(server, self.id)
+        self.pair = worker_pair(server, self.id, self.host, self.key, self.s.timeout)
         if self.pair is not None:
             check_tolerant(self.deferred)
 

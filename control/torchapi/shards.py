@@ -41,6 +41,8 @@ from .handoff import proc
 from .coord import Coord
 from .exchange import Arrival, Exchange
 from .host import rank_host, route_to
+from .link_ltp_near import on_host
+from .localsock import ns_id
 from .link_ltp_worker import LtpWorkerLink, SharedDevice
 from .link_tcp import TcpWorkerLink
 from .links import WorkerLink
@@ -325,10 +327,12 @@ def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]
     the links of one device share its endpoint (link_ltp_worker.SharedDevice)."""
     s = job.s
     with netns.inside(s.netns if s.netns and s.netns != netns.current() else None):
-        # a server in this process (colocate) is met in memory, over LTP on this
-        # rank's own device's endpoint (its route would be the host's loopback)
-        nets = [(s.dev, s.ip) if s.transport == "ltp" and m.get("proc") == proc() else
-                route_to(m["ip"]) for m in servers]
+        # over LTP a server in this process (colocate) or on this host is met
+        # off the wire (link_ltp_near.py), on this rank's own device's endpoint
+        # (its route would be the host's loopback)
+        nets = [(s.dev, s.ip) if s.transport == "ltp" and (
+            m.get("proc") == proc() or on_host(m, rank_host(s.netns, s.node))) else
+            route_to(m["ip"]) for m in servers]
     links: list = []
     devices: dict[str, SharedDevice] = {}
     try:
@@ -343,7 +347,8 @@ def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]
             if dev not in devices:
                 devices[dev] = SharedDevice(sub, job.rank, job.workers, secrets, len(servers))
             links.append(LtpWorkerLink(sub, job.rank, job.workers, secret=secrets[i],
-                                       device=devices[dev], shard=i))
+                                       device=devices[dev], shard=i,
+                                       key=jobkey.hello_key(job.key, job.run)))
     except BaseException:
         ShardLinks(links, list(devices.values())).close()
         raise
@@ -366,7 +371,9 @@ def start_sharded(job) -> None:
     root = Coord(job.store, W, s.timeout, servers=S, key=key)
     me = {"rank": job.global_rank, "role": "server" if job.is_server else "worker",
           "ip": s.ip, "dev": s.dev, "host": rank_host(s.netns, s.node), "pid": os.getpid(),
-          "proc": proc()}   # a server in this process meets its worker in memory
+          # a server in this process meets its worker in memory; over LTP one
+          # on this host (and network namespace) by its Unix socket
+          "proc": proc(), "netns_id": ns_id("net")}
     if job.is_server:
         i = job.global_rank
         job.coord = Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}")
