@@ -65,6 +65,7 @@ def test_usage_errors_exit_2_with_json_errors(argv, needle):
     (["--workers", "3", "--ranks-per-node", "2", "--transport", "tcp"], "divide --workers"),
     (["--workers", "3", "--ranks-per-node", "2"], "divide --workers"),
     (["--workers", "9", "--colocate", "--transport", "tcp"], "at most 8 servers"),
+    (["--colocate", "--share-nic", "--transport", "tcp"], "over LTP only"),
 ])
 def test_launch_shape_usage_errors(flags, needle):
     err = json.loads(ltp("launch", *flags, "-j", "--", "true", rc=2).stdout)

@@ -173,8 +173,16 @@ def test_what_a_colocated_job_cannot_be_is_a_usage_error(monkeypatch, tmp_path):
     with pytest.raises(UsageError, match="member key file, but a co-located trainer serves"):
         colocate.settle(Settings(transport="tcp", colocate=True, secret_file=str(member)),
                         (2, 4))
-    with pytest.raises(UsageError, match="TCP transport only"):
-        colocate.settle(Settings(transport="ltp", colocate=True), (3, 4))
+    # over LTP: the trainer's worker and server are seats of its device, the
+    # server on a port of its own; tolerant answers leave out what it never lost
+    s, place = colocate.settle(Settings(transport="ltp", colocate=True, udp_port=7411), (3, 4))
+    assert (s.servers, s.share_dev, place) == (2, True, (3, 4))
+    assert (colocate.server_settings(s).udp_port, colocate.server_settings(s).share_dev) == \
+        (8411, True)
+    with pytest.raises(UsageError, match="loss_policy defer"):
+        colocate.settle(Settings(transport="ltp", colocate=True, loss_policy="defer"), (3, 4))
+    with pytest.raises(UsageError, match="udp_port 65000 leaves no port"):
+        colocate.settle(Settings(transport="ltp", colocate=True, udp_port=65000), (3, 4))
     with pytest.raises(UsageError, match="9 trainers; co-located servers serve 1 to 8"):
         colocate.settle(Settings(transport="tcp", colocate=True), colocate.place(0, 9))
     s, place = colocate.settle(Settings(transport="tcp", colocate=True), colocate.place(2, 3))

@@ -7,9 +7,13 @@ the same script over gloo.
   server's mean times 2 is gloo's sum, exactly), RANK/WORLD_SIZE count the
   trainers, and a gloo script runs under `ltp launch --servers 0`; so does
   the same over co-located servers (`--colocate`: one beside each worker,
-  over LTP, each rank with a device of its own on a rig with nodes);
+  over LTP, each rank with a device of its own on a rig with nodes), and
+  with no server ranks at all (`--colocate --share-nic`: each trainer's
+  server in its own process, a seat of the trainer's one device);
 - 2 nodes of 2 trainers with a server beside each, over TCP (a node's ranks
-  share its device) and over LTP (a device each, a node's sharing one link):
+  share its device), over LTP (a device each, a node's sharing one link),
+  and over LTP with the servers in the trainers, a node's one device shared
+  by its two trainers and their two servers (the local slices by Unix socket):
   torchrun's LOCAL_RANK and LTP's own count of a node's trainers agree; and
   2 hosts of 2 trainers over LTP sharing each host's one device (the mux);
 - at 5 % loss: every exact collective goes over LTP (native.py), none over
@@ -88,10 +92,18 @@ def test_stock_ddp_script_over_ltp_and_colocated_equals_gloo_bit_for_bit():
         [("s0", "ps", 0), ("s1", "ps1", 1), ("w0", "w0", 0), ("w1", "w1", 1)] and \
         s["colocated"] and s["rig"]["nodes"] == 2
     colocated = results(s)
+    # no server ranks at all: each trainer starts its server, a seat of the
+    # trainer's one device; its own slice goes off the wire (link_ltp_near.py)
+    rc, s, err = launch(2, "python", "docs/examples/ddp_backend.py", "--epochs", "3",
+                        flags=("--colocate", "--share-nic"), LTP_EARLY_CLOSE=WHOLE)
+    assert rc == 0, err[-3000:]
+    assert [(r["label"], r["host"]) for r in s["ranks"]] == [("w0", "w0"), ("w1", "w1")] and \
+        s["colocated"] and s["share_nic"]
+    colocated += results(s)
     # torchrun's numbering: the trainers only, whatever servers the job has
     assert [r["rank"] for r in ltp] == [0, 1] and {r["world"] for r in ltp} == {2}
     assert [r["ranks"] for r in ltp] == [r["ranks"] for r in gloo] == \
-        [r["ranks"] for r in colocated]       # all_gather_object: two servers' rows joined
+        [r["ranks"] for r in colocated[:2]] == [r["ranks"] for r in colocated[2:]]
     assert len({r["digest"] for r in ltp + gloo + colocated}) == 1, \
         [r["digest"] for r in ltp + gloo + colocated]
     assert ltp[0]["accuracy"] == gloo[0]["accuracy"]
@@ -104,19 +116,24 @@ NODE_HOSTS = {   # 2 nodes of 2 trainers, a server beside each: where each rank 
             ("w0", "w0"), ("w1", "w0"), ("w2", "w1"), ("w3", "w1")],
     # ... over LTP each has a device of its own (4 servers: 4 shard threads a worker)
     "ltp": [("s0", "ps"), ("s1", "ps1"), ("s2", "ps2"), ("s3", "ps3"),
-            ("w0", "w0"), ("w1", "w1"), ("w2", "w2"), ("w3", "w3")]}
+            ("w0", "w0"), ("w1", "w1"), ("w2", "w2"), ("w3", "w3")],
+    # ... or no server ranks: each trainer's server in its process, and a
+    # node's one device shared by its 4 seats (2 workers, 2 servers)
+    "ltp --share-nic": [("w0", "w0"), ("w1", "w0"), ("w2", "w1"), ("w3", "w1")]}
 
 
 @requires_bpf
 @pytest.mark.rig
-@pytest.mark.parametrize("transport", ["tcp", "ltp"])
-def test_two_nodes_of_two_trainers_and_a_colocated_server_beside_each(transport):
+@pytest.mark.parametrize("shape", list(NODE_HOSTS))
+def test_two_nodes_of_two_trainers_and_a_colocated_server_beside_each(shape):
     # the cluster's shape without server hosts: 4 trainers, 2 to a node, a
     # server beside each
+    transport, *more = shape.split()
     rc, s, err = launch(4, "python", "tests/ddp_collectives_job.py", "ltp",
-                        flags=("--ranks-per-node", "2", "--colocate", "--transport", transport))
+                        flags=("--ranks-per-node", "2", "--colocate", "--transport", transport,
+                               *more))
     assert rc == 0, err[-3000:]
-    assert [(r["label"], r["host"]) for r in s["ranks"]] == NODE_HOSTS[transport] and \
+    assert [(r["label"], r["host"]) for r in s["ranks"]] == NODE_HOSTS[shape] and \
         s["ranks_per_node"] == 2
     res = results(s)
     assert [r["rank"] for r in res] == [0, 1, 2, 3] and {r["world"] for r in res} == {4}

@@ -205,12 +205,14 @@ def test_a_failed_send_of_a_link_that_delivers_every_byte_is_not_repeated():
     ({0: {}, 1: {}}, True),                                  # every worker on 7410
     ({0: {"ltp_port": 7410, "shared": False}, 1: {}}, True),
     ({0: {"ltp_port": 7411, "shared": True}, 1: {}}, False),  # seated on a shared device
+    ({0: {"ltp_port": 7410, "shared": True}, 1: {}}, True),   # ... on the group's port
     ({0: {}, 1: {"ltp_port": 7415}}, False)])                # a port of its own, unshared
 def test_a_server_answers_by_unicast_where_a_group_frame_would_miss_a_worker(metas, group,
                                                                             capsys):
     """A group (broadcast) answer goes to port 7410 and reaches one program
-    there: a worker seated on a shared device, or one on another LTP port,
-    would never get it, so the server answers every worker by unicast then,
+    there: a worker seated on a shared device on another port, or one
+    unshared on another LTP port, would never get it (one seated on 7410
+    does), so the server answers every worker by unicast then,
     to each worker's own port, and says why."""
     link = LtpServerLink(Settings(dev="lo", ip="127.0.0.1"), 2, "10.9.9.255")
     link.connect({w: {"ip": f"198.18.0.{10 + w}", **m} for w, m in metas.items()})

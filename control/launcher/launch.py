@@ -85,14 +85,16 @@ def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
     MTU and queue, the job's transport and servers, and for the group downlink
     the rig's broadcast address (its bridge floods it to every host). `share`
     (`--share-nic`): a worker over LTP takes a seat of its host's device
-    (share_dev) on port LTP_PORT + 1 + its LOCAL_RANK."""
+    (share_dev) on port LTP_PORT + 1 + its LOCAL_RANK, or the group's port
+    LTP_PORT where it is its host's one worker (the group's answers reach it)."""
     h, c = r.host, rig.config
     node = f"{rig.name}-n{r.node}" if getattr(c, "nodes", 0) and r.node >= 0 else None
     seated = share and transport == "ltp" and r.role == "worker"
     return dict(transport=transport, dev=h.ifname, ip=h.ip, xdp_mode=c.mode,
                 capacity=c.rate_bps, mtu=c.mtu, group=BROADCAST if group else None,
                 servers=servers, netns=h.netns, store_netns=rig.ps.netns, buffer=c.buffer_bytes,
-                node=node, udp_port=LTP_PORT + 1 + r.local if seated else LTP_PORT,
+                node=node, udp_port=LTP_PORT + 1 + r.local if seated and r.local_world > 1
+                else LTP_PORT,
                 share_dev=seated)
 
 

@@ -50,11 +50,10 @@ END_S = 10.0      # a clean shutdown waits this long for the partner's loop to e
 SERVER_PORT = 1000   # over LTP, a trainer's server's UDP port: this above its worker's
 
 
-def on_thread(s) -> bool:
-    """Whether trainer's server runs on a thread of its process: over LTP
-    always (its own slice is handed over in memory: link_ltp_near.py),
-    over TCP where LTP_COLOCATE_THREAD=1 asks."""
-    return s.transport == "ltp" or bool(settings_table.env("colocate_thread"))
+def on_thread() -> bool:
+    """Whether a trainer's server runs on a thread of its process
+    (LTP_COLOCATE_THREAD=1), not as its child."""
+    return bool(settings_table.env("colocate_thread"))
 
 
 def server_settings(s):

@@ -101,7 +101,7 @@ class Job:
         if s.colocate and not self.is_server:   # server `rank`: a child, or on a thread
             self.partner = Partner(lambda at, st: Job(server_settings(s), at, st), self.rank,
                                    self.world, shard_clients(self.store, 1, s.store_netns)[0]) \
-                if on_thread(s) else Child(s, self.rank, self.world)
+                if on_thread() else Child(server_settings(s), self.rank, self.world)
         if self.given is None:     # the process's recorder (LTP_FLIGHT_DIR): not a partner's
             flight_start(self.global_rank, SERVER if self.is_server else WORKER,
                          self.global_rank if self.is_server else self.rank)

@@ -120,9 +120,11 @@ class LtpServerLink(ServerLink):
             check_tolerant(self.defer)
         self.peers = [Peer(w, metas[w]["ip"], metas[w].get("ltp_port", W.PORT))
                       for w in self.near.far(self.ids)]
-        shared = [w for w in self.ids if metas[w].get("shared")]
+        # a group frame goes to one port: a worker on another (several share
+        # its device, each on a port of its own) takes its answers by unicast
         off = [p.worker for p in self.peers if p.port != W.PORT]
-        if (shared or off) and self.group is not None:   # a group frame: one port, one program
+        if off and self.group is not None:
+            shared = [w for w in off if metas[w].get("shared")]
             why = (f"worker(s) {shared} share a device with other ranks" if shared else
                    f"worker(s) {off} take LTP on a port of their own")
             print(f"ltpx.torch server: {why}: answers go by unicast", file=sys.stderr)

@@ -53,10 +53,15 @@ class SockEnd:
     """One direction of a worker's Unix socket to its server, as a Slot's
     give and take: a piece is the TCP transport's header and body."""
 
-    def __init__(self, sock: socket.socket, what: str):
-        self.sock, self.what = sock, what
+    def __init__(self, channel: SockChannel, what: str):
+        self.channel, self.sock, self.what = channel, channel.sock, what
+
+    def check(self) -> None:
+        if self.channel.closed:
+            raise CommError(f"{self.what}: {self.channel.closed}")
 
     def give(self, tag: int, body: memoryview, timeout_s: float, abort=None) -> None:
+        self.check()
         hdr, sent = HDR.pack(TCP_MAGIC, tag, len(body)), 0
         self.sock.settimeout(timeout_s)
         try:
@@ -66,12 +71,14 @@ class SockEnd:
             raise CommError(f"{self.what}: {tag}: {e or type(e).__name__}") from e
 
     def take(self, tag: int, into: memoryview, timeout_s: float, abort=None) -> None:
+        self.check()
         self.sock.settimeout(timeout_s)
         try:
             magic, got, size = HDR.unpack(recv_exact(self.sock, HDR.size))
             if magic != TCP_MAGIC or got != tag or size != len(into):
-                raise CommError(f"{self.what}: {got} of {size} bytes where {tag} of "
-                                f"{len(into)} was expected: out of step")
+                self.channel.end(f"{got} of {size} bytes given where {tag} of {len(into)} "
+                                 "was expected: out of step")
+                self.check()
             view, at = into.cast("B"), 0
             while at < size:
                 k = self.sock.recv_into(view[at:])
@@ -86,11 +93,20 @@ class SockChannel:
     """A worker and its server on one host, in two processes: its Unix socket."""
 
     def __init__(self, sock: socket.socket, worker: int):
-        self.sock = sock
-        self.up = SockEnd(sock, f"worker {worker}'s pieces to the server on its host")
-        self.down = SockEnd(sock, f"the server's answers to worker {worker} on its host")
+        self.sock, self.closed = sock, ""
+        self.up = SockEnd(self, f"worker {worker}'s pieces to the server on its host")
+        self.down = SockEnd(self, f"the server's answers to worker {worker} on its host")
 
     def close(self, who: str) -> None:
+        """Either side's end (as handoff.Pair.close)."""
+        self.end(f"{who} closed its end")
+
+    def end(self, why: str) -> None:
+        """The channel's end, or a stream out of step: every later give and
+        take raises, naming why, and the peer's see the socket closed."""
+        if self.closed:
+            return
+        self.closed = why
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

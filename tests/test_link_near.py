@@ -1,0 +1,124 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The LTP links' way to a worker whose frames never reach a NIC
+(control/torchapi/link_ltp_near.py): a co-located trainer's own slice, and
+another trainer's on the same host.
+
+Real sockets and the real in-memory pair; the rounds that also come over
+XDP are tested on the rig (test_ddp_backend.py: co-located trainers sharing
+one device, bit-identical to gloo).
+"""
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from ltpx.control.torchapi import link_ltp_near as near
+from ltpx.control.torchapi.handoff import proc
+from ltpx.control.torchapi.localsock import ns_id
+from ltpx.control.trust import jobkey
+from ltpx.errors import CommError
+
+pytestmark = pytest.mark.unit
+
+
+def _channel():
+    a, b = socket.socketpair()
+    return near.SockChannel(a, 0), near.SockChannel(b, 0)
+
+
+def test_a_piece_over_the_local_socket_arrives_whole_into_place_and_in_step():
+    worker, server = _channel()
+    body = np.arange(300_000, dtype=np.float32)         # more than a socket holds
+    row = np.zeros(300_000, dtype=np.float32)
+    t = threading.Thread(target=worker.up.give, args=(7, near.as_bytes(body), 10.0))
+    t.start()
+    server.up.take(7, near.as_bytes(row), 10.0)
+    t.join(10)
+    assert np.array_equal(row, body)
+    # the answer back, then a piece out of step: refused, naming both
+    server.down.give(8, near.as_bytes(body[:10]), 10.0)
+    into = np.zeros(10, dtype=np.float32)
+    worker.down.take(8, near.as_bytes(into), 10.0)
+    assert np.array_equal(into, body[:10])
+    worker.up.give(9, near.as_bytes(body[:10]), 10.0)
+    with pytest.raises(CommError, match="9 of 40 bytes given where 10 of 40 was expected"):
+        server.up.take(10, near.as_bytes(into), 10.0)
+    # out of step is the end of it, on both sides
+    with pytest.raises(CommError, match="out of step"):
+        server.down.give(11, near.as_bytes(into), 2.0)
+    with pytest.raises(CommError, match="closed by the peer|reset by peer"):
+        worker.down.take(11, near.as_bytes(into), 2.0)
+    worker.close("test")
+
+
+def test_a_silent_local_worker_is_a_comm_error_within_the_wait():
+    worker, server = _channel()
+    with pytest.raises(CommError, match="pieces to the server on its host: 3"):
+        server.up.take(3, near.as_bytes(np.zeros(4, dtype=np.float32)), 0.2)
+    worker.close("test")
+    server.close("test")
+
+
+def test_rows_of_a_round_from_the_near_workers_alone_in_the_workers_order(tmp_path,
+                                                                         monkeypatch):
+    """Workers 0 (in this process) and 2 (on this host, by the Unix socket,
+    its hello MAC'd under the job key); worker 1 over the wire, absent from
+    this round: the rows come in the workers' order, whole, with arrival
+    stamps, and the answer goes back to each."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    key = jobkey.hello_key(jobkey.new_key(), b"run-1")
+    rows = NearRowsHere(key)
+    metas = {0: {"proc": proc()}, 1: {"proc": "elsewhere", "host": "other"},
+             2: {"proc": "elsewhere", "host": "h", "netns_id": ns_id("net")}}
+    server = {"ip": "198.18.9.1", "ltp_port": 9410, **rows.address()}
+    got = {}
+    t = threading.Thread(target=lambda: got.update(   # as from another process
+        w2=near.worker_pair(dict(server, proc="elsewhere"), 2, "h", key, 10.0)))
+    t.start()
+    rows.connect(metas, [0, 1, 2], 10.0)
+    t.join(10)
+    w0 = near.worker_pair(server, 0, "h", key, 10.0)
+    assert near.worker_pair(dict(server, proc="x", host="other"), 1, "h", key, 1.0) is None
+    assert sorted(rows.pairs) == [0, 2] and rows.far([0, 1, 2]) == [1]
+    n = 1000
+    rows.opened(5, n, wired=False)
+    a, b = np.full(n, 1.5, dtype=np.float32), np.full(n, -2.0, dtype=np.float32)
+    t = threading.Thread(target=got["w2"].up.give, args=(5, near.as_bytes(b), 10.0))
+    t.start()
+    w0.up.give(5, near.as_bytes(a), 10.0)
+    g = rows.gather(5, [0, 2], None, 356, 10.0)
+    t.join(10)
+    assert g.workers == [0, 2] and g.reason == "complete" and g.chunks == 3
+    assert np.array_equal(g.values, np.stack([a, b])) and g.masks.all()
+    assert (g.arrivals.first_ns > 0).all() and list(g.delivered) == [3, 3]
+    wait = rows.give(6, a[:7], [0, 2], 10.0)
+    for p in (w0, got["w2"]):
+        into = np.zeros(7, dtype=np.float32)
+        p.down.take(6, near.as_bytes(into), 10.0)
+        assert np.array_equal(into, a[:7])
+    wait()
+    rows.close()
+    with pytest.raises(CommError):
+        w0.down.take(7, near.as_bytes(np.zeros(1, dtype=np.float32)), 1.0)
+
+
+def NearRowsHere(key):   # noqa: N802 - a NearRows on host "h"
+    return near.NearRows("198.18.9.1", 9410, "h", key)
+
+
+def test_a_worker_on_the_host_with_a_wrong_key_is_not_taken(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    key = jobkey.hello_key(jobkey.new_key(), b"run-1")
+    rows = NearRowsHere(key)
+    server = {"ip": "198.18.9.1", "ltp_port": 9410, **rows.address()}
+    stranger = jobkey.hello_key(jobkey.new_key(), b"run-1")
+    t = threading.Thread(target=lambda: near.worker_pair(dict(server, proc="elsewhere"), 2,
+                                                         "h", stranger, 5.0))
+    t.start()
+    with pytest.raises(CommError, match="only 0 of the 1 workers on this host"):
+        rows.connect({2: {"proc": "x", "host": "h", "netns_id": ns_id("net")}}, [2], 1.0)
+    t.join(10)
+    rows.close()
