@@ -206,10 +206,10 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
     _s("servers", int, 1, "server ranks, each summing a contiguous slice of every bucket on a "
        "host of its own (docs/training.md, Sharded servers)", lo=1, hi=MAX_SERVERS,
        flags=(TRAIN, LAUNCH), launcher=True),
-    _s("colocate", bool, False, "no server ranks: trainer r of N starts server r of N, "
-       "summing slice r of every bucket: over TCP as its child process, over LTP on a thread, "
-       "its own seat of the trainer's device on udp_port + 1000 (at most 8 trainers; "
-       "docs/deploy.md, Co-located servers)", shown="0"),
+    _s("colocate", bool, False, "no server ranks: trainer r of N starts server r of N as its "
+       "child process, summing slice r of every bucket; over LTP a seat of the trainer's "
+       "device on udp_port + 1000 (at most 8 trainers; docs/deploy.md, Co-located servers)",
+       shown="0"),
     _s("netns", str, None, "the network namespace this rank runs in, if not the host's (names "
        "the endpoint's pins for `ltp status`)", shown="-", flags=(RANK,), launcher=True),
     _s("node", str, None, "the machine this rank counts as on, where its namespace is a "

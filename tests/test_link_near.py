@@ -17,7 +17,6 @@ import pytest
 
 from ltpx.control.torchapi import link_ltp_near as near
 from ltpx.control.torchapi.handoff import proc
-from ltpx.control.torchapi.localsock import ns_id
 from ltpx.control.trust import jobkey
 from ltpx.errors import CommError
 
@@ -72,7 +71,7 @@ def test_rows_of_a_round_from_the_near_workers_alone_in_the_workers_order(tmp_pa
     key = jobkey.hello_key(jobkey.new_key(), b"run-1")
     rows = NearRowsHere(key)
     metas = {0: {"proc": proc()}, 1: {"proc": "elsewhere", "host": "other"},
-             2: {"proc": "elsewhere", "host": "h", "netns_id": ns_id("net")}}
+             2: {"proc": "elsewhere", "host": "h", **near.here()}}
     server = {"ip": "198.18.9.1", "ltp_port": 9410, **rows.address()}
     got = {}
     t = threading.Thread(target=lambda: got.update(   # as from another process
@@ -82,15 +81,21 @@ def test_rows_of_a_round_from_the_near_workers_alone_in_the_workers_order(tmp_pa
     t.join(10)
     w0 = near.worker_pair(server, 0, "h", key, 10.0)
     assert near.worker_pair(dict(server, proc="x", host="other"), 1, "h", key, 1.0) is None
+    # another machine of the same name (every root namespace has one inode) is not this one
+    assert near.worker_pair(dict(server, proc="x", boot="another"), 1, "h", key, 1.0) is None
     assert sorted(rows.pairs) == [0, 2] and rows.far([0, 1, 2]) == [1]
     n = 1000
     rows.opened(5, n, wired=False)
     a, b = np.full(n, 1.5, dtype=np.float32), np.full(n, -2.0, dtype=np.float32)
-    t = threading.Thread(target=got["w2"].up.give, args=(5, near.as_bytes(b), 10.0))
+    beats = []
+    rows.beat = lambda: beats.append(1)   # the endpoint kept ACKing while a row is awaited
+    t = threading.Thread(target=lambda: (threading.Event().wait(0.6),
+                                         got["w2"].up.give(5, near.as_bytes(b), 10.0)))
     t.start()
     w0.up.give(5, near.as_bytes(a), 10.0)
     g = rows.gather(5, [0, 2], None, 356, 10.0)
     t.join(10)
+    assert len(beats) >= 2
     assert g.workers == [0, 2] and g.reason == "complete" and g.chunks == 3
     assert np.array_equal(g.values, np.stack([a, b])) and g.masks.all()
     assert (g.arrivals.first_ns > 0).all() and list(g.delivered) == [3, 3]
@@ -100,6 +105,9 @@ def test_rows_of_a_round_from_the_near_workers_alone_in_the_workers_order(tmp_pa
         p.down.take(6, near.as_bytes(into), 10.0)
         assert np.array_equal(into, a[:7])
     wait()
+    # a retried answer (a far worker was slow) is not given again to those that took it
+    assert rows.give(6, a[:7], [0, 2], 10.0) is None
+    assert not got["w2"].down.ready(0.3) and not w0.down.ready(0.0)
     rows.close()
     with pytest.raises(CommError):
         w0.down.take(7, near.as_bytes(np.zeros(1, dtype=np.float32)), 1.0)
@@ -119,6 +127,6 @@ def test_a_worker_on_the_host_with_a_wrong_key_is_not_taken(tmp_path, monkeypatc
                                                          "h", stranger, 5.0))
     t.start()
     with pytest.raises(CommError, match="only 0 of the 1 workers on this host"):
-        rows.connect({2: {"proc": "x", "host": "h", "netns_id": ns_id("net")}}, [2], 1.0)
+        rows.connect({2: {"proc": "x", "host": "h", **near.here()}}, [2], 1.0)
     t.join(10)
     rows.close()

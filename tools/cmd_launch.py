@@ -63,9 +63,9 @@ examples:
       (2 hosts of 4 trainers over LTP, each host's one device shared by its 4 XDP
       programs through the mux, ports 7411-7414; the server on a host of its own)
   sudo ltp launch --workers 4 --colocate --share-nic -- python docs/examples/ddp_backend.py
-      (no server ranks at all: each trainer serves a quarter of every bucket on a thread
-      of its own process, its worker and server seats of its host's one device; its own
-      slice handed over in memory, LTP_COLOCATE=1)
+      (no server ranks at all: each trainer starts its server, which sums a quarter of
+      every bucket; the trainer's worker and server are seats of its host's one device,
+      its own slice off the wire, by the server's Unix socket; LTP_COLOCATE=1)
   sudo ltp launch --workers 4 -- python docs/examples/ddp_backend.py
       (a stock DDP script over init_process_group("ltp"); RANK and WORLD_SIZE count
       the trainers, as under torchrun)
@@ -279,8 +279,10 @@ def _run(rig, args, argv: list[str], out: Output, now: dict):
     from ..control.launcher.launch import RigJob, follow, job_env
     from ..control.launcher.plan import plan_ranks
     from ..dataplane.rig.signals import deferred_signals
-    policy = restarts.RestartPolicy(args.max_restarts, whole_job=args.servers > 1, say=out.note)
     inside = in_trainers(args)     # the servers start in the trainers' processes
+    # a sharded job, or trainers that serve: any rank's death restarts them all
+    policy = restarts.RestartPolicy(args.max_restarts, whole_job=args.servers > 1 or inside,
+                                    say=out.note)
     servers = 0 if inside else args.servers
     t_end = time.monotonic() + args.timeout if args.timeout else None
     while True:

@@ -95,6 +95,13 @@ class Slot:
                                   f"not taken within {timeout_s:g}s")
             raise CommError(f"{self.what}: {tag} {why}")
 
+    def ready(self, wait_s: float) -> bool:
+        """Whether a piece (or the end) is there to take within wait_s."""
+        with self.cv:
+            if not self.q and not self.closed:
+                self.cv.wait(wait_s)
+            return bool(self.q) or bool(self.closed)
+
     def take(self, tag: int, into: memoryview | list[memoryview], timeout_s: float,
              abort: threading.Event | None = None) -> None:
         """Copy the next piece, which must be `tag` of into's size, into `into`

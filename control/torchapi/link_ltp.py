@@ -18,6 +18,7 @@ ACKs were lost, and those get a CLOSED ACK instead of silence.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -116,6 +117,7 @@ class LtpServerLink(ServerLink):
 
     def connect(self, metas: dict[int, dict]) -> None:
         self.near.connect(metas, self.ids, self.s.timeout)
+        self.near.beat = self.beat    # its rows awaited, the open rounds stay ACKed
         if self.near:
             check_tolerant(self.defer)
         self.peers = [Peer(w, metas[w]["ip"], metas[w].get("ltp_port", W.PORT))
@@ -194,9 +196,10 @@ class LtpServerLink(ServerLink):
             self.policies = {}
 
     def endpoint_bubble(self, bubble: str) -> str:
-        """What the endpoint fills: "stale" is server.py's, and compressed
-        rounds are filled once decoded (ServerCodec), so zeros then."""
-        return "zero" if bubble == "stale" or self.wire != "none" else bubble
+        """What the endpoint fills: "stale" is server.py's, compressed
+        rounds are filled once decoded (ServerCodec), and a round with near
+        rows once they are in (NearRows.gather), so zeros then."""
+        return "zero" if bubble == "stale" or self.wire != "none" or self.near else bubble
 
     def policy(self, key) -> EarlyClose:
         """The Early Close state of one kind of round (a step's bucket i).
@@ -238,8 +241,11 @@ class LtpServerLink(ServerLink):
         res = self.ep.wait_round(r) if not near or r in self.near.wired else None
         if res is not None:
             self.note_round(r, res)
-        if near:
-            g = self.near.gather(r, workers, res, chunk_bytes_for(self.s.mtu) // 4, self.wait_s)
+        codec = self.codec.compressed(r)
+        if near:   # its holes filled once every row is in (endpoint_bubble), unless decoded
+            g = self.near.gather(r, workers, res, chunk_bytes_for(self.s.mtu) // 4, self.wait_s,
+                                 fill=None if codec is not None or self.bubble != "mean"
+                                 else "mean")
         else:
             g = Gathered(round=r, values=res.values, workers=list(res.workers),
                          delivered=res.masks.sum(axis=1), chunks=res.layout.nchunks,
@@ -247,7 +253,6 @@ class LtpServerLink(ServerLink):
                          chunk_elems=res.layout.chunk_elems, masks=res.masks,
                          duration_s=res.duration_s, error=res.error["vs_noise"],
                          arrivals=res.arrivals, attribution=res.attribution)
-        codec = self.codec.compressed(r)
         if codec is not None:
             g.values = self.codec.decode(r, g.values, g.masks, self.bubble)
             g.chunk_elems = codec.per_chunk
@@ -279,15 +284,21 @@ class LtpServerLink(ServerLink):
         buf = self.codec.answer(buf, d)    # buf itself unless a compressed step preceded it
         if self.signer:
             buf = self.timed_sign(d, buf)
-        given = self.near.give(d, buf, near, timeout_s)   # off the wire, while XDP sends
+        # off the wire, while XDP sends: a local worker loses nothing, so it
+        # has the link's whole time (and a retry's give skips those that took it)
+        given = self.near.give(d, buf, near, self.wait_s)
         try:
             if peers:
                 self.ep.push_reliable(d, buf, peers, timeout_s=timeout_s,
                                       group=self.group if group else None,
                                       coded=self.s.downlink_code == "rs")
-        finally:
-            if given is not None:
-                given()
+        except BaseException:
+            if given is not None:   # the push's error is the one to say (DeadPeerError)
+                with contextlib.suppress(CommError):
+                    given()
+            raise
+        if given is not None:
+            given()
         return None
 
     @property

@@ -27,14 +27,16 @@ one whose every row came over the wire).
 """
 from __future__ import annotations
 
+import select
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
 from ...errors import CommError
 from ..accept import accept_workers
+from ..transport.bubble import fill as bubble_fill
 from ..transport.early_close import COMPLETE
 from ..transport.results import Arrivals
 from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
@@ -42,6 +44,9 @@ from .handoff import pair as handoff_pair, proc
 from .link_tcp_worker import HDR, TCP_MAGIC, iov, recv_exact
 from .links import Gathered
 from .localsock import connect_local, listen_local, ns_id, unlisten
+
+
+BEAT_S = 0.2     # a wait for a near row beats the endpoint this often
 
 
 def as_bytes(buf: np.ndarray) -> memoryview:
@@ -67,8 +72,14 @@ class SockEnd:
         try:
             while sent < len(hdr) + len(body):
                 sent += self.sock.sendmsg(iov(hdr, body, sent))
-        except OSError as e:
-            raise CommError(f"{self.what}: {tag}: {e or type(e).__name__}") from e
+        except OSError as e:     # a frame cut short: nothing after it could be read in step
+            self.channel.end(f"{tag} cut short: {e or type(e).__name__}")
+            raise CommError(f"{self.what}: {self.channel.closed}") from e
+
+    def ready(self, wait_s: float) -> bool:
+        """Whether a piece (or the end) is there to take within wait_s."""
+        self.check()
+        return bool(select.select([self.sock], [], [], wait_s)[0])
 
     def take(self, tag: int, into: memoryview, timeout_s: float, abort=None) -> None:
         self.check()
@@ -85,8 +96,11 @@ class SockEnd:
                 if k == 0:
                     raise CommError(f"{self.what}: closed by the peer")
                 at += k
-        except OSError as e:
-            raise CommError(f"{self.what}: {tag}: {e or type(e).__name__}") from e
+        except (OSError, CommError) as e:   # the stream is out of step from here on
+            self.channel.end(f"{tag}: {e or type(e).__name__}")
+            if isinstance(e, CommError):
+                raise
+            raise CommError(f"{self.what}: {self.channel.closed}") from e
 
 
 class SockChannel:
@@ -122,12 +136,14 @@ class NearRows:
         self.pairs: dict = {}       # worker id -> its handoff.Pair or SockChannel
         self.sizes: dict[int, tuple[int, int]] = {}   # open round -> (wire elems, open ns)
         self.wired: set[int] = set()           # open rounds with workers over XDP too
+        self.took: dict[int, set[int]] = {}    # answer -> the near workers that took it
+        self.beat = None                       # keeps the endpoint ACKing while rows wait
         self.pool: ThreadPoolExecutor | None = None
 
         self.ux, self.ux_path = listen_local(ip, port, 64)   # for workers on this host
 
     def address(self) -> dict:
-        return {"proc": proc(), "host": self.host, "netns_id": ns_id("net"),
+        return {"proc": proc(), "host": self.host, **here(),
                 **({"unix": self.ux_path} if self.ux_path else {})}
 
     def connect(self, metas: dict[int, dict], ids: list[int], timeout_s: float) -> None:
@@ -181,16 +197,18 @@ class NearRows:
         self.wired.clear()
 
     def gather(self, r: int, workers: list[int], res, chunk_elems: int,
-               wait_s: float) -> Gathered:
+               wait_s: float, fill: str | None = None) -> Gathered:
         """Round r's rows in `workers`' order: the far ones from `res` (the XDP
-        round's result, None when every worker is near), the near ones
-        taken from their pairs, whole."""
+        round's result, None when every worker is near; its holes zero), the
+        near ones taken from their pairs, whole; `fill`: the far rows'
+        holes Bubble-Filled from every row ("mean")."""
         n, open_ns = self.sizes.pop(r)
         self.wired.discard(r)
         far = [] if res is None else list(res.workers)
         ws = sorted(set(far) | {w for w in workers if w in self.pairs})
         nch = -(-n // chunk_elems) if n else 0
-        values = np.empty((len(ws), n), dtype=np.float32)
+        padded = np.zeros((len(ws), nch * chunk_elems), dtype=np.float32)
+        values = padded[:, :n]
         masks = np.ones((len(ws), nch), dtype=bool)
         filled = np.zeros(len(ws), dtype=np.int64)
         took = np.zeros(len(ws), dtype=np.int64)
@@ -200,8 +218,10 @@ class NearRows:
                 values[i] = res.values[j]
                 masks[i], filled[i] = res.masks[j], res.filled[j]
             else:
-                self.pairs[w].up.take(r, as_bytes(values[i]), wait_s)
+                self.take(w, r, as_bytes(values[i]), wait_s)
                 took[i] = time.monotonic_ns()
+        if fill is not None and not masks.all():
+            bubble_fill(padded.reshape(len(ws), nch, chunk_elems), masks, fill)
         close_ns = max(int(took.max()) if len(ws) else 0,
                        res.arrivals.close_ns if res is not None and res.arrivals else 0)
         return Gathered(round=r, values=values, workers=ws, delivered=masks.sum(axis=1),
@@ -213,16 +233,41 @@ class NearRows:
                         arrivals=_arrivals(res, far, ws, took, open_ns, close_ns),
                         attribution=None if res is None else res.attribution)
 
+    def take(self, w: int, r: int, into: memoryview, wait_s: float) -> None:
+        """Worker w's piece of round r into `into`, the endpoint beaten while
+        it is awaited (its XDP program keeps ACKing the rounds open on it)."""
+        ch, end = self.pairs[w].up, time.monotonic() + wait_s
+        while not ch.ready(BEAT_S):
+            if self.beat is not None:
+                self.beat()
+            if time.monotonic() > end:
+                raise CommError(f"{ch.what}: nothing of round {r} within {wait_s:g}s")
+        ch.take(r, into, max(0.0, end - time.monotonic()) + BEAT_S)
+
     def give(self, d: int, wire: np.ndarray, near: list[int], wait_s: float):
         """Answer d (its words as they go on the wire) to the near workers
         `near`, a thread each: a wait() for them all (None: no one to give to)."""
+        took = self.took.setdefault(d, set())
+        for old in [k for k in self.took if k < d - 4]:
+            del self.took[old]
+        near = [w for w in near if w not in took]   # a retry's: those that took it do not
         if not near:
             return None
         if self.pool is None:
             self.pool = ThreadPoolExecutor(len(self.pairs), thread_name_prefix="ltpx-near")
         body = as_bytes(wire)
-        futs = [self.pool.submit(self.pairs[w].down.give, d, body, wait_s) for w in near]
-        return lambda: [f.result() for f in futs]
+
+        def one(w: int) -> None:
+            self.pairs[w].down.give(d, body, wait_s)
+            took.add(w)
+        futs = [self.pool.submit(one, w) for w in near]
+
+        def done() -> None:
+            """Every give ended (none still lends the answer), then the first error."""
+            wait(futs)
+            for f in futs:
+                f.result()
+        return done
 
     def close(self) -> None:
         unlisten(self.ux, self.ux_path)
@@ -252,10 +297,28 @@ def _arrivals(res, far: list[int], ws: list[int], took: np.ndarray, open_ns: int
                     first_ns=first, last_ns=last, thresh_ns=thresh)
 
 
+def boot_id() -> str:
+    """This machine's boot (the kernel's random boot_id): two hosts that
+    share a name and a network namespace inode (every root one has the same)
+    are still two."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def here() -> dict:
+    """What a rank's meta says of where it is, for on_host."""
+    return {"netns_id": ns_id("net"), "boot": boot_id()}
+
+
 def on_host(meta: dict, host: str) -> bool:
-    """Whether the rank of `meta` is on this host, in this network namespace:
-    a frame between the two never reaches a NIC."""
-    return meta.get("host") == host and meta.get("netns_id") == ns_id("net")
+    """Whether the rank of `meta` is on this host (the same name and boot),
+    in this network namespace: a frame between the two never reaches a NIC."""
+    mine = here()
+    return meta.get("host") == host and bool(mine["boot"]) and \
+        all(meta.get(k) == v for k, v in mine.items())
 
 
 def worker_pair(server: dict, worker: int, host: str, key, timeout_s: float):
@@ -270,7 +333,12 @@ def worker_pair(server: dict, worker: int, host: str, key, timeout_s: float):
     if sock is None:
         raise CommError(f"the server at {server['ip']} shares this worker's host, and its "
                         "local socket does not answer: frames to it would never reach a NIC")
-    sock.sendall(mac_hello(worker, key))
+    try:
+        sock.sendall(mac_hello(worker, key))
+    except OSError as e:
+        sock.close()
+        raise CommError(f"the server at {server['ip']} on this host: its local socket: {e}") \
+            from e
     return SockChannel(sock, worker)
 
 

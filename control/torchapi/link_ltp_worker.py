@@ -24,8 +24,7 @@ from .codec import WorkerCodec, check_peer, piece_feedback
 from .handoff import Pair, proc
 from .host import rank_host
 from .link_ltp import ROUND_LIMIT_S, endpoint_room, endpoint_config
-from .link_ltp_near import SockChannel, as_bytes, check_tolerant, worker_pair
-from .localsock import ns_id
+from .link_ltp_near import SockChannel, as_bytes, check_tolerant, here, worker_pair
 from .links import WorkerLink
 from .settings import Settings
 
@@ -77,7 +76,7 @@ class LtpWorkerLink(WorkerLink):
 
     def address(self) -> dict:
         return {"ltp_port": self.s.udp_port, "shared": self.s.share_dev, "proc": proc(),
-                "netns_id": ns_id("net")}
+                **here()}
 
     def connect(self, server: dict) -> None:
         check_peer(self.s.compress, chunk_bytes_for(self.s.mtu), server, chunks=True)

@@ -41,8 +41,7 @@ from .handoff import proc
 from .coord import Coord
 from .exchange import Arrival, Exchange
 from .host import rank_host, route_to
-from .link_ltp_near import on_host
-from .localsock import ns_id
+from .link_ltp_near import here, on_host
 from .link_ltp_worker import LtpWorkerLink, SharedDevice
 from .link_tcp import TcpWorkerLink
 from .links import WorkerLink
@@ -373,7 +372,7 @@ def start_sharded(job) -> None:
           "ip": s.ip, "dev": s.dev, "host": rank_host(s.netns, s.node), "pid": os.getpid(),
           # a server in this process meets its worker in memory; over LTP one
           # on this host (and network namespace) by its Unix socket
-          "proc": proc(), "netns_id": ns_id("net")}
+          "proc": proc(), **here()}
     if job.is_server:
         i = job.global_rank
         job.coord = Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}")
