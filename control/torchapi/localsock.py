@@ -37,11 +37,17 @@ CONNECT_S = 5.0     # a local connect's limit: then TCP, with the job's timeout 
 
 
 def ns_id(kind: str) -> int:
-    """This process's `kind` namespace (net, pid) as its inode; 0 unknown."""
-    try:
-        return os.stat(f"/proc/self/ns/{kind}").st_ino
-    except OSError:
-        return 0
+    """The calling thread's `kind` namespace (net, pid) as its inode; 0
+    unknown. The thread's, not the process's: /proc/self is the main
+    thread, which may be inside another network namespace just then (a
+    store connection opened from the store's: netns.inside), while a
+    co-located server's thread asks where it is."""
+    for base in ("/proc/thread-self", "/proc/self"):
+        try:
+            return os.stat(f"{base}/ns/{kind}").st_ino
+        except OSError:
+            continue
+    return 0
 
 
 def local_dir() -> str | None:
