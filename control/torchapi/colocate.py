@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Co-located servers started by the trainers themselves (`colocate`,
-LTP_COLOCATE=1; the TCP transport): a job with no server ranks to start.
+LTP_COLOCATE=1; over TCP or LTP): a job with no server ranks to start.
 
 Trainer r of N is two ranks of the LTP job, which has 2N: its worker (LTP
 rank N + r, as a trainer is beside N server ranks) and server r, which sums
@@ -19,6 +19,12 @@ no socket). On an H200 server processes beside the trainers (those a
 `Child` starts) ran 4-30 % faster than servers on threads, which share the
 trainer's GIL, and the hand-off in memory bought nothing measurable
 (docs/benchmarks.md, "Issue 41's GPU goal").
+
+Over LTP the trainer's worker and its server are two seats of the
+trainer's one device (`server_settings`: the server on the worker's UDP
+port + SERVER_PORT), and a worker reaches a server on its own host off the
+wire, which XDP never sees (link_ltp_near.py: by the server's Unix socket,
+or in memory on a thread).
 
 Either serves with the process's job key (a member key file, which holds
 no server's key, is refused up front: `settle`) and ends when the job does
