@@ -37,6 +37,8 @@ reliable class; each worker applies it with its own optimizer. Modules:
   ops          the op sequence every rank runs, round numbers, the step report
   links, link_ltp, link_ltp_worker, link_tcp, link_tcp_worker   the transports under the
                server and the workers
+  link_ltp_near  the LTP links' way to a rank on the same host (in memory, or by the
+               server's Unix socket), whose frames never reach a NIC
   localsock    the TCP transport's local hop: a Unix socket to a server on this host
   handoff      the TCP transport's hop inside one process: a co-located trainer's worker
                and server meet in memory
