@@ -70,7 +70,9 @@ def test_rows_of_a_round_from_the_near_workers_alone_in_the_workers_order(tmp_pa
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     key = jobkey.hello_key(jobkey.new_key(), b"run-1")
     rows = NearRowsHere(key)
-    metas = {0: {"proc": proc()}, 1: {"proc": "elsewhere", "host": "other"},
+    metas = {0: {"proc": proc(), "host": "h", **near.here()},
+             1: {"proc": proc(), "host": "h", "netns_id": 1},   # this process, another netns
+
              2: {"proc": "elsewhere", "host": "h", **near.here()}}
     server = {"ip": "198.18.9.1", "ltp_port": 9410, **rows.address()}
     got = {}
@@ -81,6 +83,7 @@ def test_rows_of_a_round_from_the_near_workers_alone_in_the_workers_order(tmp_pa
     t.join(10)
     w0 = near.worker_pair(server, 0, "h", key, 10.0)
     assert near.worker_pair(dict(server, proc="x", host="other"), 1, "h", key, 1.0) is None
+    assert near.worker_pair(dict(server, netns_id=1), 1, "h", key, 1.0) is None
     # another machine of the same name (every root namespace has one inode) is not this one
     assert near.worker_pair(dict(server, proc="x", boot="another"), 1, "h", key, 1.0) is None
     assert sorted(rows.pairs) == [0, 2] and rows.far([0, 1, 2]) == [1]
@@ -129,4 +132,55 @@ def test_a_worker_on_the_host_with_a_wrong_key_is_not_taken(tmp_path, monkeypatc
     with pytest.raises(CommError, match="only 0 of the 1 workers on this host"):
         rows.connect({2: {"proc": "x", "host": "h", **near.here()}}, [2], 1.0)
     t.join(10)
+    rows.close()
+
+
+def _far_round(r: int, n: int, ce: int, worker: int, value: float, threshold: float):
+    """The XDP round's result as the receiver hands it over: one far
+    worker's row, whole (transport/results.py)."""
+    from ltpx.control.transport.layout import ChunkLayout
+    from ltpx.control.transport.results import RoundResult
+    nch = -(-n // ce)
+    return RoundResult(round=r, reason="complete", duration_s=0.01, active_s=0.01,
+                       workers=[worker], layout=ChunkLayout(n, ce * 4),
+                       values=np.full((1, n), value, dtype=np.float32),
+                       masks=np.ones((1, nch), dtype=bool), filled=np.zeros(1, dtype=np.int64),
+                       threshold=threshold, deadline_s=0.3)
+
+
+@pytest.mark.parametrize("kind", ["memory", "socket"])
+def test_a_late_local_row_is_left_out_as_a_far_straggler_is_and_let_go_after(kind):
+    """A tolerant round: the far worker's row is in; the local worker's comes
+    past a deadline after it, so the round goes on without it (its row
+    Bubble-Filled from the far one's, counted as filled) and its late piece
+    is let go when the next round is taken, which then arrives whole. A
+    round that closes only whole (threshold 1.0) waits for it instead."""
+    from ltpx.control.torchapi.handoff import Pair
+    if kind == "memory":
+        pair = Pair(("198.18.9.1", 9410, 0))
+        worker_end, server_end = pair, pair
+    else:
+        worker_end, server_end = _channel()
+    rows = NearRowsHere(None)
+    rows.pairs = {0: server_end}
+    n, ce = 700, 356
+    rows.opened(3, n, wired=True, reliable=False)
+    g = rows.gather(3, [0, 1], _far_round(3, n, ce, 1, 2.0, 0.9), ce, 30.0, fill="mean")
+    assert g.workers == [0, 1] and list(g.delivered) == [0, 2] and list(g.filled) == [2, 0]
+    assert np.array_equal(g.values[0], np.full(n, 2.0, np.float32))    # the mean of the rest
+    late = np.full(n, 9.0, dtype=np.float32)
+    worker_end.up.give(3, near.as_bytes(late[:100]), 10.0)   # round 3's piece, too late
+    on_time = np.full(n, 5.0, dtype=np.float32)
+    worker_end.up.give(4, near.as_bytes(on_time), 10.0)
+    rows.opened(4, n, wired=True, reliable=False)
+    g = rows.gather(4, [0, 1], _far_round(4, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
+    assert list(g.delivered) == [2, 2] and np.array_equal(g.values[0], on_time)
+    # a round that closes only whole: the local row is awaited past the deadline
+    t = threading.Thread(target=lambda: (threading.Event().wait(0.8),
+                                         worker_end.up.give(5, near.as_bytes(on_time), 10.0)))
+    t.start()
+    rows.opened(5, n, wired=True, reliable=False)
+    g = rows.gather(5, [0, 1], _far_round(5, n, ce, 1, 1.0, 1.0), ce, 30.0, fill="mean")
+    t.join(10)
+    assert list(g.delivered) == [2, 2] and np.array_equal(g.values[0], on_time)
     rows.close()

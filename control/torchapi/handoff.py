@@ -95,6 +95,21 @@ class Slot:
                                   f"not taken within {timeout_s:g}s")
             raise CommError(f"{self.what}: {tag} {why}")
 
+    def peek(self) -> int | None:
+        """The next piece's tag (None: none there)."""
+        with self.cv:
+            return self.q[0].tag if self.q else None
+
+    def drop(self) -> None:
+        """Let the next piece go untaken, as taken (a late piece the taker
+        gave up on: its giver goes on, as a late packet's sender does)."""
+        with self.cv:
+            if self.q:
+                piece = self.q.popleft()
+                self.held -= len(piece.body) if piece.owned else 0
+                piece.done = piece.ok = True
+                self.cv.notify_all()
+
     def ready(self, wait_s: float) -> bool:
         """Whether a piece (or the end) is there to take within wait_s."""
         with self.cv:

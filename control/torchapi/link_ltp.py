@@ -217,7 +217,7 @@ class LtpServerLink(ServerLink):
         early = self.policy(key)
         far = self.near.far(workers)
         if self.near:
-            self.near.opened(r, nelems, wired=bool(far))
+            self.near.opened(r, nelems, wired=bool(far), reliable=reliable)
             if not far:     # every worker of it in this process: nothing over XDP
                 return
         self.ep.open_round(r, nelems, workers=far, reliable=reliable, early=early)

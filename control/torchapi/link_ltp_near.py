@@ -47,6 +47,7 @@ from .localsock import connect_local, listen_local, ns_id, unlisten
 
 
 BEAT_S = 0.2     # a wait for a near row beats the endpoint this often
+HEAD_S = 10.0    # a piece's header, once readable, is read within this
 
 
 def as_bytes(buf: np.ndarray) -> memoryview:
@@ -60,6 +61,7 @@ class SockEnd:
 
     def __init__(self, channel: SockChannel, what: str):
         self.channel, self.sock, self.what = channel, channel.sock, what
+        self.head: tuple[int, int] | None = None    # a header read ahead (peek): tag, size
 
     def check(self) -> None:
         if self.channel.closed:
@@ -79,14 +81,49 @@ class SockEnd:
     def ready(self, wait_s: float) -> bool:
         """Whether a piece (or the end) is there to take within wait_s."""
         self.check()
-        return bool(select.select([self.sock], [], [], wait_s)[0])
+        return self.head is not None or bool(select.select([self.sock], [], [], wait_s)[0])
+
+    def peek(self, timeout_s: float = HEAD_S, tag: int | None = None) -> int | None:
+        """The next piece's tag, its header read (call once ready; `tag`: the
+        one a take waits for, for its error)."""
+        self.check()
+        if self.head is None:
+            self.sock.settimeout(timeout_s)
+            try:
+                magic, got, size = HDR.unpack(recv_exact(self.sock, HDR.size))
+            except (OSError, CommError) as e:
+                self.channel.end(f"{'a header' if tag is None else tag}: "
+                                 f"{e or type(e).__name__}")
+                raise CommError(f"{self.what}: {self.channel.closed}") from e
+            if magic != TCP_MAGIC:
+                self.channel.end(f"a header of magic {magic:#x}: out of step")
+                self.check()
+            self.head = (got, size)
+        return self.head[0]
+
+    def drop(self) -> None:
+        """Read the next piece (peeked) and let it go."""
+        _, size = self.head
+        scratch, left = bytearray(min(size, 1 << 20) or 1), size
+        try:
+            while left:
+                k = self.sock.recv_into(scratch, min(left, len(scratch)))
+                if k == 0:
+                    raise CommError("closed by the peer")
+                left -= k
+        except (OSError, CommError) as e:
+            self.channel.end(f"a late piece: {e or type(e).__name__}")
+            raise CommError(f"{self.what}: {self.channel.closed}") from e
+        self.head = None
 
     def take(self, tag: int, into: memoryview, timeout_s: float, abort=None) -> None:
         self.check()
         self.sock.settimeout(timeout_s)
         try:
-            magic, got, size = HDR.unpack(recv_exact(self.sock, HDR.size))
-            if magic != TCP_MAGIC or got != tag or size != len(into):
+            if self.head is None:
+                self.peek(timeout_s, tag)
+            (got, size), self.head = self.head, None
+            if got != tag or size != len(into):
                 self.channel.end(f"{got} of {size} bytes given where {tag} of {len(into)} "
                                  "was expected: out of step")
                 self.check()
@@ -149,9 +186,10 @@ class NearRows:
     def connect(self, metas: dict[int, dict], ids: list[int], timeout_s: float) -> None:
         """The workers in this process (a pair each) and, by the Unix socket,
         those on this host (each says its hello first: accept.py)."""
-        self.pairs = {w: handoff_pair(self.ip, self.port, w) for w in ids
-                      if metas.get(w, {}).get("proc") == proc()}
-        here = [w for w in ids if w not in self.pairs and on_host(metas.get(w, {}), self.host)]
+        near = [w for w in ids if on_host(metas.get(w, {}), self.host)]
+        self.pairs = {w: handoff_pair(self.ip, self.port, w) for w in near
+                      if metas[w].get("proc") == proc()}
+        here = [w for w in near if w not in self.pairs]
         try:
             if here and self.ux is None:
                 raise CommError(f"worker(s) {here} share this server's host, which has no "
@@ -179,8 +217,8 @@ class NearRows:
         """Those of `workers` that are near."""
         return [w for w in workers if w in self.pairs]
 
-    def opened(self, r: int, nelems: int, wired: bool) -> None:
-        self.sizes[r] = (nelems, time.monotonic_ns())
+    def opened(self, r: int, nelems: int, wired: bool, reliable: bool = True) -> None:
+        self.sizes[r] = (nelems, time.monotonic_ns(), reliable)
         if wired:
             self.wired.add(r)
 
@@ -202,8 +240,13 @@ class NearRows:
         round's result, None when every worker is near; its holes zero), the
         near ones taken from their pairs, whole; `fill`: the far rows'
         holes Bubble-Filled from every row ("mean")."""
-        n, open_ns = self.sizes.pop(r)
+        n, open_ns, reliable = self.sizes.pop(r)
         self.wired.discard(r)
+        # a round Early Close may close without every row: a local row not in
+        # a deadline (the round's) after the far ones closed is left out, as
+        # a far straggler's is; else (reliable, whole, all local) it is awaited
+        soft = res is not None and not reliable and res.threshold < 1.0
+        until = time.monotonic() + (min(res.deadline_s, wait_s) if soft else wait_s)
         far = [] if res is None else list(res.workers)
         ws = sorted(set(far) | {w for w in workers if w in self.pairs})
         nch = -(-n // chunk_elems) if n else 0
@@ -217,9 +260,10 @@ class NearRows:
                 j = far.index(w)
                 values[i] = res.values[j]
                 masks[i], filled[i] = res.masks[j], res.filled[j]
-            else:
-                self.take(w, r, as_bytes(values[i]), wait_s)
+            elif self.take(w, r, as_bytes(values[i]), until, soft):
                 took[i] = time.monotonic_ns()
+            else:     # late: left out (its piece let go when it comes: take)
+                masks[i], filled[i] = False, nch
         if fill is not None and not masks.all():
             bubble_fill(padded.reshape(len(ws), nch, chunk_elems), masks, fill)
         close_ns = max(int(took.max()) if len(ws) else 0,
@@ -233,16 +277,26 @@ class NearRows:
                         arrivals=_arrivals(res, far, ws, took, open_ns, close_ns),
                         attribution=None if res is None else res.attribution)
 
-    def take(self, w: int, r: int, into: memoryview, wait_s: float) -> None:
+    def take(self, w: int, r: int, into: memoryview, until: float, soft: bool) -> bool:
         """Worker w's piece of round r into `into`, the endpoint beaten while
-        it is awaited (its XDP program keeps ACKing the rounds open on it)."""
-        ch, end = self.pairs[w].up, time.monotonic() + wait_s
-        while not ch.ready(BEAT_S):
+        it is awaited (its XDP program keeps ACKing the rounds open on it);
+        an earlier round's piece, one given up on, is let go. Not there by
+        `until` (time.monotonic): False where `soft`, else a CommError."""
+        ch = self.pairs[w].up
+        while True:
+            if ch.ready(BEAT_S):
+                got = ch.peek()
+                if got is not None and got < r:    # a round that went on without it
+                    ch.drop()
+                    continue
+                ch.take(r, into, max(0.0, until - time.monotonic()) + BEAT_S)
+                return True
             if self.beat is not None:
                 self.beat()
-            if time.monotonic() > end:
-                raise CommError(f"{ch.what}: nothing of round {r} within {wait_s:g}s")
-        ch.take(r, into, max(0.0, end - time.monotonic()) + BEAT_S)
+            if time.monotonic() > until:
+                if soft:
+                    return False
+                raise CommError(f"{ch.what}: nothing of round {r} in time")
 
     def give(self, d: int, wire: np.ndarray, near: list[int], wait_s: float):
         """Answer d (its words as they go on the wire) to the near workers
@@ -322,13 +376,15 @@ def on_host(meta: dict, host: str) -> bool:
 
 
 def worker_pair(server: dict, worker: int, host: str, key, timeout_s: float):
-    """The way to a server XDP never sees this worker's frames reach: in
-    memory where it is in this process (its meta's `proc` this one's), by
-    its Unix socket where it is on this host; None: over the wire."""
-    if server.get("proc") == proc():
-        return handoff_pair(server["ip"], int(server["ltp_port"]), worker)
+    """The way to a server XDP never sees this worker's frames reach, one on
+    this host in this network namespace: in memory where it is in this
+    process too (its meta's `proc` this one's), else by its Unix socket;
+    None: over the wire (a rank in another namespace is another host to
+    the NIC, in this process or not)."""
     if not on_host(server, host):
         return None
+    if server.get("proc") == proc():
+        return handoff_pair(server["ip"], int(server["ltp_port"]), worker)
     sock = connect_local(server, host, timeout_s)
     if sock is None:
         raise CommError(f"the server at {server['ip']} shares this worker's host, and its "

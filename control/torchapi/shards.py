@@ -329,9 +329,8 @@ def worker_links(job, servers: list[dict]) -> tuple[list, list[tuple[str, str]]]
         # over LTP a server in this process (colocate) or on this host is met
         # off the wire (link_ltp_near.py), on this rank's own device's endpoint
         # (its route would be the host's loopback)
-        nets = [(s.dev, s.ip) if s.transport == "ltp" and (
-            m.get("proc") == proc() or on_host(m, rank_host(s.netns, s.node))) else
-            route_to(m["ip"]) for m in servers]
+        nets = [(s.dev, s.ip) if s.transport == "ltp" and on_host(m, rank_host(s.netns, s.node))
+                else route_to(m["ip"]) for m in servers]
     links: list = []
     devices: dict[str, SharedDevice] = {}
     try:
