@@ -104,8 +104,8 @@ class LtpServerLink(ServerLink):
         self.honest: set[int] = set()
         self.measured = [0, 0]   # this step's honest rounds: chunks in only as re-sends, chunks in
         self.verdicts: dict[int, tuple] = {}   # answer -> its verdict (defer.py), for a retry
-        # workers whose frames never reach a NIC: in this process (a co-located
-        # trainer's) or on this host (link_ltp_near.py); `key` their hello's
+        # workers whose frames never reach a NIC, on this host (a co-located
+        # trainer's own, a node's others: link_ltp_near.py); `key` their hello's
         self.near = NearRows(s.ip, s.udp_port, rank_host(s.netns, s.node), key)
 
     def address(self) -> dict:
@@ -218,7 +218,7 @@ class LtpServerLink(ServerLink):
         far = self.near.far(workers)
         if self.near:
             self.near.opened(r, nelems, wired=bool(far), reliable=reliable)
-            if not far:     # every worker of it in this process: nothing over XDP
+            if not far:     # every worker of it on this host: nothing over XDP
                 return
         self.ep.open_round(r, nelems, workers=far, reliable=reliable, early=early)
         if not reliable and not early.cfg.budget:   # what it loses is the path's (choose)
@@ -237,7 +237,7 @@ class LtpServerLink(ServerLink):
             self.ep.cancel_round(r)
 
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
-        near = bool(self.near)     # workers in this process: their rows taken in memory
+        near = bool(self.near)     # workers on this host: their rows taken off the wire
         res = self.ep.wait_round(r) if not near or r in self.near.wired else None
         if res is not None:
             self.note_round(r, res)

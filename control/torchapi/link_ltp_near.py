@@ -1,25 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A co-located trainer's own slice over the LTP transport: handed over in
-memory, where XDP never sees it (colocate.py; docs/transport.md, "One
-device for every role").
+"""A worker and an LTP server on one host, in one network namespace: a
+co-located trainer's own slice, and another trainer's of its node, off the
+wire, where XDP never sees it (colocate.py; docs/transport.md, "One device
+for every role").
 
 Trainer r's worker and server r share the trainer's device (each a seat of
 its mux), but the worker's slice for the server beside it would go to the
 host's own address, which the kernel delivers through its own stack: XDP
-never sees it. So the server runs on a thread of the trainer's process, and
-the two meet in memory (handoff.py's `Pair`, as the TCP transport's do): the
-worker gives its piece of a round, as it would push it on the wire
-(compressed where its op's wire says), and the server takes it straight
-into that worker's row of the round; the server gives its answer as it
-would send it (compressed, signed), and the worker takes it and checks and
-decodes it as an answer off the wire. The other workers' rows come over XDP
-as always, in the same round, closed by Early Close; the near row is whole.
-
-A worker on the server's host in another process (another trainer of a
-node that shares one NIC, or a trainer and its server's child process)
-meets the same wall: it reaches the server by the server's Unix socket
-(localsock.py), with the TCP transport's hello (a MAC under the job key)
-and header, its pieces and answers as they would travel (`SockChannel`).
+never sees it. So the worker reaches a server on its host by the server's
+Unix socket (localsock.py, `SockChannel`: the TCP transport's hello, a MAC
+under the job key, and its header), or, where the server is in its own
+process (on a thread: LTP_COLOCATE_THREAD=1), in memory (handoff.py's
+`Pair`). The worker gives its piece of a round as it would push it on the
+wire (compressed where its op's wire says), and the server takes it
+straight into that worker's row of the round; the server gives its answer
+as it would send it (compressed, signed), and the worker takes it and
+checks and decodes it as an answer off the wire. The other workers' rows
+come over XDP as always, in the same round, closed by Early Close; a local
+row is whole, or, late in a round Early Close may close without it, left
+out as a far straggler's is (`NearRows.gather`).
 
 `NearRows` is the server's side: which workers are near, and a round's rows
 put together, in the workers' order (the sum's order, so a replica sums as
@@ -166,17 +165,18 @@ class SockChannel:
 
 
 class NearRows:
-    """The server's workers in its own process, and the rounds only they push."""
+    """An LTP server's workers on its host (near), their channels, and its
+    open rounds as they concern them."""
 
     def __init__(self, ip: str, port: int, host: str, key=None):
         self.ip, self.port, self.host, self.key = ip, port, host, key
         self.pairs: dict = {}       # worker id -> its handoff.Pair or SockChannel
-        self.sizes: dict[int, tuple[int, int]] = {}   # open round -> (wire elems, open ns)
+        # open round -> (wire elems, open ns, reliable)
+        self.sizes: dict[int, tuple[int, int, bool]] = {}
         self.wired: set[int] = set()           # open rounds with workers over XDP too
         self.took: dict[int, set[int]] = {}    # answer -> the near workers that took it
         self.beat = None                       # keeps the endpoint ACKing while rows wait
         self.pool: ThreadPoolExecutor | None = None
-
         self.ux, self.ux_path = listen_local(ip, port, 64)   # for workers on this host
 
     def address(self) -> dict:
@@ -184,8 +184,8 @@ class NearRows:
                 **({"unix": self.ux_path} if self.ux_path else {})}
 
     def connect(self, metas: dict[int, dict], ids: list[int], timeout_s: float) -> None:
-        """The workers in this process (a pair each) and, by the Unix socket,
-        those on this host (each says its hello first: accept.py)."""
+        """The workers on this host: those in this process a pair each, the
+        others by the Unix socket (each says its hello first: accept.py)."""
         near = [w for w in ids if on_host(metas.get(w, {}), self.host)]
         self.pairs = {w: handoff_pair(self.ip, self.port, w) for w in near
                       if metas[w].get("proc") == proc()}

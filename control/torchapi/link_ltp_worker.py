@@ -123,7 +123,7 @@ class LtpWorkerLink(WorkerLink):
         self.codec.expect(d, n, wire)
 
     def expect(self, d: int, nelems: int, tolerant: bool = False) -> None:
-        if self.pair is not None:    # given in memory, as it would be sent
+        if self.pair is not None:    # given off the wire, as it would be sent
             self.sizes[d] = self.codec.wire_elems(d, nelems) + (SIG_ELEMS if self.verifier
                                                                else 0)
             return
@@ -150,9 +150,9 @@ class LtpWorkerLink(WorkerLink):
         if compressed:
             buf = self.codec.piece(buf, wire)
         up = self.uplink
-        if self.pair is not None:     # the server beside it: the piece in memory, whole
+        if self.pair is not None:     # a server on this host: the piece off the wire, whole
             self.pair.up.give(r, as_bytes(buf), self.wait_s)
-            up["pushes"], up["in_memory"] = up["pushes"] + 1, up.get("in_memory", 0) + 1
+            up["pushes"], up["off_wire"] = up["pushes"] + 1, up.get("off_wire", 0) + 1
             return False
         ep = self.ep
         first = 0 if compressed or self.coded or self.deferred else \
@@ -189,8 +189,8 @@ class LtpWorkerLink(WorkerLink):
         self.use(d, values, out)
 
     def pull_near(self, d: int, out: np.ndarray) -> None:
-        """Answer d from the server beside it, in memory: straight into `out`
-        where it comes as it is used (no signature, not compressed)."""
+        """Answer d from a server on this host, off the wire: straight into
+        `out` where it comes as it is used (no signature, not compressed)."""
         n = self.sizes.pop(d)
         if not self.verifier and not self.codec.compressed(d) and n == out.size \
                 and out.dtype == np.float32 and out.flags.c_contiguous:
