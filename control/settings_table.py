@@ -208,8 +208,10 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        flags=(TRAIN, LAUNCH), launcher=True),
     _s("colocate", bool, False, "no server ranks: trainer r of N starts server r of N as its "
        "child process, summing slice r of every bucket; over LTP a seat of the trainer's "
-       "device on udp_port + 1000 (at most 8 trainers; docs/deploy.md, Co-located servers)",
-       shown="0"),
+       "device on udp_port + 1000 (at most 8 trainers; docs/deploy.md, Co-located servers). "
+       "Unset, the ltp backend co-locates where no variable names a server rank "
+       "(LTP_SERVERS, LTP_RANK, LTP_ROLE, LTP_WORLD_SIZE: torchrun alone); init() does not",
+       shown="0; backend: auto"),
     _s("netns", str, None, "the network namespace this rank runs in, if not the host's (names "
        "the endpoint's pins for `ltp status`)", shown="-", flags=(RANK,), launcher=True),
     _s("node", str, None, "the machine this rank counts as on, where its namespace is a "

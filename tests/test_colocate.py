@@ -2,8 +2,9 @@
 """Co-located servers in the trainers' own processes (colocate.py,
 LTP_COLOCATE=1, the TCP transport), on this host's loopback, real processes:
 
-- torchrun starts the trainers alone (no server process): a stock DDP script
-  over `ltp` ends bit-identical to gloo's, each trainer having served a slice;
+- torchrun starts the trainers alone (no server process, no LTP variable:
+  co-located by default): a stock DDP script over `ltp` ends bit-identical
+  to gloo's, each trainer having served a slice;
 - three trainers with bfloat16 on the wire (the answer's words and the
   rounding carried through the in-memory hop) end where three server
   processes beside them take the job: the same bits;
@@ -53,9 +54,11 @@ def torchrun(logs: Path, nproc: int, *args: str, **env) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_torchrun_starts_the_trainers_alone_and_they_equal_gloo(tmp_path):
+def test_torchrun_alone_colocates_by_default_and_equals_gloo(tmp_path):
+    """No LTP variable at all (no LTP_COLOCATE, nothing naming a server
+    rank): the trainers serve the slices themselves, and end as gloo's."""
     from ddp_local import run_local     # gloo's own teardown may abort: it tolerates that
-    ltp = torchrun(tmp_path / "ltp", 2, "--epochs", "2", LTP_COLOCATE="1")
+    ltp = torchrun(tmp_path / "ltp", 2, "--epochs", "2")
     gloo = run_local(2, "--epochs", "2", backend="gloo")["results"]
     assert sorted(r["rank"] for r in ltp) == [0, 1] and ltp[0]["world"] == 2
     assert {r["digest"] for r in ltp} == {r["digest"] for r in gloo}
@@ -192,8 +195,17 @@ def test_what_a_colocated_job_cannot_be_is_a_usage_error(monkeypatch, tmp_path):
         colocate.settle(Settings(transport="tcp", colocate=True), None)
     with pytest.raises(UsageError, match="tcp_port 7000 .*leave it 0"):
         colocate.settle(Settings(transport="tcp", colocate=True, tcp_port=7000), (2, 4))
+    for var in colocate.SERVER_VARS + ("LTP_COLOCATE",):
+        monkeypatch.delenv(var, raising=False)
+    assert backend.ltp_place(1, 4) == (5, 8, False, True)     # nothing named: co-located
+    assert colocate.chosen() == (True, True)
+    monkeypatch.setenv("LTP_SERVERS", "1")                    # a server rank named
+    assert backend.ltp_place(1, 4) == (2, 5, False, False) and colocate.chosen() == (False, False)
+    monkeypatch.setenv("LTP_COLOCATE", "0")
+    monkeypatch.delenv("LTP_SERVERS")
+    assert backend.ltp_place(1, 4) == (2, 5, False, False)    # said off: one server rank
     monkeypatch.setenv("LTP_COLOCATE", "1")
-    assert backend.ltp_place(1, 4) == (5, 8, False)
+    assert backend.ltp_place(1, 4) == (5, 8, False, True) and colocate.chosen() == (True, False)
     monkeypatch.setenv("LTP_ROLE", "server")
     with pytest.raises(UsageError, match="no server ranks"):
         backend.ltp_place(0, 4)

@@ -353,10 +353,11 @@ def test_the_backend_needs_no_import_of_ltpx_torch(tmp_path):
 
 @pytest.mark.slow
 def test_a_ddp_rank_without_its_server_says_so_and_gives_up():
-    """A DDP script started as torchrun starts it (every rank a trainer) and
-    no server rank: the rank does not wait in silence; after a few seconds
-    one line says whom the LTP job counts and to start the server rank, and
-    at the timeout it gives up (issue 43: it waited 60 s printing nothing)."""
+    """A DDP script started as torchrun starts it (every rank a trainer),
+    told of one server rank (LTP_SERVERS=1) that never comes: the rank does
+    not wait in silence; after a few seconds one line says whom the LTP job
+    counts and to start the server rank, and at the timeout it gives up
+    (issue 43: it waited 60 s printing nothing)."""
     from datetime import timedelta
 
     import torch.distributed as tdist
@@ -365,7 +366,8 @@ def test_a_ddp_rank_without_its_server_says_so_and_gives_up():
     env = {k: v for k, v in os.environ.items() if not k.startswith("LTP_")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK="0",
                WORLD_SIZE="1", TORCHELASTIC_USE_AGENT_STORE="True", LTP_TRANSPORT="tcp",
-               LTP_IP="127.0.0.1", LTP_TIMEOUT="9", TORCH_CPP_LOG_LEVEL="ERROR")
+               LTP_IP="127.0.0.1", LTP_TIMEOUT="9", TORCH_CPP_LOG_LEVEL="ERROR",
+               LTP_SERVERS="1")
     p = subprocess.run([sys.executable, "-c", "import torch.distributed as dist\n"
                         "dist.init_process_group('ltp')\n"], env=env, capture_output=True,
                        text=True, timeout=120)

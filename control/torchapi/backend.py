@@ -27,9 +27,13 @@ The ranks torch counts (RANK, WORLD_SIZE) are trainers only, as under
 torchrun. The parameter server(s) are ranks of the LTP job only: `ltp launch`
 starts them (LTP_ROLE=server, LTP_RANK, LTP_WORLD_SIZE), and a server rank
 that reaches `init_process_group("ltp")` serves there and exits, as in
-`lt.init()`. Without the launcher, trainer rank r is LTP rank
-servers + r (LTP_SERVERS, default 1), and each server is started with
-LTP_ROLE=server and LTP_RANK set (docs/deploy.md).
+`lt.init()`. Without the launcher the job has no server ranks by default:
+where no variable names one (LTP_SERVERS, LTP_RANK, LTP_ROLE,
+LTP_WORLD_SIZE) and LTP_COLOCATE is unset, trainer r of N starts server r
+of N itself and sums slice r of every bucket (colocate.py), so torchrun
+alone runs a job. With LTP_SERVERS=S on every rank, trainer r is LTP rank
+S + r, and each server is started with LTP_ROLE=server and LTP_RANK set
+(docs/deploy.md).
 
 A subgroup (`dist.new_group`) is exact only: its collectives go through
 gloo, and DDP over a subgroup runs without loss tolerance (a warning says so).
@@ -54,6 +58,7 @@ from .native import allgather as ltp_allgather, all_gather_single as ltp_all_gat
 from .native import allreduce as ltp_allreduce, barrier as ltp_barrier
 from .native import broadcast as ltp_broadcast, reduce_scatter as ltp_reduce_scatter
 from .ddp import tolerant_reduce, tolerant_rule
+from .colocate import chosen as colocate_chosen
 from .colocate import place as colocated_place
 from .job import current, init, joined, serve_here, shutdown
 
@@ -343,13 +348,16 @@ for _n in UNSUPPORTED:
     setattr(LtpProcessGroup, _n, _refuse(_n))
 
 
-def ltp_place(rank: int, size: int) -> tuple[int, int, bool]:
-    """(LTP rank, LTP world, is a server) of a process torch numbers rank of size."""
-    if settings_table.env("colocate"):    # no server ranks: each trainer serves (colocate.py)
+def ltp_place(rank: int, size: int) -> tuple[int, int, bool, bool]:
+    """(LTP rank, LTP world, is a server, co-located) of a process torch
+    numbers rank of size: co-located where LTP_COLOCATE=1, or by default
+    where no variable names a server rank (colocate.chosen)."""
+    colocated, _ = colocate_chosen()
+    if colocated:    # no server ranks: each trainer serves (colocate.py)
         if settings_table.env("role") == "server":
             raise UsageError("LTP_ROLE=server with LTP_COLOCATE=1: a co-located job has no "
                              "server ranks (each trainer serves a slice); start the trainers only")
-        return (*colocated_place(rank, size), False)
+        return (*colocated_place(rank, size), False, True)
     servers = settings_table.env("servers")
     lr = settings_table.env("rank")
     if lr is not None:
@@ -363,9 +371,24 @@ def ltp_place(rank: int, size: int) -> tuple[int, int, bool]:
     if server != (lr < servers):
         raise UsageError(f"LTP_RANK={lr} with LTP_SERVERS={servers}: LTP ranks below "
                          f"{servers} are servers, and only they have LTP_ROLE=server")
-    return lr, lw, server
+    return lr, lw, server, False
 
 
+def join(place: tuple[int, int], colocated: bool) -> None:
+    """init() at `place`. A refusal to co-locate (colocate.settle) in a job
+    co-located by default says why it was and how to have server ranks."""
+    _, by_default = colocate_chosen()
+    try:
+        init(place=place, serve=False, colocate=colocated)
+    except UsageError as e:
+        if not by_default or "colocate" not in str(e):
+            raise
+        raise UsageError(f"{e} [the ltp backend co-locates by default, as no variable names a "
+                         "server rank; for server ranks of their own set LTP_SERVERS=S on "
+                         "every rank and start them (docs/deploy.md)]") from None
+
+
+_groups = 0
 _groups = 0
 
 
@@ -378,9 +401,9 @@ def create(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup
         seal = current().coord.seal
         return LtpProcessGroup(lambda: exact_group(store, rank, size, timeout, seal), rank, size)
     rule = tolerant_rule()
-    lr, lw, server = ltp_place(rank, size)
+    lr, lw, _, colocated = ltp_place(rank, size)
     if joined() is None:
-        init(place=(lr, lw), serve=False)
+        join((lr, lw), colocated)
     job = current()
     if job.is_server:
         serve_and_exit()

@@ -62,6 +62,23 @@ def on_thread() -> bool:
     return bool(settings_table.env("colocate_thread"))
 
 
+# variables that name a server rank: one set means the job has server ranks
+SERVER_VARS = ("LTP_SERVERS", "LTP_RANK", "LTP_ROLE", "LTP_WORLD_SIZE")
+
+
+def chosen() -> tuple[bool, bool]:
+    """(co-located, by default) for the `ltp` backend. LTP_COLOCATE decides
+    where it is set; unset, a job whose trainers name no server rank (none of
+    SERVER_VARS: torchrun's ranks alone) co-locates by default, and one that
+    names any has server ranks of its own (`ltp launch` sets LTP_SERVERS and
+    LTP_RANK on every rank; a hand-started server's trainers set LTP_SERVERS)."""
+    given = settings_table.env("colocate") if os.environ.get("LTP_COLOCATE") else None
+    if given is not None:
+        return bool(given), False
+    named = any(os.environ.get(v) for v in SERVER_VARS)
+    return not named, not named
+
+
 def server_settings(s):
     """A co-located server's settings, from its trainer's: over LTP its own
     seat of the trainer's device, on a port of its own."""

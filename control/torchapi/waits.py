@@ -43,10 +43,12 @@ def ranks_note(job, after_s: float = NOTE_S):
     process of its own)."""
     s = job.s
     why = ("Each trainer serves a slice itself (colocate): are all the trainers started, "
-           "each with the same LTP_COLOCATE and WORLD_SIZE?" if s.colocate else
+           "each with the same LTP_COLOCATE, LTP_SERVERS and WORLD_SIZE? (With no "
+           "LTP_SERVERS the ltp backend co-locates: trainers of server ranks started apart "
+           "need LTP_SERVERS=S.)" if s.colocate else
            "Under torchrun every rank of a DDP script is a trainer: start the server rank "
            "too (LTP_ROLE=server LTP_RANK=0 ..., docs/deploy.md), run it with `ltp launch`, "
-           "or over TCP let the trainers serve (LTP_COLOCATE=1)")
+           "or let the trainers serve (unset LTP_SERVERS, or LTP_COLOCATE=1)")
     return note_after(after_s, (
         f"ltpx.torch: rank {job.global_rank} of the LTP job still waits for the others after "
         f"{after_s:.0f} s (it counts {s.servers} server rank(s), ranks 0..{s.servers - 1}, "
