@@ -62,8 +62,9 @@ def on_thread() -> bool:
     return bool(settings_table.env("colocate_thread"))
 
 
-# variables that name a server rank: one set means the job has server ranks
-SERVER_VARS = ("LTP_SERVERS", "LTP_RANK", "LTP_ROLE", "LTP_WORLD_SIZE")
+# settings whose variables name a server rank: one set means the job has server ranks
+SERVER_NAMES = ("servers", "rank", "role", "world_size")
+SERVER_VARS = tuple(settings_table.TABLE[n].env for n in SERVER_NAMES)
 
 
 def chosen() -> tuple[bool, bool]:
@@ -72,7 +73,8 @@ def chosen() -> tuple[bool, bool]:
     SERVER_VARS: torchrun's ranks alone) co-locates by default, and one that
     names any has server ranks of its own (`ltp launch` sets LTP_SERVERS and
     LTP_RANK on every rank; a hand-started server's trainers set LTP_SERVERS)."""
-    given = settings_table.env("colocate") if os.environ.get("LTP_COLOCATE") else None
+    given = settings_table.env("colocate") \
+        if os.environ.get(settings_table.TABLE["colocate"].env) else None
     if given is not None:
         return bool(given), False
     named = any(os.environ.get(v) for v in SERVER_VARS)
