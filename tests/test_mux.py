@@ -199,3 +199,20 @@ def test_ltp_train_puts_two_trainers_on_each_host_sharing_its_device(capsys):
     assert r["iterations"] == 12 and r["delivered_fraction"] > 0.99, r
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert r["rig"]["name"] not in left
+
+
+@pytest.mark.rig
+def test_ltp_train_colocated_on_shared_devices_starts_the_trainers_alone(capsys):
+    """`ltp train --colocate --share-nic`: no server ranks; each of the 2
+    trainers starts its own server, a second seat of its host's one device
+    (the rig has no nodes and no device per rank); the replicas end alike,
+    nearly every gradient delivered, and the rig is gone after."""
+    rc, r = _cli(capsys, "train", "--workers", "2", "--colocate", "--share-nic",
+                 "--iterations", "12")
+    assert rc in (0, None) and r["replicas_identical"], r
+    assert (r["rig"]["worker_hosts"], r["rig"]["nodes"], r["rig"]["servers_in_trainers"]) == \
+        (2, 0, True), r["rig"]
+    assert r["servers"] == 2 and r["startup"]["ranks"] == 2, (r["servers"], r["startup"])
+    assert r["iterations"] == 12 and r["delivered_fraction"] > 0.99, r
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert r["rig"]["name"] not in left

@@ -21,7 +21,7 @@ from ..control.training import RANK_MODULES
 from ..control.training.args import add_train_flags
 from ..control.training.config import CAPABILITIES, LTP_TRANSPORTS
 from . import train_text as show
-from .train_rig import add_rig_flags, check_shape, rig_fields, rig_for
+from .train_rig import add_rig_flags, check_shape, in_trainers, rig_fields, rig_for
 from .flags import MAX_WORKERS
 from .common import (EXIT_ERROR, LtpError, UsageError, add_json, emit, need_bcc, need_root,
                      parse_rate, parse_size)
@@ -52,6 +52,9 @@ EPILOG = """examples:
   sudo ltp train --name myrig                     use rig `myrig` (ltp rig up --name myrig)
   sudo ltp train --workers 8 --ranks-per-node 2 --share-nic --compare gloo
                                                   2 trainers a host, sharing its one device
+  sudo ltp train --workers 4 --colocate --share-nic --compare gloo
+                                                  no server ranks: each trainer sums a slice
+                                                  itself, on its host's one device
   sudo ltp train --compare tcp --plot curves.png --tensorboard runs/
   sudo ltp train --transport ddp-ltp --hidden 2048,2048 --floors -j
                                                   where a step's time goes (breakdown),
@@ -248,6 +251,12 @@ def _validate(args) -> tuple:
         raise UsageError(f"--colocate: every run has a server beside each of the "
                          f"{args.workers} workers; {odd[0]['transport']} asks for "
                          f"servers={odd[0]['servers']}")
+    defer = [r for r in runs if in_trainers(args) and r["loss_policy"] == "defer"
+             and r["transport"] in LTP_TRANSPORTS]
+    if defer:
+        raise UsageError(f"--colocate --share-nic: {defer[0]['transport']} with loss_policy "
+                         "defer (a trainer's own slice and answer are handed over whole, which "
+                         "tolerant answers do not cover): use loss_policy auto or repair")
     from ..control.training.faults import parse_kills
     try:
         args.kills = parse_kills(args.kill, args.workers)
@@ -363,7 +372,8 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
     with rig:
         res = train_on_rig(rig, cfg, workers=args.workers, progress=on_event, faults=faults,
                            timeout_s=args.timeout, deadline_min_s=args.deadline_min,
-                           per_node=args.ranks_per_node, share=args.share_nic)
+                           per_node=args.ranks_per_node, share=args.share_nic,
+                           colocated=in_trainers(args) and cfg.transport != "gloo")
         res["rig"] = rig_fields(rig, args)
         res["servers"] = cfg.servers
         res["compress"] = cfg.compress

@@ -5,6 +5,9 @@ A run's shape is its workers and servers and where they sit:
 - one rank per host (the default): a worker host per worker;
 - `--colocate`: a server beside every worker, each rank with a device of
   its own on a node, a node's devices sharing one link (docs/deploy.md);
+- `--colocate --share-nic`: no server ranks at all; each trainer starts its
+  server itself (LTP_COLOCATE=1), over LTP its worker and server two seats
+  of its host's one device (`in_trainers`; docs/deploy.md, Co-located servers);
 - `--ranks-per-node R`: R trainers on each worker host. Over LTP's XDP path
   (ltp, ddp-ltp) each rank then needs a device of its own, on a node of R
   devices sharing one link, unless `--share-nic` seats them on their host's
@@ -27,7 +30,9 @@ def add_rig_flags(p) -> None:
     rig.add_argument("--colocate", action="store_true",
                      help="no server hosts: a server beside every worker, each on its node "
                      "(--servers = --workers, at most 8); over LTP each rank has a device of "
-                     "its own and a node's two share one link (docs/deploy.md)")
+                     "its own and a node's two share one link; with --share-nic no server "
+                     "ranks: each trainer starts its server itself, on its host's one device "
+                     "(docs/deploy.md)")
     rig.add_argument("--ranks-per-node", type=int, default=1, metavar="R",
                      help="R trainers on each worker host (it divides --workers; default 1); "
                      "over LTP each has a device of its own on a node of R sharing one link, "
@@ -54,18 +59,25 @@ def check_shape(args) -> None:
     if r < 1 or args.workers % r:
         raise UsageError(f"--ranks-per-node: {r} must be at least 1 and divide --workers "
                          f"({args.workers})")
-    if args.share_nic and args.colocate:
-        raise UsageError("--share-nic: not with --colocate (a co-located server's own worker "
-                         "would reach it on its own host, which the NIC never sees)")
     if args.colocate:
         check_colocate(args)
+    if in_trainers(args) and (args.kill or args.restart):
+        raise UsageError("--kill/--restart: not with --colocate --share-nic (a trainer's "
+                         "death ends its server too; `ltp launch --max-restarts` restarts such "
+                         "a job whole)")
+
+
+def in_trainers(args) -> bool:
+    """--colocate --share-nic: no server ranks; every trainer starts its own
+    server (LTP_COLOCATE=1), a run on a rig without nodes."""
+    return args.colocate and args.share_nic
 
 
 def needs_nodes(args, transport: str) -> bool:
     """Does a run of `transport` need a rig with nodes: a server beside each
     worker, or several LTP trainers a host each with a device of its own."""
-    return args.colocate or (args.ranks_per_node > 1 and transport in LTP_TRANSPORTS
-                             and not args.share_nic)
+    return (args.colocate and not args.share_nic) or (
+        args.ranks_per_node > 1 and transport in LTP_TRANSPORTS and not args.share_nic)
 
 
 def rig_fields(rig, args) -> dict:
@@ -74,7 +86,8 @@ def rig_fields(rig, args) -> dict:
     return {"name": rig.name, "mode": c.mode, "rate_bps": c.rate_bps,
             "buffer_bytes": c.buffer_bytes, "loss": c.loss, "shape": c.shape,
             "loss_on": c.loss_on, "mtu": c.mtu, "servers": c.servers, "nodes": c.nodes,
-            "colocated": c.colocate, "worker_hosts": len(rig.workers),
+            "colocated": c.colocate, "servers_in_trainers": in_trainers(args),
+            "worker_hosts": len(rig.workers),
             "ranks_per_node": args.ranks_per_node,
             "share_nic": args.share_nic}
 
@@ -98,9 +111,10 @@ def rig_for(args, cfg, progress, *, comparing: bool, loss: float, rate: int, buf
                           "`ltp rig status` shows the rigs that are up")
         return Rig(rig_config(name, cfg.transport, workers=hosts, rate_bps=rate,
                               buffer_bytes=buffer, loss=loss, mtu=args.mtu,
-                              servers=args.workers if args.colocate else cfg.servers,
+                              servers=args.workers if nodes and args.colocate
+                              else 1 if in_trainers(args) else cfg.servers,
                               nodes=args.workers // per if nodes else 0,
-                              colocate=args.colocate)), cfg
+                              colocate=nodes and args.colocate)), cfg
     rig = Rig.attach(args.name)
     _check_kept(args, rig, cfg, nodes)
     if cfg.downlink == "group" and not rig.has_broadcast():
@@ -120,7 +134,7 @@ def rig_for(args, cfg, progress, *, comparing: bool, loss: float, rate: int, buf
 def _check_kept(args, rig, cfg, nodes: bool) -> None:
     """A kept rig (--name that exists) has the shape the run needs."""
     c, per = rig.config, args.ranks_per_node
-    if args.colocate != c.colocate:
+    if (args.colocate and not args.share_nic) != c.colocate:
         raise UsageError(f"--colocate: rig {args.name} has " + (
             f"a server beside each of its {c.workers} workers: add --colocate"
             if c.colocate else "no server beside each worker: build one with `ltp rig up "
@@ -143,6 +157,6 @@ def _check_kept(args, rig, cfg, nodes: bool) -> None:
     if len(rig.workers) < hosts:
         raise UsageError(f"--workers: rig {args.name} has only {len(rig.workers)} "
                          f"worker hosts, asked for {hosts}")
-    if cfg.servers > 1 and len(rig.servers) < cfg.servers:
+    if cfg.servers > 1 and not in_trainers(args) and len(rig.servers) < cfg.servers:
         raise UsageError(f"--servers: rig {args.name} has {len(rig.servers)} server host(s), "
                          f"asked for {cfg.servers} (`ltp rig up --servers {cfg.servers}`)")

@@ -114,7 +114,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
                  rank_timeout_s: float = 120.0, deadline_min_s: float | None = None,
                  early_close: dict | None = None, faults: Faults | None = None,
                  on_hang: Callable[[list[str]], None] | None = None, per_node: int = 1,
-                 share: bool = False) -> dict:
+                 share: bool = False, colocated: bool = False) -> dict:
     """Run one training job on `rig` (a dataplane.rig.Rig); returns the lead's
     result dict. `progress(event)` sees every event it prints (start, iter,
     eval). `early_close`: EarlyCloseConfig fields for the LTP server (e.g.
@@ -123,7 +123,9 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
     `on_hang(lines)` gets each flight-recorder screen (launcher/hangs.py; default:
     stderr); the result's "hangs" lists them. `per_node`: trainers a worker
     host (a rig without nodes); `share`: over LTP they share its device
-    (each in a seat of its mux, launch.rank_settings).
+    (each in a seat of its mux, launch.rank_settings). `colocated`: no server
+    ranks; each trainer starts its own (LTP_COLOCATE=1; the job's servers are
+    cfg.servers = the trainers), and any rank's death ends the job.
     Every process started here is gone when this returns or raises."""
     cfg.validate()
     W = workers or len(rig.workers)
@@ -132,7 +134,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
         raise ValueError(f"straggler: worker {bad[0]} does not exist (workers 0..{W - 1})")
     if cfg.transport == "tcp":
         ensure_cc(cfg.cc)
-    servers = 0 if cfg.transport == "gloo" else cfg.servers
+    servers = 0 if cfg.transport == "gloo" or colocated else cfg.servers
     fx = faults or Faults([])
     logdir = tempfile.mkdtemp(prefix=f"ltp-train-{rig.name}-")
     argv = rank_argv(cfg, rank_timeout_s, deadline_min_s, early_close)
@@ -148,7 +150,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
         job = follow = None
         try:
             job = RigJob(rig, ranks, rank_timeout_s, group_keys=cfg.downlink == "group",
-                         preload=RANK_MODULES)
+                         preload=RANK_MODULES, colocated=colocated)
             if on_hang is not None:
                 job.on_hang = on_hang
 
@@ -160,7 +162,7 @@ def train_on_rig(rig, cfg: TrainConfig, *, workers: int | None = None,
             job.start(lambda r: argv, lambda r, job=job, ranks=ranks: job_env(
                 rig, r, len(ranks), job.port, servers=servers,
                 transport="tcp" if cfg.transport == "tcp" else "ltp",
-                group=cfg.downlink == "group", share=share))
+                group=cfg.downlink == "group", share=share, colocated=colocated))
             result = _follow(job, follow, logdir, timeout_s, fx)
             result["startup"] = {"start_s": follow.marks.get("start"),
                                  "first_iter_s": follow.marks.get("iter"),
