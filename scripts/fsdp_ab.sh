@@ -8,6 +8,9 @@
 # trainers (default 4). One JSON line per run (rank 0's iterations/s of the
 # training loop, accuracy, whether every rank's parameters are the same, how
 # the `ltp` group's calls went), then the medians and their ratio.
+# LAUNCH_FLAGS: more `ltp launch` flags for the ltp runs, e.g. the co-located
+# shape with no server ranks:
+#   sudo LAUNCH_FLAGS="--colocate --share-nic" bash scripts/fsdp_ab.sh 2 0.01 4
 set -euo pipefail
 REPEATS=${1:-3}
 LOSS=${2:-0.01}
@@ -18,9 +21,10 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=$ROOT/.venv/bin/python
 OUT=$(mktemp /tmp/ltp-fsdp-ab.XXXXXX)
 trap 'rm -f "$OUT" "$OUT.err" "$OUT.all"' EXIT
+read -ra LTP_FLAGS <<<"${LAUNCH_FLAGS:-}"
 for r in $(seq 1 "$REPEATS"); do
     for backend in ltp gloo; do
-        servers=(); [ "$backend" = gloo ] && servers=(--servers 0)
+        servers=("${LTP_FLAGS[@]}"); [ "$backend" = gloo ] && servers=(--servers 0)
         (cd "$ROOT" && timeout 900 "$PY" -m ltpx.tools.cli launch --workers "$WORKERS" \
             --loss "$LOSS" "${servers[@]}" -j -- python docs/examples/fsdp2.py \
             --backend "$backend" "$@" >"$OUT" 2>"$OUT.err") \

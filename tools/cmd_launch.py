@@ -122,9 +122,10 @@ def register(sub) -> None:
     p.add_argument("--share-nic", action="store_true",
                    help="over LTP, a node's workers share its one device: each rank's XDP "
                    "program takes a seat of the device's mux, found by its own UDP port "
-                   "(LTP_SHARE_DEV, LTP_UDP_PORT), instead of a device of its own; answers go "
-                   "by unicast. With --colocate: no server ranks, each trainer's server in "
-                   "its own process, a seat of the same device (LTP_COLOCATE=1)")
+                   "(LTP_SHARE_DEV, LTP_UDP_PORT), instead of a device of its own; answers to "
+                   "a node's several workers go by unicast. With --colocate: no server "
+                   "ranks, each trainer's server in its own process, a seat of the same "
+                   "device (LTP_COLOCATE=1)")
     p.add_argument("--colocate", action="store_true",
                    help="no server hosts: a server beside every worker, on its node, each "
                    "summing 1/workers of every bucket (servers = workers)")

@@ -40,7 +40,8 @@ def add_rig_flags(p) -> None:
     rig.add_argument("--share-nic", action="store_true",
                      help="over LTP, a host's trainers share its one device, each rank's "
                      "program in a seat of the device's mux on a UDP port of its own; "
-                     "answers go by unicast (docs/deploy.md, Several ranks on one NIC)")
+                     "answers to a host's several trainers go by unicast (docs/deploy.md, "
+                     "Several ranks on one NIC)")
     rig.add_argument("--loss", default="0", help="drop probability on every rig port, in "
                      "[0, 1) (default 0)")
     rig.add_argument("--rate", default="1gbit", help="rate of every rig port (default 1gbit)")

@@ -26,6 +26,7 @@ one whose every row came over the wire).
 """
 from __future__ import annotations
 
+import functools
 import select
 import socket
 import time
@@ -40,7 +41,7 @@ from ..transport.early_close import COMPLETE
 from ..transport.results import Arrivals
 from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
 from .handoff import pair as handoff_pair, proc
-from .link_tcp_worker import HDR, TCP_MAGIC, iov, recv_exact
+from .link_tcp_worker import HDR, TCP_MAGIC, iov, recv_all, recv_exact
 from .links import Gathered
 from .localsock import connect_local, listen_local, ns_id, unlisten
 
@@ -103,12 +104,11 @@ class SockEnd:
     def drop(self) -> None:
         """Read the next piece (peeked) and let it go."""
         _, size = self.head
-        scratch, left = bytearray(min(size, 1 << 20) or 1), size
+        scratch, left = memoryview(bytearray(min(size, 1 << 20) or 1)), size
         try:
             while left:
-                k = self.sock.recv_into(scratch, min(left, len(scratch)))
-                if k == 0:
-                    raise CommError("closed by the peer")
+                k = min(left, len(scratch))
+                recv_all(self.sock, scratch[:k], "closed by the peer")
                 left -= k
         except (OSError, CommError) as e:
             self.channel.end(f"a late piece: {e or type(e).__name__}")
@@ -126,16 +126,9 @@ class SockEnd:
                 self.channel.end(f"{got} of {size} bytes given where {tag} of {len(into)} "
                                  "was expected: out of step")
                 self.check()
-            view, at = into.cast("B"), 0
-            while at < size:
-                k = self.sock.recv_into(view[at:])
-                if k == 0:
-                    raise CommError(f"{self.what}: closed by the peer")
-                at += k
+            recv_all(self.sock, into.cast("B"), "closed by the peer")
         except (OSError, CommError) as e:   # the stream is out of step from here on
             self.channel.end(f"{tag}: {e or type(e).__name__}")
-            if isinstance(e, CommError):
-                raise
             raise CommError(f"{self.what}: {self.channel.closed}") from e
 
 
@@ -255,9 +248,10 @@ class NearRows:
         masks = np.ones((len(ws), nch), dtype=bool)
         filled = np.zeros(len(ws), dtype=np.int64)
         took = np.zeros(len(ws), dtype=np.int64)
+        at = {w: j for j, w in enumerate(far)}     # a far worker's row in res
         for i, w in enumerate(ws):
-            if w in far:
-                j = far.index(w)
+            if w in at:
+                j = at[w]
                 values[i] = res.values[j]
                 masks[i], filled[i] = res.masks[j], res.filled[j]
             elif self.take(w, r, as_bytes(values[i]), until, soft):
@@ -274,7 +268,7 @@ class NearRows:
                         chunk_elems=chunk_elems, masks=masks,
                         duration_s=(close_ns - open_ns) / 1e9 if res is None else res.duration_s,
                         error=0.0 if res is None else res.error["vs_noise"],
-                        arrivals=_arrivals(res, far, ws, took, open_ns, close_ns),
+                        arrivals=_arrivals(res, at, ws, took, open_ns, close_ns),
                         attribution=None if res is None else res.attribution)
 
     def take(self, w: int, r: int, into: memoryview, until: float, soft: bool) -> bool:
@@ -334,16 +328,17 @@ class NearRows:
             self.pool = None
 
 
-def _arrivals(res, far: list[int], ws: list[int], took: np.ndarray, open_ns: int,
+def _arrivals(res, at: dict[int, int], ws: list[int], took: np.ndarray, open_ns: int,
               close_ns: int) -> Arrivals | None:
-    """The round's arrival times with a near worker's row stamped when it was taken."""
+    """The round's arrival times with a near worker's row stamped when it was
+    taken; `at`: a far worker's row in res."""
     a = None if res is None else res.arrivals
     if res is not None and a is None:
         return None
     first, last, thresh = (np.zeros(len(ws), dtype=np.int64) for _ in range(3))
     for i, w in enumerate(ws):
-        if w in far:
-            j = far.index(w)
+        if w in at:
+            j = at[w]
             first[i], last[i], thresh[i] = a.first_ns[j], a.last_ns[j], a.thresh_ns[j]
         else:
             first[i] = last[i] = thresh[i] = took[i]
@@ -351,6 +346,7 @@ def _arrivals(res, far: list[int], ws: list[int], took: np.ndarray, open_ns: int
                     first_ns=first, last_ns=last, thresh_ns=thresh)
 
 
+@functools.cache
 def boot_id() -> str:
     """This machine's boot (the kernel's random boot_id): two hosts that
     share a name and a network namespace inode (every root one has the same)

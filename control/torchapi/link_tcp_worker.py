@@ -165,13 +165,8 @@ class TcpWorkerLink(WorkerLink):
             self.pair.down.take(d, parts, self.timeout_s)
 
     def recv_into(self, into: np.ndarray, nbytes: int) -> None:
-        view = memoryview(into).cast("B")
-        got = 0
-        while got < nbytes:
-            k = self.sock.recv_into(view[got:])
-            if k == 0:
-                raise CommError("the server closed the connection")
-            got += k
+        recv_all(self.sock, memoryview(into).cast("B")[:nbytes],
+                 "the server closed the connection")
 
     def close(self) -> None:
         if self.pair is not None:
@@ -182,15 +177,20 @@ class TcpWorkerLink(WorkerLink):
             self.sock = None
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
+def recv_all(sock: socket.socket, view: memoryview,
+             closed: str = "connection closed by the peer") -> None:
+    """Fill `view` (bytes) from sock; CommError(closed) if the stream ends first."""
     got = 0
-    while got < n:
+    while got < len(view):
         k = sock.recv_into(view[got:])
         if k == 0:
-            raise CommError("connection closed by the peer")
+            raise CommError(closed)
         got += k
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    recv_all(sock, memoryview(buf))
     return bytes(buf)
 
 
