@@ -397,26 +397,63 @@ def test_torchrun_inside_rig_namespaces_with_a_server_process(tmp_path):
         jobkey.write_private(str(files[w]), jobkey.member_text(jobkey.member_keys(key, w)))
     with Rig(rig_config(name, "ltp", workers=2, rate_bps=10**9, buffer_bytes=30_000,
                         loss=0.0)) as rig:
-        store = f"{rig.workers[0].ip}"
-        common = ["MASTER_PORT=29541", f"MASTER_ADDR={store}", "LTP_CAPACITY=1e9",
-                  "LTP_SERVERS=1", "OMP_NUM_THREADS=1"]
-        script = [str(ROOT / "docs/examples/ddp_backend.py"), "--epochs", "2"]
+        store = rig.workers[0].ip
 
         def on(host, keyfile, *cmd):
-            return subprocess.Popen([str(BIN / "ltp"), "rig", "exec", "--name", name, host.name,
-                                     "--", "env", *common, f"LTP_DEV={host.ifname}",
-                                     f"GLOO_SOCKET_IFNAME={host.ifname}",
-                                     f"LTP_SECRET_FILE={keyfile}", *cmd],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    cwd=ROOT)
-        procs = [on(h, files[i], str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node",
-                    "1", "--node-rank", str(i), "--master-addr", store, "--master-port",
-                    "29541", *script) for i, h in enumerate(rig.workers[:2])]
+            return _rig_exec(name, host, store, "LTP_SERVERS=1", f"LTP_SECRET_FILE={keyfile}",
+                             *cmd)
+        procs = [on(h, files[i], *_torchrun_on(i, store)) for i, h in enumerate(rig.workers[:2])]
         procs.append(on(rig.ps, files["server"], "LTP_ROLE=server", "LTP_RANK=0",
                         "LTP_WORLD_SIZE=3", "RANK=0", "WORLD_SIZE=2",
-                        "TORCHELASTIC_USE_AGENT_STORE=True", sys.executable, *script))
+                        "TORCHELASTIC_USE_AGENT_STORE=True", sys.executable, *RIG_SCRIPT))
         outs = finish_all(procs, timeout=240)
-    res = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs[:2]]
+    _check_torchrun(outs[:2])
+
+
+@requires_bpf
+@pytest.mark.rig
+def test_torchrun_inside_rig_namespaces_colocates_by_default(tmp_path):
+    """docs/deploy.md's co-located recipe on the rig: torchrun on each of two
+    trainer hosts, no server process and no variable naming one. Each trainer
+    starts the server of its slice, a second seat of its host's one device
+    over LTP's XDP path (nothing else could serve: the job would wait), and
+    the replicas end alike."""
+    from ltpx.control.trust import jobkey
+    from ltpx.control.training.onrig import rig_config
+    from ltpx.dataplane.rig.star import Rig
+    name = "i41trun"
+    keyfile = tmp_path / "job.key"       # a trainer serves too: the job key on each
+    jobkey.write_private(str(keyfile), jobkey.new_key().hex() + "\n")
+    with Rig(rig_config(name, "ltp", workers=2, rate_bps=10**9, buffer_bytes=30_000,
+                        loss=0.0)) as rig:
+        store = rig.workers[0].ip
+        procs = [_rig_exec(name, h, store, f"LTP_SECRET_FILE={keyfile}", *_torchrun_on(i, store))
+                 for i, h in enumerate(rig.workers[:2])]
+        outs = finish_all(procs, timeout=240)
+    _check_torchrun(outs)
+
+
+RIG_SCRIPT = [str(ROOT / "docs/examples/ddp_backend.py"), "--epochs", "2"]
+
+
+def _rig_exec(name: str, host, store: str, *cmd: str) -> subprocess.Popen:
+    """`ltp rig exec` of cmd on a rig host, with deploy.md's variables for it
+    (the store at `store`)."""
+    return subprocess.Popen([str(BIN / "ltp"), "rig", "exec", "--name", name, host.name, "--",
+                             "env", "MASTER_PORT=29541", f"MASTER_ADDR={store}",
+                             "LTP_CAPACITY=1e9", "OMP_NUM_THREADS=1", f"LTP_DEV={host.ifname}",
+                             f"GLOO_SOCKET_IFNAME={host.ifname}", *cmd],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def _torchrun_on(node: int, store: str) -> list[str]:
+    return [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+            str(node), "--master-addr", store, "--master-port", "29541", *RIG_SCRIPT]
+
+
+def _check_torchrun(outs) -> None:
+    """The two trainers' JSON lines: ranks 0 and 1 of 2, alike, trained."""
+    res = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
     assert [r["rank"] for r in res] == [0, 1] and res[0]["world"] == 2
     assert res[0]["digest"] == res[1]["digest"]
     assert res[0]["backend"] == "ltp" and res[0]["accuracy"] > 0.5
