@@ -39,7 +39,7 @@ from ..trust.signing import SIG_ELEMS, Signer, StreamSigner
 from ..transport.stream import AnswerStream
 from .codec import ServerCodec, answer_feedback
 from .host import rank_host
-from .link_ltp_near import NearRows, check_tolerant
+from .link_ltp_near import NearRows, NearStream, check_tolerant
 from .links import Gathered, ServerLink
 from .losspolicy import Choice, LossPolicy
 from .settings import Settings
@@ -309,18 +309,22 @@ class LtpServerLink(ServerLink):
                wait_s: float) -> AnswerStream | None:
         """Answer d sent part by part as buf fills (transport/stream.py), its
         last `sig_elems` elements the signature; None where answers go
-        otherwise (coded, compressed, tolerant, or per worker)."""
+        otherwise (coded, compressed, tolerant, or per worker, or to local
+        workers alone). Local workers take it whole once it is final
+        (link_ltp_near.NearStream)."""
         if not self.s.stream_share or self.wire != "none" or self.defer or not group \
-                or self.s.downlink_code == "rs" or self.group is None or self.near:
+                or self.s.downlink_code == "rs" or self.group is None:
             return None
         peers = [p for p in self.peers if p.worker in to]
         if not peers:
             return None
         signer = None if self.signer is None else \
             StreamSigner(self.signer, d, len(buf) - SIG_ELEMS)
-        return AnswerStream(self.ep, d, buf, peers, group=self.group,
-                            timeout_s=min(self.wait_s, wait_s), signer=signer,
-                            share=self.s.stream_share)
+        stream = AnswerStream(self.ep, d, buf, peers, group=self.group,
+                              timeout_s=min(self.wait_s, wait_s), signer=signer,
+                              share=self.s.stream_share)
+        near = self.near.near_of(to)
+        return NearStream(stream, self.near, d, buf, near, self.wait_s) if near else stream
 
     def timed_sign(self, d: int, buf: np.ndarray) -> np.ndarray:
         """Answer d signed; the time it took counted in sign_s."""

@@ -328,6 +328,34 @@ class NearRows:
             self.pool = None
 
 
+class NearStream:
+    """A streamed answer (transport/stream.AnswerStream) whose far workers
+    get it part by part as the server sums, and whose near ones get it whole
+    off the wire once it is final: its signature written, its last part
+    sent (`finish`), as `LtpServerLink.send` gives them an answer sent whole."""
+
+    def __init__(self, inner, rows: NearRows, d: int, buf: np.ndarray, near: list[int],
+                 wait_s: float):
+        self.inner, self.rows, self.d, self.buf = inner, rows, d, buf
+        self.near, self.wait_s = near, wait_s
+
+    @property
+    def sign_s(self) -> float:
+        return self.inner.sign_s
+
+    def feed(self, nelems: int) -> None:
+        self.inner.feed(nelems)
+
+    def finish(self) -> None:
+        self.inner.finish()
+        given = self.rows.give(self.d, self.buf, self.near, self.wait_s)
+        if given is not None:
+            given()
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+
 def _arrivals(res, at: dict[int, int], ws: list[int], took: np.ndarray, open_ns: int,
               close_ns: int) -> Arrivals | None:
     """The round's arrival times with a near worker's row stamped when it was
