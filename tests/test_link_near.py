@@ -184,3 +184,30 @@ def test_a_late_local_row_is_left_out_as_a_far_straggler_is_and_let_go_after(kin
     t.join(10)
     assert list(g.delivered) == [2, 2] and np.array_equal(g.values[0], on_time)
     rows.close()
+
+
+def test_a_local_piece_begun_before_a_soft_deadline_is_taken_whole_after_it():
+    """A tolerant round (deadline 0.3 s): the local worker's piece has begun
+    (its header is in) but its body comes 0.8 s later, as on a busy host.
+    The row is taken whole, not cut short at the deadline (which ended the
+    stream and the server: a 4 x 2 run on two busy cores), and the next
+    round's piece follows in step."""
+    worker_end, server_end = _channel()
+    rows = NearRowsHere(None)
+    rows.pairs = {0: server_end}
+    n, ce = 700, 356
+    body = np.full(n, 7.0, dtype=np.float32)
+    raw = near.as_bytes(body)
+    worker_end.sock.sendall(near.HDR.pack(near.TCP_MAGIC, 6, len(raw)))
+    t = threading.Thread(target=lambda: (threading.Event().wait(0.8),
+                                         worker_end.sock.sendall(raw)))
+    t.start()
+    rows.opened(6, n, wired=True, reliable=False)
+    g = rows.gather(6, [0, 1], _far_round(6, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
+    t.join(10)
+    assert list(g.delivered) == [2, 2] and np.array_equal(g.values[0], body)
+    worker_end.up.give(7, near.as_bytes(body + 1), 10.0)
+    rows.opened(7, n, wired=True, reliable=False)
+    g = rows.gather(7, [0, 1], _far_round(7, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
+    assert list(g.delivered) == [2, 2] and np.array_equal(g.values[0], body + 1)
+    rows.close()

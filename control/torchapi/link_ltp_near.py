@@ -47,7 +47,7 @@ from .localsock import connect_local, listen_local, ns_id, unlisten
 
 
 BEAT_S = 0.2     # a wait for a near row beats the endpoint this often
-HEAD_S = 10.0    # a piece's header, once readable, is read within this
+HEAD_S = 10.0    # a piece's header, once readable, is read within this; its body once begun
 
 
 def as_bytes(buf: np.ndarray) -> memoryview:
@@ -274,8 +274,11 @@ class NearRows:
     def take(self, w: int, r: int, into: memoryview, until: float, soft: bool) -> bool:
         """Worker w's piece of round r into `into`, the endpoint beaten while
         it is awaited (its XDP program keeps ACKing the rounds open on it);
-        an earlier round's piece, one given up on, is let go. Not there by
-        `until` (time.monotonic): False where `soft`, else a CommError."""
+        an earlier round's piece, one given up on, is let go. Not begun by
+        `until` (time.monotonic): False where `soft`, else a CommError. One
+        begun is taken whole, as its header was read (HEAD_S at least: on
+        a busy host a large piece may come in after a soft round's deadline;
+        cut short, the stream would be out of step)."""
         ch = self.pairs[w].up
         while True:
             if ch.ready(BEAT_S):
@@ -283,7 +286,7 @@ class NearRows:
                 if got is not None and got < r:    # a round that went on without it
                     ch.drop()
                     continue
-                ch.take(r, into, max(0.0, until - time.monotonic()) + BEAT_S)
+                ch.take(r, into, max(HEAD_S, until - time.monotonic()))
                 return True
             if self.beat is not None:
                 self.beat()
