@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from ltpx.control.torchapi import link_ltp_near as near
+from ltpx.control.torchapi import localsock
 from ltpx.control.torchapi.handoff import proc
 from ltpx.control.trust import jobkey
 from ltpx.errors import CommError
@@ -70,10 +71,10 @@ def test_rows_of_a_round_from_the_near_workers_alone_in_the_workers_order(tmp_pa
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     key = jobkey.hello_key(jobkey.new_key(), b"run-1")
     rows = NearRowsHere(key)
-    metas = {0: {"proc": proc(), "host": "h", **near.here()},
+    metas = {0: {"proc": proc(), "host": "h", **localsock.here()},
              1: {"proc": proc(), "host": "h", "netns_id": 1},   # this process, another netns
 
-             2: {"proc": "elsewhere", "host": "h", **near.here()}}
+             2: {"proc": "elsewhere", "host": "h", **localsock.here()}}
     server = {"ip": "198.18.9.1", "ltp_port": 9410, **rows.address()}
     got = {}
     t = threading.Thread(target=lambda: got.update(   # as from another process
@@ -130,7 +131,7 @@ def test_a_worker_on_the_host_with_a_wrong_key_is_not_taken(tmp_path, monkeypatc
                                                          "h", stranger, 5.0))
     t.start()
     with pytest.raises(CommError, match="only 0 of the 1 workers on this host"):
-        rows.connect({2: {"proc": "x", "host": "h", **near.here()}}, [2], 1.0)
+        rows.connect({2: {"proc": "x", "host": "h", **localsock.here()}}, [2], 1.0)
     t.join(10)
     rows.close()
 
@@ -210,4 +211,38 @@ def test_a_local_piece_begun_before_a_soft_deadline_is_taken_whole_after_it():
     rows.opened(7, n, wired=True, reliable=False)
     g = rows.gather(7, [0, 1], _far_round(7, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
     assert list(g.delivered) == [2, 2] and np.array_equal(g.values[0], body + 1)
+    rows.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "socket"])
+def test_a_large_late_local_piece_is_let_go_as_it_comes_so_its_worker_goes_on(kind):
+    """A local row left out of a tolerant round whose piece, larger than a
+    socket holds (or lent, in memory), comes after: its give returns without
+    another take, as the server lets it go as it comes (its worker's next op
+    waits for that give while the server waits for the worker: a 4 x 2 run
+    hung so until the round's timeout), and the next round's piece is taken."""
+    from ltpx.control.torchapi.handoff import Pair
+    if kind == "memory":
+        pair = Pair(("198.18.9.1", 9410, 0))
+        worker_end, server_end = pair, pair
+    else:
+        worker_end, server_end = _channel()
+    rows = NearRowsHere(None)
+    rows.pairs = {0: server_end}
+    n, ce = 300_000, 356
+    rows.opened(3, n, wired=True, reliable=False)
+    g = rows.gather(3, [0, 1], _far_round(3, n, ce, 1, 2.0, 0.9), ce, 30.0, fill="mean")
+    assert list(g.filled) == [-(-n // ce), 0]
+    late = np.full(n, 9.0, dtype=np.float32)
+    t = threading.Thread(target=worker_end.up.give, args=(3, near.as_bytes(late), 10.0))
+    t.start()
+    t.join(8)
+    assert not t.is_alive(), "the late piece's give waits for a take"
+    on_time = np.full(n, 5.0, dtype=np.float32)
+    t = threading.Thread(target=worker_end.up.give, args=(4, near.as_bytes(on_time), 10.0))
+    t.start()
+    rows.opened(4, n, wired=True, reliable=False)
+    g = rows.gather(4, [0, 1], _far_round(4, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
+    t.join(10)
+    assert list(g.delivered) == [-(-n // ce)] * 2 and np.array_equal(g.values[0], on_time)
     rows.close()

@@ -26,11 +26,11 @@ one whose every row came over the wire).
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 import select
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -43,7 +43,7 @@ from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
 from .handoff import pair as handoff_pair, proc
 from .link_tcp_worker import HDR, TCP_MAGIC, iov, recv_all, recv_exact
 from .links import Gathered
-from .localsock import connect_local, listen_local, ns_id, unlisten
+from .localsock import connect_local, here, listen_local, on_host, unlisten
 
 
 BEAT_S = 0.2     # a wait for a near row beats the endpoint this often
@@ -170,6 +170,7 @@ class NearRows:
         self.took: dict[int, set[int]] = {}    # answer -> the near workers that took it
         self.beat = None                       # keeps the endpoint ACKing while rows wait
         self.pool: ThreadPoolExecutor | None = None
+        self.draining: dict[int, Future] = {}  # worker -> the drain of its row left out
         self.ux, self.ux_path = listen_local(ip, port, 64)   # for workers on this host
 
     def address(self) -> dict:
@@ -256,8 +257,9 @@ class NearRows:
                 masks[i], filled[i] = res.masks[j], res.filled[j]
             elif self.take(w, r, as_bytes(values[i]), until, soft):
                 took[i] = time.monotonic_ns()
-            else:     # late: left out (its piece let go when it comes: take)
+            else:     # late: left out, its piece let go as it comes (_drain)
                 masks[i], filled[i] = False, nch
+                self.draining[w] = self._pool().submit(self._drain, w, r, wait_s)
         if fill is not None and not masks.all():
             bubble_fill(padded.reshape(len(ws), nch, chunk_elems), masks, fill)
         close_ns = max(int(took.max()) if len(ws) else 0,
@@ -280,6 +282,11 @@ class NearRows:
         a busy host a large piece may come in after a soft round's deadline;
         cut short, the stream would be out of step)."""
         ch = self.pairs[w].up
+        drain = self.draining.pop(w, None)    # its last piece left out: let go first
+        if drain is not None and not wait([drain], None if not soft else
+                                          max(0.0, until - time.monotonic())).done:
+            self.draining[w] = drain          # still coming: this row is late too
+            return False
         while True:
             if ch.ready(BEAT_S):
                 got = ch.peek()
@@ -295,6 +302,30 @@ class NearRows:
                     return False
                 raise CommError(f"{ch.what}: nothing of round {r} in time")
 
+    def _drain(self, w: int, r: int, wait_s: float) -> None:
+        """Worker w's piece of round r, left out, read and let go as it comes
+        (and an earlier one): a give waits for its take (a piece larger than
+        the socket's buffer, or lent in memory), and its worker's next op
+        would wait for it, while the server's waits for that worker. Up to
+        wait_s; a later round's piece stays for its take."""
+        ch, until = self.pairs[w].up, time.monotonic() + wait_s
+        with contextlib.suppress(CommError):    # the channel ended: the next take says so
+            while time.monotonic() < until:
+                if not ch.ready(BEAT_S):
+                    continue
+                got = ch.peek()
+                if got is None or got > r:
+                    return
+                ch.drop()
+                if got == r:
+                    return
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """Threads for the gives (answers) and drains (late pieces): two a worker."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(2 * len(self.pairs), thread_name_prefix="ltpx-near")
+        return self.pool
+
     def give(self, d: int, wire: np.ndarray, near: list[int], wait_s: float):
         """Answer d (its words as they go on the wire) to the near workers
         `near`, a thread each: a wait() for them all (None: no one to give to)."""
@@ -304,14 +335,12 @@ class NearRows:
         near = [w for w in near if w not in took]   # a retry's: those that took it do not
         if not near:
             return None
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(len(self.pairs), thread_name_prefix="ltpx-near")
-        body = as_bytes(wire)
+        pool, body = self._pool(), as_bytes(wire)
 
         def one(w: int) -> None:
             self.pairs[w].down.give(d, body, wait_s)
             took.add(w)
-        futs = [self.pool.submit(one, w) for w in near]
+        futs = [pool.submit(one, w) for w in near]
 
         def done() -> None:
             """Every give ended (none still lends the answer), then the first error."""
@@ -325,7 +354,7 @@ class NearRows:
         self.ux = self.ux_path = None
         for p in self.pairs.values():
             p.close("the co-located LTP server")
-        self.pairs = {}
+        self.pairs, self.draining = {}, {}
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None
@@ -375,31 +404,6 @@ def _arrivals(res, at: dict[int, int], ws: list[int], took: np.ndarray, open_ns:
             first[i] = last[i] = thresh[i] = took[i]
     return Arrivals(open_ns=open_ns if a is None else a.open_ns, close_ns=close_ns,
                     first_ns=first, last_ns=last, thresh_ns=thresh)
-
-
-@functools.cache
-def boot_id() -> str:
-    """This machine's boot (the kernel's random boot_id): two hosts that
-    share a name and a network namespace inode (every root one has the same)
-    are still two."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def here() -> dict:
-    """What a rank's meta says of where it is, for on_host."""
-    return {"netns_id": ns_id("net"), "boot": boot_id()}
-
-
-def on_host(meta: dict, host: str) -> bool:
-    """Whether the rank of `meta` is on this host (the same name and boot),
-    in this network namespace: a frame between the two never reaches a NIC."""
-    mine = here()
-    return meta.get("host") == host and bool(mine["boot"]) and \
-        all(meta.get(k) == v for k, v in mine.items())
 
 
 def worker_pair(server: dict, worker: int, host: str, key, timeout_s: float):

@@ -24,7 +24,8 @@ from .codec import WorkerCodec, check_peer, piece_feedback
 from .handoff import Pair, proc
 from .host import rank_host
 from .link_ltp import ROUND_LIMIT_S, endpoint_room, endpoint_config
-from .link_ltp_near import SockChannel, as_bytes, check_tolerant, here, worker_pair
+from .link_ltp_near import SockChannel, as_bytes, check_tolerant, worker_pair
+from .localsock import here
 from .links import WorkerLink
 from .settings import Settings
 

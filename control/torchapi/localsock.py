@@ -20,9 +20,15 @@ namespace are its own and the file answers, else TCP. The server removes
 the file once its workers are in, and at close; a file whose server died
 (its pid gone, in this pid namespace) is swept when the next server on the
 host binds. `tcp_local` (LTP_TCP_LOCAL=0) keeps every worker on TCP.
+
+Where a rank is: `here()` (its network namespace, as the calling thread
+sees it, and the machine's boot id) goes into its meta, and `on_host`
+says whether another rank's meta is this host and namespace (the LTP
+links' test for a peer off the wire, link_ltp_near.py).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -149,3 +155,28 @@ def connect_local(server: dict, my_host: str, timeout_s: float) -> socket.socket
         return None
     s.settimeout(timeout_s)
     return s
+
+
+@functools.cache
+def boot_id() -> str:
+    """This machine's boot (the kernel's random boot_id): two hosts that
+    share a name and a network namespace inode (every root one has the same)
+    are still two."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def here() -> dict:
+    """What a rank's meta says of where it is, for on_host."""
+    return {"netns_id": ns_id("net"), "boot": boot_id()}
+
+
+def on_host(meta: dict, host: str) -> bool:
+    """Whether the rank of `meta` is on this host (the same name and boot),
+    in this network namespace: a frame between the two never reaches a NIC."""
+    mine = here()
+    return meta.get("host") == host and bool(mine["boot"]) and \
+        all(meta.get(k) == v for k, v in mine.items())

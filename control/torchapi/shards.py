@@ -41,7 +41,7 @@ from .handoff import proc
 from .coord import Coord
 from .exchange import Arrival, Exchange
 from .host import rank_host, route_to
-from .link_ltp_near import here, on_host
+from .localsock import here, on_host
 from .link_ltp_worker import LtpWorkerLink, SharedDevice
 from .link_tcp import TcpWorkerLink
 from .links import WorkerLink
