@@ -149,13 +149,9 @@ def _far_round(r: int, n: int, ce: int, worker: int, value: float, threshold: fl
                        threshold=threshold, deadline_s=0.3)
 
 
-@pytest.mark.parametrize("kind", ["memory", "socket"])
-def test_a_late_local_row_is_left_out_as_a_far_straggler_is_and_let_go_after(kind):
-    """A tolerant round: the far worker's row is in; the local worker's comes
-    past a deadline after it, so the round goes on without it (its row
-    Bubble-Filled from the far one's, counted as filled) and its late piece
-    is let go when the next round is taken, which then arrives whole. A
-    round that closes only whole (threshold 1.0) waits for it instead."""
+def _near_rows(kind: str):
+    """(worker 0's end, a NearRows whose near worker 0 it is): by the local
+    socket, or in memory (one process)."""
     from ltpx.control.torchapi.handoff import Pair
     if kind == "memory":
         pair = Pair(("198.18.9.1", 9410, 0))
@@ -164,6 +160,17 @@ def test_a_late_local_row_is_left_out_as_a_far_straggler_is_and_let_go_after(kin
         worker_end, server_end = _channel()
     rows = NearRowsHere(None)
     rows.pairs = {0: server_end}
+    return worker_end, rows
+
+
+@pytest.mark.parametrize("kind", ["memory", "socket"])
+def test_a_late_local_row_is_left_out_as_a_far_straggler_is_and_let_go_after(kind):
+    """A tolerant round: the far worker's row is in; the local worker's comes
+    past a deadline after it, so the round goes on without it (its row
+    Bubble-Filled from the far one's, counted as filled) and its late piece
+    is let go as it comes; the next round's then arrives whole. A
+    round that closes only whole (threshold 1.0) waits for it instead."""
+    worker_end, rows = _near_rows(kind)
     n, ce = 700, 356
     rows.opened(3, n, wired=True, reliable=False)
     g = rows.gather(3, [0, 1], _far_round(3, n, ce, 1, 2.0, 0.9), ce, 30.0, fill="mean")
@@ -193,9 +200,7 @@ def test_a_local_piece_begun_before_a_soft_deadline_is_taken_whole_after_it():
     The row is taken whole, not cut short at the deadline (which ended the
     stream and the server: a 4 x 2 run on two busy cores), and the next
     round's piece follows in step."""
-    worker_end, server_end = _channel()
-    rows = NearRowsHere(None)
-    rows.pairs = {0: server_end}
+    worker_end, rows = _near_rows("socket")
     n, ce = 700, 356
     body = np.full(n, 7.0, dtype=np.float32)
     raw = near.as_bytes(body)
@@ -221,14 +226,7 @@ def test_a_large_late_local_piece_is_let_go_as_it_comes_so_its_worker_goes_on(ki
     another take, as the server lets it go as it comes (its worker's next op
     waits for that give while the server waits for the worker: a 4 x 2 run
     hung so until the round's timeout), and the next round's piece is taken."""
-    from ltpx.control.torchapi.handoff import Pair
-    if kind == "memory":
-        pair = Pair(("198.18.9.1", 9410, 0))
-        worker_end, server_end = pair, pair
-    else:
-        worker_end, server_end = _channel()
-    rows = NearRowsHere(None)
-    rows.pairs = {0: server_end}
+    worker_end, rows = _near_rows(kind)
     n, ce = 300_000, 356
     rows.opened(3, n, wired=True, reliable=False)
     g = rows.gather(3, [0, 1], _far_round(3, n, ce, 1, 2.0, 0.9), ce, 30.0, fill="mean")
