@@ -244,3 +244,29 @@ def test_a_large_late_local_piece_is_let_go_as_it_comes_so_its_worker_goes_on(ki
     t.join(10)
     assert list(g.delivered) == [-(-n // ce)] * 2 and np.array_equal(g.values[0], on_time)
     rows.close()
+
+
+def test_two_rows_left_out_in_a_row_are_both_let_go_as_they_come():
+    """A worker late for two tolerant rounds running: the drain started for
+    the first lets go the second's piece too (its target raised while it is
+    live); both gives return with no take, and the third round is taken."""
+    worker_end, rows = _near_rows("socket")
+    n, ce = 300_000, 356
+    for r in (3, 4):
+        rows.opened(r, n, wired=True, reliable=False)
+        g = rows.gather(r, [0, 1], _far_round(r, n, ce, 1, 2.0, 0.9), ce, 30.0, fill="mean")
+        assert list(g.filled) == [-(-n // ce), 0], r
+    late = np.full(n, 9.0, dtype=np.float32)
+    for r in (3, 4):
+        t = threading.Thread(target=worker_end.up.give, args=(r, near.as_bytes(late), 10.0))
+        t.start()
+        t.join(8)
+        assert not t.is_alive(), f"round {r}'s late piece waits for a take"
+    on_time = np.full(n, 5.0, dtype=np.float32)
+    t = threading.Thread(target=worker_end.up.give, args=(5, near.as_bytes(on_time), 10.0))
+    t.start()
+    rows.opened(5, n, wired=True, reliable=False)
+    g = rows.gather(5, [0, 1], _far_round(5, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
+    t.join(10)
+    assert list(g.delivered) == [-(-n // ce)] * 2 and np.array_equal(g.values[0], on_time)
+    rows.close()

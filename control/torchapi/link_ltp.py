@@ -39,7 +39,7 @@ from ..trust.signing import SIG_ELEMS, Signer, StreamSigner
 from ..transport.stream import AnswerStream
 from .codec import ServerCodec, answer_feedback
 from .host import rank_host
-from .link_ltp_near import NearRows, NearStream, check_tolerant
+from .link_ltp_near import NearRows, check_tolerant
 from .links import Gathered, ServerLink
 from .losspolicy import Choice, LossPolicy
 from .settings import Settings
@@ -311,7 +311,7 @@ class LtpServerLink(ServerLink):
         last `sig_elems` elements the signature; None where answers go
         otherwise (coded, compressed, tolerant, or per worker, or to local
         workers alone). Local workers take it whole once it is final
-        (link_ltp_near.NearStream)."""
+        (NearStream, below)."""
         if not self.s.stream_share or self.wire != "none" or self.defer or not group \
                 or self.s.downlink_code == "rs" or self.group is None:
             return None
@@ -370,3 +370,31 @@ def endpoint_room(nelems: int, coded: bool, mtu: int, deferred: bool = False) ->
         data = -(-nelems // (cb // 4))
         nelems = (data + defer.extra_chunks(data, cb, SIG_ELEMS * 4)) * (cb // 4)
     return nelems + HEADROOM
+
+
+class NearStream:
+    """A streamed answer (transport/stream.AnswerStream) whose far workers
+    get it part by part as the server sums, and whose near ones get it whole
+    off the wire once it is final: its signature written, its last part
+    sent (`finish`), as `LtpServerLink.send` gives them an answer sent whole."""
+
+    def __init__(self, inner, rows: NearRows, d: int, buf: np.ndarray, near: list[int],
+                 wait_s: float):
+        self.inner, self.rows, self.d, self.buf = inner, rows, d, buf
+        self.near, self.wait_s = near, wait_s
+
+    @property
+    def sign_s(self) -> float:
+        return self.inner.sign_s
+
+    def feed(self, nelems: int) -> None:
+        self.inner.feed(nelems)
+
+    def finish(self) -> None:
+        self.inner.finish()
+        given = self.rows.give(self.d, self.buf, self.near, self.wait_s)
+        if given is not None:
+            given()
+
+    def abort(self) -> None:
+        self.inner.abort()

@@ -26,9 +26,9 @@ one whose every row came over the wire).
 """
 from __future__ import annotations
 
-import contextlib
 import select
 import socket
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
@@ -170,7 +170,12 @@ class NearRows:
         self.took: dict[int, set[int]] = {}    # answer -> the near workers that took it
         self.beat = None                       # keeps the endpoint ACKing while rows wait
         self.pool: ThreadPoolExecutor | None = None
-        self.draining: dict[int, Future] = {}  # worker -> the drain of its row left out
+        # a row left out: its worker's pieces up to late[w] are let go as they
+        # come (_drain, one live a worker at most, draining[w] its future)
+        self.late: dict[int, int] = {}
+        self.draining: dict[int, Future] = {}
+        self.live: set[int] = set()
+        self.lock = threading.Lock()
         self.ux, self.ux_path = listen_local(ip, port, 64)   # for workers on this host
 
     def address(self) -> dict:
@@ -259,7 +264,7 @@ class NearRows:
                 took[i] = time.monotonic_ns()
             else:     # late: left out, its piece let go as it comes (_drain)
                 masks[i], filled[i] = False, nch
-                self.draining[w] = self._pool().submit(self._drain, w, r, wait_s)
+                self._let_go(w, r, wait_s)
         if fill is not None and not masks.all():
             bubble_fill(padded.reshape(len(ws), nch, chunk_elems), masks, fill)
         close_ns = max(int(took.max()) if len(ws) else 0,
@@ -282,11 +287,11 @@ class NearRows:
         a busy host a large piece may come in after a soft round's deadline;
         cut short, the stream would be out of step)."""
         ch = self.pairs[w].up
-        drain = self.draining.pop(w, None)    # its last piece left out: let go first
+        drain = self.draining.get(w)     # a piece left out is let go first
         if drain is not None and not wait([drain], None if not soft else
                                           max(0.0, until - time.monotonic())).done:
-            self.draining[w] = drain          # still coming: this row is late too
-            return False
+            return False                 # still coming: this row is late too
+        self.draining.pop(w, None)
         while True:
             if ch.ready(BEAT_S):
                 got = ch.peek()
@@ -302,23 +307,41 @@ class NearRows:
                     return False
                 raise CommError(f"{ch.what}: nothing of round {r} in time")
 
-    def _drain(self, w: int, r: int, wait_s: float) -> None:
-        """Worker w's piece of round r, left out, read and let go as it comes
-        (and an earlier one): a give waits for its take (a piece larger than
-        the socket's buffer, or lent in memory), and its worker's next op
-        would wait for it, while the server's waits for that worker. Up to
-        wait_s; a later round's piece stays for its take."""
-        ch, until = self.pairs[w].up, time.monotonic() + wait_s
-        with contextlib.suppress(CommError):    # the channel ended: the next take says so
+    def _let_go(self, w: int, r: int, wait_s: float) -> None:
+        """Worker w's pieces up to round r's, left out, are read and let go
+        as they come: a give waits for its take (a piece larger than the
+        socket's buffer, or lent in memory), so its worker's next op would
+        wait for it while the server's waits for that worker."""
+        with self.lock:
+            self.late[w] = r
+            if w not in self.live:
+                self.live.add(w)
+                self.draining[w] = self._pool().submit(self._drain, w, wait_s)
+
+    def _drain(self, w: int, wait_s: float) -> None:
+        """Let go worker w's pieces up to late[w] (it may rise meanwhile);
+        up to wait_s. A later round's piece stays for its take. (The socket's
+        timeout is shared with the answer's give the other way: both long.)"""
+        ch, until, got = self.pairs[w].up, time.monotonic() + wait_s, None
+        try:
             while time.monotonic() < until:
                 if not ch.ready(BEAT_S):
                     continue
                 got = ch.peek()
-                if got is None or got > r:
-                    return
+                with self.lock:    # a return and its discard at once: _let_go sees either
+                    if got is None or got > self.late[w]:
+                        self.live.discard(w)
+                        return
                 ch.drop()
-                if got == r:
-                    return
+                with self.lock:
+                    if got >= self.late[w]:
+                        self.live.discard(w)
+                        return
+        except CommError:     # the channel ended: the next take says so
+            pass
+        finally:
+            with self.lock:
+                self.live.discard(w)
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads for the gives (answers) and drains (late pieces): two a worker."""
@@ -358,34 +381,6 @@ class NearRows:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None
-
-
-class NearStream:
-    """A streamed answer (transport/stream.AnswerStream) whose far workers
-    get it part by part as the server sums, and whose near ones get it whole
-    off the wire once it is final: its signature written, its last part
-    sent (`finish`), as `LtpServerLink.send` gives them an answer sent whole."""
-
-    def __init__(self, inner, rows: NearRows, d: int, buf: np.ndarray, near: list[int],
-                 wait_s: float):
-        self.inner, self.rows, self.d, self.buf = inner, rows, d, buf
-        self.near, self.wait_s = near, wait_s
-
-    @property
-    def sign_s(self) -> float:
-        return self.inner.sign_s
-
-    def feed(self, nelems: int) -> None:
-        self.inner.feed(nelems)
-
-    def finish(self) -> None:
-        self.inner.finish()
-        given = self.rows.give(self.d, self.buf, self.near, self.wait_s)
-        if given is not None:
-            given()
-
-    def abort(self) -> None:
-        self.inner.abort()
 
 
 def _arrivals(res, at: dict[int, int], ws: list[int], took: np.ndarray, open_ns: int,
