@@ -137,7 +137,9 @@ def _check_kept(args, rig, cfg, nodes: bool) -> None:
     c, per = rig.config, args.ranks_per_node
     if (args.colocate and not args.share_nic) != c.colocate:
         raise UsageError(f"--colocate: rig {args.name} has " + (
-            f"a server beside each of its {c.workers} workers: add --colocate"
+            f"a server beside each of its {c.workers} workers, on nodes: "
+            + ("--colocate --share-nic starts no server ranks and needs a rig without nodes"
+               if in_trainers(args) else "add --colocate")
             if c.colocate else "no server beside each worker: build one with `ltp rig up "
             "--workers W --servers W --nodes W --colocate`") + ", or use another rig")
     if c.nodes and args.workers != c.workers:

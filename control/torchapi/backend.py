@@ -389,7 +389,6 @@ def join(place: tuple[int, int], colocated: bool) -> None:
 
 
 _groups = 0
-_groups = 0
 
 
 def create(store, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:

@@ -59,8 +59,8 @@ class SockEnd:
     """One direction of a worker's Unix socket to its server, as a Slot's
     give and take: a piece is the TCP transport's header and body."""
 
-    def __init__(self, channel: SockChannel, what: str):
-        self.channel, self.sock, self.what = channel, channel.sock, what
+    def __init__(self, channel: SockChannel, sock: socket.socket, what: str):
+        self.channel, self.sock, self.what = channel, sock, what
         self.head: tuple[int, int] | None = None    # a header read ahead (peek): tag, size
 
     def check(self) -> None:
@@ -137,8 +137,11 @@ class SockChannel:
 
     def __init__(self, sock: socket.socket, worker: int):
         self.sock, self.closed = sock, ""
-        self.up = SockEnd(self, f"worker {worker}'s pieces to the server on its host")
-        self.down = SockEnd(self, f"the server's answers to worker {worker} on its host")
+        # a socket object a direction (one file): each its own timeout, as a
+        # server's late piece is let go while its answer is given (_drain)
+        self.up = SockEnd(self, sock, f"worker {worker}'s pieces to the server on its host")
+        self.down = SockEnd(self, sock.dup(),
+                            f"the server's answers to worker {worker} on its host")
 
     def close(self, who: str) -> None:
         """Either side's end (as handoff.Pair.close)."""
@@ -155,6 +158,7 @@ class SockChannel:
         except OSError:
             pass
         self.sock.close()
+        self.down.sock.close()
 
 
 class NearRows:
@@ -174,7 +178,7 @@ class NearRows:
         # come (_drain, one live a worker at most, draining[w] its future)
         self.late: dict[int, int] = {}
         self.draining: dict[int, Future] = {}
-        self.live: set[int] = set()
+        self.live: dict[int, object] = {}      # worker -> the token of its live drain
         self.lock = threading.Lock()
         self.ux, self.ux_path = listen_local(ip, port, 64)   # for workers on this host
 
@@ -288,9 +292,11 @@ class NearRows:
         cut short, the stream would be out of step)."""
         ch = self.pairs[w].up
         drain = self.draining.get(w)     # a piece left out is let go first
-        if drain is not None and not wait([drain], None if not soft else
-                                          max(0.0, until - time.monotonic())).done:
-            return False                 # still coming: this row is late too
+        while drain is not None and not wait([drain], BEAT_S).done:
+            if self.beat is not None:
+                self.beat()
+            if soft and time.monotonic() > until:
+                return False             # still coming: this row is late too
         self.draining.pop(w, None)
         while True:
             if ch.ready(BEAT_S):
@@ -315,33 +321,38 @@ class NearRows:
         with self.lock:
             self.late[w] = r
             if w not in self.live:
-                self.live.add(w)
-                self.draining[w] = self._pool().submit(self._drain, w, wait_s)
+                self.live[w] = token = object()
+                self.draining[w] = self._pool().submit(self._drain, w, wait_s, token)
 
-    def _drain(self, w: int, wait_s: float) -> None:
+    def _drain(self, w: int, wait_s: float, token: object) -> None:
         """Let go worker w's pieces up to late[w] (it may rise meanwhile);
-        up to wait_s. A later round's piece stays for its take. (The socket's
-        timeout is shared with the answer's give the other way: both long.)"""
-        ch, until, got = self.pairs[w].up, time.monotonic() + wait_s, None
+        up to wait_s. A later round's piece stays for its take."""
+        ch, until = self.pairs[w].up, time.monotonic() + wait_s
+
+        def through(got: int | None, dropped: bool) -> bool:
+            """Whether this drain ends at the piece `got` (None: none, or
+            the channel's end), said under the lock with its end, so a
+            _let_go finds it live or gone, never ending."""
+            with self.lock:
+                last = self.late[w]
+                if got is not None and (got < last or got == last and not dropped):
+                    return False
+                if self.live.get(w) is token:
+                    del self.live[w]
+                return True
         try:
             while time.monotonic() < until:
                 if not ch.ready(BEAT_S):
                     continue
                 got = ch.peek()
-                with self.lock:    # a return and its discard at once: _let_go sees either
-                    if got is None or got > self.late[w]:
-                        self.live.discard(w)
-                        return
+                if through(got, dropped=False):    # a later round's piece stays
+                    return
                 ch.drop()
-                with self.lock:
-                    if got >= self.late[w]:
-                        self.live.discard(w)
-                        return
+                if through(got, dropped=True):
+                    return
         except CommError:     # the channel ended: the next take says so
             pass
-        finally:
-            with self.lock:
-                self.live.discard(w)
+        through(None, dropped=False)
 
     def _pool(self) -> ThreadPoolExecutor:
         """Threads for the gives (answers) and drains (late pieces): two a worker."""
