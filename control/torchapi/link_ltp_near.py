@@ -179,6 +179,7 @@ class NearRows:
         self.late: dict[int, int] = {}
         self.draining: dict[int, Future] = {}
         self.live: dict[int, object] = {}      # worker -> the token of its live drain
+        self.mid: set[int] = set()             # workers whose drain is mid-piece
         self.lock = threading.Lock()
         self.ux, self.ux_path = listen_local(ip, port, 64)   # for workers on this host
 
@@ -295,8 +296,8 @@ class NearRows:
         while drain is not None and not wait([drain], BEAT_S).done:
             if self.beat is not None:
                 self.beat()
-            if soft and time.monotonic() > until:
-                return False             # still coming: this row is late too
+            if soft and time.monotonic() > until and w not in self.mid:
+                return False   # nothing more come: this row is late too (a piece begun is let go)
         self.draining.pop(w, None)
         while True:
             if ch.ready(BEAT_S):
@@ -347,7 +348,11 @@ class NearRows:
                 got = ch.peek()
                 if through(got, dropped=False):    # a later round's piece stays
                     return
-                ch.drop()
+                self.mid.add(w)
+                try:
+                    ch.drop()
+                finally:
+                    self.mid.discard(w)
                 if through(got, dropped=True):
                     return
         except CommError:     # the channel ended: the next take says so
