@@ -270,3 +270,28 @@ def test_two_rows_left_out_in_a_row_are_both_let_go_as_they_come():
     t.join(10)
     assert list(g.delivered) == [-(-n // ce)] * 2 and np.array_equal(g.values[0], on_time)
     rows.close()
+
+
+def test_a_take_waits_past_the_deadline_while_the_last_late_piece_is_read():
+    """A row left out, its piece coming slowly (header in, body 0.6 s
+    later, past the next round's 0.3 s deadline) with the next round's
+    piece right behind it: the next take waits while that piece is being
+    let go and takes its own, not leaving the worker out of every round
+    after (which dropped it after 3 steps)."""
+    worker_end, rows = _near_rows("socket")
+    n, ce = 700, 356
+    rows.opened(3, n, wired=True, reliable=False)
+    g = rows.gather(3, [0, 1], _far_round(3, n, ce, 1, 2.0, 0.9), ce, 30.0, fill="mean")
+    assert list(g.filled) == [2, 0]
+    late, on_time = np.full(n, 9.0, dtype=np.float32), np.full(n, 5.0, dtype=np.float32)
+    worker_end.sock.sendall(near.HDR.pack(near.TCP_MAGIC, 3, len(near.as_bytes(late))))
+    t = threading.Thread(target=lambda: (threading.Event().wait(0.6),
+                                         worker_end.sock.sendall(near.as_bytes(late)),
+                                         worker_end.up.give(4, near.as_bytes(on_time), 10.0)))
+    t.start()
+    threading.Event().wait(0.1)          # the drain has the header: mid-piece
+    rows.opened(4, n, wired=True, reliable=False)
+    g = rows.gather(4, [0, 1], _far_round(4, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
+    t.join(10)
+    assert list(g.delivered) == [2, 2] and np.array_equal(g.values[0], on_time)
+    rows.close()
