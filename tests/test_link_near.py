@@ -219,6 +219,17 @@ def test_a_local_piece_begun_before_a_soft_deadline_is_taken_whole_after_it():
     rows.close()
 
 
+def _taken_whole(worker_end, rows, r: int, n: int, ce: int) -> None:
+    """Round r's local piece, given as the round is gathered, is its row, whole."""
+    on_time = np.full(n, 5.0, dtype=np.float32)
+    t = threading.Thread(target=worker_end.up.give, args=(r, near.as_bytes(on_time), 10.0))
+    t.start()
+    rows.opened(r, n, wired=True, reliable=False)
+    g = rows.gather(r, [0, 1], _far_round(r, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
+    t.join(10)
+    assert list(g.delivered) == [-(-n // ce)] * 2 and np.array_equal(g.values[0], on_time)
+
+
 @pytest.mark.parametrize("kind", ["memory", "socket"])
 def test_a_large_late_local_piece_is_let_go_as_it_comes_so_its_worker_goes_on(kind):
     """A local row left out of a tolerant round whose piece, larger than a
@@ -236,13 +247,7 @@ def test_a_large_late_local_piece_is_let_go_as_it_comes_so_its_worker_goes_on(ki
     t.start()
     t.join(8)
     assert not t.is_alive(), "the late piece's give waits for a take"
-    on_time = np.full(n, 5.0, dtype=np.float32)
-    t = threading.Thread(target=worker_end.up.give, args=(4, near.as_bytes(on_time), 10.0))
-    t.start()
-    rows.opened(4, n, wired=True, reliable=False)
-    g = rows.gather(4, [0, 1], _far_round(4, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
-    t.join(10)
-    assert list(g.delivered) == [-(-n // ce)] * 2 and np.array_equal(g.values[0], on_time)
+    _taken_whole(worker_end, rows, 4, n, ce)
     rows.close()
 
 
@@ -262,13 +267,7 @@ def test_two_rows_left_out_in_a_row_are_both_let_go_as_they_come():
         t.start()
         t.join(8)
         assert not t.is_alive(), f"round {r}'s late piece waits for a take"
-    on_time = np.full(n, 5.0, dtype=np.float32)
-    t = threading.Thread(target=worker_end.up.give, args=(5, near.as_bytes(on_time), 10.0))
-    t.start()
-    rows.opened(5, n, wired=True, reliable=False)
-    g = rows.gather(5, [0, 1], _far_round(5, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
-    t.join(10)
-    assert list(g.delivered) == [-(-n // ce)] * 2 and np.array_equal(g.values[0], on_time)
+    _taken_whole(worker_end, rows, 5, n, ce)
     rows.close()
 
 
