@@ -116,6 +116,49 @@ def test_a_server_beats_its_link_while_it_waits_in_the_store():
         co.wait(["never"], timeout_s=0.6)
 
 
+@pytest.mark.unit
+def test_a_sharded_workers_beat_names_each_server_that_stops_once(monkeypatch):
+    """A worker of a 2-server job beats in the root's store and watches both
+    servers' counters there: the one that stops is named once (by its
+    index), the one still beating never; a shard's coordination reads its
+    own server's and its workers' beats by job-wide rank."""
+    import threading
+    import torch.distributed as dist
+    from ltpx.control.torchapi.coord import KEY, Coord
+    monkeypatch.setenv("LTP_DEAD_S", "1.5")   # server 0 beats every 0.1 s: far inside it
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
+                          wait_for_workers=False)
+    stop = {1: threading.Event(), 0: threading.Event()}
+
+    def serve(i: int) -> None:      # server i's heartbeat, until told to stop
+        while not stop[i].wait(0.1):
+            store.add(f"{KEY}hb/{i}", 1)
+    for i in (0, 1):
+        threading.Thread(target=serve, args=(i,), daemon=True).start()
+    root = Coord(store, 3, 30.0, servers=2)
+    told: list[int] = []
+    root.on_server_dead = told.append
+    root.start_liveness(2 + 1)       # worker 1: job-wide rank 3
+    shard = Coord(store, 3, 30.0)    # shard 1's (scoped by a prefix in a job)
+    shard.start_liveness(None, beats=store, server=1, servers=2)
+    try:
+        time.sleep(0.5)
+        assert told == [] and shard.server_alive() and shard.worker_alive(1)
+        stop[1].set()
+        deadline = time.monotonic() + 10
+        while not told and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shard.server_alive()         # its clock starts at the value it stopped at
+        time.sleep(1.7)              # named once, and server 0 never
+        assert told == [1]
+        assert not shard.server_alive()
+        assert shard.worker_alive(1) and 3 in shard.watch.seen   # worker 1 is rank 3
+        assert shard.beat is None    # one beat per process: the root's
+    finally:
+        stop[0].set()
+        root.stop_liveness()
+
+
 def _server_store():
     """A real rendezvous store on loopback, and a 3-worker job's server Coord
     on it with its heartbeat (stop_liveness() is the caller's)."""
@@ -393,6 +436,31 @@ def test_killed_worker_without_restart_the_job_goes_on_with_the_rest(rig):
     assert r["workers_lost"] == [2] and r["workers_rejoined"] == [] and "2" in r["dropped_at"]
     assert r["workers_present"] == [0, 1] and r["replicas_identical"]
     assert set(r["worker_digests"]) == {"0", "1"} and r["iterations"] == 24
+    assert r["final_train_loss"] < r["initial_train_loss"]
+
+
+@pytest.mark.rig
+@requires_bpf
+def test_a_sharded_job_goes_on_without_a_killed_worker():
+    """Two servers, no --restart: every rank beats in the root's store, so
+    each server's barrier goes on without the dead worker (it hung until the
+    store's timeout before), both drop it, and the rest end bit-identical."""
+    name = f"fs{os.getpid() % 100000}"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "ltpx.tools.cli", "train", "--name", name, "--workers",
+             str(WORKERS), "--servers", "2", "--iterations", "30", "--hidden", "64",
+             "--max-missed", "2", "--kill", "worker:2@4", "-j"],
+            capture_output=True, text=True, timeout=600)
+    finally:
+        subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "rig", "down", "--name", name],
+                       capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    assert r["iterations"] == 30 and r["faults"]["kills"][0]["fired"]
+    assert r["workers_lost"] == [2] and "2" in r["dropped_at"] and r["workers_rejoined"] == []
+    assert r["workers_present"] == [0, 1] and r["replicas_identical"]
+    assert set(r["worker_digests"]) == {"0", "1"}
     assert r["final_train_loss"] < r["initial_train_loss"]
 
 

@@ -259,14 +259,11 @@ def _validate(args) -> tuple:
                          "tolerant answers do not cover): use loss_policy auto or repair")
     from ..control.training.faults import parse_kills
     try:
-        args.kills = parse_kills(args.kill, args.workers)
+        args.kills = parse_kills(args.kill, args.workers, runs[0]["servers"])
     except ValueError as e:
         raise UsageError(str(e)) from None
     if (args.kills or args.restart) and runs[0]["transport"] != "ltp":
         raise UsageError("--kill/--restart: the main run must be LTP (--transport ltp)")
-    if args.kills and not args.restart and runs[0]["servers"] > 1:
-        raise UsageError("--kill with --servers > 1 needs --restart: a sharded job cannot go on "
-                         "without a worker (every rank is started again)")
     from ..control.training.curves import check_outputs
     check_outputs(args.tensorboard, args.plot)
     from ..dataplane.rig.star import RigConfig

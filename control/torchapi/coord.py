@@ -102,7 +102,8 @@ class Coord:
         self.watch: Watch | None = None
         self.beat: Beat | None = None
         self.tickets = Tickets(self, workers)   # joins: tickets, donors (tickets.py)
-        self.on_server_dead = None   # called once (heartbeat thread) when the server stops
+        self.on_server_dead = None   # called once per server (heartbeat thread, with its index) when it stops
+        self.hb_server, self.hb_base = 0, servers   # the heartbeats' ranks: server, worker 0
         self.unposted: dict[int, float] = {}  # the server's: op -> since its post was taken, no go
         self.posted: tuple[int, Go] | None = None   # (op, go) this worker posted, not yet read
         self.on_wait: Callable[[], None] | None = None   # called during waits (server: beat)
@@ -112,12 +113,25 @@ class Coord:
     def groups(self) -> int:
         return -(-self.workers // GROUP_BITS)
 
-    def start_liveness(self, rank: int, store_netns: str | None = None) -> None:
-        """Beat this rank's heartbeat and watch the others'."""
-        self.beat = Beat(self.store, f"{KEY}hb/{rank}", store_netns,
-                         watch_key=f"{KEY}hb/0" if rank >= self.servers else None,
-                         on_dead=lambda: self.on_server_dead and self.on_server_dead())
-        self.watch = Watch(self.store, KEY)
+    def start_liveness(self, rank: int | None, store_netns: str | None = None, *,
+                       beats=None, server: int = 0, servers: int | None = None) -> None:
+        """Beat this rank's heartbeat (rank None: none) and watch the others'.
+        A sharded job's ranks beat once each, in the root's store (`beats`,
+        unprefixed), by their job-wide numbers: a shard's coordination reads
+        there its server's counter (rank `server`) and its workers' (rank
+        `servers` + w); a worker's beat watches every server's."""
+        store = self.store if beats is None else beats
+        self.hb_server = server
+        self.hb_base = self.servers if servers is None else servers
+        if rank is not None:
+            watch = [f"{KEY}hb/{i}" for i in range(self.hb_base)] if rank >= self.hb_base else []
+            self.beat = Beat(store, f"{KEY}hb/{rank}", store_netns, watch_keys=watch,
+                             on_dead=self._server_dead)
+        self.watch = Watch(store, KEY)
+
+    def _server_dead(self, i: int) -> None:
+        if self.on_server_dead is not None:
+            self.on_server_dead(i)
 
     def stop_liveness(self) -> None:
         if self.beat is not None:
@@ -125,7 +139,7 @@ class Coord:
             self.beat = None
 
     def worker_alive(self, w: int) -> bool:
-        return self.watch is None or self.watch.alive(self.servers + w)
+        return self.watch is None or self.watch.alive(self.hb_base + w)
 
     def dead_workers(self, ws) -> set[int]:
         """Which of ws are dead: watched until each counter moves or stays
@@ -139,11 +153,11 @@ class Coord:
         while pending and time.monotonic() < end:
             time.sleep(SLICE_S)
             for w in list(pending):
-                before = self.watch.seen.get(self.servers + w)
+                before = self.watch.seen.get(self.hb_base + w)
                 if not self.worker_alive(w):
                     dead.add(w)
                     pending.discard(w)
-                elif self.watch.seen.get(self.servers + w) != before:
+                elif self.watch.seen.get(self.hb_base + w) != before:
                     pending.discard(w)   # it beat: alive
         return dead | pending
 
@@ -183,7 +197,7 @@ class Coord:
         return self._wait(keys, seconds, quiet=True, first=first)
 
     def server_alive(self) -> bool:
-        return self.watch is None or self.watch.alive(0)
+        return self.watch is None or self.watch.alive(self.hb_server)
 
     def set_json(self, key: str, obj) -> None:
         self.put(key, json.dumps(obj))
@@ -234,9 +248,9 @@ class Coord:
                           total=total, first=first):
                 return
             first = False
-            if not self.watch.alive(0):
-                raise PeerGone(f"the server (rank 0) stopped beating "
-                               f"{self.watch.silent_s(0):.1f}s ago while this rank waited "
+            if not self.watch.alive(self.hb_server):
+                raise PeerGone(f"the server (rank {self.hb_server}) stopped beating "
+                               f"{self.watch.silent_s(self.hb_server):.1f}s ago while this rank waited "
                                f"for {', '.join(keys)}: it died or hangs")
             if check is not None:
                 check()

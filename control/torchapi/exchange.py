@@ -119,7 +119,7 @@ class Exchange:
         coord.me = worker
         self.busy: set[int] = set()  # threads pushing or pulling (they wait on rounds, not the store)
         self.server_gone = False
-        coord.on_server_dead = self.server_dead
+        coord.on_server_dead = lambda _server: self.server_dead()
         self.clock = RoundClock()
         self.ahead = Ahead()         # what the server opens ahead, guessed as it guesses
         self.times = dict.fromkeys(("barrier_s", "push_s", "pull_s"), 0.0)
@@ -273,7 +273,8 @@ class Exchange:
         self.busy.add(me)
         try:
             if self.server_gone:
-                raise PeerGone(f"worker {self.id}: the server (rank 0) stopped beating")
+                raise PeerGone(f"worker {self.id}: the server (rank {self.co.hb_server}) "
+                               "stopped beating")
             yield
         finally:
             self.busy.discard(me)

@@ -18,8 +18,9 @@ compared: only this process's monotonic clock.
 Who uses it: the server's op barrier (coord.py) releases the workers that
 arrived once the missing ones are dead; a worker's waits for the server give
 up as soon as the server is (instead of at the store's timeout), and its
-heartbeat thread also watches the server's counter, for the one wait that
-is not on the store: the answer's round (exchange.py).
+heartbeat thread also watches its servers' counters, for the one wait that
+is not on the store: the answer's round (exchange.py). A sharded job's ranks
+beat once each, in the root's store, by their job-wide numbers (coord.py).
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class Beat:
     """This rank's heartbeat thread."""
 
     def __init__(self, store, key: str, store_netns: str | None = None,
-                 watch_key: str | None = None, on_dead=None):
+                 watch_keys: tuple[str, ...] = (), on_dead=None):
         with netns.inside(store_netns):   # a connection of its own
             self.store = store.clone()
         # bounds the store's own waits (get/wait) to 1 s; it does not bound a
@@ -65,9 +66,10 @@ class Beat:
         # blocked over 60 s against a stopped store): stop() joins for 2 s at most
         self.store.set_timeout(timedelta(seconds=1))
         self.key = key
-        # another rank's counter this thread watches (a worker: the server's),
-        # and what it calls once when that counter stops for dead_after_s()
-        self.watch_key, self.on_dead = watch_key, on_dead
+        # other ranks' counters this thread watches (a worker: its servers'),
+        # and what it calls once per counter (with its index in watch_keys)
+        # when that counter stops for dead_after_s()
+        self.watch_keys, self.on_dead = tuple(watch_keys), on_dead
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.loop, name="ltpx-heartbeat", daemon=True)
         self.thread.start()
@@ -75,21 +77,25 @@ class Beat:
 
     def loop(self) -> None:
         store, dead_s = self.store, dead_after_s()
-        last, since = 0, time.monotonic()
+        now = time.monotonic()
+        seen = [(0, now) for _ in self.watch_keys]     # per counter: (value, since)
+        told: set[int] = set()
         while not self.stopped.is_set():
             try:
                 store.add(self.key, 1)
-                v = store.add(self.watch_key, 0) if self.watch_key else 0
+                values = [store.add(k, 0) for k in self.watch_keys]
             except Exception as e:   # the store is gone: the job is over, nobody watches
                 if not self.stopped.is_set():
                     log.info("heartbeat of %s ends: the store is gone (%s)", self.key, e)
                 return
             now = time.monotonic()
-            if v != last:
-                last, since = v, now
-            elif v and now - since > dead_s and self.on_dead is not None:
-                on_dead, self.on_dead = self.on_dead, None
-                on_dead()
+            for i, v in enumerate(values):
+                if v != seen[i][0]:
+                    seen[i] = (v, now)
+                elif v and now - seen[i][1] > dead_s and i not in told \
+                        and self.on_dead is not None:
+                    told.add(i)
+                    self.on_dead(i)
             self.stopped.wait(BEAT_S)
 
     def stop(self) -> None:

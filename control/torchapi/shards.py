@@ -69,6 +69,12 @@ class ShardCoord:
     def __init__(self, coords: list[Coord]):
         self.coords = coords
 
+    @property
+    def view(self):
+        """The membership (ops.Members) as shard 0's server reports it (every
+        server drops a dead worker after the same missed steps)."""
+        return self.coords[0].view
+
     def gone(self, s: int) -> bool:
         return all(c.gone(s) for c in self.coords)
 
@@ -375,6 +381,9 @@ def start_sharded(job) -> None:
     if job.is_server:
         i = job.global_rank
         job.coord = Coord(_store(job.store, i), W, s.timeout, key=key, scope=f"s{i}")
+        # heartbeats in the root's store, by job-wide rank (liveness.py): the
+        # op barrier goes on without a dead worker
+        job.coord.start_liveness(i, s.store_netns, beats=job.store, server=i, servers=S)
         job.link = job.make_link(shard=i)
         root.set_json(f"meta/{i}", {**me, "shard": i, **job.link.address(),
                                     **root.directory()})
@@ -384,6 +393,7 @@ def start_sharded(job) -> None:
                           for w in range(W)})
         return
     job.coord = root
+    root.start_liveness(job.global_rank, s.store_netns)    # watches every server's beat
     servers = root.metas(range(S))
     links, nets, devices = worker_links(job, servers)
     job.link = ShardLinks(links, devices)
@@ -395,10 +405,13 @@ def start_sharded(job) -> None:
     for link, m in zip(links, servers):
         link.connect(m)
     clients = shard_clients(job.store, len(links), s.store_netns)
-    job.exchange = ShardedExchange(
-        [Exchange(link, Coord(_store(clients[i], i), W, s.timeout, key=key, scope=f"s{i}"),
-                  job.rank, W)
-         for i, link in enumerate(links)], job.rank, W)
+    coords = [Coord(_store(clients[i], i), W, s.timeout, key=key, scope=f"s{i}")
+              for i in range(len(links))]
+    for i, co in enumerate(coords):    # shard i's waits give up once server i stops beating
+        co.start_liveness(None, beats=clients[i], server=i, servers=S)
+    job.exchange = ShardedExchange([Exchange(link, co, job.rank, W)
+                                    for link, co in zip(links, coords)], job.rank, W)
+    root.on_server_dead = lambda i: job.exchange.exs[i].server_dead()
 
 
 __all__ = ["plan_slices", "split_op", "merge_reports", "merge_summaries", "ShardedExchange",

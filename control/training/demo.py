@@ -194,7 +194,7 @@ class Demo:
             shutdown()
             return {"event": "worker_done", **mine}
         ex = current().exchange
-        ids = sorted(co.view.members)
+        ids = sorted(ex.co.view.members)   # a sharded job's: its servers' (the root's has none)
         done = {w: co.get_json(f"user/train/done/{w}") for w in ids}
         server = shutdown() or {}
         res = self.result(done, server, wall)

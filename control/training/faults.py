@@ -62,9 +62,10 @@ class Faults:
     policy: RestartPolicy = field(init=False)
 
     def __post_init__(self) -> None:
-        # a worker cannot rejoin a sharded job: any death there restarts every rank
+        # a worker cannot rejoin a sharded job: with --restart any death there
+        # restarts every rank; without, the job goes on without a killed worker
         self.policy = RestartPolicy(MAX_RESTARTS if self.restart else 0,
-                                    whole_job=self.servers > 1)
+                                    whole_job=self.servers > 1 and self.restart)
 
     def rank_of(self, k: Kill) -> int:
         return k.id if k.role == "server" else self.servers + k.id
