@@ -44,6 +44,7 @@ requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
     (["train", "--workers", "4", "--ranks-per-node", "3"], "divide --workers (4)"),
     (["train", "--ranks-per-node", "0"], "--ranks-per-node"),
     (["train", "--share-nic", "--colocate", "--restart"], "not with --colocate --share-nic"),
+    (["train", "--share-nic", "--colocate", "--kill", "server:0@3"], "no server ranks"),
     (["train", "--share-nic", "--colocate", "--loss-policy", "defer"], "loss_policy defer"),
     (["capture", "eth9", "-r", "x.pcap"], "DEV"),
     (["top", "--interval", "0"], "--interval"),

@@ -18,6 +18,7 @@ import pytest
 from ltpx.control.torchapi import link_ltp_near as near
 from ltpx.control.torchapi import localsock
 from ltpx.control.torchapi.handoff import proc
+from ltpx.control.torchapi.link_tcp_worker import HDR, TCP_MAGIC
 from ltpx.control.trust import jobkey
 from ltpx.errors import CommError
 
@@ -204,7 +205,7 @@ def test_a_local_piece_begun_before_a_soft_deadline_is_taken_whole_after_it():
     n, ce = 700, 356
     body = np.full(n, 7.0, dtype=np.float32)
     raw = near.as_bytes(body)
-    worker_end.sock.sendall(near.HDR.pack(near.TCP_MAGIC, 6, len(raw)))
+    worker_end.sock.sendall(HDR.pack(TCP_MAGIC, 6, len(raw)))
     t = threading.Thread(target=lambda: (threading.Event().wait(0.8),
                                          worker_end.sock.sendall(raw)))
     t.start()
@@ -283,7 +284,7 @@ def test_a_take_waits_past_the_deadline_while_the_last_late_piece_is_read():
     g = rows.gather(3, [0, 1], _far_round(3, n, ce, 1, 2.0, 0.9), ce, 30.0, fill="mean")
     assert list(g.filled) == [2, 0]
     late, on_time = np.full(n, 9.0, dtype=np.float32), np.full(n, 5.0, dtype=np.float32)
-    worker_end.sock.sendall(near.HDR.pack(near.TCP_MAGIC, 3, len(near.as_bytes(late))))
+    worker_end.sock.sendall(HDR.pack(TCP_MAGIC, 3, len(near.as_bytes(late))))
     t = threading.Thread(target=lambda: (threading.Event().wait(0.6),
                                          worker_end.sock.sendall(near.as_bytes(late)),
                                          worker_end.up.give(4, near.as_bytes(on_time), 10.0)))
@@ -293,4 +294,23 @@ def test_a_take_waits_past_the_deadline_while_the_last_late_piece_is_read():
     g = rows.gather(4, [0, 1], _far_round(4, n, ce, 1, 1.0, 0.9), ce, 30.0, fill="mean")
     t.join(10)
     assert list(g.delivered) == [2, 2] and np.array_equal(g.values[0], on_time)
+    rows.close()
+
+
+def test_a_local_worker_whose_socket_ended_is_missing_from_tolerant_rounds_only():
+    """Its trainer died (the server serves on, childserver.py): in a tolerant
+    round its row is missing, as a dead far worker's is, and no answer is
+    given to it, while the far worker's is; a round that must be whole
+    (reliable) still says the socket ended."""
+    worker_end, rows = _near_rows("socket")
+    n, ce = 700, 356
+    worker_end.close("the trainer")               # as its process's death does
+    rows.opened(3, n, wired=True, reliable=False)
+    g = rows.gather(3, [0, 1], _far_round(3, n, ce, 1, 2.0, 1.0), ce, 30.0, fill="mean")
+    assert g.workers == [0, 1] and list(g.delivered) == [0, 2] and list(g.filled) == [2, 0]
+    assert 0 not in rows.live                     # nothing left to let go
+    assert rows.give(3, np.zeros(4, np.float32), [0], 5.0) is None   # nobody to answer
+    rows.opened(4, n, wired=True, reliable=True)
+    with pytest.raises(CommError, match="closed"):
+        rows.gather(4, [0, 1], _far_round(4, n, ce, 1, 2.0, 1.0), ce, 30.0)
     rows.close()

@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,6 +187,39 @@ def test_a_killed_rank_s_seat_is_swept_and_its_neighbours_keep_theirs(rig, capsy
     assert lookup.xdp_on(h.ifname, h.netns) is None and _seat_rows(capsys, h) == []
     with _endpoint(h, {0: 0}, self_id=0), pytest.raises(RegistryError, match="not LTP's mux"):
         _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True)
+
+
+@pytest.mark.rig
+def test_ltp_train_colocated_goes_on_without_a_killed_trainer(capsys):
+    """`ltp train --colocate --share-nic --kill worker:2@6`: trainer 2 dies,
+    its server serves slice 2 on (childserver.orphaned); every server goes
+    on without worker 2 and drops it; the two left end alike, and trainer
+    2's server ends with the job (no process of the rig's is left)."""
+    rc, r = _cli(capsys, "train", "--workers", "3", "--colocate", "--share-nic",
+                 "--iterations", "30", "--max-missed", "2", "--kill", "worker:2@6")
+    assert rc in (0, None) and r["replicas_identical"], r
+    assert r["faults"]["kills"][0]["fired"] and r["iterations"] == 30, r["faults"]
+    assert r["workers_lost"] == [2] and "2" in r["dropped_at"], r
+    assert r["workers_present"] == [0, 1] and set(r["worker_digests"]) == {"0", "1"}
+    assert r["final_train_loss"] < r["initial_train_loss"]
+    deadline = time.monotonic() + 10
+    while _rig_processes(r["rig"]["name"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _rig_processes(r["rig"]["name"]) == []
+
+
+def _rig_processes(name: str) -> list[int]:
+    """Pids of the processes whose environment names rig `name` (a rank or a
+    co-located server in one of its namespaces)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            env = (d / "environ").read_bytes() if d.name.isdigit() else b""
+        except OSError:
+            continue
+        if f"ltp-{name}-".encode() in env:
+            out.append(int(d.name))
+    return out
 
 
 @pytest.mark.rig

@@ -363,14 +363,15 @@ def _one_run(args, run: dict, main: bool, progress, on_event, curves, *, loss: f
     progress.begin(label)
     curves.begin(run_label(label))
     faults = None
+    colocated = in_trainers(args) and cfg.transport != "gloo"   # trainers only: no server ranks
     if main and (args.kills or args.restart):
         from ..control.training.faults import Faults
-        faults = Faults(args.kills, restart=args.restart, servers=cfg.servers)
+        faults = Faults(args.kills, restart=args.restart, servers=0 if colocated else cfg.servers)
     with rig:
         res = train_on_rig(rig, cfg, workers=args.workers, progress=on_event, faults=faults,
                            timeout_s=args.timeout, deadline_min_s=args.deadline_min,
                            per_node=args.ranks_per_node, share=args.share_nic,
-                           colocated=in_trainers(args) and cfg.transport != "gloo")
+                           colocated=colocated)
         res["rig"] = rig_fields(rig, args)
         res["servers"] = cfg.servers
         res["compress"] = cfg.compress

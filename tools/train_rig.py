@@ -62,10 +62,13 @@ def check_shape(args) -> None:
                          f"({args.workers})")
     if args.colocate:
         check_colocate(args)
-    if in_trainers(args) and (args.kill or args.restart):
-        raise UsageError("--kill/--restart: not with --colocate --share-nic (a trainer's "
-                         "death ends its server too; `ltp launch --max-restarts` restarts such "
+    if in_trainers(args) and args.restart:
+        raise UsageError("--restart: not with --colocate --share-nic (a trainer cannot rejoin "
+                         "a job of several servers; `ltp launch --max-restarts` restarts such "
                          "a job whole)")
+    if in_trainers(args) and any(k.startswith("server") for k in args.kill or []):
+        raise UsageError("--kill: --colocate --share-nic has no server ranks; kill a trainer "
+                         "(worker:ID@ITER): its server serves its slice on")
 
 
 def in_trainers(args) -> bool:

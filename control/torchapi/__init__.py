@@ -40,6 +40,7 @@ reliable class; each worker applies it with its own optimizer. Modules:
   link_ltp_near  the LTP links' way to a rank on the same host (in memory, or by the
                server's Unix socket), whose frames never reach a NIC
   localsock    the TCP transport's local hop: a Unix socket to a server on this host
+  sockchannel  a worker and its LTP server on one host: the Unix socket's pieces up, answers down
   handoff      the TCP transport's hop inside one process: a co-located trainer's worker
                and server meet in memory
   colocate     co-located servers started by the trainers (no server ranks)

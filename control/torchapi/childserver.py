@@ -3,16 +3,39 @@
 `python -m ltpx.control.torchapi.childserver --parent PID`, the server
 rank's LTP_* variables in its environment): the parent-death signal first,
 then, the trainer still there, the server rank's init(), which serves and
-exits with the job."""
+exits with the job.
+
+Over TCP the server ends with its trainer (SIGTERM as the parent-death
+signal: a TCP server cannot go on without a worker's connection). Over LTP
+a trainer that dies leaves its server serving its slice (ORPHAN as the
+parent-death signal, `orphaned`): the other servers and this one go on
+without the dead worker, as with server ranks of their own, so the job
+goes on. Such a server ends with the job, or once no other trainer beats
+(liveness.py; at most a heartbeat's DEAD_S and a slice after the last
+one), or when the store is gone; so it outlives its trainer only while the
+job it serves runs."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
+import threading
+import time
+from datetime import timedelta
 
+from ...dataplane import netns
 from ...dataplane.clib.proc import set_parent_death_signal
-from .job import init, serve_here
+from ...errors import UsageError
+from .. import settings_table
+from .coord import KEY
+from .job import current, init, serve_here
+from .liveness import SLICE_S, Watch
+
+log = logging.getLogger("ltpx.torch.childserver")
+
+ORPHAN = signal.SIGUSR2     # the parent-death signal over LTP: serve on (`orphaned`)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,7 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="a co-located trainer's server (started by it)")
     ap.add_argument("--parent", type=int, required=True)
     a = ap.parse_args(argv)
-    set_parent_death_signal(signal.SIGTERM)
+    if settings_table.env("transport") == "ltp":
+        signal.signal(ORPHAN, orphaned)
+        set_parent_death_signal(ORPHAN)
+    else:
+        set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != a.parent:      # it died before the signal was set
         sys.exit(1)
     init(serve=False)
@@ -30,6 +57,39 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.flush()     # as backend.serve_and_exit: no interpreter teardown (torch's
     sys.stderr.flush()     # of a store whose host has gone can abort a finished process)
     os._exit(code)
+
+
+def orphaned(signum=None, frame=None) -> None:
+    """The trainer died (ORPHAN). Before the job is up there is nothing to
+    go on with: end as SIGTERM would. Else serve on, watched by `watch`."""
+    try:
+        job = current()
+    except UsageError:
+        job = None
+    if job is None or getattr(job, "coord", None) is None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    others = [job.s.servers + w for w in range(job.workers) if w != job.global_rank]
+    log.warning("ltpx.torch: the trainer of co-located server %d died; the server serves its "
+                "slice on while another trainer lives (ranks %s)", job.global_rank, others)
+    threading.Thread(target=watch, args=(job, others), name="ltpx-orphan", daemon=True).start()
+
+
+def watch(job, ranks: list[int]) -> None:
+    """End this server (SIGTERM: it unwinds and detaches) once none of
+    `ranks` beats, or the store is gone."""
+    try:
+        with netns.inside(job.s.store_netns):   # a connection of its own
+            store = job.store.clone()
+        store.set_timeout(timedelta(seconds=1))
+        beats = Watch(store, KEY)
+        while any(beats.alive(r) for r in ranks):
+            time.sleep(SLICE_S)
+        why = "no other trainer beats"
+    except Exception as e:   # noqa: BLE001 - the store is gone: the job is over
+        why = f"the store is gone ({e})"
+    log.warning("ltpx.torch: co-located server %d ends: %s", job.global_rank, why)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -137,10 +137,11 @@ class Child:
     a user would start beside the trainer, started by it, with the trainer's
     settings (keywords too) as its LTP_* variables. Its own session, so a
     launcher's signal to the trainer's process group is the trainer's to
-    answer (`stop`). It gets SIGTERM if the trainer dies: PR_SET_PDEATHSIG,
-    set by the child itself (childserver.py), fires when the thread that
-    started it ends, so the watcher thread, which lives as long as the child,
-    starts it. A child that fails while the trainer runs ends the trainer at
+    answer (`stop`). It hears of the trainer's death by PR_SET_PDEATHSIG
+    (over TCP it ends; over LTP it serves its slice on while the job runs,
+    childserver.orphaned): set by the child itself, the signal fires when
+    the thread that started it ends, so the watcher thread, which lives as
+    long as the child, starts it. A child that fails while the trainer runs ends the trainer at
     once, as a server that stops beating does (exchange.py)."""
 
     def __init__(self, s, rank: int, world: int):

@@ -8,8 +8,8 @@ Trainer r's worker and server r share the trainer's device (each a seat of
 its mux), but the worker's slice for the server beside it would go to the
 host's own address, which the kernel delivers through its own stack: XDP
 never sees it. So the worker reaches a server on its host by the server's
-Unix socket (localsock.py, `SockChannel`: the TCP transport's hello, a MAC
-under the job key, and its header), or, where the server is in its own
+Unix socket (localsock.py; sockchannel.py's `SockChannel`: the TCP
+transport's hello, a MAC under the job key, and its header), or, where the server is in its own
 process (on a thread: LTP_COLOCATE_THREAD=1), in memory (handoff.py's
 `Pair`). The worker gives its piece of a round as it would push it on the
 wire (compressed where its op's wire says), and the server takes it
@@ -26,8 +26,6 @@ one whose every row came over the wire).
 """
 from __future__ import annotations
 
-import select
-import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -41,124 +39,17 @@ from ..transport.early_close import COMPLETE
 from ..transport.results import Arrivals
 from ..trust.hello import MAC_HELLO, mac_hello, mac_parser
 from .handoff import pair as handoff_pair, proc
-from .link_tcp_worker import HDR, TCP_MAGIC, iov, recv_all, recv_exact
 from .links import Gathered
 from .localsock import connect_local, here, listen_local, on_host, unlisten
+from .sockchannel import HEAD_S, SockChannel
 
 
 BEAT_S = 0.2     # a wait for a near row beats the endpoint this often
-HEAD_S = 10.0    # a piece's header, once readable, is read within this; its body once begun
 
 
 def as_bytes(buf: np.ndarray) -> memoryview:
     """buf's bytes, for a Slot (a contiguous copy where it is not one)."""
     return memoryview(np.ascontiguousarray(buf).view(np.uint8))
-
-
-class SockEnd:
-    """One direction of a worker's Unix socket to its server, as a Slot's
-    give and take: a piece is the TCP transport's header and body."""
-
-    def __init__(self, channel: SockChannel, sock: socket.socket, what: str):
-        self.channel, self.sock, self.what = channel, sock, what
-        self.head: tuple[int, int] | None = None    # a header read ahead (peek): tag, size
-
-    def check(self) -> None:
-        if self.channel.closed:
-            raise CommError(f"{self.what}: {self.channel.closed}")
-
-    def give(self, tag: int, body: memoryview, timeout_s: float, abort=None) -> None:
-        self.check()
-        hdr, sent = HDR.pack(TCP_MAGIC, tag, len(body)), 0
-        self.sock.settimeout(timeout_s)
-        try:
-            while sent < len(hdr) + len(body):
-                sent += self.sock.sendmsg(iov(hdr, body, sent))
-        except OSError as e:     # a frame cut short: nothing after it could be read in step
-            self.channel.end(f"{tag} cut short: {e or type(e).__name__}")
-            raise CommError(f"{self.what}: {self.channel.closed}") from e
-
-    def ready(self, wait_s: float) -> bool:
-        """Whether a piece (or the end) is there to take within wait_s."""
-        self.check()
-        return self.head is not None or bool(select.select([self.sock], [], [], wait_s)[0])
-
-    def peek(self, timeout_s: float = HEAD_S, tag: int | None = None) -> int | None:
-        """The next piece's tag, its header read (call once ready; `tag`: the
-        one a take waits for, for its error)."""
-        self.check()
-        if self.head is None:
-            self.sock.settimeout(timeout_s)
-            try:
-                magic, got, size = HDR.unpack(recv_exact(self.sock, HDR.size))
-            except (OSError, CommError) as e:
-                self.channel.end(f"{'a header' if tag is None else tag}: "
-                                 f"{e or type(e).__name__}")
-                raise CommError(f"{self.what}: {self.channel.closed}") from e
-            if magic != TCP_MAGIC:
-                self.channel.end(f"a header of magic {magic:#x}: out of step")
-                self.check()
-            self.head = (got, size)
-        return self.head[0]
-
-    def drop(self) -> None:
-        """Read the next piece (peeked) and let it go."""
-        _, size = self.head
-        scratch, left = memoryview(bytearray(min(size, 1 << 20) or 1)), size
-        try:
-            while left:
-                k = min(left, len(scratch))
-                recv_all(self.sock, scratch[:k], "closed by the peer")
-                left -= k
-        except (OSError, CommError) as e:
-            self.channel.end(f"a late piece: {e or type(e).__name__}")
-            raise CommError(f"{self.what}: {self.channel.closed}") from e
-        self.head = None
-
-    def take(self, tag: int, into: memoryview, timeout_s: float, abort=None) -> None:
-        self.check()
-        self.sock.settimeout(timeout_s)
-        try:
-            if self.head is None:
-                self.peek(timeout_s, tag)
-            (got, size), self.head = self.head, None
-            if got != tag or size != len(into):
-                self.channel.end(f"{got} of {size} bytes given where {tag} of {len(into)} "
-                                 "was expected: out of step")
-                self.check()
-            recv_all(self.sock, into.cast("B"), "closed by the peer")
-        except (OSError, CommError) as e:   # the stream is out of step from here on
-            self.channel.end(f"{tag}: {e or type(e).__name__}")
-            raise CommError(f"{self.what}: {self.channel.closed}") from e
-
-
-class SockChannel:
-    """A worker and its server on one host, in two processes: its Unix socket."""
-
-    def __init__(self, sock: socket.socket, worker: int):
-        self.sock, self.closed = sock, ""
-        # a socket object a direction (one file): each its own timeout, as a
-        # server's late piece is let go while its answer is given (_drain)
-        self.up = SockEnd(self, sock, f"worker {worker}'s pieces to the server on its host")
-        self.down = SockEnd(self, sock.dup(),
-                            f"the server's answers to worker {worker} on its host")
-
-    def close(self, who: str) -> None:
-        """Either side's end (as handoff.Pair.close)."""
-        self.end(f"{who} closed its end")
-
-    def end(self, why: str) -> None:
-        """The channel's end, or a stream out of step: every later give and
-        take raises, naming why, and the peer's see the socket closed."""
-        if self.closed:
-            return
-        self.closed = why
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        self.down.sock.close()
 
 
 class NearRows:
@@ -265,11 +156,12 @@ class NearRows:
                 j = at[w]
                 values[i] = res.values[j]
                 masks[i], filled[i] = res.masks[j], res.filled[j]
-            elif self.take(w, r, as_bytes(values[i]), until, soft):
+            elif (got := self._row(w, r, as_bytes(values[i]), until, soft, reliable)):
                 took[i] = time.monotonic_ns()
-            else:     # late: left out, its piece let go as it comes (_drain)
+            else:     # late: left out, its piece let go as it comes (_drain); or gone
                 masks[i], filled[i] = False, nch
-                self._let_go(w, r, wait_s)
+                if got is False:
+                    self._let_go(w, r, wait_s)
         if fill is not None and not masks.all():
             bubble_fill(padded.reshape(len(ws), nch, chunk_elems), masks, fill)
         close_ns = max(int(took.max()) if len(ws) else 0,
@@ -282,6 +174,18 @@ class NearRows:
                         error=0.0 if res is None else res.error["vs_noise"],
                         arrivals=_arrivals(res, at, ws, took, open_ns, close_ns),
                         attribution=None if res is None else res.attribution)
+
+    def _row(self, w: int, r: int, into: memoryview, until: float, soft: bool,
+             reliable: bool) -> bool | None:
+        """take(), and None where worker w's socket ended in a tolerant round:
+        its trainer died (its server serves on, childserver.py), and the
+        row is missing, as a dead far worker's is, until the barrier drops it."""
+        try:
+            return self.take(w, r, into, until, soft)
+        except CommError:
+            if reliable or not getattr(self.pairs[w], "closed", ""):
+                raise
+            return None
 
     def take(self, w: int, r: int, into: memoryview, until: float, soft: bool) -> bool:
         """Worker w's piece of round r into `into`, the endpoint beaten while
@@ -371,7 +275,8 @@ class NearRows:
         took = self.took.setdefault(d, set())
         for old in [k for k in self.took if k < d - 4]:
             del self.took[old]
-        near = [w for w in near if w not in took]   # a retry's: those that took it do not
+        # a retry's: those that took it do not; nor a worker whose socket ended
+        near = [w for w in near if w not in took and not getattr(self.pairs[w], "closed", "")]
         if not near:
             return None
         pool, body = self._pool(), as_bytes(wire)
