@@ -36,6 +36,7 @@ from .liveness import SLICE_S, Watch
 log = logging.getLogger("ltpx.torch.childserver")
 
 ORPHAN = signal.SIGUSR2     # the parent-death signal over LTP: serve on (`orphaned`)
+_watched = threading.Event()   # the watch started: a signal seen again is the same death
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,7 +62,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def orphaned(signum=None, frame=None) -> None:
     """The trainer died (ORPHAN). Before the job is up there is nothing to
-    go on with: end as SIGTERM would. Else serve on, watched by `watch`."""
+    go on with: end as SIGTERM would. Else serve on, watched by `watch`
+    (once: the signal was seen to come up to three times for one death)."""
+    if _watched.is_set():
+        return
     try:
         job = current()
     except UsageError:
@@ -72,6 +76,7 @@ def orphaned(signum=None, frame=None) -> None:
     others = [job.s.servers + w for w in range(job.workers) if w != job.global_rank]
     log.warning("ltpx.torch: the trainer of co-located server %d died; the server serves its "
                 "slice on while another trainer lives (ranks %s)", job.global_rank, others)
+    _watched.set()
     threading.Thread(target=watch, args=(job, others), name="ltpx-orphan", daemon=True).start()
 
 
