@@ -177,7 +177,7 @@ def test_rank_bad_flags_exit_2():
     (["--epochs", "0"], "--epochs"),
     (["--transport", "gloo", "--sync", "wbsp"], "--sync"),
     (["--transport", "tcp", "--sender", "xdp"], "--sender"),
-    (["--servers", "2", "--kill", "worker:0@3"], "--kill"),
+    (["--servers", "2", "--kill", "server:2@3"], "--kill"),   # servers 0..1
     (["--compare", "tcp:sender=xdp"], "--compare"),
     (["--compare", "ltp:sender=fast"], "--compare"),
     (["--compare", "tcp:loss_policy=defer"], "--compare"),
