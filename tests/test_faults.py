@@ -402,6 +402,22 @@ def test_killed_worker_is_named_dropped_restarted_and_rejoins(rig):
     assert "ltp: worker 1 restarted 1 time" in text
 
 
+def _train_on_own_rig(prefix: str, *args: str, timeout: float) -> dict:
+    """`ltp train -j` of WORKERS workers (hidden 64) on a rig of its own,
+    named prefix<pid> and removed after; its JSON (it must exit 0)."""
+    name = f"{prefix}{os.getpid() % 100000}"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "ltpx.tools.cli", "train", "--name", name, "--workers",
+             str(WORKERS), "--hidden", "64", *args, "-j"],
+            capture_output=True, text=True, timeout=timeout)
+    finally:
+        subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "rig", "down", "--name", name],
+                       capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
 @pytest.mark.rig
 @requires_bpf
 def test_a_worker_restarted_under_heavy_loss_takes_the_policys_wire_from_its_donor():
@@ -409,18 +425,8 @@ def test_a_worker_restarted_under_heavy_loss_takes_the_policys_wire_from_its_don
     (losspolicy.py, "The wire"); a worker killed and restarted rejoins with
     the donor's state, wire included, so its first step's op is the others'
     (a float32 one would differ at the barrier) and it ends bit-identical."""
-    name = f"fw{os.getpid() % 100000}"
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "ltpx.tools.cli", "train", "--name", name, "--workers",
-             str(WORKERS), "--iterations", "160", "--hidden", "64", "--pace", "0.06",
-             "--max-missed", "2", "--kill", "worker:1@5", "--restart", "--loss", "0.1", "-j"],
-            capture_output=True, text=True, timeout=900)
-    finally:
-        subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "rig", "down", "--name", name],
-                       capture_output=True, timeout=120)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    r = json.loads(out.stdout)
+    r = _train_on_own_rig("fw", "--iterations", "160", "--pace", "0.06", "--max-missed", "2",
+                          "--kill", "worker:1@5", "--restart", "--loss", "0.1", timeout=900)
     assert r["iterations"] == 160 and r["workers_rejoined"] == [1] and r["replicas_identical"]
     wires = r["wires"]
     assert wires["0"] == wires["2"] and wires["0"]["bf16"] >= 150, wires
@@ -445,18 +451,8 @@ def test_a_sharded_job_goes_on_without_a_killed_worker():
     """Two servers, no --restart: every rank beats in the root's store, so
     each server's barrier goes on without the dead worker (it hung until the
     store's timeout before), both drop it, and the rest end bit-identical."""
-    name = f"fs{os.getpid() % 100000}"
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "ltpx.tools.cli", "train", "--name", name, "--workers",
-             str(WORKERS), "--servers", "2", "--iterations", "30", "--hidden", "64",
-             "--max-missed", "2", "--kill", "worker:2@4", "-j"],
-            capture_output=True, text=True, timeout=600)
-    finally:
-        subprocess.run([sys.executable, "-m", "ltpx.tools.cli", "rig", "down", "--name", name],
-                       capture_output=True, timeout=120)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    r = json.loads(out.stdout)
+    r = _train_on_own_rig("fs", "--servers", "2", "--iterations", "30", "--max-missed", "2",
+                          "--kill", "worker:2@4", timeout=600)
     assert r["iterations"] == 30 and r["faults"]["kills"][0]["fired"]
     assert r["workers_lost"] == [2] and "2" in r["dropped_at"] and r["workers_rejoined"] == []
     assert r["workers_present"] == [0, 1] and r["replicas_identical"]

@@ -141,8 +141,9 @@ class Child:
     (over TCP it ends; over LTP it serves its slice on while the job runs,
     childserver.orphaned): set by the child itself, the signal fires when
     the thread that started it ends, so the watcher thread, which lives as
-    long as the child, starts it. A child that fails while the trainer runs ends the trainer at
-    once, as a server that stops beating does (exchange.py)."""
+    long as the child, starts it. A child that fails while the trainer runs
+    ends the trainer at once, as a server that stops beating does
+    (exchange.py)."""
 
     def __init__(self, s, rank: int, world: int):
         self.rank, self.closing = rank, False

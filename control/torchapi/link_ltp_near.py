@@ -9,9 +9,9 @@ its mux), but the worker's slice for the server beside it would go to the
 host's own address, which the kernel delivers through its own stack: XDP
 never sees it. So the worker reaches a server on its host by the server's
 Unix socket (localsock.py; sockchannel.py's `SockChannel`: the TCP
-transport's hello, a MAC under the job key, and its header), or, where the server is in its own
-process (on a thread: LTP_COLOCATE_THREAD=1), in memory (handoff.py's
-`Pair`). The worker gives its piece of a round as it would push it on the
+transport's hello, a MAC under the job key, and its header), or, where the
+server is in its own process (on a thread: LTP_COLOCATE_THREAD=1), in
+memory (handoff.py's `Pair`). The worker gives its piece of a round as it would push it on the
 wire (compressed where its op's wire says), and the server takes it
 straight into that worker's row of the round; the server gives its answer
 as it would send it (compressed, signed), and the worker takes it and
