@@ -48,7 +48,9 @@ for b in $(seq 1 "$BLOCKS"); do
         (cd "$ROOT" && env "${vars[@]}" timeout 900 "$PY" -m ltpx.tools.cli launch --workers "$WORKERS" \
             --loss "$LOSS" "${servers[@]}" "${flags[@]}" -j -- python "$SCRIPT" \
             --backend "$backend" "$@" >"$OUT" 2>"$OUT.err") \
-            || { echo "arm '$arm' block $b failed:" >&2; tail -5 "$OUT.err" >&2; continue; }
+            || { keep="$OUT.fail-$b-${#ARMS[@]}-$RANDOM.err"; cp "$OUT.err" "$keep"
+                 echo "arm '$arm' block $b failed (its stderr: $keep):" >&2
+                 tail -5 "$OUT.err" >&2; continue; }
         ARM="$arm" BLOCK="$b" "$PY" - "$OUT" <<'PY' | tee -a "$OUT.all"
 import json, os, sys
 s = json.load(open(sys.argv[1]))

@@ -159,6 +159,33 @@ def test_a_sharded_workers_beat_names_each_server_that_stops_once(monkeypatch):
         root.stop_liveness()
 
 
+@pytest.mark.unit
+def test_a_beat_freezes_what_is_alive_before_its_first_beat():
+    """A full collection holds the GIL while it walks every object. The first
+    one of eight co-located servers (processes that imported torch) stopped
+    their heartbeats for 2-3 s on two busy cores, and the workers took them
+    for dead. A Beat collects and freezes first, so no later collection walks
+    what was alive then; and it beats."""
+    import gc
+    import torch.distributed as dist
+    from ltpx.control.torchapi.liveness import Beat
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
+                          wait_for_workers=False)
+    alive = [[i] for i in range(1000)]     # tracked by the collector
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    beat = Beat(store, "hb/9", watch_keys=("hb/0",))
+    try:
+        assert gc.get_freeze_count() >= len(alive)
+        deadline = time.monotonic() + 10
+        while store.add("hb/9", 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.add("hb/9", 0) >= 3
+        assert store.add("hb/0", 0) == 0     # a watched rank not yet beating: made, at 0
+    finally:
+        beat.stop()
+
+
 def _server_store():
     """A real rendezvous store on loopback, and a 3-worker job's server Coord
     on it with its heartbeat (stop_liveness() is the caller's)."""

@@ -33,6 +33,7 @@ from datetime import timedelta
 from ...dataplane import netns
 from ...errors import CommError
 from .. import settings_table
+from ..transport.rate import quiet_gc
 
 log = logging.getLogger("ltpx.torch.liveness")
 
@@ -59,6 +60,12 @@ class Beat:
 
     def __init__(self, store, key: str, store_netns: str | None = None,
                  watch_keys: tuple[str, ...] = (), on_dead=None):
+        # Collect and freeze first (gc.freeze): a full collection holds the
+        # GIL, and so this thread, while it walks every object of a process
+        # that imported torch. Eight co-located servers doing their first one
+        # at once on two busy cores each stopped beating for 2-3 s, and were
+        # taken for dead. Frozen, later collections never walk those again.
+        quiet_gc()
         with netns.inside(store_netns):   # a connection of its own
             self.store = store.clone()
         # bounds the store's own waits (get/wait) to 1 s; it does not bound a
@@ -80,10 +87,18 @@ class Beat:
         now = time.monotonic()
         seen = [(0, now) for _ in self.watch_keys]     # per counter: (value, since)
         told: set[int] = set()
+        keys = list(self.watch_keys)
+        made = False
         while not self.stopped.is_set():
             try:
                 store.add(self.key, 1)
-                values = [store.add(k, 0) for k in self.watch_keys]
+                if not made:    # each counter exists (0 until its rank beats) ...
+                    for k in keys:
+                        store.add(k, 0)
+                    made = True
+                # ... so one round trip reads them all: a store call a counter
+                # was S + 1 GIL hand-offs a beat, over 1 s on two busy cores
+                values = [int(v) for v in store.multi_get(keys)] if keys else []
             except Exception as e:   # the store is gone: the job is over, nobody watches
                 if not self.stopped.is_set():
                     log.info("heartbeat of %s ends: the store is gone (%s)", self.key, e)
