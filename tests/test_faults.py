@@ -488,6 +488,22 @@ def test_a_sharded_job_goes_on_without_a_killed_worker():
 
 
 @pytest.mark.rig
+@pytest.mark.parametrize("shape", [[], ["--colocate"]], ids=["server", "colocated"])
+def test_a_tcp_job_goes_on_without_a_killed_worker(shape):
+    """Over the TCP transport a dead worker's connection ends: each server
+    fills its rows (link_tcp.py), drops it after --max-missed steps, answers
+    the rest, and the job ends with the others bit-identical (it ended on a
+    server's "closed its connection" before). Co-located, the dead
+    trainer's own server serves its slice on (childserver.py, ORPHAN)."""
+    r = _train_on_own_rig("ft", "--transport", "tcp", *shape, "--iterations", "30",
+                          "--max-missed", "2", "--kill", "worker:2@4", timeout=600)
+    assert r["iterations"] == 30 and r["faults"]["kills"][0]["fired"]
+    assert r["workers_lost"] == [2] and "2" in r["dropped_at"]
+    assert r["workers_present"] == [0, 1] and r["replicas_identical"]
+    assert r["final_train_loss"] < r["initial_train_loss"]
+
+
+@pytest.mark.rig
 @requires_bpf
 def test_killed_server_the_job_resumes_from_the_checkpoint_on_the_same_trajectory(rig, tmp_path):
     from ltpx.control.training.faults import Faults, parse_kills

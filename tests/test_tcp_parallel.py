@@ -2,9 +2,10 @@
 """The TCP server link's large pieces (link_tcp.py): a round or an answer of
 PARALLEL_BYTES or more moves on a thread per worker, a smaller one in the
 epoll loop (LTP_TCP_THREADS=0: always the loop). Real sockets on loopback:
-every byte arrives in place both ways, and a worker that sends a wrong
-header or hangs up mid-piece fails the call with its name, the other
-worker's thread stopped."""
+every byte arrives in place both ways, a worker that sends a wrong header
+fails the call with its name, the other worker's thread stopped, and one
+that hangs up mid-piece is gone: a tolerant round goes on without it, one
+that must be whole fails."""
 from __future__ import annotations
 
 import socket
@@ -84,12 +85,60 @@ def test_a_wrong_header_in_a_large_round_fails_naming_the_worker(mode):
 def test_a_worker_that_hangs_up_mid_round_fails_the_gather_not_hangs_it(mode):
     with pair() as (server, workers):
         server.ensure(N)
+        server.open(1, N, [0, 1], True)
         w1 = workers[1].sock
         w1.sendall(HDR.pack(TCP_MAGIC, 1, N * 4) + b"\0" * 4096)
         w1.shutdown(socket.SHUT_RDWR)
         # worker 0 sends nothing: its thread is stopped once worker 1's fails
-        with pytest.raises(CommError, match="worker 1 closed its connection"):
+        with pytest.raises(CommError, match=r"round 1 must be whole, and worker\(s\) \[1\] "
+                           "closed their connection"):
             server.gather(1, N, [0, 1])
+
+
+def test_a_dead_workers_rows_of_a_tolerant_round_are_filled_and_it_gets_no_answer(mode):
+    """A worker's connection ends (it died) in a tolerant round: the round
+    is gathered from the others, its rows filled with their mean (Bubble
+    Filling, as a dead worker's over LTP) and counted filled, not
+    delivered; the answer goes to the others, and the next round is read
+    from them alone."""
+    with pair(workers=3) as (server, workers):
+        server.ensure(N)
+        server.open(1, N, [0, 1, 2], False)
+        w2 = workers[2].sock
+        w2.sendall(HDR.pack(TCP_MAGIC, 1, N * 4) + b"\7" * 4096)   # half a round, then gone
+        w2.shutdown(socket.SHUT_RDWR)
+        rows = [np.full(N, w + 1, np.float32) for w in range(2)]
+        ts, errors = in_threads(*[lambda w=w: workers[w].push(1, rows[w].copy(), False)
+                                  for w in range(2)])
+        got = server.gather(1, N, [0, 1, 2])
+        for t in ts:
+            t.join()
+        assert not errors and server.gone == {2}
+        assert got.delivered.tolist() == [1, 1, 0] and got.filled.tolist() == [0, 0, 1]
+        assert got.reason == "early"
+        assert np.array_equal(got.values[0], rows[0]) and np.array_equal(got.values[1], rows[1])
+        assert np.array_equal(got.values[2], np.full(N, 1.5, np.float32))   # their mean
+        outs = [np.zeros(N, np.float32) for _ in range(2)]
+        ts, errors = in_threads(*[lambda w=w: workers[w].pull(2, outs[w]) for w in range(2)])
+        server.send(2, np.full(N, 3, np.float32), False)
+        for t in ts:
+            t.join()
+        assert not errors and all(np.array_equal(o, np.full(N, 3, np.float32)) for o in outs)
+        server.open(3, N, [0, 1, 2], False)
+        ts, errors = in_threads(*[lambda w=w: workers[w].push(3, rows[w] * 2, False)
+                                  for w in range(2)])
+        again = server.gather(3, N, [0, 1, 2])
+        for t in ts:
+            t.join()
+        assert not errors and again.delivered.tolist() == [1, 1, 0]
+        assert np.array_equal(again.values[2], np.full(N, 3, np.float32))
+        server.open(4, N, [0, 1, 2], True)        # a round that must be whole cannot be
+        ts, _ = in_threads(*[lambda w=w: workers[w].push(4, rows[w].copy(), True)
+                             for w in range(2)])
+        with pytest.raises(CommError, match=r"round 4 must be whole, and worker\(s\) \[2\]"):
+            server.gather(4, N, [0, 1, 2])
+        for t in ts:
+            t.join(5)
 
 
 def test_the_next_round_is_read_in_while_the_last_one_is_summed():

@@ -5,15 +5,14 @@ rank's LTP_* variables in its environment): the parent-death signal first,
 then, the trainer still there, the server rank's init(), which serves and
 exits with the job.
 
-Over TCP the server ends with its trainer (SIGTERM as the parent-death
-signal: a TCP server cannot go on without a worker's connection). Over LTP
-a trainer that dies leaves its server serving its slice (ORPHAN as the
+A trainer that dies leaves its server serving its slice (ORPHAN as the
 parent-death signal, `orphaned`): the other servers and this one go on
-without the dead worker, as with server ranks of their own, so the job
-goes on. Such a server ends with the job, or once no other trainer beats
-(liveness.py; at most a heartbeat's DEAD_S and a slice after the last
-one), or when the store is gone; so it outlives its trainer only while the
-job it serves runs."""
+without the dead worker, as with server ranks of their own (over TCP its
+connection's end marks it gone, link_tcp.py), so the job goes on. Such
+a server ends with the job, or once no other trainer beats (liveness.py;
+at most a heartbeat's DEAD_S and a slice after the last one), or when the
+store is gone; so it outlives its trainer only while the job it serves
+runs."""
 from __future__ import annotations
 
 import argparse
@@ -28,14 +27,13 @@ from datetime import timedelta
 from ...dataplane import netns
 from ...dataplane.clib.proc import set_parent_death_signal
 from ...errors import UsageError
-from .. import settings_table
 from .coord import KEY
 from .job import current, init, serve_here
 from .liveness import SLICE_S, Watch
 
 log = logging.getLogger("ltpx.torch.childserver")
 
-ORPHAN = signal.SIGUSR2     # the parent-death signal over LTP: serve on (`orphaned`)
+ORPHAN = signal.SIGUSR2     # the parent-death signal: serve on (`orphaned`)
 _watched = threading.Event()   # the watch started: a signal seen again is the same death
 
 
@@ -46,11 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="a co-located trainer's server (started by it)")
     ap.add_argument("--parent", type=int, required=True)
     a = ap.parse_args(argv)
-    if settings_table.env("transport") == "ltp":
-        signal.signal(ORPHAN, orphaned)
-        set_parent_death_signal(ORPHAN)
-    else:
-        set_parent_death_signal(signal.SIGTERM)
+    signal.signal(ORPHAN, orphaned)
+    set_parent_death_signal(ORPHAN)
     if os.getppid() != a.parent:      # it died before the signal was set
         sys.exit(1)
     init(serve=False)

@@ -9,7 +9,10 @@ round is complete. The server reads its workers at once and writes the answer
 to all of them at once: a piece of PARALLEL_BYTES or more on a thread per
 worker (the copies in and out of the kernel then run side by side, each
 releasing the GIL; LTP_TCP_THREADS=0 keeps them in the loop), a smaller one
-in one non-blocking epoll loop. Rounds go into two buffers in turn: the
+in one non-blocking epoll loop. A worker whose connection ends (it died)
+is gone: its rows of a tolerant round are filled (Bubble Filling, as a dead
+worker's over LTP) until the server drops it, it gets no answers, and a
+round that must be whole fails. Rounds go into two buffers in turn: the
 op's next round (`ahead`, the server's hint) is read in while the server
 sums the one before. A worker on the server's own host connects by a Unix
 socket instead (localsock.py: the same stream, not through TCP/IP), and one
@@ -19,6 +22,7 @@ in the server's own process (a co-located trainer's) meets it in memory
 from __future__ import annotations
 
 import errno
+import logging
 import select
 import socket
 import threading
@@ -35,6 +39,7 @@ from ...errors import CommError
 from .. import settings_table
 from ..accept import accept_workers
 from ..trust.hello import MAC_HELLO, mac_parser
+from ..transport.bubble import fill as fill_bubbles
 from .handoff import Pair, pair as handoff_pair, proc
 from .codec import ServerCodec, answer_feedback
 from .localsock import listen_local, ns_id, unlisten
@@ -45,6 +50,20 @@ from .settings import Settings
 PARALLEL_BYTES = 1 << 20          # a piece this large moves on a thread per worker
 
 __all__ = ["HDR", "PARALLEL_BYTES", "TCP_MAGIC", "TcpServerLink", "TcpWorkerLink"]
+
+log = logging.getLogger("ltpx.torch.tcp")
+
+
+class Gone(CommError):
+    """Worker connection i ended (EOF or reset): the worker died."""
+
+    def __init__(self, i: int, why: str):
+        super().__init__(why)
+        self.i = i
+
+
+def whole(r: int, ids: list[int]) -> CommError:
+    return CommError(f"round {r} must be whole, and worker(s) {ids} closed their connection")
 
 
 class TcpServerLink(ServerLink):
@@ -83,6 +102,8 @@ class TcpServerLink(ServerLink):
         self.threads = settings_table.env("tcp_threads")
         self.pool: ThreadPoolExecutor | None = None   # a thread per worker (`_each`)
         self.pool_lock, self.closed = threading.Lock(), False
+        self.gone: set[int] = set()           # workers whose connection ended (`lose`)
+        self.bubble, self.exact = "mean", {}  # the fill; round -> must it be whole
 
     def address(self) -> dict:
         return {"port": self.port, "compress": self.compress, "chunk_bytes": self.chunk_bytes,
@@ -131,15 +152,26 @@ class TcpServerLink(ServerLink):
 
     def configure(self, bubble: str, early_close: str, wire: str = "none",
                   carry: bool = False) -> None:
-        self.wire = wire   # nothing is lost over TCP: only the wire matters
+        self.wire = wire   # nothing is lost over TCP but a dead worker's rows
+        self.bubble = bubble
         self.codec.set_carry(carry)
 
     def open(self, r: int, nelems: int, workers: list[int], reliable: bool, key=None) -> None:
         # a connection is always open; only the piece's form is noted
         self.codec.open(r, nelems, reliable, self.wire)
+        self.exact[r] = reliable
 
     def cancel(self, r: int) -> None:
         self.codec.cancel(r)
+        self.exact.pop(r, None)
+
+    def lose(self, i: int, r: int, why: str) -> None:
+        """Worker i's connection ended in round (or answer) r: it is gone."""
+        if i not in self.gone:
+            self.gone.add(i)
+            log.warning("ltpx.torch server: worker %d's connection ended at %d (%s): its "
+                        "rows are filled until it is dropped, and it gets no answers",
+                        self.ids[i], r, why)
 
     def _ready(self, event: int, idx: list[int], done: set[int],
                stalled: Callable[[], str]) -> Iterator[int]:
@@ -164,9 +196,12 @@ class TcpServerLink(ServerLink):
             poller.close()
 
     def _recv_some(self, i: int, into: memoryview) -> int:
-        k = self.conns[i].recv_into(into)   # BlockingIOError: nothing there after all
+        try:
+            k = self.conns[i].recv_into(into)   # BlockingIOError: nothing there after all
+        except ConnectionError as e:
+            raise Gone(i, f"worker {self.ids[i]}'s connection: {e}") from e
         if k == 0:
-            raise CommError(f"worker {self.ids[i]} closed its connection")
+            raise Gone(i, f"worker {self.ids[i]} closed its connection")
         return k
 
     def ahead(self, r: int, nelems: int, workers: list[int]) -> None:
@@ -203,14 +238,22 @@ class TcpServerLink(ServerLink):
             self.side = other
             self.pre = (hint, other, self._reader().submit(self._read, *hint, other))
         values = self.bufs[side]
-        k = len(workers)
+        exact = self.exact.pop(r, True)
+        lost = np.array([w in self.gone for w in workers], dtype=bool)
+        if lost.any() and exact:
+            raise whole(r, [self.ids[w] for w, x in zip(workers, lost) if x])
         rows = values[workers, :nelems] if workers != self.ids else values[:, :nelems]
+        if lost.any():
+            rows[lost] = 0        # what a dead worker left half-sent is not decoded
         if n != nelems:
             rows = self.codec.decode(r, rows, None, "zero")
+        if lost.any() and rows.shape[1]:     # as a dead worker's over LTP: Bubble Filling
+            fill_bubbles(rows.reshape(len(workers), 1, -1), ~lost[:, None],
+                         "mean" if self.bubble == "mean" else "zero")
         return Gathered(round=r, values=rows, workers=list(workers),
-                        delivered=np.ones(k, dtype=np.int64), chunks=1,
-                        filled=np.zeros(k, dtype=np.int64),
-                        duration_s=time.perf_counter() - t0)
+                        delivered=(~lost).astype(np.int64), chunks=1,
+                        filled=lost.astype(np.int64), reason="early" if lost.any() else
+                        "complete", duration_s=time.perf_counter() - t0)
 
     def _read(self, r: int, nelems: int, workers: list[int], side: int) -> None:
         """Round r (nelems words from each of `workers`) into buffer `side`."""
@@ -222,7 +265,16 @@ class TcpServerLink(ServerLink):
 
         def step(i: int) -> bool:
             """Read what worker i has sent of the round (BlockingIOError: nothing
-            there); True once it is whole."""
+            there); True once it is whole, or the worker is gone."""
+            try:
+                return take(i)
+            except Gone as e:
+                self.lose(e.i, r, str(e))
+                if self.exact.get(r, False):    # no use waiting for the others
+                    raise whole(r, [self.ids[e.i]]) from e
+                return True
+
+        def take(i: int) -> bool:
             if hgot[i] < HDR.size:
                 hgot[i] += self._recv_some(i, memoryview(hdrs[i])[hgot[i]:])
                 if hgot[i] == HDR.size:
@@ -242,7 +294,8 @@ class TcpServerLink(ServerLink):
 
         def near(i: int, abort: threading.Event) -> None:
             self.near[i].up.take(r, views[i], self.timeout_s, abort)
-        self._each(select.EPOLLIN, list(workers), need, step, stalled, near)
+        self._each(select.EPOLLIN, [i for i in workers if i not in self.gone], need, step,
+                   stalled, near)
 
     def _reader(self) -> ThreadPoolExecutor:
         if self.ahead_pool is None:
@@ -285,6 +338,9 @@ class TcpServerLink(ServerLink):
                 sent[i] += self.conns[i].sendmsg(iov(hdr, body, sent[i]))
             except BlockingIOError:
                 raise
+            except ConnectionError as e:     # it died: no answer, it is gone
+                self.lose(i, d, f"sending answer {d}: {e}")
+                return True
             except OSError as e:
                 if e.errno == errno.ENOBUFS:    # as a full buffer: wait for room
                     raise BlockingIOError(errno.ENOBUFS, str(e)) from e
@@ -297,7 +353,8 @@ class TcpServerLink(ServerLink):
         def near(i: int, abort: threading.Event) -> None:
             if len(body):
                 self.near[i].down.give(d, body, self.timeout_s, abort)
-        self._each(select.EPOLLOUT, list(self.ids), len(body), step, stalled, near)
+        self._each(select.EPOLLOUT, [i for i in range(len(self.ids)) if i not in self.gone],
+                   len(body), step, stalled, near)
 
     def _each(self, event: int, idx: list[int], nbytes: int, step: Callable[[int], bool],
               stalled: Callable[[set], str],
