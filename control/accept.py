@@ -99,6 +99,22 @@ class _Hellos:
             silent = [c for c, (got, _) in self.pending.items() if not got]
             self.stray((silent or list(self.pending))[0], f"{MAX_PENDING} newer connections wait")
 
+    def step(self, listeners: list[socket.socket], wait_s: float) -> bool:
+        """One wait of at most wait_s: a new connection accepted, or what a
+        waiting one sent read. False: nothing was ready."""
+        ready = self.sel.select(wait_s)
+        for key, _ in ready:
+            c = key.fileobj
+            if c in listeners:
+                try:
+                    conn, _ = c.accept()
+                except OSError:
+                    continue
+                self.add(conn)
+            elif c in self.pending:
+                self.hear(c)
+        return bool(ready)
+
     def expire(self, hello_s: float) -> None:
         now = time.monotonic()
         for c in [c for c, (_, t) in self.pending.items() if now - t > hello_s]:
@@ -135,21 +151,29 @@ def accept_workers(ls: socket.socket | list[socket.socket], need: int, size: int
     end = time.monotonic() + timeout_s
     try:
         while len(h.out.conns) < need and time.monotonic() < end:
-            for key, _ in h.sel.select(0.2):
-                c = key.fileobj
-                if c in listeners:
-                    try:
-                        conn, _ = c.accept()
-                    except OSError:
-                        continue
-                    h.add(conn)
-                elif c in h.pending:
-                    h.hear(c)
+            h.step(listeners, 0.2)
             h.expire(hello_s)
     finally:
         h.close()
         for one in listeners:
             one.setblocking(True)
+    return h.out
+
+
+def accept_waiting(ls: socket.socket, size: int, parse: Callable[[bytes], int | None],
+                   hello_s: float = 2.0) -> Accepted:
+    """The connections already waiting on `ls`, each with hello_s for its
+    hello (parse as in accept_workers): a worker that connects again
+    mid-job. Returns at once when none waits, so a server may ask between
+    any two ops. Strays are closed and counted, as in accept_workers."""
+    ls.setblocking(False)
+    h = _Hellos([ls], size, parse)
+    try:
+        while h.step([ls], 0.05 if h.pending else 0) or h.pending:
+            h.expire(hello_s)
+    finally:
+        h.close()
+        ls.setblocking(True)
     return h.out
 
 

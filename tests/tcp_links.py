@@ -23,8 +23,7 @@ def pair(timeout: float = 20.0, host: str | None = None, workers: int = 2,
     own host it is comes by the server's Unix socket); None: over TCP.
     near: the links meet in memory, as a co-located trainer's do (handoff.py);
     else each side's meta hides that they share this process."""
-    cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
-    s = Settings.resolve({"ip": "127.0.0.1", "cc": cc, "timeout": timeout})
+    s = settings(timeout)
     server = TcpServerLink(s, workers)
     links = [TcpWorkerLink(s, w, workers) for w in range(workers)]
     def seen(meta: dict) -> dict:
@@ -39,6 +38,20 @@ def pair(timeout: float = 20.0, host: str | None = None, workers: int = 2,
         for w in links:
             w.close()
         server.close()
+
+
+def settings(timeout: float = 20.0) -> Settings:
+    """A loopback job's settings: the host's congestion control."""
+    cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    return Settings.resolve({"ip": "127.0.0.1", "cc": cc, "timeout": timeout})
+
+
+def again(server, w: int, workers: int) -> TcpWorkerLink:
+    """Worker w restarted: a new link of its own connected to `server`, as a
+    restarted process's (the caller closes it)."""
+    link = TcpWorkerLink(settings(), w, workers)
+    link.connect(apart({**server.address(), "ip": "127.0.0.1"}))
+    return link
 
 
 def apart(meta: dict) -> dict:

@@ -504,6 +504,36 @@ def test_a_tcp_job_goes_on_without_a_killed_worker(shape):
 
 
 @pytest.mark.rig
+def test_a_tcp_worker_killed_and_restarted_rejoins_on_a_new_connection():
+    """Over TCP a restarted worker connects again: the server reads it from
+    its new connection once it is admitted again (link_tcp_back.py), and
+    it ends bit-identical with the rest (--restart was LTP's alone before)."""
+    r = _train_on_own_rig("fr", "--transport", "tcp", "--iterations", "60", "--pace", "0.05",
+                          "--max-missed", "2", "--kill", "worker:1@5", "--restart",
+                          timeout=600)
+    assert r["iterations"] == 60 and r["faults"]["worker_restarts"] == {"1": 1}
+    assert r["workers_lost"] == [1] and r["workers_rejoined"] == [1]
+    assert r["workers_present"] == [0, 1, 2] and r["replicas_identical"]
+    assert r["final_train_loss"] < r["initial_train_loss"]
+
+
+@pytest.mark.rig
+@pytest.mark.parametrize("shape, kill", [([], "server:0@12"), (["--colocate"], "worker:1@12")],
+                         ids=["server", "colocated-trainer"])
+def test_a_tcp_job_restarts_whole_and_resumes_from_its_checkpoint(shape, kill, tmp_path):
+    """A dead TCP server, or any dead rank of a co-located (sharded) TCP
+    job: the job restarts whole and resumes from worker 0's last checkpoint.
+    A sharded job's checkpoint failed before (its exchange had no snapshot
+    for the state blob), over LTP too."""
+    r = _train_on_own_rig("fj", "--transport", "tcp", *shape, "--iterations", "40", "--pace",
+                          "0.05", "--kill", kill, "--restart", "--checkpoint-every", "5",
+                          "--checkpoint-dir", str(tmp_path), timeout=600)
+    assert r["iterations"] == 40 and r["faults"]["job_restarts"] == 1
+    assert r["resumed_from"] == 10 and r["replicas_identical"]
+    assert r["workers_present"] == [0, 1, 2]
+
+
+@pytest.mark.rig
 @requires_bpf
 def test_killed_server_the_job_resumes_from_the_checkpoint_on_the_same_trajectory(rig, tmp_path):
     from ltpx.control.training.faults import Faults, parse_kills

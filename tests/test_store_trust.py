@@ -372,6 +372,31 @@ def test_a_stray_connection_is_closed_and_counted_never_fatal():
 
 
 @pytest.mark.unit
+def test_a_mid_job_accept_returns_at_once_and_takes_only_valid_hellos():
+    """accept_waiting (a TCP server asks between rounds for a restarted
+    worker's new connection): nothing waiting returns at once; what waits
+    is taken by its hello, a bad one closed and counted, a silent one given
+    up after hello_s."""
+    from ltpx.control.accept import accept_waiting
+    key = jobkey.hello_key(jobkey.new_key())
+    ls = socket.create_server(("127.0.0.1", 0))
+    parse = mac_parser([0, 1], key)
+    t0 = time.monotonic()
+    none = accept_waiting(ls, MAC_HELLO.size, parse)
+    assert none.conns == {} and none.strays == 0 and time.monotonic() - t0 < 0.5
+    socks = [socket.create_connection(ls.getsockname()) for _ in range(3)]
+    socks[0].sendall(mac_hello(1, key))
+    socks[1].sendall(mac_hello(1, jobkey.hello_key(jobkey.new_key())))   # another key
+    # socks[2] says nothing
+    time.sleep(0.1)
+    got = accept_waiting(ls, MAC_HELLO.size, parse, hello_s=0.5)
+    assert sorted(got.conns) == [1] and got.strays == 2
+    assert ls.getblocking()                 # as it was
+    for c in [*socks, *got.conns.values(), ls]:
+        c.close()
+
+
+@pytest.mark.unit
 def test_a_late_hello_is_taken_and_silent_connections_are_bounded():
     """A worker's hello that TCP re-sent for seconds (heavy loss: at 30 % on
     every rig port the TCP arm's workers were turned away at 5 s) is still

@@ -15,7 +15,7 @@ import pytest
 
 from ltpx.control.torchapi.link_tcp import HDR, PARALLEL_BYTES, TCP_MAGIC
 from ltpx.errors import CommError
-from tcp_links import in_threads, pair
+from tcp_links import again, in_threads, pair
 
 pytestmark = pytest.mark.unit
 
@@ -139,6 +139,55 @@ def test_a_dead_workers_rows_of_a_tolerant_round_are_filled_and_it_gets_no_answe
             server.gather(4, N, [0, 1, 2])
         for t in ts:
             t.join(5)
+
+
+def test_a_restarted_worker_is_read_from_its_new_connection_once_admitted_again(mode):
+    """Worker 1 dies (its connection ends) and is restarted: its new
+    connection waits, unread, until the server admits it again (`readmit`,
+    the step that takes its join ticket); its next round is then read from
+    it, and the answers after reach it, not before."""
+    with pair() as (server, workers):
+        server.ensure(N)
+        workers[1].sock.close()                       # worker 1 dies
+        rows = [np.full(N, w + 1, np.float32) for w in range(2)]
+        server.open(1, N, [0, 1], False)
+        ts, errors = in_threads(lambda: workers[0].push(1, rows[0].copy(), False))
+        assert server.gather(1, N, [0, 1]).delivered.tolist() == [1, 0]
+        for t in ts:
+            t.join()
+        back = again(server, 1, 2)                    # restarted: connected, not yet admitted
+        try:
+            server.open(2, N, [0], False)
+            ts, errors2 = in_threads(lambda: workers[0].push(2, rows[0] * 2, False))
+            assert server.gather(2, N, [0]).delivered.tolist() == [1]
+            for t in ts:
+                t.join()
+            assert server.gone == {1}       # its new connection waits, unread
+            out = np.zeros(N, np.float32)      # and this answer is not its
+            ts, errors2b = in_threads(lambda: workers[0].pull(2, out))
+            server.send(2, np.full(N, 2, np.float32), False)
+            for t in ts:
+                t.join()
+            assert not errors2b and np.array_equal(out, np.full(N, 2, np.float32))
+            server.readmit(1)
+            server.open(3, N, [0, 1], False)
+            ts, errors3 = in_threads(lambda: workers[0].push(3, rows[0].copy(), False),
+                                     lambda: back.push(3, rows[1].copy(), False))
+            got = server.gather(3, N, [0, 1])
+            for t in ts:
+                t.join()
+            assert got.delivered.tolist() == [1, 1] and server.gone == set()
+            assert np.array_equal(got.values[1], rows[1])
+            outs = [np.zeros(N, np.float32) for _ in range(2)]
+            ts, errors4 = in_threads(lambda: workers[0].pull(4, outs[0]),
+                                     lambda: back.pull(4, outs[1]))
+            server.send(4, np.full(N, 5, np.float32), False)
+            for t in ts:
+                t.join()
+            assert all(np.array_equal(o, np.full(N, 5, np.float32)) for o in outs)
+            assert not (errors or errors2 or errors3 or errors4)
+        finally:
+            back.close()
 
 
 def test_the_next_round_is_read_in_while_the_last_one_is_summed():

@@ -88,10 +88,9 @@ def register(sub) -> None:
     fx = p.add_argument_group("faults (the main run; docs/training.md, Faults)")
     fx.add_argument("--kill", action="append", metavar="ROLE:ID@ITER",
                     help="SIGKILL a rank once the lead reports iteration ITER: worker:2@10, "
-                    "server:0@20 (repeatable; over TCP a worker only)")
+                    "server:0@20 (repeatable; LTP or TCP)")
     fx.add_argument("--restart", action="store_true",
-                    help="(LTP only) start a dead worker again (it rejoins with the current "
-                    "state); a "
+                    help="start a dead worker again (it rejoins with the current state); a "
                     "dead server, or any dead rank of a sharded job (--servers > 1), restarts "
                     "the job (it resumes from --checkpoint-dir)")
     p.add_argument("--floors", action="store_true",
@@ -264,13 +263,10 @@ def _validate(args) -> tuple:
     except ValueError as e:
         raise UsageError(str(e)) from None
     main_transport = runs[0]["transport"]
-    if args.restart and main_transport != "ltp":
-        raise UsageError("--restart: the main run must be LTP (--transport ltp)")
+    if args.restart and main_transport not in ("ltp", "tcp"):
+        raise UsageError("--restart: the main run must be LTP or TCP (--transport ltp|tcp)")
     if args.kills and main_transport not in ("ltp", "tcp"):
         raise UsageError("--kill: the main run must be LTP or TCP (--transport ltp|tcp)")
-    if main_transport == "tcp" and any(k.role == "server" for k in args.kills):
-        raise UsageError("--kill: over TCP a worker only (worker:ID@ITER): its server drops "
-                         "it; a dead server ends a TCP job (--transport ltp --restart resumes)")
     from ..control.training.curves import check_outputs
     check_outputs(args.tensorboard, args.plot)
     from ..dataplane.rig.star import RigConfig

@@ -39,6 +39,8 @@ reliable class; each worker applies it with its own optimizer. Modules:
                server and the workers
   link_ltp_near  the LTP links' way to a rank on the same host (in memory, or by the
                server's Unix socket), whose frames never reach a NIC
+  link_tcp_back  the TCP server's workers that die (their rows filled) and come back
+               (read from a new connection once admitted again)
   localsock    the TCP transport's local hop: a Unix socket to a server on this host
   sockchannel  a worker and its LTP server on one host: the Unix socket's pieces up, answers down
   handoff      the TCP transport's hop inside one process: a co-located trainer's worker

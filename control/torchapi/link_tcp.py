@@ -44,6 +44,7 @@ from .handoff import Pair, pair as handoff_pair, proc
 from .codec import ServerCodec, answer_feedback
 from .localsock import listen_local, ns_id, unlisten
 from .links import Gathered, ServerLink
+from .link_tcp_back import Gone, GoneAndBack, TakeBack, tune, whole
 from .link_tcp_worker import HDR, TCP_MAGIC, TcpWorkerLink, iov
 from .settings import Settings
 
@@ -54,19 +55,7 @@ __all__ = ["HDR", "PARALLEL_BYTES", "TCP_MAGIC", "TcpServerLink", "TcpWorkerLink
 log = logging.getLogger("ltpx.torch.tcp")
 
 
-class Gone(CommError):
-    """Worker connection i ended (EOF or reset): the worker died."""
-
-    def __init__(self, i: int, why: str):
-        super().__init__(why)
-        self.i = i
-
-
-def whole(r: int, ids: list[int]) -> CommError:
-    return CommError(f"round {r} must be whole, and worker(s) {ids} closed their connection")
-
-
-class TcpServerLink(ServerLink):
+class TcpServerLink(GoneAndBack, ServerLink):
     name = "tcp"
     opens = False
 
@@ -94,6 +83,7 @@ class TcpServerLink(ServerLink):
         self.ux, self.ux_path = listen_local(s.ip, self.port, workers + 8) \
             if settings_table.env("tcp_local") else (None, None)
         self.conns: list[socket.socket | None] = []   # None: a worker in this process
+        self.back: TakeBack | None = None      # workers that connect again (`connect`)
         self.near: dict[int, Pair] = {}        # by index: those workers' pairs
         # compressed (a step's Op.wire), pieces are the same words as over LTP
         # (its chunk size for the MTU)
@@ -103,6 +93,7 @@ class TcpServerLink(ServerLink):
         self.pool: ThreadPoolExecutor | None = None   # a thread per worker (`_each`)
         self.pool_lock, self.closed = threading.Lock(), False
         self.gone: set[int] = set()           # workers whose connection ended (`lose`)
+        self.joining: set[int] = set()        # ... admitted again (`readmit`)
         self.bubble, self.exact = "mean", {}  # the fill; round -> must it be whole
 
     def address(self) -> dict:
@@ -133,12 +124,8 @@ class TcpServerLink(ServerLink):
             raise CommError(f"only {len(by_id)} of {len(far)} workers connected within "
                             f"{self.timeout_s:g}s ({got.strays} other connection(s) closed: "
                             "a hello without this job's key?)")
-        for c in by_id.values():
-            if c.family != socket.AF_UNIX:
-                set_cc(c, self.cc)
-                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            c.setblocking(False)
-        self.conns = [by_id.get(w) for w in self.ids]
+        self.conns = [tune(by_id[w], self.cc) if w in by_id else None for w in self.ids]
+        self.back = TakeBack(self.ls, far, self.key, self.cc)   # restarted ones, mid-job
 
     def ensure(self, nelems: int) -> bool:
         self._settle()
@@ -164,14 +151,6 @@ class TcpServerLink(ServerLink):
     def cancel(self, r: int) -> None:
         self.codec.cancel(r)
         self.exact.pop(r, None)
-
-    def lose(self, i: int, r: int, why: str) -> None:
-        """Worker i's connection ended in round (or answer) r: it is gone."""
-        if i not in self.gone:
-            self.gone.add(i)
-            log.warning("ltpx.torch server: worker %d's connection ended at %d (%s): its "
-                        "rows are filled until it is dropped, and it gets no answers",
-                        self.ids[i], r, why)
 
     def _ready(self, event: int, idx: list[int], done: set[int],
                stalled: Callable[[], str]) -> Iterator[int]:
@@ -259,6 +238,7 @@ class TcpServerLink(ServerLink):
         """Round r (nelems words from each of `workers`) into buffer `side`."""
         need = nelems * 4
         values = self.bufs[side]
+        self._take_back(workers)
         hdrs = {i: bytearray(HDR.size) for i in workers}
         hgot, got = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
         views = {i: memoryview(values[i, :nelems]).cast("B") for i in workers}
@@ -442,6 +422,8 @@ class TcpServerLink(ServerLink):
         for pr in self.near.values():
             pr.close("the server")
         self.conns, self.near = [], {}
+        if self.back is not None:
+            self.back.close()
         self.ls.close()
         unlisten(self.ux, self.ux_path)
         self.ux = self.ux_path = None

@@ -88,6 +88,12 @@ class ServerLink(ABC):
     def gather(self, r: int, nelems: int, workers: list[int]) -> Gathered:
         """Uplink round r, one row per worker (holes filled)."""
 
+    def readmit(self, w: int) -> None:
+        """Worker w (one that died, restarted) is admitted again: its next
+        op's rounds include it. A link that keeps a connection per worker
+        (TCP) takes its new one then; the default has nothing to do."""
+        return None
+
     def ahead(self, r: int, nelems: int, workers: list[int]) -> None:
         """A hint just before a gather: round r (nelems, from `workers`) is
         the one the server gathers after it, so a link may read r in while

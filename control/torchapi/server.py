@@ -297,6 +297,7 @@ class Server:
         for w, ticket in self.co.tickets.take_joins(donor=self.view.donor()).items():
             status[w] = ticket
             self.missed[w] = 0
+            self.link.readmit(w)
             if w not in self.rejoined:   # one that asked again (its donor died) once
                 self.rejoined.append(w)
         return status
