@@ -34,7 +34,7 @@ class _Steps:
 @pytest.fixture
 def checkpoint(monkeypatch):
     from ltpx.control.torchapi import checkpoint as ck
-    monkeypatch.setattr(ck, "state_blob", lambda opt, extra: b"state" * 100)
+    monkeypatch.setattr(ck, "state_blob", lambda opt, extra, joiner: b"state" * 100)
     return ck
 
 
@@ -77,7 +77,7 @@ def test_save_fsyncs_the_file_before_its_rename_and_the_folder_after(tmp_path):
     if strace is None:
         pytest.skip("strace is not installed")
     code = ("import sys; from ltpx.control.torchapi import checkpoint as c\n"
-            "c.state_blob = lambda opt, extra: b'state'\n"
+            "c.state_blob = lambda opt, extra, joiner: b'state'\n"
             "class S: steps = 7\n"
             "print(c.save(sys.argv[1], S(), {}, 'fp'))\n")
     log = tmp_path / "trace"

@@ -143,9 +143,11 @@ def test_a_dead_workers_rows_of_a_tolerant_round_are_filled_and_it_gets_no_answe
 
 def test_a_restarted_worker_is_read_from_its_new_connection_once_admitted_again(mode):
     """Worker 1 dies (its connection ends) and is restarted: its new
-    connection waits, unread, until the server admits it again (`readmit`,
-    the step that takes its join ticket); its next round is then read from
-    it, and the answers after reach it, not before."""
+    connection waits, unread and sent nothing, until the server admits it
+    again (`readmit`, the step that takes its join ticket); from the next
+    op's start it is in place: that op's answer reaches it even with no
+    round of it read first (an op that begins with the answer), and its
+    rounds are read from it."""
     with pair() as (server, workers):
         server.ensure(N)
         workers[1].sock.close()                       # worker 1 dies
@@ -157,37 +159,61 @@ def test_a_restarted_worker_is_read_from_its_new_connection_once_admitted_again(
             t.join()
         back = again(server, 1, 2)                    # restarted: connected, not yet admitted
         try:
-            server.open(2, N, [0], False)
-            ts, errors2 = in_threads(lambda: workers[0].push(2, rows[0] * 2, False))
-            assert server.gather(2, N, [0]).delivered.tolist() == [1]
+            server.ensure(N)                          # the next op: its connection is parked
+            assert server.gone == {1} and server.back.parked.keys() == {1}
+            out = np.zeros(N, np.float32)
+            ts, errors2 = in_threads(lambda: workers[0].pull(2, out))
+            server.send(2, np.full(N, 2, np.float32), False)   # not for worker 1
             for t in ts:
                 t.join()
-            assert server.gone == {1}       # its new connection waits, unread
-            out = np.zeros(N, np.float32)      # and this answer is not its
-            ts, errors2b = in_threads(lambda: workers[0].pull(2, out))
-            server.send(2, np.full(N, 2, np.float32), False)
-            for t in ts:
-                t.join()
-            assert not errors2b and np.array_equal(out, np.full(N, 2, np.float32))
-            server.readmit(1)
-            server.open(3, N, [0, 1], False)
-            ts, errors3 = in_threads(lambda: workers[0].push(3, rows[0].copy(), False),
-                                     lambda: back.push(3, rows[1].copy(), False))
-            got = server.gather(3, N, [0, 1])
-            for t in ts:
-                t.join()
-            assert got.delivered.tolist() == [1, 1] and server.gone == set()
-            assert np.array_equal(got.values[1], rows[1])
+            assert np.array_equal(out, np.full(N, 2, np.float32))
+            server.readmit(1)                         # admitted at this op's step
+            server.ensure(N)                          # its first op
+            assert server.gone == set() and server.back.parked == {}
             outs = [np.zeros(N, np.float32) for _ in range(2)]
-            ts, errors4 = in_threads(lambda: workers[0].pull(4, outs[0]),
-                                     lambda: back.pull(4, outs[1]))
-            server.send(4, np.full(N, 5, np.float32), False)
+            ts, errors3 = in_threads(lambda: workers[0].pull(3, outs[0]),
+                                     lambda: back.pull(3, outs[1]))
+            server.send(3, np.full(N, 3, np.float32), False)
             for t in ts:
                 t.join()
-            assert all(np.array_equal(o, np.full(N, 5, np.float32)) for o in outs)
+            assert all(np.array_equal(o, np.full(N, 3, np.float32)) for o in outs)
+            server.open(4, N, [0, 1], False)
+            ts, errors4 = in_threads(lambda: workers[0].push(4, rows[0].copy(), False),
+                                     lambda: back.push(4, rows[1].copy(), False))
+            got = server.gather(4, N, [0, 1])
+            for t in ts:
+                t.join()
+            assert got.delivered.tolist() == [1, 1] and np.array_equal(got.values[1], rows[1])
             assert not (errors or errors2 or errors3 or errors4)
         finally:
             back.close()
+
+
+def test_a_restarted_workers_closed_connection_is_not_taken_back():
+    """A restarted worker whose new process died as well: its parked
+    connection is found closed when it is admitted, and it stays gone; a
+    third start's connection, newer, is taken."""
+    with pair() as (server, workers):
+        server.ensure(N)
+        workers[1].sock.close()
+        server.open(1, N, [0, 1], False)
+        ts, _ = in_threads(lambda: workers[0].push(1, np.ones(N, np.float32), False))
+        server.gather(1, N, [0, 1])
+        for t in ts:
+            t.join()
+        again(server, 1, 2).close()                   # restarted, and died again
+        server.ensure(N)
+        server.readmit(1)
+        server.ensure(N)
+        assert server.gone == {1} and server.back.parked == {}
+        third = again(server, 1, 2)
+        try:
+            server.ensure(N)
+            server.readmit(1)
+            server.ensure(N)
+            assert server.gone == set() and server.conns[1].fileno() >= 0
+        finally:
+            third.close()
 
 
 def test_the_next_round_is_read_in_while_the_last_one_is_summed():

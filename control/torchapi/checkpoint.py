@@ -161,7 +161,7 @@ def save(ckdir: str, opt, extra: dict, fingerprint: str) -> str | None:
     be written (a warning names the path and the error; training goes on)."""
     path = path_for(ckdir, opt.steps, fingerprint)
     buf = io.BytesIO()   # serialized first: torch.save hides a write's errno
-    torch.save({"fingerprint": fingerprint, "blob": state_blob(opt, extra)}, buf)
+    torch.save({"fingerprint": fingerprint, "blob": state_blob(opt, extra, joiner=False)}, buf)
     try:
         os.makedirs(ckdir, exist_ok=True)
         remove_torn(ckdir)

@@ -50,13 +50,16 @@ def _params(opt) -> list[torch.Tensor]:
     return [p for g in opt.param_groups for p in g["params"]]
 
 
-def state_blob(opt, extra: dict | None = None) -> bytes:
-    """This worker's state as bytes (see the module docstring)."""
+def state_blob(opt, extra: dict | None = None, joiner: bool = True) -> bytes:
+    """This worker's state as bytes (see the module docstring). joiner False:
+    for a checkpoint, which a new job loads without the exchange's snapshot
+    (its clock and membership are the job's own), so none is taken (a
+    sharded job's exchange has none: rejoining is one server's)."""
     ex = current().exchange
     buf = io.BytesIO()
     torch.save({"params": [p.detach() for p in _params(opt)],
                 "optimizer": opt.state_dict(), "steps": opt.steps, "ks": list(opt.ltp.ks),
-                "exchange": ex.snapshot(), "extra": extra or {},
+                "exchange": ex.snapshot() if joiner else {}, "extra": extra or {},
                 "wire": opt.ltp.op.wire}, buf)   # the loss policy's, which the next step takes
     return buf.getvalue()
 

@@ -94,6 +94,7 @@ class TcpServerLink(GoneAndBack, ServerLink):
         self.pool_lock, self.closed = threading.Lock(), False
         self.gone: set[int] = set()           # workers whose connection ended (`lose`)
         self.joining: set[int] = set()        # ... admitted again (`readmit`)
+        self.lost_in: dict[int, frozenset] = {}   # round -> those gone when it was read
         self.bubble, self.exact = "mean", {}  # the fill; round -> must it be whole
 
     def address(self) -> dict:
@@ -129,6 +130,7 @@ class TcpServerLink(GoneAndBack, ServerLink):
 
     def ensure(self, nelems: int) -> bool:
         self._settle()
+        self.take_back()     # a restarted worker's new connection, at an op's start
         for side in (0, 1):
             self._grow(side, nelems)
         return False
@@ -218,7 +220,8 @@ class TcpServerLink(GoneAndBack, ServerLink):
             self.pre = (hint, other, self._reader().submit(self._read, *hint, other))
         values = self.bufs[side]
         exact = self.exact.pop(r, True)
-        lost = np.array([w in self.gone for w in workers], dtype=bool)
+        gone = self.lost_in.pop(r, ())      # as its read left them (the next one may lose more)
+        lost = np.array([w in gone for w in workers], dtype=bool)
         if lost.any() and exact:
             raise whole(r, [self.ids[w] for w, x in zip(workers, lost) if x])
         rows = values[workers, :nelems] if workers != self.ids else values[:, :nelems]
@@ -238,7 +241,6 @@ class TcpServerLink(GoneAndBack, ServerLink):
         """Round r (nelems words from each of `workers`) into buffer `side`."""
         need = nelems * 4
         values = self.bufs[side]
-        self._take_back(workers)
         hdrs = {i: bytearray(HDR.size) for i in workers}
         hgot, got = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
         views = {i: memoryview(values[i, :nelems]).cast("B") for i in workers}
@@ -249,7 +251,7 @@ class TcpServerLink(GoneAndBack, ServerLink):
             try:
                 return take(i)
             except Gone as e:
-                self.lose(e.i, r, str(e))
+                self.lose(e.i, f"round {r}", str(e))
                 if self.exact.get(r, False):    # no use waiting for the others
                     raise whole(r, [self.ids[e.i]]) from e
                 return True
@@ -276,6 +278,7 @@ class TcpServerLink(GoneAndBack, ServerLink):
             self.near[i].up.take(r, views[i], self.timeout_s, abort)
         self._each(select.EPOLLIN, [i for i in workers if i not in self.gone], need, step,
                    stalled, near)
+        self.lost_in[r] = frozenset(i for i in workers if i in self.gone)
 
     def _reader(self) -> ThreadPoolExecutor:
         if self.ahead_pool is None:
@@ -291,6 +294,7 @@ class TcpServerLink(GoneAndBack, ServerLink):
             return
         (r, _, _), _, fut = pre
         err = fut.exception()
+        self.lost_in.pop(r, None)
         if err is not None:
             raise CommError(f"round {r}, read ahead and never gathered, failed ({err}): the "
                             "workers' connections are out of step") from err
@@ -319,7 +323,7 @@ class TcpServerLink(GoneAndBack, ServerLink):
             except BlockingIOError:
                 raise
             except ConnectionError as e:     # it died: no answer, it is gone
-                self.lose(i, d, f"sending answer {d}: {e}")
+                self.lose(i, f"answer {d}", str(e))
                 return True
             except OSError as e:
                 if e.errno == errno.ENOBUFS:    # as a full buffer: wait for room

@@ -5,18 +5,24 @@ A worker that dies ends its connection: reading it meets EOF or a reset
 (`Gone`), and the server marks it gone (`TcpServerLink.lose`). A worker
 restarted into the running job (`ltp train --restart`, `ltp launch
 --max-restarts`) connects again and says its hello, as at the start.
-`TakeBack` accepts such connections between ops: the server's listening
-socket stays open for the whole job, and each op's `ensure` asks what waits
-on it (`accept.accept_waiting`: at once when nothing does). A hello whose
-worker is gone puts the new connection in its place; one whose worker is
-not yet known gone (restarted before the server read the old connection's
-end) waits, parked, until it is. The join itself (the ticket, the donor's
-state, admission in a step's report) goes through the store as over LTP
-(server.py, elastic.py): by the op that first includes the joiner, its
-connection is in place."""
+Each op's `ensure` (`take_back`) parks what waits on the server's listening
+socket, open for the whole job (`TakeBack.poll`: one select when nothing
+does), by its hello, a newer connection of a worker replacing an older one;
+then it puts in place the connection of each worker the server admitted
+again at the op before (`readmit`, the step that took its join ticket):
+its first op is this one, so no round or answer of an op before reaches
+it. A parked connection found closed is dropped. The join itself (the
+ticket, the donor's state, the admission) goes through the store as over
+LTP (server.py, elastic.py).
+
+Limits: a joiner whose donor dies before handing its state over is in its
+first op's rounds but sends nothing, so that op's read waits out the
+link's timeout; a hello later than accept_waiting's 2 s (heavy loss) is a
+stray, and that worker stays gone until it restarts again."""
 from __future__ import annotations
 
 import logging
+import select
 import socket
 
 from ...dataplane.tcp_cc import set_cc
@@ -52,26 +58,46 @@ def tune(c: socket.socket, cc: str) -> socket.socket:
 class TakeBack:
     """Restarted workers' new connections on the server's listening socket
     `ls`, each known by its hello (ids: the workers, key: the hellos' MAC
-    key)."""
+    key), parked by worker until the server takes them."""
 
     def __init__(self, ls: socket.socket, ids: list[int], key, cc: str):
         self.ls, self.parse, self.cc = ls, mac_parser(ids, key), cc
         self.parked: dict[int, socket.socket] = {}   # worker -> a connection it made again
 
-    def take(self, want: set[int]) -> tuple[dict[int, socket.socket], int]:
-        """(worker -> its new connection, for those of `want` that connected
-        again; the strays closed meanwhile)."""
+    def poll(self) -> int:
+        """Park what waits on the listening socket (nothing: at once, one
+        select); a worker's newer connection replaces its older one (a
+        worker restarted twice). The strays closed."""
+        if not select.select([self.ls], [], [], 0)[0]:
+            return 0
         got = accept_waiting(self.ls, MAC_HELLO.size, self.parse)
         for w, c in got.conns.items():
             old = self.parked.pop(w, None)
-            if old is not None:      # it connected again since: the newer one is it
+            if old is not None:
                 old.close()
             self.parked[w] = c
-        back = {w: tune(self.parked.pop(w), self.cc) for w in sorted(want & set(self.parked))}
-        for w in back:
-            log.info("ltpx.torch server: worker %d connected again: its new connection "
-                     "is read from its first round on", w)
-        return back, got.strays
+        return got.strays
+
+    def take(self, w: int) -> socket.socket | None:
+        """Worker w's parked connection, made ready, if it is still open."""
+        c = self.parked.pop(w, None)
+        if c is None:
+            return None
+        try:
+            c.setblocking(False)
+            if c.recv(1, socket.MSG_PEEK) == b"":     # that process died too
+                c.close()
+                return None
+        except BlockingIOError:
+            pass          # open, nothing sent yet: as a joiner's is before its first op
+        except OSError:
+            c.close()
+            return None
+        try:
+            return tune(c, self.cc)
+        except OSError:
+            c.close()
+            return None
 
     def close(self) -> None:
         for c in self.parked.values():
@@ -81,32 +107,38 @@ class TakeBack:
 
 class GoneAndBack:
     """TcpServerLink's workers that go (`lose`) and come back (`readmit`):
-    its `gone` and `joining` sets, `conns`, `back` (a TakeBack) and `ids`."""
+    its `gone` and `joining` sets, `conns`, `back` (a TakeBack), `ids` and
+    `strays`."""
 
     def readmit(self, w: int) -> None:
         self.joining.add(w)
 
-    def _take_back(self, workers: list[int]) -> None:
-        """Before a round: a worker admitted again (`readmit`) that connected
-        again (restarted) is read from its new connection (link_tcp_back.py)."""
-        want = self.joining.intersection(workers)
-        if not want or self.back is None:
+    def take_back(self) -> None:
+        """At an op's start (`ensure`): new connections parked, and each
+        worker admitted again since the last op (`readmit`: its first op is
+        this one) read from its own from now on. One that made none stays
+        gone: its rows filled, no answer (its pull times out, and it is
+        dropped after max_missed steps)."""
+        if self.back is None:
             return
-        back, strays = self.back.take(want)
-        self.strays += strays
-        for i, c in back.items():
+        self.strays += self.back.poll()
+        for i in sorted(self.joining):
+            c = self.back.take(i)
+            if c is None:
+                log.warning("ltpx.torch server: worker %d was admitted again, but no new "
+                            "connection of it is open: it stays gone", self.ids[i])
+                continue
             self.conns[i].close()
             self.conns[i] = c
             self.gone.discard(i)
-        for i in want - set(back):
-            log.warning("ltpx.torch server: worker %d was admitted again, but made no new "
-                        "connection: its old one is read", self.ids[i])
-        self.joining -= want
+            log.info("ltpx.torch server: worker %d connected again: read from its new "
+                     "connection from this op on", self.ids[i])
+        self.joining.clear()
 
-    def lose(self, i: int, r: int, why: str) -> None:
-        """Worker i's connection ended in round (or answer) r: it is gone."""
+    def lose(self, i: int, what: str, why: str) -> None:
+        """Worker i's connection ended in `what` (a round, an answer): it is gone."""
         if i not in self.gone:
             self.gone.add(i)
-            log.warning("ltpx.torch server: worker %d's connection ended at %d (%s): its "
+            log.warning("ltpx.torch server: worker %d's connection ended in %s (%s): its "
                         "rows are filled until it is dropped, and it gets no answers",
-                        self.ids[i], r, why)
+                        self.ids[i], what, why)

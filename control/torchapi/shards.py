@@ -114,11 +114,6 @@ class ShardedExchange:
     def timeline(self):
         return self.exs[0].timeline
 
-    def snapshot(self) -> dict:
-        """Shard 0's (elastic.state_blob): a checkpoint records it and never
-        loads it, and no joiner takes it (rejoining is one-server only)."""
-        return self.exs[0].snapshot()
-
     def set_aside(self, why: str) -> None:
         self.exs[0].set_aside(why)     # shard 0's record takes the own time (barrier)
 
