@@ -317,6 +317,28 @@ def test_hosts_of_two_trainers_and_colocated_servers_get_torchruns_numbers(no_lt
         {e["LTP_WORLD_SIZE"] for e in env.values()} == {"8"}
 
 
+def test_ranks_that_outnumber_the_machines_cores_get_a_longer_dead_s(monkeypatch, no_ltp_env):
+    """Every rig rank shares this machine's cores: past 4 processes a core
+    the launcher gives each rank a longer LTP_DEAD_S (its heartbeat thread
+    lags with the load), counting a co-located trainer's server process;
+    an operator's LTP_DEAD_S stands, and a small job gets none."""
+    from ltpx.control import settings_table
+    from ltpx.control.launcher import launch
+    assert launch.shared_dead_s(4, 2) == 2.0 and launch.shared_dead_s(16, 2) == 4.0
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 2)
+    _, rig, ranks = _launch_rig(["--workers", "8", "--ranks-per-node", "2", "--colocate"])
+    env = launch.job_env(rig, ranks[0], len(ranks), 29500, servers=8)   # 8 + 8 ranks
+    assert settings_table.env("dead_s", environ=env) == 4.0
+    _, rig, ranks = _launch_rig(["--workers", "8", "--servers", "0"])  # trainers alone ...
+    env = launch.job_env(rig, ranks[0], 8, 29500, servers=0, colocated=True)   # ... + servers
+    assert settings_table.env("dead_s", environ=env) == 4.0
+    _, rig, ranks = _launch_rig(["--workers", "2"])
+    assert "LTP_DEAD_S" not in launch.job_env(rig, ranks[0], len(ranks), 29500, servers=1)
+    monkeypatch.setenv("LTP_DEAD_S", "9")
+    _, rig, ranks = _launch_rig(["--workers", "8", "--ranks-per-node", "2", "--colocate"])
+    assert launch.job_env(rig, ranks[0], len(ranks), 29500, servers=8)["LTP_DEAD_S"] == "9"
+
+
 def test_launch_passes_the_other_settings_on_and_owns_its_own(monkeypatch, no_ltp_env):
     from ltpx.control.launcher.launch import job_env
     monkeypatch.setenv("LTP_COMPRESS", "uint8")      # not the launcher's: passed on

@@ -98,6 +98,20 @@ def rank_settings(rig, r: Rank, *, servers: int, transport: str = "ltp",
                 share_dev=seated)
 
 
+BEAT_LAG_S = 0.5     # a heartbeat's lag per process a core, on a machine all ranks share
+
+
+def shared_dead_s(processes: int, cores: int | None = None) -> float:
+    """LTP_DEAD_S for a rig's ranks: they all share this machine's cores, and
+    a heartbeat is a Python thread, so its gaps grow with the processes a
+    core carries. 16 processes on 2 cores (4 nodes x 2 co-located trainers,
+    each with its server) had beats stop for over 2 s, and live ranks were
+    taken for dead (2026-12-02): the default DEAD_S, up to BEAT_LAG_S a
+    process a core beyond it (4 s there)."""
+    cores = max(1, cores or os.cpu_count() or 1)
+    return max(settings_table.TABLE["dead_s"].default, BEAT_LAG_S * processes / cores)
+
+
 def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
             transport: str = "ltp", group: bool = True, share: bool = False,
             colocated: bool = False) -> dict[str, str]:
@@ -126,6 +140,10 @@ def job_env(rig, r: Rank, world: int, store_port: int, *, servers: int,
                              share=share)
     if colocated:    # no server ranks: each trainer serves a slice (colocate.py)
         settings.update(colocate=True, servers=trainers)
+    dead_s = shared_dead_s(world + (trainers if colocated else 0))   # a trainer's server too
+    if dead_s > settings_table.TABLE["dead_s"].default and \
+            settings_table.TABLE["dead_s"].env not in os.environ:   # an operator's stands
+        settings["dead_s"] = dead_s
     for var, text in to_env(settings).items():
         if text is None:
             env.pop(var, None)
