@@ -46,6 +46,7 @@ class _Hellos:
     def __init__(self, listeners: list[socket.socket], size: int,
                  parse: Callable[[bytes], int | None]):
         self.size, self.parse, self.out = size, parse, Accepted()
+        self.total = 0      # strays in all (`out` may be taken and renewed: Doorway)
         self.sel = selectors.DefaultSelector()
         self.pending: dict[socket.socket, list] = {}      # conn -> [bytes so far, since]
         for ls in listeners:
@@ -53,7 +54,8 @@ class _Hellos:
 
     def stray(self, c: socket.socket, why: str) -> None:
         self.out.strays += 1
-        if self.out.strays <= LOGGED:
+        self.total += 1
+        if self.total <= LOGGED:
             log.warning("a connection from %s was not a worker (%s): closed", _peer(c), why)
         self.pending.pop(c, None)
         self.sel.unregister(c)
@@ -122,13 +124,14 @@ class _Hellos:
 
     def close(self) -> None:
         self.out.strays += len(self.pending)   # still saying nothing when the workers were in
+        self.total += len(self.pending)
         for c in list(self.pending):
             self.sel.unregister(c)
             c.close()
         self.sel.close()
-        if self.out.strays > LOGGED:
+        if self.total > LOGGED:
             log.warning("%d connections in all were not workers (closed); the first %d are "
-                        "logged above", self.out.strays, LOGGED)
+                        "logged above", self.total, LOGGED)
 
 
 def accept_workers(ls: socket.socket | list[socket.socket], need: int, size: int,
@@ -160,21 +163,41 @@ def accept_workers(ls: socket.socket | list[socket.socket], need: int, size: int
     return h.out
 
 
-def accept_waiting(ls: socket.socket, size: int, parse: Callable[[bytes], int | None],
-                   hello_s: float = 2.0) -> Accepted:
-    """The connections already waiting on `ls`, each with hello_s for its
-    hello (parse as in accept_workers): a worker that connects again
-    mid-job. Returns at once when none waits, so a server may ask between
-    any two ops. Strays are closed and counted, as in accept_workers."""
-    ls.setblocking(False)
-    h = _Hellos([ls], size, parse)
-    try:
-        while h.step([ls], 0.05 if h.pending else 0) or h.pending:
-            h.expire(hello_s)
-    finally:
-        h.close()
-        ls.setblocking(True)
-    return h.out
+class Doorway:
+    """A listening socket's connections taken mid-job (a restarted worker's),
+    each known by its hello as in accept_workers, without ever waiting on
+    one: `poll` accepts what is there and reads what each has sent so far,
+    keeping the rest for the next poll, so a silent stray holds nothing up
+    (it is closed after hello_s, or when MAX_PENDING newer ones wait)."""
+
+    def __init__(self, ls: socket.socket, size: int, parse: Callable[[bytes], int | None],
+                 hello_s: float = HELLO_S):
+        ls.setblocking(False)
+        self.ls, self.hello_s = ls, hello_s
+        self.h = _Hellos([ls], size, parse)
+
+    @property
+    def pending(self) -> int:
+        """Connections whose hello is not whole yet."""
+        return len(self.h.pending)
+
+    def poll(self, wait_s: float = 0.0) -> Accepted:
+        """The workers' connections whose hello came since the last poll, and
+        the strays closed since. wait_s > 0: while some hello is still
+        coming, wait for it that long at most."""
+        end = time.monotonic() + wait_s
+        for _ in range(4 * MAX_PENDING):     # a flood of connections cannot keep it here
+            if self.h.step([self.ls], 0):
+                continue
+            if not self.h.pending or time.monotonic() >= end:
+                break
+            self.h.step([self.ls], 0.05)
+        self.h.expire(self.hello_s)
+        out, self.h.out = self.h.out, Accepted()
+        return out
+
+    def close(self) -> None:
+        self.h.close()
 
 
 def _peer(c: socket.socket) -> str:

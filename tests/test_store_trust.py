@@ -372,26 +372,29 @@ def test_a_stray_connection_is_closed_and_counted_never_fatal():
 
 
 @pytest.mark.unit
-def test_a_mid_job_accept_returns_at_once_and_takes_only_valid_hellos():
-    """accept_waiting (a TCP server asks between rounds for a restarted
-    worker's new connection): nothing waiting returns at once; what waits
-    is taken by its hello, a bad one closed and counted, a silent one given
-    up after hello_s."""
-    from ltpx.control.accept import accept_waiting
+def test_a_mid_job_doorway_never_waits_on_a_connection_and_takes_only_valid_hellos():
+    """accept.Doorway (a TCP server's poll, at each op, for a restarted
+    worker's new connection): a poll returns at once, with nothing there
+    and with a silent connection there alike, whose hello may still come
+    by a later poll; a valid hello is taken, a bad one closed and counted,
+    a silent one closed after hello_s."""
+    from ltpx.control.accept import Doorway
     key = jobkey.hello_key(jobkey.new_key())
     ls = socket.create_server(("127.0.0.1", 0))
-    parse = mac_parser([0, 1], key)
-    t0 = time.monotonic()
-    none = accept_waiting(ls, MAC_HELLO.size, parse)
-    assert none.conns == {} and none.strays == 0 and time.monotonic() - t0 < 0.5
+    door = Doorway(ls, MAC_HELLO.size, mac_parser([0, 1], key), hello_s=1.0)
+    assert door.poll().conns == {}
     socks = [socket.create_connection(ls.getsockname()) for _ in range(3)]
-    socks[0].sendall(mac_hello(1, key))
     socks[1].sendall(mac_hello(1, jobkey.hello_key(jobkey.new_key())))   # another key
-    # socks[2] says nothing
     time.sleep(0.1)
-    got = accept_waiting(ls, MAC_HELLO.size, parse, hello_s=0.5)
-    assert sorted(got.conns) == [1] and got.strays == 2
-    assert ls.getblocking()                 # as it was
+    got = door.poll()      # socks[0] and [2] silent: not waited out (hello_s would close them)
+    assert got.conns == {} and got.strays == 1 and door.pending == 2
+    socks[0].sendall(mac_hello(1, key))        # a hello that comes later
+    time.sleep(0.1)
+    got = door.poll()
+    assert sorted(got.conns) == [1] and got.strays == 0 and door.pending == 1
+    time.sleep(1.1)
+    assert door.poll().strays == 1 and door.pending == 0    # socks[2], silent past hello_s
+    door.close()
     for c in [*socks, *got.conns.values(), ls]:
         c.close()
 

@@ -5,9 +5,10 @@ A worker that dies ends its connection: reading it meets EOF or a reset
 (`Gone`), and the server marks it gone (`TcpServerLink.lose`). A worker
 restarted into the running job (`ltp train --restart`, `ltp launch
 --max-restarts`) connects again and says its hello, as at the start.
-Each op's `ensure` (`take_back`) parks what waits on the server's listening
-socket, open for the whole job (`TakeBack.poll`: one select when nothing
-does), by its hello, a newer connection of a worker replacing an older one;
+Each op's `ensure` (`take_back`) parks what came on the server's listening
+socket, open for the whole job, by its hello (`accept.Doorway`: it never
+waits on a connection, so a silent stray holds no op up), a newer
+connection of a worker replacing an older one;
 then it puts in place the connection of each worker the server admitted
 again at the op before (`readmit`, the step that took its join ticket):
 its first op is this one, so no round or answer of an op before reaches
@@ -17,20 +18,20 @@ LTP (server.py, elastic.py).
 
 Limits: a joiner whose donor dies before handing its state over is in its
 first op's rounds but sends nothing, so that op's read waits out the
-link's timeout; a hello later than accept_waiting's 2 s (heavy loss) is a
-stray, and that worker stays gone until it restarts again."""
+link's timeout; a joiner whose hello is not whole HELLO_WAIT_S into its
+first op (heavy loss) stays gone until it restarts again."""
 from __future__ import annotations
 
 import logging
-import select
 import socket
 
 from ...dataplane.tcp_cc import set_cc
 from ...errors import CommError
-from ..accept import accept_waiting
+from ..accept import Doorway
 from ..trust.hello import MAC_HELLO, mac_parser
 
 log = logging.getLogger("ltpx.torch.tcp")
+HELLO_WAIT_S = 2.0   # a joiner's hello begun but not whole at its first op: waited for this long
 
 
 class Gone(CommError):
@@ -61,16 +62,14 @@ class TakeBack:
     key), parked by worker until the server takes them."""
 
     def __init__(self, ls: socket.socket, ids: list[int], key, cc: str):
-        self.ls, self.parse, self.cc = ls, mac_parser(ids, key), cc
+        self.door, self.cc = Doorway(ls, MAC_HELLO.size, mac_parser(ids, key)), cc
         self.parked: dict[int, socket.socket] = {}   # worker -> a connection it made again
 
-    def poll(self) -> int:
-        """Park what waits on the listening socket (nothing: at once, one
-        select); a worker's newer connection replaces its older one (a
-        worker restarted twice). The strays closed."""
-        if not select.select([self.ls], [], [], 0)[0]:
-            return 0
-        got = accept_waiting(self.ls, MAC_HELLO.size, self.parse)
+    def poll(self, wait_s: float = 0.0) -> int:
+        """Park the connections whose hello came (never waiting, unless
+        wait_s > 0 while a hello is on its way); a worker's newer connection
+        replaces its older one (a worker restarted twice). The strays closed."""
+        got = self.door.poll(wait_s)
         for w, c in got.conns.items():
             old = self.parked.pop(w, None)
             if old is not None:
@@ -103,6 +102,7 @@ class TakeBack:
         for c in self.parked.values():
             c.close()
         self.parked = {}
+        self.door.close()
 
 
 class GoneAndBack:
@@ -123,6 +123,8 @@ class GoneAndBack:
             return
         self.strays += self.back.poll()
         for i in sorted(self.joining):
+            if i not in self.back.parked and self.back.door.pending:   # its hello on its way?
+                self.strays += self.back.poll(HELLO_WAIT_S)
             c = self.back.take(i)
             if c is None:
                 log.warning("ltpx.torch server: worker %d was admitted again, but no new "
