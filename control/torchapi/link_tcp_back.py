@@ -126,9 +126,10 @@ class GoneAndBack:
             if i not in self.back.parked and self.back.door.pending:   # its hello on its way?
                 self.strays += self.back.poll(HELLO_WAIT_S)
             c = self.back.take(i)
-            if c is None:
-                log.warning("ltpx.torch server: worker %d was admitted again, but no new "
-                            "connection of it is open: it stays gone", self.ids[i])
+            if c is None:    # not gone: a live worker back on its old connection
+                if i in self.gone:
+                    log.warning("ltpx.torch server: worker %d was admitted again, but no new "
+                                "connection of it is open: it stays gone", self.ids[i])
                 continue
             self.conns[i].close()
             self.conns[i] = c
