@@ -455,7 +455,7 @@ def test_checkpoints_of_two_jobs_share_a_folder(tmp_path, monkeypatch):
     a temp file of this host is removed only when its writer's pid is gone
     (test_checkpoint.py has the other hosts' and the stale ones)."""
     from ltpx.control.torchapi import checkpoint
-    monkeypatch.setattr(checkpoint, "state_blob", lambda opt, extra: b"state")
+    monkeypatch.setattr(checkpoint, "state_blob", lambda opt, extra, joiner: b"state")
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
