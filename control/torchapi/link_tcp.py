@@ -22,7 +22,6 @@ in the server's own process (a co-located trainer's) meets it in memory
 from __future__ import annotations
 
 import errno
-import logging
 import select
 import socket
 import threading
@@ -51,8 +50,6 @@ from .settings import Settings
 PARALLEL_BYTES = 1 << 20          # a piece this large moves on a thread per worker
 
 __all__ = ["HDR", "PARALLEL_BYTES", "TCP_MAGIC", "TcpServerLink", "TcpWorkerLink"]
-
-log = logging.getLogger("ltpx.torch.tcp")
 
 
 class TcpServerLink(GoneAndBack, ServerLink):
