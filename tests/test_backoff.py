@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ltpx.control.transport.lossdetect import (DEAD_AFTER, PROBE_BUDGET, RTO_MIN, SILENT_CHUNKS, Backoff,
-                                         pass_runs)
+from ltpx.control.transport.lossdetect import (DEAD_AFTER, PROBE_BUDGET, RTO_MAX, RTO_MIN,
+                                               SILENT_CHUNKS, Backoff, pass_runs)
 
 
 @pytest.mark.unit
@@ -18,41 +18,63 @@ def test_pass_runs_limits_cap_a_target_and_zero_skips_it():
     assert sent == {0: [0, 1, 2], 1: order, 2: []}
 
 
-def _dead_push(nchunks: int, timeout: float, pass_s: float = 0.002):
-    """What the send loop does against a peer that never answers: (chunks
-    sent, sends, whether it is dead at the timeout)."""
+def _dead_push(nchunks: int, timeout: float, pass_s: float = 0.002, back: float | None = None):
+    """What the send loop does against a peer that never answers (or, from
+    `back` on, answers a send with CLOSED): (chunks sent, send times,
+    whether it is dead at the timeout, when the push ended)."""
     t = 0.0
     bo = Backoff(1, nchunks, t)
     done, acked, closed = [False], [0], [False]
-    sent, sends, sent_to = 0, 0, set()
+    sent, sends, sent_to = 0, [], set()
     while True:
         bo.listen(acked, closed, done, t, sent_to)
         sent_to = set()
+        if closed[0]:
+            return sent, sends, False, t
         if t > timeout:
-            return sent, sends, bo.dead(done) == [0]
+            return sent, sends, bo.dead(done) == [0], t
         ready = bo.ready(done, t)
         if not any(ready):
             t += min(0.001, max(0.0, bo.next_due(done) - t))
             continue
-        if sends == 0:
+        if not sends:
             runs = pass_runs(list(range(nchunks)), acked, [False])
         else:
             runs = pass_runs(list(range(nchunks)), acked, [not r for r in ready],
                              bo.limits(ready))
             bo.spend(runs)
         sent += sum(len(c) for _, c in runs)
-        sends += 1
+        sends.append(t)
         sent_to = {i for i, _ in runs}
         t += pass_s
+        if back is not None and t >= back:
+            closed[0] = True
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("nchunks", [1, 2, 16, 57, 737])
 @pytest.mark.parametrize("timeout", [0.5, 10.0, 60.0])
-def test_a_dead_peer_gets_at_most_three_passes_and_is_named(nchunks, timeout):
-    sent, sends, dead = _dead_push(nchunks, timeout)
-    assert nchunks < sent <= (1 + PROBE_BUDGET) * nchunks
-    assert dead and sends >= DEAD_AFTER
+def test_a_dead_peer_gets_three_passes_and_a_chunk_a_second_and_is_named(nchunks, timeout):
+    """Past the budget of PROBE_BUDGET passes a probe is one chunk, at most
+    one per RTO_MAX once the back-off reached it (after about 1.3 s of
+    doubling from RTO_MIN: 8 sends at most)."""
+    sent, sends, dead, _ = _dead_push(nchunks, timeout)
+    assert nchunks < sent <= (1 + PROBE_BUDGET) * nchunks + 8 + timeout / RTO_MAX
+    assert dead and len(sends) >= DEAD_AFTER
+    gaps = [b - a for a, b in zip(sends, sends[1:])]
+    assert max(gaps) <= RTO_MAX + 0.01           # probes never stop before the timeout
+    assert timeout - sends[-1] <= RTO_MAX + 0.01
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("nchunks", [1, 16, 737])
+@pytest.mark.parametrize("back", [0.05, 0.5, 4.0, 25.0])
+def test_a_target_back_from_silence_is_heard_within_the_longest_wait(nchunks, back):
+    """A target silent for a while (an endpoint being remade) that answers
+    once it is back ends the push within RTO_MAX of its return, whatever
+    the round's size: its probes had not stopped."""
+    _, _, dead, end = _dead_push(nchunks, 30.0, back=back)
+    assert not dead and end <= back + RTO_MAX + 0.01
 
 
 @pytest.mark.unit

@@ -5,7 +5,7 @@
    go when its process is killed, `ltp status` shows the record `dead`, and
    `ltp rig down` leaves no record, pin, program or map behind.
 2. A push to a dead PS raises DeadPeerError within its timeout, mid-push
-   too, and sends at most three passes' worth of packets.
+   too, and in its 1.5 s sends at most three passes' worth of packets.
 5. Nothing silently replaces an XDP program: a second endpoint, `ltp load`
    and an endpoint on a foreign program are refused at once with the holder
    named; force (`--force`) replaces.

@@ -138,6 +138,49 @@ def test_a_remade_endpoint_acks_the_late_resends_of_an_answer_it_took(rig):
             e.close()
 
 
+@pytest.mark.rig
+def test_a_push_to_an_endpoint_being_remade_ends_when_it_is_back(rig):
+    """A one-chunk answer re-sent while its worker makes its endpoint anew
+    (no program on the device for a while; under load, seconds): the
+    server's probes go on until the push's timeout, so the new program's
+    CLOSED ends the push once it is up. (Probes that stopped at two
+    passes' worth of chunks, 30 ms for one chunk, left such a push blind
+    until its timeout: DeadPeerError against a live worker.)"""
+    import threading
+
+    from ltpx.control.transport import Peer
+    secret = tokens.bind(tokens.new_secret(), b"remade-run")
+    n, d = 8, 5
+    eps = _endpoints(rig, 4096, secret)
+    try:
+        ps = eps[0]
+        answer = np.arange(n, dtype=np.float32)
+        eps[1].expect(d, n, 0)
+        ps.push_reliable(d, answer, [Peer(0, rig.workers[0].ip)], timeout_s=10.0)
+        assert np.array_equal(eps[1].receive(d, timeout_s=10.0), answer)
+        eps[1].close()                    # its ACKs lost, say: the server re-sends d
+        out = {}
+
+        def resend():
+            try:
+                out["rep"] = ps.push_reliable(d, answer, [Peer(0, rig.workers[0].ip)],
+                                              timeout_s=30.0)
+            except Exception as e:       # noqa: BLE001 - the assertion below names it
+                out["err"] = e
+        t = threading.Thread(target=resend)
+        t.start()
+        time.sleep(0.5)                   # well past the old probes' end
+        eps[1] = _worker_endpoint(rig, 0, 2 * 4096, secret)
+        eps[1].retire(d, 0)
+        t.join(60.0)
+        assert not t.is_alive()
+        assert "err" not in out, out
+        assert out["rep"].closed_by_receiver, out["rep"]
+    finally:
+        for e in eps:
+            e.close()
+
+
 def _until(cond, s=10.0) -> bool:
     end = time.monotonic() + s
     while time.monotonic() < end:

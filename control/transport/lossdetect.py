@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """What a sender sends next: chunks found lost (RACK-style) first, then a
 pass's runs of unacknowledged chunks, a GSO batch at a time; and to whom a
-re-send pass may go at all (`Backoff`: a silent target gets ever rarer,
-smaller probes, and is named dead at the push's timeout).
+re-send pass may go at all (`Backoff`: a silent target gets rarer, smaller
+probes, one chunk a second at the least, and is named dead at the push's
+timeout).
 
 ACK state is a Python int per target: bit c set once chunk c is acknowledged.
 """
@@ -14,7 +15,9 @@ import math
 REORDER = 3  # a chunk is lost once one sent more than this many places later is acked
 RTO_MIN = 0.01  # s: the first wait before re-sending to a target silent through a pass
 PROBE_SHARE = 16  # a re-send to a silent target is a probe: 1/16 of the round (>= 1 chunk)
-PROBE_BUDGET = 2  # probes to a silent target stop at this many passes' worth of chunks
+PROBE_BUDGET = 2  # probes to a silent target shrink to one chunk after this many passes' worth
+RTO_MAX = 1.0   # s: the longest wait between probes, so a target back from a pause (an endpoint
+                # being remade) is heard within a second, whatever the push's timeout
 DEAD_AFTER = 2  # sends in a row a target left unanswered: at the timeout it is dead
 SILENT_CHUNKS = 10  # chunks in a row a target leaves unanswered before it counts as silent:
                     # at 50 % round-trip loss (30 % each way) all 10 go unanswered 1 time in 1,000
@@ -99,11 +102,14 @@ class Backoff:
     it whole passes back to back would cost 94k-272k packets in a 10 s
     timeout. As TCP backs off its retransmission timer,
     its next re-send waits RTO_MIN, doubling with every send it leaves
-    unanswered, and is a probe of 1/PROBE_SHARE of the round; probes stop
-    at PROBE_BUDGET passes' worth of chunks, so a dead peer costs at most
-    1 + PROBE_BUDGET passes. Any answer (a late one too) makes it a normal
-    target again at once. At the timeout, a target that left DEAD_AFTER
-    sends in a row unanswered is dead (`dead`).
+    unanswered up to RTO_MAX, and is a probe of 1/PROBE_SHARE of the round;
+    after PROBE_BUDGET passes' worth of chunks a probe is one chunk, so a
+    dead peer costs 1 + PROBE_BUDGET passes and a chunk per RTO_MAX. The
+    probes never stop before the timeout: a target silent for a while (its
+    endpoint remade, a late CLOSED to give) is heard within RTO_MAX of its
+    return, not at the push's timeout. Any answer (a late one too) makes
+    it a normal target again at once. At the timeout, a target that left
+    DEAD_AFTER sends in a row unanswered is dead (`dead`).
 
     A pass of a few chunks left unanswered is no sign of death on a lossy
     path: at 30 % loss each way, 3 re-sent chunks all go unanswered 13 times
@@ -141,18 +147,17 @@ class Backoff:
                     continue      # too few to tell a lossy path from a dead peer
                 self.silent[i] += 1
                 self.due[i] = now + self.rto[i]
-                self.rto[i] *= 2
+                self.rto[i] = min(RTO_MAX, 2 * self.rto[i])
 
     def ready(self, done: list[bool], now: float) -> list[bool]:
         """Targets a pass may include now."""
-        return [not d and self.due[i] <= now and (not self.silent[i]
-                                                  or self.probed[i] < self.budget)
-                for i, d in enumerate(done)]
+        return [not d and self.due[i] <= now for i, d in enumerate(done)]
 
     def limits(self, ready: list[bool]) -> list[int | None]:
-        """Per target, how many chunks the pass may send it (None: all)."""
-        return [min(self.probe, self.budget - self.probed[i]) if r and self.silent[i] else
-                (None if r else 0) for i, r in enumerate(ready)]
+        """Per target, how many chunks the pass may send it (None: all; a
+        silent target's probe is one chunk once its budget is spent)."""
+        return [max(1, min(self.probe, self.budget - self.probed[i])) if r and self.silent[i]
+                else (None if r else 0) for i, r in enumerate(ready)]
 
     def spend(self, runs: list[tuple[int, list[int]]]) -> None:
         """Count the chunks a pass probes silent targets with."""
@@ -161,10 +166,8 @@ class Backoff:
                 self.probed[i] += len(chunks)
 
     def next_due(self, done: list[bool]) -> float:
-        """When the next re-send may go (inf: every open target is out of probes)."""
-        return min((self.due[i] for i, d in enumerate(done)
-                    if not d and (not self.silent[i] or self.probed[i] < self.budget)),
-                   default=math.inf)
+        """When the next re-send may go (inf: every target is done)."""
+        return min((self.due[i] for i, d in enumerate(done) if not d), default=math.inf)
 
     def dead(self, done: list[bool]) -> list[int]:
         return [i for i, d in enumerate(done) if not d and self.silent[i] >= DEAD_AFTER]
