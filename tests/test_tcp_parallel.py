@@ -124,6 +124,9 @@ def test_a_dead_workers_rows_of_a_tolerant_round_are_filled_and_it_gets_no_answe
         for t in ts:
             t.join()
         assert not errors and all(np.array_equal(o, np.full(N, 3, np.float32)) for o in outs)
+        assert server.conns[2].fileno() != -1
+        server.ensure(N)                          # the next op: its dead connection is closed
+        assert server.conns[2].fileno() == -1 and server.conns[0].fileno() != -1
         server.open(3, N, [0, 1, 2], False)
         ts, errors = in_threads(*[lambda w=w: workers[w].push(3, rows[w] * 2, False)
                                   for w in range(2)])

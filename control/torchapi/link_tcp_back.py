@@ -118,7 +118,12 @@ class GoneAndBack:
         worker admitted again since the last op (`readmit`: its first op is
         this one) read from its own from now on. One that made none stays
         gone: its rows filled, no answer (its pull times out, and it is
-        dropped after max_missed steps)."""
+        dropped after max_missed steps). A gone worker's old connection is
+        closed here (its peer's end was: left open, it sat in CLOSE_WAIT
+        until the job's end)."""
+        for i in self.gone:
+            if self.conns[i] is not None:
+                self.conns[i].close()
         if self.back is None:
             return
         self.strays += self.back.poll()
