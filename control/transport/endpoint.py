@@ -274,7 +274,7 @@ class Endpoint:
 
         A target that answers nothing is re-sent to ever more rarely and
         sparingly (lossdetect.Backoff: two more passes' worth of probes,
-        then a chunk a second); if it is still silent at `timeout_s`, DeadPeerError (a
+        past that a chunk a second); if it is still silent at `timeout_s`, DeadPeerError (a
         TransportError) names it, its `report` the push so far.
 
         group: (address, port) of a broadcast address or multicast group that

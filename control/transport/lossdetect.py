@@ -104,7 +104,7 @@ class Backoff:
     its next re-send waits RTO_MIN, doubling with every send it leaves
     unanswered up to RTO_MAX, and is a probe of 1/PROBE_SHARE of the round;
     after PROBE_BUDGET passes' worth of chunks a probe is one chunk, so a
-    dead peer costs 1 + PROBE_BUDGET passes and a chunk per RTO_MAX. The
+    dead peer costs at most 1 + PROBE_BUDGET passes, past that a chunk per RTO_MAX. The
     probes never stop before the timeout: a target silent for a while (its
     endpoint remade, a late CLOSED to give) is heard within RTO_MAX of its
     return, not at the push's timeout. Any answer (a late one too) makes
