@@ -232,7 +232,9 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        lo=1, hi=65535, flags=(RANK,), launcher=True),
     _s("share_dev", bool, False, "share dev with the host's other ranks: this rank's XDP "
        "program takes a seat of the device's mux, found by its port, instead of owning the "
-       "device (several ranks on one NIC; docs/deploy.md); its answers then come by unicast",
+       "device (several ranks on one NIC; docs/deploy.md); its answers then come by unicast. "
+       "Over LTP, unset with udp_port unset too, where LOCAL_WORLD_SIZE > 1 (torchrun "
+       "--nproc-per-node): on, on port 7411 + LOCAL_RANK",
        shown="0", flags=(RANK,), launcher=True),
     _s("bucket_mb", float, 4.0, "the largest LTP round of a step's gradients, MB: "
        "DistributedOptimizer's default bucket size, and the pieces DDP's buckets are cut "

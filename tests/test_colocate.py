@@ -213,6 +213,31 @@ def test_what_a_colocated_job_cannot_be_is_a_usage_error(monkeypatch, tmp_path):
         colocate.settle(Settings(transport="tcp", colocate=True), (2, 4))
 
 
+@pytest.mark.unit
+def test_a_nodes_several_ranks_take_seats_of_its_device_on_ports_of_their_own():
+    """torchrun --nproc-per-node R gives every rank of a node the same
+    variables: over LTP each then takes a seat of the device (share_dev) on
+    port 7411 + LOCAL_RANK; what a user gave (either setting, by keyword or
+    variable), one rank a node, or the TCP transport leave the settings as
+    they are; LOCAL_* that cannot be a node's place are usage errors."""
+    from ltpx.control.torchapi.settings import node_seat
+    base = Settings.resolve({}, environ={})
+    node = {"LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "2"}
+    s = node_seat(base, {}, node)
+    assert (s.share_dev, s.udp_port) == (True, 7413)
+    assert node_seat(base, {}, dict(node, LOCAL_RANK="0")).udp_port == 7411
+    for opts, env in (({"udp_port": 9000}, node), ({"share_dev": False}, node),
+                      ({}, dict(node, LTP_SHARE_DEV="0")), ({}, dict(node, LTP_UDP_PORT="7500")),
+                      ({}, {"LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0"}), ({}, {})):
+        assert node_seat(base, opts, env) is base, (opts, env)
+    tcp = Settings.resolve({"transport": "tcp"}, environ={})
+    assert node_seat(tcp, {}, node) is tcp
+    for bad in ({"LOCAL_WORLD_SIZE": "two"}, {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "2"},
+                {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "-1"}):
+        with pytest.raises(UsageError, match="LOCAL_"):
+            node_seat(base, {}, bad)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("thread", ["0", "1"], ids=["child", "thread"])
 def test_a_trainer_whose_server_cannot_start_ends_at_once_saying_why(thread):

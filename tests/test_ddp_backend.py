@@ -433,6 +433,34 @@ def test_torchrun_inside_rig_namespaces_colocates_by_default(tmp_path):
     _check_torchrun(outs)
 
 
+@requires_bpf
+@pytest.mark.rig
+def test_torchrun_with_two_ranks_a_node_seats_them_on_its_one_device(tmp_path):
+    """torchrun --nproc-per-node 2 on each of two trainer hosts, every rank
+    with the same variables (torchrun gives no rank its own): the node's
+    ranks take seats of its one device on ports of their own (7411 +
+    LOCAL_RANK, their servers 1000 above: settings.node_seat), co-located by
+    default, and the four replicas end alike. Before, the second rank on a
+    node found the device taken and the job failed."""
+    from ltpx.control.trust import jobkey
+    from ltpx.control.training.onrig import rig_config
+    from ltpx.dataplane.rig.star import Rig
+    name = "i41seat"
+    keyfile = tmp_path / "job.key"
+    jobkey.write_private(str(keyfile), jobkey.new_key().hex() + "\n")
+    with Rig(rig_config(name, "ltp", workers=2, rate_bps=10**9, buffer_bytes=30_000,
+                        loss=0.0)) as rig:
+        store = rig.workers[0].ip
+        procs = [_rig_exec(name, h, store, f"LTP_SECRET_FILE={keyfile}",
+                           *_torchrun_on(i, store, nproc=2), "--epochs", "4")
+                 for i, h in enumerate(rig.workers[:2])]
+        outs = finish_all(procs, timeout=300)
+    res = [json.loads(line) for o, _ in outs for line in o.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in res) == [0, 1, 2, 3], [e[-2000:] for _, e in outs]
+    assert len({r["digest"] for r in res}) == 1 and res[0]["world"] == 4
+    assert res[0]["backend"] == "ltp" and res[0]["accuracy"] > 0.5
+
+
 RIG_SCRIPT = [str(ROOT / "docs/examples/ddp_backend.py"), "--epochs", "2"]
 
 
@@ -446,9 +474,10 @@ def _rig_exec(name: str, host, store: str, *cmd: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def _torchrun_on(node: int, store: str) -> list[str]:
-    return [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
-            str(node), "--master-addr", store, "--master-port", "29541", *RIG_SCRIPT]
+def _torchrun_on(node: int, store: str, nproc: int = 1) -> list[str]:
+    return [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", str(nproc),
+            "--node-rank", str(node), "--master-addr", store, "--master-port", "29541",
+            *RIG_SCRIPT]
 
 
 def _check_torchrun(outs) -> None:

@@ -45,7 +45,7 @@ from .link_tcp import TcpServerLink, TcpWorkerLink
 from ..trust.sealing import RUN_KEY, Seal
 from .storevalues import run_value
 from .server import run_server
-from .settings import Settings
+from .settings import Settings, node_seat
 from .trace import rank_trace, write as write_trace
 from .shards import shard_clients, start_sharded
 from .waits import ranks_note, waiting_note
@@ -300,7 +300,7 @@ def init(*, serve: bool = True, place: tuple[int, int] | None = None, **options)
     if _job is not None:
         raise UsageError("ltpx.torch: init() was called already")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    s = Settings.resolve(options)
+    s = node_seat(Settings.resolve(options), options)
     if s.colocate:    # every trainer serves a slice too (colocate.py)
         s, place = settle(s, place)
     job = Job(s, place)
