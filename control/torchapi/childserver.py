@@ -5,8 +5,10 @@ rank's LTP_* variables in its environment): the parent-death signal first,
 then, the trainer still there, the server rank's init(), which serves and
 exits with the job.
 
-A trainer that dies leaves its server serving its slice (ORPHAN as the
-parent-death signal, `orphaned`): the other servers and this one go on
+A trainer that dies while its server starts ends it at once (SIGTERM as
+the parent-death signal until the job is up: init's store waits run no
+Python handler). One that dies later leaves its server serving its slice
+(ORPHAN as the parent-death signal, `orphaned`): the other servers and this one go on
 without the dead worker, as with server ranks of their own (over TCP its
 connection's end marks it gone, link_tcp.py), so the job goes on. Such
 a server ends with the job, or once no other trainer beats (liveness.py;
@@ -45,10 +47,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parent", type=int, required=True)
     a = ap.parse_args(argv)
     signal.signal(ORPHAN, orphaned)
-    set_parent_death_signal(ORPHAN)
+    # Until the job is up the trainer's death ends this process at once
+    # (SIGTERM, its default action): init's waits block in the store, where
+    # no Python handler runs, so ORPHAN's `orphaned` would come only at the
+    # wait's timeout (a server killed with its trainer mid-init lived on so).
+    set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != a.parent:      # it died before the signal was set
         sys.exit(1)
     init(serve=False)
+    set_parent_death_signal(ORPHAN)   # up: a trainer's death leaves it serving
+    if os.getppid() != a.parent:      # it died in between
+        orphaned()
     code = serve_here()
     sys.stdout.flush()     # as backend.serve_and_exit: no interpreter teardown (torch's
     sys.stderr.flush()     # of a store whose host has gone can abort a finished process)
@@ -56,9 +65,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def orphaned(signum=None, frame=None) -> None:
-    """The trainer died (ORPHAN). Before the job is up there is nothing to
-    go on with: end as SIGTERM would. Else serve on, watched by `watch`
-    (once: the signal was seen to come up to three times for one death)."""
+    """The trainer died (ORPHAN, the parent-death signal once the job is
+    up; before, SIGTERM ends the process). Before the job is up there is
+    nothing to go on with: end as SIGTERM would. Else serve on, watched by
+    `watch` (once: the signal was seen to come up to three times for one
+    death)."""
     if _watched.is_set():
         return
     try:
