@@ -127,11 +127,15 @@ summary = placed().summary if a.backend == "ltp" else None
 servers = [summary] if isinstance(summary, dict) and "breakdown" in summary else \
     (summary or {}).get("servers", []) if isinstance(summary, dict) else []
 dump(f"worker{rank}")
-print(json.dumps({"event": "result", "rank": rank, "backend": a.backend, "device": str(dev),
+res = json.dumps({"event": "result", "rank": rank, "backend": a.backend, "device": str(dev),
                   "params": sum(q.numel() for q in net.parameters()),
                   "step_med_s": round(s[len(s) // 2], 4), "step_min_s": round(s[0], 4),
                   "loss_last": round(losses[-1], 4), "reduce": reduce_stats,
                   "breakdown": bd and {"median": bd["median"], "comm": bd["comm"]["median"]},
                   "server_breakdown": [x.get("breakdown") and x["breakdown"]["median"]
                                        for x in servers if isinstance(x, dict)],
-                  "digest": h.hexdigest()[:16]}), flush=True)
+                  "digest": h.hexdigest()[:16]})
+# one write (torchrun runs its ranks unbuffered on one stdout: print's
+# two writes, text and newline, interleave with a neighbour's)
+sys.stdout.write(res + "\n")
+sys.stdout.flush()

@@ -9,6 +9,7 @@ import argparse
 import hashlib
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -58,9 +59,12 @@ if exchange is not None:   # per op, over every timed call of every kind
     parts = {key: round((exchange.times[key] - before.get(key, 0.0)) / k * 1e3, 3)
              for key in exchange.times if key.endswith("_s")}
 dist.barrier()
-print(json.dumps({"event": "result", "rank": rank, "backend": a.backend,
+res = json.dumps({"event": "result", "rank": rank, "backend": a.backend,
                   "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
                   "per_op_ms": parts, "step_med_s": round(med["all_gather"], 5),
-                  "params": n, "digest": hashlib.sha256(out.numpy().tobytes()).hexdigest()[:16]}),
-      flush=True)
+                  "params": n, "digest": hashlib.sha256(out.numpy().tobytes()).hexdigest()[:16]})
+# one write (torchrun runs its ranks unbuffered on one stdout: print's
+# two writes, text and newline, interleave with a neighbour's)
+sys.stdout.write(res + "\n")
+sys.stdout.flush()
 dist.destroy_process_group()

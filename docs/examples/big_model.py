@@ -16,6 +16,7 @@ digest of its parameters (equal on every worker), and iterations per second
 """
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -81,5 +82,7 @@ result = {"event": "result", "accuracy": accuracy, "train_loss": sum(losses[-10:
           "params": sum(p.numel() for p in model.parameters())}
 result.update(digest=lt.digest(model), buckets=list(opt.ltp.plan.sizes),       # ltpx (report)
               report=opt.last_report.to_dict(), times=opt.times())         # ltpx (report)
-print(json.dumps(result))
+# one write (torchrun runs its ranks unbuffered on one stdout: print's
+# two writes, text and newline, interleave with a neighbour's)
+sys.stdout.write(json.dumps(result) + "\n")
 lt.shutdown()                                                            # ltpx

@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -125,5 +126,7 @@ result = {"event": "result", "rank": rank, "world": world, "backend": a.backend,
           "digest": h.hexdigest()[:16], "device": str(dev)}
 if state is not None:
     result["hook"] = state.stats()
-print(json.dumps(result))
+# one write (torchrun runs its ranks unbuffered on one stdout: print's
+# two writes, text and newline, interleave with a neighbour's)
+sys.stdout.write(json.dumps(result) + "\n")
 dist.destroy_process_group()

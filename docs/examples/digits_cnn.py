@@ -14,6 +14,7 @@ parameters (equal on every worker: the replicas are bit-identical).
 """
 import argparse
 import json
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -66,5 +67,7 @@ with torch.no_grad():
 result = {"event": "result", "accuracy": accuracy, "train_loss": sum(losses[-10:]) / 10,
           "steps": steps}
 result.update(digest=lt.digest(model), report=opt.last_report.to_dict())  # ltpx (report)
-print(json.dumps(result))
+# one write (torchrun runs its ranks unbuffered on one stdout: print's
+# two writes, text and newline, interleave with a neighbour's)
+sys.stdout.write(json.dumps(result) + "\n")
 lt.shutdown()                                                            # ltpx

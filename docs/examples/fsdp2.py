@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 import time
 
 import torch
@@ -83,9 +84,13 @@ full = {k: v.full_tensor() for k, v in model.state_dict().items()}
 h = hashlib.sha256()
 for k in sorted(full):
     h.update(full[k].detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-print(json.dumps({"event": "result", "rank": rank, "world": world, "backend": a.backend,
+res = json.dumps({"event": "result", "rank": rank, "world": world, "backend": a.backend,
                   "device": str(dev),
                   "accuracy": correct, "iterations_per_s": a.iterations / wall,
                   "wall_s": wall, "train_loss": loss.item(), "digest": h.hexdigest()[:16],
-                  "routes": dict(getattr(dist.group.WORLD, "routes", {}))}), flush=True)
+                  "routes": dict(getattr(dist.group.WORLD, "routes", {}))})
+# one write (torchrun runs its ranks unbuffered on one stdout: print's
+# two writes, text and newline, interleave with a neighbour's)
+sys.stdout.write(res + "\n")
+sys.stdout.flush()
 dist.destroy_process_group()
