@@ -210,7 +210,8 @@ TABLE: dict[str, Setting] = {s.name: s for s in (
        "child process, summing slice r of every bucket; over LTP a seat of the trainer's "
        "device on udp_port + 1000 (at most 8 trainers; docs/deploy.md, Co-located servers). "
        "Unset, the ltp backend co-locates where no variable names a server rank "
-       "(LTP_SERVERS, LTP_RANK, LTP_ROLE, LTP_WORLD_SIZE: torchrun alone); init() does not",
+       "(LTP_SERVERS, LTP_RANK, LTP_ROLE, LTP_WORLD_SIZE: torchrun alone), and so does init() "
+       "where no keyword names one either (servers, role)",
        shown="0; backend: auto"),
     _s("netns", str, None, "the network namespace this rank runs in, if not the host's (names "
        "the endpoint's pins for `ltp status`)", shown="-", flags=(RANK,), launcher=True),

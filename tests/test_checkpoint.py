@@ -135,7 +135,8 @@ def check_resume(ckdir, **env_extra: str) -> list[dict]:
     ckdir and check what every run of it must show; each worker's line."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                WORLD_SIZE="3", LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1", OMP_NUM_THREADS="1",
-               TORCH_CPP_LOG_LEVEL="ERROR", CKPT_PIECE="512", **env_extra)
+               TORCH_CPP_LOG_LEVEL="ERROR", CKPT_PIECE="512",
+               **{"LTP_SERVERS": "1", **env_extra})   # rank 0 a server rank
     procs = [subprocess.Popen([sys.executable, str(JOB), str(ckdir)], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(3)]

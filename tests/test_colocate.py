@@ -269,17 +269,52 @@ def test_a_trainer_whose_server_cannot_start_ends_at_once_saying_why(thread):
 KEYWORDS_JOB = """
 import json, sys, torch
 import ltpx.torch as lt
-lt.init(transport="tcp", ip="127.0.0.1", colocate=True, timeout=60)
+lt.init(transport="tcp", ip="127.0.0.1", {how}timeout=60)
 out = lt.allreduce(torch.full((1000,), float(lt.rank() + 1)), average=False)
 print(json.dumps({"rank": lt.rank(), "size": lt.size(), "sum": float(out[0])}))
 lt.shutdown()
 """
 
 
+@pytest.mark.unit
+def test_init_under_torchrun_alone_colocates_unless_something_names_a_server(monkeypatch):
+    """lt.init()'s default is the backend's: where RANK and WORLD_SIZE are
+    set (torchrun) and no variable or keyword names a server rank, every
+    trainer serves a slice; a keyword or LTP_COLOCATE decides where given, a
+    caller's place (the backend's) and a process with no launcher are left
+    alone; a job that cannot be co-located says so and how to have servers."""
+    from ltpx.control.torchapi import job
+    for var in colocate.SERVER_VARS + ("LTP_COLOCATE",):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert colocate.for_init({"transport": "tcp"}, None) == {"transport": "tcp", "colocate": True}
+    for opts, place in (({"colocate": False}, None), ({"servers": 1}, None),
+                        ({"role": "server"}, None), ({}, (3, 4))):
+        assert colocate.for_init(opts, place) is opts, (opts, place)
+    monkeypatch.setenv("LTP_SERVERS", "1")
+    assert colocate.for_init({}, None) == {}
+    monkeypatch.delenv("LTP_SERVERS")
+    monkeypatch.setenv("LTP_COLOCATE", "0")
+    assert colocate.for_init({}, None) == {}
+    monkeypatch.delenv("LTP_COLOCATE")
+    monkeypatch.delenv("RANK")
+    assert colocate.for_init({}, None) == {}     # no launcher: rendezvous names what is missing
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "9")
+    with pytest.raises(UsageError, match="9 trainers; co-located .*co-located by default.*"
+                       "LTP_SERVERS=S"):
+        job.init(transport="tcp")
+    assert job.joined() is None
+
+
 @pytest.mark.slow
-def test_ltpx_torch_with_keywords_alone_starts_its_servers_with_them():
+@pytest.mark.parametrize("how", ["colocate=True, ", ""], ids=["keyword", "by-default"])
+def test_ltpx_torch_with_keywords_alone_starts_its_servers_with_them(how):
     """init()'s keywords (no LTP_* variable set) reach the servers the
-    trainers start: the same transport and address, one job."""
+    trainers start: the same transport and address, one job. Under torchrun
+    alone that is init()'s default: both ranks train (before, rank 0 was
+    taken for a server rank and served)."""
     import torch.distributed as dist
     from datetime import timedelta
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60),
@@ -287,7 +322,8 @@ def test_ltpx_torch_with_keywords_alone_starts_its_servers_with_them():
     env = dict({k: v for k, v in os.environ.items() if not k.startswith("LTP_")},
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE="2",
                TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-c", KEYWORDS_JOB], env=dict(env, RANK=str(r)),
+    procs = [subprocess.Popen([sys.executable, "-c", KEYWORDS_JOB.replace("{how}", how)],
+                              env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
              for r in range(2)]
     outs = outputs(procs, timeout=120)

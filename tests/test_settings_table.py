@@ -194,7 +194,7 @@ def test_launch_takes_no_servers_and_a_rank_needs_one():
         parsers["rank"].parse_args(["--servers", "0"])
 
 
-def test_a_ranks_flags_become_init_keywords_and_unset_ones_leave_the_variable():
+def test_a_ranks_flags_become_init_keywords_and_unset_ones_leave_the_variable(monkeypatch):
     from ltpx.control.training.args import config_from_args
     from ltpx.control.training.rank import ltp_options
     rank = _parsers()["rank"]
@@ -205,8 +205,13 @@ def test_a_ranks_flags_become_init_keywords_and_unset_ones_leave_the_variable():
             want[s.name] = _sample(s)
     want["loss_policy"] = TABLE["loss_policy"].default   # defer: ltp's, without compress
     a = rank.parse_args(argv + ["--transport", "ddp-ltp"])
+    monkeypatch.delenv("LTP_COLOCATE", raising=False)
     opts = ltp_options(a, config_from_args(a))
-    assert set(opts) == set(want) | {"transport"}
+    # the built-in job's server ranks are its own: not co-located by default
+    assert set(opts) == set(want) | {"transport", "colocate"} and opts["colocate"] is False
+    monkeypatch.setenv("LTP_COLOCATE", "1")      # ltp launch --colocate --share-nic says
+    assert "colocate" not in ltp_options(a, config_from_args(a))
+    monkeypatch.delenv("LTP_COLOCATE")
     got = Settings.resolve(opts, environ={})
     assert got.transport == "ltp" and {k: getattr(got, k) for k in want} == want
     a = rank.parse_args(["--transport", "ltp", "--loss-policy", "defer"])

@@ -290,7 +290,8 @@ def start_local_job(cases: str, workers: int = 2, timeout: float = 240,
     of each rank, the server's first."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                WORLD_SIZE=str(workers + 1), LTP_TRANSPORT="tcp", LTP_IP="127.0.0.1",
-               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR", **env_extra)
+               OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR",
+               **{"LTP_SERVERS": "1", **env_extra})   # rank 0 a server rank (not co-located)
     procs = [subprocess.Popen([sys.executable, str(JOB), cases], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(workers + 1)]
@@ -423,7 +424,8 @@ from datetime import timedelta
 import torch.distributed as dist
 import ltpx.torch as lt
 store = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=30), wait_for_workers=False)
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK="1", WORLD_SIZE="2")
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK="1", WORLD_SIZE="2",
+                  LTP_SERVERS="1")
 try:
     lt.init(transport="tcp", timeout=2)
     err = None

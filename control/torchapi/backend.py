@@ -58,7 +58,7 @@ from .native import allgather as ltp_allgather, all_gather_single as ltp_all_gat
 from .native import allreduce as ltp_allreduce, barrier as ltp_barrier
 from .native import broadcast as ltp_broadcast, reduce_scatter as ltp_reduce_scatter
 from .ddp import tolerant_reduce, tolerant_rule
-from .colocate import chosen as colocate_chosen
+from .colocate import by_default_refused, chosen as colocate_chosen
 from .colocate import place as colocated_place
 from .job import current, init, joined, serve_here, shutdown
 
@@ -383,9 +383,7 @@ def join(place: tuple[int, int], colocated: bool) -> None:
     except UsageError as e:
         if not by_default or "colocate" not in str(e):
             raise
-        raise UsageError(f"{e} [the ltp backend co-locates by default, as no variable names a "
-                         "server rank; for server ranks of their own set LTP_SERVERS=S on "
-                         "every rank and start them (docs/deploy.md)]") from None
+        raise by_default_refused(e) from None
 
 
 _groups = 0

@@ -81,6 +81,30 @@ def chosen() -> tuple[bool, bool]:
     return not named, not named
 
 
+def for_init(options: dict, place: tuple[int, int] | None) -> dict:
+    """init()'s options with co-location decided: as the `ltp` backend's
+    (`chosen`), where neither a keyword nor LTP_COLOCATE decides, a job
+    whose trainers name no server rank, by variable or keyword (`servers`,
+    `rank`, `role`, `world_size`), co-locates (torchrun alone: every trainer
+    serves a slice). A caller's `place` (the backend's own call), or no
+    RANK and WORLD_SIZE (no launcher: rendezvous says what is missing), leave
+    the options as they are."""
+    if place is not None or "colocate" in options \
+            or any(options.get(n) is not None for n in SERVER_NAMES) \
+            or not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return options
+    colocated, by_default = chosen()
+    return dict(options, colocate=True) if colocated and by_default else options
+
+
+def by_default_refused(e: UsageError) -> UsageError:
+    """A refusal to co-locate (`settle`) in a job co-located by default: the
+    same, with why it was and how to have server ranks instead."""
+    return UsageError(f"{e} [co-located by default, as no variable names a server rank; for "
+                      "server ranks of their own set LTP_SERVERS=S on every rank and start "
+                      "them (docs/deploy.md)]")
+
+
 def server_settings(s):
     """A co-located server's settings, from its trainer's: over LTP its own
     seat of the trainer's device, on a port of its own."""

@@ -35,7 +35,8 @@ from .. import settings_table
 from ..trust import jobkey
 from .flight import SERVER, WORKER, current as flight_current, start as flight_start
 from .flight import stop as flight_stop, trigger as flight_trigger
-from .colocate import Child, Partner, on_thread, server_settings, settle
+from .colocate import Child, Partner, by_default_refused, for_init, on_thread
+from .colocate import server_settings, settle
 from .coord import KEY, Coord
 from .exchange import Exchange
 from .host import dev_broadcast, dev_ipv4, ensure_bpffs, rank_host
@@ -300,9 +301,15 @@ def init(*, serve: bool = True, place: tuple[int, int] | None = None, **options)
     if _job is not None:
         raise UsageError("ltpx.torch: init() was called already")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    s = node_seat(Settings.resolve(options), options)
+    given = for_init(options, place)   # torchrun alone: co-located by default
+    s = node_seat(Settings.resolve(given), options)
     if s.colocate:    # every trainer serves a slice too (colocate.py)
-        s, place = settle(s, place)
+        try:
+            s, place = settle(s, place)
+        except UsageError as e:
+            if given is options:
+                raise
+            raise by_default_refused(e) from None
     job = Job(s, place)
     try:
         job.start()

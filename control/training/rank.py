@@ -97,11 +97,16 @@ def run_api(a: argparse.Namespace, cfg: TrainConfig, early_close: dict) -> dict:
 def ltp_options(a: argparse.Namespace, cfg: TrainConfig) -> dict:
     """ltpx.torch.init()'s keywords from a rank's flags (the settings table's
     RANK flags; None: init() reads the variable) and the job's config (its
-    TRAIN settings). One server leaves `servers` to LTP_SERVERS."""
+    TRAIN settings). One server leaves `servers` to LTP_SERVERS; the job's
+    server ranks are its own (`--servers`, the documented torchrun command's
+    rank 0), so init()'s co-location by default is said off, unless
+    LTP_COLOCATE decides (`ltp launch --colocate --share-nic`)."""
     opts = {s.name: getattr(a, s.name) if RANK in s.flags else getattr(cfg, s.name)
             for s in TABLE.values() if s.flags & {RANK, TRAIN}}
     opts["transport"] = "tcp" if cfg.transport == "tcp" else "ltp"
     opts["servers"] = cfg.servers if cfg.servers > 1 else None
+    if not os.environ.get(TABLE["colocate"].env):
+        opts["colocate"] = False
     return opts
 
 
