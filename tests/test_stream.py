@@ -97,12 +97,12 @@ def _endpoints(rig, n, secret):
     return eps
 
 
-def _worker_endpoint(rig, w, n, secret):
+def _worker_endpoint(rig, w, n, secret, **kw):
     from ltpx.control.transport import Endpoint
     h = rig.workers[w]
     return Endpoint(h.ifname, h.ip, {w: 0}, n, ns=h.netns, mode=rig.config.mode, job=JOB,
                     secret=tokens.member(secret, w, group=True), self_id=w,
-                    publish=False, liveness_s=None)
+                    publish=False, liveness_s=None, **kw)
 
 
 @pytest.mark.rig
@@ -176,6 +176,64 @@ def test_a_push_to_an_endpoint_being_remade_ends_when_it_is_back(rig):
         assert not t.is_alive()
         assert "err" not in out, out
         assert out["rep"].closed_by_receiver, out["rep"]
+    finally:
+        for e in eps:
+            e.close()
+
+
+@pytest.mark.rig
+@pytest.mark.parametrize("shared", [False, True], ids=["own-device", "mux-seat"])
+def test_a_successor_takes_its_predecessors_place_at_once(rig, shared):
+    """Endpoint(..., succeeds=old), a worker's room grown: its program is on
+    the device (the old link updated, or written into the old seat) before
+    the old endpoint closes, so at no moment does the device carry none;
+    the old one's close leaves it there, and an answer too large for the old
+    room arrives whole. A successor that cannot take the place (another
+    port) is refused before its compile, the old endpoint still working;
+    the successor's close frees the device."""
+    from ltpx.control.transport import Endpoint, Peer
+    from ltpx.dataplane.xdp import lookup, mux
+    secret = tokens.bind(tokens.new_secret(), b"succession-run")
+    h, port = rig.workers[0], 7499
+    seat = {"port": port, "shared": True} if shared else {}
+    ps = Endpoint(rig.ps.ifname, rig.ps.ip, {0: 0}, 30_000, ns=rig.ps.netns,
+                  mode=rig.config.mode, job=JOB, secret=secret, publish=False, sender="socket")
+    to = [Peer(0, h.ip, port) if shared else Peer(0, h.ip)]
+    old = _worker_endpoint(rig, 0, 4096, secret, **seat)
+    eps = [ps, old]
+    try:
+        def answered(ep, d, n):
+            answer = np.random.default_rng(d).standard_normal(n).astype(np.float32)
+            ep.expect(d, n, 0)
+            ps.push_reliable(d, answer, to, timeout_s=10.0)
+            return np.array_equal(ep.receive(d, timeout_s=10.0), answer)
+
+        assert answered(old, 1, 1000)
+        on_dev = lookup.xdp_on(h.ifname, h.netns)["prog_id"]
+        link = None if shared else old.dp.link_id()
+        with pytest.raises(ValueError, match="succeeds: that endpoint is on"):
+            _worker_endpoint(rig, 0, 20_000, secret, succeeds=old, port=port + 1,
+                             shared=not shared)
+        assert lookup.xdp_on(h.ifname, h.netns)["prog_id"] == on_dev and answered(old, 2, 1000)
+        new = _worker_endpoint(rig, 0, 20_000, secret, succeeds=old, **seat)
+        eps.append(new)
+        now = lookup.xdp_on(h.ifname, h.netns)["prog_id"]
+        if shared:     # the mux stays, the seat (one, on the port) is this process's still
+            assert now == on_dev and new.seat is not None and old.seat is None
+            assert [(s["port"], s["pid"]) for s in mux.seats(h.ifname, h.netns)] == \
+                [(port, os.getpid())]
+        else:          # the same link, now running the new program
+            assert now == lookup.prog_id(new.dp.prog_fd) != on_dev
+            assert new.dp.link_id() == link and old.dp.attached is None
+        old.close()
+        eps.remove(old)
+        assert lookup.xdp_on(h.ifname, h.netns)["prog_id"] == now
+        assert answered(new, 3, 15_000)          # larger than the old room
+        with pytest.raises(ValueError, match="holds no device"):
+            _worker_endpoint(rig, 0, 20_000, secret, succeeds=old, **seat)
+        new.close()
+        eps.remove(new)
+        assert lookup.xdp_on(h.ifname, h.netns) is None
     finally:
         for e in eps:
             e.close()

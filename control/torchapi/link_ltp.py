@@ -137,9 +137,7 @@ class LtpServerLink(ServerLink):
         rounds open on an old one are gone with it)."""
         if self.ep is not None and nelems <= self.size:
             return False
-        self.close_endpoint()
-        self.honest.clear()      # the rounds open on the old endpoint are gone with it
-        self.near.clear()
+        old = getattr(self.ep, "ep", self.ep)    # a RoundSpace's endpoint, or the endpoint
         s, size = self.s, endpoint_room(nelems, self.s.downlink_code == "rs", self.s.mtu, self.defer)
         ep = Endpoint(s.dev, s.ip, {w: i for i, w in enumerate(self.ids)}, size,
                       # server s of S: rounds r·S + s, banks by r (roundspace.py)
@@ -148,7 +146,11 @@ class LtpServerLink(ServerLink):
                       bubble_strategy=self.endpoint_bubble(self.bubble),
                       # the answers' group send goes once to every worker; the
                       # clock would clock each worker's own unicast copy of it
-                      sender="socket" if s.downlink == "group" else s.sender)
+                      sender="socket" if s.downlink == "group" else s.sender,
+                      succeeds=old)   # in its place at once: no frame meets no program
+        self.close_endpoint()
+        self.honest.clear()      # the rounds open on the old endpoint are gone with it
+        self.near.clear()
         self.ep = ep if self.servers == 1 else RoundSpace(ep, self.shard, self.servers)
         self.size = size
         return True

@@ -103,8 +103,10 @@ class LtpWorkerLink(WorkerLink):
         if self.device is not None:
             self.device.ensure(size, self)     # binds this link, or every link of a new one
             return True
+        old = self.ep      # its place taken at once: the device never goes without a program
+        ep = worker_endpoint(self.s, self.id, self.workers, size, self.secret, succeeds=old)
         self.close_endpoint()
-        self.bind(worker_endpoint(self.s, self.id, self.workers, size, self.secret), size)
+        self.bind(ep, size)
         return True
 
     def bind(self, ep: Endpoint, size: int) -> None:
@@ -221,9 +223,10 @@ class LtpWorkerLink(WorkerLink):
 
 
 def worker_endpoint(s: Settings, worker: int, workers: int, size: int, secret,
-                    banks: int = 2) -> Endpoint:
+                    banks: int = 2, succeeds: Endpoint | None = None) -> Endpoint:
     """A worker's endpoint for answers of up to `size` elements; `secret`
-    its servers' (a list of them, one per server, where several share it)."""
+    its servers' (a list of them, one per server, where several share it);
+    `succeeds`: the smaller endpoint whose place it takes (succession.py)."""
     # the answers are reliable: only completeness closes them, or this timeout
     return Endpoint(s.dev, s.ip, {worker: 0}, size, endpoint_config(s, secret, banks),
                     early_close=EarlyCloseConfig(hard_timeout_s=min(s.timeout, ROUND_LIMIT_S)),
@@ -233,7 +236,7 @@ def worker_endpoint(s: Settings, worker: int, workers: int, size: int, secret,
                     # a worker computes between its pull and the next answer
                     # (wbsp: while the answer comes): only the server proves
                     # liveness to senders; a dead worker shows in the store
-                    liveness_s=None)
+                    liveness_s=None, succeeds=succeeds)
 
 
 class SharedDevice:
@@ -256,10 +259,11 @@ class SharedDevice:
             if link.ep is None:
                 link.bind(self.ep, self.size)
             return
-        self.close()
         secret = self.secrets if any(x is not None for x in self.secrets) else None
-        self.ep = worker_endpoint(self.s, self.id, self.workers, size, secret,
-                                  banks_for(self.servers))
+        ep = worker_endpoint(self.s, self.id, self.workers, size, secret,
+                             banks_for(self.servers), succeeds=self.ep)   # in its place at once
+        self.close()
+        self.ep = ep
         self.size = size
         for each in self.links:
             each.bind(self.ep, size)

@@ -25,7 +25,8 @@ stream.py sends a step's answer part by part as its rounds are summed;
 roundspace.py numbers server s's rounds r·S + s, so S servers' flows share
 one endpoint (a sharded worker's one device); udpsock.py makes an
 endpoint's socket, bound to its port (a shared device's ranks are told
-apart by it: dataplane/xdp/mux.py).
+apart by it: dataplane/xdp/mux.py); succession.py lets an endpoint take
+another's place on its device in one update (a worker's room grown).
 
 The public names load on first use, so importing a policy module alone
 (e.g. early_close for a flag parser) does not load the dataplane.

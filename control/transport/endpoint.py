@@ -31,7 +31,7 @@ from ...errors import DeadPeerError, TransportError
 from .ackclock import ClockPush
 from .early_close import COMPLETE, DEADLINE, TIMEOUT, EarlyClose, EarlyCloseConfig
 from .endpoint_config import EndpointConfig
-from . import defer, fec
+from . import defer, fec, succession
 from .layout import ChunkLayout, as_f32
 from .options import AUTO, PUSH_TIMEOUT_S, PushSpec, choose_sender
 from .rate import SharePolicy, credit_window, fine_timer_slack
@@ -109,10 +109,15 @@ class Endpoint:
     nothing is pinned: attachment and maps go when the endpoint closes or
     its process dies. publish=True writes a record (owner pid, program and
     map ids) so `ltp status/flows/top` see the endpoint while it lives.
+
+    succeeds: an endpoint of this process whose device or seat and socket
+    this one takes once its program is ready, in one update (succession.py:
+    no frame meets a device without a program); close it after.
     """
 
     def __init__(self, dev: str, ip: str, peers: dict[int, int], max_elems: int,
-                 config: EndpointConfig | None = None, **fields):
+                 config: EndpointConfig | None = None, *, succeeds: Endpoint | None = None,
+                 **fields):
         cfg = self.config = EndpointConfig.of(config, **fields)
         self_id, job, chunk_bytes, capacity_bps = cfg.self_id, cfg.job, cfg.chunk_bytes, \
             cfg.capacity_bps
@@ -125,12 +130,14 @@ class Endpoint:
         # checked before the compile
         tokens = for_rounds(cfg.secret, job, f"Endpoint({dev!r})", self_id=self_id)
         share, early = SharePolicy(capacity_bps), EarlyClose(capacity_bps, cfg.early_close)
-        self.ip, self.ns, self.job, self.port = ip, ns, job, port
+        self.dev, self.ip, self.ns, self.job, self.port = dev, ip, ns, job, port
         self.peers = dict(peers)
         self.slots = max(peers.values()) + 1
         self.max_elems, self.chunk_bytes, self.capacity_bps = max_elems, chunk_bytes, capacity_bps
         max_chunks = ChunkLayout(max_elems, chunk_bytes).nchunks
-        if not cfg.force and not cfg.shared:  # fail before the compile, naming whoever
+        if succeeds is not None:
+            succession.check(succeeds, dev, ns, port, cfg.shared)
+        elif not cfg.force and not cfg.shared:  # fail before the compile, naming whoever
             registry.check_free(dev, ns or netns.current(), fix=FORCE_FIX)   # holds the device
         self.verify_csum = lookup.csum_complete(dev, ns) if cfg.verify_csum is None \
             else bool(cfg.verify_csum)
@@ -150,8 +157,11 @@ class Endpoint:
             self.maps.set_peers(self.peers)
             self.maps.set_liveness(cfg.liveness_s)
             self.maps.set_verify_csum(self.verify_csum)
-            self.sock = udp_socket(ip, ns, port, strict=cfg.shared)
-            if cfg.shared:   # a seat of the device's mux (mux.py), not the device
+            self.sock = succeeds.sock if succeeds is not None else \
+                udp_socket(ip, ns, port, strict=cfg.shared)
+            if succeeds is not None:   # its device or seat, at once, and its socket
+                succession.take_place(self, succeeds)
+            elif cfg.shared:   # a seat of the device's mux (mux.py), not the device
                 self.seat = mux.take_seat(dev, ns, mode, self.dp.prog_fd, port)
             else:
                 self.dp.attach(dev, ns, mode, force=cfg.force, fix=FORCE_FIX)
@@ -174,7 +184,8 @@ class Endpoint:
                                  asked_auto=self.sender_choice.asked == AUTO,
                                  auto=lambda: self._auto_choice(mode))
         except BaseException:  # nothing of a half-made endpoint stays attached or listed
-            if getattr(self, "sock", None) is not None:
+            if getattr(self, "sock", None) is not None and \
+                    (succeeds is None or succeeds.sock is not self.sock):   # not its yet
                 self.sock.close()
             try:
                 self._leave()
@@ -409,7 +420,8 @@ class Endpoint:
 
     def close(self) -> None:
         try:
-            self.sock.close()
+            if self.sock is not None:    # a successor's now (succeeds=)
+                self.sock.close()
         finally:
             try:
                 self._leave()
@@ -422,6 +434,8 @@ class Endpoint:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
 
 
 __all__ = ["Endpoint", "EndpointConfig", "PushSpec", "Peer", "PushReport", "RoundResult", "TransportError",

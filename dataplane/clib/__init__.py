@@ -20,7 +20,8 @@ the fix to suggest.
 from __future__ import annotations
 
 from .bpfsys import (BPF_LINK_TYPE_XDP, BPF_XDP, LOG_BYTES, bcc_functions, bcc_license,
-                     bcc_tables, link_create, link_detach, link_fd_by_id, link_ids, map_create,
+                     bcc_tables, link_create, link_detach, link_fd_by_id, link_ids, link_update,
+                     map_create,
                      map_delete, map_fd_by_id, map_ids, map_items, map_lookup, map_update,
                      num_possible_cpus, obj_get, obj_info, obj_pin, prog_fd_by_id, prog_ids,
                      prog_load, prog_map_ids, prog_test_run)
@@ -33,7 +34,7 @@ __all__ = [
     "BPF_LINK_TYPE_XDP", "BPF_XDP", "CLONE_NEWNET", "LOG_BYTES", "LinkCreateOpts",
     "MapCreateOpts", "ProgLoadOpts", "TestRunOpts", "bcc_functions", "bcc_license", "bcc_tables",
     "has_libbpf_symbol", "libbcc", "libbpf", "libc", "link_create", "link_detach",
-    "link_fd_by_id", "link_ids", "map_create", "map_delete", "map_fd_by_id", "map_ids",
+    "link_fd_by_id", "link_ids", "link_update", "map_create", "map_delete", "map_fd_by_id", "map_ids",
     "map_items", "map_lookup", "map_update", "num_possible_cpus", "obj_get", "obj_info",
     "obj_pin", "prog_fd_by_id", "prog_ids", "prog_load", "prog_map_ids", "prog_test_run",
     "set_comm", "set_parent_death_signal", "set_proc_strings", "set_timer_slack", "setns",

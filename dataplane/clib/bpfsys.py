@@ -208,6 +208,12 @@ def link_create(prog_fd: int, target_fd: int, attach_type: int, flags: int = 0) 
                   "creating a BPF link")
 
 
+def link_update(link_fd: int, prog_fd: int) -> None:
+    """BPF_LINK_UPDATE: the link's program becomes `prog_fd`, at once: every
+    frame after it runs the new program, none meets no program."""
+    check(libbpf().bpf_link_update(link_fd, prog_fd, None), "updating a BPF link")
+
+
 def link_detach(link_fd: int) -> None:
     """BPF_LINK_DETACH: detach the link's program now (the link stays, defunct)."""
     check(libbpf().bpf_link_detach(link_fd), "detaching a BPF link")

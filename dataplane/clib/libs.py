@@ -83,6 +83,7 @@ _LIBBPF = {
     "bpf_map_get_next_id": (_c_int, [_c_uint32, ctypes.POINTER(_c_uint32)]),
     "bpf_link_create": (_c_int, [_c_int, _c_int, _c_int, _vp]),
     "bpf_link_detach": (_c_int, [_c_int]),
+    "bpf_link_update": (_c_int, [_c_int, _c_int, _vp]),
     "bpf_map_create": (_c_int, [_c_int, ctypes.c_char_p, _c_uint32, _c_uint32, _c_uint32, _vp]),
     "bpf_prog_load": (_c_int, [_c_int, ctypes.c_char_p, ctypes.c_char_p, _vp, ctypes.c_size_t,
                                _vp]),

@@ -296,6 +296,19 @@ class Dataplane:
         self.link_fd = attach_link(self.prog_fd, dev, ns, mode, force=force, fix=fix)
         self.attached = (dev, ns, mode)
 
+    def take_over(self, other: Dataplane) -> None:
+        """Put this program on the device `other` is attached to, in its
+        place at once (BPF_LINK_UPDATE of its link, which this object then
+        holds): the device never goes without a program, as it would
+        between a detach and an attach. `other` is left unattached."""
+        if self.attached:
+            raise DataplaneError(f"attached already to {where(*self.attached[:2])}")
+        if other.link_fd is None or other.attached is None:
+            raise DataplaneError("take_over: the other program holds no link to take")
+        clib.link_update(other.link_fd, self.prog_fd)
+        self.link_fd, self.attached = other.link_fd, other.attached
+        other.link_fd, other.attached = None, None
+
     def detach(self) -> None:
         if self.link_fd is not None:
             with contextlib.suppress(OSError):   # defunct: the device is gone

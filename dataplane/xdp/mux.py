@@ -109,6 +109,13 @@ class Seat:
         """The kernel id of the mux's link (what the seat's record names)."""
         return lookup.link_info(self.mux.link_fd)["id"]
 
+    def swap(self, prog_fd: int) -> None:
+        """This seat's program becomes `prog_fd` (an ltp_xdp for the same
+        port), in one map update: the mux's next frame for the port
+        tail-calls the new program, none falls through meanwhile."""
+        clib.map_update(self.mux.fds["ltp_mux_progs"], ctypes.c_uint32(self.seat),
+                        ctypes.c_uint32(prog_fd))
+
     def leave(self) -> None:
         """Empty this seat; the mux goes with its last holder's fds (closed
         under the lock, so a rank taking a seat meanwhile never meets a mux
