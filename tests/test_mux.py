@@ -75,10 +75,10 @@ def _cli(capsys, *argv):
 
 
 def _seat_rows(capsys, h) -> list[tuple]:
-    """`ltp status`'s rows of h's device's seats: (port, role, pid, state)."""
+    """`ltp status`'s rows of h's device's seats: (port, role, label, pid, state)."""
     rc, rows = _cli(capsys, "status", "--netns", h.netns)
     assert rc in (0, None), rows
-    return sorted((r["seat_port"], r["role"], r["pid"], r["state"]) for r in rows
+    return sorted((r["seat_port"], r["role"], r["label"], r["pid"], r["state"]) for r in rows
                   if r["dev"] == h.ifname and r.get("seat_port"))
 
 
@@ -91,9 +91,10 @@ def test_two_ranks_share_one_device_each_through_its_own_port(rig, capsys):
     from ltpx.dataplane.xdp import lookup, mux
     h = rig.workers[0]
     with _endpoint(rig.ps, {0: 0, 1: 1}) as ps:
-        a = _endpoint(h, {0: 0}, self_id=0, port=PORTS[0], shared=True)
+        a = _endpoint(h, {0: 0}, self_id=0, port=PORTS[0], shared=True, label="rank 1")
         try:
-            with _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True) as b:
+            with _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True,
+                           label="rank 2") as b:
                 assert lookup.prog_name(lookup.xdp_on(h.ifname, h.netns)["prog_id"]) == "ltp_mux"
                 assert [(s["port"], s["pid"], s["alive"]) for s in mux.seats(h.ifname, h.netns)] \
                     == [(PORTS[0], os.getpid(), True), (PORTS[1], os.getpid(), True)]
@@ -108,16 +109,20 @@ def test_two_ranks_share_one_device_each_through_its_own_port(rig, capsys):
                 for ep in (a, b):
                     np.testing.assert_array_equal(ep.receive(2, timeout_s=10), params)
                 # each rank's own record: `ltp status` and `ltp flows` list both seats
-                assert _seat_rows(capsys, h) == [(PORTS[0], "worker", os.getpid(), "ok"),
-                                                 (PORTS[1], "worker", os.getpid(), "ok")]
+                # and the rank each serves (EndpointConfig.label)
+                assert _seat_rows(capsys, h) == [
+                    (PORTS[0], "worker", "rank 1", os.getpid(), "ok"),
+                    (PORTS[1], "worker", "rank 2", os.getpid(), "ok")]
                 rc, snaps = _cli(capsys, "flows", h.ifname, "--netns", h.netns)
-                assert rc in (0, None) and [(x["seat_port"], x["role"]) for x in snaps] == \
-                    [(PORTS[0], "worker"), (PORTS[1], "worker")]
+                assert rc in (0, None) and [(x["seat_port"], x["role"], x["label"])
+                                            for x in snaps] == \
+                    [(PORTS[0], "worker", "rank 1"), (PORTS[1], "worker", "rank 2")]
                 assert all(x["totals"]["packets"] >= 85 for x in snaps), snaps   # the answer
                 from ltpx.tools.cli import main
                 assert main(["flows", h.ifname, "--netns", h.netns]) in (0, None)
                 text = capsys.readouterr().out
-                assert all(f"{h.ifname} port {p}  worker" in text for p in PORTS), text
+                assert all(f"{h.ifname} port {p}  worker (rank {k})" in text
+                           for k, p in enumerate(PORTS, 1)), text
                 # the exporter: a program per seat, `dev` DEV:PORT, read
                 from ltpx.dataplane.xdp.metrics import LtpCollector
                 up = {s.labels["dev"]: s.value for f in LtpCollector(h.netns).collect()
@@ -175,15 +180,15 @@ def test_a_killed_rank_s_seat_is_swept_and_its_neighbours_keep_theirs(rig, capsy
         assert [(s["port"], s["alive"]) for s in mux.seats(h.ifname, h.netns)] == \
             [(PORTS[0], True), (PORTS[1], False)]
         # its record stays, dead, until the sweep or `ltp unload DEV`
-        assert _seat_rows(capsys, h) == [(PORTS[0], "worker", os.getpid(), "ok"),
-                                         (PORTS[1], "worker", p.pid, "dead")]
+        assert _seat_rows(capsys, h) == [(PORTS[0], "worker", None, os.getpid(), "ok"),
+                                         (PORTS[1], "worker", None, p.pid, "dead")]
         rc, rows = _cli(capsys, "unload", h.ifname, "--netns", h.netns)
         assert rc in (0, None) and rows[0]["seats"] == 1, rows
-        assert _seat_rows(capsys, h) == [(PORTS[0], "worker", os.getpid(), "ok")]
+        assert _seat_rows(capsys, h) == [(PORTS[0], "worker", None, os.getpid(), "ok")]
         with _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True):
             assert sorted((s["port"], s["pid"]) for s in mux.seats(h.ifname, h.netns)) == \
                 [(PORTS[0], os.getpid()), (PORTS[1], os.getpid())]
-            assert [r[2:] for r in _seat_rows(capsys, h)] == [(os.getpid(), "ok")] * 2
+            assert [r[3:] for r in _seat_rows(capsys, h)] == [(os.getpid(), "ok")] * 2
     assert lookup.xdp_on(h.ifname, h.netns) is None and _seat_rows(capsys, h) == []
     with _endpoint(h, {0: 0}, self_id=0), pytest.raises(RegistryError, match="not LTP's mux"):
         _endpoint(h, {1: 0}, self_id=1, port=PORTS[1], shared=True)

@@ -179,8 +179,10 @@ def test_a_worker_reaches_two_servers_through_its_one_device(two_servers, capsys
                     (6, 6 * S + s)
                 assert {(f["last_round"], f["last_wire_round"]) for f in snap["flows"]} == \
                     {(6, 6 * S + s)}
+                assert snap["label"] == f"rank {s}"   # servers first: server s is rank s
             finally:
                 maps.close()
+        assert [d.ep._published.label for d in devices] == [f"rank {S + w}" for w in range(2)]
         # an error names the op's round, and the wire's: a round server 1 never
         # opened (its program drops the frames unanswered) fails its push
         from ltpx.errors import TransportError

@@ -170,7 +170,8 @@ def _program_title(s: dict) -> str:
     why = (s.get("sender_why") or "").partition(":")[2].split(",")[0].strip()
     sender = f"  sender {s['sender']}" + (f" ({why})" if why else "") if s.get("sender") else ""
     seat = f" port {s['seat_port']}" if s.get("seat_port") else ""
-    return _wrap(f"{s['netns']}/{s['dev']}{seat}  {s['role']}  job {job_text(s['job'])}  prog "
+    role = s["role"] + (f" ({s['label']})" if s.get("label") else "")
+    return _wrap(f"{s['netns']}/{s['dev']}{seat}  {role}  job {job_text(s['job'])}  prog "
                  f"{s['prog_id']} ({s['mode']}){sender}  {now}")
 
 

@@ -238,7 +238,8 @@ def status_text(rows: list[dict]):
         maps = str(n) if n == r["maps_expected"] else f"{n}/{r['maps_expected']}"
         prog = r["prog_id"] or r["pinned_prog_id"] or "-"
         dev = dev_text(r)
-        cells.append([r["netns"], dev, r["mode"] or "-", str(prog), r["role"] or "-",
+        role = (r["role"] or "-") + (f" ({r['label']})" if r.get("label") else "")
+        cells.append([r["netns"], dev, r["mode"] or "-", str(prog), role,
                       job_text(r["job"]), maps, r["state"]])
     t = table(STATUS_COLS, cells)
     for r, row in zip(rows, cells):

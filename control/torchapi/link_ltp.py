@@ -147,6 +147,7 @@ class LtpServerLink(ServerLink):
                       # the answers' group send goes once to every worker; the
                       # clock would clock each worker's own unicast copy of it
                       sender="socket" if s.downlink == "group" else s.sender,
+                      label=f"rank {self.shard}",   # server s is rank s (`ltp flows`)
                       succeeds=old)   # in its place at once: no frame meets no program
         self.close_endpoint()
         self.honest.clear()      # the rounds open on the old endpoint are gone with it

@@ -236,7 +236,8 @@ def worker_endpoint(s: Settings, worker: int, workers: int, size: int, secret,
                     # a worker computes between its pull and the next answer
                     # (wbsp: while the answer comes): only the server proves
                     # liveness to senders; a dead worker shows in the store
-                    liveness_s=None, succeeds=succeeds)
+                    liveness_s=None, succeeds=succeeds,
+                    label=f"rank {s.servers + worker}")   # servers first (`ltp flows`)
 
 
 class SharedDevice:

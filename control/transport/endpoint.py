@@ -207,6 +207,7 @@ class Endpoint:
     def _publish(self, dev: str, ns: str | None, mode: str) -> None:
         ns = ns or netns.current()  # a process started inside a namespace
         self._published = registry.publish(self.dp, dev, ns, role=self.role, job=self.job,
+                                           label=self.config.label,
                                            mode=mode, peers=self.peers,
                                            sender=self.sender_choice.sender,
                                            sender_why=self.sender_choice.why,

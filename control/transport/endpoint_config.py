@@ -31,7 +31,9 @@ class EndpointConfig:
     answers must come by unicast (a group frame reaches one program).
     early_close, bubble_strategy: the receive
     policies. initial_rate_bps: a first push's rate (default: the capacity
-    shared by the peers). publish: a registry record for `ltp status`.
+    shared by the peers). publish: a registry record for `ltp status`;
+    label: what it serves, as `ltp status` and `ltp flows` show it beside
+    its role (a training job's: "rank 5", its place in the job).
     self_id, role, secret, sender, push_options, credit_bytes, liveness_s,
     verify_csum, force: as Endpoint documents them. banks, bank_stride: round
     r uses bank (r // bank_stride) % banks. Where S servers share the round
@@ -52,6 +54,7 @@ class EndpointConfig:
     publish: bool = True
     self_id: int | None = None
     role: str | None = None
+    label: str = ""
     force: bool = False
     secret: bytes | None = dataclasses.field(default=None, repr=False)
     sender: str | None = None

@@ -107,7 +107,7 @@ def snapshot(rec, maps) -> dict[str, Any]:
     totals["rounds"] = {r: sum(row["rounds"][r] for row in rows) for r in ROUND_REASONS}
     totals.update({k: counters.get(k, 0) for k in PROGRAM_DROPS})  # an older build: fewer
     return {"netns": rec.to_dict()["netns"], "dev": rec.dev, "seat_port": rec.port or None,
-            "role": rec.role, "job": rec.job,
+            "role": rec.role, "label": rec.label or None, "job": rec.job,
             "mode": rec.mode, "prog_id": rec.prog_id, "slots": g.slots, "round_now": live,
             "sender": rec.sender or None, "sender_why": rec.sender_why or None,
             "time": time.time(), "monotonic": time.monotonic(), "flows": rows,

@@ -103,6 +103,7 @@ class Record:
     sender: str = ""           # an endpoint's pushes: "xdp" or "socket" ("": `ltp load`)
     sender_why: str = ""       # ... and why (control/transport/options.SenderChoice)
     seat: bool = False         # in a seat of the device's mux, on its port (geometry.port)
+    label: str = ""            # what an endpoint serves ("rank 5"), beside its role
 
     @property
     def pin_dir(self) -> str:
@@ -129,7 +130,7 @@ class Record:
                 "owner": "ltp load" if self.pinned else "process", "pid_start": self.pid_start,
                 "link_id": self.link_id, "map_ids": dict(self.map_ids),
                 "sender": self.sender or None, "sender_why": self.sender_why or None,
-                "seat_port": self.port or None}
+                "seat_port": self.port or None, "label": self.label or None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
@@ -144,7 +145,7 @@ class Record:
                    pid_start=int(d.get("pid_start", 0)), link_id=int(d.get("link_id", 0)),
                    map_ids={str(k): int(v) for k, v in d.get("map_ids", {}).items()},
                    sender=str(d.get("sender") or ""), sender_why=str(d.get("sender_why") or ""),
-                   seat=bool(d.get("seat_port")))
+                   seat=bool(d.get("seat_port")), label=str(d.get("label") or ""))
 
 
 def read_record(dev: str, ns: str | None, port: int = 0) -> Record | None:

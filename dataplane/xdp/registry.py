@@ -114,7 +114,7 @@ def check_free(dev: str, ns: str | None, *, fix: str) -> None:
 
 def publish(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
             peers: dict[int, int], sender: str = "", sender_why: str = "",
-            seat_link: int = 0) -> Record:
+            seat_link: int = 0, label: str = "") -> Record:
     """Write the record of a running endpoint's program (attached by `dp`
     through a link this process holds), so `ltp status/flows/top` see it
     from any process while it runs. Nothing is pinned: program, link and
@@ -122,13 +122,14 @@ def publish(dp, dev: str, ns: str | None, *, role: str, job: int, mode: str,
     endpoint closes; after a crash `status` shows it `dead`. sender,
     sender_why: which sender the endpoint's pushes use and why (`ltp flows`).
     seat_link: the id of the mux's link, for an endpoint in a seat of it
-    (its record is the seat's, on its port)."""
+    (its record is the seat's, on its port). label: what the endpoint
+    serves (EndpointConfig.label), shown beside its role."""
     me = os.getpid()
     rec = Record(dev=dev, netns=ns, role=role, job=job, geometry=dp.geometry, mode=mode,
                  prog_id=prog_id(dp.prog_fd), peers=dict(peers), loaded_at=time.time(),
                  pid=me, pinned=False, pid_start=process_start(me) or 0,
                  link_id=seat_link or dp.link_id(), map_ids=dp.map_ids(), sender=sender,
-                 sender_why=sender_why, seat=bool(seat_link))
+                 sender_why=sender_why, seat=bool(seat_link), label=label)
     if not seat_link:
         unpin(pin_dir(dev, ns))         # pins of a program this endpoint replaced (force)
     write_record(rec)

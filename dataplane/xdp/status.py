@@ -44,8 +44,8 @@ def _seat_row(n: str | None, dev: str, port: int) -> dict[str, Any]:
                            "pinned_prog_id": None, "attached": None,
                            "workers": sorted(rec.peers) if rec else [],
                            "owner_alive": owner_alive(rec) if rec else None}
-    row.update({k: r.get(k) for k in ("role", "job", "mode", "prog_id", "geometry", "loaded_at",
-                                      "loaded_at_iso", "pid", "owner", "link_id")})
+    row.update({k: r.get(k) for k in ("role", "label", "job", "mode", "prog_id", "geometry",
+                                      "loaded_at", "loaded_at_iso", "pid", "owner", "link_id")})
     row["maps"] = _maps_by_id(rec) if row["owner_alive"] else 0
     row["state"] = "ok" if row["maps"] == len(MAP_NAMES) else "dead"
     if row["state"] == "ok":          # and the device still carries the mux
@@ -91,12 +91,12 @@ def _status_row(n: str | None, dev: str) -> dict[str, Any]:
                            "owner": None, "owner_alive": None}
     if rec is not None:
         r = rec.to_dict()
-        row.update({k: r[k] for k in ("role", "job", "mode", "prog_id", "geometry", "loaded_at",
-                                      "loaded_at_iso", "pid", "owner", "link_id")})
+        row.update({k: r[k] for k in ("role", "label", "job", "mode", "prog_id", "geometry",
+                                      "loaded_at", "loaded_at_iso", "pid", "owner", "link_id")})
         row["workers"] = sorted(rec.peers)
         row["owner_alive"] = owner_alive(rec)
     else:
-        row.update({"role": None, "job": None, "mode": None, "prog_id": pid,
+        row.update({"role": None, "label": None, "job": None, "mode": None, "prog_id": pid,
                     "geometry": None, "loaded_at": None, "loaded_at_iso": None,
                     "pid": None, "workers": [], "link_id": None})
     row["state"] = _state(row, rec, pdir, len(pinned))
