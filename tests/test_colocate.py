@@ -332,3 +332,20 @@ def test_ltpx_torch_with_keywords_alone_starts_its_servers_with_them(how):
     rows = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs),
                   key=lambda r: r["rank"])
     assert rows == [{"rank": 0, "size": 2, "sum": 3.0}, {"rank": 1, "size": 2, "sum": 3.0}]
+
+
+@pytest.mark.unit
+def test_a_keyless_colocated_job_is_told_to_give_every_rank_the_job_key(caplog):
+    """Every co-located trainer serves a slice, and a member file holds no
+    server's key (settle refuses one): the keyless warning names the job
+    key on every rank there, member files where servers are ranks apart."""
+    import logging
+
+    from ltpx.control.torchapi.job import warn_keyless
+    with caplog.at_level(logging.WARNING, logger="ltpx.torch"):
+        warn_keyless(Settings(transport="ltp", colocate=True))
+        warn_keyless(Settings(transport="tcp"))
+    co, apart = [r.getMessage() for r in caplog.records]
+    assert "every rank the same 0600 job key file" in co and "member" not in co
+    assert "round tokens are off" in co and "round tokens" not in apart
+    assert "each worker its member file" in apart

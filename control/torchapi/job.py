@@ -247,12 +247,15 @@ def agree_run(store, key, global_rank: int, worker: int | None, servers: int,
 
 
 def warn_keyless(s: Settings) -> None:
-    """Rank 0's one line for a job without a key."""
+    """Rank 0's one line for a job without a key (co-located: every rank
+    serves, so every rank takes the job key, never a member file)."""
+    fix = ("give every rank the same 0600 job key file (`openssl rand -hex 32`): each "
+           "trainer serves a slice too" if s.colocate else
+           "give servers a 0600 job key file (`openssl rand -hex 32`) and each worker its "
+           "member file (`ltp key member`), as `ltp launch` does")
     log.warning("ltpx.torch: no job key (LTP_SECRET_FILE): %sthe store's values are not "
-                "authenticated, so whoever reaches MASTER_ADDR:MASTER_PORT can forge them; "
-                "give servers a 0600 job key file (`openssl rand -hex 32`) and each worker "
-                "its member file (`ltp key member`), as `ltp launch` does",
-                "LTP's round tokens are off and " if s.transport == "ltp" else "")
+                "authenticated, so whoever reaches MASTER_ADDR:MASTER_PORT can forge them; %s",
+                "LTP's round tokens are off and " if s.transport == "ltp" else "", fix)
 
 
 def rendezvous(store_netns: str | None, timeout_s: float, place: tuple[int, int] | None = None):
