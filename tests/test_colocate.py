@@ -334,18 +334,21 @@ def test_ltpx_torch_with_keywords_alone_starts_its_servers_with_them(how):
     assert rows == [{"rank": 0, "size": 2, "sum": 3.0}, {"rank": 1, "size": 2, "sum": 3.0}]
 
 
+
 @pytest.mark.unit
-def test_a_keyless_colocated_job_is_told_to_give_every_rank_the_job_key(caplog):
+def test_a_keyless_job_is_told_the_key_each_rank_takes_colocated_or_not(caplog):
     """Every co-located trainer serves a slice, and a member file holds no
-    server's key (settle refuses one): the keyless warning names the job
-    key on every rank there, member files where servers are ranks apart."""
+    server's key (settle refuses one): the keyless warning (rank 0's, in a
+    co-located job trainer 0's server's) names the job key on every rank
+    for such a job, member files where servers are ranks apart."""
     import logging
 
     from ltpx.control.torchapi.job import warn_keyless
     with caplog.at_level(logging.WARNING, logger="ltpx.torch"):
-        warn_keyless(Settings(transport="ltp", colocate=True))
+        warn_keyless(Settings(transport="ltp"))
         warn_keyless(Settings(transport="tcp"))
-    co, apart = [r.getMessage() for r in caplog.records]
-    assert "every rank the same 0600 job key file" in co and "member" not in co
-    assert "round tokens are off" in co and "round tokens" not in apart
-    assert "each worker its member file" in apart
+    ltp, tcp = [r.getMessage() for r in caplog.records]
+    for said in (ltp, tcp):
+        assert "each worker its member file" in said
+        assert "no server ranks (co-located, torchrun alone) give every rank the job key" in said
+    assert "round tokens are off" in ltp and "round tokens" not in tcp

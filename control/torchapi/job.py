@@ -247,15 +247,16 @@ def agree_run(store, key, global_rank: int, worker: int | None, servers: int,
 
 
 def warn_keyless(s: Settings) -> None:
-    """Rank 0's one line for a job without a key (co-located: every rank
-    serves, so every rank takes the job key, never a member file)."""
-    fix = ("give every rank the same 0600 job key file (`openssl rand -hex 32`): each "
-           "trainer serves a slice too" if s.colocate else
-           "give servers a 0600 job key file (`openssl rand -hex 32`) and each worker its "
-           "member file (`ltp key member`), as `ltp launch` does")
+    """Rank 0's one line for a job without a key. In a co-located job rank 0
+    is trainer 0's server, told apart from a server rank by nothing it
+    holds, so the line names both fixes: there every rank takes the job
+    key (a member file holds no server's key: colocate.settle)."""
     log.warning("ltpx.torch: no job key (LTP_SECRET_FILE): %sthe store's values are not "
-                "authenticated, so whoever reaches MASTER_ADDR:MASTER_PORT can forge them; %s",
-                "LTP's round tokens are off and " if s.transport == "ltp" else "", fix)
+                "authenticated, so whoever reaches MASTER_ADDR:MASTER_PORT can forge them; "
+                "give servers a 0600 job key file (`openssl rand -hex 32`) and each worker "
+                "its member file (`ltp key member`), as `ltp launch` does; with no server "
+                "ranks (co-located, torchrun alone) give every rank the job key file",
+                "LTP's round tokens are off and " if s.transport == "ltp" else "")
 
 
 def rendezvous(store_netns: str | None, timeout_s: float, place: tuple[int, int] | None = None):
