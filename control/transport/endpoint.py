@@ -159,14 +159,6 @@ class Endpoint:
             self.maps.set_verify_csum(self.verify_csum)
             self.sock = succeeds.sock if succeeds is not None else \
                 udp_socket(ip, ns, port, strict=cfg.shared)
-            if succeeds is not None:   # its device or seat, at once, and its socket
-                succession.take_place(self, succeeds)
-            elif cfg.shared:   # a seat of the device's mux (mux.py), not the device
-                self.seat = mux.take_seat(dev, ns, mode, self.dp.prog_fd, port)
-            else:
-                self.dp.attach(dev, ns, mode, force=cfg.force, fix=FORCE_FIX)
-            if cfg.publish:     # a record (the seat's, if shared): `ltp status/flows/top`
-                self._publish(dev, ns, mode)
             if self_id is not None:
                 self.maps.set_self(self_id, ip, device_mac(self.sock, dev))
             self.receiver = Receiver(self.maps, self.peers, self.slots, chunk_bytes=chunk_bytes,
@@ -183,6 +175,7 @@ class Endpoint:
                                  why=self.sender_choice.why,
                                  asked_auto=self.sender_choice.asked == AUTO,
                                  auto=lambda: self._auto_choice(mode))
+            self._onto(dev, mode, succeeds)    # last, all of it ready
         except BaseException:  # nothing of a half-made endpoint stays attached or listed
             if getattr(self, "sock", None) is not None and \
                     (succeeds is None or succeeds.sock is not self.sock):   # not its yet
@@ -195,6 +188,22 @@ class Endpoint:
             raise
         self.protected = tokens.protected
         fine_timer_slack()
+
+    def _onto(self, dev: str, mode: str, succeeds) -> None:
+        """This endpoint's program onto the device, and its record: in
+        `succeeds`'s place (its device or seat, at once, and its socket), in
+        a seat of the device's mux (shared), or the device its own. Last in
+        the making, so after a successor's switch nothing can fail but the
+        record."""
+        cfg, ns = self.config, self.ns
+        if succeeds is not None:
+            succession.take_place(self, succeeds)
+        elif cfg.shared:
+            self.seat = mux.take_seat(dev, ns, mode, self.dp.prog_fd, self.port)
+        else:
+            self.dp.attach(dev, ns, mode, force=cfg.force, fix=FORCE_FIX)
+        if cfg.publish:     # a record (the seat's, if shared): `ltp status/flows/top`
+            self._publish(dev, ns, mode)
 
     def _auto_choice(self, mode: str):
         """What auto picks here (options.SenderChoice): the endpoint's choice
@@ -435,8 +444,6 @@ class Endpoint:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
 
 
 __all__ = ["Endpoint", "EndpointConfig", "PushSpec", "Peer", "PushReport", "RoundResult", "TransportError",
