@@ -17,7 +17,8 @@ from typing import Any
 from .common import (LtpError, UsageError, add_json, console, emit, need_root, table,
                      wants_json)
 from .flags import add_netns
-from .opviews import add_parser, check_dev, guard, job_text, listed_ns, netns_arg, registry
+from .opviews import (add_parser, check_dev, guard, job_text, listed_ns, netns_arg, registry,
+                      role_text)
 
 FLOWS_EPILOG = """examples:
   sudo ltp flows                          every loaded program
@@ -170,8 +171,7 @@ def _program_title(s: dict) -> str:
     why = (s.get("sender_why") or "").partition(":")[2].split(",")[0].strip()
     sender = f"  sender {s['sender']}" + (f" ({why})" if why else "") if s.get("sender") else ""
     seat = f" port {s['seat_port']}" if s.get("seat_port") else ""
-    role = s["role"] + (f" ({s['label']})" if s.get("label") else "")
-    return _wrap(f"{s['netns']}/{s['dev']}{seat}  {role}  job {job_text(s['job'])}  prog "
+    return _wrap(f"{s['netns']}/{s['dev']}{seat}  {role_text(s)}  job {job_text(s['job'])}  prog "
                  f"{s['prog_id']} ({s['mode']}){sender}  {now}")
 
 

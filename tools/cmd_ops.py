@@ -20,7 +20,7 @@ from ..dataplane.xdp.wire import CHUNK_BYTES
 from .common import UsageError, add_json, emit, need_bcc, need_root, table
 from .flags import add_netns, add_port, add_xdp_mode, check_port
 from .opviews import (add_parser, check_dev, dev_text, guard, job_text, listed_ns, netns_arg,
-                      ns_filter, registry)
+                      ns_filter, registry, role_text)
 
 DEFAULT_CHUNK_BYTES = CHUNK_BYTES
 DEFAULT_MAX_CHUNKS = 256
@@ -238,8 +238,7 @@ def status_text(rows: list[dict]):
         maps = str(n) if n == r["maps_expected"] else f"{n}/{r['maps_expected']}"
         prog = r["prog_id"] or r["pinned_prog_id"] or "-"
         dev = dev_text(r)
-        role = (r["role"] or "-") + (f" ({r['label']})" if r.get("label") else "")
-        cells.append([r["netns"], dev, r["mode"] or "-", str(prog), role,
+        cells.append([r["netns"], dev, r["mode"] or "-", str(prog), role_text(r),
                       job_text(r["job"]), maps, r["state"]])
     t = table(STATUS_COLS, cells)
     for r, row in zip(rows, cells):

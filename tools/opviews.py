@@ -81,3 +81,9 @@ def dev_text(row: dict) -> str:
 
 def job_text(job: int | None) -> str:
     return "-" if job is None else ("any" if not job else f"{job:#x}")
+
+
+def role_text(row: dict) -> str:
+    """A program's role, with the rank it serves where its record says
+    (`worker (rank 5)`): `ltp status`'s ROLE, `ltp flows`' heading."""
+    return (row["role"] or "-") + (f" ({row['label']})" if row.get("label") else "")

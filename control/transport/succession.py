@@ -3,7 +3,8 @@
 
 A worker whose answers outgrow its endpoint's room makes a larger one. Made
 after the old one closed, the device went without a program for as long as
-the new one took to load: 0.4 s, seconds under load. Frames meanwhile met
+the new one took to load: 70-150 ms with a warm compile cache on a 2-core
+VM, the compile's seconds with a cold one (scripts/remake_gap.py). Frames meanwhile met
 no program: a server's re-sends of an answer's tail went unheard, and its
 push could take a live worker for dead. A successor instead loads its
 program beside the old one and then takes the old one's place in one
